@@ -1,0 +1,24 @@
+"""Settings of the sandbox (Hydra group ``conf/sandbox/``). Imports nothing of the project."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+
+@dataclass
+class SandboxConfig:
+    """Limits and isolation of one sandboxed call (SPEC §4)."""
+
+    timeout_s: float = 10.0  # wall clock per call; every process the call started is killed after it
+    memory_mb: int = 512  # address-space cap per call (RLIMIT_AS)
+    max_processes: int = 16  # processes one call may run at once (fork-bomb bound)
+    max_output_bytes: int = 16384  # stdout and stderr are each truncated to this many bytes
+    max_file_mb: int = 16  # largest file a call may write in its working directory
+    max_value_bytes: int = 1 << 20  # largest JSON return value of a function call
+    workers: int = 0  # calls run at once; 0 = the machine's cores
+    network: bool = False  # False: each call runs in an empty network namespace
+    drop_privileges: bool = True  # as root, run each call under its own unprivileged uid
+    uid_base: int = 61000  # first uid of the per-worker uids
+    landlock: bool = True  # restrict file access to the working directory and the standard library
+    require_isolation: bool = False  # fail at start-up if a layer (netns, uid drop, Landlock) is unavailable
+    workdir_root: Optional[str] = None  # parent of the per-call working directories (default: system temp)
