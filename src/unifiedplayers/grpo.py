@@ -1,0 +1,345 @@
+"""GRPO for one player (SPEC §6, Appendix B.3): pure torch maths, no model, no optimizer.
+
+Equation numbers follow the paper's Appendix B.3:
+
+- Eq. 17  group-relative advantage  Â_g = (r_g − mean(r)) / (std(r) + ε)         -> :func:`group_advantages`
+- Eq. 18  token ratio               ϱ_t = π_θ(o_t | ·) / π_old(o_t | ·)             -> :func:`policy_loss`
+- Eq. 19  clipped surrogate         min(ϱ_t Â, clip(ϱ_t, 1 − ε, 1 + ε) Â)           -> :func:`clipped_surrogate`
+- Eq. 20  KL penalty                β_p · KL(π_θ ‖ π_ref), per-token estimator k1/k2/k3 -> :data:`KL_ESTIMATORS`
+- Eq. 21  aggregation               tokens within a candidate, candidates within a group, groups
+                                    over the batch                                   -> :func:`seq_group_mean_weights`
+
+Everything is registered by name, verl style, so a new estimator, KL estimator or aggregation needs no
+trainer edit::
+
+    @register_policy_loss("my_loss")
+    def my_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, group_index, **kw): ...
+
+Aggregations are expressed as *per-sample token weights* that sum to 1 over the batch. Both of them
+(Eq. 21 and token-mean) are linear in the token terms, so a trainer that splits a batch into
+micro-batches computes the weights once over the whole batch (:func:`aggregation_weights`) and passes
+each micro-batch its slice (``sample_weights=``); the summed micro-batch losses then equal the loss of
+the whole batch exactly, and gradient accumulation needs no rescaling.
+
+π_old (the behaviour policy whose log-probs were recorded when the sample was drawn) and π_ref (the
+player's weights at the start of the outer iteration) are different policies; both enter as fixed
+tensors here.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+
+Tensor = torch.Tensor
+
+# --------------------------------------------------------------------------------------------------
+# Registries
+# --------------------------------------------------------------------------------------------------
+ADV_ESTIMATORS: dict[str, Callable[..., Tensor]] = {}
+POLICY_LOSSES: dict[str, Callable[..., tuple[Tensor, dict[str, float]]]] = {}
+KL_ESTIMATORS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {}
+AGGREGATIONS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {}
+
+
+def _register(table: dict, kind: str, name: str):
+    def deco(fn):
+        if name in table and table[name] is not fn:
+            raise ValueError(f"{kind} {name!r} is already registered")
+        table[name] = fn
+        return fn
+
+    return deco
+
+
+def register_adv_est(name: str):
+    """Register ``fn(rewards (N,), group_index (N,), **kw) -> advantages (N,)`` under ``name``."""
+    return _register(ADV_ESTIMATORS, "advantage estimator", name)
+
+
+def register_policy_loss(name: str):
+    """Register ``fn(logprobs, old_logprobs, ref_logprobs, advantages, mask, group_index, **kw)``."""
+    return _register(POLICY_LOSSES, "policy loss", name)
+
+
+def register_kl_estimator(name: str):
+    """Register ``fn(logprobs (N,T), ref_logprobs (N,T)) -> per-token KL(π_θ‖π_ref) estimate (N,T)``."""
+    return _register(KL_ESTIMATORS, "KL estimator", name)
+
+
+def register_aggregation(name: str):
+    """Register ``fn(token_counts (N,), group_index (N,)) -> per-token weight of each sample (N,)``."""
+    return _register(AGGREGATIONS, "aggregation", name)
+
+
+def _lookup(table: dict, kind: str, name: str):
+    try:
+        return table[name]
+    except KeyError:
+        raise KeyError(f"unknown {kind} {name!r}; registered: {sorted(table)}") from None
+
+
+def get_adv_estimator(name: str) -> Callable[..., Tensor]:
+    return _lookup(ADV_ESTIMATORS, "advantage estimator", name)
+
+
+def get_policy_loss(name: str) -> Callable[..., tuple[Tensor, dict[str, float]]]:
+    return _lookup(POLICY_LOSSES, "policy loss", name)
+
+
+def get_kl_estimator(name: str) -> Callable[[Tensor, Tensor], Tensor]:
+    return _lookup(KL_ESTIMATORS, "KL estimator", name)
+
+
+def get_aggregation(name: str) -> Callable[[Tensor, Tensor], Tensor]:
+    return _lookup(AGGREGATIONS, "aggregation", name)
+
+
+# --------------------------------------------------------------------------------------------------
+# Eq. 17: advantages
+# --------------------------------------------------------------------------------------------------
+def _group_ids(group_index: Tensor) -> tuple[Tensor, int]:
+    """Map arbitrary group labels (N,) to dense ids 0..G-1; returns (ids (N,), G)."""
+    _, dense = torch.unique(group_index, return_inverse=True)
+    return dense, int(dense.max().item()) + 1 if dense.numel() else 0
+
+
+def _group_mean(values: Tensor, dense: Tensor, num_groups: int) -> Tensor:
+    """Per-group mean of ``values`` (N,) -> (G,)."""
+    total = torch.zeros(num_groups, dtype=values.dtype, device=values.device).index_add_(0, dense, values)
+    count = torch.zeros(num_groups, dtype=values.dtype, device=values.device).index_add_(
+        0, dense, torch.ones_like(values)
+    )
+    return total / count
+
+
+@register_adv_est("grpo")
+def group_advantages(rewards: Tensor, group_index: Tensor, eps: float = 1e-6, unbiased: bool = False) -> Tensor:
+    """Eq. 17: Â_g = (r_g − mean_{g' ∈ G(g)} r_g') / (std_{g' ∈ G(g)} r_g' + ε).
+
+    Args:
+        rewards: (N,) scalar reward of each candidate.
+        group_index: (N,) group label of each candidate (any integers; candidates of one context share one).
+        eps: ε of Eq. 17.
+        unbiased: use the sample std (divide by n − 1) instead of the population std.
+
+    Returns:
+        (N,) advantages, float32 (float64 if ``rewards`` is float64).
+
+    The std is the *population* std (divide by the group size n) by default. The paper defines s_p as
+    "the standard deviation of the rewards in this group", a description of the group itself rather than
+    an estimate of a wider population; the population std is also defined for a group of one (giving a
+    zero advantage, where the sample std would divide 0 by 0), and the choice only rescales all
+    advantages of a group of size n by sqrt((n−1)/n), a constant absorbed by the learning rate.
+    Equal rewards give a zero numerator and hence exactly zero advantages.
+    """
+    rewards = rewards.to(torch.float64 if rewards.dtype == torch.float64 else torch.float32)
+    dense, num_groups = _group_ids(group_index)
+    mean = _group_mean(rewards, dense, num_groups)
+    centred = rewards - mean[dense]
+    var = _group_mean(centred**2, dense, num_groups)
+    if unbiased:
+        count = torch.zeros(num_groups, dtype=rewards.dtype, device=rewards.device).index_add_(
+            0, dense, torch.ones_like(rewards)
+        )
+        var = var * count / (count - 1).clamp(min=1)
+    return centred / (var.sqrt()[dense] + eps)
+
+
+@register_adv_est("grpo_no_std")
+def group_centred_rewards(rewards: Tensor, group_index: Tensor, eps: float = 1e-6) -> Tensor:
+    """Eq. 17 without the std division (the Dr. GRPO variant); an ablation option, not the paper's default."""
+    rewards = rewards.to(torch.float64 if rewards.dtype == torch.float64 else torch.float32)
+    dense, num_groups = _group_ids(group_index)
+    return rewards - _group_mean(rewards, dense, num_groups)[dense]
+
+
+# --------------------------------------------------------------------------------------------------
+# Eq. 20: per-token KL(π_θ ‖ π_ref) estimators (Schulman's k1, k2, k3), evaluated at tokens o_t ~ π_old
+# --------------------------------------------------------------------------------------------------
+_KL_LOG_RATIO_CLAMP = 20.0  # keeps exp() finite when a token's log-ratio explodes early in training
+
+
+@register_kl_estimator("k1")
+def kl_k1(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+    """k1 = log π_θ − log π_ref (unbiased, can be negative per token)."""
+    return logprobs - ref_logprobs
+
+
+@register_kl_estimator("k2")
+def kl_k2(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+    """k2 = ½ (log π_θ − log π_ref)² (biased, low variance, ≥ 0)."""
+    return 0.5 * (logprobs - ref_logprobs) ** 2
+
+
+@register_kl_estimator("k3")
+def kl_k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+    """k3 = π_ref/π_θ − log(π_ref/π_θ) − 1 (unbiased, ≥ 0; the GRPO default)."""
+    log_ratio = (ref_logprobs - logprobs).clamp(-_KL_LOG_RATIO_CLAMP, _KL_LOG_RATIO_CLAMP)
+    return torch.exp(log_ratio) - log_ratio - 1.0
+
+
+# --------------------------------------------------------------------------------------------------
+# Eq. 21: aggregation as per-sample token weights summing to 1 over the batch
+# --------------------------------------------------------------------------------------------------
+@register_aggregation("seq_group_mean")
+def seq_group_mean_weights(token_counts: Tensor, group_index: Tensor) -> Tensor:
+    """Eq. 21: tokens averaged within a candidate, candidates within a group, groups over the batch.
+
+    A token of candidate n (|o_n| trainable tokens, group g with |g| candidates, B groups in the batch)
+    gets weight 1 / (|o_n| · |g| · B). Candidates with no trainable token are left out of their group's
+    count, and groups left empty out of B, so an all-masked sample neither adds loss nor dilutes others.
+
+    Args:
+        token_counts: (N,) number of trainable (mask = 1) tokens per candidate.
+        group_index: (N,) group label per candidate.
+    Returns:
+        (N,) weight of each trainable token of each candidate.
+    """
+    counts = token_counts.to(torch.float64)
+    valid = counts > 0
+    dense, num_groups = _group_ids(group_index)
+    per_group = torch.zeros(num_groups, dtype=torch.float64, device=counts.device).index_add_(
+        0, dense, valid.to(torch.float64)
+    )
+    num_nonempty_groups = (per_group > 0).sum().clamp(min=1)
+    weights = 1.0 / (counts.clamp(min=1) * per_group[dense].clamp(min=1) * num_nonempty_groups)
+    return torch.where(valid, weights, torch.zeros_like(weights)).to(torch.float32)
+
+
+@register_aggregation("seq_mean")
+def seq_mean_weights(token_counts: Tensor, group_index: Tensor) -> Tensor:
+    """Tokens averaged within a candidate, then candidates over the batch (groups ignored)."""
+    counts = token_counts.to(torch.float64)
+    valid = counts > 0
+    weights = 1.0 / (counts.clamp(min=1) * valid.sum().clamp(min=1))
+    return torch.where(valid, weights, torch.zeros_like(weights)).to(torch.float32)
+
+
+@register_aggregation("token_mean")
+def token_mean_weights(token_counts: Tensor, group_index: Tensor) -> Tensor:
+    """Every trainable token of the batch weighs the same: 1 / Σ_n |o_n| (DAPO-style token mean)."""
+    counts = token_counts.to(torch.float64)
+    return (torch.ones_like(counts) / counts.sum().clamp(min=1)).to(torch.float32)
+
+
+def aggregation_weights(mask: Tensor, group_index: Tensor, aggregation: str = "seq_group_mean") -> Tensor:
+    """Per-sample token weights (N,) for ``mask`` (N, T) under the named aggregation (Eq. 21 by default)."""
+    return get_aggregation(aggregation)(mask.sum(dim=-1), group_index)
+
+
+# --------------------------------------------------------------------------------------------------
+# Eqs. 18–19: ratio and clipped surrogate
+# --------------------------------------------------------------------------------------------------
+def clipped_surrogate(ratio: Tensor, advantages: Tensor, clip_eps: float) -> tuple[Tensor, Tensor]:
+    """Eq. 19: min(ϱ Â, clip(ϱ, 1 − ε, 1 + ε) Â) per token.
+
+    Args:
+        ratio: (N, T) ϱ of Eq. 18.
+        advantages: (N, 1) or (N, T) Â of Eq. 17 broadcast over tokens.
+    Returns:
+        (surrogate (N, T), clipped_active (N, T) bool: the clipped branch is the strict minimum, so the
+        token carries no policy gradient).
+    """
+    unclipped = ratio * advantages
+    clipped = ratio.clamp(1.0 - clip_eps, 1.0 + clip_eps) * advantages
+    return torch.minimum(unclipped, clipped), clipped < unclipped
+
+
+def entropy_from_logits(logits: Tensor) -> Tensor:
+    """Token entropy H(softmax(logits)) over the last dim: (..., V) -> (...)."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return -(logp.exp() * logp).sum(dim=-1)
+
+
+@register_policy_loss("grpo_clip")
+def policy_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    ref_logprobs: Optional[Tensor],
+    advantages: Tensor,
+    mask: Tensor,
+    group_index: Tensor,
+    clip_eps: float,
+    kl_coef: float,
+    kl_estimator: str = "k3",
+    aggregation: str = "seq_group_mean",
+    logits: Optional[Tensor] = None,
+    sample_weights: Optional[Tensor] = None,
+    entropy: Optional[Tensor] = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """The GRPO loss of one player (Eqs. 18–21); minimise it.
+
+    Token objective ℓ_t = min(ϱ_t Â, clip(ϱ_t, 1 − ε, 1 + ε) Â) − β_p · KL_t(π_θ ‖ π_ref)   (Eqs. 19, 20),
+    with ϱ_t = exp(log π_θ − log π_old) (Eq. 18); loss = −Σ_{n,t} w_n · mask_{n,t} · ℓ_{n,t} with the
+    Eq. 21 weights w_n.
+
+    Args:
+        logprobs: (N, T) log π_θ of the taken tokens (carries the gradient).
+        old_logprobs: (N, T) behaviour log-probs recorded at sampling time (fixed).
+        ref_logprobs: (N, T) log π_ref, or None when ``kl_coef == 0``.
+        advantages: (N,) Â per candidate (Eq. 17).
+        mask: (N, T) 1 for trainable completion tokens, 0 for prompt, padding and tool observations.
+        group_index: (N,) group label per candidate.
+        clip_eps: ε_clip.
+        kl_coef: β_p.
+        kl_estimator: a name in :data:`KL_ESTIMATORS` (k1, k2, k3).
+        aggregation: a name in :data:`AGGREGATIONS` (seq_group_mean = Eq. 21, seq_mean, token_mean).
+        logits: optional (N, T, V) logits at the same positions, only for the entropy metric.
+        sample_weights: optional (N,) precomputed aggregation weights (the slice of a larger batch's
+            :func:`aggregation_weights`); when given, ``aggregation`` is not used.
+        entropy: optional (N, T) precomputed token entropy for the metric (instead of ``logits``).
+
+    Returns:
+        (loss: 0-dim tensor, metrics: dict of floats with ``actor/`` keys). Token statistics (ratio, KL,
+        clip fractions, entropy) are plain means over trainable tokens; ``actor/num_tokens`` lets a
+        caller combine micro-batches.
+    """
+    maskf = mask.to(logprobs.dtype)
+    valid = mask.bool()
+    if sample_weights is None:
+        sample_weights = aggregation_weights(mask, group_index, aggregation)
+    token_weights = sample_weights.to(logprobs.dtype)[:, None] * maskf  # Σ over the batch = 1
+
+    log_ratio = logprobs - old_logprobs.to(logprobs.dtype)  # Eq. 18
+    ratio = torch.exp(log_ratio)
+    adv = advantages.to(logprobs.dtype)[:, None]
+    surrogate, clipped_active = clipped_surrogate(ratio, adv, clip_eps)  # Eq. 19
+
+    pg_loss = -(token_weights * surrogate).sum()
+    loss = pg_loss
+    kl_value = 0.0
+    if kl_coef != 0.0:  # Eq. 20; skipped entirely (no π_ref needed) when β_p = 0
+        if ref_logprobs is None:
+            raise ValueError("kl_coef != 0 needs ref_logprobs")
+        kl = get_kl_estimator(kl_estimator)(logprobs, ref_logprobs.to(logprobs.dtype))
+        kl_loss = (token_weights * kl).sum()
+        loss = pg_loss + kl_coef * kl_loss
+    elif ref_logprobs is not None:
+        kl = get_kl_estimator(kl_estimator)(logprobs.detach(), ref_logprobs.to(logprobs.dtype))
+    else:
+        kl = None
+
+    with torch.no_grad():
+        n_tok = int(valid.sum().item())
+        denom = max(n_tok, 1)
+        r = ratio.detach()[valid]
+        outside = (r < 1.0 - clip_eps) | (r > 1.0 + clip_eps)
+        metrics: dict[str, float] = {
+            "actor/loss": float(loss.detach()),
+            "actor/pg_loss": float(pg_loss.detach()),
+            "actor/pg_clipfrac": float(clipped_active[valid].sum()) / denom,
+            "actor/ratio_outside_clip_frac": float(outside.sum()) / denom,
+            "actor/ratio_mean": float(r.mean()) if n_tok else 1.0,
+            "actor/ratio_min": float(r.min()) if n_tok else 1.0,
+            "actor/ratio_max": float(r.max()) if n_tok else 1.0,
+            "actor/num_tokens": float(n_tok),
+        }
+        if kl is not None:
+            kl_value = float((kl.detach() * maskf).sum()) / denom
+            metrics["actor/kl"] = kl_value
+        if entropy is None and logits is not None:
+            entropy = entropy_from_logits(logits.detach())
+        if entropy is not None:
+            metrics["actor/entropy"] = float((entropy.detach().float() * maskf).sum()) / denom
+    return loss, metrics
