@@ -1,0 +1,129 @@
+"""Answer extraction from model text (SPEC §9): ``\\boxed{}`` with nested braces, the final option
+letter of a multiple-choice answer, and the program of a HumanEval completion.
+
+All functions are pure and return ``None`` when nothing can be extracted, so a malformed completion
+is graded wrong rather than raising.
+"""
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+_BOXED_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
+
+
+def boxed_spans(text: str) -> list[tuple[int, int]]:
+    """(start, end) character spans of the contents of every *closed* ``\\boxed{...}`` in ``text``.
+
+    Braces nest: ``\\boxed{\\frac{1}{2}}`` spans ``\\frac{1}{2}``. A ``\\boxed{`` whose brace is never
+    closed is ignored. Escaped braces ``\\{`` and ``\\}`` do not count towards nesting.
+    """
+    spans = []
+    for match in _BOXED_RE.finditer(text):
+        depth = 1
+        i = match.end()
+        while i < len(text):
+            ch = text[i]
+            if ch == "\\" and i + 1 < len(text) and text[i + 1] in "{}":
+                i += 2
+                continue
+            if ch == "{":
+                depth += 1
+            elif ch == "}":
+                depth -= 1
+                if depth == 0:
+                    spans.append((match.end(), i))
+                    break
+            i += 1
+    return spans
+
+
+def last_boxed(text: str) -> Optional[str]:
+    """Content of the last closed ``\\boxed{...}`` in ``text`` (nested braces kept), stripped; else None."""
+    spans = boxed_spans(text)
+    if not spans:
+        return None
+    start, end = spans[-1]
+    return text[start:end].strip()
+
+
+def option_letters(num_options: int) -> str:
+    return "ABCDEFGHIJKLMNOPQRSTUVWXYZ"[:num_options]
+
+
+def extract_option_letter(text: str, num_options: int = 4) -> Optional[str]:
+    """The final option letter chosen in ``text`` for a question with ``num_options`` options.
+
+    Tried in order, each taking the *last* match: a letter inside ``\\boxed{}`` (``\\boxed{C}``,
+    ``\\boxed{(C)}``, ``\\boxed{\\text{C}}``, ``\\boxed{C. text}``); "answer is (C)" / "Answer: C";
+    a letter standing alone on the last line that has one (``(C)``, ``C.``, ``C``).
+    Letters outside ``A..`` the option count are not answers.
+    """
+    letters = option_letters(num_options)
+    if not letters:
+        return None
+    boxed = last_boxed(text)
+    if boxed is not None:
+        inner = re.sub(r"\\text\s*\{([^{}]*)\}", r"\1", boxed).strip()
+        m = re.fullmatch(rf"\(?([{letters}])\)?(?:[.:)\s].*)?", inner, flags=re.S)
+        if m:
+            return m.group(1)
+    phrase = re.findall(
+        rf"(?:answer|option|choice)\s*(?:is|:)?\s*(?:option|choice)?\s*[:\s]*\(?\**([{letters}])\**\)?(?![A-Za-z])",
+        text,
+        flags=re.I,
+    )
+    if phrase:
+        return phrase[-1].upper() if phrase[-1].upper() in letters else None
+    for line in reversed(text.strip().splitlines()):
+        line = line.strip().strip("*").strip()
+        if not line:
+            continue
+        m = re.fullmatch(rf"\(?([{letters}])\)?[.:]?", line)
+        if m:
+            return m.group(1)
+        m = re.match(rf"\(([{letters}])\)", line)
+        if m:
+            return m.group(1)
+    return None
+
+
+_FENCE_RE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:\n[ \t]*```|```)", re.S)
+
+
+def code_blocks(text: str, langs: tuple[str, ...] = ("python", "py", "python3", "")) -> list[str]:
+    """Contents of the closed fenced code blocks of ``text`` whose language id is in ``langs``."""
+    return [m.group(2) for m in _FENCE_RE.finditer(text) if m.group(1).lower() in langs]
+
+
+def humaneval_program(prompt: str, completion: str, entry_point: str) -> str:
+    """The program to test for a HumanEval problem, from the model's completion.
+
+    - If the completion has a fenced Python block defining ``entry_point``, that block is the
+      solution; the prompt's lines before its ``def`` (imports, helper functions) are prepended so
+      that names like ``List`` resolve.
+    - Otherwise the completion continues the prompt (the function body), as in the original
+      HumanEval protocol: ``prompt + completion`` cut at the first line that leaves the function
+      (a top-level statement other than a ``def``/decorator/comment).
+    """
+    blocks = code_blocks(completion)
+    for block in blocks:
+        if re.search(rf"^\s*def\s+{re.escape(entry_point)}\s*\(", block, flags=re.M):
+            header = prompt.split(f"def {entry_point}", 1)[0]
+            return header + "\n" + block.rstrip() + "\n"
+    body = blocks[0] if blocks else completion
+    if not blocks:
+        body = _cut_at_top_level(completion)
+    return prompt + body
+
+
+def _cut_at_top_level(completion: str) -> str:
+    """Keep the completion up to the first non-indented line that is not code of the function."""
+    kept = []
+    for line in completion.split("\n"):
+        if line and not line[0].isspace() and not line.startswith(("def ", "@", "#", "```")):
+            break
+        if line.startswith("```"):
+            break
+        kept.append(line)
+    return "\n".join(kept)
