@@ -28,37 +28,51 @@ class ModelConfig:
     # "tiny_random": a small random Llama built from a config, for tests.
     source: str = "pretrained"
     path: Optional[str] = None  # hub id or local directory (source=pretrained)
+    revision: Optional[str] = None  # hub revision (source=pretrained)
     package: Optional[str] = None  # python package holding the GGUF file (source=gguf_wheel)
     gguf_file: Optional[str] = None
     tokenizer: Optional[str] = None  # defaults to ``path``
     dtype: str = "float32"  # float32 | bfloat16 | float16
-    device: str = "auto"  # auto | cpu | cuda
-    cache_dir: Optional[str] = None  # where dequantized GGUF weights are cached as safetensors
+    device: str = "auto"  # auto (cuda if available) | cpu | cuda | cuda:N
+    attn_implementation: Optional[str] = None  # None: transformers' default (sdpa); or eager | flash_attention_2
+    # GGUF only: cache the dequantized weights + tokenizer as safetensors after the first load.
+    cache: bool = True
+    # None: $UNIFIEDPLAYERS_CACHE/models/<name>, else ~/.cache/unifiedplayers/models/<name>
+    cache_dir: Optional[str] = None
     trust_remote_code: bool = False
-    # tiny_random architecture
-    vocab_size: int = 512
-    hidden_size: int = 64
-    intermediate_size: int = 128
+    # tiny_random architecture (the vocabulary is the byte tokenizer's, 259 ids). head_dim = 64 so
+    # that vLLM's CPU attention kernels accept it.
+    hidden_size: int = 128
+    intermediate_size: int = 256
     num_hidden_layers: int = 2
-    num_attention_heads: int = 4
-    num_key_value_heads: int = 2
+    num_attention_heads: int = 2
+    num_key_value_heads: int = 1
     max_position_embeddings: int = 2048
-    seed: int = 0
+    seed: int = 0  # tiny_random initialisation seed
 
 
 @dataclass
 class RolloutConfig:
-    """Generation backend (``unifiedplayers.rollout``)."""
+    """Generation backend (``unifiedplayers.rollout``). The sampling fields are the defaults of
+    ``generate``/``continue_segments`` when a call leaves them out."""
 
     backend: str = "hf"  # hf | vllm
     temperature: float = 1.0
-    top_p: float = 1.0
+    top_p: float = 1.0  # 1.0 keeps behaviour log-probs = log_softmax(logits / T), what the trainer recomputes
     max_new_tokens: int = 256
-    batch_size: int = 8
+    batch_size: int = 8  # hf: sequences (prompt × sample) per forward batch; 0 = all at once
     # vllm only
-    gpu_memory_utilization: float = 0.5
+    gpu_memory_utilization: float = 0.5  # share of GPU memory for weights + KV cache (the trainer needs the rest)
     tensor_parallel_size: int = 1
-    enforce_eager: bool = False
+    enforce_eager: bool = False  # True: no CUDA graphs / torch.compile (faster start, slower decode)
+    max_model_len: Optional[int] = None  # None: the model's own context length
+    enable_prefix_caching: bool = True  # the n samples of a prompt and the turns of a context share KV
+    # Run vLLM's engine in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0), so update_weights copies the
+    # trainer's tensors straight into the engine's model instead of pickling them to a worker process.
+    inprocess: bool = True
+    # Directory vLLM loads its initial weights from; None: the model's own directory when it has one,
+    # else a temporary save_pretrained snapshot. update_weights then makes the engine match the model.
+    model_path: Optional[str] = None
 
 
 @dataclass
@@ -66,38 +80,60 @@ class TrainerConfig:
     """Optimizer, backend and checkpoints (``unifiedplayers.trainer``); SPEC §6."""
 
     backend: str = "torch"  # torch | deepspeed_zero2 | deepspeed_zero3
+    # Table 6's learning rate is missing from the paper's extraction; 1e-6 is the usual GRPO value at 4B-7B.
     lr: float = 1.0e-6
-    betas: tuple[float, float] = (0.9, 0.95)
-    weight_decay: float = 0.01
-    grad_clip: float = 1.0
+    betas: tuple[float, float] = (0.9, 0.95)  # AdamW β1, β2 (SPEC §6)
+    adam_eps: float = 1.0e-8
+    weight_decay: float = 0.01  # SPEC §6; biases and norm gains are not decayed
+    grad_clip: float = 1.0  # max global L2 norm (SPEC §6); the norm before clipping is logged
+    # One update = one optimizer step over the whole batch, split into micro-batches of this size
+    # (gradient accumulation; Eq. 21 weights are computed over the whole batch, so the split is exact).
     micro_batch_size: int = 4
-    grad_accum_steps: int = 1  # derived from the batch when 0
-    clip_eps: float = 0.2  # ε_clip
-    kl_coef: float = 0.04  # β_p
-    kl_estimator: str = "k3"
-    aggregation: str = "seq_group_mean"  # Eq. 21; or token_mean
-    ref_mode: str = "copy"  # copy: frozen reference model; precompute: ref log-probs once per batch
+    grad_accum_steps: int = 0  # > 0: split every batch into this many micro-batches instead; 0: use micro_batch_size
+    adv_estimator: str = "grpo"  # grpo.ADV_ESTIMATORS: grpo (Eq. 17) | grpo_no_std
+    adv_eps: float = 1.0e-6  # ε of Eq. 17
+    policy_loss: str = "grpo_clip"  # grpo.POLICY_LOSSES (Eqs. 18-21)
+    clip_eps: float = 0.2  # ε_clip (Eq. 19); Table 6 value missing, 0.2 is the PPO/GRPO default
+    kl_coef: float = 0.04  # β_p (Eq. 20); Table 6 value missing, 0.04 as in DeepSeekMath GRPO
+    kl_estimator: str = "k3"  # k1 | k2 | k3 (Eq. 20)
+    aggregation: str = "seq_group_mean"  # Eq. 21; or seq_mean | token_mean
+    ref_mode: str = "copy"  # copy: frozen reference model; precompute: ref weights on host, swapped in once per batch
     lr_warmup_steps: int = 0
-    entropy_bank_size: int = 256
+    entropy_bank_size: int = 256  # held-out role contexts for entropy retention (SPEC §8)
+    entropy_every: int = 1  # measure bank entropy after every n-th update (0: never)
+    compute_entropy: bool = True  # actor/entropy of the sampled tokens in each update
     gradient_checkpointing: bool = False
-    offload_optimizer: bool = False
-    dtype: str = "float32"
+    offload_optimizer: bool = False  # DeepSpeed backends: ZeRO-Offload of the optimizer state to CPU
+    offload_dir: Optional[str] = None  # torch backend: where offload_state() parks optimizer state (default: temp dir)
+    dtype: str = "float32"  # float32 | bfloat16 (DeepSpeed keeps fp32 master weights for bf16)
+    num_threads: int = 0  # torch.set_num_threads when > 0 (CPU)
+    ds_config: dict[str, Any] = field(default_factory=dict)  # merged over the generated DeepSpeed config
 
 
 @dataclass
 class PerturbationConfig:
-    """Which rules of SPEC §3 the engine applies (``unifiedplayers.perturbation``)."""
+    """Which rules of SPEC §3 the engine applies (``unifiedplayers.perturbation``); P = len(rules).
 
+    Presets (Table 15): all (5 rules), local (arg_mutation, step_drop, step_swap), global
+    (early_terminate, tool_substitute), none (P = 0: no variants, ρ_adv = V(q) = 0).
+    """
+
+    name: str = "all"
     rules: list[str] = field(
         default_factory=lambda: ["arg_mutation", "step_drop", "step_swap", "early_terminate", "tool_substitute"]
     )
-    float_rel_change: float = 0.05
-    int_offsets: list[int] = field(default_factory=lambda: [-2, -1, 1, 2])
+    float_rel_change: float = 0.05  # arg_mutation: floats shifted by ±5%
+    int_offsets: list[int] = field(default_factory=lambda: [-2, -1, 1, 2])  # arg_mutation: integer offsets
+    substitute_lang: str = "bash"  # tool_substitute: the language id a python step is relabelled with
 
 
 @dataclass
 class RewardConfig:
-    """Reward weights and the choices SPEC §5 leaves open (``unifiedplayers.rewards``)."""
+    """Reward weights and the choices SPEC §5 leaves open (``unifiedplayers.rewards``).
+
+    Presets (Table 17, (α, β, γ)): default (.4,.5,.1), gold_heavy (.6,.3,.1), adv_heavy (.2,.7,.1),
+    high_diversity (.4,.5,.3), no_diversity (.4,.5,0).
+    """
 
     name: str = "default"
     alpha: float = 0.4  # α, weight of ρ_gold (Eq. 5)
@@ -106,15 +142,24 @@ class RewardConfig:
     w_unc: float = 1.0  # Eq. 2
     w_ver: float = 1.0  # Eq. 2
     w_rep: float = 0.5  # Eq. 2
-    use_verifiability: bool = True  # False: the "w/o V(q)" ablation
+    use_verifiability: bool = True  # False: the "w/o V(q)" ablation (V(q) term dropped from Eq. 2)
     # Open choices (SPEC §5):
-    execution_reward_no_valid_verifier: float = 0.0  # r_S when M_q = 0
-    invalid_verifier_reward: float = -1.0  # r_C of a verifier that does not parse/compile/define check
-    malformed_task_reward: float = -1.0  # r_T of a Planning output that is not a well-formed task
-    missing_answer_in_majority: bool = False  # False: a missing answer never forms the majority class
+    # r_S when M_q = 0: the same value for all K trajectories, so their group advantage is zero.
+    execution_reward_no_valid_verifier: float = 0.0
+    # r_C of a verifier that does not parse/compile/define check: below the lowest valid r_C (−γ).
+    invalid_verifier_reward: float = -1.0
+    # r_T of a Planning output that is not a well-formed task: below the lowest valid r_T (−w_rep).
+    malformed_task_reward: float = -1.0
+    # p̂ counts all K samples; False: a missing answer joins no cluster (it can never be the majority);
+    # True: all missing answers form one cluster.
+    missing_answer_in_majority: bool = False
+    # R(q): max_bleu = max sentence-BLEU/100 against the history; cluster_share = share of the history
+    # with BLEU/100 >= repetition_bleu_threshold.
+    repetition_mode: str = "max_bleu"
     repetition_bleu_threshold: float = 0.5
-    repetition_mode: str = "max_bleu"  # max_bleu | cluster_share
-    redundancy_similarity: str = "token_jaccard"
+    repetition_history: int = 1000  # earlier questions R(q) compares against (about one iteration's pool)
+    # ρ_red similarity on canonical code tokens (names renumbered): sequence (difflib ratio) | jaccard (trigrams)
+    redundancy_similarity: str = "sequence"
 
 
 @dataclass

@@ -1,0 +1,252 @@
+"""The interaction record ξ(q) = (q, T(q), V(q), T_adv(q), Z(q), ρ_red(q)) (SPEC §5; paper Eq. 1).
+
+One :class:`InteractionRecord` per task, appended as one JSON line to the run's record file
+(``<run_dir>/records.jsonl``). Crash safety: each append is one ``write`` of a complete line, then
+``flush`` and ``fsync``; a process killed mid-write leaves at most a torn last line, which
+:func:`load_records` skips with a warning and :class:`RecordWriter` cuts off before appending again.
+
+Load for analysis with :func:`records_dataframe` (one row per task) or ``pandas.read_json(path, lines=True)``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Optional, Sequence, Union
+
+import numpy as np
+
+from unifiedplayers.trajectory import Trajectory
+
+RECORDS_FILENAME = "records.jsonl"
+
+
+@dataclass
+class InteractionRecord:
+    """ξ(q) of one task.
+
+    trajectories: the K originals T(q). verifiers: the valid verifier sources V(q) (row i of Z).
+    variants: K rows of P perturbed trajectories T_adv(q) (None where a rule could not apply).
+    z_orig (M_q, K), z_adv (M_q, K, P), adv_mask (K, P): the verdict matrix Z(q).
+    redundancy: ρ_red(q), (M_q,). rules: the P rule names, in column order.
+    valid / num_generated: the indices of V(q) among the M generated verifiers, and M.
+    rewards: the rewards derived from this record (filled by the caller; free-form but JSON-able).
+    """
+
+    question: str
+    trajectories: list[Trajectory]
+    verifiers: list[str]
+    variants: list[list[Optional[Trajectory]]]
+    z_orig: np.ndarray
+    z_adv: np.ndarray
+    adv_mask: np.ndarray
+    redundancy: np.ndarray
+    rules: list[str]
+    valid: list[int]
+    num_generated: int
+    task_id: Optional[str] = None
+    iteration: Optional[int] = None
+    expected_answer: Optional[str] = None  # Planning's claimed answer: for filtering/analysis only
+    rewards: dict[str, Any] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        k, m_q, p = len(self.trajectories), len(self.verifiers), len(self.rules)
+        self.z_orig = np.asarray(self.z_orig, dtype=np.int8).reshape(m_q, k)
+        self.z_adv = np.asarray(self.z_adv, dtype=np.int8).reshape(m_q, k, p)
+        self.adv_mask = np.asarray(self.adv_mask, dtype=bool).reshape(k, p)
+        self.redundancy = np.asarray(self.redundancy, dtype=np.float64).reshape(m_q)
+        if len(self.variants) != k or any(len(r) != p for r in self.variants):
+            raise ValueError(f"variants must be {k} rows of {p} entries")
+        if len(self.valid) != m_q:
+            raise ValueError(f"{len(self.valid)} valid indices for {m_q} verifiers")
+
+    @property
+    def z(self) -> np.ndarray:
+        """Z(q) = [Z_orig | Z_adv], (M_q, K(1+P)) (Eq. 10)."""
+        m_q, k, p = self.z_adv.shape
+        return np.concatenate([self.z_orig, self.z_adv.reshape(m_q, k * p)], axis=1)
+
+    @classmethod
+    def from_verdict(
+        cls,
+        question: str,
+        trajectories: Sequence[Trajectory],
+        variants: Sequence[Sequence[Optional[Trajectory]]],
+        verdict: Any,
+        redundancy: Any,
+        rules: Sequence[str],
+        **extra: Any,
+    ) -> "InteractionRecord":
+        """Assemble ξ(q) from a ``VerdictMatrix`` and the inputs it was computed from."""
+        return cls(
+            question=question,
+            trajectories=list(trajectories),
+            verifiers=verdict.valid_sources,
+            variants=[list(r) for r in variants] if variants else [[] for _ in trajectories],
+            z_orig=verdict.z_orig,
+            z_adv=verdict.z_adv,
+            adv_mask=verdict.adv_mask,
+            redundancy=redundancy,
+            rules=list(rules),
+            valid=list(verdict.valid),
+            num_generated=verdict.num_generated,
+            **extra,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "task_id": self.task_id,
+            "iteration": self.iteration,
+            "question": self.question,
+            "expected_answer": self.expected_answer,
+            "trajectories": [t.to_dict() for t in self.trajectories],
+            "verifiers": list(self.verifiers),
+            "variants": [[None if v is None else v.to_dict() for v in row] for row in self.variants],
+            "z_orig": self.z_orig.tolist(),
+            "z_adv": self.z_adv.tolist(),
+            "adv_mask": self.adv_mask.tolist(),
+            "redundancy": self.redundancy.tolist(),
+            "rules": list(self.rules),
+            "valid": list(self.valid),
+            "num_generated": self.num_generated,
+            "rewards": _jsonable(self.rewards),
+            "meta": _jsonable(self.meta),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "InteractionRecord":
+        return cls(
+            question=d["question"],
+            trajectories=[Trajectory.from_dict(t) for t in d["trajectories"]],
+            verifiers=list(d["verifiers"]),
+            variants=[[None if v is None else Trajectory.from_dict(v) for v in row] for row in d["variants"]],
+            z_orig=d["z_orig"],
+            z_adv=d["z_adv"],
+            adv_mask=d["adv_mask"],
+            redundancy=d["redundancy"],
+            rules=list(d["rules"]),
+            valid=list(d["valid"]),
+            num_generated=int(d["num_generated"]),
+            task_id=d.get("task_id"),
+            iteration=d.get("iteration"),
+            expected_answer=d.get("expected_answer"),
+            rewards=d.get("rewards") or {},
+            meta=d.get("meta") or {},
+        )
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    if isinstance(x, np.generic):
+        return x.item()
+    return x
+
+
+def _cut_torn_tail(path: Path) -> None:
+    """Drop an incomplete last line (a write killed midway) so later appends start on a fresh line."""
+    if not path.exists() or path.stat().st_size == 0:
+        return
+    with open(path, "rb+") as f:
+        f.seek(-1, os.SEEK_END)
+        if f.read(1) == b"\n":
+            return
+        f.seek(0)
+        data = f.read()
+        keep = data.rfind(b"\n") + 1
+        warnings.warn(f"{path}: dropping a torn last record ({len(data) - keep} bytes) before appending",
+                      RuntimeWarning, stacklevel=3)
+        f.truncate(keep)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+class RecordWriter:
+    """Appends records to one JSONL file; each append is durable (flush + fsync) before it returns."""
+
+    def __init__(self, path: Union[str, os.PathLike]) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        _cut_torn_tail(self.path)
+        self._f = open(self.path, "ab")
+
+    def append(self, record: InteractionRecord) -> None:
+        line = json.dumps(record.to_dict(), ensure_ascii=False, separators=(",", ":")) + "\n"
+        self._f.write(line.encode("utf-8"))
+        self._f.flush()
+        os.fsync(self._f.fileno())
+
+    def close(self) -> None:
+        if not self._f.closed:
+            self._f.close()
+
+    def __enter__(self) -> "RecordWriter":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def append_record(path: Union[str, os.PathLike], record: InteractionRecord) -> None:
+    """Append one record (opens, appends durably, closes)."""
+    with RecordWriter(path) as w:
+        w.append(record)
+
+
+def iter_records(path: Union[str, os.PathLike]) -> Iterable[InteractionRecord]:
+    """Records of a file in order. A torn last line is skipped with a warning; a bad line elsewhere is
+    corruption and raises ``ValueError`` naming the line."""
+    path = Path(path)
+    with open(path, "rb") as f:
+        lines = f.read().split(b"\n")
+    torn_tail = lines[-1] != b""  # no trailing newline: the last write did not finish
+    for n, raw in enumerate(lines, start=1):
+        if not raw.strip():
+            continue
+        try:
+            d = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            if n == len(lines) and torn_tail:
+                warnings.warn(f"{path}: skipping a torn last record (line {n})", RuntimeWarning, stacklevel=2)
+                return
+            raise ValueError(f"{path}:{n}: not a JSON record ({e})") from e
+        yield InteractionRecord.from_dict(d)
+
+
+def load_records(path: Union[str, os.PathLike]) -> list[InteractionRecord]:
+    return list(iter_records(path))
+
+
+def records_dataframe(source: Union[str, os.PathLike, Sequence[InteractionRecord]]) -> Any:
+    """One row per task: sizes, the verdict summaries and the rewards (a pandas DataFrame)."""
+    import pandas as pd
+
+    records = load_records(source) if isinstance(source, (str, os.PathLike)) else list(source)
+    rows = []
+    for r in records:
+        m_q, k, p = r.z_adv.shape
+        row: dict[str, Any] = {
+            "task_id": r.task_id,
+            "iteration": r.iteration,
+            "question": r.question,
+            "K": k,
+            "M": r.num_generated,
+            "M_q": m_q,
+            "P": p,
+            "variants_present": int(r.adv_mask.sum()),
+            "orig_accept_rate": float(r.z_orig.mean()) if r.z_orig.size else float("nan"),
+            "adv_reject_rate": float(1 - r.z_adv[:, r.adv_mask].mean()) if m_q and r.adv_mask.any() else float("nan"),
+            "redundancy_mean": float(r.redundancy.mean()) if m_q else float("nan"),
+            "answers": [t.final_answer for t in r.trajectories],
+        }
+        for key, value in r.rewards.items():
+            row[f"reward/{key}"] = value
+        rows.append(row)
+    return pd.DataFrame(rows)

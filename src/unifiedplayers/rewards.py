@@ -1,0 +1,361 @@
+"""Role-specific rewards from the verdict matrix (SPEC §5; paper Eq. 2-5, 11, 12). Pure numpy.
+
+Shapes: z_orig (M_q, K), z_adv (M_q, K, P), adv_mask (K, P) or None (all variants present).
+
+Choices the paper leaves open (set in ``conf/reward/``, see ``RewardConfig``):
+- r_S when M_q = 0: ``no_valid_value`` of :func:`execution_rewards` (default 0.0 for all K, so the
+  group has zero advantage: no evidence, no signal).
+- ρ_adv with masked variants (a rule that could not apply) averages over the variants that exist;
+  with none at all (P = 0, the "none" rule set) it is 0.
+- r_C of an invalid verifier: ``invalid_verifier_reward``; r_T of a malformed task: ``malformed_task_reward``.
+- p̂ with missing answers: every sample counts in the denominator; a missing answer joins no cluster
+  unless ``missing_in_majority`` (then all missing answers form one cluster).
+"""
+from __future__ import annotations
+
+import io
+import keyword
+import logging
+import tokenize
+from dataclasses import dataclass
+from difflib import SequenceMatcher
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+# ---------------------------------------------------------------------------------------------------
+# Execution
+
+
+def execution_rewards(z_orig: np.ndarray, no_valid_value: float = 0.0) -> np.ndarray:
+    """Eq. 4: r_S(τ_k) = (1/M_q) Σ_{i ∈ I_valid} Z_orig[i, k]. Shape (K,).
+
+    With M_q = 0 every trajectory gets ``no_valid_value`` (an open choice of SPEC §5).
+    """
+    z = np.asarray(z_orig, dtype=np.float64)
+    if z.ndim != 2:
+        raise ValueError(f"z_orig must be (M_q, K), got shape {z.shape}")
+    if z.shape[0] == 0:
+        return np.full(z.shape[1], float(no_valid_value))
+    return z.mean(axis=0)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Evaluation
+
+
+def gold_pass_rate(z_orig: np.ndarray) -> np.ndarray:
+    """Eq. 11: ρ_gold_i = (1/K) Σ_k Z_orig[i, k]. Shape (M_q,); 0 when K = 0."""
+    z = np.asarray(z_orig, dtype=np.float64)
+    if z.shape[1] == 0:
+        return np.zeros(z.shape[0])
+    return z.mean(axis=1)
+
+
+def _mask(z_adv: np.ndarray, adv_mask: Optional[np.ndarray]) -> np.ndarray:
+    k, p = z_adv.shape[1:]
+    mask = np.ones((k, p), dtype=bool) if adv_mask is None else np.asarray(adv_mask, dtype=bool)
+    if mask.shape != (k, p):
+        raise ValueError(f"adv_mask must be (K, P) = {(k, p)}, got {mask.shape}")
+    return mask
+
+
+def adversarial_rejection_rate(z_adv: np.ndarray, adv_mask: Optional[np.ndarray] = None) -> np.ndarray:
+    """Eq. 11: ρ_adv_i = (1/(K·P)) Σ_k Σ_j (1 − Z_adv[i, k, j]). Shape (M_q,).
+
+    With a mask, the sum and the count run over the variants that exist (mask True); with no variant
+    at all, ρ_adv = 0.
+    """
+    z = np.asarray(z_adv, dtype=np.float64)
+    if z.ndim != 3:
+        raise ValueError(f"z_adv must be (M_q, K, P), got shape {z.shape}")
+    mask = _mask(z, adv_mask)
+    n = int(mask.sum())
+    if n == 0:
+        return np.zeros(z.shape[0])
+    return ((1.0 - z) * mask[None]).sum(axis=(1, 2)) / n
+
+
+def _code_tokens(source: str) -> list[str]:
+    """Canonical token sequence of a verifier: names renumbered by first use (so consistent renaming
+    changes nothing), keywords/builtins/attribute names kept, string literals as STR, comments dropped."""
+    import builtins
+
+    keep = set(keyword.kwlist) | set(dir(builtins))
+    out: list[str] = []
+    names: dict[str, str] = {}
+    fstring_depth = 0
+    prev = ""
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+            ttype, s = tok.type, tok.string
+            if ttype == getattr(tokenize, "FSTRING_START", -1):
+                fstring_depth += 1
+                continue
+            if ttype == getattr(tokenize, "FSTRING_END", -1):
+                fstring_depth -= 1
+                if fstring_depth == 0:
+                    out.append("STR")
+                continue
+            if fstring_depth:
+                continue
+            if ttype in (tokenize.COMMENT, tokenize.NL, tokenize.ENCODING, tokenize.ENDMARKER):
+                continue
+            if ttype == tokenize.STRING:
+                out.append("STR")
+            elif ttype == tokenize.NAME and s not in keep and prev != ".":
+                out.append(names.setdefault(s, f"v{len(names)}"))
+            elif ttype in (tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT):
+                out.append(tokenize.tok_name[ttype])
+            else:
+                out.append(s)
+            prev = s
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        return source.split()
+    return out
+
+
+def code_similarity(a: str, b: str, method: str = "sequence") -> float:
+    """Similarity in [0, 1] of two verifier sources on canonical code tokens.
+
+    ``sequence``: difflib ratio 2·matches/(|a|+|b|) of the token sequences.
+    ``jaccard``: |A ∩ B| / |A ∪ B| of the sets of token trigrams.
+    """
+    ta, tb = _code_tokens(a), _code_tokens(b)
+    if method == "sequence":
+        if not ta and not tb:
+            return 1.0
+        return SequenceMatcher(None, ta, tb, autojunk=False).ratio()
+    if method == "jaccard":
+        ga = {tuple(ta[i : i + 3]) for i in range(max(1, len(ta) - 2))}
+        gb = {tuple(tb[i : i + 3]) for i in range(max(1, len(tb) - 2))}
+        union = ga | gb
+        return len(ga & gb) / len(union) if union else 1.0
+    raise ValueError(f"unknown similarity {method!r}: sequence | jaccard")
+
+
+def redundancy(sources: Sequence[str], method: str = "sequence") -> np.ndarray:
+    """ρ_red_i = max_{i' ≠ i} sim(v_i, v_i') over the valid verifiers of one task. Shape (M_q,).
+
+    A lone valid verifier has ρ_red = 0 (nothing to repeat).
+    """
+    m = len(sources)
+    sim = np.zeros((m, m))
+    for i in range(m):
+        for j in range(i + 1, m):
+            sim[i, j] = sim[j, i] = code_similarity(sources[i], sources[j], method)
+    return sim.max(axis=1) if m > 1 else np.zeros(m)
+
+
+def evaluation_rewards(
+    z_orig: np.ndarray,
+    z_adv: np.ndarray,
+    redundancy: np.ndarray,
+    alpha: float,
+    beta: float,
+    gamma: float,
+    adv_mask: Optional[np.ndarray] = None,
+) -> np.ndarray:
+    """Eq. 5: r_C(v_i) = α ρ_gold_i + β ρ_adv_i − γ ρ_red_i. Shape (M_q,)."""
+    red = np.asarray(redundancy, dtype=np.float64)
+    return alpha * gold_pass_rate(z_orig) + beta * adversarial_rejection_rate(z_adv, adv_mask) - gamma * red
+
+
+# ---------------------------------------------------------------------------------------------------
+# Planning
+
+
+class _DropTimeoutNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Timeout is disabled" not in record.getMessage()
+
+
+_ANSWER_PARSE_MAX_CHARS = 200  # longer answers are compared as text: sympy on long input can hang
+
+
+def _parse_answer(answer: str) -> list:
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse
+
+    if len(answer) > _ANSWER_PARSE_MAX_CHARS:
+        return []
+    try:
+        # Timeouts off: math-verify's signal-based timeout fails outside the main thread.
+        return parse(f"${answer}$", extraction_config=[LatexExtractionConfig(), ExprExtractionConfig()],
+                     parsing_timeout=None)
+    except Exception:
+        return []
+
+
+def _equivalent(a: str, pa: list, b: str, pb: list) -> bool:
+    from math_verify import verify
+
+    if " ".join(a.split()) == " ".join(b.split()):
+        return True
+    if not pa or not pb:
+        return False
+    try:
+        return bool(verify(pa, pb, timeout_seconds=None) or verify(pb, pa, timeout_seconds=None))
+    except Exception:
+        return False
+
+
+def answer_clusters(answers: Sequence[Optional[str]]) -> list[list[int]]:
+    """Group the indices of equivalent answers (math-verify: 5/2 ≡ 2.5 ≡ \\frac{5}{2}); missing answers
+    (None or blank) are left out. Each answer joins the first cluster whose first member it matches."""
+    for name in ("math_verify.parser", "math_verify.grader"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropTimeoutNotice) for f in logger.filters):
+            logger.addFilter(_DropTimeoutNotice())
+    clusters: list[list[int]] = []
+    reps: list[tuple[str, list]] = []
+    for idx, ans in enumerate(answers):
+        if ans is None or not ans.strip():
+            continue
+        a = ans.strip()
+        pa = _parse_answer(a)
+        for cluster, (b, pb) in zip(clusters, reps):
+            if _equivalent(a, pa, b, pb):
+                cluster.append(idx)
+                break
+        else:
+            clusters.append([idx])
+            reps.append((a, pa))
+    return clusters
+
+
+def majority_share(answers: Sequence[Optional[str]], missing_in_majority: bool = False) -> float:
+    """p̂: share of the K samples that give the most frequent answer (K counts missing answers too)."""
+    k = len(answers)
+    if k == 0:
+        return 0.0
+    sizes = [len(c) for c in answer_clusters(answers)]
+    if missing_in_majority:
+        sizes.append(sum(1 for a in answers if a is None or not a.strip()))
+    return max(sizes, default=0) / k
+
+
+def uncertainty(answers: Sequence[Optional[str]], missing_in_majority: bool = False) -> float:
+    """U(q) = min(p̂, 1 − p̂) (SPEC §5; paper §3.2 below Eq. 2)."""
+    p_hat = majority_share(answers, missing_in_majority)
+    return float(min(p_hat, 1.0 - p_hat))
+
+
+def verifier_writability(z_adv: np.ndarray, num_generated: int, adv_mask: Optional[np.ndarray] = None) -> float:
+    """Eq. 3 / 12: V(q) = (M_q/M)·(1/M_q) Σ_{i ∈ I_valid} ρ_adv_i = (1/M) Σ_{i ∈ I_valid} ρ_adv_i.
+
+    0 when no verifier is valid (M_q = 0) or none was generated.
+    """
+    z = np.asarray(z_adv)
+    if num_generated <= 0 or z.shape[0] == 0:
+        return 0.0
+    if z.shape[0] > num_generated:
+        raise ValueError(f"{z.shape[0]} valid verifiers out of {num_generated} generated")
+    return float(adversarial_rejection_rate(z, adv_mask).sum() / num_generated)
+
+
+def repetition_penalty(
+    question: str,
+    history: Sequence[str],
+    mode: str = "max_bleu",
+    threshold: float = 0.5,
+) -> float:
+    """R(q) in [0, 1]: BLEU-based repetition of ``question`` against earlier questions (sacrebleu).
+
+    ``max_bleu``: max over the history of sentence-BLEU(q, h)/100.
+    ``cluster_share``: share of the history with sentence-BLEU(q, h)/100 ≥ ``threshold`` (R-Zero style).
+    Empty history: 0.
+    """
+    from sacrebleu.metrics import BLEU
+
+    if not history:
+        return 0.0
+    bleu = BLEU(effective_order=True)
+    scores = np.array([bleu.sentence_score(question, [h]).score / 100.0 for h in history])
+    if mode == "max_bleu":
+        return float(np.clip(scores.max(), 0.0, 1.0))
+    if mode == "cluster_share":
+        return float((scores >= threshold).mean())
+    raise ValueError(f"unknown repetition mode {mode!r}: max_bleu | cluster_share")
+
+
+class QuestionHistory:
+    """The earlier questions R(q) compares against: the last ``maxlen`` (``repetition_history``)."""
+
+    def __init__(self, maxlen: int = 1000, questions: Sequence[str] = ()) -> None:
+        from collections import deque
+
+        if maxlen <= 0:
+            raise ValueError("maxlen must be positive")
+        self._q: Any = deque(questions, maxlen=maxlen)
+
+    def add(self, question: str) -> None:
+        self._q.append(question)
+
+    def __len__(self) -> int:
+        return len(self._q)
+
+    def __iter__(self):
+        return iter(self._q)
+
+    def __getitem__(self, i: int) -> str:
+        return self._q[i]
+
+
+def planning_reward(u: float, v: float, r: float, w_unc: float, w_ver: float, w_rep: float) -> float:
+    """Eq. 2: r_T(q) = w_unc U(q) + w_ver V(q) − w_rep R(q)."""
+    return float(w_unc * u + w_ver * v - w_rep * r)
+
+
+# ---------------------------------------------------------------------------------------------------
+# All three rewards of one task from its record, with the open choices of the config
+
+
+@dataclass
+class TaskRewards:
+    """The rewards of one task: execution (K,), evaluation (M,) over ALL generated verifiers (invalid
+    ones get the configured reward), planning (scalar) and the terms behind them."""
+
+    execution: np.ndarray
+    evaluation: np.ndarray
+    planning: float
+    gold: np.ndarray
+    adv: np.ndarray
+    red: np.ndarray
+    uncertainty: float
+    writability: float
+    repetition: float
+
+
+def task_rewards(
+    z_orig: np.ndarray,
+    z_adv: np.ndarray,
+    valid: Sequence[int],
+    num_generated: int,
+    valid_sources: Sequence[str],
+    answers: Sequence[Optional[str]],
+    question: str,
+    history: Sequence[str],
+    cfg: Any,
+    adv_mask: Optional[np.ndarray] = None,
+) -> TaskRewards:
+    """Eq. 2, 4, 5 for one task; ``cfg`` is a ``RewardConfig`` (``conf/reward/``)."""
+    red = redundancy(valid_sources, cfg.redundancy_similarity)
+    gold = gold_pass_rate(z_orig)
+    adv = adversarial_rejection_rate(z_adv, adv_mask)
+    r_c_valid = evaluation_rewards(z_orig, z_adv, red, cfg.alpha, cfg.beta, cfg.gamma, adv_mask)
+    r_c = np.full(num_generated, float(cfg.invalid_verifier_reward))
+    r_c[list(valid)] = r_c_valid
+    u = uncertainty(answers, cfg.missing_answer_in_majority)
+    v = verifier_writability(z_adv, num_generated, adv_mask) if cfg.use_verifiability else 0.0
+    r = repetition_penalty(question, history, cfg.repetition_mode, cfg.repetition_bleu_threshold)
+    return TaskRewards(
+        execution=execution_rewards(z_orig, cfg.execution_reward_no_valid_verifier),
+        evaluation=r_c,
+        planning=planning_reward(u, v, r, cfg.w_unc, cfg.w_ver, cfg.w_rep),
+        gold=gold,
+        adv=adv,
+        red=red,
+        uncertainty=u,
+        writability=v,
+        repetition=r,
+    )

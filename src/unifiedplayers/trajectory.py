@@ -1,0 +1,290 @@
+"""Execution trajectories: the schema verifiers read (SPEC §2), transcript parsing and rendering.
+
+A :class:`Trajectory` has a ``question``, a list of :class:`Step` and a ``final_answer`` (the content
+of the last ``\\boxed{...}``, a string, or ``None`` when the Execution player never answered). Each step
+has a ``type`` in {"reason", "code", "output"}: reason steps carry ``text``, code steps ``code`` and
+``lang`` ("python"), output steps ``result`` (the observation text the sandbox returned).
+
+Transcript format (what :func:`parse_transcript` reads and :func:`render` writes)::
+
+    reasoning text ...
+
+    ```python
+    print(1 + 1)
+    ```
+
+    ```output
+    2
+    ```
+
+    The answer is \\boxed{2}.
+
+- A fence labelled ``python``/``py``/``python3`` is a code step (lang "python"); any other language label
+  (``bash``, ``sh`` ...) is a code step with that lang.
+- A fence labelled ``output``/``stdout``/``observation`` is an output step.
+- An unlabelled fence is the output of the code step right before it when that code step has no
+  output yet, and a python code step otherwise (models often omit the label).
+- An unterminated fence (generation cut off) runs to the end of the text.
+- Text between fences is one reason step (stripped; blank text is no step). A trailing segment that is
+  nothing but the boxed answer (optionally "Final answer:") is the answer, not a reasoning step.
+- ``final_answer`` is the content of the last *balanced* ``\\boxed{...}`` (or ``\\fbox{...}``) in the
+  reasoning text, with nested braces kept (``\\boxed{\\frac{5}{2}}`` gives ``\\frac{5}{2}``). Boxes
+  inside code or output are not answers.
+
+For a parsed transcript ``parse_transcript(q, render(t)) == t``.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Optional
+
+STEP_TYPES = ("reason", "code", "output")
+PYTHON_LANG = "python"
+OUTPUT_FENCE = "output"
+_PYTHON_LABELS = {"python", "py", "python3"}
+_OUTPUT_LABELS = {"output", "stdout", "observation"}
+_BOX_COMMANDS = ("\\boxed", "\\fbox")
+
+
+@dataclass
+class Step:
+    """One step of a trajectory (SPEC §2). Only the fields of its ``type`` are set."""
+
+    type: str
+    text: Optional[str] = None  # reason
+    code: Optional[str] = None  # code
+    lang: Optional[str] = None  # code: language id, "python"
+    result: Optional[str] = None  # output: observation text
+
+    def __post_init__(self) -> None:
+        if self.type not in STEP_TYPES:
+            raise ValueError(f"step type must be one of {STEP_TYPES}, got {self.type!r}")
+        required = {"reason": "text", "code": "code", "output": "result"}[self.type]
+        if getattr(self, required) is None:
+            raise ValueError(f"a {self.type} step needs {required!r}")
+        if self.type == "code" and self.lang is None:
+            self.lang = PYTHON_LANG
+
+    def to_dict(self) -> dict[str, Any]:
+        # Every field, None where unused, so that a verifier reading s.result on a reason step gets None.
+        return {"type": self.type, "text": self.text, "code": self.code, "lang": self.lang, "result": self.result}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Step":
+        return cls(type=d["type"], text=d.get("text"), code=d.get("code"), lang=d.get("lang"), result=d.get("result"))
+
+
+def reason_step(text: str) -> Step:
+    return Step(type="reason", text=text)
+
+
+def code_step(code: str, lang: str = PYTHON_LANG) -> Step:
+    return Step(type="code", code=code, lang=lang)
+
+
+def output_step(result: str) -> Step:
+    return Step(type="output", result=result)
+
+
+@dataclass
+class Trajectory:
+    """An Execution trajectory τ: question, steps and final answer (SPEC §2)."""
+
+    question: str
+    steps: list[Step] = field(default_factory=list)
+    final_answer: Optional[str] = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"question": self.question, "steps": [s.to_dict() for s in self.steps], "final_answer": self.final_answer}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Trajectory":
+        return cls(
+            question=d["question"],
+            steps=[Step.from_dict(s) for s in d.get("steps", [])],
+            final_answer=d.get("final_answer"),
+        )
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), ensure_ascii=False, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, s: str) -> "Trajectory":
+        return cls.from_dict(json.loads(s))
+
+    def copy(self) -> "Trajectory":
+        return Trajectory.from_dict(self.to_dict())
+
+    def render(self, include_question: bool = False) -> str:
+        return render(self, include_question=include_question)
+
+
+# ---------------------------------------------------------------------------------------------------
+# \boxed{...} extraction
+
+
+def _balanced_content(text: str, open_idx: int) -> Optional[tuple[str, int]]:
+    """Content of the brace group opening at ``text[open_idx] == "{"`` and the index after it.
+
+    ``\\{`` and ``\\}`` are literal braces and do not count.
+    """
+    depth, i = 0, open_idx
+    while i < len(text):
+        c = text[i]
+        if c == "\\":
+            i += 2
+            continue
+        if c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+            if depth == 0:
+                return text[open_idx + 1 : i], i + 1
+        i += 1
+    return None
+
+
+def _boxed_spans(text: str) -> list[tuple[int, int, str]]:
+    """(start, end, content) of every balanced \\boxed{...} / \\fbox{...} in ``text``."""
+    spans = []
+    pattern = re.compile(r"\\(?:boxed|fbox)\s*\{")
+    for m in pattern.finditer(text):
+        got = _balanced_content(text, m.end() - 1)
+        if got is not None:
+            content, end = got
+            spans.append((m.start(), end, content))
+    return spans
+
+
+def extract_boxed(text: str) -> Optional[str]:
+    """Content of the last balanced ``\\boxed{...}`` in ``text`` (nested braces kept), stripped."""
+    spans = _boxed_spans(text)
+    return spans[-1][2].strip() if spans else None
+
+
+_ANSWER_ONLY = re.compile(r"^\s*(?:\**final answer\**\s*[:.]?\s*)?\$*\s*\\(?:boxed|fbox)\s*\{", re.IGNORECASE)
+
+
+def _is_answer_only(segment: str) -> bool:
+    """True when ``segment`` is nothing but one boxed answer (e.g. "Final answer: $\\boxed{9}$.")."""
+    m = _ANSWER_ONLY.match(segment)
+    if not m:
+        return False
+    got = _balanced_content(segment, m.end() - 1)
+    return got is not None and re.fullmatch(r"\s*\$*\s*\.?\s*", segment[got[1] :]) is not None
+
+
+# ---------------------------------------------------------------------------------------------------
+# Parsing
+
+_FENCE_OPEN = re.compile(r"^[ \t]*```[ \t]*([A-Za-z0-9_+.-]*)[ \t]*$", re.MULTILINE)
+_FENCE_CLOSE = re.compile(r"^[ \t]*```[ \t]*$", re.MULTILINE)
+
+
+def parse_transcript(question: str, text: str) -> Trajectory:
+    """Split an Execution transcript into reason / code / output steps and its final answer.
+
+    Never raises on model text: anything that is not a well-formed fence is reasoning.
+    """
+    steps: list[Step] = []
+    reason_segments: list[str] = []
+    pos = 0
+
+    def add_reason(segment: str) -> None:
+        seg = segment.strip()
+        if seg:
+            reason_segments.append(seg)
+            steps.append(reason_step(seg))
+
+    while True:
+        m = _FENCE_OPEN.search(text, pos)
+        if m is None:
+            break
+        add_reason(text[pos : m.start()])
+        label = m.group(1).lower()
+        body_start = m.end() + 1 if m.end() < len(text) else m.end()
+        close = _FENCE_CLOSE.search(text, body_start)
+        if close is None:
+            body, pos = text[body_start:], len(text)
+        else:
+            body_end = close.start() - 1 if close.start() > body_start else close.start()
+            body, pos = text[body_start:body_end], close.end()
+        if label in _OUTPUT_LABELS:
+            steps.append(output_step(body))
+        elif label == "" and steps and steps[-1].type == "code":
+            steps.append(output_step(body))
+        elif label in _PYTHON_LABELS or label == "":
+            steps.append(code_step(body, PYTHON_LANG))
+        else:
+            steps.append(code_step(body, label))
+    tail = text[pos:].strip()
+    if tail and _is_answer_only(tail):
+        reason_segments.append(tail)  # holds the answer but is not a reasoning step
+    else:
+        add_reason(tail)
+
+    final_answer = None
+    for seg in reversed(reason_segments):
+        final_answer = extract_boxed(seg)
+        if final_answer is not None:
+            break
+    return Trajectory(question=question, steps=steps, final_answer=final_answer)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Rendering
+
+
+def render_step(step: Step) -> str:
+    if step.type == "reason":
+        return step.text or ""
+    if step.type == "code":
+        return f"```{step.lang or PYTHON_LANG}\n{step.code}\n```"
+    return f"```{OUTPUT_FENCE}\n{step.result}\n```"
+
+
+def render(traj: Trajectory, include_question: bool = False) -> str:
+    """Write ``traj`` back as prompt text in the transcript format above.
+
+    The answer line ``\\boxed{final_answer}`` is appended unless the last reasoning step already ends the
+    trajectory with that same boxed answer.
+    """
+    parts = [f"Question: {traj.question}"] if include_question else []
+    parts += [render_step(s) for s in traj.steps]
+    if traj.final_answer is not None:
+        last = traj.steps[-1] if traj.steps else None
+        already = last is not None and last.type == "reason" and extract_boxed(last.text or "") == traj.final_answer
+        if not already:
+            parts.append(f"\\boxed{{{traj.final_answer}}}")
+    return "\n\n".join(parts)
+
+
+def format_observation(
+    stdout: str,
+    stderr: str = "",
+    exit_code: Optional[int] = 0,
+    timed_out: bool = False,
+    memory_exceeded: bool = False,
+) -> str:
+    """The observation text of one executed code block: what an output step's ``result`` holds.
+
+    stdout alone for a clean run (so ``result.strip()`` is the printed value, as the paper's Verifier 1.2
+    expects); stderr and a non-zero exit status are appended on their own lines.
+    """
+    parts = [stdout.rstrip("\n")] if stdout else []
+    if stderr.strip():
+        parts.append("[stderr]\n" + stderr.rstrip("\n"))
+    if timed_out:
+        parts.append("[timed out]")
+    elif memory_exceeded:
+        parts.append("[memory limit exceeded]")
+    elif exit_code not in (0, None):
+        parts.append(f"[exit status {exit_code}]")
+    return "\n".join(parts)
+
+
+def steps_of_type(traj: Trajectory, kind: str) -> Iterable[int]:
+    """Indices of the steps of one type."""
+    return [i for i, s in enumerate(traj.steps) if s.type == kind]

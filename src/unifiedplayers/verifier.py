@@ -1,0 +1,161 @@
+"""Executable verifiers written by the Evaluation player (SPEC §1, §5; paper Appendix E.3, I.3).
+
+1. :func:`compile_verifier` takes the player's output, keeps the last fenced python block and decides
+   validity *without running it*: the block parses, compiles, and defines a top-level ``check`` that
+   can be called with one positional argument.
+2. :func:`sandbox_source` wraps a valid source for the sandbox: a pure-stdlib prelude turns the JSON
+   payload (``Trajectory.to_dict()``) into an object on which ``trajectory.final_answer``,
+   ``trajectory.steps``, ``s.type``, ``s.result``, ``s.code``, ``s.lang``, ``s.text`` and
+   ``trajectory.question`` work (``trajectory["steps"]`` too), then calls the model's ``check``.
+3. :func:`outcome_of` reads the sandbox's ``CallResult``: only ``True`` or a tuple whose first element
+   is ``True`` accepts. A raise, a timeout, or any other value (``1``, ``"True"``, ``[True]``, ``None``)
+   is a rejection, and the reason is kept.
+"""
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass
+from typing import Any, Optional
+
+CHECK_NAME = "check"
+ENTRY_POINT = "__unifiedplayers_verdict__"  # the function the sandbox calls (defined in the prelude)
+
+_FENCE = re.compile(r"^[ \t]*```[ \t]*([A-Za-z0-9_+.-]*)[ \t]*\n(.*?)^[ \t]*```[ \t]*$", re.MULTILINE | re.DOTALL)
+_PYTHON_LABELS = {"python", "py", "python3", ""}
+
+
+@dataclass(frozen=True)
+class CompiledVerifier:
+    """Result of :func:`compile_verifier`: ``source`` is the extracted code (None if there was none)."""
+
+    valid: bool
+    reason: str
+    source: Optional[str]
+
+
+def extract_python_block(text: str) -> Optional[str]:
+    """The last fenced python (or unlabelled) block of ``text``; the whole text when it has no fence."""
+    blocks = [m.group(2) for m in _FENCE.finditer(text) if m.group(1).lower() in _PYTHON_LABELS]
+    if blocks:
+        return blocks[-1]
+    return None if "```" in text else text
+
+
+def _check_signature_ok(fn: ast.FunctionDef | ast.Lambda) -> bool:
+    """True when ``fn`` can be called with exactly one positional argument."""
+    a = fn.args
+    positional = list(getattr(a, "posonlyargs", [])) + list(a.args)
+    required = len(positional) - len(a.defaults)
+    kw_required = any(d is None for d in a.kw_defaults)
+    return not kw_required and required <= 1 and (len(positional) >= 1 or a.vararg is not None)
+
+
+def compile_verifier(text: str) -> CompiledVerifier:
+    """Validity of one Evaluation output, decided statically (parse, compile, top-level ``check``)."""
+    source = extract_python_block(text)
+    if source is None or not source.strip():
+        return CompiledVerifier(False, "no python code block", source)
+    try:
+        tree = ast.parse(source)
+        compile(tree, "<verifier>", "exec")
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as e:
+        return CompiledVerifier(False, f"does not compile: {type(e).__name__}: {e}", source)
+    check_def: Any = None
+    for node in tree.body:  # the last top-level binding of `check` is the one that counts
+        if isinstance(node, ast.FunctionDef) and node.name == CHECK_NAME:
+            check_def = node
+        elif isinstance(node, ast.AsyncFunctionDef) and node.name == CHECK_NAME:
+            check_def = "async"
+        elif isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == CHECK_NAME for t in node.targets):
+            check_def = node.value if isinstance(node.value, ast.Lambda) else "other"
+    if check_def is None:
+        return CompiledVerifier(False, "defines no top-level check", source)
+    if check_def == "async":
+        return CompiledVerifier(False, "check is a coroutine function", source)
+    if check_def == "other":
+        return CompiledVerifier(False, "check is bound to something other than a function", source)
+    if not _check_signature_ok(check_def):
+        return CompiledVerifier(False, "check cannot be called with one argument (the trajectory)", source)
+    return CompiledVerifier(True, "ok", source)
+
+
+# The prelude runs before the model's code. Builtins it relies on are captured as default arguments,
+# so a verifier that rebinds `type` or `len` at module level cannot change how its result is read.
+PRELUDE = '''\
+import types as _up_types
+
+
+class _UpView(_up_types.SimpleNamespace):
+    """Attribute access (s.type) and item access (s["type"]) on a JSON object."""
+
+    def __getitem__(self, key):
+        return getattr(self, key)
+
+    def get(self, key, default=None):
+        return getattr(self, key, default)
+
+
+def _up_view(payload):
+    steps = [_UpView(**s) for s in payload.get("steps") or []]
+    return _UpView(question=payload.get("question"), steps=steps, final_answer=payload.get("final_answer"))
+
+
+def __unifiedplayers_verdict__(payload, _g=globals(), _type=type, _tuple=tuple, _len=len, _repr=repr,
+                               _int=int, _view=_up_view):
+    result = _g["check"](_view(payload))
+    accepted = result is True or (_type(result) is _tuple and _len(result) >= 1 and result[0] is True)
+    fail_step = None
+    if _type(result) is _tuple and _len(result) >= 2 and _type(result[1]) is _int:
+        fail_step = result[1]
+    try:
+        shown = _repr(result)[:200]
+    except BaseException:
+        shown = "<unprintable>"
+    return {"accepted": accepted, "returned": _type(result).__name__, "repr": shown, "fail_step": fail_step}
+
+
+# ---- verifier ----
+'''
+
+
+def sandbox_source(source: str) -> str:
+    """The program the sandbox runs for one verifier: prelude, then the model's code."""
+    return PRELUDE + source + "\n"
+
+
+@dataclass(frozen=True)
+class CheckOutcome:
+    """One verdict v_i(τ): ``accepted`` and, for a rejection, why."""
+
+    accepted: bool
+    kind: str  # accepted | rejected (returned a failing verdict) | raised | timeout | bad_return
+    reason: str
+    fail_step: Optional[int] = None
+    duration_s: float = 0.0
+
+
+def outcome_of(call: Any) -> CheckOutcome:
+    """Read a sandbox ``CallResult`` of :data:`ENTRY_POINT` as a verdict."""
+    duration = float(getattr(call, "duration_s", 0.0) or 0.0)
+    if getattr(call, "timed_out", False):
+        return CheckOutcome(False, "timeout", "check timed out", None, duration)
+    if not call.ok:
+        # The traceback's last line names the exception (stderr); ``error`` says how the call ended.
+        error = (call.error or "unknown error").strip()
+        tb = (getattr(call, "traceback", None) or getattr(call, "stderr", "") or "").strip()
+        detail = tb.splitlines()[-1] if tb else ""
+        reason = f"check failed: {error}" + (f" ({detail})" if detail and detail not in error else "")
+        return CheckOutcome(False, "raised", reason[:500], None, duration)
+    value = call.value
+    if not isinstance(value, dict) or "accepted" not in value:
+        return CheckOutcome(False, "bad_return", f"malformed verdict {value!r:.200}", None, duration)
+    fail_step = value.get("fail_step") if isinstance(value.get("fail_step"), int) else None
+    if value["accepted"] is True:
+        return CheckOutcome(True, "accepted", "accepted", fail_step, duration)
+    returned = value.get("returned")
+    shown = value.get("repr")
+    if returned == "bool" or (returned == "tuple" and str(shown).startswith("(False")):
+        return CheckOutcome(False, "rejected", f"check returned {shown}", fail_step, duration)
+    return CheckOutcome(False, "bad_return", f"check returned {returned} {shown}; only True or (True, ...) accepts",
+                        fail_step, duration)
