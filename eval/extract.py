@@ -9,42 +9,10 @@ from __future__ import annotations
 import re
 from typing import Optional
 
-_BOXED_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
+from unifiedplayers.trajectory import extract_boxed
 
-
-def boxed_spans(text: str) -> list[tuple[int, int]]:
-    """(start, end) character spans of the contents of every *closed* ``\\boxed{...}`` in ``text``.
-
-    Braces nest: ``\\boxed{\\frac{1}{2}}`` spans ``\\frac{1}{2}``. A ``\\boxed{`` whose brace is never
-    closed is ignored. Escaped braces ``\\{`` and ``\\}`` do not count towards nesting.
-    """
-    spans = []
-    for match in _BOXED_RE.finditer(text):
-        depth = 1
-        i = match.end()
-        while i < len(text):
-            ch = text[i]
-            if ch == "\\" and i + 1 < len(text) and text[i + 1] in "{}":
-                i += 2
-                continue
-            if ch == "{":
-                depth += 1
-            elif ch == "}":
-                depth -= 1
-                if depth == 0:
-                    spans.append((match.end(), i))
-                    break
-            i += 1
-    return spans
-
-
-def last_boxed(text: str) -> Optional[str]:
-    """Content of the last closed ``\\boxed{...}`` in ``text`` (nested braces kept), stripped; else None."""
-    spans = boxed_spans(text)
-    if not spans:
-        return None
-    start, end = spans[-1]
-    return text[start:end].strip()
+# One implementation of \boxed{} extraction for the whole project (nested braces, last closed box).
+last_boxed = extract_boxed
 
 
 def option_letters(num_options: int) -> str:

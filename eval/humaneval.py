@@ -34,7 +34,7 @@ def run_unit_tests(sandbox, problems: Sequence[Problem], solutions: Sequence[str
     results = sandbox.run_many(programs, timeout_s=timeout_s)
     outcomes = []
     for r in results:
-        passed = r.exit_code == 0 and not r.timed_out and not r.memory_exceeded and not getattr(r, "error", None)
+        passed = r.exit_code == 0 and not r.timed_out and not r.memory_exceeded
         detail = "timed out" if r.timed_out else (r.stderr or getattr(r, "error", "") or "").strip()[-300:]
         outcomes.append(TestOutcome(passed=passed, exit_code=r.exit_code, timed_out=r.timed_out, detail=detail))
     return outcomes

@@ -1,0 +1,85 @@
+"""Grading and extraction cases worked out by hand (issue 6)."""
+import pytest
+
+from eval.extract import extract_option_letter, humaneval_program, last_boxed
+from eval.grading import grade, grade_math, grade_option, grade_string
+
+pytestmark = pytest.mark.cpu
+
+
+@pytest.mark.parametrize(
+    "prediction, reference, expected",
+    [
+        # equivalent fractions and decimals
+        ("0.5", r"\frac{1}{2}", True),
+        ("1/2", r"\frac12", True),
+        (r"\frac{6}{8}", "0.75", True),
+        (r"\dfrac{3}{2}", "1.5", True),
+        ("0.33", r"\frac{1}{3}", False),  # 1/3 = 0.333..., not 0.33
+        ("18.0", "18", True),
+        ("17", "18", False),
+        (r"2\sqrt{2}", r"\sqrt{8}", True),
+        (r"\frac{\sqrt{2}}{2}", r"\frac{1}{\sqrt{2}}", True),
+        # intervals: endpoints and brackets both matter
+        ("[1,3)", "[1, 3)", True),
+        ("(1,3]", "[1,3)", False),
+        (r"(-\infty, 2]", r"(-\infty,2]", True),
+        (r"(-\infty, 2)", r"(-\infty,2]", False),
+        # malformed or missing predictions are wrong, never an exception
+        (None, "5", False),
+        ("", "5", False),
+        ("x" * 5000, "5", False),
+    ],
+)
+def test_grade_math(prediction, reference, expected):
+    assert grade_math(prediction, reference) is expected
+
+
+@pytest.mark.parametrize(
+    "text, n, expected",
+    [
+        (r"So the answer is \boxed{C}.", 4, "C"),
+        (r"\boxed{\text{(B)}}", 4, "B"),
+        ("The answer is (D).", 4, "D"),
+        ("Answer: J", 10, "J"),
+        ("Answer: J", 4, None),  # J is not an option of a 4-option question
+        ("A looks wrong, B too.\nThe answer is: **C**", 4, "C"),
+        ("I pick\n(A)", 4, "A"),
+        ("no letter here", 4, None),
+    ],
+)
+def test_extract_option_letter(text, n, expected):
+    assert extract_option_letter(text, n) == expected
+
+
+def test_option_grading_is_exact_letter():
+    assert grade_option("c", "C")
+    assert not grade_option("B", "C")
+    assert not grade_option(None, "C")
+    assert grade("option", "A", "A")
+
+
+def test_string_grading():
+    assert grade_string(" 'Yes'. ", "yes")
+    assert grade_string("(A)", "a")
+    assert grade_string("3.0", "3")
+    assert not grade_string("valid", "invalid")
+    with pytest.raises(ValueError):
+        grade("program", "x", "y")
+
+
+def test_boxed_nested_and_unclosed():
+    assert last_boxed(r"first \boxed{1} then \boxed{\frac{1}{\sqrt{2}}}") == r"\frac{1}{\sqrt{2}}"
+    assert last_boxed(r"\boxed{\{1, 2\}}") == r"\{1, 2\}"
+    assert last_boxed(r"\boxed{\frac{1}{2}") is None
+    assert last_boxed("no answer") is None
+
+
+def test_humaneval_program_from_block_and_from_body():
+    prompt = 'from typing import List\n\n\ndef f(xs: List[int]) -> int:\n    """Sum."""\n'
+    block = "Here:\n```python\ndef f(xs):\n    return sum(xs)\n```\nDone."
+    prog = humaneval_program(prompt, block, "f")
+    assert "from typing import List" in prog and "return sum(xs)" in prog and "Done" not in prog
+    body = "    return sum(xs)\n\nprint('junk at top level')\n"
+    prog = humaneval_program(prompt, body, "f")
+    assert prog.startswith(prompt) and "return sum(xs)" in prog and "junk" not in prog
