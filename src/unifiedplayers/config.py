@@ -10,10 +10,11 @@ than redefining it elsewhere.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from pathlib import Path
+from typing import Any, Optional, Sequence
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, DictConfig
 
 from unifiedplayers.sandbox import SandboxConfig
 
@@ -253,7 +254,25 @@ class Config:
     run_dir: Optional[str] = None  # defaults to Hydra's output directory
 
 
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+
+
 def register_configs() -> None:
     """Register the schema so that ``conf/config.yaml`` can list ``schema`` first in its defaults."""
     cs = ConfigStore.instance()
     cs.store(name="schema", node=Config)
+
+
+def compose(overrides: Sequence[str] = (), config_dir: Optional[Path] = None) -> DictConfig:
+    """Compose ``conf/config.yaml`` with Hydra overrides, outside a Hydra app (tests, scripts, notebooks).
+
+    An unknown key or a value of the wrong type raises at once, naming the key.
+    """
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    register_configs()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(config_dir or CONF_DIR), version_base="1.3"):
+        return hydra_compose(config_name="config", overrides=list(overrides))

@@ -1,0 +1,297 @@
+"""The host side of the sandbox: starts the fork server and turns calls into results."""
+from __future__ import annotations
+
+import json
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Iterable, Optional, Sequence
+
+from unifiedplayers.sandbox.config import SandboxConfig
+
+_SERVER = Path(__file__).with_name("_server.py")
+
+
+class SandboxError(RuntimeError):
+    """The sandbox could not start (not raised for anything the sandboxed code does)."""
+
+
+@dataclass
+class ExecResult:
+    """Outcome of running a program (``Sandbox.run``)."""
+
+    stdout: str
+    stderr: str
+    exit_code: int  # negative: killed by that signal (-9 after a timeout)
+    timed_out: bool = False
+    memory_exceeded: bool = False
+    duration_s: float = 0.0
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    output_exceeded: bool = False  # killed for flooding its output far past the truncation size
+    error: Optional[str] = None  # set when the call failed for a reason of the sandbox itself
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+
+@dataclass
+class CallResult:
+    """Outcome of calling a function defined in untrusted source (``Sandbox.call``)."""
+
+    ok: bool  # the function returned a JSON-serializable value without raising
+    value: Any = None  # the JSON-decoded return value (tuples come back as lists)
+    error: Optional[str] = None
+    timed_out: bool = False
+    duration_s: float = 0.0
+    memory_exceeded: bool = False
+    stdout: str = ""
+    stderr: str = ""
+    traceback: Optional[str] = None
+
+
+@dataclass
+class _Request:
+    kind: str
+    code: str = ""
+    source: str = ""
+    function: str = ""
+    payload: str = "null"
+    timeout_s: Optional[float] = None
+    extra: dict = field(default_factory=dict)
+
+
+class Sandbox:
+    """Runs untrusted Python under the isolation of SPEC §4, warm and in parallel.
+
+    >>> with Sandbox(SandboxConfig(timeout_s=10, memory_mb=512)) as sb:
+    ...     sb.run("print(1+1)").stdout
+    '2\\n'
+
+    One server process is started lazily and restarted if it ever dies; calls from several threads
+    are serialised batch by batch. ``isolation`` reports which layers this machine provides.
+    """
+
+    def __init__(self, config: Optional[SandboxConfig] = None, **overrides: Any):
+        cfg = config if config is not None else SandboxConfig()
+        if not isinstance(cfg, SandboxConfig):  # a DictConfig or a plain mapping from Hydra
+            cfg = SandboxConfig(**dict(cfg))
+        self.config = replace(cfg, **overrides) if overrides else cfg
+        self._proc: Optional[subprocess.Popen] = None
+        self._lock = threading.Lock()
+        self._next_id = 0
+        self._stderr_file = None
+        self._workroot: Optional[str] = None
+        self.isolation: dict = {}
+        self.restarts = 0
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def __enter__(self) -> "Sandbox":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:  # pragma: no cover - best effort at interpreter exit
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def start(self) -> None:
+        with self._lock:
+            self._ensure_started()
+
+    def _ensure_started(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            return
+        self._stop_server()
+        base = self.config.workdir_root or tempfile.gettempdir()
+        parent = os.path.join(base, f"unifiedplayers-sandbox-{os.geteuid()}")
+        os.makedirs(parent, mode=0o755, exist_ok=True)
+        st = os.stat(parent)
+        if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            raise SandboxError(f"{parent} must be owned by uid {os.geteuid()} and not group/other-writable")
+        self._workroot = tempfile.mkdtemp(prefix="calls-", dir=parent)
+        settings = asdict(self.config)
+        settings["workdir_root"] = self._workroot
+        settings["mirror_root"] = parent
+        self._stderr_file = tempfile.TemporaryFile()
+        env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+        self._proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", str(_SERVER)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr_file,
+            env=env, cwd="/", close_fds=True, start_new_session=True,
+        )
+        self._write(settings)
+        hello = self._read()
+        if hello is None or not hello.get("ready"):
+            err = (hello or {}).get("error") or self._server_stderr() or "no answer"
+            self._stop_server()
+            raise SandboxError(f"sandbox server failed to start: {err}")
+        self.isolation = hello["isolation"]
+
+    def close(self) -> None:
+        with self._lock:
+            self._stop_server()
+
+    def _stop_server(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            try:
+                proc.stdin.close()
+            except OSError:
+                pass
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            proc.stdout.close()
+        if self._stderr_file is not None:
+            self._stderr_file.close()
+            self._stderr_file = None
+        if self._workroot and os.path.isdir(self._workroot):
+            import shutil
+
+            shutil.rmtree(self._workroot, ignore_errors=True)
+        self._workroot = None
+
+    def _server_stderr(self) -> str:
+        if self._stderr_file is None:
+            return ""
+        self._stderr_file.seek(0)
+        return self._stderr_file.read()[-4000:].decode(errors="replace")
+
+    # -- framing -------------------------------------------------------------------------------
+    def _write(self, obj: dict) -> None:
+        data = json.dumps(obj).encode()
+        self._proc.stdin.write(struct.pack(">I", len(data)) + data)
+        self._proc.stdin.flush()
+
+    def _read(self) -> Optional[dict]:
+        hdr = self._proc.stdout.read(4)
+        if len(hdr) < 4:
+            return None
+        (n,) = struct.unpack(">I", hdr)
+        body = self._proc.stdout.read(n)
+        if len(body) < n:
+            return None
+        return json.loads(body)
+
+    # -- calls ---------------------------------------------------------------------------------
+    def _submit(self, requests: Sequence[_Request]) -> list[dict]:
+        if not requests:
+            return []
+        with self._lock:
+            self._ensure_started()
+            ids = []
+            frames = []
+            for r in requests:
+                self._next_id += 1
+                ids.append(self._next_id)
+                msg = {"id": self._next_id, "kind": r.kind}
+                if r.kind == "run":
+                    msg["code"] = r.code
+                else:
+                    msg.update(source=r.source, function=r.function, payload=r.payload)
+                if r.timeout_s is not None:
+                    msg["timeout_s"] = float(r.timeout_s)
+                data = json.dumps(msg).encode()
+                frames.append(struct.pack(">I", len(data)) + data)
+            proc = self._proc
+            write_error: list[BaseException] = []
+
+            def writer() -> None:  # a thread, so a large batch cannot deadlock on full pipes
+                try:
+                    for f in frames:
+                        proc.stdin.write(f)
+                    proc.stdin.flush()
+                except (OSError, ValueError) as exc:
+                    write_error.append(exc)
+
+            t = threading.Thread(target=writer, daemon=True)
+            t.start()
+            results: dict[int, dict] = {}
+            while len(results) < len(ids):
+                msg = self._read()
+                if msg is None:
+                    break
+                results[msg["id"]] = msg
+            t.join()
+            if len(results) < len(ids):
+                # The server died (it never should); whatever was in flight is a recorded failure.
+                detail = self._server_stderr()[-500:]
+                self._stop_server()
+                self.restarts += 1
+                for i in ids:
+                    results.setdefault(i, {"id": i, "exit_code": -9, "ok": False, "stdout": "", "stderr": "",
+                                           "error": f"sandbox server died; restarted. {detail}".strip()})
+            return [results[i] for i in ids]
+
+    @staticmethod
+    def _exec_result(m: dict) -> ExecResult:
+        return ExecResult(
+            stdout=m.get("stdout", ""), stderr=m.get("stderr", ""), exit_code=int(m.get("exit_code", -9)),
+            timed_out=bool(m.get("timed_out")), memory_exceeded=bool(m.get("memory_exceeded")),
+            duration_s=float(m.get("duration_s", 0.0)), stdout_truncated=bool(m.get("stdout_truncated")),
+            stderr_truncated=bool(m.get("stderr_truncated")), output_exceeded=bool(m.get("output_exceeded")),
+            error=m.get("error"),
+        )
+
+    @staticmethod
+    def _call_result(m: dict) -> CallResult:
+        ok = bool(m.get("ok"))
+        value, error = None, m.get("error")
+        if ok:
+            try:
+                value = json.loads(m["value"])
+            except (KeyError, ValueError, RecursionError) as exc:
+                ok, error = False, f"undecodable return value: {exc}"
+        return CallResult(
+            ok=ok, value=value, error=None if ok else (error or "call failed"), timed_out=bool(m.get("timed_out")),
+            duration_s=float(m.get("duration_s", 0.0)), memory_exceeded=bool(m.get("memory_exceeded")),
+            stdout=m.get("stdout", ""), stderr=m.get("stderr", ""), traceback=m.get("traceback"),
+        )
+
+    def run(self, code: str, timeout_s: Optional[float] = None) -> ExecResult:
+        """Run ``code`` as a program; its stdout, stderr and exit status come back."""
+        return self.run_many([code], timeout_s=timeout_s)[0]
+
+    def run_many(self, codes: Iterable[str], timeout_s: Optional[float] = None) -> list[ExecResult]:
+        """Run programs in parallel over the machine's cores; results in input order."""
+        reqs = [_Request("run", code=str(c), timeout_s=timeout_s) for c in codes]
+        return [self._exec_result(m) for m in self._submit(reqs)]
+
+    def call(self, source: str, function: str, payload: Any = None, timeout_s: Optional[float] = None) -> CallResult:
+        """Define ``source`` in a fresh module, then return ``function(payload)`` (JSON in, JSON out)."""
+        return self.call_many([(source, function, payload)], timeout_s=timeout_s)[0]
+
+    def call_many(self, items: Iterable[tuple[str, str, Any]], timeout_s: Optional[float] = None) -> list[CallResult]:
+        """Parallel ``call`` over ``(source, function, payload)`` triples; results in input order."""
+        reqs = [
+            _Request("call", source=str(s), function=str(f), payload=json.dumps(p), timeout_s=timeout_s)
+            for s, f, p in items
+        ]
+        return [self._call_result(m) for m in self._submit(reqs)]
+
+
+def naive_run(code: str, timeout_s: float = 10.0) -> ExecResult:
+    """The baseline the benchmarks compare against: one fresh ``python3`` process per program, as a
+    researcher would write it (``subprocess.run([python, "-c", code])``), with no isolation at all."""
+    t0 = time.perf_counter()
+    try:
+        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           timeout=timeout_s, env={"PATH": "/usr/bin:/bin"})
+        return ExecResult(p.stdout, p.stderr, p.returncode, duration_s=time.perf_counter() - t0)
+    except subprocess.TimeoutExpired as exc:
+        return ExecResult(str(exc.stdout or ""), str(exc.stderr or ""), -9, timed_out=True,
+                          duration_s=time.perf_counter() - t0)

@@ -1,0 +1,77 @@
+"""Every config file in conf/ composes against the typed schema; bad keys and types fail at start-up."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from unifiedplayers.config import CONF_DIR, compose
+
+GROUPS = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir())
+
+
+def all_options():
+    for group in GROUPS:
+        for f in sorted((CONF_DIR / group).rglob("*.yaml")):
+            yield group, str(f.relative_to(CONF_DIR / group).with_suffix(""))
+
+
+def test_every_design_card_group_exists():
+    for g in ["model", "player", "reward", "perturbation", "schedule", "trainer", "rollout", "sandbox",
+              "logger", "method", "experiment", "ablation"]:
+        assert g in GROUPS, g
+
+
+def test_root_config_composes():
+    cfg = compose()
+    assert cfg.sandbox.timeout_s == 10.0 and cfg.sandbox.memory_mb == 512
+    assert OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
+
+
+@pytest.mark.parametrize("group,name", list(all_options()), ids=lambda x: str(x))
+def test_every_config_file_composes(group, name):
+    cfg = compose([f"{group}={name}"])
+    # Resolve everything, so that a bad interpolation or a missing mandatory value fails here.
+    OmegaConf.to_container(cfg, resolve=True, throw_on_missing=group not in {"ablation"})
+
+
+def chain(exc: BaseException) -> str:
+    """The message of an exception and of every exception it wraps."""
+    parts = []
+    while exc is not None:
+        parts.append(f"{type(exc).__name__}: {exc}")
+        exc = exc.__cause__ or exc.__context__
+    return "\n".join(parts)
+
+
+def test_unknown_key_fails_with_its_name():
+    with pytest.raises(Exception) as exc:
+        compose(["sandbox.timout_s=3"])
+    assert "timout_s" in chain(exc.value)
+    assert any(k in chain(exc.value) for k in ("ConfigAttributeError", "ConfigKeyError", "not in struct"))
+
+
+def test_wrong_type_fails_with_its_name():
+    with pytest.raises(Exception) as exc:
+        compose(["sandbox.memory_mb=lots"])
+    msg = chain(exc.value)
+    assert "memory_mb" in msg and "ValidationError" in msg
+
+
+def test_unknown_group_option_fails():
+    from hydra.errors import MissingConfigException
+
+    with pytest.raises(MissingConfigException):
+        compose(["trainer=does_not_exist"])
+
+
+def test_a_config_file_with_a_misspelt_key_fails(tmp_path: Path):
+    import shutil
+
+    conf = tmp_path / "conf"
+    shutil.copytree(CONF_DIR, conf)
+    (conf / "sandbox" / "default.yaml").write_text("timeout_s: 10\nmemroy_mb: 512\n")
+    with pytest.raises(Exception) as exc:
+        compose(config_dir=conf)
+    assert "memroy_mb" in chain(exc.value)

@@ -1,0 +1,328 @@
+"""Every isolation property of the sandbox (SPEC §4), each with a real escape attempt."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+from unifiedplayers.sandbox import CallResult, ExecResult, Sandbox, SandboxConfig
+
+IS_ROOT = os.geteuid() == 0
+
+
+@pytest.fixture(scope="module")
+def sb():
+    os.environ["UNIFIEDPLAYERS_TEST_SECRET"] = "hunter2"
+    with Sandbox(SandboxConfig(timeout_s=3, memory_mb=512, max_output_bytes=2000, max_processes=8)) as box:
+        yield box
+    os.environ.pop("UNIFIEDPLAYERS_TEST_SECRET", None)
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_run_and_call_basics(sb):
+    r = sb.run("print(1+1)")
+    assert isinstance(r, ExecResult)
+    assert (r.stdout, r.stderr, r.exit_code, r.timed_out, r.memory_exceeded) == ("2\n", "", 0, False, False)
+    assert r.duration_s > 0
+    c = sb.call("def check(t):\n    return (t['x'] * 2, None)", "check", {"x": 21})
+    assert isinstance(c, CallResult)
+    assert c.ok and c.value == [42, None] and c.error is None  # JSON: the tuple comes back as a list
+
+
+def test_exit_status_and_exceptions(sb):
+    assert sb.run("import sys; sys.exit(3)").exit_code == 3
+    r = sb.run("raise ValueError('boom')")
+    assert r.exit_code == 1 and "ValueError: boom" in r.stderr
+    c = sb.call("def f(p):\n    raise KeyError('nope')", "f", None)
+    assert not c.ok and "KeyError" in c.error
+    c = sb.call("x = 1", "check", None)
+    assert not c.ok and "no function named 'check'" in c.error
+    c = sb.call("def check(:\n", "check", None)
+    assert not c.ok and "SyntaxError" in c.error
+
+
+def test_values_cross_as_json_never_pickle(sb):
+    c = sb.call("def f(p):\n    return {1, 2}", "f", None)
+    assert not c.ok and "not JSON-serializable" in c.error
+    c = sb.call("class A:\n    def __reduce__(self):\n        return (print, ('pwned',))\n"
+                "def f(p):\n    return A()", "f", None)
+    assert not c.ok and "not JSON-serializable" in c.error
+    c = sb.call("def f(p):\n    return p", "f", {"a": [1, 2.5, "s", None, True]})
+    assert c.ok and c.value == {"a": [1, 2.5, "s", None, True]}
+
+
+def test_own_process_and_empty_working_directory_removed_afterwards(sb):
+    code = "import os\nopen('mine.txt', 'w').write('x')\nprint(os.getpid(), os.getcwd(), sorted(os.listdir('.')))"
+    a, b = sb.run_many([code, code])
+    pid_a, cwd_a, ls_a = a.stdout.split(" ", 2)
+    pid_b, cwd_b, ls_b = b.stdout.split(" ", 2)
+    assert pid_a != pid_b and int(pid_a) != os.getpid()
+    assert cwd_a != cwd_b
+    assert ls_a.strip() == ls_b.strip() == "['mine.txt']"  # each saw only its own file
+    assert not os.path.exists(cwd_a) and not os.path.exists(cwd_b)
+    # A later call does not see an earlier call's file.
+    assert sb.run("import os; print(os.listdir('.'))").stdout.strip() == "[]"
+
+
+def test_no_network(sb):
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    port = server.getsockname()[1]
+    try:
+        r = sb.run(textwrap.dedent(f"""
+            import socket
+            s = socket.socket()
+            s.settimeout(1)
+            s.connect(("127.0.0.1", {port}))
+            print("connected")
+        """))
+        assert r.exit_code != 0 and "connected" not in r.stdout
+        r = sb.run("import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+                   "s.sendto(b'x', ('8.8.8.8', 53))\nprint('sent')")
+        assert "sent" not in r.stdout
+    finally:
+        server.close()
+    if sb.isolation.get("netns"):
+        r = sb.run("import socket\nprint(socket.if_nameindex())")
+        assert "eth" not in r.stdout and "ens" not in r.stdout  # only an unconfigured loopback
+
+
+def test_no_writes_outside_working_directory(sb, tmp_path):
+    target_dir = tmp_path / "open"
+    target_dir.mkdir()
+    os.chmod(tmp_path, 0o777)
+    os.chmod(target_dir, 0o777)  # world-writable: only the sandbox itself can stop the write
+    target = target_dir / "escaped.txt"
+    r = sb.run(f"open({str(target)!r}, 'w').write('escaped')")
+    assert r.exit_code != 0
+    assert not target.exists()
+    r = sb.run("import os\nos.makedirs('/tmp/unifiedplayers-escape', exist_ok=True)")
+    assert r.exit_code != 0 and not os.path.exists("/tmp/unifiedplayers-escape")
+    # Reading private files of the host is refused too.
+    secret = tmp_path / "secret.txt"
+    secret.write_text("top secret")
+    os.chmod(secret, 0o644)
+    r = sb.run(f"print(open({str(secret)!r}).read())")
+    assert "top secret" not in r.stdout and r.exit_code != 0
+
+
+def test_clean_environment(sb):
+    r = sb.run("import os, json; print(json.dumps(dict(os.environ)))")
+    assert "UNIFIEDPLAYERS_TEST_SECRET" not in r.stdout and "hunter2" not in r.stdout
+    assert "VIRTUAL_ENV" not in r.stdout and "PYTHONPATH" not in r.stdout
+
+
+def test_standard_library_only(sb):
+    venv_site = [p for p in sys.path if p.endswith("site-packages")]
+    for code in [
+        "import numpy",
+        "import unifiedplayers",
+        "import torch",
+        f"import sys; sys.path[:0] = {venv_site!r}; import numpy",
+        f"import sys; sys.path[:0] = {[os.path.dirname(os.path.dirname(__file__))]!r}; import conftest",
+    ]:
+        r = sb.run(code)
+        assert r.exit_code != 0, code
+        assert "Error" in r.stderr
+    ok = sb.run("import json, fractions, decimal, statistics, itertools, re, math\n"
+                "print(fractions.Fraction(5, 2) == decimal.Decimal('2.5'))")
+    assert ok.stdout == "True\n"
+
+
+def test_memory_cap(sb):
+    r = sb.run("x = bytearray(700 * 2**20)\nprint('allocated')")
+    assert r.memory_exceeded and "allocated" not in r.stdout and r.exit_code != 0
+    r = sb.run("x = bytearray(100 * 2**20)\nprint('allocated')")
+    assert r.stdout == "allocated\n" and not r.memory_exceeded
+    c = sb.call("def f(p):\n    return len('x' * (2**30))", "f", None)
+    assert not c.ok and c.memory_exceeded
+
+
+def test_timeout_kills_every_process_the_call_started(sb):
+    code = textwrap.dedent("""
+        import os, sys, time
+        for _ in range(2):
+            pid = os.fork()
+            if pid == 0:
+                os.setsid()          # try to leave the call's process group
+                if os.fork() == 0:   # and double-fork into a daemon
+                    time.sleep(60)
+                    os._exit(0)
+                time.sleep(60)
+                os._exit(0)
+        print(os.getpid(), flush=True)
+        while True:
+            pass
+    """)
+    t0 = time.monotonic()
+    r = sb.run(code, timeout_s=1.0)
+    assert r.timed_out and r.exit_code == -signal.SIGKILL
+    assert time.monotonic() - t0 < 3.0
+    time.sleep(0.1)
+    if IS_ROOT:
+        uids = range(sb.config.uid_base, sb.config.uid_base + sb.isolation["workers"])
+        assert _call_processes(uids) == []
+
+
+def _call_processes(uids) -> list[int]:
+    """Processes of the per-slot uids, other than each slot's long-lived sweeper."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/status") as f:
+                status = f.read()
+            uid = int(status.split("Uid:")[1].split()[0])
+            ppid = int(status.split("PPid:")[1].split()[0])
+            with open(f"/proc/{entry}/stat") as f:
+                state = f.read().split(")")[-1].split()[0]
+        except (FileNotFoundError, IndexError, ProcessLookupError):
+            continue
+        if uid in uids and state != "Z":
+            with open(f"/proc/{ppid}/cmdline", "rb") as f:
+                parent_cmd = f.read()
+            # A sweeper's parent is the server itself and it never runs user code; calls are
+            # identified by their working directory instead.
+            try:
+                cwd = os.readlink(f"/proc/{entry}/cwd")
+            except OSError:
+                cwd = ""
+            if "/c" in cwd.rsplit("/s", 1)[-1] or b"_server.py" not in parent_cmd:
+                found.append(int(entry))
+    return found
+
+
+def test_no_process_left_behind_after_a_normal_exit(sb):
+    code = textwrap.dedent("""
+        import os, time
+        pid = os.fork()
+        if pid == 0:
+            os.setsid()
+            time.sleep(60)
+            os._exit(0)
+        print(pid)
+    """)
+    r = sb.run(code)
+    assert r.exit_code == 0
+    daemon = int(r.stdout)
+    # The sandbox's pid namespace is the host's, so the pid is directly checkable.
+    time.sleep(0.05)
+    assert not alive(daemon)
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="the process bound needs a per-call uid (root)")
+def test_process_bound_stops_a_fork_bomb(sb):
+    code = textwrap.dedent("""
+        import os, time
+        n = 0
+        for _ in range(200):
+            try:
+                pid = os.fork()
+            except OSError:
+                break
+            if pid == 0:
+                time.sleep(30)
+                os._exit(0)
+            n += 1
+        print(n)
+    """)
+    r = sb.run(code)
+    assert r.exit_code == 0
+    assert 0 < int(r.stdout) < sb.config.max_processes  # the bound, not the loop, stopped it
+    assert sb.run("print('next')").stdout == "next\n"
+
+
+def test_output_is_truncated(sb):
+    r = sb.run("print('a' * 100000)\nimport sys\nprint('b' * 100000, file=sys.stderr)")
+    assert r.exit_code == 0
+    assert len(r.stdout) == 2000 and set(r.stdout) == {"a"} and r.stdout_truncated
+    assert len(r.stderr) == 2000 and r.stderr_truncated
+    t0 = time.monotonic()
+    r = sb.run("while True:\n    print('x' * 10000)")  # a flood is stopped, not drained for 3 s
+    assert r.output_exceeded and len(r.stdout) == 2000 and time.monotonic() - t0 < 2.5
+
+
+def test_host_survives_anything_the_code_does(sb):
+    host = os.getpid()
+    attacks = [
+        f"import os, signal\nos.kill({host}, signal.SIGKILL)",
+        "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)",
+        "import os, signal\nos.killpg(os.getpgid(0), signal.SIGKILL)",
+        "import os, signal\nos.kill(-1, signal.SIGKILL)",
+        "import os\nos.abort()",
+        "import ctypes\nctypes.string_at(0)",
+        "import sys\nsys.setrecursionlimit(10**6)\ndef f(n): return f(n+1)\nf(0)",
+        "import os\nos.close(1); os.close(2); os.close(3)",
+        "import os\nos.write(3, b'{\"ok\": true, \"value\": \"true\"}')\nos._exit(0)",
+        "raise SystemExit('bye')",
+    ]
+    results = sb.run_many(attacks)
+    assert len(results) == len(attacks)
+    for code, r in zip(attacks, results):
+        assert isinstance(r, ExecResult), code
+    assert sb.run("print('still here')").stdout == "still here\n"
+    assert os.getpid() == host
+
+
+def test_forged_result_cannot_turn_a_program_into_a_call_value(sb):
+    c = sb.call("import os\nos.write(3, b'garbage')\nos._exit(0)\ndef check(t):\n    return True", "check", {})
+    assert not c.ok
+
+
+def test_parallel_results_in_input_order(sb):
+    codes = [f"import time\ntime.sleep({0.2 if i % 2 == 0 else 0.0})\nprint({i})" for i in range(8)]
+    outs = sb.run_many(codes)
+    assert [o.stdout.strip() for o in outs] == [str(i) for i in range(8)]
+    calls = sb.call_many([("def f(p):\n    return p * p", "f", i) for i in range(20)])
+    assert [c.value for c in calls] == [i * i for i in range(20)]
+
+
+def test_concurrent_threads_share_one_sandbox(sb):
+    out: dict[int, list[str]] = {}
+
+    def work(k: int) -> None:
+        out[k] = [r.stdout for r in sb.run_many([f"print({k}*{j})" for j in range(10)])]
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert out == {k: [f"{k * j}\n" for j in range(10)] for k in range(3)}
+
+
+def test_server_crash_is_recovered():
+    with Sandbox(SandboxConfig(timeout_s=2)) as box:
+        assert box.run("print(1)").stdout == "1\n"
+        box._proc.kill()  # the server itself dies (it never should)
+        box._proc.wait()
+        assert box.run("print(2)").stdout == "2\n"
+
+
+def test_isolation_layers_available_here(sb):
+    iso = sb.isolation
+    if IS_ROOT and sys.platform == "linux":
+        assert iso["uid"] and iso["netns"]
+    assert "landlock" in iso
+
+
+def test_config_from_mapping():
+    box = Sandbox({"timeout_s": 1.5, "memory_mb": 256})
+    assert box.config.timeout_s == 1.5 and box.config.memory_mb == 256
+    with pytest.raises(TypeError):
+        Sandbox({"timeout": 1})
