@@ -103,6 +103,9 @@ class TrainerConfig:
     entropy_bank_size: int = 256  # held-out role contexts for entropy retention (SPEC §8)
     entropy_every: int = 1  # measure bank entropy after every n-th update (0: never)
     compute_entropy: bool = True  # actor/entropy of the sampled tokens in each update
+    # π_θ log-probs use logits / temperature: set it to the rollout temperature so that the ratio of Eq. 18
+    # compares like with like (the behaviour log-probs were taken under that temperature).
+    temperature: float = 1.0
     gradient_checkpointing: bool = False
     offload_optimizer: bool = False  # DeepSpeed backends: ZeRO-Offload of the optimizer state to CPU
     offload_dir: Optional[str] = None  # torch backend: where offload_state() parks optimizer state (default: temp dir)

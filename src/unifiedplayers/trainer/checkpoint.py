@@ -1,0 +1,61 @@
+"""Atomic per-player checkpoint directories and RNG state capture.
+
+A checkpoint is a directory. It is written under ``<parent>/.<name>.tmp-<pid>`` and renamed into place
+only when complete, so a crash never leaves a half-written checkpoint under the final name; an older
+checkpoint of the same name is moved aside and removed after the rename.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+
+RNG_FILE = "rng_state.pt"
+
+
+def capture_rng_state() -> dict[str, Any]:
+    """Python, numpy and torch (CPU and every CUDA device) generator states."""
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+@contextlib.contextmanager
+def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary directory that becomes ``path`` when the block exits without error."""
+    final = Path(path)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = final.parent / f".{final.name}.old-{os.getpid()}"
+    if final.exists():
+        os.replace(final, old)
+    os.replace(tmp, final)
+    if old.exists():
+        shutil.rmtree(old, ignore_errors=True)
