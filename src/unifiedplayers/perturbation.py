@@ -13,9 +13,9 @@ or ``None`` where it cannot apply; the verdict matrix masks those entries out (`
 | step_drop       | local  | removes one reason step chosen uniformly        | no reason step                           |
 | step_swap       | local  | swaps two adjacent units; a code step and the   | fewer than two units, or every adjacent  |
 |                 |        | output right after it form one unit             | pair is identical (swap changes nothing) |
-| early_terminate | global | keeps the steps before a random cut (at a unit  | no distractor differs from the answer    |
-|                 |        | boundary, before the step that states the final | (a non-numeric answer equal to "0")      |
-|                 |        | answer), drops the rest, and sets a fabricated  |                                          |
+| early_terminate | global | keeps the steps before a random cut (at a unit  | never: every answer, even a missing one, |
+|                 |        | boundary, before the step that states the final | has a distractor (a numeric answer its   |
+|                 |        | answer), drops the rest, and sets a fabricated  | neighbours, any other answer zero)       |
 |                 |        | final answer: answer ± 1 or zero, never equal   |                                          |
 |                 |        | to the original (non-numeric or missing answer: |                                          |
 |                 |        | zero only)                                      |                                          |
@@ -231,7 +231,7 @@ def distractor_pool(answer: Optional[str]) -> list[str]:
     none equal (in value) to the answer. A missing or non-numeric answer has zero alone."""
     parsed = _numeric_answer(answer) if answer is not None else None
     if parsed is None:
-        return [] if answer is not None and answer.strip() == "0" else ["0"]
+        return ["0"]  # "0" itself parses as a number, so a non-numeric answer never equals it
     value, fmt = parsed
     pool, seen = [], set()
     for v in (value - 1, value + 1, 0):
@@ -241,7 +241,7 @@ def distractor_pool(answer: Optional[str]) -> list[str]:
     return pool
 
 
-def early_terminate(traj: Trajectory, rng: random.Random, params: RuleParams) -> Optional[Trajectory]:
+def early_terminate(traj: Trajectory, rng: random.Random, params: RuleParams) -> Trajectory:
     """Global: cut before the final answer, drop the rest, append a fabricated final answer.
 
     Cut points are unit boundaries (a code step keeps its output) at or before the step that states the
@@ -249,8 +249,6 @@ def early_terminate(traj: Trajectory, rng: random.Random, params: RuleParams) ->
     keeping at least one step when there is one before the answer.
     """
     pool = distractor_pool(traj.final_answer)
-    if not pool:
-        return None
     answer_at = len(traj.steps)
     if traj.final_answer is not None:
         for i in range(len(traj.steps) - 1, -1, -1):
