@@ -174,7 +174,7 @@ def test_timeout_kills_every_process_the_call_started(sb):
     assert time.monotonic() - t0 < 3.0
     time.sleep(0.1)
     if IS_ROOT:
-        uids = range(sb.config.uid_base, sb.config.uid_base + sb.isolation["workers"])
+        uids = range(sb.isolation["uid_base"], sb.isolation["uid_base"] + sb.isolation["workers"])
         assert _call_processes(uids) == []
 
 

@@ -1,26 +1,28 @@
 """The sandbox's warm fork server (standard library only; run as ``python -I -S _server.py``).
 
-It is started once per :class:`~unifiedplayers.sandbox.Sandbox` with an empty environment, imports the
-modules that model-written code usually needs, and then forks one *runner* per call. Layers of
-isolation, each applied in the runner before any untrusted byte runs:
+Started once per :class:`~unifiedplayers.sandbox.Sandbox` with an empty environment, it imports the
+modules that model-written code usually needs and starts one *slot worker* per core. Each slot worker
+takes, once, every isolation layer that does not change from call to call, and then forks one short
+process per call, so a call pays for a fork and a few system calls only:
 
-1. its own session and process group, a fresh empty working directory, a minimal environment;
-2. (as root) its own unprivileged uid per worker slot, so that RLIMIT_NPROC bounds its processes
-   and a final ``kill(-1)`` from that uid removes every process the call started;
-3. an empty network namespace (the server unshares it once at start-up, as root);
-4. Landlock: read-only access to a mirror of the standard library and the system's shared
-   libraries, full access to the working directory only, no ``execve``, no TCP, no signals or
-   abstract sockets outside the call;
-5. in the *user* process (a grandchild): RLIMIT_AS (memory), RLIMIT_CPU, RLIMIT_FSIZE, RLIMIT_NOFILE.
+- the whole server: an empty network namespace (unshared once at start-up, as root);
+- each slot worker: its own unprivileged uid (as root), RLIMIT_NPROC on that uid against fork bombs,
+  a clean environment, ``sys.path`` limited to a mirror of the standard library, and a Landlock
+  domain: read-only access to that mirror and the system's shared libraries, full access to the slot's
+  own directory only, no ``execve``, no TCP, no signals or abstract sockets outside the domain;
+- each call: a fresh empty working directory (removed afterwards), its own session, a nested Landlock
+  domain (so it cannot signal its slot worker), and RLIMIT_AS/DATA (memory), CPU, FSIZE and NOFILE.
 
-The runner forks the user process, waits for it, removes whatever it left behind and reports its wait
-status on a pipe only it holds. The server enforces the wall clock, truncates output and answers the
-client. Messages on stdin and stdout are 4-byte big-endian lengths followed by UTF-8 JSON.
+The slot worker enforces the wall clock, truncates output, and afterwards kills every process of its
+uid but itself (``kill(-1)``), so nothing a call started outlives it. The server dispatches requests to
+free slots, watches the slot workers (a dead or stuck one is killed, swept and replaced, and its call
+recorded as failed) and answers the client. Messages are 4-byte big-endian lengths + UTF-8 JSON.
 """
 import builtins
 import collections
 import ctypes
 import errno
+import fcntl
 import io
 import json
 import os
@@ -197,73 +199,117 @@ def stdlib_mirror(cache_root):
     return dst
 
 
-def _send(obj):
+def _frame(obj):
     data = json.dumps(obj).encode()
-    view = memoryview(struct.pack(">I", len(data)) + data)
+    return struct.pack(">I", len(data)) + data
+
+
+def _write_all(fd, data):
+    view = memoryview(data)
     while view:
         try:
-            n = os.write(1, view)
+            view = view[os.write(fd, view):]
         except InterruptedError:
             continue
-        view = view[n:]
+
+
+def _send(obj):
+    _write_all(1, _frame(obj))
+
+
+def _read_exact(fd, n):
+    buf = b""
+    while len(buf) < n:
+        try:
+            part = os.read(fd, n - len(buf))
+        except InterruptedError:
+            continue
+        if not part:
+            return None
+        buf += part
+    return buf
+
+
+def _read_frame(fd):
+    hdr = _read_exact(fd, 4)
+    if hdr is None:
+        return None
+    body = _read_exact(fd, struct.unpack(">I", hdr)[0])
+    return None if body is None else json.loads(body)
+
+
+class FrameReader:
+    """Incremental framing over a non-blocking descriptor."""
+
+    def __init__(self):
+        self.buf = bytearray()
+
+    def feed(self, chunk):
+        self.buf += chunk
+        out = []
+        while len(self.buf) >= 4:
+            (n,) = struct.unpack(">I", self.buf[:4])
+            if len(self.buf) < 4 + n:
+                break
+            out.append(json.loads(bytes(self.buf[4: 4 + n])))
+            del self.buf[: 4 + n]
+        return out
 
 
 def _set_rlimit(kind, value):
-
     soft, hard = resource.getrlimit(kind)
     if hard != resource.RLIM_INFINITY:
         value = min(value, hard)
     resource.setrlimit(kind, (value, value))
 
 
+def _rmtree(path):
+    """Remove a call's directory even where the call made parts of it unreadable to its owner."""
+    shutil.rmtree(path, ignore_errors=True)
+    if os.path.lexists(path):
+        for root, dirs, _files in os.walk(path):
+            for d in dirs:
+                try:
+                    os.chmod(os.path.join(root, d), 0o700, follow_symlinks=False)
+                except OSError:
+                    pass
+        try:
+            os.chmod(path, 0o700)
+        except OSError:
+            pass
+        shutil.rmtree(path, ignore_errors=True)
+
+
 # ---------------------------------------------------------------------------------------------------
-# Inside the call: the runner and the user process.
+# One call: the forked process that runs untrusted code.
 
 
-def _user_process(req, cfg, slot, workdir, pipes, iso):
-    """The forked call: every isolation layer, then the untrusted code. Never returns."""
-    out_w, err_w, res_w = pipes
+def _call_process(req, cfg, workdir, out_w, err_w, res_w, null_fd, ruleset):
+    """Runs in the fork of a slot worker. Never returns."""
     try:
         os.setsid()  # its own session and process group
+        _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         os.dup2(out_w, 1)
         os.dup2(err_w, 2)
-        null = os.open("/dev/null", os.O_RDONLY)
-        os.dup2(null, 0)
-        res = os.dup2(res_w, 3, inheritable=False)
+        os.dup2(null_fd, 0)
+        os.dup2(res_w, 3)
         os.chdir(workdir)
-        os.environ.clear()
-        os.environ.update({"HOME": workdir, "TMPDIR": workdir, "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"})
-        if iso["uid"]:
-            uid = cfg["uid_base"] + slot
-            os.setgroups([])
-            os.setgid(uid)
-            os.setuid(uid)
-            _set_rlimit(resource.RLIMIT_NPROC, int(cfg["max_processes"]))
-        _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # after setuid, which clears it
-        if iso["landlock"]:
-            Landlock.restrict(RULESETS[slot])
-        os.closerange(4, 1 << 16)  # the server's protocol pipes, other calls' pipes, the rulesets
-        sys.path[:] = iso["sys_path"]
-        sys.path_importer_cache.clear()
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an oversized write fails with EFBIG instead
-        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        os.environ["HOME"] = workdir
+        os.environ["TMPDIR"] = workdir
+        if ruleset is not None:
+            Landlock.restrict(ruleset)  # a nested domain: no signals to the slot worker
+        os.closerange(4, 1 << 16)
         mem = int(cfg["memory_mb"]) << 20
         _set_rlimit(resource.RLIMIT_AS, mem)
         _set_rlimit(resource.RLIMIT_DATA, mem)
         _set_rlimit(resource.RLIMIT_CPU, int(float(req.get("timeout_s") or cfg["timeout_s"])) + 2)
         _set_rlimit(resource.RLIMIT_FSIZE, int(cfg["max_file_mb"]) << 20)
         _set_rlimit(resource.RLIMIT_NOFILE, 256)
-        _set_rlimit(resource.RLIMIT_CORE, 0)
     except BaseException:  # noqa: BLE001 - never run untrusted code with a layer missing
         try:
             os.write(2, ("sandbox setup failed: " + traceback.format_exc()[-2000:]).encode())
         finally:
             os._exit(70)
-    sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
-    sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="backslashreplace")
-    sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8",
-                                  errors="backslashreplace", line_buffering=True)
-    sys.argv = ["<sandbox>"]
     out = {"exit_code": 0, "memory_exceeded": False}
     try:
         if req["kind"] == "run":
@@ -308,89 +354,232 @@ def _user_process(req, cfg, slot, workdir, pipes, iso):
     except BaseException:  # noqa: BLE001 - a broken stream must not lose the result
         pass
     try:
-        data = json.dumps(out).encode()
-    except BaseException:  # noqa: BLE001
-        data = b'{"exit_code": 1, "ok": false, "error": "result could not be encoded"}'
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(res, view):]
+        _write_all(3, json.dumps(out).encode())
     except BaseException:  # noqa: BLE001
         pass
     code = out["exit_code"]
     os._exit(code & 0xFF if isinstance(code, int) and code >= 0 else 1)
 
 
-RULESETS = {}  # slot -> Landlock ruleset fd
+# ---------------------------------------------------------------------------------------------------
+# A slot worker: one call at a time, under its own uid and Landlock domain.
 
 
-class Sweeper:
-    """A process per worker slot, under that slot's uid, that kills every other process of the uid.
+class SlotWorker:
+    def __init__(self, cfg, iso, slot, slot_dir, ruleset):
+        self.cfg, self.iso, self.slot, self.dir, self.ruleset = cfg, iso, slot, slot_dir, ruleset
+        self.limit = int(cfg["max_output_bytes"])
+        self.value_limit = int(cfg["max_value_bytes"])
+        self.seq = 0
+        self.null = os.open("/dev/null", os.O_RDWR)
 
-    It lives outside the calls' Landlock domain, so (with Landlock's signal scoping) a call cannot
-    signal it; if it dies anyway, the server falls back to a one-off sweeper and starts a new one.
-    """
-
-    def __init__(self, uid):
-        self.uid = uid
-        self.start()
-
-    def start(self):
-        cmd_r, cmd_w = os.pipe()
-        ack_r, ack_w = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            try:
-                os.setsid()
-                keep = (cmd_r, ack_w)
-                os.closerange(0, min(keep))
-                os.closerange(min(keep) + 1, max(keep))
-                os.closerange(max(keep) + 1, 1 << 16)
-                os.setgroups([])
-                os.setgid(self.uid)
-                os.setuid(self.uid)
-                _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-                _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
-                while os.read(cmd_r, 1):
-                    try:
-                        os.kill(-1, signal.SIGKILL)
-                    except OSError:
-                        pass
-                    os.write(ack_w, b"k")
-            except BaseException:  # noqa: BLE001
-                pass
-            os._exit(0)
-        os.close(cmd_r)
-        os.close(ack_w)
-        self.pid, self.cmd, self.ack = pid, cmd_w, ack_r
-
-    def sweep(self):
+    def sweep(self, pgid):
+        """Kill every process the call started: all of this uid but this worker, or the call's group."""
         try:
-            os.write(self.cmd, b"k")
-            if os.read(self.ack, 1) == b"k":
-                return
+            if self.iso["uid"]:
+                os.kill(-1, signal.SIGKILL)
+            else:
+                os.killpg(pgid, signal.SIGKILL)
         except OSError:
             pass
-        _sweep_uid(self.uid)  # it was killed: sweep the slow way, then replace it
-        for fd in (self.cmd, self.ack):
+
+    def fork_call(self, req, workdir, pipes):
+        for attempt in range(2):
+            try:
+                return os.fork()
+            except BlockingIOError:  # the process bound is exhausted by a previous call's leftovers
+                self.sweep(0)
+                time.sleep(0.01)
+        return os.fork()
+
+    def run(self, req):
+        self.seq += 1
+        workdir = os.path.join(self.dir, "c%d" % self.seq)
+        os.mkdir(workdir, 0o700)
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        res_r, res_w = os.pipe()
+        timeout = float(req.get("timeout_s") or self.cfg["timeout_s"])
+        start = time.monotonic()
+        pid = self.fork_call(req, workdir, None)
+        if pid == 0:
+            _call_process(req, self.cfg, workdir, out_w, err_w, res_w, self.null, self.ruleset)
+        for fd in (out_w, err_w, res_w):
             os.close(fd)
+        pidfd = os.pidfd_open(pid)
+        fds = {out_r: bytearray(), err_r: bytearray(), res_r: bytearray()}
+        totals = {out_r: 0, err_r: 0, res_r: 0}
+        deadline = start + timeout
+        timed_out = overflow = False
+        status = None
+        flood = max(64 * self.limit, 4 << 20)
+        open_fds = set(fds)
+        while True:
+            if status is None:
+                wait = deadline - time.monotonic()
+                if wait <= 0:
+                    timed_out = True
+                    os.kill(pid, signal.SIGKILL)
+                    self.sweep(pid)
+                    wait = 0
+            else:
+                wait = max(0.0, reaped + 1.0 - time.monotonic())
+            if status is not None and (not open_fds or wait <= 0):
+                break
+            rl = list(open_fds) + ([pidfd] if status is None else [])
+            try:
+                ready, _, _ = select.select(rl, [], [], wait)
+            except InterruptedError:
+                continue
+            for fd in ready:
+                if fd == pidfd:
+                    _, status = os.waitpid(pid, 0)
+                    reaped = time.monotonic()
+                    self.sweep(pid)  # whatever it left running (daemons, setsid'd children) dies now
+                    continue
+                try:
+                    chunk = os.read(fd, 1 << 16)
+                except OSError:
+                    chunk = b""
+                if not chunk:
+                    open_fds.discard(fd)
+                    continue
+                buf = fds[fd]
+                totals[fd] += len(chunk)
+                if fd == res_r:
+                    if len(buf) <= self.value_limit + 4096:
+                        buf += chunk
+                    continue
+                if len(buf) < self.limit:
+                    buf += chunk[: self.limit - len(buf)]
+                if totals[fd] > flood and not overflow and status is None:
+                    overflow = True  # a flood: stop it rather than drain it for the whole timeout
+                    os.kill(pid, signal.SIGKILL)
+                    self.sweep(pid)
+        os.close(pidfd)
+        for fd in fds:
+            os.close(fd)
+        _rmtree(workdir)
+        return self.result(req, fds[out_r], fds[err_r], fds[res_r], totals[out_r], totals[err_r],
+                           totals[res_r], status, timed_out, overflow, time.monotonic() - start, timeout)
+
+    def result(self, req, out, err, res, out_total, err_total, res_total, status, timed_out, overflow,
+               duration, timeout):
+        result = {
+            "stdout": out.decode("utf-8", errors="replace"),
+            "stderr": err.decode("utf-8", errors="replace"),
+            "stdout_truncated": out_total > self.limit,
+            "stderr_truncated": err_total > self.limit,
+            "timed_out": timed_out,
+            "output_exceeded": overflow,
+            "duration_s": duration,
+            "memory_exceeded": False,
+        }
+        if timed_out or overflow or status is None:
+            exit_code = -signal.SIGKILL
+        else:
+            exit_code = os.waitstatus_to_exitcode(status)
+        result["exit_code"] = exit_code
+        if exit_code == 70 and "sandbox setup failed" in result["stderr"]:
+            result["error"] = result["stderr"][-1000:]
+        info = None
+        if res and res_total <= self.value_limit + 4096:
+            try:
+                info = json.loads(res.decode("utf-8", errors="replace"))
+            except (ValueError, RecursionError):
+                info = None
+            if not isinstance(info, dict):
+                info = None
+        if info is not None:
+            result["memory_exceeded"] = bool(info.get("memory_exceeded"))
+            if info.get("error"):
+                result["error"] = str(info["error"])[:4000]
+            if info.get("traceback"):
+                result["traceback"] = str(info["traceback"])[-4000:]
+        if req["kind"] == "call":
+            value = info.get("value") if info else None
+            ok = bool(info and info.get("ok")) and exit_code == 0 and isinstance(value, str)
+            if ok and len(value) > self.value_limit:
+                ok, result["error"] = False, "return value larger than %d bytes" % self.value_limit
+            result["ok"] = ok
+            if ok:
+                result["value"] = value
+            elif timed_out:
+                result["error"] = "timed out after %.3g s" % timeout
+            elif overflow:
+                result["error"] = "output limit exceeded; the call was killed"
+            elif res_total > self.value_limit:
+                result["error"] = "return value larger than %d bytes" % self.value_limit
+            elif "error" not in result:
+                result["error"] = "the process ended (exit status %s) before returning" % exit_code
+        return result
+
+    def serve(self, ctl_r, rep_w):
+        while True:
+            req = _read_frame(ctl_r)
+            if req is None:
+                os._exit(0)
+            try:
+                result = self.run(req)
+            except BaseException:  # noqa: BLE001 - report, and keep serving
+                result = {"exit_code": -signal.SIGKILL, "ok": False, "stdout": "", "stderr": "",
+                          "error": "sandbox slot failed: " + traceback.format_exc()[-1500:]}
+            result["id"] = req["id"]
+            _write_all(rep_w, _frame(result))
+
+
+def _slot_main(cfg, iso, slot, slot_dir, ruleset, ctl_r, rep_w):
+    """Take the per-slot isolation layers, then serve calls. Never returns."""
+    try:
+        os.setsid()
+        keep = sorted({ctl_r, rep_w} | ({ruleset} if ruleset is not None else set()))
+        lo = 0
+        for fd in keep:
+            os.closerange(lo, fd)
+            lo = fd + 1
+        os.closerange(lo, 1 << 16)
+        null = os.open("/dev/null", os.O_RDWR)
+        for fd in (0, 1, 2):
+            if fd not in keep:
+                os.dup2(null, fd)
+        os.chdir(slot_dir)
+        os.environ.clear()
+        os.environ.update({"HOME": slot_dir, "TMPDIR": slot_dir, "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"})
+        if iso["uid"]:
+            uid = iso["uid_base"] + slot
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            # The worker counts too; a call may run max_processes processes at once.
+            _set_rlimit(resource.RLIMIT_NPROC, int(cfg["max_processes"]) + 1)
+            try:
+                os.kill(-1, signal.SIGKILL)  # leftovers of an earlier server
+            except OSError:
+                pass
+        _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # after setuid, which clears it
+        _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # no ptrace by the calls (same uid)
+        if ruleset is not None:
+            Landlock.restrict(ruleset)
+        _set_rlimit(resource.RLIMIT_CORE, 0)
+        sys.path[:] = iso["sys_path"]
+        sys.path_importer_cache.clear()
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an oversized write fails with EFBIG instead
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+        sys.argv = ["<sandbox>"]
+        # Streams for the calls, bound to fds 0-2, which each call points at its own pipes.
+        sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
+        sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8",
+                                      errors="backslashreplace")
+        sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8",
+                                      errors="backslashreplace", line_buffering=True)
+        worker = SlotWorker(cfg, iso, slot, slot_dir, ruleset)
+    except BaseException:  # noqa: BLE001
         try:
-            os.waitpid(self.pid, 0)
-        except ChildProcessError:
-            pass
-        self.start()
-
-
-LANDLOCK = None
-
-
-# ---------------------------------------------------------------------------------------------------
-# The server loop.
-
-
-class Call:
-    __slots__ = ("req", "slot", "workdir", "pid", "pidfd", "fds", "out", "err", "res", "out_total",
-                 "err_total", "start", "deadline", "timed_out", "overflow", "wait_status", "reaped_at")
+            _write_all(rep_w, _frame({"id": None, "fatal": traceback.format_exc()[-2000:]}))
+        finally:
+            os._exit(70)
+    worker.serve(ctl_r, rep_w)
+    os._exit(0)
 
 
 def _sweep_uid(uid):
@@ -408,21 +597,19 @@ def _sweep_uid(uid):
     os.waitpid(pid, 0)
 
 
+# ---------------------------------------------------------------------------------------------------
+# The server: dispatch to slots, watch them, answer the client.
+
+
+class Slot:
+    __slots__ = ("index", "pid", "pidfd", "ctl", "rep", "reader", "req", "deadline")
+
+
 class Server:
     def __init__(self, cfg):
-        global LANDLOCK
         self.cfg = cfg
         self.workers = int(cfg["workers"]) or (os.cpu_count() or 1)
         self.timeout = float(cfg["timeout_s"])
-        self.limit = int(cfg["max_output_bytes"])
-        self.value_limit = int(cfg["max_value_bytes"])
-        self.queue = collections.deque()
-        self.free = list(range(self.workers))
-        self.calls = {}  # fd -> Call
-        self.running = []
-        self.inbuf = bytearray()
-        self.stdin_open = True
-        self.seq = 0
         self.root = cfg["workdir_root"]
         os.makedirs(self.root, mode=0o711, exist_ok=True)
         os.chmod(self.root, 0o711)
@@ -430,22 +617,10 @@ class Server:
         iso = {"uid": False, "netns": False, "landlock": False}
         if cfg["drop_privileges"] and os.geteuid() == 0:
             iso["uid"] = True
+            iso["uid_base"] = self.claim_uids(cfg)
         elif cfg["drop_privileges"]:
             notes.append("not root: calls run under the caller's uid; descendants that leave the "
                          "call's process group are not bounded or swept")
-        # One directory per slot, owned by the slot's uid: a call can reach only its own slot.
-        self.slot_dirs = []
-        for slot in range(self.workers):
-            d = os.path.join(self.root, "s%d" % slot)
-            os.mkdir(d, 0o700)
-            if iso["uid"]:
-                os.chown(d, cfg["uid_base"] + slot, cfg["uid_base"] + slot)
-            self.slot_dirs.append(d)
-        self.sweepers = {}
-        if iso["uid"]:
-            for slot in range(self.workers):
-                self.sweepers[slot] = Sweeper(cfg["uid_base"] + slot)
-                self.sweepers[slot].sweep()  # leftovers of an earlier server
         if not cfg["network"]:
             if _libc.unshare(CLONE_NEWNET) == 0:
                 iso["netns"] = True
@@ -455,209 +630,136 @@ class Server:
         if iso["uid"]:
             stdlib = stdlib_mirror(cfg["mirror_root"])
         iso["sys_path"] = [stdlib, os.path.join(stdlib, "lib-dynload")]
+        landlock = None
         if cfg["landlock"]:
-            LANDLOCK = Landlock([stdlib] + list(SYSTEM_READ_DIRS), DEVICE_FILES)
-            iso["landlock"] = LANDLOCK.ok
-            iso["landlock_abi"] = LANDLOCK.abi
-            if LANDLOCK.ok:
-                for slot, d in enumerate(self.slot_dirs):
-                    RULESETS[slot] = LANDLOCK.ruleset(d)
-            else:
+            landlock = Landlock([stdlib] + list(SYSTEM_READ_DIRS), DEVICE_FILES)
+            iso["landlock"] = landlock.ok
+            iso["landlock_abi"] = landlock.abi
+            if not landlock.ok:
                 notes.append("Landlock unavailable on this kernel")
+                landlock = None
         iso["notes"] = notes
         iso["workers"] = self.workers
         self.iso = iso
+        # One directory per slot, owned by the slot's uid: a call can reach only its own slot.
+        self.slot_dirs, self.rulesets = [], []
+        for i in range(self.workers):
+            d = os.path.join(self.root, "s%d" % i)
+            os.mkdir(d, 0o700)
+            if iso["uid"]:
+                os.chown(d, iso["uid_base"] + i, iso["uid_base"] + i)
+            self.slot_dirs.append(d)
+            self.rulesets.append(landlock.ruleset(d) if landlock else None)
+        self.slots = [self.spawn(i) for i in range(self.workers)]
+        self.queue = collections.deque()
+        self.inbuf = FrameReader()
+        self.stdin_open = True
 
-    # -- calls ---------------------------------------------------------------------------------
-    def start(self, req):
-        slot = self.free.pop()
-        self.seq += 1
-        workdir = os.path.join(self.slot_dirs[slot], "c%d" % self.seq)
-        os.mkdir(workdir, 0o700)
-        if self.iso["uid"]:
-            os.chown(workdir, self.cfg["uid_base"] + slot, self.cfg["uid_base"] + slot)
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        res_r, res_w = os.pipe()
+    def claim_uids(self, cfg):
+        """A block of uids that no other live sandbox server on this machine uses.
+
+        Several sandboxes may run at once (tests, an evaluation beside training); each holds an
+        exclusive lock on its block for its lifetime, so one server's sweeps never touch another's
+        calls.
+        """
+        block = max(64, self.workers)
+        for k in range(4096):
+            fd = os.open(os.path.join(cfg["mirror_root"], "uids-%d.lock" % k), os.O_CREAT | os.O_RDWR, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
+                continue
+            self.uid_lock = fd
+            return int(cfg["uid_base"]) + k * block
+        raise RuntimeError("no free block of sandbox uids")
+
+    def spawn(self, i):
+        ctl_r, ctl_w = os.pipe()
+        rep_r, rep_w = os.pipe()
         pid = os.fork()
         if pid == 0:
-            _user_process(req, self.cfg, slot, workdir, (out_w, err_w, res_w), self.iso)
-        for fd in (out_w, err_w, res_w):
-            os.close(fd)
-        c = Call()
-        c.req, c.slot, c.workdir, c.pid = req, slot, workdir, pid
-        c.pidfd = os.pidfd_open(pid)
-        c.fds = {out_r: "out", err_r: "err", res_r: "res"}
-        c.out, c.err, c.res = bytearray(), bytearray(), bytearray()
-        c.out_total = c.err_total = 0
-        c.start = time.monotonic()
-        c.deadline = c.start + float(req.get("timeout_s") or self.timeout)
-        c.timed_out = c.overflow = False
-        c.wait_status = None
-        c.reaped_at = None
-        for fd in c.fds:
-            os.set_blocking(fd, False)
-            self.calls[fd] = c
-        self.calls[c.pidfd] = c
-        self.running.append(c)
+            _slot_main(self.cfg, self.iso, i, self.slot_dirs[i], self.rulesets[i], ctl_r, rep_w)
+        os.close(ctl_r)
+        os.close(rep_w)
+        s = Slot()
+        s.index, s.pid, s.pidfd, s.ctl, s.rep = i, pid, os.pidfd_open(pid), ctl_w, rep_r
+        s.reader, s.req, s.deadline = FrameReader(), None, None
+        os.set_blocking(rep_r, False)
+        return s
 
-    def sweep(self, c):
-        """Remove every process the call started (its whole uid, or its process group)."""
-        if self.iso["uid"]:
-            self.sweepers[c.slot].sweep()
-        else:
-            try:
-                os.killpg(c.pid, signal.SIGKILL)
-            except OSError:
-                pass
-
-    def kill(self, c):
+    def replace(self, s, error):
+        """A slot worker died or hung: answer its call as failed, clean up, start a new worker."""
         try:
-            os.kill(c.pid, signal.SIGKILL)
+            os.kill(s.pid, signal.SIGKILL)
         except OSError:
             pass
-        self.sweep(c)
-
-    def on_read(self, c, fd):
         try:
-            chunk = os.read(fd, 1 << 16)
-        except BlockingIOError:
-            return
-        except OSError:
-            chunk = b""
-        kind = c.fds[fd]
-        if not chunk:
-            del c.fds[fd]
-            del self.calls[fd]
-            os.close(fd)
-            return
-        if kind == "res":
-            if len(c.res) <= self.value_limit + 4096:
-                c.res += chunk
-            return
-        buf = c.out if kind == "out" else c.err
-        if len(buf) < self.limit:
-            buf += chunk[: self.limit - len(buf)]
-        if kind == "out":
-            c.out_total += len(chunk)
-            total = c.out_total
-        else:
-            c.err_total += len(chunk)
-            total = c.err_total
-        if total > max(64 * self.limit, 4 << 20) and not c.overflow:
-            c.overflow = True  # a flood: stop it rather than drain it for the whole timeout
-            self.kill(c)
-
-    def on_exit(self, c):
-        try:
-            _, c.wait_status = os.waitpid(c.pid, 0)
+            os.waitpid(s.pid, 0)
         except ChildProcessError:
-            c.wait_status = None
-        del self.calls[c.pidfd]
-        os.close(c.pidfd)
-        c.pidfd = None
-        c.reaped_at = time.monotonic()
-        self.sweep(c)  # whatever it left running (daemons, setsid'd children) dies now
-
-    def finish(self, c):
-        for fd, kind in list(c.fds.items()):
-            del self.calls[fd]
+            pass
+        if self.iso["uid"]:
+            _sweep_uid(self.iso["uid_base"] + s.index)
+        for fd in (s.pidfd, s.ctl, s.rep):
             os.close(fd)
-        c.fds = {}
-        self.running.remove(c)
-        self.free.append(c.slot)
-        shutil.rmtree(c.workdir, ignore_errors=True)
-        result = {
-            "id": c.req["id"],
-            "stdout": c.out.decode("utf-8", errors="replace"),
-            "stderr": c.err.decode("utf-8", errors="replace"),
-            "stdout_truncated": c.out_total > self.limit,
-            "stderr_truncated": c.err_total > self.limit,
-            "timed_out": c.timed_out,
-            "output_exceeded": c.overflow,
-            "duration_s": time.monotonic() - c.start,
-            "memory_exceeded": False,
-        }
-        if c.timed_out or c.overflow or c.wait_status is None:
-            exit_code = -signal.SIGKILL
-        else:
-            exit_code = os.waitstatus_to_exitcode(c.wait_status)
-        result["exit_code"] = exit_code
-        if exit_code == 70 and "sandbox setup failed" in result["stderr"]:
-            result["error"] = result["stderr"][-1000:]
-        info = None
-        if c.res and len(c.res) <= self.value_limit + 4096:
-            try:
-                info = json.loads(c.res.decode("utf-8", errors="replace"))
-            except (ValueError, RecursionError):
-                info = None
-            if not isinstance(info, dict):
-                info = None
-        if info is not None:
-            result["memory_exceeded"] = bool(info.get("memory_exceeded"))
-            if info.get("error"):
-                result["error"] = str(info["error"])[:4000]
-            if info.get("traceback"):
-                result["traceback"] = str(info["traceback"])[-4000:]
-        if c.req["kind"] == "call":
-            value = info.get("value") if info else None
-            ok = bool(info and info.get("ok")) and exit_code == 0 and isinstance(value, str)
-            if ok and len(value) > self.value_limit:
-                ok, result["error"] = False, "return value larger than %d bytes" % self.value_limit
-            result["ok"] = ok
-            if ok:
-                result["value"] = value
-            elif c.timed_out:
-                result["error"] = "timed out after %.3g s" % float(c.req.get("timeout_s") or self.timeout)
-            elif c.overflow:
-                result["error"] = "output limit exceeded; the call was killed"
-            elif len(c.res) > self.value_limit:
-                result["error"] = "return value larger than %d bytes" % self.value_limit
-            elif "error" not in result:
-                result["error"] = "the process ended (exit status %s) before returning" % exit_code
-        _send(result)
+        for name in os.listdir(self.slot_dirs[s.index]):
+            _rmtree(os.path.join(self.slot_dirs[s.index], name))
+        if s.req is not None:
+            timed_out = error.startswith("timed out")
+            _send({"id": s.req["id"], "exit_code": -signal.SIGKILL, "ok": False, "stdout": "", "stderr": "",
+                   "timed_out": timed_out, "error": error})
+        self.slots[s.index] = self.spawn(s.index)
 
-    # -- loop ----------------------------------------------------------------------------------
     def serve(self):
         _send({"ready": True, "isolation": self.iso, "pid": os.getpid()})
         os.set_blocking(0, False)
-        while self.stdin_open or self.queue or self.running:
-            while self.queue and self.free:
-                self.start(self.queue.popleft())
-            now = time.monotonic()
-            timeout = None
-            for c in self.running:
-                t = c.deadline - now if c.reaped_at is None else c.reaped_at + 1.0 - now
-                timeout = t if timeout is None else min(timeout, t)
-            if timeout is not None:
-                timeout = max(0.0, timeout)
-            rlist = list(self.calls)
+        grace = 5.0
+        while self.stdin_open or self.queue or any(s.req is not None for s in self.slots):
+            for s in self.slots:
+                if s.req is None and self.queue:
+                    s.req = self.queue.popleft()
+                    s.deadline = time.monotonic() + float(s.req.get("timeout_s") or self.timeout) + grace
+                    try:
+                        _write_all(s.ctl, _frame(s.req))
+                    except OSError:
+                        self.replace(s, "sandbox slot worker died")
+            busy = [s for s in self.slots if s.req is not None]
+            wait = None
+            if busy:
+                wait = max(0.0, min(s.deadline for s in busy) - time.monotonic())
+            rl = [s.rep for s in self.slots] + [s.pidfd for s in self.slots]
             if self.stdin_open:
-                rlist.append(0)
+                rl.append(0)
             try:
-                ready, _, _ = select.select(rlist, [], [], timeout)
+                ready, _, _ = select.select(rl, [], [], wait)
             except InterruptedError:
                 continue
-            for fd in ready:
-                if fd == 0:
-                    self.on_stdin()
-                    continue
-                c = self.calls.get(fd)
-                if c is None:
-                    continue
-                if fd == c.pidfd:
-                    self.on_exit(c)
-                elif fd in c.fds:
-                    self.on_read(c, fd)
-            now = time.monotonic()
-            for c in list(self.running):
-                if c.pidfd is not None and now >= c.deadline and not c.timed_out:
-                    c.timed_out = True
-                    self.kill(c)
-                if c.pidfd is None and (not c.fds or now >= c.reaped_at + 1.0):
-                    self.finish(c)
-        for c in list(self.running):
-            self.kill(c)
+            ready = set(ready)
+            if 0 in ready:
+                self.on_stdin()
+            for s in list(self.slots):
+                if s.rep in ready:
+                    try:
+                        chunk = os.read(s.rep, 1 << 20)
+                    except BlockingIOError:
+                        chunk = None
+                    if chunk:
+                        for msg in s.reader.feed(chunk):
+                            if msg.get("fatal"):
+                                raise RuntimeError("sandbox slot could not start: " + msg["fatal"])
+                            _send(msg)
+                            s.req = None
+                if s.pidfd in ready:
+                    self.replace(s, "sandbox slot worker died")
+                elif s.req is not None and time.monotonic() > s.deadline:
+                    self.replace(s, "timed out (the slot worker did not answer; replaced)")
+        for s in self.slots:
+            os.close(s.ctl)
+        for s in self.slots:
+            try:
+                os.waitpid(s.pid, 0)
+            except ChildProcessError:
+                pass
         shutil.rmtree(self.root, ignore_errors=True)
 
     def on_stdin(self):
@@ -669,37 +771,19 @@ class Server:
             # The client is gone: stop everything now rather than finish the queue.
             self.stdin_open = False
             self.queue.clear()
-            for c in list(self.running):
-                if c.pidfd is not None:
-                    c.timed_out = True
-                    self.kill(c)
+            for s in list(self.slots):
+                if s.req is not None:
+                    s.req = None
+                    self.replace(s, "client closed the sandbox")
             return
-        self.inbuf += chunk
-        while len(self.inbuf) >= 4:
-            (n,) = struct.unpack(">I", self.inbuf[:4])
-            if len(self.inbuf) < 4 + n:
-                break
-            req = json.loads(bytes(self.inbuf[4: 4 + n]))
-            del self.inbuf[: 4 + n]
-            self.queue.append(req)
+        self.queue.extend(self.inbuf.feed(chunk))
 
 
 def main():
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-    hdr = b""
-    while len(hdr) < 4:
-        part = os.read(0, 4 - len(hdr))
-        if not part:
-            return
-        hdr += part
-    (n,) = struct.unpack(">I", hdr)
-    body = b""
-    while len(body) < n:
-        part = os.read(0, n - len(body))
-        if not part:
-            return
-        body += part
-    cfg = json.loads(body)
+    cfg = _read_frame(0)
+    if cfg is None:
+        return
     try:
         server = Server(cfg)
     except BaseException:  # noqa: BLE001
