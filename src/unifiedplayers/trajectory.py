@@ -45,7 +45,20 @@ PYTHON_LANG = "python"
 OUTPUT_FENCE = "output"
 _PYTHON_LABELS = {"python", "py", "python3"}
 _OUTPUT_LABELS = {"output", "stdout", "observation"}
-_BOX_COMMANDS = ("\\boxed", "\\fbox")
+
+# What the Evaluation player is told about its input (it never sees the expected answer).
+TRAJECTORY_SCHEMA = """\
+check(trajectory) receives an object with:
+  trajectory.question      str: the task
+  trajectory.steps         list of steps, in order; each step s has
+      s.type               "reason", "code" or "output"
+      s.text               reasoning text (reason steps; None otherwise)
+      s.code, s.lang       the code and its language id, "python" (code steps; None otherwise)
+      s.result             the observation the sandbox returned: stdout, then stderr and the exit
+                           status if any (output steps; None otherwise)
+  trajectory.final_answer  str: the content of the final \\boxed{}, or None if there is none
+Return True (or (True, None)) to accept, (False, i) to reject with i the earliest failing step.
+Only the Python standard library is available."""
 
 
 @dataclass
@@ -283,8 +296,3 @@ def format_observation(
     elif exit_code not in (0, None):
         parts.append(f"[exit status {exit_code}]")
     return "\n".join(parts)
-
-
-def steps_of_type(traj: Trajectory, kind: str) -> Iterable[int]:
-    """Indices of the steps of one type."""
-    return [i for i, s in enumerate(traj.steps) if s.type == kind]

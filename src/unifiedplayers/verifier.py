@@ -34,9 +34,20 @@ class CompiledVerifier:
     source: Optional[str]
 
 
+_UNTERMINATED = re.compile(r"^[ \t]*```[ \t]*(python|py|python3)?[ \t]*\n(.*)\Z", re.MULTILINE | re.DOTALL | re.IGNORECASE)
+
+
 def extract_python_block(text: str) -> Optional[str]:
-    """The last fenced python (or unlabelled) block of ``text``; the whole text when it has no fence."""
-    blocks = [m.group(2) for m in _FENCE.finditer(text) if m.group(1).lower() in _PYTHON_LABELS]
+    """The last fenced python (or unlabelled) block of ``text``.
+
+    A python fence left open at the very end (generation cut off) counts as a block running to the end;
+    a text without any fence is taken whole (bare code).
+    """
+    matches = list(_FENCE.finditer(text))
+    tail = _UNTERMINATED.search(text, matches[-1].end() if matches else 0)
+    if tail is not None and "```" not in tail.group(2):
+        return tail.group(2)
+    blocks = [m.group(2) for m in matches if m.group(1).lower() in _PYTHON_LABELS]
     if blocks:
         return blocks[-1]
     return None if "```" in text else text
@@ -62,13 +73,21 @@ def compile_verifier(text: str) -> CompiledVerifier:
     except (SyntaxError, ValueError, RecursionError, MemoryError) as e:
         return CompiledVerifier(False, f"does not compile: {type(e).__name__}: {e}", source)
     check_def: Any = None
+    functions: dict[str, Any] = {}
     for node in tree.body:  # the last top-level binding of `check` is the one that counts
-        if isinstance(node, ast.FunctionDef) and node.name == CHECK_NAME:
-            check_def = node
+        if isinstance(node, ast.FunctionDef):
+            functions[node.name] = node
+            if node.name == CHECK_NAME:
+                check_def = node
         elif isinstance(node, ast.AsyncFunctionDef) and node.name == CHECK_NAME:
             check_def = "async"
         elif isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == CHECK_NAME for t in node.targets):
-            check_def = node.value if isinstance(node.value, ast.Lambda) else "other"
+            if isinstance(node.value, ast.Lambda):
+                check_def = node.value
+            elif isinstance(node.value, ast.Name) and node.value.id in functions:  # check = verify
+                check_def = functions[node.value.id]
+            else:
+                check_def = "other"
     if check_def is None:
         return CompiledVerifier(False, "defines no top-level check", source)
     if check_def == "async":

@@ -51,11 +51,19 @@ def test_invalid_verifiers(text, reason):
         "def check(*args):\n    return True",
         "check = lambda t: True",
         "def check(t):\n    return False\ndef check(t):\n    return True",
+        "def verify(t):\n    return True\ncheck = verify",
     ],
 )
 def test_valid_verifiers(source):
     assert compile_verifier(fenced(source)).valid
     assert compile_verifier(source).valid  # bare code without any fence is taken whole
+
+
+def test_a_cut_off_final_block_runs_to_the_end():
+    text = "Draft:\n```python\ndef check(t):\n    return 1\n```\nFinal:\n```python\ndef check(t):\n    return True\n"
+    assert extract_python_block(text) == "def check(t):\n    return True\n"
+    assert compile_verifier(text).valid
+    assert not compile_verifier("```python\ndef check(t):\n    return (True").valid  # cut mid-expression
 
 
 def test_validity_does_not_run_the_code(tmp_path):

@@ -1,0 +1,20 @@
+"""The feedback core imports no torch, no model and no player code (ARCHITECTURE.md)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+
+def test_feedback_core_is_light():
+    code = (
+        "import sys\n"
+        "import unifiedplayers.trajectory, unifiedplayers.perturbation, unifiedplayers.verifier\n"
+        "import unifiedplayers.verdict, unifiedplayers.rewards, unifiedplayers.records\n"
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'vllm', 'deepspeed')\n"
+        "       or m.startswith(('unifiedplayers.players', 'unifiedplayers.models', 'unifiedplayers.trainer',\n"
+        "                        'unifiedplayers.rollout', 'unifiedplayers.grpo'))]\n"
+        "print(','.join(sorted(bad)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == ""
