@@ -266,10 +266,13 @@ def register_configs() -> None:
     cs.store(name="schema", node=Config)
 
 
-def compose(overrides: Sequence[str] = (), config_dir: Optional[Path] = None) -> DictConfig:
-    """Compose ``conf/config.yaml`` with Hydra overrides, outside a Hydra app (tests, scripts, notebooks).
+def compose(
+    overrides: Sequence[str] = (), config_dir: Optional[Path] = None, config_name: str = "config"
+) -> DictConfig:
+    """Compose ``conf/<config_name>.yaml`` with Hydra overrides, outside a Hydra app (tests, scripts).
 
-    An unknown key or a value of the wrong type raises at once, naming the key.
+    An unknown key or a value of the wrong type raises at once, naming the key. Other roots than
+    ``config`` (``evaluate``) must have registered their schema first.
     """
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
@@ -278,4 +281,4 @@ def compose(overrides: Sequence[str] = (), config_dir: Optional[Path] = None) ->
     register_configs()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(config_dir or CONF_DIR), version_base="1.3"):
-        return hydra_compose(config_name="config", overrides=list(overrides))
+        return hydra_compose(config_name=config_name, overrides=list(overrides))
