@@ -1,6 +1,8 @@
 """Rewards (SPEC §5): every equation on a small Z worked out by hand, and the conf/reward presets."""
 from __future__ import annotations
 
+import copy
+import functools
 import math
 from pathlib import Path
 
@@ -198,7 +200,8 @@ def test_redundancy_edge_cases():
 # ---- conf/reward presets and the open choices of SPEC §5 ---------------------------------------------
 
 
-def compose_reward(preset):
+@functools.lru_cache(maxsize=None)
+def _compose_reward(preset):
     from hydra import compose, initialize_config_dir
 
     from unifiedplayers.config import register_configs
@@ -206,6 +209,10 @@ def compose_reward(preset):
     register_configs()
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
         return compose("config", overrides=[f"reward={preset}"]).reward
+
+
+def compose_reward(preset):
+    return copy.deepcopy(_compose_reward(preset))
 
 
 TABLE_17 = {
