@@ -25,7 +25,7 @@ from unifiedplayers.perturbation import PerturbationEngine
 from unifiedplayers.sandbox import Sandbox, SandboxConfig, naive_run
 from unifiedplayers.trajectory import Trajectory, code_step, output_step, reason_step
 from unifiedplayers.verdict import verdict_matrix
-from unifiedplayers.verifier import ENTRY_POINT, compile_verifier, outcome_of, sandbox_source
+from unifiedplayers.verifier import ENTRY_POINT, compile_verifier, sandbox_source
 
 QUESTION = "How many positive whole-number divisors does 196 have?"
 

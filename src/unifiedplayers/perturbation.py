@@ -3,24 +3,20 @@
 Five rules, one variant each. A rule returns a new :class:`Trajectory` (the input is never modified)
 or ``None`` where it cannot apply; the verdict matrix masks those entries out (``adv_mask``).
 
-| rule            | kind   | what it does                                    | ``None`` when                            |
-|-----------------|--------|-------------------------------------------------|------------------------------------------|
-| arg_mutation    | local  | one numeric literal of a python code step gets  | no python code step holds a numeric      |
-|                 |        | an int offset from {-2,-1,+1,+2} or a ±5% float | literal that can change (complex         |
-|                 |        | shift; the code is re-executed in the sandbox   | literals, 0.0, inf are skipped; strings  |
-|                 |        | and its output step replaced (inserted if the   | and comments hold no literals)           |
-|                 |        | code had none)                                  |                                          |
-| step_drop       | local  | removes one reason step chosen uniformly        | no reason step                           |
-| step_swap       | local  | swaps two adjacent units; a code step and the   | fewer than two units, or every adjacent  |
-|                 |        | output right after it form one unit             | pair is identical (swap changes nothing) |
-| early_terminate | global | keeps the steps before a random cut (at a unit  | never: every answer, even a missing one, |
-|                 |        | boundary, before the step that states the final | has a distractor (a numeric answer its   |
-|                 |        | answer), drops the rest, and sets a fabricated  | neighbours, any other answer zero)       |
-|                 |        | final answer: answer ± 1 or zero, never equal   |                                          |
-|                 |        | to the original (non-numeric or missing answer: |                                          |
-|                 |        | zero only)                                      |                                          |
-| tool_substitute | global | one python code step gets lang "bash"; code and | no python code step                      |
-|                 |        | recorded output unchanged                       |                                          |
+- arg_mutation (local): one numeric literal of a python code step, drawn uniformly among all of them,
+  gets an integer offset from {-2,-1,+1,+2} or a ±5% float shift; the code is re-executed in the
+  sandbox and its output step replaced (inserted if the code had none).
+  None when no python code step holds a literal that can change (literals in strings and comments
+  do not count; complex literals, 0.0 and inf are skipped).
+- step_drop (local): removes one reason step chosen uniformly. None when there is no reason step.
+- step_swap (local): swaps two adjacent units, chosen uniformly; a code step and the output right
+  after it form one unit. None with fewer than two units or when every adjacent pair is identical.
+- early_terminate (global): keeps the steps before a random cut (a unit boundary at or before the
+  step that states the final answer), drops the rest and sets a fabricated final answer: the
+  answer ± 1 or zero, never equal to the original (a non-numeric or missing answer: zero).
+  Always applies.
+- tool_substitute (global): one python code step, chosen uniformly, gets lang "bash"; code and
+  recorded output unchanged. None when there is no python code step.
 
 Randomness: each (trajectory, rule) pair draws from its own ``random.Random`` seeded by a hash of the
 engine seed, the rule name and the trajectory's content, so a variant never depends on batch order or
@@ -40,7 +36,7 @@ from decimal import Decimal, InvalidOperation
 from fractions import Fraction
 from typing import Any, Callable, Optional, Sequence
 
-from unifiedplayers.trajectory import PYTHON_LANG, Step, Trajectory, extract_boxed, format_observation, output_step
+from unifiedplayers.trajectory import Step, Trajectory, extract_boxed, format_observation, output_step
 
 LOCAL_RULES = ("arg_mutation", "step_drop", "step_swap")
 GLOBAL_RULES = ("early_terminate", "tool_substitute")

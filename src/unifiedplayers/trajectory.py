@@ -38,7 +38,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Optional
+from typing import Any, Optional
 
 STEP_TYPES = ("reason", "code", "output")
 PYTHON_LANG = "python"
@@ -110,7 +110,8 @@ class Trajectory:
     final_answer: Optional[str] = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"question": self.question, "steps": [s.to_dict() for s in self.steps], "final_answer": self.final_answer}
+        steps = [s.to_dict() for s in self.steps]
+        return {"question": self.question, "steps": steps, "final_answer": self.final_answer}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Trajectory":

@@ -12,7 +12,14 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from unifiedplayers.trajectory import Trajectory
-from unifiedplayers.verifier import ENTRY_POINT, CheckOutcome, CompiledVerifier, compile_verifier, outcome_of, sandbox_source
+from unifiedplayers.verifier import (
+    ENTRY_POINT,
+    CheckOutcome,
+    CompiledVerifier,
+    compile_verifier,
+    outcome_of,
+    sandbox_source,
+)
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,9 @@ class CompiledVerifier:
     source: Optional[str]
 
 
-_UNTERMINATED = re.compile(r"^[ \t]*```[ \t]*(python|py|python3)?[ \t]*\n(.*)\Z", re.MULTILINE | re.DOTALL | re.IGNORECASE)
+_UNTERMINATED = re.compile(
+    r"^[ \t]*```[ \t]*(python|py|python3)?[ \t]*\n(.*)\Z", re.MULTILINE | re.DOTALL | re.IGNORECASE
+)
 
 
 def extract_python_block(text: str) -> Optional[str]:
