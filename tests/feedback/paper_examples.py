@@ -9,7 +9,7 @@ def _traj(question: str, reasoning: str, code: str, output: str, final: str) -> 
     return Trajectory(question, [reason_step(reasoning), code_step(code), output_step(output)], final)
 
 
-# Appendix I.2, Trajectories 1, 2, 4, 5 (the ones Appendix I.3 writes checks for) and 3.
+# Appendix I.2, Trajectories 1-8 (Appendix I.3 writes checks for 1, 2, 4 and 5).
 TRAJ1 = _traj(
     "How many positive whole-number divisors does 196 have?",
     "196 = 4 x 49 = 2^2 x 7^2. Any divisor has the form 2^a 7^b with 0 <= a <= 2 and 0 <= b <= 2, "
@@ -49,7 +49,32 @@ TRAJ5 = _traj(
     "225",
     "225",
 )
-PAPER_TRAJECTORIES = {1: TRAJ1, 2: TRAJ2, 3: TRAJ3, 4: TRAJ4, 5: TRAJ5}
+TRAJ6 = _traj(
+    "If n = 2 (mod 7), find the remainder when (n + 2)(n + 4)(n + 6) is divided by 7.",
+    "Substitute n = 2 as the representative residue. Then (n+2)(n+4)(n+6) = 4 * 6 * 8 = 192, and "
+    "192 = 7 * 27 + 3, so the remainder is 3.",
+    "print((4 * 6 * 8) % 7)",
+    "3",
+    "3",
+)
+TRAJ7 = _traj(
+    "Find the greatest common divisor of 3339, 2961, and 1491.",
+    "Apply the Euclidean algorithm pairwise. The gcd of three numbers is gcd(gcd(3339, 2961), 1491).",
+    "from math import gcd\nprint(gcd(gcd(3339, 2961), 1491))",
+    "21",
+    "21",
+)
+TRAJ8 = _traj(
+    "You have seven bags of gold coins with the same count per bag. After finding a bag of 53 coins, you "
+    "redistribute all coins evenly into eight bags. You also have more than 200 coins. What is the smallest "
+    "number of coins you could have had before finding the bag?",
+    "Let b be the per-bag count, so total before is 7b and total after is 7b + 53, which must be divisible "
+    "by 8. We need 7b + 53 = 0 (mod 8) and 7b > 200.",
+    "for b in range(1, 1000):\n    if (7 * b + 53) % 8 == 0 and 7 * b > 200:\n        print(7 * b); break",
+    "203",
+    "203",
+)
+PAPER_TRAJECTORIES = {1: TRAJ1, 2: TRAJ2, 3: TRAJ3, 4: TRAJ4, 5: TRAJ5, 6: TRAJ6, 7: TRAJ7, 8: TRAJ8}
 
 # Appendix I.3 listings, with the formal name `check` (the listings call it check_condition; the
 # paper says the formal interface is check(trajectory)).
