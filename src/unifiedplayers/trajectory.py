@@ -178,7 +178,9 @@ def extract_boxed(text: str) -> Optional[str]:
     return spans[-1][2].strip() if spans else None
 
 
-_ANSWER_ONLY = re.compile(r"^\s*(?:\**final answer\**\s*[:.]?\s*)?\$*\s*\\(?:boxed|fbox)\s*\{", re.IGNORECASE)
+_ANSWER_ONLY = re.compile(
+    r"^\s*(?:[*_#]*\s*final answer\s*[*_]*\s*[:.]?\s*[*_]*\s*)?\$*\s*\\(?:boxed|fbox)\s*\{", re.IGNORECASE
+)
 
 
 def _is_answer_only(segment: str) -> bool:

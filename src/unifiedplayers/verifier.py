@@ -74,6 +74,9 @@ def compile_verifier(text: str) -> CompiledVerifier:
         compile(tree, "<verifier>", "exec")
     except (SyntaxError, ValueError, RecursionError, MemoryError) as e:
         return CompiledVerifier(False, f"does not compile: {type(e).__name__}: {e}", source)
+    reserved = sorted(n for n in _RESERVED if n in source)
+    if reserved:
+        return CompiledVerifier(False, f"uses a name reserved for the harness: {reserved[0]}", source)
     check_def: Any = None
     functions: dict[str, Any] = {}
     for node in tree.body:  # the last top-level binding of `check` is the one that counts
@@ -138,6 +141,7 @@ def __unifiedplayers_verdict__(payload, _g=globals(), _type=type, _tuple=tuple, 
 
 # ---- verifier ----
 '''
+_RESERVED = (ENTRY_POINT, "_up_view", "_UpView", "_up_types")  # the prelude's names: a verifier may not rebind them
 
 
 def sandbox_source(source: str) -> str:

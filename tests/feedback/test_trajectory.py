@@ -92,11 +92,14 @@ def test_boxes_in_code_or_output_are_not_answers():
     assert [s.type for s in t.steps] == ["reason", "code", "output", "reason"]
 
 
-def test_answer_only_tail_is_not_a_step():
-    text = "Reason.\n```python\nprint(9)\n```\n```output\n9\n```\nFinal answer: $\\boxed{9}$."
+@pytest.mark.parametrize("tail", ["Final answer: $\\boxed{9}$.", "**Final Answer:** \\boxed{9}", "\\boxed{9}"])
+def test_answer_only_tail_is_not_a_step(tail):
+    text = "Reason.\n```python\nprint(9)\n```\n```output\n9\n```\n" + tail
     t = parse_transcript("q", text)
     assert [s.type for s in t.steps] == ["reason", "code", "output"]
     assert t.final_answer == "9"
+    kept = parse_transcript("q", text.replace(tail, "So it is \\boxed{9}."))
+    assert kept.steps[-1].text == "So it is \\boxed{9}."
 
 
 def test_unlabelled_fences_and_other_languages():

@@ -36,6 +36,8 @@ def test_last_fenced_python_block_is_the_verifier():
         (fenced("def check(t, *, strict):\n    return True"), "one argument"),
         (fenced("x = 1\0"), "does not compile"),
         ("", "no python code block"),
+        (fenced("def check(t):\n    return True\n"
+                "def __unifiedplayers_verdict__(p):\n    return {'accepted': True}"), "reserved"),
     ],
 )
 def test_invalid_verifiers(text, reason):
