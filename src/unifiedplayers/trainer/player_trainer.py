@@ -204,7 +204,7 @@ class PlayerTrainer:
     # ------------------------------------------------------------------ backend hooks (torch)
     def _setup(self, model: nn.Module) -> None:
         self._model = model
-        self._logprob_model = TokenLogprobModel(model, cfg.temperature)
+        self._logprob_model = TokenLogprobModel(model, self.cfg.temperature)
         self.device = next(model.parameters()).device
         self.optimizer: Optional[torch.optim.Optimizer] = None
         self.scheduler = None

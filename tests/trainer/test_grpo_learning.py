@@ -1,0 +1,59 @@
+"""A real learning run: GRPO on the tiny random Llama raises a toy reward (SPEC §6 end to end).
+
+Sampling goes through the project's ``hf`` rollout (behaviour log-probs recorded at sampling time),
+advantages through Eq. 17, the update through the torch trainer. Reward of a completion = share of its
+tokens that are lowercase ASCII letters (26 of the 259 byte-tokenizer ids, so a random policy scores
+about 0.1 and every group has some reward spread to learn from).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from unifiedplayers import grpo
+from unifiedplayers.config import RolloutConfig
+from unifiedplayers.rollout import build_rollout
+from unifiedplayers.trainer import build_trainer, sample_from_completion
+
+from trainer_helpers import tiny_model, trainer_config
+
+pytestmark = [pytest.mark.cpu, pytest.mark.slow]
+
+UPDATES = 30
+PROMPTS = ["Q: say letters\nA:", "Write: "]
+SAMPLES = 8  # group size per prompt
+NEW_TOKENS = 8
+
+
+def test_grpo_raises_mean_reward_on_emit_letters():
+    torch.manual_seed(0)
+    model, tokenizer = tiny_model()
+    letters = set(tokenizer("abcdefghijklmnopqrstuvwxyz", add_special_tokens=False)["input_ids"])
+    assert len(letters) == 26
+    rollout = build_rollout(RolloutConfig(max_new_tokens=NEW_TOKENS, temperature=1.0), model, tokenizer)
+    trainer = build_trainer(
+        trainer_config(lr=3e-3, kl_coef=0.0, micro_batch_size=SAMPLES, clip_eps=0.2), model, role="toy"
+    )
+    trainer.start_outer_iteration()
+    trainer.start_block()
+    prompt_ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
+
+    mean_rewards = []
+    for step in range(UPDATES):
+        outs = rollout.generate(prompt_ids, n=SAMPLES, ignore_eos=True, seed=1000 + step)
+        completions = [c for group in outs for c in group]
+        rewards = torch.tensor([sum(t in letters for t in c.token_ids) / len(c.token_ids) for c in completions])
+        groups = torch.arange(len(completions)) // SAMPLES
+        adv = grpo.group_advantages(rewards, groups)
+        batch = [sample_from_completion(c, float(a), int(g)) for c, a, g in zip(completions, adv, groups)]
+        metrics = trainer.update(batch)
+        rollout.update_weights(trainer.model)
+        mean_rewards.append(float(rewards.mean()))
+        # One update per batch: the behaviour policy is the policy itself, so ϱ = 1 up to float noise.
+        assert metrics["actor/ratio_max"] == pytest.approx(1.0, abs=1e-3)
+
+    start = sum(mean_rewards[:5]) / 5
+    end = sum(mean_rewards[-5:]) / 5
+    assert start < 0.2, mean_rewards
+    assert end > start + 0.3, mean_rewards
+    assert trainer.block_diagnostics()["grad_norm/median"] > 0
