@@ -9,8 +9,10 @@ vLLM is imported here only, when the backend is built, so the main environment n
 - Stop strings: ``include_stop_str_in_output=True``; vLLM cuts the text right after the stop string
   and keeps the token that completed it, as the ``hf`` backend does.
 - Weights: :meth:`VLLMRollout.update_weights` streams the trainer's ``state_dict`` (HF parameter names)
-  into the engine's model through ``LLM.apply_model(lambda m: m.load_weights(...))`` and drops the prefix
-  cache, whose KV entries were computed with the old weights.
+  into the engine's model through the workers' in-place ``reload_weights`` (older vLLM:
+  ``LLM.apply_model(lambda m: m.load_weights(...))``) and drops the prefix cache, whose KV entries
+  were computed with the old weights. With ``rollout.inprocess`` (default) the engine lives in this
+  process and the tensors are handed over without serialisation.
 """
 from __future__ import annotations
 
@@ -106,11 +108,12 @@ class VLLMRollout(RolloutEngine):
         if isinstance(model, torch.nn.Module):
             self.model = model
 
-        def load(engine_model: torch.nn.Module) -> int:
-            loaded = engine_model.load_weights(iter(weights))
-            return len(loaded) if loaded is not None else -1
-
-        self.llm.apply_model(load)
+        try:
+            # vLLM >= 0.1x: in-place reload that re-applies the post-load processing (fused qkv etc.).
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
+        except (AttributeError, NotImplementedError):
+            # Older engines: the model's own loader still has its weight_loader hooks.
+            self.llm.apply_model(lambda engine_model: engine_model.load_weights(iter(weights)))
         self.llm.reset_prefix_cache()
 
     def _generate_ids(self, prompt_ids, n, max_new_tokens, temperature, top_p, stop, greedy, seed, ignore_eos):
