@@ -35,6 +35,7 @@ import sys
 import sysconfig
 import time
 import traceback
+import zlib
 
 # Modules model-written code commonly imports, loaded once here so each fork gets them for free.
 PRELOAD = (
@@ -165,7 +166,8 @@ def stdlib_mirror(cache_root):
     """
     src = sysconfig.get_paths()["stdlib"]
     dynload = os.path.join(src, "lib-dynload")
-    tag = "stdlib-%s-%x" % (sys.version.split()[0], abs(hash(src)) & 0xFFFFFFFF)
+    # A stable name (str hashes are salted per process): one mirror per interpreter, reused.
+    tag = "stdlib-%s-%08x" % (sys.version.split()[0], zlib.crc32(("%s|%s" % (src, sys.version)).encode()))
     dst = os.path.join(cache_root, tag)
     if os.path.isdir(dst):
         return dst
