@@ -1,0 +1,123 @@
+"""Training curves per outer iteration (Figure 1a): mean U(q), Execution accuracy and the Evaluation
+adversarial-rejection rate.
+
+From ``metrics.jsonl`` (keys in ``eval.analysis.rundir.KEYS``), per outer iteration:
+- mean U(q): mean of the Planning block's ``planning/U`` values;
+- Execution accuracy: the last ``execution/accuracy`` value of the iteration (the fixed diagnostic
+  pool, measured every 50 updates; the last one is the checkpoint that ends the Execution block);
+- adversarial rejection: mean of ``evaluation/rho_adv``.
+Where the metrics lack U or the rejection rate, they are computed from the records of that
+iteration instead: U(q) from the trajectories' final answers (``unifiedplayers.rewards.uncertainty``),
+the rejection rate as the mean ρ_adv of the valid verifiers (Eq. 11, applied perturbations only).
+Writes ``analysis/curves.png`` (three panels, paper endpoints as reference marks) and ``curves.json``.
+"""
+from __future__ import annotations
+
+import argparse
+from collections import defaultdict
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from eval.analysis.rundir import RunData, key, load_run, write_outputs
+from eval.paper_numbers import FIGURE1_ENDPOINTS
+
+PANELS = [("mean_U", "mean U(q)"), ("execution_accuracy", "Execution accuracy"),
+          ("adversarial_rejection", "Evaluation adversarial rejection")]
+
+
+def _by_iteration(run: RunData, metric_key: str, reduce: str) -> dict[int, float]:
+    groups: dict[int, list[float]] = defaultdict(list)
+    for row, v in run.series(metric_key):
+        it = row.get(key("iteration"))
+        if it is not None:
+            groups[int(it)].append(v)
+    if reduce == "last":
+        return {it: vals[-1] for it, vals in groups.items()}
+    return {it: float(np.mean(vals)) for it, vals in groups.items()}
+
+
+def _from_records(run: RunData, what: str) -> dict[int, float]:
+    from unifiedplayers.rewards import adversarial_rejection_rate, uncertainty
+
+    groups: dict[int, list[float]] = defaultdict(list)
+    for rec in run.records:
+        if rec.iteration is None:
+            continue
+        if what == "mean_U":
+            groups[int(rec.iteration)].append(uncertainty([t.final_answer for t in rec.trajectories]))
+        elif what == "adversarial_rejection" and np.asarray(rec.z_adv).shape[0] > 0:
+            groups[int(rec.iteration)].extend(adversarial_rejection_rate(rec.z_adv, rec.adv_mask).tolist())
+    return {it: float(np.mean(v)) for it, v in groups.items() if v}
+
+
+def curves(run: RunData) -> dict[str, Any]:
+    out: dict[str, Any] = {"source": {}}
+    for name, _ in PANELS:
+        values = _by_iteration(run, key(name), "last" if name == "execution_accuracy" else "mean")
+        source = "metrics"
+        if not values and name != "execution_accuracy":
+            values, source = _from_records(run, name), "records"
+        out[name] = {str(k): v for k, v in sorted(values.items())}
+        out["source"][name] = source if values else "missing"
+    out["paper_endpoints"] = {k: list(v) for k, v in FIGURE1_ENDPOINTS.items()}
+    return out
+
+
+def plot(result: dict[str, Any], path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(11, 3.2))
+    for ax, (name, title) in zip(axes, PANELS):
+        series = result[name]
+        if series:
+            xs = [int(k) for k in series]
+            ax.plot(xs, list(series.values()), marker="o", label="this run")
+            ax.set_xticks(xs)
+        else:
+            ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes)
+        first, last = result["paper_endpoints"][name]
+        ax.axhline(first, color="gray", ls=":", lw=1, label="paper iter 1")
+        ax.axhline(last, color="gray", ls="--", lw=1, label="paper iter 3")
+        ax.set_title(title)
+        ax.set_xlabel("outer iteration")
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def to_markdown(result: dict[str, Any]) -> str:
+    its = sorted({int(k) for name, _ in PANELS for k in result[name]})
+    lines = ["**Training curves per outer iteration** (Figure 1a)", "",
+             "| quantity | " + " | ".join(f"iter {i}" for i in its) + " | source |", "|" + "---|" * (len(its) + 2)]
+    for name, title in PANELS:
+        cells = [f"{result[name][str(i)]:.3f}" if str(i) in result[name] else "–" for i in its]
+        lines.append(f"| {title} | " + " | ".join(cells) + f" | {result['source'][name]} |")
+    return "\n".join(lines) + "\n"
+
+
+def analyse(run: RunData) -> dict[str, Any]:
+    return curves(run)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description="Figure 1 curves per outer iteration")
+    ap.add_argument("run_dir")
+    args = ap.parse_args(argv)
+    run = load_run(args.run_dir)
+    if not run.metrics and not run.records:
+        raise SystemExit(f"{run.path}: neither metrics.jsonl nor records.jsonl to plot")
+    result = analyse(run)
+    md = to_markdown(result)
+    out = write_outputs(run, "curves", result, md)
+    plot(result, out / "curves.png")
+    print(md + f"\nwritten to {out} (curves.png)")
+    return result
+
+
+if __name__ == "__main__":
+    main()

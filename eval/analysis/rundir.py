@@ -1,0 +1,123 @@
+"""The one loader of a training run directory, and the metric keys the analyses read.
+
+A run directory (written by ``python -m unifiedplayers.train``) holds:
+
+- ``records.jsonl``: one interaction record ξ(q) per task (``unifiedplayers.records``);
+- ``metrics.jsonl``: one JSON object per update with ``iteration`` (outer iteration), ``block``
+  (planning | execution | evaluation), ``step`` and per-player namespaced metrics (``KEYS`` below);
+- ``config.yaml`` (or Hydra's ``.hydra/config.yaml``) and ``summary.json`` (optional).
+
+If the trainer names a key differently, change it in ``KEYS`` here and nothing else.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+KEYS = {
+    "iteration": "iteration",
+    "block": "block",
+    "step": "step",
+    "mean_U": "planning/U",
+    "execution_accuracy": "execution/accuracy",  # the fixed 128 math + 128 general pool, every 50 updates
+    "adversarial_rejection": "evaluation/rho_adv",
+    # Table 4 / 7 / 8 quantities, as "{player}/<name>"
+    "grad_norm": "{player}/grad_norm",  # global norm before clipping
+    "kl": "{player}/kl",
+    "clip_frac": "{player}/clip_frac",
+    "entropy": "{player}/entropy",  # on the fixed bank of held-out role contexts
+    "entropy_ratio": "{player}/entropy_ratio",  # final / initial, when the trainer logs it directly
+    "accuracy": "{player}/accuracy",
+    # compute
+    "timing_total": ("timing/step_s", "timing/update_s", "timing/total_s"),  # wall seconds of one update
+    "timing_prefix": "timing/",
+    "devices": "timing/devices",  # accelerators used by the update (0 on CPU)
+}
+RECORDS_FILE = "records.jsonl"
+METRICS_FILE = "metrics.jsonl"
+CONFIG_FILES = ("config.yaml", ".hydra/config.yaml")
+SUMMARY_FILE = "summary.json"
+
+
+@dataclass
+class RunData:
+    path: Path
+    records: list[Any]  # unifiedplayers.records.InteractionRecord
+    metrics: list[dict[str, Any]]
+    config: dict[str, Any] = field(default_factory=dict)
+    summary: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        exp = self.config.get("experiment") if isinstance(self.config, dict) else None
+        return str(exp) if exp else self.path.name
+
+    def series(self, key: str) -> list[tuple[dict[str, Any], float]]:
+        """(row, value) of every metrics row that has a finite ``key``, in file order."""
+        out = []
+        for row in self.metrics:
+            v = row.get(key)
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+                out.append((row, float(v)))
+        return out
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    rows = []
+    if not path.exists():
+        return rows
+    lines = path.read_text(encoding="utf-8").splitlines()
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i == len(lines) - 1:  # a torn last line of a killed run
+                continue
+            raise ValueError(f"{path}:{i + 1}: not JSON")
+    return rows
+
+
+def load_run(run_dir: str | Path, need_records: bool = False, need_metrics: bool = False) -> RunData:
+    """Everything the analyses read from ``run_dir``; raises ``FileNotFoundError`` naming what is missing."""
+    path = Path(run_dir)
+    if not path.is_dir():
+        raise FileNotFoundError(f"run directory {path} does not exist")
+    records: list[Any] = []
+    rec_path = path / RECORDS_FILE
+    if rec_path.exists():
+        from unifiedplayers.records import load_records
+
+        records = load_records(rec_path)
+    elif need_records:
+        raise FileNotFoundError(f"{rec_path} not found: this analysis reads the interaction records ξ(q)")
+    metrics = _read_jsonl(path / METRICS_FILE)
+    if need_metrics and not metrics:
+        raise FileNotFoundError(f"{path / METRICS_FILE} not found or empty: this analysis reads per-update metrics")
+    config: dict[str, Any] = {}
+    for name in CONFIG_FILES:
+        if (path / name).exists():
+            import yaml
+
+            config = yaml.safe_load((path / name).read_text()) or {}
+            break
+    summary = json.loads((path / SUMMARY_FILE).read_text()) if (path / SUMMARY_FILE).exists() else {}
+    return RunData(path=path, records=records, metrics=metrics, config=config, summary=summary)
+
+
+def key(name: str, player: Optional[str] = None) -> Any:
+    k = KEYS[name]
+    return k.format(player=player) if isinstance(k, str) and player else k
+
+
+def write_outputs(run: RunData, name: str, data: dict[str, Any], markdown: str, out_dir: Optional[Path] = None) -> Path:
+    """Write ``analysis/<name>.json`` and ``analysis/<name>.md`` under the run (or ``out_dir``)."""
+    out = out_dir or (run.path / "analysis")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(data, indent=2, default=float))
+    (out / f"{name}.md").write_text(markdown)
+    return out

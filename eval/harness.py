@@ -1,0 +1,181 @@
+"""Generation and grading of one benchmark in one mode, under the one protocol of SPEC §9.
+
+``evaluate_benchmark(...)`` loads the problems, renders the prompts, generates (``vanilla``: one
+engine call per batch; ``tool``: the Execution player's tool loop with the sandbox), extracts and
+grades every completion, writes one JSON line per (problem, sample) and returns the score.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from eval.benchmarks import REGISTRY, Benchmark, Problem, load_benchmark
+from eval.extract import extract_option_letter, humaneval_program, last_boxed
+from eval.grading import grade
+from eval.humaneval import run_unit_tests
+from eval.metrics import score
+from eval.prompts import build_prompt
+
+MODES = ("vanilla", "tool")
+
+
+@dataclass
+class Generation:
+    """One completion of one problem: the text to grade and, in tool mode, how the loop ended."""
+
+    text: str
+    status: Optional[str] = None
+    num_tool_calls: int = 0
+    finish_reason: Optional[str] = None
+
+
+@dataclass
+class BenchmarkResult:
+    name: str
+    mode: str
+    metric: str
+    score: float  # points
+    num_problems: int
+    samples: int
+    seconds: float
+    answered_share: float  # share of completions with an extractable answer
+    tool_calls_mean: float = 0.0
+    statuses: dict[str, int] = field(default_factory=dict)
+
+
+def extract_answer(bench: Benchmark, problem: Problem, text: str) -> Optional[str]:
+    """The answer of a completion, per answer type (the program for HumanEval)."""
+    if bench.answer_type == "math":
+        return last_boxed(text)
+    if bench.answer_type == "option":
+        return extract_option_letter(text, len(problem.options or []))
+    if bench.answer_type == "string":
+        boxed = last_boxed(text)
+        if boxed is not None:
+            return boxed
+        lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+        return lines[-1] if lines else None
+    if bench.answer_type == "program":
+        return humaneval_program(problem.meta["prompt"], text, problem.meta["entry_point"])
+    raise ValueError(f"unknown answer type {bench.answer_type!r}")
+
+
+def samples_for(bench: Benchmark, entry: Any, eval_cfg: Any) -> int:
+    if bench.metric != "mean@k":
+        return 1
+    if eval_cfg.samples_override:
+        return int(eval_cfg.samples_override)
+    return int(entry.samples or bench.default_samples)
+
+
+def generate_vanilla(engine: Any, prompts: list[str], k: int, max_new_tokens: int, eval_cfg: Any) -> list[list[Generation]]:
+    """k completions per prompt: greedy when k == 1, sampled otherwise; in batches of ``batch_size``."""
+    per_call = max(1, eval_cfg.batch_size // k)
+    out: list[list[Generation]] = []
+    for start in range(0, len(prompts), per_call):
+        chunk = prompts[start:start + per_call]
+        greedy = k == 1
+        completions = engine.generate(
+            chunk, n=k, max_new_tokens=max_new_tokens,
+            temperature=None if greedy else eval_cfg.sample_temperature,
+            top_p=None if greedy else eval_cfg.sample_top_p,
+            greedy=greedy, seed=eval_cfg.seed + start,
+        )
+        out.extend([[Generation(c.text, finish_reason=c.finish_reason) for c in row] for row in completions])
+    return out
+
+
+def generate_tool(engine: Any, sandbox: Any, prompts: list[str], questions: list[str], k: int,
+                  max_new_tokens: int, eval_cfg: Any) -> list[list[Generation]]:
+    """k tool-loop samples per prompt (``unifiedplayers.players.tool_loop``), batched like vanilla."""
+    from unifiedplayers.players.tool_loop import ToolLoopConfig, run_tool_loop
+
+    greedy = k == 1
+    cfg = ToolLoopConfig(
+        max_turns=eval_cfg.tool.max_turns, max_new_tokens=max_new_tokens,
+        observation_max_chars=eval_cfg.tool.observation_max_chars, timeout_s=eval_cfg.tool.timeout_s,
+        greedy=greedy, temperature=1.0 if greedy else eval_cfg.sample_temperature,
+        top_p=1.0 if greedy else eval_cfg.sample_top_p,
+    )
+    per_call = max(1, eval_cfg.batch_size // k)
+    out: list[list[Generation]] = []
+    for start in range(0, len(prompts), per_call):
+        rollouts = run_tool_loop(engine, sandbox, prompts[start:start + per_call], questions[start:start + per_call],
+                                 cfg, n=k, seed=eval_cfg.seed + start)
+        out.extend([[Generation(r.text, status=r.status, num_tool_calls=r.num_tool_calls) for r in row]
+                    for row in rollouts])
+    return out
+
+
+def grade_generations(bench: Benchmark, problems: list[Problem], gens: list[list[Generation]], sandbox: Any,
+                      unit_test_timeout_s: float) -> tuple[list[list[Optional[str]]], list[list[bool]], list[list[str]]]:
+    """Extracted answers, verdicts and (HumanEval) test details, aligned to ``gens``."""
+    extracted = [[extract_answer(bench, p, g.text) for g in row] for p, row in zip(problems, gens)]
+    details = [["" for _ in row] for row in gens]
+    if bench.answer_type == "program":
+        flat = [(i, j) for i, row in enumerate(gens) for j in range(len(row))]
+        outcomes = run_unit_tests(sandbox, [problems[i] for i, _ in flat], [extracted[i][j] for i, j in flat],
+                                  timeout_s=unit_test_timeout_s)
+        verdicts = [[False] * len(row) for row in gens]
+        for (i, j), o in zip(flat, outcomes):
+            verdicts[i][j] = o.passed
+            details[i][j] = o.detail
+        return extracted, verdicts, details
+    verdicts = [[grade(bench.answer_type, a, p.reference) for a in row] for p, row in zip(problems, extracted)]
+    return extracted, verdicts, details
+
+
+def evaluate_benchmark(name: str, entry: Any, mode: str, engine: Any, sandbox: Any, eval_cfg: Any,
+                       out_dir: Path, log=print) -> BenchmarkResult:
+    """Evaluate benchmark ``name`` in ``mode``; write ``out_dir/<name>.<mode>.jsonl``. Raises
+    ``MissingDataset`` when its file is absent (the caller skips it)."""
+    if mode not in MODES:
+        raise ValueError(f"mode {mode!r} is not one of {MODES}")
+    bench = REGISTRY[name]
+    limit = eval_cfg.limit if eval_cfg.limit is not None else entry.limit
+    problems = load_benchmark(name, entry.path, dict(entry.fields), limit=limit, split=entry.split)
+    k = samples_for(bench, entry, eval_cfg)
+    max_new = int(entry.max_new_tokens or eval_cfg.max_new_tokens)
+    t0 = time.time()
+    prompts = [build_prompt(bench, p, mode, eval_cfg.prompts, engine.tokenizer, eval_cfg.chat_template) for p in problems]
+    log(f"[eval] {name} ({mode}): {len(problems)} problems x {k} sample(s), max_new_tokens={max_new}")
+    if mode == "vanilla":
+        gens = generate_vanilla(engine, prompts, k, max_new, eval_cfg)
+    else:
+        gens = generate_tool(engine, sandbox, prompts, [p.question for p in problems], k, max_new, eval_cfg)
+    extracted, verdicts, details = grade_generations(bench, problems, gens, sandbox, eval_cfg.unit_test_timeout_s)
+    seconds = time.time() - t0
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with open(out_dir / f"{name}.{mode}.jsonl", "w", encoding="utf-8") as f:
+        for p, prompt, row_g, row_a, row_v, row_d in zip(problems, prompts, gens, extracted, verdicts, details):
+            for j, (g, a, v, d) in enumerate(zip(row_g, row_a, row_v, row_d)):
+                line = {"benchmark": name, "mode": mode, "id": p.id, "sample": j, "prompt": prompt,
+                        "completion": g.text, "extracted": a, "reference": p.reference, "verdict": bool(v)}
+                if p.options:
+                    line["options"] = p.options
+                if g.status is not None:
+                    line["status"], line["num_tool_calls"] = g.status, g.num_tool_calls
+                if g.finish_reason is not None:
+                    line["finish_reason"] = g.finish_reason
+                if d:
+                    line["test_detail"] = d
+                f.write(json.dumps(line, ensure_ascii=False) + "\n")
+
+    flat_gens = [g for row in gens for g in row]
+    statuses: dict[str, int] = {}
+    for g in flat_gens:
+        if g.status is not None:
+            statuses[g.status] = statuses.get(g.status, 0) + 1
+    answered = sum(a is not None for row in extracted for a in row) / max(1, len(flat_gens))
+    result = BenchmarkResult(
+        name=name, mode=mode, metric=bench.metric, score=score(bench.metric, verdicts) if problems else float("nan"),
+        num_problems=len(problems), samples=k, seconds=seconds, answered_share=answered,
+        tool_calls_mean=sum(g.num_tool_calls for g in flat_gens) / max(1, len(flat_gens)), statuses=statuses,
+    )
+    log(f"[eval] {name} ({mode}): {bench.metric} = {result.score:.1f} over {len(problems)} problems "
+        f"in {seconds:.0f}s (answer extracted in {100 * answered:.0f}%)")
+    return result

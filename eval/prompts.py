@@ -1,0 +1,69 @@
+"""Prompts of the evaluation protocol, one per answer type, for the ``vanilla`` and ``tool`` modes.
+
+The templates live in ``conf/eval/*.yaml`` (``prompts.*``) so that every method is evaluated with the
+same text; this module only fills them in and applies the tokenizer's chat template.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from eval.benchmarks import Benchmark, Problem
+from eval.extract import option_letters
+
+
+def fill(template: str, **values: str) -> str:
+    """Replace ``{name}`` placeholders only, so that literal braces (``\\boxed{}``) need no escaping."""
+    for key, value in values.items():
+        template = template.replace("{" + key + "}", value)
+    return template
+
+
+def format_options(options: list[str]) -> str:
+    return "\n".join(f"{letter}. {text}" for letter, text in zip(option_letters(len(options)), options))
+
+
+def user_message(bench: Benchmark, problem: Problem, templates: Any) -> str:
+    """The user turn for ``problem``: the template of its answer type, filled in."""
+    if bench.answer_type == "program":
+        return fill(templates.program, prompt=problem.meta["prompt"])
+    if bench.answer_type == "option":
+        return fill(
+            templates.option,
+            question=problem.question,
+            options=format_options(problem.options or []),
+            letters=", ".join(option_letters(len(problem.options or []))),
+        )
+    template = templates.math if bench.answer_type == "math" else templates.string
+    return fill(template, question=problem.question)
+
+
+def use_chat_template(tokenizer: Any, setting: str) -> bool:
+    if setting == "auto":
+        return bool(getattr(tokenizer, "chat_template", None))
+    if setting in ("true", "True", True):
+        return True
+    if setting in ("false", "False", False):
+        return False
+    raise ValueError(f"eval.chat_template={setting!r}: use auto, true or false")
+
+
+def render_prompt(tokenizer: Any, user: str, system: Optional[str], chat: bool) -> str:
+    """The prompt string given to the engine (chat-rendered when ``chat``)."""
+    if chat:
+        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return f"{system}\n\n{user}\n" if system else f"{user}\n"
+
+
+def build_prompt(bench: Benchmark, problem: Problem, mode: str, templates: Any, tokenizer: Any,
+                 chat_setting: str = "auto") -> str:
+    """Prompt of ``problem`` in ``mode`` (``vanilla``: no system text; ``tool``: the tool instructions).
+
+    Without a chat template, a vanilla HumanEval prompt is the function stub itself (the original
+    completion protocol).
+    """
+    chat = use_chat_template(tokenizer, chat_setting)
+    if bench.answer_type == "program" and not chat and mode == "vanilla":
+        return problem.meta["prompt"]
+    system = templates.tool_system if mode == "tool" else (templates.system or None)
+    return render_prompt(tokenizer, user_message(bench, problem, templates), system, chat)

@@ -1,0 +1,143 @@
+"""Evaluate a backbone or a checkpoint on the benchmarks of one ``conf/eval/`` preset.
+
+    python -m eval.run eval=paper ckpt=runs/X/checkpoints/execution eval.run=[math500,gsm8k]
+    python -m eval.run eval=smoke                          # offline subsets, embedded default model
+
+Writes into ``out_dir`` (default: Hydra's run directory): ``<bench>.<mode>.jsonl`` (one line per
+problem and sample: prompt, completion, extracted answer, reference, verdict), ``results.json``,
+``scores.md`` and ``scores.tex`` (Tables 1 and 2 layout, paper rows beside ours). A benchmark whose
+file is missing is skipped with a message naming the path and the prepare command; the others run.
+Scores go to W&B when ``logger.backend=wandb`` (``WANDB_MODE`` offline by default).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Optional
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+_ROOT = str(Path(__file__).resolve().parents[1])
+if _ROOT not in sys.path:  # `python eval/run.py` as well as `python -m eval.run`
+    sys.path.insert(0, _ROOT)
+
+from eval.benchmarks import REGISTRY, MissingDataset  # noqa: E402
+from eval.config import register_eval_configs  # noqa: E402
+from eval.harness import evaluate_benchmark  # noqa: E402
+from eval.tables import ScoreRow, default_ticks, rows_from_results, write_tables  # noqa: E402
+
+register_eval_configs()
+
+
+def method_label(cfg: Any, mode: str) -> str:
+    if cfg.eval.method:
+        return cfg.eval.method
+    if cfg.ckpt:
+        return "UnifiedPlayers"
+    return "Tool-augmented" if mode == "tool" else "Vanilla"
+
+
+def selected_benchmarks(cfg: Any) -> list[str]:
+    names = list(cfg.eval.run) if cfg.eval.run else list(cfg.eval.benchmarks.keys())
+    unknown = [n for n in names if n not in REGISTRY]
+    if unknown:
+        raise SystemExit(f"[eval] unknown benchmark(s) {unknown}; known: {sorted(REGISTRY)}")
+    unconfigured = [n for n in names if n not in cfg.eval.benchmarks]
+    if unconfigured:
+        raise SystemExit(f"[eval] benchmark(s) {unconfigured} have no entry (path) in eval={cfg.eval.name}")
+    return names
+
+
+class _WandbSink:
+    def __init__(self, cfg: Any, out_dir: Path) -> None:
+        self.run = None
+        if cfg.logger.backend != "wandb" or cfg.logger.mode == "disabled":
+            return
+        import wandb
+
+        os.environ.setdefault("WANDB_MODE", cfg.logger.mode)
+        self.run = wandb.init(
+            project=cfg.logger.project, entity=cfg.logger.entity, group=cfg.logger.group,
+            tags=list(cfg.logger.tags) + ["eval"], dir=str(out_dir), job_type="eval",
+            config=OmegaConf.to_container(cfg, resolve=True), mode=os.environ.get("WANDB_MODE", cfg.logger.mode),
+        )
+
+    def log(self, data: dict) -> None:
+        if self.run is not None:
+            self.run.log(data)
+
+    def finish(self, tables: dict[str, Path]) -> None:
+        if self.run is None:
+            return
+        import wandb
+
+        for name, path in tables.items():
+            art = wandb.Artifact(f"scores-{name}", type="eval-table")
+            art.add_file(str(path))
+            self.run.log_artifact(art)
+        self.run.finish()
+
+
+def evaluate(cfg: Any, out_dir: Path, engine: Optional[Any] = None, log=print) -> dict:
+    """Run every selected benchmark in every mode; return (and write) ``results.json``."""
+    from unifiedplayers.sandbox import Sandbox
+
+    names = selected_benchmarks(cfg)
+    if engine is None:
+        engine = build_engine(cfg)
+    sink = _WandbSink(cfg, out_dir)
+    results: dict[str, Any] = {
+        "model": cfg.model.name, "ckpt": cfg.ckpt, "backbone": cfg.eval.backbone or cfg.model.name,
+        "eval": cfg.eval.name, "modes": {}, "skipped": {}, "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+    with Sandbox(cfg.sandbox) as sandbox:
+        for mode in cfg.eval.modes:
+            label = method_label(cfg, mode)
+            mode_info = {"label": label, "ticks": list(default_ticks(label, mode)), "benchmarks": {}}
+            results["modes"][mode] = mode_info
+            for name in names:
+                try:
+                    res = evaluate_benchmark(name, cfg.eval.benchmarks[name], mode, engine, sandbox, cfg.eval,
+                                             out_dir, log=log)
+                except MissingDataset as err:
+                    log(str(err))
+                    results["skipped"][name] = str(err)
+                    continue
+                mode_info["benchmarks"][name] = asdict(res)
+                sink.log({f"eval/{mode}/{name}": res.score})
+    rows: list[ScoreRow] = rows_from_results(results)
+    tables = write_tables(rows, results["backbone"], out_dir)
+    (out_dir / "results.json").write_text(json.dumps(results, indent=2))
+    sink.finish(tables)
+    log(tables["markdown"].read_text())
+    if results["skipped"]:
+        log(f"[eval] skipped (missing data): {', '.join(results['skipped'])}")
+    return results
+
+
+def build_engine(cfg: Any) -> Any:
+    from unifiedplayers.models import load_model
+    from unifiedplayers.rollout import build_rollout
+
+    model_cfg = cfg.model
+    if cfg.ckpt:
+        model_cfg = OmegaConf.merge(cfg.model, {"source": "pretrained", "path": str(cfg.ckpt), "tokenizer": None})
+    model, tokenizer = load_model(model_cfg)
+    return build_rollout(cfg.rollout, model, tokenizer)
+
+
+@hydra.main(version_base=None, config_path="../conf", config_name="evaluate")
+def main(cfg: DictConfig) -> None:
+    out_dir = Path(cfg.out_dir) if cfg.out_dir else Path(hydra.core.hydra_config.HydraConfig.get().runtime.output_dir)
+    t0 = time.time()
+    evaluate(cfg, out_dir)
+    print(f"[eval] wrote {out_dir} in {time.time() - t0:.0f}s")
+
+
+if __name__ == "__main__":
+    main()
