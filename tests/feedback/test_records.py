@@ -89,6 +89,17 @@ def test_torn_last_line_is_skipped_with_a_warning_and_cut_before_appending(tmp_p
         assert [r.task_id for r in load_records(path)] == ["t0", "t1", "t2", "t3"]
 
 
+def test_a_whole_last_record_missing_only_its_newline_is_kept(tmp_path):
+    path = tmp_path / "records.jsonl"
+    append_record(path, make_record("t0"))
+    path.write_bytes(path.read_bytes().rstrip(b"\n"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert [r.task_id for r in load_records(path)] == ["t0"]
+        append_record(path, make_record("t1"))  # the newline is restored, nothing is dropped
+        assert [r.task_id for r in load_records(path)] == ["t0", "t1"]
+
+
 def test_corruption_in_the_middle_raises(tmp_path):
     path = tmp_path / "records.jsonl"
     append_record(path, make_record("t0"))
