@@ -168,9 +168,19 @@ class RewardConfig:
 
 @dataclass
 class PlayerPrompts:
+    """The prompt of one player (``conf/player/``), rendered with the tokenizer's chat template.
+
+    Messages: ``system`` (if any), then each ``few_shot`` pair as a user turn and an assistant turn,
+    then ``template`` with its ``{placeholders}`` filled in as the user turn. ``response_prefix`` is
+    appended after the generation prompt: the start of the reply is given, not sampled (a format nudge;
+    it is part of the context, never of the loss). ``stop``: strings that end a generation early.
+    """
+
     system: str = ""
     template: str = MISSING
-    few_shot: list[dict[str, str]] = field(default_factory=list)
+    few_shot: list[dict[str, str]] = field(default_factory=list)  # [{user: ..., assistant: ...}, ...]
+    response_prefix: str = ""  # Planning and Evaluation only (the Execution tool loop parses its own text)
+    stop: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -180,15 +190,30 @@ class PlayerConfig:
     planning: PlayerPrompts = field(default_factory=lambda: PlayerPrompts(template=""))
     execution: PlayerPrompts = field(default_factory=lambda: PlayerPrompts(template=""))
     evaluation: PlayerPrompts = field(default_factory=lambda: PlayerPrompts(template=""))
-    topics: list[str] = field(default_factory=list)
-    tasks_per_update: int = 4  # G_T: tasks sampled per Planning group
+    topics: list[str] = field(default_factory=list)  # rotating topic categories of the questioner prompt
+    # Planning block: prompts_per_update questioner prompts, tasks_per_prompt (G_T) tasks sampled from each;
+    # one GRPO group per prompt.
+    prompts_per_update: int = 2
+    tasks_per_prompt: int = 4  # G_T
+    # Execution and Evaluation blocks: the frozen Planning player is sampled until tasks_per_update
+    # well-formed tasks exist (at most task_attempts rounds of prompts_per_update × tasks_per_prompt).
+    tasks_per_update: int = 2
+    task_attempts: int = 2
     num_trajectories: int = 8  # K
     num_verifiers: int = 4  # M
-    max_turns: int = 4
+    max_turns: int = 4  # Execution generations per trajectory (tool calls + the answer)
     observation_max_chars: int = 1024
     planning_max_new_tokens: int = 256
     execution_max_new_tokens: int = 256
     evaluation_max_new_tokens: int = 384
+    # A well-formed task: a \boxed{} answer of at most answer_max_chars, a question (the text before the
+    # answer, answer removed) of task_min_chars..task_max_chars that does not contain a \boxed{}.
+    task_min_chars: int = 20
+    task_max_chars: int = 1200
+    answer_max_chars: int = 64
+    # Held-out questions for the Execution and Evaluation entropy banks (SPEC §8); Planning's bank is its
+    # questioner prompt over the topics.
+    bank_questions: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -199,17 +224,27 @@ class ScheduleConfig:
     planning_updates: int = 200
     execution_updates: int = 300
     evaluation_updates: int = 200
+    # fresh: each block samples from the latest weights of the players before it; stale: a co-player's
+    # updates are held back until the next outer iteration (all sample from the iteration-start weights).
     feedback: str = "fresh"  # fresh | stale
-    train_planning: bool = True
+    train_planning: bool = True  # Table 3 factorial switches; a frozen player keeps its initial weights
     train_evaluation: bool = True
+    # For orientation (SPEC §7: ~1,000 fresh questions per iteration); the run logs how many it drew.
+    # tasks_per_update × (execution_updates + evaluation_updates) is what the loop samples.
     questions_per_iteration: int = 1000
-    diagnostics_every: int = 50
-    checkpoint_every_block: bool = True
+    # Groups whose rewards are all equal have zero advantage and give no policy gradient (only KL);
+    # true skips them in the update (saves a forward/backward on CPU). The paper keeps them: false.
+    drop_zero_advantage_groups: bool = False
+    checkpoint_every_block: bool = True  # named checkpoint of the active player at each block end
+    # Stop this process after this many updates in total (the run stays resumable); None: run to the end.
+    max_updates: Optional[int] = None
+    # Print the readable summary (reward trajectories, a sample task/trajectory/verifier, a verdict matrix).
+    print_summary: bool = True
 
 
 @dataclass
 class LoggerConfig:
-    """Metrics sinks (``unifiedplayers.logging``)."""
+    """Metrics sinks (``unifiedplayers.logging``): metrics.jsonl always; W&B when backend = wandb."""
 
     backend: str = "wandb"  # wandb | none
     mode: str = "offline"  # offline | online | disabled
@@ -217,18 +252,23 @@ class LoggerConfig:
     entity: Optional[str] = None
     group: Optional[str] = None
     tags: list[str] = field(default_factory=list)
-    progress: bool = True
+    progress: bool = True  # progress bars for blocks, updates and sandbox work
 
 
 @dataclass
 class MethodConfig:
-    """Which players exist and which reward source feeds each (``unifiedplayers.methods``); SPEC §11."""
+    """Which players exist and which reward source feeds each (``unifiedplayers.methods``); SPEC §11.
+
+    The reward sources are looked up by name in ``unifiedplayers.methods`` (``REWARD_SOURCES``), so a
+    baseline is a composition of names here, not a copy of the loop.
+    """
 
     name: str = "unifiedplayers"
     trainable: bool = True
     roles: list[str] = field(default_factory=lambda: ["planning", "execution", "evaluation"])
-    execution_reward: str = "verdict"  # verdict | majority_vote | teacher
-    planning_reward: str = "unifiedplayers"  # unifiedplayers | agent0 | r_zero | none
+    execution_reward: str = "verdict"  # verdict (Eq. 4) | majority_vote (pseudo-label agreement)
+    planning_reward: str = "unifiedplayers"  # unifiedplayers (Eq. 2) | uncertainty_repetition (R-Zero-like)
+    evaluation_reward: str = "verdict"  # verdict (Eq. 5)
     use_tools: bool = True
     tool_bonus: float = 0.0
     teacher_endpoint: Optional[str] = None

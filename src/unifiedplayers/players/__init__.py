@@ -1,1 +1,33 @@
-"""The three players (SPEC §1): prompts, parsing of their outputs, and the Execution tool loop."""
+"""The three players (SPEC §1): prompts, parsing of their outputs, and the Execution tool loop.
+
+- :mod:`~unifiedplayers.players.planning`: questioner prompt with rotating topics -> :class:`PlanningTask`
+  (question + expected answer, or a malformed output with its reason).
+- :mod:`~unifiedplayers.players.execution`: K tool-integrated trajectories per task (``run_tool_loop``).
+- :mod:`~unifiedplayers.players.evaluation`: M verifier candidates ``check(trajectory)`` per task.
+- :mod:`~unifiedplayers.players.prompts`: chat rendering of the prompts in ``conf/player/``.
+
+Prompts live in ``conf/player/`` and can be edited without touching code.
+"""
+from unifiedplayers.players.evaluation import VerifierSample, evaluation_prompt, write_verifiers
+from unifiedplayers.players.execution import execution_prompt, solve
+from unifiedplayers.players.planning import PlanningTask, generate_tasks, parse_task, planning_prompt, topic_at
+from unifiedplayers.players.prompts import chat_messages, fill, render_prompt
+
+ROLES = ("planning", "execution", "evaluation")
+
+__all__ = [
+    "ROLES",
+    "PlanningTask",
+    "VerifierSample",
+    "chat_messages",
+    "evaluation_prompt",
+    "execution_prompt",
+    "fill",
+    "generate_tasks",
+    "parse_task",
+    "planning_prompt",
+    "render_prompt",
+    "solve",
+    "topic_at",
+    "write_verifiers",
+]

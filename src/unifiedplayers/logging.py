@@ -1,0 +1,155 @@
+"""Run metrics: ``metrics.jsonl`` in the run directory (always) and Weights & Biases (``conf/logger/``).
+
+W&B runs offline by default (``WANDB_MODE=offline``, files under ``<run_dir>/wandb``), online with
+``logger=wandb_online`` and not at all with ``logger=none``. A W&B failure (not installed, no network)
+is a warning, never a crash: ``metrics.jsonl`` is the record of the run. Progress bars (tqdm) go to
+stderr and can be turned off with ``logger.progress=false``.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import warnings
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+METRICS_FILENAME = "metrics.jsonl"
+
+
+def _clean(value: Any) -> Any:
+    if hasattr(value, "item") and callable(value.item):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None  # JSON has no NaN/inf
+    return value
+
+
+def count_lines(path: Path) -> int:
+    """Complete lines of a JSONL file (a torn last line does not count)."""
+    if not path.exists():
+        return 0
+    with open(path, "rb") as f:
+        return f.read().count(b"\n")
+
+
+def truncate_lines(path: Path, keep: int) -> int:
+    """Cut ``path`` back to its first ``keep`` complete lines (resume); returns the lines dropped."""
+    if not path.exists():
+        if keep:
+            raise ValueError(f"{path} is missing but the run state counts {keep} lines in it")
+        return 0
+    with open(path, "rb+") as f:
+        data = f.read()
+        lines = data.count(b"\n")
+        if lines < keep:
+            raise ValueError(f"{path} has {lines} complete lines but the run state counts {keep}: it was truncated")
+        cut = 0
+        for _ in range(keep):
+            cut = data.index(b"\n", cut) + 1
+        f.truncate(cut)
+        f.flush()
+        os.fsync(f.fileno())
+    return lines - keep
+
+
+class RunLogger:
+    """Appends one JSON line per call to ``<run_dir>/metrics.jsonl`` (durably) and mirrors it to W&B."""
+
+    def __init__(self, run_dir: Path, cfg: Any, config: Optional[dict] = None, run_id: Optional[str] = None) -> None:
+        self.path = Path(run_dir) / METRICS_FILENAME
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._f = open(self.path, "ab")
+        self.cfg = cfg
+        self.wandb = None
+        if cfg.backend == "wandb" and cfg.mode != "disabled":
+            self.wandb = self._init_wandb(Path(run_dir), config, run_id)
+        elif cfg.backend not in ("wandb", "none"):
+            raise ValueError(f"logger.backend={cfg.backend!r}: wandb | none")
+
+    def _init_wandb(self, run_dir: Path, config: Optional[dict], run_id: Optional[str]):
+        try:
+            import wandb
+
+            os.environ.setdefault("WANDB_SILENT", "true")
+            return wandb.init(
+                project=self.cfg.project,
+                entity=self.cfg.entity,
+                group=self.cfg.group,
+                tags=list(self.cfg.tags) or None,
+                mode=self.cfg.mode,
+                dir=str(run_dir),
+                config=config,
+                id=run_id,
+                resume="allow" if run_id else None,
+            )
+        except Exception as exc:  # W&B is a mirror; the run goes on without it
+            warnings.warn(f"W&B disabled: {type(exc).__name__}: {exc}", RuntimeWarning, stacklevel=2)
+            return None
+
+    def log(self, metrics: dict[str, Any], step: Optional[int] = None) -> None:
+        clean = {k: _clean(v) for k, v in metrics.items()}
+        self._f.write((json.dumps(clean, sort_keys=True) + "\n").encode("utf-8"))
+        self._f.flush()
+        os.fsync(self._f.fileno())
+        if self.wandb is not None:
+            try:
+                self.wandb.log({k: v for k, v in clean.items() if isinstance(v, (int, float))}, step=step)
+            except Exception as exc:
+                warnings.warn(f"W&B log failed: {exc}", RuntimeWarning, stacklevel=2)
+
+    def close(self) -> None:
+        if not self._f.closed:
+            self._f.close()
+        if self.wandb is not None:
+            try:
+                self.wandb.finish()
+            except Exception:
+                pass
+            self.wandb = None
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    path = Path(path)
+    if path.is_dir():
+        path = path / METRICS_FILENAME
+    out = []
+    with open(path, "rb") as f:
+        for line in f.read().split(b"\n"):
+            if line.strip():
+                try:
+                    out.append(json.loads(line))
+                except json.JSONDecodeError:
+                    break  # a torn last line
+    return out
+
+
+def progress(iterable: Optional[Iterable] = None, *, total: Optional[int] = None, desc: str = "",
+             enabled: bool = True, leave: bool = False, position: Optional[int] = None, initial: int = 0):
+    """A tqdm bar (disabled when ``enabled`` is false or tqdm is missing)."""
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # pragma: no cover
+        enabled = False
+    if not enabled:
+        class _Null:
+            def __init__(self, it):
+                self.it = it
+
+            def __iter__(self):
+                return iter(self.it if self.it is not None else [])
+
+            def update(self, n=1):
+                pass
+
+            def set_postfix_str(self, s, refresh=True):
+                pass
+
+            def set_description_str(self, s, refresh=True):
+                pass
+
+            def close(self):
+                pass
+
+        return _Null(iterable)
+    return tqdm(iterable, total=total, desc=desc, leave=leave, position=position, initial=initial, dynamic_ncols=True)

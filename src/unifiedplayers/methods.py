@@ -1,0 +1,99 @@
+"""Reward sources of each role, by name (``cfg.method``; SPEC §11: baselines are compositions).
+
+The outer loop (:mod:`unifiedplayers.schedule`) computes every task's verdict matrix and
+:func:`unifiedplayers.rewards.task_rewards`, then asks the reward source named by the method for each
+role's rewards. UnifiedPlayers uses ``verdict`` (Eq. 4, 5) and ``unifiedplayers`` (Eq. 2); a baseline
+such as Agent0 or R-Zero registers its own sources (e.g. ``majority_vote`` for Execution) and is a new
+``conf/method/*.yaml``, not a copy of the loop::
+
+    @register_reward_source("planning", "my_curriculum")
+    def my_curriculum(fb: TaskFeedback) -> float: ...
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+
+from unifiedplayers.rewards import TaskRewards, answer_clusters
+
+ROLES = ("planning", "execution", "evaluation")
+REWARD_SOURCES: dict[str, dict[str, Callable[["TaskFeedback"], Any]]] = {role: {} for role in ROLES}
+
+
+@dataclass
+class TaskFeedback:
+    """What a reward source may read about one well-formed task."""
+
+    rewards: TaskRewards  # all terms of Eq. 2-5 for this task
+    answers: Sequence[Optional[str]]  # the K final answers (None: no answer)
+    reward_cfg: Any  # RewardConfig
+
+
+def register_reward_source(role: str, name: str):
+    if role not in REWARD_SOURCES:
+        raise ValueError(f"unknown role {role!r}; roles: {ROLES}")
+
+    def deco(fn):
+        REWARD_SOURCES[role][name] = fn
+        return fn
+
+    return deco
+
+
+def reward_source(role: str, name: str) -> Callable[[TaskFeedback], Any]:
+    try:
+        return REWARD_SOURCES[role][name]
+    except KeyError:
+        raise ValueError(
+            f"method: unknown {role} reward source {name!r}; known: {sorted(REWARD_SOURCES.get(role, {}))}"
+        ) from None
+
+
+def method_reward_sources(method_cfg: Any) -> dict[str, Callable[[TaskFeedback], Any]]:
+    """The three reward functions named by ``cfg.method`` (fails at start-up on an unknown name)."""
+    unknown = [r for r in method_cfg.roles if r not in ROLES]
+    if unknown:
+        raise ValueError(f"method.roles: unknown roles {unknown}; roles: {ROLES}")
+    return {
+        "planning": reward_source("planning", method_cfg.planning_reward),
+        "execution": reward_source("execution", method_cfg.execution_reward),
+        "evaluation": reward_source("evaluation", method_cfg.evaluation_reward),
+    }
+
+
+@register_reward_source("execution", "verdict")
+def execution_verdict(fb: TaskFeedback) -> np.ndarray:
+    """Eq. 4: r_S(τ_k) = share of the valid verifiers that accept τ_k. Shape (K,)."""
+    return np.asarray(fb.rewards.execution, dtype=np.float64)
+
+
+@register_reward_source("execution", "majority_vote")
+def execution_majority_vote(fb: TaskFeedback) -> np.ndarray:
+    """Pseudo-label reward (R-Zero / Agent0 Executor): 1 for answers in the largest answer cluster, else 0.
+    Ties go to the cluster met first; no answer at all gives zeros."""
+    clusters = answer_clusters(list(fb.answers))
+    out = np.zeros(len(fb.answers))
+    if clusters:
+        out[max(clusters, key=len)] = 1.0
+    return out
+
+
+@register_reward_source("planning", "unifiedplayers")
+def planning_unifiedplayers(fb: TaskFeedback) -> float:
+    """Eq. 2: r_T(q) = w_unc U(q) + w_ver V(q) − w_rep R(q)."""
+    return float(fb.rewards.planning)
+
+
+@register_reward_source("planning", "uncertainty_repetition")
+def planning_uncertainty_repetition(fb: TaskFeedback) -> float:
+    """R-Zero-like Challenger reward: w_unc U(q) − w_rep R(q) (no verifier term)."""
+    c = fb.reward_cfg
+    return float(c.w_unc * fb.rewards.uncertainty - c.w_rep * fb.rewards.repetition)
+
+
+@register_reward_source("evaluation", "verdict")
+def evaluation_verdict(fb: TaskFeedback) -> np.ndarray:
+    """Eq. 5 for the valid verifiers, ``invalid_verifier_reward`` for the others. Shape (M,)."""
+    return np.asarray(fb.rewards.evaluation, dtype=np.float64)

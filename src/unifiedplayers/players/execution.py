@@ -1,0 +1,38 @@
+"""The Execution player (Solver, π_S; SPEC §1): K tool-integrated trajectories per task.
+
+The prompt is the task alone (``conf/player/`` ``execution``: a system text and a worked example that
+shows the fence format); the multi-turn loop itself is :func:`unifiedplayers.players.tool_loop.run_tool_loop`,
+whose statuses (``answered``, ``turn_limit``, ``no_answer``, ``error``) are the recorded failures of
+malformed output. The expected answer of a task is never passed here.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+from unifiedplayers.players.prompts import render_prompt
+from unifiedplayers.players.tool_loop import ToolLoopConfig, ToolRollout, run_tool_loop
+
+
+def execution_prompt(tokenizer: Any, player_cfg: Any, question: str) -> str:
+    if player_cfg.execution.response_prefix:
+        raise ValueError("player.execution.response_prefix is not supported: the tool loop parses only generated text")
+    return render_prompt(tokenizer, player_cfg.execution, question=question)
+
+
+def solve(
+    engine: Any,
+    sandbox: Any,
+    tokenizer: Any,
+    player_cfg: Any,
+    questions: Sequence[str],
+    k: int,
+    seed: Optional[int] = None,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+) -> list[list[ToolRollout]]:
+    """``out[t][j]``: trajectory ``j`` of the ``k`` sampled for ``questions[t]`` (all in one batched loop)."""
+    if not questions:
+        return []
+    prompts = [execution_prompt(tokenizer, player_cfg, q) for q in questions]
+    loop_cfg = ToolLoopConfig.from_player_config(player_cfg, temperature=temperature, top_p=top_p)
+    return run_tool_loop(engine, sandbox, prompts, list(questions), loop_cfg, n=k, seed=seed)

@@ -1,0 +1,804 @@
+"""The outer loop of UnifiedPlayers (SPEC §7, Appendix B.4): Planning -> Execution -> Evaluation blocks.
+
+This module is the only place that knows the block order, fresh and stale feedback, and which player is
+frozen. One outer iteration is a Planning block, an Execution block and an Evaluation block; a block is
+``schedule.<role>_updates`` GRPO updates of its player only. One update (:meth:`OuterLoop._update`):
+
+1. tasks from the Planning player (Planning block: ``prompts_per_update`` questioner prompts × G_T
+   tasks; other blocks: sampled until ``tasks_per_update`` are well-formed);
+2. K trajectories per task from the Execution player (tool loop) and M verifiers per task from the
+   Evaluation player;
+3. the P perturbations of every trajectory; 4. the verdict matrix of every task (sandbox);
+5. every role's rewards (:func:`unifiedplayers.rewards.task_rewards`, then the reward source the method
+   names, :mod:`unifiedplayers.methods`); R(q) against the run's question history;
+6. the active player's GRPO groups (Planning: the G_T tasks of one prompt; Execution: the K trajectories
+   of a task; Evaluation: the M verifiers of a task), their advantages (Eq. 17) and one trainer update;
+7. the interaction records (one per task, malformed ones included), a metrics line, the active player's
+   checkpoint and the run state, in that order.
+
+Feedback (``schedule.feedback``): *fresh*: a co-player samples with its latest weights; *stale*: with
+its weights at the start of the outer iteration (its updates are held back until the next iteration).
+The active player always samples with its current weights (GRPO is on-policy). ``train_planning`` /
+``train_evaluation`` false: that player is never updated (its block is skipped) and keeps the
+backbone's weights. Each record's ``meta.checkpoints`` names the checkpoint (player, outer iteration,
+update step) of every player that produced it; ``outer_iteration`` 0 and ``step`` 0 are the backbone.
+
+Reference policies: every trainer's π_ref is reset at the start of every outer iteration.
+
+Resume: after every update the run state (position, RNG states, question history, topic counter,
+record and metrics line counts, checkpoint paths) is written atomically to ``state.pt``, after the
+active player's checkpoint (two alternating slots per player inside a block, a named checkpoint at the
+block end, so the state always points at a complete checkpoint). A resumed run truncates
+``records.jsonl`` and ``metrics.jsonl`` to the counted lines, reloads the checkpoints and goes on from
+the next update; every generation is seeded from (seed, update index, stage), so the result equals an
+uninterrupted run.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+import torch
+from omegaconf import OmegaConf
+
+from unifiedplayers import grpo
+from unifiedplayers.logging import RunLogger, count_lines, progress, truncate_lines
+from unifiedplayers.methods import ROLES, TaskFeedback, method_reward_sources
+from unifiedplayers.perturbation import PerturbationEngine
+from unifiedplayers.players.evaluation import evaluation_prompt, write_verifiers
+from unifiedplayers.players.execution import execution_prompt, solve
+from unifiedplayers.players.planning import PlanningTask, generate_tasks, planning_prompt, topic_at
+from unifiedplayers.records import RECORDS_FILENAME, InteractionRecord, RecordWriter
+from unifiedplayers.rewards import QuestionHistory, task_rewards
+from unifiedplayers.trainer import build_trainer, capture_rng_state, restore_rng_state, sample_from_completion, sample_from_segments
+from unifiedplayers.verdict import verdict_matrix
+
+STATE_FILE = "state.pt"
+CONFIG_FILE = "config.yaml"
+BLOCK_ORDER = ROLES  # ("planning", "execution", "evaluation")
+FEEDBACK_MODES = ("fresh", "stale")
+# Config keys that may change between a run and its resumption (they steer this process, not the result).
+RUN_CONTROL_KEYS = ("resume", "run_dir", "logger", "schedule.max_updates", "schedule.print_summary")
+EventHook = Callable[[str, "OuterLoop", "Slot"], None]
+
+
+class StopRun(Exception):
+    """Raised by a hook to end the process cleanly after a completed update (the run stays resumable)."""
+
+
+# --------------------------------------------------------------------------------------------------
+# The plan of updates
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One update of the run: global index, outer iteration (1-based), role, index within its block."""
+
+    index: int
+    iteration: int
+    role: str
+    update: int
+    block_size: int
+
+    @property
+    def first_of_block(self) -> bool:
+        return self.update == 0
+
+    @property
+    def last_of_block(self) -> bool:
+        return self.update == self.block_size - 1
+
+
+def trained_roles(cfg: Any) -> list[str]:
+    """The players updated in this run: the method's roles, minus the Table 3 frozen ones."""
+    roles = [r for r in BLOCK_ORDER if r in cfg.method.roles] if cfg.method.trainable else []
+    if not cfg.schedule.train_planning and "planning" in roles:
+        roles.remove("planning")
+    if not cfg.schedule.train_evaluation and "evaluation" in roles:
+        roles.remove("evaluation")
+    return roles
+
+
+def plan_updates(cfg: Any) -> list[Slot]:
+    """Every update of the run in order; blocks of untrained players are empty."""
+    sizes = {
+        "planning": cfg.schedule.planning_updates,
+        "execution": cfg.schedule.execution_updates,
+        "evaluation": cfg.schedule.evaluation_updates,
+    }
+    roles = trained_roles(cfg)
+    slots: list[Slot] = []
+    for it in range(1, cfg.schedule.outer_iterations + 1):
+        for role in BLOCK_ORDER:
+            n = sizes[role] if role in roles else 0
+            for u in range(n):
+                slots.append(Slot(len(slots), it, role, u, n))
+    return slots
+
+
+def seed_for(base: int, update: int, stage: int) -> int:
+    """The generation seed of one stage of one update: a pure function of the run seed and position."""
+    return (int(base) * 1_000_003 + int(update) * 7_919 + int(stage) * 104_729) % (2**31 - 1)
+
+
+def validate(cfg: Any) -> None:
+    """Fail at start-up on settings the loop cannot honour."""
+    s, p = cfg.schedule, cfg.player
+    if s.feedback not in FEEDBACK_MODES:
+        raise ValueError(f"schedule.feedback={s.feedback!r}: fresh | stale")
+    if s.outer_iterations < 0 or min(s.planning_updates, s.execution_updates, s.evaluation_updates) < 0:
+        raise ValueError("schedule: iteration and update counts must be >= 0")
+    for name in ("prompts_per_update", "tasks_per_prompt", "tasks_per_update", "task_attempts",
+                 "num_trajectories", "num_verifiers", "max_turns"):
+        if getattr(p, name) < 1:
+            raise ValueError(f"player.{name}={getattr(p, name)}: need >= 1")
+    if not p.planning.template or not p.execution.template or not p.evaluation.template:
+        raise ValueError("player.<role>.template must be set for all three players (conf/player/)")
+    method_reward_sources(cfg.method)
+    grpo.get_adv_estimator(cfg.trainer.adv_estimator)
+
+
+# --------------------------------------------------------------------------------------------------
+# Small helpers at the edges
+
+
+class TimedSandbox:
+    """Forwards to a sandbox and adds up the wall time spent in it (``seconds``)."""
+
+    def __init__(self, sandbox: Any) -> None:
+        self.sandbox = sandbox
+        self.seconds = 0.0
+
+    def _timed(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        t = time.perf_counter()
+        try:
+            return getattr(self.sandbox, name)(*args, **kwargs)
+        finally:
+            self.seconds += time.perf_counter() - t
+
+    def run(self, *a: Any, **k: Any) -> Any:
+        return self._timed("run", *a, **k)
+
+    def run_many(self, *a: Any, **k: Any) -> Any:
+        return self._timed("run_many", *a, **k)
+
+    def call(self, *a: Any, **k: Any) -> Any:
+        return self._timed("call", *a, **k)
+
+    def call_many(self, *a: Any, **k: Any) -> Any:
+        return self._timed("call_many", *a, **k)
+
+
+def version(role: str, outer_iteration: int, step: int) -> dict[str, Any]:
+    """The name of a player's checkpoint: (player, outer iteration that produced it, update step)."""
+    return {"player": role, "outer_iteration": int(outer_iteration), "step": int(step)}
+
+
+@dataclass
+class Player:
+    """One player's weights, its trainer (None when frozen) and the name of its current checkpoint."""
+
+    role: str
+    model: Any
+    trainer: Any = None
+    version: Optional[dict[str, Any]] = None
+    published_model: Any = None  # stale feedback: the weights at the start of the outer iteration
+    published_version: Optional[dict[str, Any]] = None
+
+
+class PolicyPool:
+    """Rollout engines for the players' weights.
+
+    ``hf``: one engine per model object (it samples from the module itself). Other backends (vLLM): one
+    engine whose weights are swapped in (``update_weights``) when another player or checkpoint samples.
+    """
+
+    def __init__(self, rollout_cfg: Any, tokenizer: Any) -> None:
+        from unifiedplayers.rollout import build_rollout
+
+        self._build = build_rollout
+        self.cfg = rollout_cfg
+        self.tokenizer = tokenizer
+        self._engines: dict[int, Any] = {}
+        self._shared: Any = None
+        self._loaded: Any = None
+
+    def engine(self, model: Any, key: Any) -> Any:
+        if self.cfg.backend == "hf":
+            if id(model) not in self._engines:
+                self._engines[id(model)] = self._build(self.cfg, model, self.tokenizer)
+            return self._engines[id(model)]
+        if self._shared is None:
+            self._shared = self._build(self.cfg, model, self.tokenizer)
+            self._loaded = key
+        elif self._loaded != key:
+            self._shared.update_weights(model)
+            self._loaded = key
+        return self._shared
+
+
+def _atomic_torch_save(obj: Any, path: Path) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    torch.save(obj, tmp)
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if isinstance(d, dict):
+        for k, v in d.items():
+            out.update(_flatten(v, f"{prefix}{k}."))
+    else:
+        out[prefix[:-1]] = d
+    return out
+
+
+def result_config(cfg: Any) -> dict[str, Any]:
+    """The composed config minus the run-control keys: what must not change when a run is resumed."""
+    flat = _flatten(OmegaConf.to_container(cfg, resolve=True))
+    return {k: v for k, v in flat.items() if not any(k == c or k.startswith(c + ".") for c in RUN_CONTROL_KEYS)}
+
+
+def _mean(xs: Sequence[float]) -> Optional[float]:
+    xs = [float(x) for x in xs]
+    return float(np.mean(xs)) if xs else None
+
+
+# --------------------------------------------------------------------------------------------------
+# The loop
+
+
+class OuterLoop:
+    """Runs (or resumes) one UnifiedPlayers run in ``run_dir``.
+
+    ``hooks``: callables ``hook(event, loop, slot)`` for events ``"update_end"`` and ``"block_end"``
+    (after the state is written); raising :class:`StopRun` ends the process cleanly.
+    ``backbone``: an already loaded ``(model, tokenizer)`` (tests); by default ``load_model(cfg.model)``.
+    """
+
+    def __init__(self, cfg: Any, run_dir: str | os.PathLike, hooks: Sequence[EventHook] = (),
+                 backbone: Optional[tuple[Any, Any]] = None) -> None:
+        validate(cfg)
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        self.hooks = list(hooks)
+        self._backbone = backbone
+        self.slots = plan_updates(cfg)
+        self.trained = trained_roles(cfg)
+        self.reward_sources = method_reward_sources(cfg.method)
+        self.players: dict[str, Player] = {}
+        self.history = QuestionHistory(cfg.reward.repetition_history)
+        self.prompt_counter = 0
+        self.completed = 0
+        self.records_count = 0
+        self.metrics_count = 0
+        self.checkpoints: dict[str, Optional[str]] = {r: None for r in BLOCK_ORDER}
+        self.published: dict[str, Optional[str]] = {r: None for r in BLOCK_ORDER}
+        self.finished = False
+        self.wandb_id: Optional[str] = None
+        self.timing = {"generation_s": 0.0, "sandbox_s": 0.0, "update_s": 0.0, "checkpoint_s": 0.0, "model_load_s": 0.0}
+
+    # ------------------------------------------------------------------ state
+    @property
+    def state_path(self) -> Path:
+        return self.run_dir / STATE_FILE
+
+    def _state(self) -> dict[str, Any]:
+        return {
+            "completed": self.completed,
+            "records": self.records_count,
+            "metrics": self.metrics_count,
+            "checkpoints": dict(self.checkpoints),
+            "published": dict(self.published),
+            "versions": {r: p.version for r, p in self.players.items()},
+            "published_versions": {r: p.published_version for r, p in self.players.items()},
+            "question_history": list(self.history),
+            "prompt_counter": self.prompt_counter,
+            "rng": capture_rng_state(),
+            "finished": self.finished,
+            "total_updates": len(self.slots),
+            "wandb_id": self.wandb_id,
+            "timing": dict(self.timing),
+            "config": result_config(self.cfg),
+        }
+
+    def _write_state(self) -> None:
+        _atomic_torch_save(self._state(), self.state_path)
+
+    def _check_resumable(self, state: dict[str, Any]) -> None:
+        now, then = result_config(self.cfg), state["config"]
+        diff = sorted(k for k in set(now) | set(then) if now.get(k) != then.get(k))
+        if diff:
+            shown = ", ".join(f"{k}: {then.get(k)!r} -> {now.get(k)!r}" for k in diff[:8])
+            raise ValueError(
+                f"{self.run_dir} holds a run with a different config ({shown}{' ...' if len(diff) > 8 else ''}); "
+                "resume it with the same settings, or start a fresh run in another run_dir"
+            )
+
+    # ------------------------------------------------------------------ setup
+    def _load_backbone(self) -> tuple[Any, Any]:
+        if self._backbone is not None:
+            return self._backbone
+        from unifiedplayers.models import load_model
+
+        t = time.perf_counter()
+        out = load_model(self.cfg.model)
+        self.timing["model_load_s"] += time.perf_counter() - t
+        return out
+
+    def _entropy_bank(self, role: str) -> list[list[int]]:
+        p = self.cfg.player
+        if role == "planning":
+            texts = [planning_prompt(self.tokenizer, p, t) for t in (list(p.topics) or ["any topic"])]
+        elif role == "execution":
+            texts = [execution_prompt(self.tokenizer, p, q) for q in p.bank_questions]
+        else:
+            texts = [evaluation_prompt(self.tokenizer, p, q) for q in p.bank_questions]
+        return [self.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+
+    def _setup_players(self) -> None:
+        model, self.tokenizer = self._load_backbone()
+        for i, role in enumerate(BLOCK_ORDER):
+            # All three players start from the same backbone, as separate parameters (SPEC §1).
+            m = model if i == len(BLOCK_ORDER) - 1 else copy.deepcopy(model)
+            m.eval()
+            player = Player(role, m, version=version(role, 0, 0))
+            if role in self.trained:
+                player.trainer = build_trainer(
+                    self.cfg.trainer, m, role=role, entropy_bank=self._entropy_bank(role) or None,
+                    pad_token_id=self.tokenizer.pad_token_id or 0,
+                )
+                player.model = player.trainer.model
+                player.model.eval()
+            self.players[role] = player
+        self.pool = PolicyPool(self.cfg.rollout, self.tokenizer)
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        """Bring a fresh process to the state after update ``state['completed']``."""
+        self._check_resumable(state)
+        dropped_r = truncate_lines(self.run_dir / RECORDS_FILENAME, state["records"])
+        dropped_m = truncate_lines(self.run_dir / "metrics.jsonl", state["metrics"])
+        if dropped_r or dropped_m:
+            print(f"[resume] dropped {dropped_r} record(s) and {dropped_m} metrics line(s) of an unfinished update")
+        self.completed = state["completed"]
+        self.records_count, self.metrics_count = state["records"], state["metrics"]
+        self.checkpoints.update(state["checkpoints"])
+        self.published.update(state["published"])
+        self.history = QuestionHistory(self.cfg.reward.repetition_history, state["question_history"])
+        self.prompt_counter = state["prompt_counter"]
+        self.finished = state["finished"]
+        self.wandb_id = state.get("wandb_id")
+        self.timing.update({k: v for k, v in state.get("timing", {}).items() if k != "model_load_s"})
+        for role, player in self.players.items():
+            player.version = state["versions"][role]
+            path = self.checkpoints.get(role)
+            if path and player.trainer is not None:
+                player.trainer.load_checkpoint(self.run_dir / path, restore_rng=False)
+                player.trainer.offload_state()
+                player.model.eval()
+        restore_rng_state(state["rng"])
+        if self.completed < len(self.slots):
+            nxt = self.slots[self.completed]
+            if not (nxt.first_of_block and nxt.role == self._first_role_of(nxt.iteration)):
+                self._resume_inside_iteration(nxt.iteration, state)
+
+    def _first_role_of(self, iteration: int) -> str:
+        return next(s.role for s in self.slots if s.iteration == iteration)
+
+    def _resume_inside_iteration(self, iteration: int, state: dict[str, Any]) -> None:
+        for player in self.players.values():
+            if player.trainer is not None:
+                while player.trainer.outer_iteration < iteration:
+                    player.trainer.start_outer_iteration()
+        if self.cfg.schedule.feedback == "stale":
+            for role, player in self.players.items():
+                if player.trainer is None:
+                    continue
+                player.published_version = state["published_versions"][role]
+                player.published_model = copy.deepcopy(player.model).eval()
+                src = self.published.get(role)
+                if src:
+                    weights = torch.load(self.run_dir / src, map_location="cpu", weights_only=True)
+                    player.published_model.load_state_dict(weights)
+
+    # ------------------------------------------------------------------ sampling models
+    def _sampler(self, role: str, active: str) -> tuple[Any, dict[str, Any]]:
+        """(model, checkpoint name) a player samples with while ``active`` is being trained."""
+        p = self.players[role]
+        if role != active and self.cfg.schedule.feedback == "stale" and p.published_model is not None:
+            return p.published_model, p.published_version
+        return p.model, p.version
+
+    def _engine(self, role: str, active: str) -> tuple[Any, dict[str, Any]]:
+        model, ver = self._sampler(role, active)
+        key = (ver["player"], ver["outer_iteration"], ver["step"], model is self.players[role].published_model)
+        return self.pool.engine(model, key), ver
+
+    # ------------------------------------------------------------------ events
+    def _start_iteration(self, iteration: int) -> None:
+        for player in self.players.values():
+            if player.trainer is not None:
+                player.trainer.start_outer_iteration()  # π_ref := weights at the start of this iteration
+        if self.cfg.schedule.feedback == "stale":
+            pub_dir = self.run_dir / "checkpoints" / "published"
+            pub_dir.mkdir(parents=True, exist_ok=True)
+            for role, player in self.players.items():
+                if player.trainer is None:
+                    continue  # a frozen player never changes: its current weights are the published ones
+                player.published_model = copy.deepcopy(player.model).eval()
+                player.published_version = dict(player.version)
+                path = pub_dir / f"{role}.pt"
+                _atomic_torch_save(player.trainer.full_state_dict(), path)
+                self.published[role] = str(path.relative_to(self.run_dir))
+
+    def _start_block(self, slot: Slot) -> dict[str, Any]:
+        for role, player in self.players.items():
+            if role != slot.role:
+                player.model.eval()
+                if player.trainer is not None:
+                    player.trainer.offload_state()  # frozen in this block: no optimizer state in memory
+        out = self.players[slot.role].trainer.start_block()
+        return {f"{slot.role}/{k}": v for k, v in out.items()}
+
+    # ------------------------------------------------------------------ the run
+    def run(self) -> dict[str, Any]:
+        """Run (or resume) to the end, or until ``schedule.max_updates`` updates or a :class:`StopRun`."""
+        from unifiedplayers.sandbox import Sandbox
+
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        state = torch.load(self.state_path, weights_only=False) if self.state_path.exists() else None
+        if state is not None and not self.cfg.resume:
+            raise FileExistsError(
+                f"{self.run_dir} already holds a run ({state['completed']}/{state['total_updates']} updates). "
+                "Pass resume=true to continue it, or choose another run_dir (or delete it) to start fresh."
+            )
+        if state is not None and state["finished"]:
+            self._check_resumable(state)
+            print(f"[resume] the run in {self.run_dir} is already complete ({state['completed']} updates)")
+            return self._finish(already=True)
+        OmegaConf.save(self.cfg, self.run_dir / CONFIG_FILE, resolve=True)
+        self._setup_players()
+        if state is not None:
+            self._restore(state)
+            print(f"[resume] continuing {self.run_dir} after update {self.completed}/{len(self.slots)}")
+        if self.wandb_id is None:
+            self.wandb_id = f"up-{os.urandom(4).hex()}"
+        self.logger = RunLogger(self.run_dir, self.cfg.logger, OmegaConf.to_container(self.cfg, resolve=True),
+                                run_id=self.wandb_id)
+        show = bool(self.cfg.logger.progress)
+        budget = self.cfg.schedule.max_updates
+        done_here = 0
+        try:
+            with Sandbox(self.cfg.sandbox) as sandbox, RecordWriter(self.run_dir / RECORDS_FILENAME) as records:
+                self.sandbox = TimedSandbox(sandbox)
+                self.records = records
+                self.perturber = PerturbationEngine.from_config(self.cfg.perturbation, seed=self.cfg.seed,
+                                                                sandbox=self.sandbox)
+                bar = progress(total=len(self.slots), desc="updates", enabled=show, initial=self.completed, position=0)
+                try:
+                    while self.completed < len(self.slots):
+                        if budget is not None and done_here >= budget:
+                            print(f"[stop] schedule.max_updates={budget} reached; resume=true continues the run")
+                            break
+                        slot = self.slots[self.completed]
+                        bar.set_description_str(f"it {slot.iteration} {slot.role} {slot.update + 1}/{slot.block_size}")
+                        self._run_slot(slot)
+                        done_here += 1
+                        bar.update(1)
+                        try:
+                            for hook in self.hooks:
+                                hook("update_end", self, slot)
+                                if slot.last_of_block:
+                                    hook("block_end", self, slot)
+                        except StopRun:
+                            print(f"[stop] stopped after update {self.completed}; resume=true continues the run")
+                            break
+                finally:
+                    bar.close()
+        finally:
+            self.logger.close()
+        if self.completed >= len(self.slots) and not self.finished:
+            self.finished = True
+            self._write_state()
+        return self._finish() if self.finished else {"completed": self.completed, "finished": False}
+
+    def _run_slot(self, slot: Slot) -> None:
+        extra: dict[str, Any] = {}
+        if slot.first_of_block:
+            if slot.role == self._first_role_of(slot.iteration):
+                self._start_iteration(slot.iteration)
+            extra.update(self._start_block(slot))
+        metrics, records = self._update(slot)
+        metrics.update(extra)
+        t = time.perf_counter()
+        active = self.players[slot.role]
+        if slot.last_of_block:
+            metrics.update({f"{slot.role}/{k}": v for k, v in active.trainer.block_diagnostics().items()})
+        for rec in records:
+            self.records.append(rec)
+        self.records_count += len(records)
+        self.logger.log(metrics, step=slot.index)
+        self.metrics_count += 1
+        self._save_active(slot)
+        self.completed = slot.index + 1
+        self._write_state()
+        if slot.last_of_block:
+            active.trainer.offload_state()
+            active.model.eval()
+            self._drop_slots(slot.role)
+        self.timing["checkpoint_s"] += time.perf_counter() - t
+
+    def _save_active(self, slot: Slot) -> None:
+        """The active player's checkpoint: named at a block end, else the slot the state does not use."""
+        trainer = self.players[slot.role].trainer
+        base = Path("checkpoints")
+        if slot.last_of_block and self.cfg.schedule.checkpoint_every_block:
+            rel = base / f"iter{slot.iteration}" / slot.role
+        else:
+            current = self.checkpoints.get(slot.role) or ""
+            rel = base / "resume" / f"{slot.role}-{'b' if current.endswith('-a') else 'a'}"
+        trainer.save_checkpoint(self.run_dir / rel)
+        self.checkpoints[slot.role] = str(rel)
+
+    def _drop_slots(self, role: str) -> None:
+        for name in ("a", "b"):
+            rel = f"checkpoints/resume/{role}-{name}"
+            if self.checkpoints.get(role) != rel:
+                shutil.rmtree(self.run_dir / rel, ignore_errors=True)
+
+    # ------------------------------------------------------------------ one update
+    def _tasks(self, slot: Slot) -> tuple[list[list[PlanningTask]], list[PlanningTask], list[PlanningTask]]:
+        """(groups, used, unused): the Planning outputs of this update, the well-formed tasks played, and
+        the well-formed ones beyond ``tasks_per_update`` (recorded, not played)."""
+        p = self.cfg.player
+        engine, _ = self._engine("planning", slot.role)
+        groups: list[list[PlanningTask]] = []
+        used: list[PlanningTask] = []
+        unused: list[PlanningTask] = []
+        attempts = 1 if slot.role == "planning" else p.task_attempts
+        for attempt in range(attempts):
+            got = generate_tasks(engine, self.tokenizer, p, self.prompt_counter, p.prompts_per_update,
+                                 p.tasks_per_prompt, seed=seed_for(self.cfg.seed, slot.index, 10 + attempt))
+            for g in got:
+                for t in g:
+                    t.prompt_index += len(groups)
+            self.prompt_counter += p.prompts_per_update
+            groups.extend(got)
+            for t in (t for g in got for t in g if t.valid):
+                if slot.role == "planning" or len(used) < p.tasks_per_update:
+                    used.append(t)
+                else:
+                    unused.append(t)
+            if slot.role == "planning" or len(used) >= p.tasks_per_update:
+                break
+        return groups, used, unused
+
+    def _update(self, slot: Slot) -> tuple[dict[str, Any], list[InteractionRecord]]:
+        cfg, p = self.cfg, self.cfg.player
+        show = bool(cfg.logger.progress)
+        t_start = time.perf_counter()
+        sandbox_before = self.sandbox.seconds
+
+        # 1. tasks
+        t = time.perf_counter()
+        groups, tasks, unused = self._tasks(slot)
+        _, plan_ver = self._sampler("planning", slot.role)
+        questions = [task.question for task in tasks]
+        # 2. K trajectories and M verifiers per task
+        exec_engine, exec_ver = self._engine("execution", slot.role)
+        rollouts = solve(exec_engine, self.sandbox, self.tokenizer, p, questions, p.num_trajectories,
+                         seed=seed_for(cfg.seed, slot.index, 20), temperature=cfg.rollout.temperature,
+                         top_p=cfg.rollout.top_p)
+        eval_engine, eval_ver = self._engine("evaluation", slot.role)
+        verifiers = write_verifiers(eval_engine, self.tokenizer, p, questions, p.num_verifiers,
+                                    seed=seed_for(cfg.seed, slot.index, 30))
+        sandbox_in_generation = self.sandbox.seconds - sandbox_before
+        generation_s = time.perf_counter() - t - sandbox_in_generation
+
+        # 3. perturbations, 4. verdict matrices
+        flat = [r.trajectory for task_rollouts in rollouts for r in task_rollouts]
+        variants_flat = self.perturber.perturb_many(flat)
+        k = p.num_trajectories
+        verdicts = []
+        for i in progress(range(len(tasks)), desc="sandbox: verdicts", enabled=show, position=1):
+            verdicts.append(verdict_matrix([v.source for v in verifiers[i]], flat[i * k:(i + 1) * k],
+                                           variants_flat[i * k:(i + 1) * k], self.sandbox))
+
+        # 5. rewards (R(q) against the questions of earlier updates)
+        history = list(self.history)
+        feedback, role_rewards = [], {"planning": [], "execution": [], "evaluation": []}
+        for i, task in enumerate(tasks):
+            vm = verdicts[i]
+            answers = [r.final_answer for r in rollouts[i]]
+            tr = task_rewards(vm.z_orig, vm.z_adv, vm.valid, vm.num_generated, vm.valid_sources, answers,
+                              task.question, history, cfg.reward, adv_mask=vm.adv_mask)
+            fb = TaskFeedback(tr, answers, cfg.reward)
+            feedback.append(fb)
+            role_rewards["planning"].append(float(self.reward_sources["planning"](fb)))
+            role_rewards["execution"].append(np.asarray(self.reward_sources["execution"](fb), dtype=np.float64))
+            role_rewards["evaluation"].append(np.asarray(self.reward_sources["evaluation"](fb), dtype=np.float64))
+        planning_reward_of = {id(task): r for task, r in zip(tasks, role_rewards["planning"])}
+
+        # 6. the active player's groups, advantages, update
+        samples, rewards, group_ids = self._groups(slot.role, groups, tasks, rollouts, verifiers, role_rewards,
+                                                   planning_reward_of)
+        metrics: dict[str, Any] = {}
+        t = time.perf_counter()
+        active = self.players[slot.role]
+        trainer_metrics: dict[str, float] = {}
+        if samples:
+            adv = grpo.get_adv_estimator(cfg.trainer.adv_estimator)(
+                torch.tensor(rewards, dtype=torch.float64), torch.tensor(group_ids), eps=cfg.trainer.adv_eps
+            ).tolist()
+            batch = [make(a) for make, a in zip(samples, adv)]
+            if cfg.schedule.drop_zero_advantage_groups:
+                live = {g for g, a in zip(group_ids, adv) if a != 0.0}
+                batch = [s for s in batch if s.group in live]
+            if batch:
+                active.model.train()
+                trainer_metrics = active.trainer.update(batch)
+                active.model.eval()
+                active.version = version(slot.role, slot.iteration, active.trainer.global_step)
+        update_s = time.perf_counter() - t
+        metrics[f"{slot.role}/skipped"] = float(not trainer_metrics)
+
+        # 7. records and metrics
+        new_questions = [task.question for task in tasks]
+        for q in new_questions:
+            self.history.add(q)
+        ckpts = {"planning": plan_ver, "execution": exec_ver, "evaluation": eval_ver}
+        records = self._records(slot, groups, tasks, unused, rollouts, verifiers, verdicts, variants_flat,
+                                feedback, role_rewards, ckpts)
+        metrics.update(self._metrics(slot, groups, tasks, rollouts, verdicts, feedback, role_rewards,
+                                     trainer_metrics))
+        sandbox_s = self.sandbox.seconds - sandbox_before
+        metrics.update({
+            "outer_iteration": slot.iteration, "block": slot.role, "update": slot.update, "global_update": slot.index,
+            "timing/generation_s": generation_s, "timing/sandbox_s": sandbox_s, "timing/update_s": update_s,
+            "timing/total_s": time.perf_counter() - t_start,
+        })
+        self.timing["generation_s"] += generation_s
+        self.timing["sandbox_s"] += sandbox_s
+        self.timing["update_s"] += update_s
+        return metrics, records
+
+    def _groups(self, role, groups, tasks, rollouts, verifiers, role_rewards, planning_reward_of):
+        """(sample makers, rewards, group ids) of the active player; one maker per candidate."""
+        makers, rewards, gids = [], [], []
+        malformed = float(self.cfg.reward.malformed_task_reward)
+        if role == "planning":
+            for g, group in enumerate(groups):  # the G_T tasks of one questioner prompt
+                for task in group:
+                    r = planning_reward_of[id(task)] if task.valid else malformed
+                    makers.append(lambda a, c=task.completion, g=g: sample_from_completion(c, a, g))
+                    rewards.append(r)
+                    gids.append(g)
+        elif role == "execution":
+            for i, task_rollouts in enumerate(rollouts):  # the K trajectories of a task
+                for r, rew in zip(task_rollouts, role_rewards["execution"][i]):
+                    makers.append(lambda a, s=r.segments, g=i: sample_from_segments(s, a, g))
+                    rewards.append(float(rew))
+                    gids.append(i)
+        else:
+            for i, task_verifiers in enumerate(verifiers):  # the M verifiers of a task
+                for v, rew in zip(task_verifiers, role_rewards["evaluation"][i]):
+                    makers.append(lambda a, c=v.completion, g=i: sample_from_completion(c, a, g))
+                    rewards.append(float(rew))
+                    gids.append(i)
+        return makers, rewards, gids
+
+    def _records(self, slot, groups, tasks, unused, rollouts, verifiers, verdicts, variants_flat, feedback,
+                 role_rewards, ckpts):
+        base_meta = {
+            "outer_iteration": slot.iteration, "block": slot.role, "update": slot.update,
+            "global_update": slot.index, "checkpoints": ckpts,
+        }
+        rules = list(self.perturber.rules)
+        out: list[InteractionRecord] = []
+        n = 0
+
+        def task_id() -> str:
+            nonlocal n
+            n += 1
+            return f"u{slot.index:06d}-t{n - 1:03d}"
+
+        played = {id(t): i for i, t in enumerate(tasks)}
+        unused_ids = {id(t) for t in unused}
+        for group in groups:
+            for task in group:
+                meta = dict(base_meta, topic=task.topic, prompt_index=task.prompt_index, planning_output=task.text)
+                if id(task) in played:
+                    i = played[id(task)]
+                    vm, fb = verdicts[i], feedback[i]
+                    tr = fb.rewards
+                    meta.update(
+                        status="played",
+                        trajectory_status=[r.status for r in rollouts[i]],
+                        trajectory_detail=[r.detail for r in rollouts[i]],
+                        tool_calls=[r.num_tool_calls for r in rollouts[i]],
+                        verifier_outputs=[v.source for v in verifiers[i]],
+                        verifier_validity=[c.reason if not c.valid else "valid" for c in vm.compiled],
+                        check_errors=len(vm.errors),
+                    )
+                    rewards = {
+                        "execution": role_rewards["execution"][i], "evaluation": role_rewards["evaluation"][i],
+                        "planning": role_rewards["planning"][i], "U": tr.uncertainty, "V": tr.writability,
+                        "R": tr.repetition, "rho_gold": tr.gold, "rho_adv": tr.adv, "rho_red": tr.red,
+                    }
+                    out.append(InteractionRecord.from_verdict(
+                        task.question, [r.trajectory for r in rollouts[i]],
+                        variants_flat[i * len(rollouts[i]):(i + 1) * len(rollouts[i])], vm, tr.red, rules,
+                        task_id=task_id(), iteration=slot.iteration, expected_answer=task.expected_answer,
+                        rewards=rewards, meta=meta,
+                    ))
+                else:
+                    status = "unused" if id(task) in unused_ids else "malformed_task"
+                    meta.update(status=status, reason=task.reason or "well-formed; beyond tasks_per_update")
+                    rewards = {"planning": float(self.cfg.reward.malformed_task_reward)} if status == "malformed_task" else {}
+                    out.append(InteractionRecord(
+                        question=task.question or "", trajectories=[], verifiers=[], variants=[], z_orig=[],
+                        z_adv=[], adv_mask=[], redundancy=[], rules=rules, valid=[], num_generated=0,
+                        task_id=task_id(), iteration=slot.iteration, expected_answer=task.expected_answer,
+                        rewards=rewards, meta=meta,
+                    ))
+        return out
+
+    def _metrics(self, slot, groups, tasks, rollouts, verdicts, feedback, role_rewards, trainer_metrics):
+        m: dict[str, Any] = {}
+        all_tasks = [t for g in groups for t in g]
+        malformed = float(self.cfg.reward.malformed_task_reward)
+        plan_r = [r for r in role_rewards["planning"]]
+        if slot.role == "planning":
+            plan_r = plan_r + [malformed] * sum(1 for t in all_tasks if not t.valid)
+        m["planning/reward_mean"] = _mean(plan_r)
+        m["planning/valid_rate"] = sum(t.valid for t in all_tasks) / max(len(all_tasks), 1)
+        m["planning/num_tasks"] = len(tasks)
+        m["planning/U"] = _mean([f.rewards.uncertainty for f in feedback])
+        m["planning/V"] = _mean([f.rewards.writability for f in feedback])
+        m["planning/R"] = _mean([f.rewards.repetition for f in feedback])
+        exec_r = [x for arr in role_rewards["execution"] for x in arr]
+        m["execution/reward_mean"] = _mean(exec_r)
+        statuses = [r.status for tr in rollouts for r in tr]
+        for s in ("answered", "turn_limit", "no_answer", "error"):
+            m[f"execution/{s}_rate"] = statuses.count(s) / len(statuses) if statuses else None
+        m["execution/tool_calls_mean"] = _mean([r.num_tool_calls for tr in rollouts for r in tr])
+        # Accuracy against the verifier pool: share of trajectories accepted by a strict majority of the
+        # valid verifiers of their task (tasks with at least one valid verifier).
+        acc = [float(col > vm.z_orig.shape[0] / 2) for vm in verdicts if vm.z_orig.shape[0]
+               for col in vm.z_orig.sum(axis=0)]
+        m["execution/accuracy_vs_pool"] = _mean(acc)
+        eval_r = [x for arr in role_rewards["evaluation"] for x in arr]
+        m["evaluation/reward_mean"] = _mean(eval_r)
+        m["evaluation/valid_rate"] = (sum(len(vm.valid) for vm in verdicts) / sum(vm.num_generated for vm in verdicts)
+                                      if verdicts else None)
+        m["evaluation/rho_gold"] = _mean([x for f in feedback for x in f.rewards.gold])
+        m["evaluation/rho_adv"] = _mean([x for f in feedback for x in f.rewards.adv])
+        m["evaluation/rho_red"] = _mean([x for f in feedback for x in f.rewards.red])
+        r = slot.role
+        names = {"actor/grad_norm": "grad_norm", "actor/kl": "kl", "actor/ratio_outside_clip_frac": "clip_frac",
+                 "actor/pg_clipfrac": "pg_clip_frac", "entropy_bank/retention": "entropy_ratio",
+                 "actor/entropy": "entropy", "actor/loss": "loss", "actor/lr": "lr", "actor/num_tokens": "num_tokens"}
+        for src, dst in names.items():
+            if src in trainer_metrics:
+                m[f"{r}/{dst}"] = trainer_metrics[src]
+        m[f"{r}/step"] = self.players[r].trainer.global_step
+        return m
+
+    # ------------------------------------------------------------------ the end
+    def _finish(self, already: bool = False) -> dict[str, Any]:
+        from unifiedplayers.summary import write_summary
+
+        summary, text = write_summary(self.run_dir, timing=self.timing if not already else None)
+        if self.cfg.schedule.print_summary:
+            print(text)
+        return summary

@@ -1,0 +1,150 @@
+"""The end-of-run summary: ``summary.json`` and ``summary.md`` in the run directory, and the text printed.
+
+It is rebuilt from the run directory alone (``metrics.jsonl``, ``records.jsonl``): per-player reward
+trajectories, time spent in generation, sandbox and updates, one sample task with a trajectory and a
+verifier, and the verdict matrix of that task.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+from unifiedplayers.logging import read_metrics
+from unifiedplayers.records import RECORDS_FILENAME, iter_records
+from unifiedplayers.trajectory import render
+
+ROLES = ("planning", "execution", "evaluation")
+
+
+def _fmt(x: Any) -> str:
+    return "  -  " if x is None else f"{x:+.3f}"
+
+
+def _clip(text: str, n: int) -> str:
+    text = text.strip()
+    return text if len(text) <= n else text[:n] + f" [... {len(text) - n} more characters]"
+
+
+def pick_sample(records: list) -> Optional[Any]:
+    """The most informative played task: valid verifiers and an answered trajectory, latest first."""
+    played = [r for r in records if r.trajectories]
+    if not played:
+        return None
+
+    def score(r):
+        return (r.z_orig.shape[0] > 0, any(t.final_answer for t in r.trajectories), bool(r.z_orig.any()))
+
+    return max(reversed(played), key=score)
+
+
+def verdict_table(record: Any) -> str:
+    """Z(q) as text: one row per valid verifier, one column group per trajectory (orig + P variants)."""
+    m_q, k, p = record.z_adv.shape
+    if m_q == 0:
+        return "(no valid verifier: the verdict matrix has no rows)"
+    abbrev = {"arg_mutation": "arg", "step_drop": "drop", "step_swap": "swap", "early_terminate": "early",
+              "tool_substitute": "tool"}
+    head = ["verifier"]
+    for kk in range(k):
+        head.append(f"t{kk}:orig")
+        head.extend(f"t{kk}:{abbrev.get(r, r)}" for r in record.rules)
+    rows = []
+    for i in range(m_q):
+        row = [f"v{record.valid[i]}"]
+        for kk in range(k):
+            row.append(str(int(record.z_orig[i, kk])))
+            row.extend(str(int(record.z_adv[i, kk, j])) if record.adv_mask[kk, j] else "." for j in range(p))
+        rows.append(row)
+    widths = [max(len(r[c]) for r in [head] + rows) for c in range(len(head))]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in [head] + rows]
+    return "\n".join(lines) + "\n(1 accept, 0 reject, . rule could not apply)"
+
+
+def build_summary(run_dir: Path, timing: Optional[dict] = None) -> tuple[dict[str, Any], Optional[Any]]:
+    run_dir = Path(run_dir)
+    metrics = read_metrics(run_dir) if (run_dir / "metrics.jsonl").exists() else []
+    records = list(iter_records(run_dir / RECORDS_FILENAME)) if (run_dir / RECORDS_FILENAME).exists() else []
+    rewards = {r: [m.get(f"{r}/reward_mean") for m in metrics] for r in ROLES}
+    trained = {r: [m.get(f"{r}/reward_mean") for m in metrics if m.get("block") == r] for r in ROLES}
+    totals = {k: float(sum(m.get(f"timing/{k}", 0.0) or 0.0 for m in metrics))
+              for k in ("generation_s", "sandbox_s", "update_s", "total_s")}
+    statuses: dict[str, int] = {}
+    for r in records:
+        s = r.meta.get("status", "?")
+        statuses[s] = statuses.get(s, 0) + 1
+    summary = {
+        "run_dir": str(run_dir),
+        "updates": len(metrics),
+        "records": len(records),
+        "record_status": statuses,
+        "reward_mean_per_update": rewards,
+        "reward_mean_in_own_block": trained,
+        "timing_from_metrics": totals,
+        "timing": timing,
+        "last": {k: v for k, v in (metrics[-1] if metrics else {}).items()},
+    }
+    return summary, pick_sample(records)
+
+
+def render_summary(summary: dict[str, Any], sample: Optional[Any]) -> str:
+    out = [f"# UnifiedPlayers run summary ({summary['run_dir']})", "",
+           f"{summary['updates']} updates, {summary['records']} interaction records {summary['record_status']}", ""]
+    out.append("## Mean reward per update (all players, every update; * = the player trained in that update)")
+    n = summary["updates"]
+    blocks = summary.get("blocks") or []
+    out.append("update     " + " ".join(f"{u:>7d}" for u in range(n)))
+    for role in ROLES:
+        vals = summary["reward_mean_per_update"][role]
+        cells = [(_fmt(v) + ("*" if i < len(blocks) and blocks[i] == role else " ")).rjust(7) for i, v in enumerate(vals)]
+        out.append(f"{role:<10} " + " ".join(cells))
+    out.append("")
+    t = summary["timing_from_metrics"]
+    out.append(f"time in updates: generation {t['generation_s']:.1f} s, sandbox {t['sandbox_s']:.1f} s, "
+               f"GRPO updates {t['update_s']:.1f} s (total {t['total_s']:.1f} s)")
+    if summary.get("timing") and summary["timing"].get("model_load_s"):
+        out.append(f"model load {summary['timing']['model_load_s']:.1f} s; checkpoints and state "
+                   f"{summary['timing'].get('checkpoint_s', 0.0):.1f} s")
+    out.append("")
+    if sample is None:
+        out.append("(no well-formed task was played)")
+        return "\n".join(out)
+    out += ["## A sample task", "", _clip(sample.question, 600), "",
+            f"expected answer (Planning's, never shown to the others): {sample.expected_answer}",
+            f"checkpoints: " + ", ".join(f"{v['player']}@it{v['outer_iteration']}/step{v['step']}"
+                                        for v in sample.meta.get("checkpoints", {}).values()), ""]
+    k_best = max(range(len(sample.trajectories)),
+                 key=lambda k: (sample.trajectories[k].final_answer is not None, len(sample.trajectories[k].steps)))
+    traj = sample.trajectories[k_best]
+    status = sample.meta.get("trajectory_status", ["?"] * len(sample.trajectories))[k_best]
+    r_s = sample.rewards.get("execution", [None] * len(sample.trajectories))[k_best]
+    out += [f"## Trajectory t{k_best} (status {status}, final answer {traj.final_answer!r}, r_S = {r_s})", "",
+            _clip(render(traj), 1500), ""]
+    if sample.verifiers:
+        r_c = sample.rewards.get("evaluation", [])
+        i = sample.valid[0]
+        out += [f"## Verifier v{i} (valid; r_C = {r_c[i] if i < len(r_c) else None})", "", _clip(sample.verifiers[0], 1500), ""]
+    else:
+        bad = sample.meta.get("verifier_outputs", [""])
+        why = sample.meta.get("verifier_validity", ["?"])
+        out += ["## Verifier v0 (invalid: " + str(why[0] if why else "?") + ")", "", _clip(bad[0] if bad else "", 800), ""]
+    out += ["## Verdict matrix Z(q) = [Z_orig | Z_adv] of this task", "", verdict_table(sample), ""]
+    rw = sample.rewards
+    out.append(f"U = {rw.get('U')}, V = {rw.get('V')}, R = {rw.get('R')}, r_T = {rw.get('planning')}")
+    return "\n".join(out)
+
+
+def write_summary(run_dir: Path, timing: Optional[dict] = None) -> tuple[dict[str, Any], str]:
+    """Write ``summary.json`` and ``summary.md``; return the summary and its text."""
+    run_dir = Path(run_dir)
+    summary, sample = build_summary(run_dir, timing)
+    metrics = read_metrics(run_dir) if (run_dir / "metrics.jsonl").exists() else []
+    summary["blocks"] = [m.get("block") for m in metrics]
+    text = render_summary(summary, sample)
+    tmp = run_dir / ".summary.json.tmp"
+    tmp.write_text(json.dumps(summary, indent=2, default=lambda o: o.tolist() if isinstance(o, np.ndarray) else str(o)))
+    tmp.replace(run_dir / "summary.json")
+    (run_dir / "summary.md").write_text(text + "\n")
+    return summary, text
