@@ -14,7 +14,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     args = ap.parse_args(argv)
     run = load_run(args.run_dir)
     done = {}
-    if run.records:
+    if run.played_records():
         for mod, name in ((discrimination, "discrimination"), (reward_variance, "reward_variance")):
             result = mod.analyse(run)
             out = write_outputs(run, name, result, mod.to_markdown(result))

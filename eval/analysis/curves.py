@@ -41,7 +41,7 @@ def _from_records(run: RunData, what: str) -> dict[int, float]:
     from unifiedplayers.rewards import adversarial_rejection_rate, uncertainty
 
     groups: dict[int, list[float]] = defaultdict(list)
-    for rec in run.records:
+    for rec in run.played_records():
         if rec.iteration is None:
             continue
         if what == "mean_U":

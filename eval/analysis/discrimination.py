@@ -105,7 +105,7 @@ def to_markdown(result: dict[str, Any]) -> str:
 
 
 def analyse(run: RunData) -> dict[str, Any]:
-    return discrimination(run.records)
+    return discrimination(run.played_records())
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:

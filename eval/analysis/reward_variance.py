@@ -98,7 +98,7 @@ def plot(r: dict[str, Any], path) -> None:
 
 
 def analyse(run: RunData) -> dict[str, Any]:
-    return reward_variance(run.records)
+    return reward_variance(run.played_records())
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:

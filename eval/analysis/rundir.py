@@ -3,8 +3,8 @@
 A run directory (written by ``python -m unifiedplayers.train``) holds:
 
 - ``records.jsonl``: one interaction record ξ(q) per task (``unifiedplayers.records``);
-- ``metrics.jsonl``: one JSON object per update with ``iteration`` (outer iteration), ``block``
-  (planning | execution | evaluation), ``step`` and per-player namespaced metrics (``KEYS`` below);
+- ``metrics.jsonl``: one JSON object per update with ``outer_iteration``, ``block``
+  (planning | execution | evaluation), ``update`` and per-player namespaced metrics (``KEYS`` below);
 - ``config.yaml`` (or Hydra's ``.hydra/config.yaml``) and ``summary.json`` (optional).
 
 If the trainer names a key differently, change it in ``KEYS`` here and nothing else.
@@ -18,11 +18,13 @@ from pathlib import Path
 from typing import Any, Optional
 
 KEYS = {
-    "iteration": "iteration",
+    "iteration": "outer_iteration",
     "block": "block",
-    "step": "step",
+    "step": "update",
     "mean_U": "planning/U",
-    "execution_accuracy": "execution/accuracy",  # the fixed 128 math + 128 general pool, every 50 updates
+    # The fixed 128 math + 128 general pool every 50 updates (SPEC §8) when the trainer logs it; else the
+    # per-update accuracy against the verifier pool (strict majority of the task's valid verifiers).
+    "execution_accuracy": ("execution/accuracy", "execution/accuracy_vs_pool"),
     "adversarial_rejection": "evaluation/rho_adv",
     # Table 4 / 7 / 8 quantities, as "{player}/<name>"
     "grad_norm": "{player}/grad_norm",  # global norm before clipping
@@ -30,9 +32,9 @@ KEYS = {
     "clip_frac": "{player}/clip_frac",
     "entropy": "{player}/entropy",  # on the fixed bank of held-out role contexts
     "entropy_ratio": "{player}/entropy_ratio",  # final / initial, when the trainer logs it directly
-    "accuracy": "{player}/accuracy",
+    "accuracy": ("{player}/accuracy", "{player}/accuracy_vs_pool"),
     # compute
-    "timing_total": ("timing/step_s", "timing/update_s", "timing/total_s"),  # wall seconds of one update
+    "timing_total": ("timing/total_s", "timing/step_s"),  # wall seconds of one whole update (rollout included)
     "timing_prefix": "timing/",
     "devices": "timing/devices",  # accelerators used by the update (0 on CPU)
 }
@@ -55,14 +57,22 @@ class RunData:
         exp = self.config.get("experiment") if isinstance(self.config, dict) else None
         return str(exp) if exp else self.path.name
 
-    def series(self, key: str) -> list[tuple[dict[str, Any], float]]:
-        """(row, value) of every metrics row that has a finite ``key``, in file order."""
-        out = []
-        for row in self.metrics:
-            v = row.get(key)
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-                out.append((row, float(v)))
-        return out
+    def series(self, key: Any) -> list[tuple[dict[str, Any], float]]:
+        """(row, value) of every metrics row that has a finite ``key``, in file order. ``key`` may be a
+        tuple of candidate names: the first one with any value is used."""
+        for k in (key if isinstance(key, tuple) else (key,)):
+            out = []
+            for row in self.metrics:
+                v = row.get(k)
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+                    out.append((row, float(v)))
+            if out:
+                return out
+        return []
+
+    def played_records(self) -> list[Any]:
+        """Records of tasks that were played (malformed or unused Planning outputs have no trajectories)."""
+        return [r for r in self.records if len(r.trajectories) > 0]
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -110,8 +120,11 @@ def load_run(run_dir: str | Path, need_records: bool = False, need_metrics: bool
 
 
 def key(name: str, player: Optional[str] = None) -> Any:
+    """The metrics key (or tuple of candidate keys) of ``name``, for ``player`` where it is per player."""
     k = KEYS[name]
-    return k.format(player=player) if isinstance(k, str) and player else k
+    if player is None:
+        return k
+    return tuple(x.format(player=player) for x in k) if isinstance(k, tuple) else k.format(player=player)
 
 
 def write_outputs(run: RunData, name: str, data: dict[str, Any], markdown: str, out_dir: Optional[Path] = None) -> Path:

@@ -44,11 +44,14 @@ RULES = ["step_drop", "early_terminate"]
 REC_A = record([[1, 1], [1, 0]], [[[0, 0], [0, 1]], [[1, 0], [0, 0]]], [[True, True], [True, True]], RULES, ["1", "2"])
 REC_EMPTY = record([], [], [[True, True], [True, True]], RULES, ["1", "2"])
 REC_C = record([[0]], [[[0, 1]]], [[True, False]], RULES, ["3"])
+# A malformed Planning output: recorded, but with no trajectories; every analysis must ignore it.
+REC_MALFORMED = record([], [], [], RULES, [])
 
 
 def test_discrimination_per_rule_and_overall(tmp_path):
-    run = write_run(tmp_path, records=[REC_A, REC_EMPTY, REC_C])
+    run = write_run(tmp_path, records=[REC_A, REC_EMPTY, REC_C, REC_MALFORMED])
     res = discrimination.main([str(run)])
+    assert res["num_tasks"] == 3
     v = res["levels"]["verifier"]
     assert v["original_acceptance"] == pytest.approx(3 / 5)
     assert v["per_rule"]["step_drop"]["rejection"] == pytest.approx(4 / 5)
@@ -69,7 +72,7 @@ def test_reward_variance_against_majority_vote(tmp_path):
     r1 = record([[1, 1, 0, 0], [1, 0, 0, 0]], [[[]] * 4] * 2, [[]] * 4, [], ["2", "2", "2.0", "3"])
     r2 = record([[1, 0, 1, 0]], [[[]] * 4], [[]] * 4, [], [r"\frac{1}{2}", "0.5", "1/2", None])
     r3 = record([], [], [[]] * 4, [], ["1", "1", "1", "1"])
-    run = write_run(tmp_path, records=[r1, r2, r3])
+    run = write_run(tmp_path, records=[r1, r2, r3, REC_MALFORMED])
     res = reward_variance.main([str(run)])
     # r_S = [1, .5, 0, 0] -> var .171875;  [1, 0, 1, 0] -> .25.  Majority vote: [1,1,1,0] twice -> .1875
     assert res["per_question"]["unifiedplayers"] == pytest.approx([0.171875, 0.25])
@@ -81,15 +84,15 @@ def test_reward_variance_against_majority_vote(tmp_path):
 
 def test_curves_from_metrics_and_from_records(tmp_path):
     metrics = [
-        {"iteration": 1, "block": "planning", "step": 0, "planning/U": 0.1},
-        {"iteration": 1, "block": "planning", "step": 1, "planning/U": 0.3},
-        {"iteration": 1, "block": "execution", "step": 0, "execution/accuracy": 0.4},
-        {"iteration": 1, "block": "execution", "step": 1, "execution/accuracy": 0.5},
-        {"iteration": 1, "block": "evaluation", "step": 0, "evaluation/rho_adv": 0.2},
-        {"iteration": 1, "block": "evaluation", "step": 1, "evaluation/rho_adv": 0.4},
-        {"iteration": 2, "block": "planning", "step": 0, "planning/U": 0.4},
-        {"iteration": 2, "block": "execution", "step": 0, "execution/accuracy": 0.6},
-        {"iteration": 2, "block": "evaluation", "step": 0, "evaluation/rho_adv": 0.7},
+        {"outer_iteration": 1, "block": "planning", "update": 0, "planning/U": 0.1},
+        {"outer_iteration": 1, "block": "planning", "update": 1, "planning/U": 0.3},
+        {"outer_iteration": 1, "block": "execution", "update": 0, "execution/accuracy": 0.4},
+        {"outer_iteration": 1, "block": "execution", "update": 1, "execution/accuracy": 0.5},
+        {"outer_iteration": 1, "block": "evaluation", "update": 0, "evaluation/rho_adv": 0.2},
+        {"outer_iteration": 1, "block": "evaluation", "update": 1, "evaluation/rho_adv": 0.4},
+        {"outer_iteration": 2, "block": "planning", "update": 0, "planning/U": 0.4},
+        {"outer_iteration": 2, "block": "execution", "update": 0, "execution/accuracy": 0.6},
+        {"outer_iteration": 2, "block": "evaluation", "update": 0, "evaluation/rho_adv": 0.7},
     ]
     run = write_run(tmp_path, metrics=metrics)
     res = curves.main([str(run)])
@@ -107,9 +110,15 @@ def test_curves_from_metrics_and_from_records(tmp_path):
     assert res2["adversarial_rejection"] == pytest.approx({"1": 0.75})
     assert res2["source"]["execution_accuracy"] == "missing"
 
+    # The trainer's per-update accuracy against the verifier pool stands in for the fixed-pool accuracy.
+    (tmp_path / "c").mkdir()
+    run3 = write_run(tmp_path / "c", metrics=[{"outer_iteration": 1, "execution/accuracy_vs_pool": 0.25},
+                                             {"outer_iteration": 1, "execution/accuracy_vs_pool": 0.5}])
+    assert curves.main([str(run3)])["execution_accuracy"] == pytest.approx({"1": 0.5})
+
 
 def test_diagnostics_table4(tmp_path):
-    metrics = [{"iteration": 1, "block": "execution", "step": i, "execution/grad_norm": g}
+    metrics = [{"outer_iteration": 1, "block": "execution", "update": i, "execution/grad_norm": g}
                for i, g in enumerate([1.0, 2.0, 3.0, 4.0])]
     metrics += [{"execution/kl": 0.01, "execution/clip_frac": 0.1, "execution/entropy": 2.0},
                 {"execution/kl": 0.03, "execution/clip_frac": 0.3, "execution/entropy": 1.5}]
@@ -128,10 +137,10 @@ def test_diagnostics_table4(tmp_path):
 
 def test_compute_accounting(tmp_path):
     metrics = [
-        {"iteration": 1, "block": "planning", "timing/step_s": 1800.0},
-        {"iteration": 1, "block": "planning", "timing/step_s": 1800.0},
-        {"iteration": 1, "block": "execution", "timing/step_s": 3600.0, "timing/devices": 2},
-        {"iteration": 2, "block": "evaluation", "timing/rollout_s": 60.0, "timing/backward_s": 120.0},
+        {"outer_iteration": 1, "block": "planning", "timing/total_s": 1800.0},
+        {"outer_iteration": 1, "block": "planning", "timing/total_s": 1800.0},
+        {"outer_iteration": 1, "block": "execution", "timing/total_s": 3600.0, "timing/devices": 2},
+        {"outer_iteration": 2, "block": "evaluation", "timing/rollout_s": 60.0, "timing/backward_s": 120.0},
     ]
     run = write_run(tmp_path, metrics=metrics, summary={"devices": 8})
     res = compute.main([str(run)])
@@ -145,8 +154,8 @@ def test_compute_accounting(tmp_path):
 
 
 def test_all_and_missing_inputs(tmp_path):
-    run = write_run(tmp_path, records=[REC_A, REC_C], metrics=[{"iteration": 1, "block": "execution",
-                                                               "execution/grad_norm": 1.0, "timing/step_s": 10.0}])
+    run = write_run(tmp_path, records=[REC_A, REC_C], metrics=[{"outer_iteration": 1, "block": "execution",
+                                                               "execution/grad_norm": 1.0, "timing/total_s": 10.0}])
     done = all_analyses.main([str(run)])
     assert set(done) == {"discrimination", "reward_variance", "curves", "diagnostics", "compute"}
     empty = tmp_path / "empty"

