@@ -158,3 +158,20 @@ def test_tiny_random_model_never_crashes(sandbox):
             assert len(ids) == len(mask) == len(old) and sum(mask) > 0
             assert all(lp <= 0.0 for lp, m in zip(old, mask) if m)
             assert r.segments[0].trainable is False
+
+
+def test_engine_failure_and_context_limit_end_only_their_samples(sandbox, tok):
+    class Flaky(ScriptedEngine):
+        def continue_segments(self, contexts, **kw):
+            if any("BAD" in self.tokenizer.decode([t for seg in c for t in seg.token_ids]) for c in contexts):
+                raise RuntimeError("boom")
+            return super().continue_segments(contexts, **kw)
+
+    long_prompt = "LONG " * 40 + "\n"
+    engine = Flaky(tok, {"ok\n": ["\\boxed{1}"], "BAD\n": ["never"], long_prompt: ["never"]})
+    out = run_tool_loop(engine, sandbox, ["ok\n", "BAD\n", long_prompt],
+                        config=ToolLoopConfig(max_context_tokens=100))
+    ok, bad, long = (rs[0] for rs in out)
+    assert ok.status == "answered"
+    assert bad.status == "error" and "RuntimeError: boom" in bad.detail
+    assert long.status == "error" and long.detail == "context_limit"

@@ -40,8 +40,10 @@ Statuses, never exceptions, for malformed output:
   that last block is not run;
 - ``no_answer``: the model stopped without code or answer (``detail``: ``eos``, ``length``,
   ``continuations``);
-- ``error``: an unterminated code block at eos/length (``unterminated_code_block``), or the sandbox
-  or the engine failed for this sample (``detail`` names it).
+- ``error``: an unterminated code block at eos/length (``unterminated_code_block``), a context that
+  reached ``max_context_tokens`` (``context_limit``), or the sandbox or the engine failed for this
+  sample (``detail`` names it). When a batched engine call raises, the samples are retried one by one
+  so that only the failing ones end.
 """
 from __future__ import annotations
 
@@ -75,6 +77,9 @@ class ToolLoopConfig:
     top_p: float = 1.0
     greedy: bool = False
     timeout_s: Optional[float] = None  # per code block; None: the sandbox's own timeout
+    # Longest context (prompt + transcript) in tokens; a sample that reaches it ends with status error
+    # (detail "context_limit"). None: the model's max_position_embeddings when the engine exposes it.
+    max_context_tokens: Optional[int] = None
 
     @classmethod
     def from_player_config(cls, player_cfg: Any, **overrides: Any) -> "ToolLoopConfig":
@@ -224,30 +229,24 @@ def run_tool_loop(
     ]
     samples = [_Sample(prompt_ids[i], questions[i]) for i in range(len(prompts)) for _ in range(n)]
 
+    max_context = cfg.max_context_tokens
+    if max_context is None:
+        max_context = getattr(getattr(getattr(engine, "model", None), "config", None), "max_position_embeddings", None)
+
     call = 0
     while True:
+        for s in samples:
+            if s.status is None and max_context is not None and sum(len(g.token_ids) for g in s.segments) >= max_context:
+                s.finish("error", "context_limit")
         active = [s for s in samples if s.status is None]
         if not active:
             break
-        try:
-            outs = engine.continue_segments(
-                [s.segments for s in active],
-                n=1,
-                max_new_tokens=cfg.max_new_tokens,
-                temperature=cfg.temperature,
-                top_p=cfg.top_p,
-                stop=STOP_STRINGS,
-                greedy=cfg.greedy,
-                seed=None if seed is None else seed + call,
-            )
-        except Exception as exc:  # an engine failure ends these samples, it does not crash the batch
-            for s in active:
-                s.finish("error", f"engine: {type(exc).__name__}: {exc}")
-            break
+        gen_seed = None if seed is None else seed + call
         call += 1
+        done = _generate(engine, active, cfg, gen_seed)
         to_run: list[tuple[_Sample, str]] = []
-        for s, out in zip(active, outs):
-            to_run.extend(_advance(s, out[0], tokenizer, cfg))
+        for s, c in done:
+            to_run.extend(_advance(s, c, tokenizer, cfg))
         if to_run:
             _execute(to_run, sandbox, tokenizer, cfg)
 
@@ -266,6 +265,25 @@ def run_tool_loop(
             )
         )
     return [results[i * n:(i + 1) * n] for i in range(len(prompts))]
+
+
+def _generate(engine: Any, active: list[_Sample], cfg: ToolLoopConfig,
+              seed: Optional[int]) -> list[tuple[_Sample, Completion]]:
+    """One generation for every active sample in one engine call; if the call raises, each sample
+    alone, so that a failure ends only the samples it belongs to."""
+    kwargs = dict(n=1, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
+                  stop=STOP_STRINGS, greedy=cfg.greedy, seed=seed)
+    try:
+        outs = engine.continue_segments([s.segments for s in active], **kwargs)
+        return [(s, out[0]) for s, out in zip(active, outs)]
+    except Exception as exc:
+        if len(active) == 1:
+            active[0].finish("error", f"engine: {type(exc).__name__}: {exc}")
+            return []
+    done = []
+    for s in active:
+        done.extend(_generate(engine, [s], cfg, seed))
+    return done
 
 
 def _advance(s: _Sample, c: Completion, tokenizer: Any, cfg: ToolLoopConfig) -> list[tuple[_Sample, str]]:
