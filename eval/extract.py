@@ -37,12 +37,12 @@ def extract_option_letter(text: str, num_options: int = 4) -> Optional[str]:
         if m:
             return m.group(1)
     phrase = re.findall(
-        rf"(?:answer|option|choice)\s*(?:is|:)?\s*(?:option|choice)?\s*[:\s]*\(?\**([{letters}])\**\)?(?![A-Za-z])",
+        rf"(?:answer|option|choice)\s*(?:is|:)?\s*(?:option|choice)?\s*[:\s]*\(?\**(?-i:([{letters}]))\**\)?(?![A-Za-z])",
         text,
         flags=re.I,
     )
     if phrase:
-        return phrase[-1].upper() if phrase[-1].upper() in letters else None
+        return phrase[-1]
     for line in reversed(text.strip().splitlines()):
         line = line.strip().strip("*").strip()
         if not line:

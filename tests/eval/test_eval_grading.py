@@ -46,6 +46,8 @@ def test_grade_math(prediction, reference, expected):
         ("A looks wrong, B too.\nThe answer is: **C**", 4, "C"),
         ("I pick\n(A)", 4, "A"),
         ("no letter here", 4, None),
+        ("The answer is a tricky one.", 4, None),  # the article "a" is not option A
+        ("The answer is a tricky one. Answer: (B)", 4, "B"),
     ],
 )
 def test_extract_option_letter(text, n, expected):
