@@ -67,15 +67,15 @@ def code_blocks(text: str, langs: tuple[str, ...] = ("python", "py", "python3", 
 def humaneval_program(prompt: str, completion: str, entry_point: str) -> str:
     """The program to test for a HumanEval problem, from the model's completion.
 
-    - If the completion has a fenced Python block defining ``entry_point``, that block is the
-      solution; the prompt's lines before its ``def`` (imports, helper functions) are prepended so
+    - If the completion has fenced Python blocks defining ``entry_point``, the last of them is the
+      solution (in tool mode the model may test and then fix its function); the prompt's lines before its ``def`` (imports, helper functions) are prepended so
       that names like ``List`` resolve.
     - Otherwise the completion continues the prompt (the function body), as in the original
       HumanEval protocol: ``prompt + completion`` cut at the first line that leaves the function
       (a top-level statement other than a ``def``/decorator/comment).
     """
     blocks = code_blocks(completion)
-    for block in blocks:
+    for block in reversed(blocks):
         if re.search(rf"^\s*def\s+{re.escape(entry_point)}\s*\(", block, flags=re.M):
             header = prompt.split(f"def {entry_point}", 1)[0]
             return header + "\n" + block.rstrip() + "\n"

@@ -82,6 +82,8 @@ def test_humaneval_program_from_block_and_from_body():
     block = "Here:\n```python\ndef f(xs):\n    return sum(xs)\n```\nDone."
     prog = humaneval_program(prompt, block, "f")
     assert "from typing import List" in prog and "return sum(xs)" in prog and "Done" not in prog
+    two = "```python\ndef f(xs):\n    return 0\n```\n```output\n\n```\nFixed:\n```python\ndef f(xs):\n    return sum(xs)\n```"
+    assert "return sum(xs)" in humaneval_program(prompt, two, "f") and "return 0" not in humaneval_program(prompt, two, "f")
     body = "    return sum(xs)\n\nprint('junk at top level')\n"
     prog = humaneval_program(prompt, body, "f")
     assert prog.startswith(prompt) and "return sum(xs)" in prog and "junk" not in prog
