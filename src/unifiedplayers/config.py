@@ -157,6 +157,9 @@ class RewardConfig:
     # p̂ counts all K samples; False: a missing answer joins no cluster (it can never be the majority);
     # True: all missing answers form one cluster.
     missing_answer_in_majority: bool = False
+    # U(q)'s math-verify matching runs in a guard process killed after this many seconds (sympy can
+    # evaluate an answer like 9^{9^{9^9}} for ever); the K answers are then grouped by text.
+    answer_match_timeout_s: float = 10.0
     # R(q): max_bleu = max sentence-BLEU/100 against the history; cluster_share = share of the history
     # with BLEU/100 >= repetition_bleu_threshold.
     repetition_mode: str = "max_bleu"

@@ -199,9 +199,8 @@ def _equivalent(a: str, pa: list, b: str, pb: list) -> bool:
         return False
 
 
-def answer_clusters(answers: Sequence[Optional[str]]) -> list[list[int]]:
-    """Group the indices of equivalent answers (math-verify: 5/2 ≡ 2.5 ≡ \\frac{5}{2}); missing answers
-    (None or blank) are left out. Each answer joins the first cluster whose first member it matches."""
+def _math_clusters(answers: Sequence[Optional[str]]) -> list[list[int]]:
+    """The clustering itself (in whatever process runs it)."""
     for name in ("math_verify.parser", "math_verify.grader"):
         logger = logging.getLogger(name)
         if not any(isinstance(f, _DropTimeoutNotice) for f in logger.filters):
@@ -223,20 +222,127 @@ def answer_clusters(answers: Sequence[Optional[str]]) -> list[list[int]]:
     return clusters
 
 
-def majority_share(answers: Sequence[Optional[str]], missing_in_majority: bool = False) -> float:
+def _text_clusters(answers: Sequence[Optional[str]]) -> list[list[int]]:
+    """Fallback: answers equal up to whitespace."""
+    groups: dict[str, list[int]] = {}
+    for idx, ans in enumerate(answers):
+        if ans is not None and ans.strip():
+            groups.setdefault(" ".join(ans.split()), []).append(idx)
+    return list(groups.values())
+
+
+def _serve_clusters(conn: Any) -> None:  # pragma: no cover - runs in the guard process
+    try:
+        import resource
+
+        cap = 4 << 30  # a runaway sympy evaluation fails with MemoryError instead of exhausting the host
+        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+    except (ImportError, ValueError, OSError):
+        pass
+    while True:
+        try:
+            answers = conn.recv()
+        except EOFError:
+            return
+        try:
+            conn.send(_math_clusters(answers))
+        except Exception:  # noqa: BLE001 - any failure: the caller falls back to text matching
+            conn.send(None)
+
+
+class _ClusterGuard:
+    """Runs math-verify in a child process that is killed when it exceeds its time.
+
+    math-verify's own timeouts rely on signals and fail outside the main thread, and sympy evaluates
+    a short answer such as 9^{9^{9^{9}}} for ever; a killed child costs one restart (about a second).
+    """
+
+    def __init__(self) -> None:
+        import threading
+
+        self._lock = threading.Lock()
+        self._proc: Any = None
+        self._conn: Any = None
+        self._pid = 0
+
+    def _start(self) -> None:
+        import multiprocessing
+        import os
+
+        ctx = multiprocessing.get_context("spawn")  # fork is unsafe in a threaded trainer
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_serve_clusters, args=(child,), daemon=True, name="answer-clusters")
+        self._proc.start()
+        child.close()
+        self._pid = os.getpid()
+
+    def _stop(self) -> None:
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.join()
+            self._conn.close()
+        self._proc = self._conn = None
+
+    def clusters(self, answers: list[Optional[str]], timeout_s: float) -> Optional[list[list[int]]]:
+        import os
+
+        with self._lock:
+            if self._pid != os.getpid():  # a forked copy of this process: the worker is the parent's
+                self._proc = self._conn = None
+            if self._proc is None or not self._proc.is_alive():
+                self._stop()
+                self._start()
+            self._conn.send(answers)
+            if self._conn.poll(timeout_s):
+                try:
+                    return self._conn.recv()
+                except EOFError:
+                    pass
+            self._stop()
+            return None
+
+
+_GUARD = _ClusterGuard()
+
+
+def answer_clusters(answers: Sequence[Optional[str]], timeout_s: Optional[float] = 10.0) -> list[list[int]]:
+    """Group the indices of equivalent answers (math-verify: 5/2 ≡ 2.5 ≡ \\frac{5}{2}); missing answers
+    (None or blank) are left out. Each answer joins the first cluster whose first member it matches.
+
+    Runs in a guard process killed after ``timeout_s`` (then answers are grouped by text, with a
+    warning); ``timeout_s=None`` runs in this process, for trusted input only.
+    """
+    answers = [None if a is None else str(a) for a in answers]
+    if timeout_s is None:
+        return _math_clusters(answers)
+    if all(a is None or not a.strip() for a in answers):
+        return []
+    got = _GUARD.clusters(answers, timeout_s)
+    if got is None:
+        logging.getLogger(__name__).warning(
+            "answer matching exceeded %.1f s or failed; grouping %d answers by text", timeout_s, len(answers))
+        return _text_clusters(answers)
+    return got
+
+
+def majority_share(
+    answers: Sequence[Optional[str]], missing_in_majority: bool = False, timeout_s: Optional[float] = 10.0
+) -> float:
     """p̂: share of the K samples that give the most frequent answer (K counts missing answers too)."""
     k = len(answers)
     if k == 0:
         return 0.0
-    sizes = [len(c) for c in answer_clusters(answers)]
+    sizes = [len(c) for c in answer_clusters(answers, timeout_s)]
     if missing_in_majority:
         sizes.append(sum(1 for a in answers if a is None or not a.strip()))
     return max(sizes, default=0) / k
 
 
-def uncertainty(answers: Sequence[Optional[str]], missing_in_majority: bool = False) -> float:
-    """U(q) = min(p̂, 1 − p̂) (SPEC §5; paper §3.2 below Eq. 2)."""
-    p_hat = majority_share(answers, missing_in_majority)
+def uncertainty(
+    answers: Sequence[Optional[str]], missing_in_majority: bool = False, timeout_s: Optional[float] = 10.0
+) -> float:
+    """U(q) = min(p̂, 1 − p̂) (SPEC §5; paper §3.2 below Eq. 2). ``timeout_s``: see :func:`answer_clusters`."""
+    p_hat = majority_share(answers, missing_in_majority, timeout_s)
     return float(min(p_hat, 1.0 - p_hat))
 
 
@@ -345,7 +451,7 @@ def task_rewards(
     r_c_valid = evaluation_rewards(z_orig, z_adv, red, cfg.alpha, cfg.beta, cfg.gamma, adv_mask)
     r_c = np.full(num_generated, float(cfg.invalid_verifier_reward))
     r_c[list(valid)] = r_c_valid
-    u = uncertainty(answers, cfg.missing_answer_in_majority)
+    u = uncertainty(answers, cfg.missing_answer_in_majority, cfg.answer_match_timeout_s)
     v = verifier_writability(z_adv, num_generated, adv_mask) if cfg.use_verifiability else 0.0
     r = repetition_penalty(question, history, cfg.repetition_mode, cfg.repetition_bleu_threshold)
     return TaskRewards(

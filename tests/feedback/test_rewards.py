@@ -116,6 +116,20 @@ def test_answer_clusters_use_math_equivalence():
     assert R.answer_clusters(["1/2", "0.5", "\\frac{1}{2}", "2", None, "(7,3)", "(7, 3)"]) == [[0, 1, 2], [3], [5, 6]]
 
 
+def test_a_runaway_answer_is_cut_off_and_matching_goes_on(caplog):
+    # sympy would evaluate 9^(9^(9^9)) for ever; after 2 s the guard process is killed and the answers
+    # are grouped by text: {A, A}, {1}, {3} -> p̂ = 2/4 -> U = 0.5
+    import time
+
+    bomb = "9^{9^{9^{9}}}"
+    t0 = time.perf_counter()
+    assert R.uncertainty([bomb, "1", bomb, "3"], timeout_s=2.0) == 0.5
+    assert time.perf_counter() - t0 < 15
+    assert "grouping 4 answers by text" in caplog.text
+    # the next call gets a fresh guard process and math equivalence again: {5/2, 2.5}, {3}, {4}
+    assert R.answer_clusters(["5/2", "2.5", "3", "4"]) == [[0, 1], [2], [3]]
+
+
 def test_uncertainty_works_in_threads():
     from concurrent.futures import ThreadPoolExecutor
 
