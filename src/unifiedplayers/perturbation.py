@@ -89,7 +89,10 @@ def numeric_literals(code: str, step_index: int = 0) -> list[NumericLiteral]:
         for tok in tokenize.generate_tokens(io.StringIO(code).readline):
             if tok.type != tokenize.NUMBER or tok.string[-1] in "jJ":
                 continue
-            value = ast.literal_eval(tok.string)
+            try:
+                value = ast.literal_eval(tok.string)
+            except (ValueError, SyntaxError):  # an int past Python's 4300-digit conversion limit
+                continue
             if isinstance(value, float) and (value == 0.0 or not math.isfinite(value)):
                 continue
             start = line_starts[tok.start[0] - 1] + tok.start[1]
@@ -105,6 +108,8 @@ def _mutated_literal(lit: NumericLiteral, rng: random.Random, params: RuleParams
         new: Any = lit.value + rng.choice(params.int_offsets)
     else:
         new = lit.value * (1.0 + rng.choice((-1.0, 1.0)) * params.float_rel_change)
+        if not math.isfinite(new):  # +5% of a float near the maximum overflows: shift down instead
+            new = lit.value * (1.0 - params.float_rel_change)
     text = repr(new)
     return f"({text})" if new < 0 else text  # parenthesised so `x-1` -> `x-(-1)`, never `x--1` surprises
 
@@ -194,6 +199,8 @@ _TEXFRAC = re.compile(r"(-?)\\[dt]?frac\{(\d+)\}\{(\d+)\}")
 def _numeric_answer(answer: str) -> Optional[tuple[Any, Callable[[Any], str]]]:
     """(value, formatter in the answer's own style) for an int, decimal, a/b or \\frac{a}{b} answer."""
     a = answer.strip().strip("$").strip()
+    if len(a) > 1000:  # past int()'s digit limit and no plausible task answer: treated as non-numeric
+        return None
     if _INT.fullmatch(a):
         return int(a), lambda v: str(v)
     if _DEC.fullmatch(a):

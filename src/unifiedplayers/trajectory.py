@@ -139,36 +139,36 @@ class Trajectory:
 # \boxed{...} extraction
 
 
-def _balanced_content(text: str, open_idx: int) -> Optional[tuple[str, int]]:
-    """Content of the brace group opening at ``text[open_idx] == "{"`` and the index after it.
-
-    ``\\{`` and ``\\}`` are literal braces and do not count.
-    """
-    depth, i = 0, open_idx
-    while i < len(text):
+def _matching_braces(text: str) -> dict[int, int]:
+    """Index of each ``{`` -> index of its matching ``}``, in one pass (``\\{`` and ``\\}`` are literal)."""
+    pairs, stack, i, n = {}, [], 0, len(text)
+    while i < n:
         c = text[i]
         if c == "\\":
             i += 2
             continue
         if c == "{":
-            depth += 1
-        elif c == "}":
-            depth -= 1
-            if depth == 0:
-                return text[open_idx + 1 : i], i + 1
+            stack.append(i)
+        elif c == "}" and stack:
+            pairs[stack.pop()] = i
         i += 1
-    return None
+    return pairs
+
+
+def _balanced_content(text: str, open_idx: int) -> Optional[tuple[str, int]]:
+    """Content of the brace group opening at ``text[open_idx] == "{"`` and the index after it."""
+    close = _matching_braces(text[open_idx:]).get(0)
+    return None if close is None else (text[open_idx + 1 : open_idx + close], open_idx + close + 1)
 
 
 def _boxed_spans(text: str) -> list[tuple[int, int, str]]:
-    """(start, end, content) of every balanced \\boxed{...} / \\fbox{...} in ``text``."""
+    """(start, end, content) of every balanced \\boxed{...} / \\fbox{...} in ``text`` (linear time)."""
+    pairs = _matching_braces(text)
     spans = []
-    pattern = re.compile(r"\\(?:boxed|fbox)\s*\{")
-    for m in pattern.finditer(text):
-        got = _balanced_content(text, m.end() - 1)
-        if got is not None:
-            content, end = got
-            spans.append((m.start(), end, content))
+    for m in re.finditer(r"\\(?:boxed|fbox)\s*\{", text):
+        close = pairs.get(m.end() - 1)
+        if close is not None:
+            spans.append((m.start(), close + 1, text[m.end() : close]))
     return spans
 
 

@@ -131,6 +131,19 @@ def test_distractor_pool(answer, pool):
     assert distractor_pool(answer) == pool
 
 
+def test_huge_numbers_do_not_break_the_rules():
+    huge = "9" * 5000  # past int()'s 4300-digit conversion limit
+    assert distractor_pool(huge) == ["0"]
+    code = f"x = {huge}\ny = 3\n"
+    (lit,) = numeric_literals(code)  # the huge literal is skipped, the 3 is found
+    assert (lit.text, lit.value, code[lit.start : lit.end]) == ("3", 3, "3")
+    # 1.75e308 · 1.05 overflows to inf (max float 1.797e308), so both directions give 1.75e308 · 0.95
+    t = Trajectory("q", [code_step("print(1.75e308 * 1)")], None)
+    codes = {propose_arg_mutation(t, random.Random(s), PARAMS)[0].steps[0].code for s in range(60)}
+    float_codes = {c for c in codes if not c.startswith("print(1.75e308 *")}
+    assert float_codes == {f"print({1.75e308 * 0.95!r} * 1)"}
+
+
 def test_early_terminate_on_trajectory_1():
     # Appendix I.4, Pair 1: the suffix is discarded and a distractor (here from {8, 10, 0}) is injected.
     seen_cuts, seen_answers = set(), set()

@@ -154,6 +154,15 @@ def test_parsing_junk_never_raises():
         Trajectory.from_json(t.to_json())
 
 
+def test_many_unbalanced_boxes_parse_in_linear_time():
+    import time
+
+    text = "\\boxed{" * 20000 + " and finally \\boxed{7}"
+    t0 = time.perf_counter()
+    assert parse_transcript("q", text).final_answer == "7"
+    assert time.perf_counter() - t0 < 2.0  # a rescan per box would be 20000² steps
+
+
 def test_format_observation():
     assert format_observation("9\n") == "9"
     assert format_observation("", "Traceback...\nZeroDivisionError: division by zero\n", 1) == (
