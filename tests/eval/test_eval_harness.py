@@ -68,6 +68,14 @@ def test_offline_loaders_and_field_mapping(tmp_path):
     assert sorted(g.options) == ["right", "w1", "w2", "w3"] and g.options["ABCD".index(g.reference)] == "right"
     with pytest.raises(KeyError, match="fields.question"):
         load_benchmark("math500", str(tmp_path / "g.jsonl"))
+    # a directory written by datasets' save_to_disk (a DatasetDict: the split is chosen by name)
+    import datasets
+
+    datasets.DatasetDict({"test": datasets.Dataset.from_list(
+        [{"unique_id": "a", "problem": "2+2?", "answer": "4"}, {"unique_id": "b", "problem": "3+3?", "answer": "6"}]
+    )}).save_to_disk(str(tmp_path / "math500_dir"))
+    probs = load_benchmark("math500", str(tmp_path / "math500_dir"), split="test")
+    assert [(p.id, p.question, p.reference) for p in probs] == [("a", "2+2?", "4"), ("b", "3+3?", "6")]
 
 
 def test_metrics_by_hand():
