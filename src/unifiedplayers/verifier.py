@@ -104,44 +104,36 @@ def compile_verifier(text: str) -> CompiledVerifier:
     return CompiledVerifier(True, "ok", source)
 
 
-# The prelude runs before the model's code. Builtins it relies on are captured as default arguments,
-# so a verifier that rebinds `type` or `len` at module level cannot change how its result is read.
+# The prelude runs before the model's code; it imports nothing (an import costs a file lookup per
+# call). Builtins it relies on are captured as default arguments, so a verifier that rebinds `type`
+# or `len` at module level cannot change how its result is read.
 PRELUDE = '''\
-import types as _up_types
+class _UpView(dict):
+    def __getattr__(self, key):
+        try:
+            return self[key]
+        except KeyError:
+            raise AttributeError(key) from None
 
 
-class _UpView(_up_types.SimpleNamespace):
-    """Attribute access (s.type) and item access (s["type"]) on a JSON object."""
-
-    def __getitem__(self, key):
-        return getattr(self, key)
-
-    def get(self, key, default=None):
-        return getattr(self, key, default)
-
-
-def _up_view(payload):
-    steps = [_UpView(**s) for s in payload.get("steps") or []]
-    return _UpView(question=payload.get("question"), steps=steps, final_answer=payload.get("final_answer"))
-
-
-def __unifiedplayers_verdict__(payload, _g=globals(), _type=type, _tuple=tuple, _len=len, _repr=repr,
-                               _int=int, _view=_up_view):
-    result = _g["check"](_view(payload))
+def __unifiedplayers_verdict__(payload, _g=globals(), _type=type, _tuple=tuple, _len=len, _repr=repr, _int=int,
+                               _view=_UpView):
+    view = _view(payload)
+    view["steps"] = [_view(s) for s in payload.get("steps") or []]
+    result = _g["check"](view)
     accepted = result is True or (_type(result) is _tuple and _len(result) >= 1 and result[0] is True)
-    fail_step = None
-    if _type(result) is _tuple and _len(result) >= 2 and _type(result[1]) is _int:
-        fail_step = result[1]
+    is_pair = _type(result) is _tuple and _len(result) >= 2 and _type(result[1]) is _int
     try:
         shown = _repr(result)[:200]
     except BaseException:
         shown = "<unprintable>"
-    return {"accepted": accepted, "returned": _type(result).__name__, "repr": shown, "fail_step": fail_step}
+    return {"accepted": accepted, "returned": _type(result).__name__, "repr": shown,
+            "fail_step": result[1] if is_pair else None}
 
 
 # ---- verifier ----
 '''
-_RESERVED = (ENTRY_POINT, "_up_view", "_UpView", "_up_types")  # the prelude's names: a verifier may not rebind them
+_RESERVED = (ENTRY_POINT, "_UpView")  # the prelude's names: a verifier may not rebind them
 
 
 def sandbox_source(source: str) -> str:
