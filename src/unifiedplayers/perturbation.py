@@ -312,7 +312,8 @@ class PerturbationEngine:
     """Applies the configured rules to trajectories: ``perturb(traj)`` gives one entry per rule.
 
     ``sandbox`` (a ``unifiedplayers.sandbox.Sandbox``) is needed only by arg_mutation; ``format_result``
-    turns its ``ExecResult`` into observation text (default :func:`observation_of`).
+    turns its ``ExecResult`` into observation text (default :func:`observation_of`). It must match how
+    the Execution tool loop wrote the original outputs, or the format alone would give variants away.
     """
 
     def __init__(
@@ -346,8 +347,14 @@ class PerturbationEngine:
         self.params = RuleParams(tuple(int_offsets), float_rel_change, substitute_lang, self._execute)
 
     @classmethod
-    def from_config(cls, cfg: Any, seed: int = 0, sandbox: Any = None) -> "PerturbationEngine":
-        """Build from a ``PerturbationConfig`` node (``conf/perturbation/``)."""
+    def from_config(
+        cls, cfg: Any, seed: int = 0, sandbox: Any = None, format_result: Callable[[Any], str] = observation_of
+    ) -> "PerturbationEngine":
+        """Build from a ``PerturbationConfig`` node (``conf/perturbation/``).
+
+        ``format_result`` must be the Execution tool loop's own formatter (truncation included): a
+        re-executed output formatted differently would tell a verifier which trajectory is a variant.
+        """
         return cls(
             rules=list(cfg.rules),
             seed=seed,
@@ -355,6 +362,7 @@ class PerturbationEngine:
             int_offsets=list(cfg.int_offsets),
             float_rel_change=cfg.float_rel_change,
             substitute_lang=cfg.substitute_lang,
+            format_result=format_result,
         )
 
     @property
