@@ -362,3 +362,18 @@ def test_perturbation_config_groups(preset, rules, sandbox):
     assert engine.rules == rules and engine.params.int_offsets == (-2, -1, 1, 2)
     assert engine.params.float_rel_change == 0.05 and engine.params.substitute_lang == "bash"
     assert len(engine.perturb(TRAJ1)) == len(rules)
+
+
+def test_the_tool_loops_formatter_writes_the_reexecuted_output(sandbox):
+    t = Trajectory("q", [code_step("print(10 * 10)"), output_step("<10")], "100")
+
+    def shout(result):  # e.g. a tool loop that truncates and tags its observations
+        return "<" + result.stdout.strip()[:2]
+
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.create({"rules": ["arg_mutation"], "int_offsets": [1], "float_rel_change": 0.05,
+                            "substitute_lang": "bash"})
+    (v,) = PerturbationEngine.from_config(cfg, seed=0, sandbox=sandbox, format_result=shout).perturb(t)
+    # either 11 * 10 = 110 or 10 * 11 = 110 -> "<11"
+    assert v.steps[0].code in ("print(11 * 10)", "print(10 * 11)") and v.steps[1].result == "<11"
