@@ -231,7 +231,12 @@ def _text_clusters(answers: Sequence[Optional[str]]) -> list[list[int]]:
     return list(groups.values())
 
 
-def _serve_clusters(conn: Any) -> None:  # pragma: no cover - runs in the guard process
+def _serve_stdio() -> None:  # pragma: no cover - runs in the guard process
+    """The guard process: one JSON list of answers per line in, one JSON list of clusters per line out."""
+    import json
+    import os
+    import sys
+
     try:
         import resource
 
@@ -239,15 +244,15 @@ def _serve_clusters(conn: Any) -> None:  # pragma: no cover - runs in the guard 
         resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
     except (ImportError, ValueError, OSError):
         pass
-    while True:
+    out = os.fdopen(os.dup(1), "w")
+    sys.stdout = sys.stderr  # nothing a library prints can corrupt the replies
+    for line in sys.stdin:
         try:
-            answers = conn.recv()
-        except EOFError:
-            return
-        try:
-            conn.send(_math_clusters(answers))
+            reply = _math_clusters(json.loads(line))
         except Exception:  # noqa: BLE001 - any failure: the caller falls back to text matching
-            conn.send(None)
+            reply = None
+        out.write(json.dumps(reply) + "\n")
+        out.flush()
 
 
 class _ClusterGuard:
@@ -255,6 +260,7 @@ class _ClusterGuard:
 
     math-verify's own timeouts rely on signals and fail outside the main thread, and sympy evaluates
     a short answer such as 9^{9^{9^{9}}} for ever; a killed child costs one restart (about a second).
+    A plain subprocess (not multiprocessing) so that no caller's ``__main__`` is re-imported.
     """
 
     def __init__(self) -> None:
@@ -262,44 +268,65 @@ class _ClusterGuard:
 
         self._lock = threading.Lock()
         self._proc: Any = None
-        self._conn: Any = None
         self._pid = 0
 
     def _start(self) -> None:
-        import multiprocessing
         import os
+        import subprocess
+        import sys
 
-        ctx = multiprocessing.get_context("spawn")  # fork is unsafe in a threaded trainer
-        self._conn, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_serve_clusters, args=(child,), daemon=True, name="answer-clusters")
-        self._proc.start()
-        child.close()
+        code = "from unifiedplayers.rewards import _serve_stdio; _serve_stdio()"
+        self._proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      stderr=subprocess.DEVNULL, close_fds=True)
         self._pid = os.getpid()
 
     def _stop(self) -> None:
         if self._proc is not None:
             self._proc.kill()
-            self._proc.join()
-            self._conn.close()
-        self._proc = self._conn = None
+            self._proc.wait()
+            self._proc.stdin.close()
+            self._proc.stdout.close()
+        self._proc = None
+
+    def _read_line(self, deadline: float) -> Optional[bytes]:
+        import os
+        import select
+        import time
+
+        buf = b""
+        fd = self._proc.stdout.fileno()
+        while not buf.endswith(b"\n"):
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                return None
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                return None
+            buf += chunk
+        return buf
 
     def clusters(self, answers: list[Optional[str]], timeout_s: float) -> Optional[list[list[int]]]:
+        import json
         import os
+        import time
 
         with self._lock:
-            if self._pid != os.getpid():  # a forked copy of this process: the worker is the parent's
-                self._proc = self._conn = None
-            if self._proc is None or not self._proc.is_alive():
+            if self._pid != os.getpid():  # a forked copy of this process: the child is the parent's
+                self._proc = None
+            if self._proc is None or self._proc.poll() is not None:
                 self._stop()
                 self._start()
-            self._conn.send(answers)
-            if self._conn.poll(timeout_s):
-                try:
-                    return self._conn.recv()
-                except EOFError:
-                    pass
-            self._stop()
-            return None
+            try:
+                self._proc.stdin.write(json.dumps(answers).encode() + b"\n")
+                self._proc.stdin.flush()
+            except OSError:
+                self._stop()
+                return None
+            line = self._read_line(time.monotonic() + timeout_s)
+            if line is None:
+                self._stop()
+                return None
+            return json.loads(line)
 
 
 _GUARD = _ClusterGuard()
