@@ -82,7 +82,9 @@ class EvaluateConfig:
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
-    ckpt: Optional[str] = None  # a checkpoint directory (save_pretrained files); overrides model.path
+    # A checkpoint: a save_pretrained directory, a trainer model.pt (state dict of ``model``), or a
+    # training run directory (its latest checkpoints/iter<N>/execution/model.pt).
+    ckpt: Optional[str] = None
     out_dir: Optional[str] = None  # default: Hydra's run directory
 
 

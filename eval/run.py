@@ -120,14 +120,47 @@ def evaluate(cfg: Any, out_dir: Path, engine: Optional[Any] = None, log=print) -
     return results
 
 
-def build_engine(cfg: Any) -> Any:
+def resolve_checkpoint(ckpt: str, player: str = "execution") -> tuple[str, Path]:
+    """What ``ckpt`` points at: ``("pretrained", dir)`` for ``save_pretrained`` files (config.json),
+    ``("state_dict", file)`` for the trainer's ``model.pt``. A training run directory resolves to its
+    latest outer iteration's ``player`` checkpoint (``checkpoints/iter<N>/<player>/model.pt``)."""
+    path = Path(ckpt).expanduser()
+    if (path / "config.json").is_file():
+        return "pretrained", path
+    if path.is_file() and path.suffix == ".pt":
+        return "state_dict", path
+    if (path / "model.pt").is_file():
+        return "state_dict", path / "model.pt"
+    iters = sorted((path / "checkpoints").glob("iter*"), key=lambda p: int("".join(c for c in p.name if c.isdigit()) or 0))
+    if iters and (iters[-1] / player / "model.pt").is_file():
+        return "state_dict", iters[-1] / player / "model.pt"
+    raise SystemExit(f"[eval] ckpt={ckpt}: no config.json, model.pt or checkpoints/iter*/{player}/model.pt there")
+
+
+def build_engine(cfg: Any, log=print) -> Any:
+    """The rollout engine of ``model`` (the backbone), with the weights of ``ckpt`` when given.
+
+    A trainer checkpoint (``model.pt``) holds a state dict of the backbone named by ``model``: use the
+    same ``model=`` preset as the training run (its ``config.yaml`` says which).
+    """
+    import torch
+
     from unifiedplayers.models import load_model
     from unifiedplayers.rollout import build_rollout
 
     model_cfg = cfg.model
+    state_file = None
     if cfg.ckpt:
-        model_cfg = OmegaConf.merge(cfg.model, {"source": "pretrained", "path": str(cfg.ckpt), "tokenizer": None})
+        kind, target = resolve_checkpoint(str(cfg.ckpt))
+        if kind == "pretrained":
+            model_cfg = OmegaConf.merge(cfg.model, {"source": "pretrained", "path": str(target), "tokenizer": None})
+        else:
+            state_file = target
     model, tokenizer = load_model(model_cfg)
+    if state_file is not None:
+        state = torch.load(state_file, map_location=next(model.parameters()).device, weights_only=True)
+        model.load_state_dict(state)  # strict: a checkpoint of another backbone fails here, loudly
+        log(f"[eval] loaded weights from {state_file}")
     return build_rollout(cfg.rollout, model, tokenizer)
 
 

@@ -241,3 +241,24 @@ def test_wandb_offline_logging(tmp_path, monkeypatch):
     assert len(runs) == 1 and any(runs[0].glob("*.wandb"))
     none = _WandbSink(compose_eval(["eval=smoke", "logger.backend=none"]), tmp_path)
     assert none.run is None
+
+
+def test_checkpoint_resolution_and_loading(tmp_path):
+    import torch
+
+    from eval.run import build_engine, resolve_checkpoint
+    from unifiedplayers.models import load_model
+
+    cfg = compose_eval(["eval=smoke", "model=tiny_random", "logger.backend=none"])
+    model, _ = load_model(cfg.model)
+    for it, fill in ((1, 0.25), (10, 0.5)):  # iter10 sorts after iter2..9 numerically, not as text
+        d = tmp_path / "run" / "checkpoints" / f"iter{it}" / "execution"
+        d.mkdir(parents=True)
+        state = {k: torch.full_like(v, fill) for k, v in model.state_dict().items()}
+        torch.save(state, d / "model.pt")
+    assert resolve_checkpoint(str(tmp_path / "run")) == ("state_dict", tmp_path / "run/checkpoints/iter10/execution/model.pt")
+    cfg.ckpt = str(tmp_path / "run")
+    engine = build_engine(cfg, log=lambda *a: None)
+    assert all(torch.all(p == 0.5) for p in engine.model.parameters())
+    with pytest.raises(SystemExit, match="no config.json"):
+        resolve_checkpoint(str(tmp_path))
