@@ -1,6 +1,6 @@
 """Evaluate a backbone or a checkpoint on the benchmarks of one ``conf/eval/`` preset.
 
-    python -m eval.run eval=paper ckpt=runs/X/checkpoints/execution eval.run=[math500,gsm8k]
+    python -m eval.run eval=paper ckpt=runs/X eval.run=[math500,gsm8k]   # run X: its latest execution checkpoint
     python -m eval.run eval=smoke                          # offline subsets, embedded default model
 
 Writes into ``out_dir`` (default: Hydra's run directory): ``<bench>.<mode>.jsonl`` (one line per

@@ -1,5 +1,5 @@
 # Evaluation harness (eval/, issue 6). Included by the main Makefile, which defines PY and `setup`.
-#   make eval CKPT=runs/X/checkpoints/execution BENCH=math500,gsm8k [MODES=vanilla,tool] [EVAL=paper] [ARGS=...]
+#   make eval CKPT=runs/X BENCH=math500,gsm8k [MODES=vanilla,tool] [EVAL=paper] [ARGS=...]
 #   make eval-smoke        # embedded SmolLM2-135M on the offline subsets, both modes, < 10 min on 2 cores
 #   make eval-data         # download and convert the hub datasets into data/eval/ (needs the network)
 #   make eval-analysis RUN=runs/X   # all analyses of a training run directory
