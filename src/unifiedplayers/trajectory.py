@@ -202,8 +202,10 @@ _FENCE_CLOSE = re.compile(r"^[ \t]*```[ \t]*$", re.MULTILINE)
 def parse_transcript(question: str, text: str) -> Trajectory:
     """Split an Execution transcript into reason / code / output steps and its final answer.
 
-    Never raises on model text: anything that is not a well-formed fence is reasoning.
+    Never raises on model text: anything that is not a well-formed fence is reasoning (``None``, a
+    failed generation, is an empty transcript).
     """
+    text = "" if text is None else str(text)
     steps: list[Step] = []
     reason_segments: list[str] = []
     pos = 0

@@ -66,6 +66,8 @@ def _check_signature_ok(fn: ast.FunctionDef | ast.Lambda) -> bool:
 
 def compile_verifier(text: str) -> CompiledVerifier:
     """Validity of one Evaluation output, decided statically (parse, compile, top-level ``check``)."""
+    if not isinstance(text, str):
+        return CompiledVerifier(False, f"not text: {type(text).__name__}", None)
     source = extract_python_block(text)
     if source is None or not source.strip():
         return CompiledVerifier(False, "no python code block", source)

@@ -163,6 +163,11 @@ def test_many_unbalanced_boxes_parse_in_linear_time():
     assert time.perf_counter() - t0 < 2.0  # a rescan per box would be 20000² steps
 
 
+def test_a_failed_generation_is_an_empty_trajectory():
+    assert parse_transcript("q", None) == Trajectory("q", [], None)
+    assert parse_transcript("q", "") == Trajectory("q", [], None)
+
+
 def test_format_observation():
     assert format_observation("9\n") == "9"
     assert format_observation("", "Traceback...\nZeroDivisionError: division by zero\n", 1) == (

@@ -68,6 +68,11 @@ def test_a_cut_off_final_block_runs_to_the_end():
     assert not compile_verifier("```python\ndef check(t):\n    return (True").valid  # cut mid-expression
 
 
+def test_a_missing_output_is_an_invalid_verifier():
+    c = compile_verifier(None)
+    assert not c.valid and c.source is None and "not text" in c.reason
+
+
 def test_validity_does_not_run_the_code(tmp_path):
     marker = tmp_path / "ran"
     source = f"open({str(marker)!r}, 'w').write('x')\nwhile True:\n    pass\ndef check(t):\n    return True\n"
