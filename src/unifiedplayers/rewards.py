@@ -10,6 +10,13 @@ Choices the paper leaves open (set in ``conf/reward/``, see ``RewardConfig``):
 - r_C of an invalid verifier: ``invalid_verifier_reward``; r_T of a malformed task: ``malformed_task_reward``.
 - p̂ with missing answers: every sample counts in the denominator; a missing answer joins no cluster
   unless ``missing_in_majority`` (then all missing answers form one cluster).
+- ρ_red: similarity on canonical code tokens (names renumbered by first use, strings and comments
+  dropped), so renaming variables or rewording messages does not make two verifiers different.
+- R(q): max sentence-BLEU against the last ``repetition_history`` questions (or R-Zero's share of
+  the history above a BLEU threshold).
+
+The maths is pure numpy. U(q)'s answer matching (math-verify/sympy) runs in a guard subprocess with a
+time limit, because sympy can evaluate a short answer for ever.
 """
 from __future__ import annotations
 
