@@ -202,16 +202,20 @@ def test_a_player_never_updated_holds_no_optimizer_state_and_offload_round_trips
         straight.update(b)
 
     model, _ = tiny_model()
-    trainer = build_trainer(trainer_config(offload_dir=str(tmp_path)), model)
+    offload = tmp_path / "offload"
+    trainer = build_trainer(trainer_config(offload_dir=str(offload)), model)
     assert not trainer.has_optimizer_state
     trainer.start_outer_iteration()
     trainer.update(batches[0])
     trainer.update(batches[1])
     assert trainer.has_optimizer_state
     trainer.offload_state()  # block over: the optimizer state leaves memory
-    assert trainer.optimizer is None and len(list(tmp_path.iterdir())) == 1
+    assert trainer.optimizer is None and len(list(offload.iterdir())) == 1
+    trainer.save_checkpoint(tmp_path / "while_offloaded")  # saving keeps it offloaded
+    assert trainer.optimizer is None
+    assert (tmp_path / "while_offloaded" / "optimizer.pt").exists()
     trainer.update(batches[2])  # reloaded lazily
-    assert list(tmp_path.iterdir()) == []
+    assert list(offload.iterdir()) == []
     trainer.update(batches[3])
     for k, v in _params(straight_model).items():
         assert torch.equal(_params(model)[k], v), k

@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 import math
 import os
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass
@@ -257,9 +258,9 @@ class PlayerTrainer:
 
     def _save_backend(self, directory: Path) -> None:
         torch.save(self._model.state_dict(), directory / "model.pt")
-        if self._offloaded_to is not None:  # optimizer state lives on disk right now
-            self._ensure_optimizer()
-        if self.optimizer is not None:
+        if self._offloaded_to is not None:  # offloaded: same file format, copy it and keep memory free
+            shutil.copyfile(self._offloaded_to, directory / "optimizer.pt")
+        elif self.optimizer is not None:
             torch.save(
                 {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()},
                 directory / "optimizer.pt",

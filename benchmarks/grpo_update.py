@@ -1,0 +1,291 @@
+"""One GRPO step of SmolLM2-135M on CPU: UnifiedPlayers against TRL's GRPOTrainer, in one run.
+
+Settings (issue 4): one prompt, 8 completions forced to 256 new tokens, β = 0 and β = 0.04, fp32,
+micro-batch = the whole group (8), AdamW lr 1e-6. Each configuration runs in its own subprocess so that
+its peak RSS is its own; every configuration runs ``--steps`` steps and the table reports the last one
+(the first carries one-off warm-up costs, and with β > 0 it would be the iteration's first update, where
+π_θ = π_ref and our trainer needs no reference pass; later steps do).
+
+A step is split into
+- generation: sampling the 8 completions (TRL: ``model.generate``; ours: the ``hf`` rollout),
+- ref: the reference-policy pass (β > 0 only),
+- forward: policy log-probs and the loss,
+- backward, and
+- optimizer: clipping, AdamW step, zero_grad.
+"update" = ref + forward + backward + optimizer.
+
+Run:  .venv/bin/pip install -e '.[bench]'   (TRL is never a runtime dependency)
+      .venv/bin/python benchmarks/grpo_update.py [--steps 2] [--threads 2] [--only ours,trl,zero2]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+QUESTION = (
+    "A train leaves at 3:15 pm and travels 240 km at 80 km/h. Then it waits 20 minutes and travels "
+    "another 150 km at 100 km/h. At what time does it arrive? Show your reasoning."
+)
+NUM_COMPLETIONS = 8
+NEW_TOKENS = 256
+LR = 1e-6
+
+
+def letter_reward(text: str) -> float:
+    """Toy reward with some spread across the group: share of lowercase letters in the completion."""
+    return sum(c.islower() for c in text) / max(len(text), 1)
+
+
+def peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: KiB
+
+
+def _model_cfg():
+    from omegaconf import OmegaConf
+
+    from unifiedplayers.config import ModelConfig
+
+    yaml = OmegaConf.load(ROOT / "conf" / "model" / "smollm2_135m_instruct.yaml")
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), yaml))
+
+
+# ---------------------------------------------------------------------------------------------- ours
+def worker_ours(beta: float, steps: int, backend: str) -> dict:
+    import torch
+
+    from unifiedplayers import grpo
+    from unifiedplayers.config import RolloutConfig, TrainerConfig
+    from unifiedplayers.models import load_model
+    from unifiedplayers.rollout import build_rollout
+    from unifiedplayers.trainer import build_trainer, sample_from_completion
+
+    torch.manual_seed(0)
+    model, tokenizer = load_model(_model_cfg())
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": QUESTION}], add_generation_prompt=True, tokenize=False
+    )
+    prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    rollout = build_rollout(RolloutConfig(max_new_tokens=NEW_TOKENS, temperature=1.0), model, tokenizer)
+    cfg = TrainerConfig(
+        backend=backend,
+        lr=LR,
+        micro_batch_size=NUM_COMPLETIONS,
+        kl_coef=beta,
+        entropy_every=0,
+        num_threads=torch.get_num_threads(),
+    )
+    trainer = build_trainer(cfg, model, role="bench", pad_token_id=tokenizer.pad_token_id or 0)
+    trainer.start_outer_iteration()
+    records = []
+    for step in range(steps):
+        t0 = time.perf_counter()
+        outs = rollout.generate([prompt_ids], n=NUM_COMPLETIONS, ignore_eos=True, seed=step)[0]
+        t_gen = time.perf_counter() - t0
+        assert all(len(c.token_ids) == NEW_TOKENS for c in outs)
+        rewards = torch.tensor([letter_reward(c.text) for c in outs])
+        adv = grpo.group_advantages(rewards, torch.zeros(len(outs), dtype=torch.long))
+        batch = [sample_from_completion(c, float(a), 0) for c, a in zip(outs, adv)]
+        t1 = time.perf_counter()
+        m = trainer.update(batch)
+        t_update = time.perf_counter() - t1
+        rollout.update_weights(trainer.model)
+        print(f"step {step}: generation {t_gen:.1f} s, update {t_update:.1f} s", file=sys.stderr, flush=True)
+        records.append(
+            {
+                "generation": t_gen,
+                "ref": m["perf/time_ref"],
+                "forward": m["perf/time_forward"],
+                "backward": m["perf/time_backward"],
+                "optimizer": m["perf/time_optimizer"],
+                "update": t_update,
+                "step": time.perf_counter() - t0,
+                "tokens": sum(len(s.token_ids) for s in batch) / len(batch),
+            }
+        )
+    return {"steps": records, "peak_rss_mib": peak_rss_mib()}
+
+
+# ---------------------------------------------------------------------------------------------- TRL
+def worker_trl(beta: float, steps: int) -> dict:
+    import torch
+    from datasets import Dataset
+    from transformers import AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from unifiedplayers.models import load_model, model_cache_dir
+
+    cfg = _model_cfg()
+    load_model(cfg)  # makes sure the safetensors cache exists (first load dequantizes the GGUF file)
+    model_dir = str(model_cache_dir(cfg))
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer.padding_side = "left"
+    timings: list[dict] = []
+
+    class Timed(GRPOTrainer):
+        def _generate_and_score_completions(self, inputs):
+            t = time.perf_counter()
+            out = super()._generate_and_score_completions(inputs)
+            timings[-1]["generation_and_scoring"] = time.perf_counter() - t
+            return out
+
+        def _generate(self, prompts):
+            t = time.perf_counter()
+            out = super()._generate(prompts)
+            timings[-1]["generation"] = time.perf_counter() - t
+            return out
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            t = time.perf_counter()
+            out = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+            timings[-1]["forward"] = time.perf_counter() - t
+            return out
+
+        def training_step(self, model, inputs, num_items_in_batch=None):
+            t = time.perf_counter()
+            out = super().training_step(model, inputs, num_items_in_batch)
+            timings[-1]["training_step"] = time.perf_counter() - t
+            return out
+
+    class StepClock(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kw):
+            timings.append({"t0": time.perf_counter()})
+
+        def on_step_end(self, args, state, control, **kw):
+            timings[-1]["step"] = time.perf_counter() - timings[-1].pop("t0")
+
+    def reward(completions, **kw):
+        return [letter_reward(c[0]["content"] if isinstance(c, list) else c) for c in completions]
+
+    with tempfile.TemporaryDirectory() as out_dir:
+        args = GRPOConfig(
+            output_dir=out_dir,
+            per_device_train_batch_size=NUM_COMPLETIONS,
+            num_generations=NUM_COMPLETIONS,
+            max_completion_length=NEW_TOKENS,
+            generation_kwargs={"min_new_tokens": NEW_TOKENS},  # forced length, as ours (ignore_eos)
+            temperature=1.0,
+            beta=beta,
+            learning_rate=LR,
+            adam_beta1=0.9,
+            adam_beta2=0.95,
+            weight_decay=0.01,
+            max_grad_norm=1.0,
+            max_steps=steps,
+            logging_steps=1,
+            save_strategy="no",
+            report_to="none",
+            use_cpu=True,
+            bf16=False,
+            dataloader_num_workers=0,
+            seed=0,
+        )
+        data = Dataset.from_list([{"prompt": [{"role": "user", "content": QUESTION}]}] * steps)
+        trainer = Timed(
+            model=model_dir,
+            reward_funcs=reward,
+            args=args,
+            train_dataset=data,
+            processing_class=tokenizer,
+            callbacks=[StepClock()],
+        )
+        torch.manual_seed(0)
+        trainer.train()
+    records = []
+    for t in timings:
+        gen = t.get("generation", 0.0)
+        scoring = t.get("generation_and_scoring", gen)
+        fwd = t.get("forward", 0.0)
+        # transformers' training_step = _prepare_inputs (generation and scoring) + compute_loss + backward
+        backward = t["training_step"] - scoring - fwd
+        records.append(
+            {
+                "generation": gen,
+                "ref": scoring - gen,  # reference (β > 0) and old-policy passes, reward, advantages
+                "forward": fwd,
+                "backward": backward,
+                "optimizer": t["step"] - t["training_step"],
+                "update": t["step"] - gen,
+                "step": t["step"],
+            }
+        )
+    return {"steps": records, "peak_rss_mib": peak_rss_mib()}
+
+
+# ---------------------------------------------------------------------------------------------- main
+RUNS = {
+    "ours": [("ours torch", "ours", 0.0, "torch"), ("ours torch", "ours", 0.04, "torch")],
+    "trl": [("TRL GRPOTrainer", "trl", 0.0, None), ("TRL GRPOTrainer", "trl", 0.04, None)],
+    "zero2": [("ours DeepSpeed ZeRO-2", "ours", 0.0, "deepspeed_zero2"),
+              ("ours DeepSpeed ZeRO-2", "ours", 0.04, "deepspeed_zero2")],
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--only", default="ours,trl,zero2")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--beta", type=float, default=0.0, help=argparse.SUPPRESS)
+    parser.add_argument("--backend", default="torch", help=argparse.SUPPRESS)
+    parser.add_argument("--json", help="also write all results to this file")
+    a = parser.parse_args()
+
+    if a.worker:
+        import torch
+
+        torch.set_num_threads(a.threads)
+        result = worker_trl(a.beta, a.steps) if a.worker == "trl" else worker_ours(a.beta, a.steps, a.backend)
+        print("RESULT " + json.dumps(result), flush=True)
+        return
+
+    rows = []
+    for key in a.only.split(","):
+        for label, worker, beta, backend in RUNS[key]:
+            cmd = [sys.executable, __file__, "--worker", worker, "--beta", str(beta), "--steps", str(a.steps),
+                   "--threads", str(a.threads), "--backend", backend or "torch"]
+            t = time.perf_counter()
+            proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+            lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+            if proc.returncode != 0 or not lines:
+                print(f"{label} β={beta}: FAILED\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}", file=sys.stderr)
+                continue
+            result = json.loads(lines[-1][len("RESULT "):])
+            result.update(label=label, beta=beta, wall=time.perf_counter() - t)
+            rows.append(result)
+            last = result["steps"][-1]
+            print(f"done: {label} β={beta}: step {last['step']:.1f} s, update {last['update']:.1f} s, "
+                  f"peak RSS {result['peak_rss_mib']:.0f} MiB", flush=True)
+
+    print(f"\nGRPO step, SmolLM2-135M fp32, CPU, {a.threads} threads; 1 prompt × {NUM_COMPLETIONS} completions × "
+          f"{NEW_TOKENS} new tokens; last of {a.steps} steps; seconds")
+    head = f"{'implementation':24s} {'β':>5s} {'gen':>6s} {'ref':>6s} {'fwd':>6s} {'bwd':>6s} {'optim':>6s} " \
+           f"{'update':>7s} {'step':>6s} {'peak RSS MiB':>12s}"
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        s = r["steps"][-1]
+        print(f"{r['label']:24s} {r['beta']:5.2f} {s['generation']:6.1f} {s['ref']:6.1f} {s['forward']:6.1f} "
+              f"{s['backward']:6.1f} {s['optimizer']:6.1f} {s['update']:7.1f} {s['step']:6.1f} "
+              f"{r['peak_rss_mib']:12.0f}")
+    by = {(r["label"], r["beta"]): r for r in rows}
+    for beta in (0.0, 0.04):
+        ours, trl = by.get(("ours torch", beta)), by.get(("TRL GRPOTrainer", beta))
+        if ours and trl:
+            o, t = ours["steps"][-1], trl["steps"][-1]
+            print(f"β={beta}: ours/TRL step {o['step'] / t['step']:.2f}× (target ≤ 0.8), update {o['update']:.1f} s "
+                  f"(target ≤ 10), peak RSS {ours['peak_rss_mib']:.0f} vs {trl['peak_rss_mib']:.0f} MiB")
+    if a.json:
+        Path(a.json).write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()
