@@ -20,6 +20,7 @@ time limit, because sympy can evaluate a short answer for ever.
 """
 from __future__ import annotations
 
+import atexit
 import io
 import keyword
 import logging
@@ -336,7 +337,17 @@ class _ClusterGuard:
             return json.loads(line)
 
 
+    def close(self) -> None:
+        import os
+
+        with self._lock:
+            if self._pid == os.getpid():
+                self._stop()
+            self._proc = None
+
+
 _GUARD = _ClusterGuard()
+atexit.register(_GUARD.close)
 
 
 def answer_clusters(answers: Sequence[Optional[str]], timeout_s: Optional[float] = 10.0) -> list[list[int]]:
