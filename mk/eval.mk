@@ -9,6 +9,9 @@ BENCH ?=
 MODES ?=
 RUN ?=
 EVAL_OUT ?=
+# Torch threads of the smoke run. One thread: on a 2-core machine shared with other work, two OpenMP
+# threads per process spin against each other and a step takes several times longer.
+SMOKE_THREADS ?= 1
 
 .PHONY: eval eval-smoke eval-data eval-analysis
 
@@ -20,7 +23,7 @@ eval: setup
 	  $(if $(EVAL_OUT),out_dir=$(EVAL_OUT)) $(ARGS)
 
 eval-smoke: setup
-	$(PY) -m eval.run eval=smoke $(if $(EVAL_OUT),out_dir=$(EVAL_OUT)) $(ARGS)
+	OMP_NUM_THREADS=$(SMOKE_THREADS) $(PY) -m eval.run eval=smoke $(if $(EVAL_OUT),out_dir=$(EVAL_OUT)) $(ARGS)
 
 eval-data: setup
 	$(PY) eval/prepare_data.py --all --data-dir data/eval
