@@ -12,7 +12,7 @@ from typing import Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-from unifiedplayers.config import LoggerConfig, ModelConfig, RolloutConfig
+from unifiedplayers.config import LoggerConfig, ModelConfig, PlayerConfig, RolloutConfig
 from unifiedplayers.sandbox import SandboxConfig
 
 
@@ -66,6 +66,10 @@ class EvalConfig:
     limit: Optional[int] = None  # cap on problems per benchmark (None: the entry's limit)
     unit_test_timeout_s: float = 10.0  # HumanEval, per program
     chat_template: str = "auto"  # auto | true | false
+    # Tool mode's system text and examples: "player" = the Execution player's (conf/player: system +
+    # few-shot, the format it is trained on), "eval" = prompts.tool_system. The user turn is the
+    # answer-type template either way.
+    tool_prompt: str = "player"
     tool: ToolModeConfig = field(default_factory=ToolModeConfig)
     prompts: PromptTemplates = field(default_factory=PromptTemplates)
     method: Optional[str] = None  # table row label; None: Vanilla / Tool-augmented, or UnifiedPlayers with a ckpt
@@ -81,6 +85,7 @@ class EvaluateConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+    player: PlayerConfig = field(default_factory=PlayerConfig)  # tool mode's Execution prompt
     eval: EvalConfig = field(default_factory=EvalConfig)
     # A checkpoint: a save_pretrained directory, a trainer model.pt (state dict of ``model``), or a
     # training run directory (its latest checkpoints/iter<N>/execution/model.pt).

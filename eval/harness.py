@@ -130,7 +130,7 @@ def grade_generations(bench: Benchmark, problems: list[Problem], gens: list[list
 
 
 def evaluate_benchmark(name: str, entry: Any, mode: str, engine: Any, sandbox: Any, eval_cfg: Any,
-                       out_dir: Path, log=print) -> BenchmarkResult:
+                       out_dir: Path, log=print, execution_prompts: Optional[Any] = None) -> BenchmarkResult:
     """Evaluate benchmark ``name`` in ``mode``; write ``out_dir/<name>.<mode>.jsonl``. Raises
     ``MissingDataset`` when its file is absent (the caller skips it)."""
     if mode not in MODES:
@@ -141,7 +141,11 @@ def evaluate_benchmark(name: str, entry: Any, mode: str, engine: Any, sandbox: A
     k = samples_for(bench, entry, eval_cfg)
     max_new = int(entry.max_new_tokens or eval_cfg.max_new_tokens)
     t0 = time.time()
-    prompts = [build_prompt(bench, p, mode, eval_cfg.prompts, engine.tokenizer, eval_cfg.chat_template) for p in problems]
+    if eval_cfg.tool_prompt not in ("player", "eval"):
+        raise ValueError(f"eval.tool_prompt={eval_cfg.tool_prompt!r}: use player or eval")
+    exec_prompts = execution_prompts if eval_cfg.tool_prompt == "player" else None
+    prompts = [build_prompt(bench, p, mode, eval_cfg.prompts, engine.tokenizer, eval_cfg.chat_template, exec_prompts)
+               for p in problems]
     log(f"[eval] {name} ({mode}): {len(problems)} problems x {k} sample(s), max_new_tokens={max_new}")
     if mode == "vanilla":
         gens = generate_vanilla(engine, prompts, k, max_new, eval_cfg)

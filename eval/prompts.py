@@ -56,12 +56,19 @@ def render_prompt(tokenizer: Any, user: str, system: Optional[str], chat: bool) 
 
 
 def build_prompt(bench: Benchmark, problem: Problem, mode: str, templates: Any, tokenizer: Any,
-                 chat_setting: str = "auto") -> str:
+                 chat_setting: str = "auto", execution_prompts: Optional[Any] = None) -> str:
     """Prompt of ``problem`` in ``mode`` (``vanilla``: no system text; ``tool``: the tool instructions).
 
+    With ``execution_prompts`` (the Execution player's ``conf/player`` prompt), tool mode renders the
+    user turn inside that prompt (its system text and worked examples) exactly as training does.
     Without a chat template, a vanilla HumanEval prompt is the function stub itself (the original
     completion protocol).
     """
+    if mode == "tool" and execution_prompts is not None:
+        from unifiedplayers.players.prompts import render_prompt as render_player_prompt
+
+        return render_player_prompt(tokenizer, execution_prompts, include_prefix=False,
+                                    question=user_message(bench, problem, templates))
     chat = use_chat_template(tokenizer, chat_setting)
     if bench.answer_type == "program" and not chat and mode == "vanilla":
         return problem.meta["prompt"]

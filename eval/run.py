@@ -103,7 +103,7 @@ def evaluate(cfg: Any, out_dir: Path, engine: Optional[Any] = None, log=print) -
             for name in names:
                 try:
                     res = evaluate_benchmark(name, cfg.eval.benchmarks[name], mode, engine, sandbox, cfg.eval,
-                                             out_dir, log=log)
+                                             out_dir, log=log, execution_prompts=cfg.player.execution)
                 except MissingDataset as err:
                     log(str(err))
                     results["skipped"][name] = str(err)

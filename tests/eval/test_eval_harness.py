@@ -127,11 +127,12 @@ class FakeEngine:
                 return f"\\boxed{{{p.reference if sample == 0 else 'wrong'}}}"
         for i, p in enumerate(self.gsm):
             if p.question in text:
-                if "```output\n" in text:
-                    out = re.findall(r"```output\n(.*?)\n```", text, flags=re.S)[-1]
+                after = text.split(p.question)[-1]  # the tool prompt's worked example has its own output
+                if "```output\n" in after:
+                    out = re.findall(r"```output\n(.*?)\n```", after, flags=re.S)[-1]
                     return f"The code printed {out}, so \\boxed{{{out}}}"
                 answer = p.reference if i < len(self.gsm) - 1 else "-1"
-                if "You can run Python code" in text:
+                if "```python" in text:  # the tool-mode prompt shows the fence format
                     return f"Let me compute.\n```python\nprint({answer})\n```\n"
                 return f"The answer is \\boxed{{{answer}}}."
         for i, p in enumerate(self.mmlu):
@@ -202,6 +203,8 @@ def test_evaluate_end_to_end_with_scripted_engine(tmp_path, capsys):
     assert "| Vanilla (ours)" in md and "| Tool-augmented (ours)" in md and "HumanEval" in md
     assert "GSM8K-100" in md  # the offline subset table
     assert json.loads((tmp_path / "results.json").read_text())["modes"]["tool"]["label"] == "Tool-augmented"
+    # tool mode speaks the Execution player's prompt (system text and worked example of conf/player)
+    assert cfg.player.execution.system.split()[0] in lines[0]["prompt"] and "print(pens + notebooks)" in lines[0]["prompt"]
     assert (tmp_path / "scores.tex").read_text().count("\\begin{tabular}") == 2
 
 
