@@ -55,7 +55,7 @@ def curves(run: RunData) -> dict[str, Any]:
     out: dict[str, Any] = {"source": {}}
     for name, _ in PANELS:
         values = _by_iteration(run, key(name), "last" if name == "execution_accuracy" else "mean")
-        source = "metrics"
+        source = f"metrics: {run.used_key(key(name))}"
         if not values and name != "execution_accuracy":
             values, source = _from_records(run, name), "records"
         out[name] = {str(k): v for k, v in sorted(values.items())}
@@ -82,7 +82,8 @@ def plot(result: dict[str, Any], path) -> None:
         first, last = result["paper_endpoints"][name]
         ax.axhline(first, color="gray", ls=":", lw=1, label="paper iter 1")
         ax.axhline(last, color="gray", ls="--", lw=1, label="paper iter 3")
-        ax.set_title(title)
+        src = result["source"][name]
+        ax.set_title(title + (f"\n({src})" if src not in ("missing",) else ""), fontsize=9)
         ax.set_xlabel("outer iteration")
     axes[0].legend(fontsize=7)
     fig.tight_layout()

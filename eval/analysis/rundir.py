@@ -70,6 +70,13 @@ class RunData:
                 return out
         return []
 
+    def used_key(self, key: Any) -> Optional[str]:
+        """The candidate of ``key`` that ``series`` reads (the first with any finite value), or None."""
+        for k in (key if isinstance(key, tuple) else (key,)):
+            if self.series(k):
+                return k
+        return None
+
     def played_records(self) -> list[Any]:
         """Records of tasks that were played (malformed or unused Planning outputs have no trajectories)."""
         return [r for r in self.records if len(r.trajectories) > 0]
