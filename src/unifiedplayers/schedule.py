@@ -201,10 +201,10 @@ class PolicyPool:
     engine whose weights are swapped in (``update_weights``) when another player or checkpoint samples.
     """
 
-    def __init__(self, rollout_cfg: Any, tokenizer: Any) -> None:
+    def __init__(self, rollout_cfg: Any, tokenizer: Any, build: Optional[Callable[..., Any]] = None) -> None:
         from unifiedplayers.rollout import build_rollout
 
-        self._build = build_rollout
+        self._build = build or build_rollout
         self.cfg = rollout_cfg
         self.tokenizer = tokenizer
         self._engines: dict[int, Any] = {}
@@ -264,15 +264,19 @@ class OuterLoop:
     ``hooks``: callables ``hook(event, loop, slot)`` for events ``"update_end"`` and ``"block_end"``
     (after the state is written); raising :class:`StopRun` ends the process cleanly.
     ``backbone``: an already loaded ``(model, tokenizer)`` (tests); by default ``load_model(cfg.model)``.
+    ``rollout_factory``: ``(rollout_cfg, model, tokenizer) -> engine`` in place of ``build_rollout``
+    (tests drive the players with scripted text through it).
     """
 
     def __init__(self, cfg: Any, run_dir: str | os.PathLike, hooks: Sequence[EventHook] = (),
-                 backbone: Optional[tuple[Any, Any]] = None) -> None:
+                 backbone: Optional[tuple[Any, Any]] = None,
+                 rollout_factory: Optional[Callable[..., Any]] = None) -> None:
         validate(cfg)
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.hooks = list(hooks)
         self._backbone = backbone
+        self._rollout_factory = rollout_factory
         self.slots = plan_updates(cfg)
         self.trained = trained_roles(cfg)
         self.reward_sources = method_reward_sources(cfg.method)
@@ -361,7 +365,7 @@ class OuterLoop:
                 player.model = player.trainer.model
                 player.model.eval()
             self.players[role] = player
-        self.pool = PolicyPool(self.cfg.rollout, self.tokenizer)
+        self.pool = PolicyPool(self.cfg.rollout, self.tokenizer, self._rollout_factory)
 
     def _restore(self, state: dict[str, Any]) -> None:
         """Bring a fresh process to the state after update ``state['completed']``."""
@@ -465,6 +469,7 @@ class OuterLoop:
         if state is not None and state["finished"]:
             self._check_resumable(state)
             print(f"[resume] the run in {self.run_dir} is already complete ({state['completed']} updates)")
+            self.finished, self.completed = True, state["completed"]
             return self._finish(already=True)
         OmegaConf.save(self.cfg, self.run_dir / CONFIG_FILE, resolve=True)
         self._setup_players()
@@ -492,6 +497,7 @@ class OuterLoop:
                             break
                         slot = self.slots[self.completed]
                         bar.set_description_str(f"it {slot.iteration} {slot.role} {slot.update + 1}/{slot.block_size}")
+                        self._bar = bar
                         self._run_slot(slot)
                         done_here += 1
                         bar.update(1)
@@ -557,6 +563,12 @@ class OuterLoop:
                 shutil.rmtree(self.run_dir / rel, ignore_errors=True)
 
     # ------------------------------------------------------------------ one update
+    def _stage(self, name: str) -> None:
+        """Show what the current update is doing (on the progress bar)."""
+        bar = getattr(self, "_bar", None)
+        if bar is not None:
+            bar.set_postfix_str(name)
+
     def _tasks(self, slot: Slot) -> tuple[list[list[PlanningTask]], list[PlanningTask], list[PlanningTask]]:
         """(groups, used, unused): the Planning outputs of this update, the well-formed tasks played, and
         the well-formed ones beyond ``tasks_per_update`` (recorded, not played)."""
@@ -591,14 +603,18 @@ class OuterLoop:
 
         # 1. tasks
         t = time.perf_counter()
+        cpu_start = time.process_time()
+        self._stage("planning: tasks")
         groups, tasks, unused = self._tasks(slot)
         _, plan_ver = self._sampler("planning", slot.role)
         questions = [task.question for task in tasks]
         # 2. K trajectories and M verifiers per task
+        self._stage(f"execution: {len(tasks)} x {p.num_trajectories} trajectories")
         exec_engine, exec_ver = self._engine("execution", slot.role)
         rollouts = solve(exec_engine, self.sandbox, self.tokenizer, p, questions, p.num_trajectories,
                          seed=seed_for(cfg.seed, slot.index, 20), temperature=cfg.rollout.temperature,
                          top_p=cfg.rollout.top_p)
+        self._stage(f"evaluation: {len(tasks)} x {p.num_verifiers} verifiers")
         eval_engine, eval_ver = self._engine("evaluation", slot.role)
         verifiers = write_verifiers(eval_engine, self.tokenizer, p, questions, p.num_verifiers,
                                     seed=seed_for(cfg.seed, slot.index, 30))
@@ -606,6 +622,7 @@ class OuterLoop:
         generation_s = time.perf_counter() - t - sandbox_in_generation
 
         # 3. perturbations, 4. verdict matrices
+        self._stage("sandbox: perturbations and verdicts")
         flat = [r.trajectory for task_rollouts in rollouts for r in task_rollouts]
         variants_flat = self.perturber.perturb_many(flat)
         k = p.num_trajectories
@@ -633,6 +650,7 @@ class OuterLoop:
         samples, rewards, group_ids = self._groups(slot.role, groups, tasks, rollouts, verifiers, role_rewards,
                                                    planning_reward_of)
         metrics: dict[str, Any] = {}
+        self._stage(f"GRPO update of {slot.role}")
         t = time.perf_counter()
         active = self.players[slot.role]
         trainer_metrics: dict[str, float] = {}
@@ -665,8 +683,9 @@ class OuterLoop:
         metrics.update({
             "outer_iteration": slot.iteration, "block": slot.role, "update": slot.update, "global_update": slot.index,
             "timing/generation_s": generation_s, "timing/sandbox_s": sandbox_s, "timing/update_s": update_s,
-            "timing/total_s": time.perf_counter() - t_start,
+            "timing/total_s": time.perf_counter() - t_start, "timing/cpu_s": time.process_time() - cpu_start,
         })
+        self._stage("records, checkpoint")
         self.timing["generation_s"] += generation_s
         self.timing["sandbox_s"] += sandbox_s
         self.timing["update_s"] += update_s

@@ -18,11 +18,13 @@ from unifiedplayers.trajectory import _boxed_spans
 
 # Labels a model puts before its answer or its question; stripped from the question text.
 _ANSWER_LABEL = re.compile(
-    r"(?:^|\n)[ \t]*(?:\*\*)?(?:final\s+answer|answer|the\s+answer\s+is|solution)(?:\*\*)?\s*[:=]?\s*(?:\*\*)?\s*$",
+    r"(?:^|\n)[ \t]*(?:\*\*)?(?:final\s+answer|answer|the\s+answer\s+is|solution)(?:\*\*)?\s*[:=]?\s*(?:\*\*)?\s*\$*\s*$",
     re.IGNORECASE,
 )
 _INLINE_ANSWER_LABEL = re.compile(r"[ \t]*(?:final\s+answer|answer|the\s+answer\s+is)\s*[:=]?\s*$", re.IGNORECASE)
-_QUESTION_LABEL = re.compile(r"^\s*(?:\*\*)?(?:problem|question|task)(?:\s*\d+)?(?:\*\*)?\s*[:.]\s*", re.IGNORECASE)
+_QUESTION_LABEL = re.compile(
+    r"^\s*(?:\*\*)?(?:problem|question|task)(?:\s*\d+)?(?:\*\*)?\s*[:.]\s*(?:\*\*)?\s*", re.IGNORECASE
+)
 
 
 @dataclass
