@@ -439,7 +439,11 @@ class OuterLoop:
             for role, player in self.players.items():
                 if player.trainer is None:
                     continue  # a frozen player never changes: its current weights are the published ones
-                player.published_model = copy.deepcopy(player.model).eval()
+                if player.published_model is None:
+                    player.published_model = copy.deepcopy(player.model).eval()
+                else:  # same object, new weights: its rollout engine stays valid (hf) or is re-synced (vllm)
+                    with torch.no_grad():
+                        player.published_model.load_state_dict(player.model.state_dict())
                 player.published_version = dict(player.version)
                 path = pub_dir / f"{role}.pt"
                 _atomic_torch_save(player.trainer.full_state_dict(), path)
