@@ -53,10 +53,13 @@ def sample_next(
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
 
 
-def _cache_argument(model: Any) -> str:
-    """The forward() keyword of the KV cache: ``cache`` from transformers 5.2x, ``past_key_values`` before."""
+def _forward_keywords(model: Any) -> tuple[str, dict[str, Any]]:
+    """The forward() keyword of the KV cache (``cache`` from transformers 5.2x, ``past_key_values``
+    before) and the prefill's extra keywords (``logits_to_keep=1`` where the model takes it: only the
+    last position's logits are needed)."""
     params = inspect.signature(model.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
+    cache_arg = "cache" if "cache" in params else "past_key_values"
+    return cache_arg, ({"logits_to_keep": 1} if "logits_to_keep" in params else {})
 
 
 def _returned_cache(out: Any) -> Any:
@@ -73,7 +76,7 @@ class HFRollout(RolloutEngine):
         super().__init__(cfg, model, tokenizer)
         if cfg.batch_size < 0:
             raise ValueError(f"rollout.batch_size={cfg.batch_size}: need >= 0 (0 = all rows in one batch)")
-        self._cache_arg = _cache_argument(model)
+        self._cache_arg, self._prefill_kw = _forward_keywords(model)
 
     def update_weights(self, model: Any) -> None:
         # The hf engine samples from the module it is given: the trainer's updates are already there
@@ -81,7 +84,7 @@ class HFRollout(RolloutEngine):
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"the hf engine samples from a module; got {type(model).__name__}")
         self.model = model
-        self._cache_arg = _cache_argument(model)
+        self._cache_arg, self._prefill_kw = _forward_keywords(model)
 
     def _vocab_size(self) -> int:
         return int(self.model.get_output_embeddings().weight.shape[0])
@@ -156,7 +159,7 @@ class HFRollout(RolloutEngine):
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
 
         out = self.model(
-            input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True, logits_to_keep=1
+            input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True, **self._prefill_kw
         )
         cache, next_pos = _returned_cache(out), positions[:, -1:] + 1
         tokens: list[list[int]] = [[] for _ in range(batch)]
