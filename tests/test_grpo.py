@@ -11,6 +11,15 @@ from unifiedplayers import grpo
 pytestmark = pytest.mark.cpu
 
 
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """Tiny tensors: one thread avoids OpenMP start-up and contention on a shared 2-core box."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def _loss(logprobs, old, adv, mask, groups, **kw):
     kw.setdefault("clip_eps", 0.2)
     kw.setdefault("kl_coef", 0.0)
