@@ -1,0 +1,102 @@
+"""Evaluate every finished run directory of a sweep with the harness in ``eval/`` (its Execution player).
+
+    python -m ablations.evaluate_runs runs/ablations/ablation_smoke/table3 --eval ablation_smoke
+
+For each run directory under the sweep (a directory with ``config.yaml``):
+
+- already evaluated (``eval/results.json``): skipped, so an interrupted sweep resumes;
+- training not finished (no ``summary.json``): skipped with a message (the sweep's training step resumes it);
+- otherwise the backbone named by the run's own ``model`` config is loaded with the weights of the run's
+  latest Execution checkpoint (``eval.run.resolve_checkpoint``; evaluation-only methods keep the backbone),
+  and ``eval.run.evaluate`` writes ``<run>/eval/`` (per-problem JSONL, ``results.json``, ``scores.md/tex``).
+
+The mode follows the method: ``tool`` for methods with ``use_tools`` (the sandbox at inference), else
+``vanilla``. The ``eval`` preset (``conf/eval/<name>.yaml``) fixes the benchmarks and generation lengths;
+the run's W&B group and tags are reused, so the scores land in the sweep's group.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from omegaconf import OmegaConf
+
+_ROOT = str(Path(__file__).resolve().parents[1])
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
+
+from ablations.aggregate import EVAL_DIR, METHOD_LABELS, RESULTS_FILE, find_run_dirs  # noqa: E402
+
+
+def eval_config(run_cfg: Any, preset: str, overrides: Sequence[str] = ()) -> Any:
+    """The ``conf/evaluate.yaml`` config of one run: its backbone, W&B group/tags, method label and mode."""
+    from eval.config import register_eval_configs
+    from unifiedplayers.config import compose
+
+    register_eval_configs()
+    cfg = compose([f"eval={preset}", *overrides], config_name="evaluate")
+    method = run_cfg.method
+    label = METHOD_LABELS.get(method.name, method.name)
+    mode = "tool" if method.use_tools else "vanilla"
+    cfg.model = OmegaConf.merge(cfg.model, run_cfg.model)
+    cfg.logger = OmegaConf.merge(cfg.logger, run_cfg.logger)
+    cfg.eval.method = label
+    cfg.eval.modes = [mode]
+    return cfg
+
+
+def evaluate_run(run_dir: Path, preset: str, overrides: Sequence[str] = (), log=print) -> Optional[dict]:
+    """Evaluate one run directory; returns its results, or None when it was skipped."""
+    from eval.run import build_engine, evaluate
+
+    out = run_dir / EVAL_DIR
+    if (out / RESULTS_FILE).exists():
+        log(f"[evaluate] {run_dir}: already evaluated")
+        return None
+    run_cfg = OmegaConf.load(run_dir / "config.yaml")
+    if run_cfg.method.trainable and not (run_dir / "summary.json").exists():
+        log(f"[evaluate] {run_dir}: training not finished, skipped (rerun the sweep to resume it)")
+        return None
+    cfg = eval_config(run_cfg, preset, overrides)
+    cfg.ckpt = str(run_dir) if run_cfg.method.trainable else None
+    t0 = time.time()
+    engine = build_engine(cfg, log=log)
+    results = evaluate(cfg, out, engine=engine, log=log)
+    log(f"[evaluate] {run_dir}: done in {time.time() - t0:.0f}s")
+    return results
+
+
+def _evaluate_in_worker(run_dir: Path, preset: str, overrides: Sequence[str], threads: int) -> bool:
+    if threads > 0:
+        import torch
+
+        torch.set_num_threads(threads)
+    return evaluate_run(Path(run_dir), preset, overrides, log=lambda m: print(m, flush=True)) is not None
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("sweep_dir")
+    ap.add_argument("--eval", default="paper", help="conf/eval preset (default: paper)")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads per evaluation (0: torch's default)")
+    ap.add_argument("--jobs", type=int, default=1, help="run directories evaluated at a time (processes)")
+    ap.add_argument("overrides", nargs="*", help="further overrides of conf/evaluate.yaml, e.g. eval.limit=5")
+    args = ap.parse_intermixed_args(argv)
+    dirs = find_run_dirs(args.sweep_dir)
+    if args.jobs > 1 and len(dirs) > 1:
+        from joblib import Parallel, delayed
+
+        flags = Parallel(n_jobs=args.jobs, backend="loky")(
+            delayed(_evaluate_in_worker)(d, args.eval, args.overrides, args.threads) for d in dirs)
+    else:
+        flags = [_evaluate_in_worker(d, args.eval, args.overrides, args.threads) for d in dirs]
+    done = sum(flags)
+    print(f"[evaluate] {args.sweep_dir}: evaluated {done} run(s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
