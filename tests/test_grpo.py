@@ -57,7 +57,7 @@ def test_equal_rewards_give_zero_policy_gradient():
     logprobs = (old + 0.3 * torch.randn(4, 5)).requires_grad_()  # ratio != 1, still no signal
     loss, _ = _loss(logprobs, old, adv, torch.ones(4, 5), groups)
     loss.backward()
-    assert float(loss.detach()) == 0.0
+    assert loss.item() == 0.0
     assert torch.count_nonzero(logprobs.grad) == 0
 
 
@@ -80,7 +80,7 @@ def test_ratio_is_one_at_first_step_and_gradient_is_weighted_advantage():
     loss.backward()
     assert m["actor/ratio_mean"] == 1.0 and m["actor/ratio_min"] == 1.0 and m["actor/ratio_max"] == 1.0
     assert m["actor/pg_clipfrac"] == 0.0 and m["actor/ratio_outside_clip_frac"] == 0.0
-    assert abs(float(loss)) < 1e-7
+    assert abs(loss.item()) < 1e-7
     torch.testing.assert_close(logprobs.grad, -adv[:, None].expand(4, 2) / 8)
 
 
@@ -92,7 +92,7 @@ def test_positive_advantage_beyond_upper_clip_has_no_gradient():
     logprobs = (old + torch.log(torch.tensor([[1.5, 0.5]]))).requires_grad_()
     loss, m = _loss(logprobs, old, torch.tensor([1.0]), torch.ones(1, 2), torch.tensor([0]))
     loss.backward()
-    assert float(loss) == pytest.approx(-0.85, abs=1e-6)
+    assert loss.item() == pytest.approx(-0.85, abs=1e-6)
     assert logprobs.grad[0, 0] == 0.0
     assert float(logprobs.grad[0, 1]) == pytest.approx(-0.25, abs=1e-6)
     assert m["actor/pg_clipfrac"] == 0.5  # only token 0 is on the clipped branch
@@ -107,7 +107,7 @@ def test_negative_advantage_beyond_upper_clip_keeps_gradient():
     logprobs = (old + math.log(1.5)).requires_grad_()
     loss, m = _loss(logprobs, old, torch.tensor([-1.0]), torch.ones(1, 1), torch.tensor([0]))
     loss.backward()
-    assert float(loss) == pytest.approx(1.5, abs=1e-6)
+    assert loss.item() == pytest.approx(1.5, abs=1e-6)
     assert float(logprobs.grad[0, 0]) == pytest.approx(1.5, abs=1e-6)
     assert m["actor/pg_clipfrac"] == 0.0
 
@@ -133,7 +133,7 @@ def test_kl_is_zero_when_policy_equals_reference(name):
     assert torch.equal(grpo.get_kl_estimator(name)(lp, lp.clone()), torch.zeros(1, 3))
     loss, m = _loss(lp, lp.clone(), torch.zeros(1), torch.ones(1, 3), torch.tensor([0]),
                     kl_coef=0.04, kl_estimator=name, ref=lp.clone())
-    assert m["actor/kl"] == 0.0 and float(loss) == 0.0
+    assert m["actor/kl"] == 0.0 and loss.item() == 0.0
 
 
 def test_kl_estimators_by_hand():
@@ -146,7 +146,7 @@ def test_kl_estimators_by_hand():
     # In the loss: Â = 0 so the loss is β·k3 = 0.04 · 0.193147 = 0.0077259.
     loss, m = _loss(lp[None], lp[None].clone(), torch.zeros(1), torch.ones(1, 1), torch.tensor([0]),
                     kl_coef=0.04, ref=ref[None])
-    assert float(loss) == pytest.approx(0.04 * 0.193147, abs=1e-7)
+    assert loss.item() == pytest.approx(0.04 * 0.193147, abs=1e-7)
     assert m["actor/kl"] == pytest.approx(0.193147, abs=1e-6)
 
 
@@ -180,7 +180,7 @@ def _aggregation_example():
 def test_aggregation_modes_by_hand(aggregation, expected):
     lp, mask, adv, groups = _aggregation_example()
     loss, _ = _loss(lp, lp.clone(), adv, mask, groups, aggregation=aggregation)
-    assert float(loss) == pytest.approx(expected, abs=1e-6)
+    assert loss.item() == pytest.approx(expected, abs=1e-6)
 
 
 def test_eq21_weights_by_hand_and_sum_to_one():
