@@ -237,6 +237,9 @@ def main() -> None:
           f"{args.tasks} tasks; {n_checks / s_task:.0f} checks/s)")
     print(f"  of which perturbation + re-executions {s_perturb:.3f} s, verdict batch {s_verdict:.3f} s; "
           f"feedback core without execution {s_core * 1000:.1f} ms")
+    lat = sorted(c.outcome.duration_s for c in vm.checks)
+    print(f"  sandbox-reported check latency p50 {1e3 * lat[len(lat) // 2]:.1f} ms, "
+          f"p99 {1e3 * lat[int(0.99 * (len(lat) - 1))]:.1f} ms; load average {os.getloadavg()[0]:.1f}")
     for w, s_base in base.items():
         print(f"fresh python3 / check, {w} at a time: {s_base:.3f} s/task  ({args.baseline_tasks} task(s), "
               f"{n_jobs} checks + {n_reexec} re-executions) -> speed-up {s_base / s_task:.1f}x")
