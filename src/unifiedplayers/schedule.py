@@ -280,6 +280,8 @@ class OuterLoop:
         self.slots = plan_updates(cfg)
         self.trained = trained_roles(cfg)
         self.reward_sources = method_reward_sources(cfg.method)
+        # A method without tools (R-Zero, Socratic-Zero): one generation per trajectory, its code never run.
+        self.execution_cfg = cfg.player if cfg.method.use_tools else OmegaConf.merge(cfg.player, {"max_turns": 1})
         self.players: dict[str, Player] = {}
         self.history = QuestionHistory(cfg.reward.repetition_history)
         self.prompt_counter = 0
@@ -615,7 +617,7 @@ class OuterLoop:
         # 2. K trajectories and M verifiers per task
         self._stage(f"execution: {len(tasks)} x {p.num_trajectories} trajectories")
         exec_engine, exec_ver = self._engine("execution", slot.role)
-        rollouts = solve(exec_engine, self.sandbox, self.tokenizer, p, questions, p.num_trajectories,
+        rollouts = solve(exec_engine, self.sandbox, self.tokenizer, self.execution_cfg, questions, p.num_trajectories,
                          seed=seed_for(cfg.seed, slot.index, 20), temperature=cfg.rollout.temperature,
                          top_p=cfg.rollout.top_p)
         self._stage(f"evaluation: {len(tasks)} x {p.num_verifiers} verifiers")
@@ -643,7 +645,8 @@ class OuterLoop:
             answers = [r.final_answer for r in rollouts[i]]
             tr = task_rewards(vm.z_orig, vm.z_adv, vm.valid, vm.num_generated, vm.valid_sources, answers,
                               task.question, history, cfg.reward, adv_mask=vm.adv_mask)
-            fb = TaskFeedback(tr, answers, cfg.reward)
+            fb = TaskFeedback(tr, answers, cfg.reward, tool_calls=[r.num_tool_calls for r in rollouts[i]],
+                              expected_answer=task.expected_answer, question=task.question, method_cfg=cfg.method)
             feedback.append(fb)
             role_rewards["planning"].append(float(self.reward_sources["planning"](fb)))
             role_rewards["execution"].append(np.asarray(self.reward_sources["execution"](fb), dtype=np.float64))

@@ -8,6 +8,14 @@ such as Agent0 or R-Zero registers its own sources (e.g. ``majority_vote`` for E
 
     @register_reward_source("planning", "my_curriculum")
     def my_curriculum(fb: TaskFeedback) -> float: ...
+
+The baselines' own sources live in submodules (SPEC §11), registered on import below:
+:mod:`~unifiedplayers.methods.agent0` (Curriculum reward with the tool-call bonus),
+:mod:`~unifiedplayers.methods.absolute_zero` (learnability and exact-answer rewards, code-reasoning tasks
+validated in the sandbox), :mod:`~unifiedplayers.methods.socratic_zero` (a Teacher behind an
+OpenAI-compatible endpoint grades the Solver). R-Zero is a pure composition of the sources here
+(``uncertainty_repetition`` with ``reward.repetition_mode=cluster_share``, ``majority_vote``).
+A source that needs something from the config at start-up declares it with :func:`requires`.
 """
 from __future__ import annotations
 
@@ -29,6 +37,11 @@ class TaskFeedback:
     rewards: TaskRewards  # all terms of Eq. 2-5 for this task
     answers: Sequence[Optional[str]]  # the K final answers (None: no answer)
     reward_cfg: Any  # RewardConfig
+    # Baselines only (the UnifiedPlayers sources never read them):
+    tool_calls: Sequence[int] = ()  # tool calls of each of the K trajectories (Agent0's tool bonus)
+    expected_answer: Optional[str] = None  # the Planning player's answer (Absolute Zero: the sandbox's)
+    question: str = ""
+    method_cfg: Any = None  # MethodConfig (tool_bonus, teacher endpoint, extra)
 
 
 def register_reward_source(role: str, name: str):
@@ -40,6 +53,14 @@ def register_reward_source(role: str, name: str):
         return fn
 
     return deco
+
+
+STARTUP_CHECKS: dict[str, Callable[[Any], None]] = {}  # source name -> check(method_cfg), run at start-up
+
+
+def requires(name: str, check: Callable[[Any], None]) -> None:
+    """Register a start-up check of the method config for reward source ``name`` (raises with a clear message)."""
+    STARTUP_CHECKS[name] = check
 
 
 def reward_source(role: str, name: str) -> Callable[[TaskFeedback], Any]:
@@ -56,11 +77,15 @@ def method_reward_sources(method_cfg: Any) -> dict[str, Callable[[TaskFeedback],
     unknown = [r for r in method_cfg.roles if r not in ROLES]
     if unknown:
         raise ValueError(f"method.roles: unknown roles {unknown}; roles: {ROLES}")
-    return {
+    sources = {
         "planning": reward_source("planning", method_cfg.planning_reward),
         "execution": reward_source("execution", method_cfg.execution_reward),
         "evaluation": reward_source("evaluation", method_cfg.evaluation_reward),
     }
+    for name in {method_cfg.planning_reward, method_cfg.execution_reward, method_cfg.evaluation_reward}:
+        if name in STARTUP_CHECKS:
+            STARTUP_CHECKS[name](method_cfg)
+    return sources
 
 
 @register_reward_source("execution", "verdict")
@@ -97,3 +122,7 @@ def planning_uncertainty_repetition(fb: TaskFeedback) -> float:
 def evaluation_verdict(fb: TaskFeedback) -> np.ndarray:
     """Eq. 5 for the valid verifiers, ``invalid_verifier_reward`` for the others. Shape (M,)."""
     return np.asarray(fb.rewards.evaluation, dtype=np.float64)
+
+
+# The baselines' sources register themselves (imported last: they use the registry above).
+from unifiedplayers.methods import absolute_zero, agent0, socratic_zero  # noqa: E402,F401

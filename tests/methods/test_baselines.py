@@ -1,0 +1,217 @@
+"""Baselines as compositions (SPEC §11): their reward functions by hand, Absolute Zero's sandbox validation,
+Socratic-Zero's start-up check and Teacher client, and one tiny outer iteration of each trainable method."""
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from unifiedplayers.config import compose
+from unifiedplayers.logging import read_metrics
+from unifiedplayers.methods import TaskFeedback, method_reward_sources, reward_source
+from unifiedplayers.methods import absolute_zero as azr
+from unifiedplayers.methods import agent0, socratic_zero
+from unifiedplayers.records import load_records
+from unifiedplayers.sandbox import Sandbox, SandboxConfig
+from unifiedplayers.schedule import OuterLoop, trained_roles
+
+pytestmark = pytest.mark.cpu
+
+
+def fb(answers, *, u=0.0, rep=0.0, tool_calls=(), expected=None, method=None, question="q"):
+    rewards = SimpleNamespace(uncertainty=u, repetition=rep)
+    return TaskFeedback(rewards, answers, SimpleNamespace(w_unc=1.0, w_rep=0.5), tool_calls=tool_calls,
+                        expected_answer=expected, question=question, method_cfg=method)
+
+
+# ------------------------------------------------------------------ Agent0
+
+
+def test_agent0_tool_frequency_and_curriculum_by_hand():
+    # min(n, 4)/4 = 0, 0.5, 1, 1 -> mean 0.625
+    assert agent0.tool_call_frequency([0, 2, 6, 4], cap=4) == 0.625
+    assert agent0.tool_call_frequency([]) == 0.0
+    with pytest.raises(ValueError):
+        agent0.tool_call_frequency([1, -1])
+    with pytest.raises(ValueError):
+        agent0.tool_call_frequency([1], cap=0)
+    # 1.0 * 0.5 + 0.5 * 0.625 - 0.5 * 0.2 = 0.7125
+    assert agent0.curriculum_reward(0.5, 0.625, 0.2, tool_bonus=0.5) == pytest.approx(0.7125)
+    method = SimpleNamespace(tool_bonus=0.5, extra={"tool_call_cap": 2})
+    # cap 2: min(n,2)/2 = 0, 1, 1, 1 -> 0.75; 0.25 + 0.375 - 0.05 = 0.575
+    r = reward_source("planning", "agent0_curriculum")(fb(["1"] * 4, u=0.25, rep=0.1, tool_calls=[0, 2, 6, 4],
+                                                            method=method))
+    assert r == pytest.approx(0.575)
+
+
+# ------------------------------------------------------------------ Absolute Zero
+
+
+def test_learnability_reward_by_hand():
+    assert azr.learnability_reward(0.0) == 0.0 and azr.learnability_reward(1.0) == 0.0
+    assert azr.learnability_reward(0.25) == 0.75
+    with pytest.raises(ValueError):
+        azr.learnability_reward(1.5)
+    # two of four samples match the sandbox's output [1, 2] (literal comparison ignores spacing)
+    f = fb(["[1,2]", "[1, 2]", "[2, 1]", None], expected="[1, 2]")
+    assert reward_source("execution", "expected_answer")(f).tolist() == [1.0, 1.0, 0.0, 0.0]
+    assert reward_source("planning", "learnability")(f) == 0.5
+    assert reward_source("planning", "learnability")(fb(["3", "3"], expected="3")) == 0.0  # solved by all
+    with pytest.raises(ValueError, match="no expected answer"):
+        reward_source("execution", "expected_answer")(fb(["3"]))
+
+
+def test_static_check():
+    assert azr.static_check("def f(x):\n    return x + 1\n") is None
+    assert "syntax error" in azr.static_check("def f(x) return x")
+    assert azr.static_check("def g(x):\n    return x\n") == "no top-level function f"
+    assert "random" in azr.static_check("import random\ndef f(x):\n    return random.random()\n")
+    assert "time" in azr.static_check("def f(x):\n    from time import time\n    return time()\n")
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    with Sandbox(SandboxConfig(timeout_s=5.0)) as sb:
+        yield sb
+
+
+def test_validate_and_check_tasks_in_the_sandbox(sandbox):
+    prog = "def f(xs):\n    return sorted(set(xs))[:2]\n"
+    ok = azr.validate_proposal(sandbox, prog, "[3, 1, 3, 2]")
+    assert ok.valid and ok.output == "[1, 2]"
+    assert azr.check_deduction(ok.output, "[1,2]") and not azr.check_deduction(ok.output, "[1, 3]")
+    # abduction: any input whose output matches counts
+    assert azr.check_abduction(sandbox, prog, "[2, 1]", "[1, 2]")
+    assert not azr.check_abduction(sandbox, prog, "[5, 6]", "[1, 2]")
+    assert not azr.check_abduction(sandbox, prog, None, "[1, 2]")
+    # induction: the predicted program must reproduce every pair
+    pairs = [("2", "4"), ("5", "10")]
+    assert azr.check_induction(sandbox, "def f(x):\n    return x * 2\n", pairs)
+    assert not azr.check_induction(sandbox, "def f(x):\n    return x + 2\n", pairs)
+    # rejected proposals, each with its reason
+    assert "ZeroDivisionError" in azr.validate_proposal(sandbox, "def f(x):\n    return 1 / x\n", "0").reason
+    assert "not a Python literal" in azr.validate_proposal(sandbox, prog, "open('x')").reason
+    nondet = "def f(n):\n    return __import__('os').urandom(n).hex()\n"  # passes the static check, not the runs
+    assert azr.validate_proposal(sandbox, nondet, "50").reason.startswith("nondeterministic")
+    assert "timed out" in azr.validate_proposal(sandbox, "def f(x):\n    while True:\n        pass\n", "1").reason
+
+
+# ------------------------------------------------------------------ Socratic-Zero
+
+
+def test_socratic_zero_stops_at_start_up_without_a_teacher():
+    cfg = compose(["method=socratic_zero"])
+    with pytest.raises(ValueError, match="method.teacher_endpoint"):
+        method_reward_sources(cfg.method)
+    # nothing else is affected: the default method still starts
+    assert method_reward_sources(compose([]).method)
+
+
+def test_parse_grade():
+    assert socratic_zero.parse_grade("CORRECT") == 1.0
+    assert socratic_zero.parse_grade("Incorrect.") == 0.0
+    with pytest.raises(ValueError, match="neither"):
+        socratic_zero.parse_grade("maybe")
+
+
+class _Teacher(BaseHTTPRequestHandler):
+    """An OpenAI-compatible endpoint that says CORRECT exactly for the answer 42."""
+
+    seen: list = []
+
+    def do_POST(self):  # noqa: N802
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        prompt = body["messages"][0]["content"]
+        _Teacher.seen.append((self.path, body["model"], self.headers.get("Authorization")))
+        verdict = "CORRECT" if "final answer: 42\n" in prompt else "INCORRECT"
+        data = json.dumps({"choices": [{"message": {"role": "assistant", "content": verdict}}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *a):
+        pass
+
+
+@pytest.fixture()
+def teacher_url():
+    server = HTTPServer(("127.0.0.1", 0), _Teacher)
+    t = threading.Thread(target=server.serve_forever, daemon=True)
+    t.start()
+    yield f"http://127.0.0.1:{server.server_port}/v1"
+    server.shutdown()
+
+
+def test_teacher_grades_through_the_endpoint(teacher_url, monkeypatch):
+    monkeypatch.setenv("TEST_TEACHER_KEY", "secret")
+    method = SimpleNamespace(name="socratic_zero", teacher_endpoint=teacher_url, teacher_model="judge",
+                             extra={"api_key_env": "TEST_TEACHER_KEY"})
+    got = reward_source("execution", "teacher")(fb(["42", "41", None], method=method, question="6*7?"))
+    assert got.tolist() == [1.0, 0.0, 0.0]
+    assert _Teacher.seen[-1] == ("/v1/chat/completions", "judge", "Bearer secret")
+    assert len(_Teacher.seen) >= 2  # the missing answer was not sent
+
+
+# ------------------------------------------------------------------ compositions on the engine
+
+
+def test_method_configs_compose_to_their_roles():
+    roles = {m: trained_roles(compose([f"method={m}"])) for m in
+             ["unifiedplayers", "vanilla", "tool_augmented", "agent0", "r_zero", "absolute_zero", "socratic_zero"]}
+    assert roles["unifiedplayers"] == ["planning", "execution", "evaluation"]
+    assert roles["vanilla"] == roles["tool_augmented"] == []
+    assert all(roles[m] == ["planning", "execution"] for m in ["agent0", "r_zero", "absolute_zero", "socratic_zero"])
+    rz = compose(["method=r_zero"])
+    assert rz.reward.repetition_mode == "cluster_share" and not rz.method.use_tools
+    assert "Python" not in rz.player.execution.system
+
+
+def _weights(model):
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.parametrize("method,extra", [
+    ("agent0", []),
+    ("r_zero", []),
+    ("socratic_zero", ["method.teacher_model=judge"]),
+])
+def test_one_tiny_outer_iteration(method, extra, tmp_path, teacher_url):
+    torch.set_num_threads(1)
+    overrides = ["experiment=tiny", f"method={method}", *extra]
+    if method == "socratic_zero":
+        overrides.append(f"method.teacher_endpoint={teacher_url}")
+    cfg = compose(overrides)
+    snaps = {}
+
+    def hook(event, loop, slot):
+        if event == "block_end":
+            snaps[slot.role] = {r: _weights(p.model) for r, p in loop.players.items()}
+    loop = OuterLoop(cfg, tmp_path, hooks=[hook])
+    start = {r: _weights(p.model) for r, p in loop.players.items()} if loop.players else None
+    loop.run()
+    metrics = read_metrics(tmp_path)
+    assert [m["block"] for m in metrics] == ["planning", "execution"]  # no Evaluation block
+    assert loop.players["evaluation"].trainer is None
+    records = load_records(tmp_path / "records.jsonl")
+    played = [r for r in records if r.trajectories]
+    assert played
+    for rec in played:
+        answers = [t.final_answer for t in rec.trajectories]
+        rs = np.asarray(rec.rewards["execution"])
+        if method in ("agent0", "r_zero"):  # majority-vote pseudo-labels
+            expected = np.asarray(reward_source("execution", "majority_vote")(fb(answers)))
+        else:  # the Teacher says CORRECT only for 42
+            expected = np.array([float(a == "42") for a in answers])
+        assert rs.tolist() == expected.tolist()
+    if method == "r_zero":  # no tools: one generation per trajectory, code never run
+        assert all(n == 0 for rec in played for n in rec.meta["tool_calls"])
+    # the Evaluation player never moves; the Execution player did in its block
+    ev_after = snaps["execution"]["evaluation"]
+    assert start is None or all(torch.equal(ev_after[k], v) for k, v in start["evaluation"].items())
