@@ -127,6 +127,10 @@ def test_timeout_and_truncation(sandbox, tok):
     assert r.status == "answered" and r.num_tool_calls == 2
     assert "characters truncated" in r.observations[0] and len(r.observations[0]) < 200
     assert "[timed out]" in r.observations[1]
+    # the formatter the perturbation engine reuses gives the same text for the same result
+    from unifiedplayers.players.tool_loop import observation_body
+
+    assert observation_body(sandbox.run("print('a' * 5000)"), 100) == r.observations[0]
 
 
 def test_scan_turn_rules():

@@ -128,6 +128,19 @@ def truncate_observation(text: str, max_chars: int) -> str:
     return f"{text[:head]}\n[... {cut} characters truncated ...]\n{text[len(text) - tail:]}"
 
 
+def observation_body(result: Any, max_chars: int) -> str:
+    """The observation text of one sandbox ``ExecResult`` exactly as the loop shows it (formatted by
+    :func:`unifiedplayers.trajectory.format_observation`, then truncated). The perturbation engine's
+    arg_mutation must format re-executed outputs with this, or a variant would be recognisable:
+    ``format_result=functools.partial(observation_body, max_chars=cfg.player.observation_max_chars)``."""
+    body = format_observation(
+        result.stdout, result.stderr, result.exit_code,
+        timed_out=bool(getattr(result, "timed_out", False)),
+        memory_exceeded=bool(getattr(result, "memory_exceeded", False)),
+    )
+    return truncate_observation(body, max_chars)
+
+
 def render_observation(body: str) -> str:
     """The inserted observation text (without the newline that may be needed before it)."""
     return f"{OBSERVATION_OPEN}{body}{OBSERVATION_CLOSE}"
@@ -327,10 +340,7 @@ def _execute(batch: list[tuple[_Sample, str]], sandbox: Any, tokenizer: Any, cfg
             s.finish("error", f"sandbox: {type(exc).__name__}: {exc}")
         return
     for (s, _), r in zip(batch, results):
-        body = format_observation(
-            r.stdout, r.stderr, r.exit_code, timed_out=r.timed_out, memory_exceeded=r.memory_exceeded
-        )
-        body = truncate_observation(body, cfg.observation_max_chars)
+        body = observation_body(r, cfg.observation_max_chars)
         obs = ("" if s.text.endswith("\n") else "\n") + render_observation(body)
         s.segments.append(Segment.from_text(tokenizer, obs))
         s.text += obs
