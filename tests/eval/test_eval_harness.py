@@ -265,3 +265,21 @@ def test_checkpoint_resolution_and_loading(tmp_path):
     assert all(torch.all(p == 0.5) for p in engine.model.parameters())
     with pytest.raises(SystemExit, match="no config.json"):
         resolve_checkpoint(str(tmp_path))
+
+
+def test_prepare_data_wheel_copy_and_offline_failure(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from eval.prepare_data import prepare
+
+    assert prepare("humaneval", tmp_path / "he.jsonl") == 164
+    copied = load_benchmark("humaneval", str(tmp_path / "he.jsonl"))
+    assert [p.meta["entry_point"] for p in copied][:2] == ["has_close_elements", "separate_paren_groups"]
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    proc = subprocess.run([sys.executable, str(root / "eval/prepare_data.py"), "--bench", "math500",
+                           "--out", str(tmp_path / "m.jsonl")], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 1 and "cannot download HuggingFaceH4/MATH-500" in proc.stderr
+    assert not (tmp_path / "m.jsonl").exists()
