@@ -38,9 +38,11 @@ TABLES = {
 
 
 def default_ticks(label: str, mode: str) -> tuple[int, int, int]:
-    for rows in (paper.TABLE1.get("Qwen3-4B-Base", [])):
-        if rows[0] == label:
-            return rows[1]
+    """Tool / External teacher / Learned verifier ticks of a row: the paper's for a method it lists
+    (they do not depend on the backbone), else just whether tools were used."""
+    for name, ticks, _, _ in paper.TABLE1["Qwen3-4B-Base"]:
+        if name == label:
+            return ticks
     return (1 if mode == "tool" else 0, 0, 0)
 
 
