@@ -206,6 +206,13 @@ def test_evaluate_end_to_end_with_scripted_engine(tmp_path, capsys):
     # tool mode speaks the Execution player's prompt (system text and worked example of conf/player)
     assert cfg.player.execution.system.split()[0] in lines[0]["prompt"] and "print(pens + notebooks)" in lines[0]["prompt"]
     assert (tmp_path / "scores.tex").read_text().count("\\begin{tabular}") == 2
+    # merging runs into one table, against a paper backbone's rows
+    from eval.tables import main as tables_main
+
+    tables_main([str(tmp_path / "results.json"), "--out", str(tmp_path / "merged"), "--backbone", "Qwen3-4B-Base"])
+    merged = (tmp_path / "merged" / "scores.md").read_text().splitlines()
+    i = next(k for k, ln in enumerate(merged) if ln.startswith("| Tool-augmented (paper)") and "25.8" in ln)
+    assert merged[i + 1].startswith("| Tool-augmented (ours)") and "100.0" in merged[i + 1]
 
 
 @pytest.mark.slow
