@@ -51,7 +51,7 @@ from omegaconf import OmegaConf
 
 from unifiedplayers import grpo
 from unifiedplayers.logging import RunLogger, count_lines, progress, truncate_lines
-from unifiedplayers.methods import ROLES, TaskFeedback, method_reward_sources
+from unifiedplayers.methods import ROLES, TaskFeedback, method_reward_sources, task_builder
 from unifiedplayers.perturbation import PerturbationEngine
 from unifiedplayers.players.evaluation import evaluation_prompt, write_verifiers
 from unifiedplayers.players.execution import execution_prompt, solve
@@ -280,6 +280,7 @@ class OuterLoop:
         self.slots = plan_updates(cfg)
         self.trained = trained_roles(cfg)
         self.reward_sources = method_reward_sources(cfg.method)
+        self.build_task = task_builder(cfg.method)  # Planning output -> task (math, or Absolute Zero's code tasks)
         # A method without tools (R-Zero, Socratic-Zero): one generation per trajectory, its code never run.
         self.execution_cfg = cfg.player if cfg.method.use_tools else OmegaConf.merge(cfg.player, {"max_turns": 1})
         self.players: dict[str, Player] = {}
@@ -587,6 +588,7 @@ class OuterLoop:
         for attempt in range(attempts):
             got = generate_tasks(engine, self.tokenizer, p, self.prompt_counter, p.prompts_per_update,
                                  p.tasks_per_prompt, seed=seed_for(self.cfg.seed, slot.index, 10 + attempt))
+            got = [[self.build_task(t, self.sandbox) for t in g] for g in got]
             for g in got:
                 for t in g:
                     t.prompt_index += len(groups)
@@ -646,7 +648,8 @@ class OuterLoop:
             tr = task_rewards(vm.z_orig, vm.z_adv, vm.valid, vm.num_generated, vm.valid_sources, answers,
                               task.question, history, cfg.reward, adv_mask=vm.adv_mask)
             fb = TaskFeedback(tr, answers, cfg.reward, tool_calls=[r.num_tool_calls for r in rollouts[i]],
-                              expected_answer=task.expected_answer, question=task.question, method_cfg=cfg.method)
+                              expected_answer=task.expected_answer, question=task.question, method_cfg=cfg.method,
+                              answer_check=task.check)
             feedback.append(fb)
             role_rewards["planning"].append(float(self.reward_sources["planning"](fb)))
             role_rewards["execution"].append(np.asarray(self.reward_sources["execution"](fb), dtype=np.float64))

@@ -101,6 +101,34 @@ def test_validate_and_check_tasks_in_the_sandbox(sandbox):
     assert "timed out" in azr.validate_proposal(sandbox, "def f(x):\n    while True:\n        pass\n", "1").reason
 
 
+def test_code_tasks_from_proposals(sandbox):
+    from unifiedplayers.players.planning import PlanningTask
+
+    text = ("```python\ndef f(x):\n    return x * 3\n```\n```input\n4\n```\n```input\n5\n```\n"
+            "```input\n6\n```\n```input\n7\n```")
+    assert azr.parse_proposal(text) == ("def f(x):\n    return x * 3\n", ["4", "5", "6", "7"])
+
+    def build(topic, t=text):
+        return azr.build_code_task(PlanningTask(t, None, None, False, "no \\boxed{} answer", topic=topic), sandbox)
+
+    ded = build("deduction")
+    assert ded.valid and ded.expected_answer == "12" and "Input: 4" in ded.question
+    assert ded.check("12") and not ded.check("13")
+    abd = build("abduction")
+    assert abd.valid and "returns 12" in abd.question and abd.check("4") and not abd.check("5")
+    ind = build("induction")  # three pairs at most
+    assert "f(4) = 12" in ind.question and "f(6) = 18" in ind.question and "f(7)" not in ind.question
+    assert ind.check("lambda x: 3 * x") and not ind.check("lambda x: x + 8") and not ind.check("12")
+    assert build("deduction", "no code here").reason == "no ```python block with f"
+    bad = build("deduction", "```python\nimport random\ndef f(x):\n    return random.random()\n```\n```input\n1\n```")
+    assert not bad.valid and "nondeterministic" in bad.reason
+    # the reward sources use the task's execution check
+    f = TaskFeedback(SimpleNamespace(), ["4", "9", None, "4"], None, expected_answer=abd.expected_answer,
+                     answer_check=abd.check)
+    assert reward_source("execution", "expected_answer")(f).tolist() == [1.0, 0.0, 0.0, 1.0]
+    assert reward_source("planning", "learnability")(f) == 0.5
+
+
 # ------------------------------------------------------------------ Socratic-Zero
 
 
@@ -181,6 +209,7 @@ def _weights(model):
     ("agent0", []),
     ("r_zero", []),
     ("socratic_zero", ["method.teacher_model=judge"]),
+    ("absolute_zero", ["player.planning.response_prefix='```python\ndef f(x):\n    return x * 3\n```\n```input\n4\n```\n'"]),
 ])
 def test_one_tiny_outer_iteration(method, extra, tmp_path, teacher_url):
     torch.set_num_threads(1)
@@ -207,6 +236,9 @@ def test_one_tiny_outer_iteration(method, extra, tmp_path, teacher_url):
         rs = np.asarray(rec.rewards["execution"])
         if method in ("agent0", "r_zero"):  # majority-vote pseudo-labels
             expected = np.asarray(reward_source("execution", "majority_vote")(fb(answers)))
+        elif method == "absolute_zero":  # proposals validated in the sandbox: f(4) = 12 (deduction first)
+            assert rec.expected_answer == "12" and "What does f return" in rec.question
+            expected = np.array([float(azr.outputs_equal(a, "12")) for a in answers])
         else:  # the Teacher says CORRECT only for 42
             expected = np.array([float(a == "42") for a in answers])
         assert rs.tolist() == expected.tolist()

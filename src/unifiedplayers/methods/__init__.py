@@ -42,6 +42,7 @@ class TaskFeedback:
     expected_answer: Optional[str] = None  # the Planning player's answer (Absolute Zero: the sandbox's)
     question: str = ""
     method_cfg: Any = None  # MethodConfig (tool_bonus, teacher endpoint, extra)
+    answer_check: Optional[Callable[[Optional[str]], bool]] = None  # execution-verified tasks (Absolute Zero)
 
 
 def register_reward_source(role: str, name: str):
@@ -61,6 +62,23 @@ STARTUP_CHECKS: dict[str, Callable[[Any], None]] = {}  # source name -> check(me
 def requires(name: str, check: Callable[[Any], None]) -> None:
     """Register a start-up check of the method config for reward source ``name`` (raises with a clear message)."""
     STARTUP_CHECKS[name] = check
+
+
+# How a Planning output becomes a task (``method.extra.task_format``): ``math`` (the default) keeps the
+# parsed question and boxed answer; a builder ``(task, sandbox) -> task`` rebuilds it (Absolute Zero's
+# ``code_reasoning``: a proposed program validated and answered in the sandbox).
+TASK_BUILDERS: dict[str, Callable[[Any, Any], Any]] = {"math": lambda task, sandbox: task}
+
+
+def register_task_builder(name: str, fn: Callable[[Any, Any], Any]) -> None:
+    TASK_BUILDERS[name] = fn
+
+
+def task_builder(method_cfg: Any) -> Callable[[Any, Any], Any]:
+    name = str((method_cfg.extra or {}).get("task_format", "math"))
+    if name not in TASK_BUILDERS:
+        raise ValueError(f"method.extra.task_format={name!r}: known {sorted(TASK_BUILDERS)}")
+    return TASK_BUILDERS[name]
 
 
 def reward_source(role: str, name: str) -> Callable[[TaskFeedback], Any]:

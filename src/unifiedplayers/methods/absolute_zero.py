@@ -19,12 +19,13 @@ the proposer's claim, and comparisons parse both sides as Python literals when t
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from unifiedplayers.methods import TaskFeedback, register_reward_source
+from unifiedplayers.methods import TaskFeedback, register_reward_source, register_task_builder
 
 TASK_TYPES = ("deduction", "abduction", "induction")
 # Modules whose use makes a program's output depend on more than its input.
@@ -45,7 +46,10 @@ def static_check(program: str) -> Optional[str]:
         tree = ast.parse(program)
     except SyntaxError as exc:
         return f"syntax error: {exc.msg} (line {exc.lineno})"
-    if not any(isinstance(n, ast.FunctionDef) and n.name == "f" for n in tree.body):
+    defines_f = any((isinstance(n, ast.FunctionDef) and n.name == "f")
+                    or (isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "f" for t in n.targets))
+                    for n in tree.body)
+    if not defines_f:
         return "no top-level function f"
     for node in ast.walk(tree):
         names = []
@@ -130,22 +134,96 @@ def learnability_reward(solve_rate: float) -> float:
     return 0.0 if solve_rate in (0.0, 1.0) else 1.0 - solve_rate
 
 
-def solve_flags(answers: Sequence[Optional[str]], expected: Optional[str]) -> np.ndarray:
-    """1 where a sample's answer equals the expected answer, else 0. Shape (K,)."""
+def solve_flags(answers: Sequence[Optional[str]], expected: Optional[str], check: Any = None) -> np.ndarray:
+    """1 where a sample's answer is correct, else 0. Shape (K,). ``check(answer) -> bool`` when the task
+    verifies answers by execution (abduction, induction), else literal equality with ``expected``."""
+    if check is not None:
+        return np.array([float(a is not None and bool(check(a))) for a in answers], dtype=np.float64)
     return np.array([float(outputs_equal(a, expected)) for a in answers], dtype=np.float64)
 
 
 @register_reward_source("execution", "expected_answer")
 def execution_expected_answer(fb: TaskFeedback) -> np.ndarray:
-    """Binary correctness against the task's trusted expected answer (AZR Eq. 5). Shape (K,)."""
-    if fb.expected_answer is None:
+    """Binary correctness against the task's trusted answer (AZR Eq. 5). Shape (K,)."""
+    if fb.expected_answer is None and fb.answer_check is None:
         raise ValueError("expected_answer reward: the task carries no expected answer")
-    return solve_flags(fb.answers, fb.expected_answer)
+    return solve_flags(fb.answers, fb.expected_answer, fb.answer_check)
 
 
 @register_reward_source("planning", "learnability")
 def planning_learnability(fb: TaskFeedback) -> float:
     """AZR Eq. 4 over the K solver samples of the task."""
-    if fb.expected_answer is None or not len(fb.answers):
+    if (fb.expected_answer is None and fb.answer_check is None) or not len(fb.answers):
         return 0.0
-    return learnability_reward(float(solve_flags(fb.answers, fb.expected_answer).mean()))
+    return learnability_reward(float(solve_flags(fb.answers, fb.expected_answer, fb.answer_check).mean()))
+
+
+# --------------------------------------------------------------------------------------------------
+# Proposals -> tasks (the ``code_reasoning`` task builder; ``method.extra.task_format``)
+
+_FENCE = re.compile(r"```(\w*)[ \t]*\n(.*?)```", re.DOTALL)
+
+QUESTIONS = {
+    "deduction": ("Here is a Python function and an input.\n```python\n{program}```\nInput: {input}\n"
+                  "What does f return for this input? Give the returned value as a Python literal in \\boxed{{}}."),
+    "abduction": ("Here is a Python function.\n```python\n{program}```\nFind an input x for which f(x) returns "
+                  "{output}. Give x as a Python literal in \\boxed{{}}."),
+    "induction": ("A hidden Python function f maps these inputs to these outputs:\n{pairs}\n"
+                  "Write f as a Python lambda expression in \\boxed{{}}, e.g. \\boxed{{lambda x: x + 1}}."),
+}
+
+
+def parse_proposal(text: str) -> tuple[Optional[str], list[str]]:
+    """(program, inputs) from a proposer output: the first ```python block and every ```input block."""
+    program, inputs = None, []
+    for lang, body in _FENCE.findall(text):
+        if lang == "python" and program is None:
+            program = body if body.endswith("\n") else body + "\n"
+        elif lang == "input" and body.strip():
+            inputs.append(body.strip())
+    return program, inputs
+
+
+def build_code_task(task: Any, sandbox: Any, max_pairs: int = 3) -> Any:
+    """Turn a proposer output (``task.text``; the task type is its topic) into a validated code task:
+    ``question``, ``expected_answer`` (the sandbox's output, or the input for abduction) and ``check``
+    (answer -> correct?). An invalid proposal stays a malformed task with its reason."""
+    from unifiedplayers.players.planning import PlanningTask
+
+    kind = task.topic if task.topic in TASK_TYPES else "deduction"
+    program, inputs = parse_proposal(task.text)
+
+    def malformed(reason: str) -> Any:
+        return PlanningTask(task.text, None, None, False, reason, task.prompt_index, task.topic, task.completion)
+
+    if program is None:
+        return malformed("no ```python block with f")
+    if not inputs:
+        return malformed("no ```input block")
+    pairs = []
+    for inp in inputs[: (max_pairs if kind == "induction" else 1)]:
+        got = validate_proposal(sandbox, program, inp)
+        if not got.valid:
+            return malformed(f"invalid proposal: {got.reason}")
+        pairs.append((inp, got.output))
+    if kind == "deduction":
+        question = QUESTIONS[kind].format(program=program, input=pairs[0][0])
+        expected, check = pairs[0][1], (lambda a, out=pairs[0][1]: check_deduction(out, a))
+    elif kind == "abduction":
+        question = QUESTIONS[kind].format(program=program, output=pairs[0][1])
+        expected = pairs[0][0]
+        check = lambda a, prog=program, out=pairs[0][1]: check_abduction(sandbox, prog, a, out)  # noqa: E731
+    else:
+        question = QUESTIONS[kind].format(pairs="\n".join(f"f({i}) = {o}" for i, o in pairs))
+        expected = None  # any lambda reproducing the pairs is correct
+
+        def check(a: Optional[str], pairs=tuple(pairs)) -> bool:
+            if not a or not a.strip().startswith("lambda"):
+                return False
+            return check_induction(sandbox, f"f = {a.strip()}\n", pairs)
+    out = PlanningTask(task.text, question, expected, True, "", task.prompt_index, task.topic, task.completion)
+    out.check = check
+    return out
+
+
+register_task_builder("code_reasoning", build_code_task)

@@ -39,6 +39,7 @@ class PlanningTask:
     prompt_index: int = 0  # which questioner prompt of the update produced it (its GRPO group)
     topic: str = ""
     completion: Any = None  # the rollout Completion (token ids, behaviour log-probs)
+    check: Any = None  # answer -> bool, for tasks whose answers are verified by execution (methods.TASK_BUILDERS)
 
 
 def parse_task(text: str, min_chars: int = 20, max_chars: int = 1200, answer_max_chars: int = 64) -> PlanningTask:
