@@ -46,6 +46,7 @@ def test_exit_status_and_exceptions(sb):
     assert sb.run("import sys; sys.exit(3)").exit_code == 3
     r = sb.run("raise ValueError('boom')")
     assert r.exit_code == 1 and "ValueError: boom" in r.stderr
+    assert r.error is None  # the program failed, not the sandbox
     c = sb.call("def f(p):\n    raise KeyError('nope')", "f", None)
     assert not c.ok and "KeyError" in c.error
     c = sb.call("x = 1", "check", None)

@@ -494,7 +494,9 @@ class SlotWorker:
                 info = None
         if info is not None:
             result["memory_exceeded"] = bool(info.get("memory_exceeded"))
-            if info.get("error"):
+            # For a program, what its code raised is in its stderr and exit status; ``error`` is kept for
+            # failures of the sandbox itself. For a function call it is the call's outcome.
+            if info.get("error") and req["kind"] == "call":
                 result["error"] = str(info["error"])[:4000]
             if info.get("traceback"):
                 result["traceback"] = str(info["traceback"])[-4000:]
