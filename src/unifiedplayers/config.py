@@ -106,6 +106,9 @@ class TrainerConfig:
     # π_θ log-probs use logits / temperature: set it to the rollout temperature so that the ratio of Eq. 18
     # compares like with like (the behaviour log-probs were taken under that temperature).
     temperature: float = 1.0
+    # > 0: the LM head and log-softmax run this many rows at a time, forward and backward, so no (tokens, vocab)
+    # logits block is kept for autograd (less memory, one extra LM-head matmul). 0: one block (faster).
+    logprob_chunk_rows: int = 0
     gradient_checkpointing: bool = False
     offload_optimizer: bool = False  # DeepSpeed backends: ZeRO-Offload of the optimizer state to CPU
     offload_dir: Optional[str] = None  # torch backend: where offload_state() parks optimizer state (default: temp dir)

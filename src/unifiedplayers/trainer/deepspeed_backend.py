@@ -97,7 +97,7 @@ class DeepSpeedTrainer(PlayerTrainer):
             deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
         optimizer = make_optimizer(self.cfg, model)
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
-            model=TokenLogprobModel(model, self.cfg.temperature),
+            model=TokenLogprobModel(model, self.cfg.temperature, self.cfg.logprob_chunk_rows),
             optimizer=optimizer,
             lr_scheduler=lambda opt: make_scheduler(self.cfg, opt),
             config=deepspeed_config(self.cfg, self.stage),

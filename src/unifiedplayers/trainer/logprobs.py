@@ -40,6 +40,7 @@ def selected_token_logprobs(
     select: Tensor,
     with_entropy: bool = False,
     temperature: float = 1.0,
+    chunk_rows: int = 0,
 ) -> TokenLogprobs:
     """log π(input_ids[b, t] | input_ids[b, :t]) for every (b, t) with ``select[b, t]``.
 
@@ -50,6 +51,10 @@ def selected_token_logprobs(
         select: (B, L) bool; position 0 can never be selected (nothing predicts it).
         with_entropy: also return the entropy of the predictive distribution at those positions.
         temperature: logits are divided by it (match the sampler's temperature).
+        chunk_rows: > 0: never hold more than this many rows of (rows, V) logits, forward or backward
+            (:class:`ChunkedHeadLogprob`; the backward recomputes the logits chunk by chunk). 0: one
+            (M, V) block kept for autograd, faster by one LM-head matmul. A head with a bias, or one
+            whose weight is sharded (ZeRO-3), always takes the plain path.
     Returns:
         :class:`TokenLogprobs` with (B, L) tensors, zeros where not selected.
     """
@@ -61,22 +66,93 @@ def selected_token_logprobs(
     pred_select = torch.zeros_like(select)
     pred_select[:, :-1] = select[:, 1:]
     rows = hidden[pred_select]  # (M, H)
-    logits = head(rows).float()  # (M, V)
-    if temperature != 1.0:
-        logits = logits / temperature
     targets = input_ids[select]  # (M,)
-    lse = torch.logsumexp(logits, dim=-1)
-    chosen = logits.gather(-1, targets[:, None]).squeeze(-1) - lse
-    out = torch.zeros(select.shape, dtype=chosen.dtype, device=chosen.device)
-    out = out.masked_scatter(select, chosen)
+    weight = getattr(head, "weight", None)
+    chunkable = (
+        chunk_rows > 0
+        and isinstance(head, nn.Linear)
+        and head.bias is None
+        and weight is not None
+        and weight.dim() == 2
+        and weight.shape[1] == rows.shape[-1]  # a ZeRO-3 partitioned weight is a flat placeholder
+    )
+    if chunkable:
+        chosen, h = ChunkedHeadLogprob.apply(rows, weight, targets, chunk_rows, 1.0 / temperature, with_entropy)
+    else:
+        logits = head(rows).float()  # (M, V)
+        if temperature != 1.0:
+            logits = logits / temperature
+        lse = torch.logsumexp(logits, dim=-1)
+        chosen = logits.gather(-1, targets[:, None]).squeeze(-1) - lse
+        h = _entropy_rows(logits.detach(), lse.detach(), 1024) if with_entropy else None
+    out = torch.zeros(select.shape, dtype=chosen.dtype, device=chosen.device).masked_scatter(select, chosen)
     ent = None
-    if with_entropy:
-        with torch.no_grad():
-            d = logits.detach()
-            probs = torch.softmax(d, dim=-1)
-            h = lse.detach() - (probs * d).sum(-1)
-            ent = torch.zeros(select.shape, dtype=h.dtype, device=h.device).masked_scatter(select, h)
+    if h is not None:
+        ent = torch.zeros(select.shape, dtype=h.dtype, device=h.device).masked_scatter(select, h)
     return TokenLogprobs(out, ent)
+
+
+@torch.no_grad()
+def _entropy_rows(logits: Tensor, lse: Tensor, chunk: int) -> Tensor:
+    """H = lse − Σ softmax · logits per row, a chunk of rows at a time (bounded temporaries)."""
+    out = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
+    for s in range(0, logits.shape[0], chunk):
+        z = logits[s : s + chunk]
+        out[s : s + chunk] = lse[s : s + chunk] - (torch.exp(z - lse[s : s + chunk, None]) * z).sum(-1)
+    return out
+
+
+class ChunkedHeadLogprob(torch.autograd.Function):
+    """log softmax(h W^T / T)[target] for rows of h, chunk by chunk, without keeping (M, V) logits.
+
+    Forward keeps only h, W, the targets and the row log-sum-exps; backward recomputes each chunk's
+    logits: d logp / d z = onehot(target) − softmax(z), then d h = (d z / T) W and d W = (d z / T)^T h.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, chunk, inv_temp, with_entropy):
+        m = hidden.shape[0]
+        chosen = torch.empty(m, dtype=torch.float32, device=hidden.device)
+        lse = torch.empty(m, dtype=torch.float32, device=hidden.device)
+        ent = torch.empty(m, dtype=torch.float32, device=hidden.device) if with_entropy else None
+        for s in range(0, m, chunk):
+            z = (hidden[s : s + chunk] @ weight.t()).float()
+            if inv_temp != 1.0:
+                z = z * inv_temp
+            l = torch.logsumexp(z, dim=-1)
+            lse[s : s + chunk] = l
+            chosen[s : s + chunk] = z.gather(-1, targets[s : s + chunk, None]).squeeze(-1) - l
+            if with_entropy:
+                ent[s : s + chunk] = l - (torch.exp(z - l[:, None]) * z).sum(-1)
+        ctx.save_for_backward(hidden, weight, targets, lse)
+        ctx.chunk, ctx.inv_temp = chunk, inv_temp
+        if ent is not None:
+            ctx.mark_non_differentiable(ent)
+        return chosen, ent
+
+    @staticmethod
+    def backward(ctx, grad_chosen, grad_ent):
+        hidden, weight, targets, lse = ctx.saved_tensors
+        grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
+        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if ctx.needs_input_grad[1] else None
+        for s in range(0, hidden.shape[0], ctx.chunk):
+            h = hidden[s : s + ctx.chunk]
+            z = (h @ weight.t()).float()
+            if ctx.inv_temp != 1.0:
+                z = z * ctx.inv_temp
+            g = grad_chosen[s : s + ctx.chunk].float()
+            dz = torch.exp(z - lse[s : s + ctx.chunk, None]).mul_(-g[:, None])  # −g · softmax
+            dz.scatter_add_(-1, targets[s : s + ctx.chunk, None], g[:, None])  # + g · onehot
+            if ctx.inv_temp != 1.0:
+                dz.mul_(ctx.inv_temp)
+            dz = dz.to(hidden.dtype)
+            if grad_hidden is not None:
+                grad_hidden[s : s + ctx.chunk] = dz @ weight
+            if grad_weight is not None:
+                grad_weight.addmm_(dz.t().float(), h.float())
+        if grad_weight is not None:
+            grad_weight = grad_weight.to(weight.dtype)
+        return grad_hidden, grad_weight, None, None, None, None
 
 
 class TokenLogprobModel(nn.Module):
@@ -86,14 +162,21 @@ class TokenLogprobModel(nn.Module):
     module rather than the LM, so the memory-lean log-prob path still goes through their ``forward``.
     """
 
-    def __init__(self, lm: nn.Module, temperature: float = 1.0) -> None:
+    def __init__(self, lm: nn.Module, temperature: float = 1.0, chunk_rows: int = 0) -> None:
         super().__init__()
         self.lm = lm
         self.temperature = temperature
+        self.chunk_rows = chunk_rows
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, select: Tensor, with_entropy: bool = False):
         return selected_token_logprobs(
-            self.lm, input_ids, attention_mask, select, with_entropy=with_entropy, temperature=self.temperature
+            self.lm,
+            input_ids,
+            attention_mask,
+            select,
+            with_entropy=with_entropy,
+            temperature=self.temperature,
+            chunk_rows=self.chunk_rows,
         )
 
 

@@ -205,7 +205,7 @@ class PlayerTrainer:
     # ------------------------------------------------------------------ backend hooks (torch)
     def _setup(self, model: nn.Module) -> None:
         self._model = model
-        self._logprob_model = TokenLogprobModel(model, self.cfg.temperature)
+        self._logprob_model = TokenLogprobModel(model, self.cfg.temperature, self.cfg.logprob_chunk_rows)
         self.device = next(model.parameters()).device
         self.optimizer: Optional[torch.optim.Optimizer] = None
         self.scheduler = None
@@ -322,7 +322,7 @@ class PlayerTrainer:
         if not self._has_reference:
             raise RuntimeError("kl_coef > 0 needs a reference policy: call start_outer_iteration() first")
         if self.cfg.ref_mode == "copy":
-            ref = TokenLogprobModel(self._ref_model, self.cfg.temperature)
+            ref = TokenLogprobModel(self._ref_model, self.cfg.temperature, self.cfg.logprob_chunk_rows)
             return [self._ref_pass(ref, mb) for mb in micro]
         current = {k: v.to("cpu", copy=True) for k, v in self.full_state_dict().items()}
         self._load_policy_weights(self._ref_state)
