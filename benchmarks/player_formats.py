@@ -7,6 +7,7 @@ Samples, with the smoke preset's token budgets and the default sampling temperat
 - Evaluation: N verifiers over the same tasks -> share with a valid check() (parses, compiles, defines it).
 
     python benchmarks/player_formats.py [--n 24] [overrides ...]     # e.g. player.execution.few_shot=[]
+    python benchmarks/player_formats.py --from-run runs/smoke        # the same rates over a run's records
 
 For reference, zero-shot prompts on SmolLM2-135M gave a python block in 22/40 solutions, a \\boxed{} answer
 in 0/40 and a valid check() in 9/40 (measured before these prompts were written).
@@ -33,12 +34,44 @@ FALLBACK_TASKS = [
 ]
 
 
+def from_run(run_dir: str) -> None:
+    """The format rates of every output a run's players produced (records.jsonl)."""
+    from pathlib import Path
+
+    from unifiedplayers.records import load_records
+
+    records = load_records(Path(run_dir) / "records.jsonl")
+    tasks = len(records)
+    well_formed = sum(r.meta.get("status") != "malformed_task" for r in records)
+    played = [r for r in records if r.trajectories]
+    trajs = [t for r in played for t in r.trajectories]
+    code = sum(any(s.type == "code" for s in t.steps) for t in trajs)
+    boxed = sum(t.final_answer is not None for t in trajs)
+    validity = [v for r in played for v in r.meta.get("verifier_validity", [])]
+    statuses: dict[str, int] = {}
+    for r in played:
+        for s in r.meta.get("trajectory_status", []):
+            statuses[s] = statuses.get(s, 0) + 1
+    print(json.dumps({
+        "run_dir": run_dir,
+        "planning_well_formed": f"{well_formed}/{tasks}",
+        "execution_python_block": f"{code}/{len(trajs)}",
+        "execution_boxed_answer": f"{boxed}/{len(trajs)}",
+        "execution_status": statuses,
+        "evaluation_valid_check": f"{sum(v == 'valid' for v in validity)}/{len(validity)}",
+    }, indent=2))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--from-run", default=None, help="report the rates over the records of an existing run")
     ap.add_argument("--n", type=int, default=24, help="samples per player")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("overrides", nargs="*", help="config overrides (default: experiment=smoke)")
     args = ap.parse_args()
+    if args.from_run:
+        from_run(args.from_run)
+        return
     cfg = compose(["experiment=smoke"] + args.overrides)
     p = cfg.player
     t0 = time.perf_counter()

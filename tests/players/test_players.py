@@ -109,7 +109,7 @@ def test_plain_transcript_without_chat_template(cfg):
     tok = build_byte_tokenizer()
     tok.chat_template = None
     out = render_prompt(tok, cfg.player.execution, question="Q?")
-    assert out.endswith("user: Q?\nassistant: ")
+    assert "\nuser: Q?\n" in out and out.endswith("\\boxed{N}.\nassistant: ")
 
 
 def test_a_bad_few_shot_entry_is_a_clear_error(tok):
