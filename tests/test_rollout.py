@@ -11,7 +11,7 @@ import torch
 from unifiedplayers.config import ModelConfig, RolloutConfig
 from unifiedplayers.models import load_model
 from unifiedplayers.rollout import Completion, Segment, build_rollout, find_stop, flatten_segments
-from unifiedplayers.rollout.hf_engine import top_p_mask
+from unifiedplayers.rollout.hf_engine import draw, top_p_mask
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -111,6 +111,14 @@ def test_top_p_mask_by_hand():
     assert kept.tolist() == [[True, True, False, False], [False, False, True, True]]
     assert torch.isfinite(top_p_mask(logits, 0.01)).sum(-1).tolist() == [1, 1]  # the top token always stays
     assert torch.equal(top_p_mask(logits, 1.0), logits)
+
+
+def test_draw_follows_the_distribution_and_never_picks_a_zero():
+    probs = torch.tensor([[0.1, 0.0, 0.6, 0.3], [0.0, 0.0, 0.0, 1.0]]).repeat(50_000, 1)
+    tokens = draw(probs, torch.Generator().manual_seed(0)).view(-1, 2)
+    freq = torch.bincount(tokens[:, 0], minlength=4).float() / tokens.shape[0]
+    assert freq[1] == 0 and torch.allclose(freq, torch.tensor([0.1, 0.0, 0.6, 0.3]), atol=0.01)
+    assert (tokens[:, 1] == 3).all()
 
 
 def test_top_p_logprobs_are_of_the_renormalised_nucleus(tiny, engine):
