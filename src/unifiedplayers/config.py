@@ -306,10 +306,19 @@ class Config:
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
 
+def _first_set(value: Any, default: Any) -> Any:
+    return default if value is None else value
+
+
 def register_configs() -> None:
-    """Register the schema so that ``conf/config.yaml`` can list ``schema`` first in its defaults."""
+    """Register the schema so that ``conf/config.yaml`` can list ``schema`` first in its defaults, and the
+    ``first_set`` resolver (``${first_set:${run_dir},runs/...}``: Hydra's output dir is the run dir when set)."""
+    from omegaconf import OmegaConf
+
     cs = ConfigStore.instance()
     cs.store(name="schema", node=Config)
+    if not OmegaConf.has_resolver("first_set"):
+        OmegaConf.register_new_resolver("first_set", _first_set)
 
 
 def compose(
