@@ -47,6 +47,8 @@ def test_exit_status_and_exceptions(sb):
     r = sb.run("raise ValueError('boom')")
     assert r.exit_code == 1 and "ValueError: boom" in r.stderr
     assert r.error is None  # the program failed, not the sandbox
+    assert "_server.py" not in r.stderr and "unifiedplayers" not in r.stderr  # no host path leaks
+    assert 'File "<sandbox>", line 1' in r.stderr
     c = sb.call("def f(p):\n    raise KeyError('nope')", "f", None)
     assert not c.ok and "KeyError" in c.error
     c = sb.call("x = 1", "check", None)

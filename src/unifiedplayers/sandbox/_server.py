@@ -286,6 +286,14 @@ def _rmtree(path):
 # One call: the forked process that runs untrusted code.
 
 
+def _user_traceback(exc):
+    """The traceback of the user's code only: the server's own frames (and its path) are left out."""
+    te = traceback.TracebackException.from_exception(exc)
+    stack = [f for f in te.stack if f.filename != __file__]
+    te.stack = traceback.StackSummary.from_list(stack)
+    return "".join(te.format())
+
+
 def _call_process(req, cfg, workdir, out_w, err_w, res_w, null_fd, ruleset):
     """Runs in the fork of a slot worker. Never returns."""
     try:
@@ -343,7 +351,7 @@ def _call_process(req, cfg, workdir, out_w, err_w, res_w, null_fd, ruleset):
     except BaseException as exc:  # noqa: BLE001 - anything the code raises is its failure
         out["exit_code"] = 1
         try:
-            tb = traceback.format_exc()
+            tb = _user_traceback(exc)
         except MemoryError:
             tb = repr(exc)
         print(tb, file=sys.stderr, end="")
