@@ -33,8 +33,12 @@ class Snapshots:
 
     def __init__(self):
         self.blocks = []
+        self.violations = []
 
     def __call__(self, event, loop, slot):
+        for role, p in loop.players.items():  # the frozen players: eval mode, no optimizer state in memory
+            if role != slot.role and (p.model.training or (p.trainer is not None and p.trainer.optimizer is not None)):
+                self.violations.append((slot.index, role))
         if event == "block_end":
             self.blocks.append((slot.role, {r: weights(p.model) for r, p in loop.players.items()}))
 
@@ -129,7 +133,9 @@ def test_fresh_records_name_the_latest_checkpoints(fresh):
 
 
 def test_players_are_frozen_outside_their_block(fresh):
-    _, _, snaps, initial = fresh
+    _, loop, snaps, initial = fresh
+    assert snaps.violations == []
+    assert all(p.trainer.outer_iteration == 1 for p in loop.players.values())  # π_ref reset once per iteration
     previous = {r: initial for r in ("planning", "execution", "evaluation")}
     assert [role for role, _ in snaps.blocks] == ["planning", "execution", "evaluation"]
     for role, state in snaps.blocks:
@@ -142,7 +148,7 @@ def test_players_are_frozen_outside_their_block(fresh):
 
 
 def test_stale_feedback_holds_updates_back_until_the_next_iteration(tmp_path):
-    run(tmp_path, ["schedule.feedback=stale", "schedule.outer_iterations=2", "schedule.planning_updates=1"])
+    loop = run(tmp_path, ["schedule.feedback=stale", "schedule.outer_iterations=2", "schedule.planning_updates=1"])
     seen = {}
     for r in load_records(tmp_path / "records.jsonl"):
         seen.setdefault((r.meta["outer_iteration"], r.meta["block"]), r.meta["checkpoints"])
@@ -156,6 +162,7 @@ def test_stale_feedback_holds_updates_back_until_the_next_iteration(tmp_path):
                                      "evaluation": v("evaluation", 1, 1)}
     assert seen[(2, "execution")]["planning"] == v("planning", 1, 1)  # not step 2 (it2's update is held back)
     assert seen[(2, "evaluation")]["execution"] == v("execution", 1, 1)
+    assert all(p.trainer.outer_iteration == 2 for p in loop.players.values())  # π_ref reset at each iteration
 
 
 def test_frozen_planning_and_evaluation_keep_their_initial_weights(tmp_path):
