@@ -120,19 +120,22 @@ def render_summary(summary: dict[str, Any], sample: Optional[Any]) -> str:
     traj = sample.trajectories[k_best]
     status = sample.meta.get("trajectory_status", ["?"] * len(sample.trajectories))[k_best]
     r_s = sample.rewards.get("execution", [None] * len(sample.trajectories))[k_best]
+    r_s = "?" if r_s is None else f"{r_s:.3f}"
     out += [f"## Trajectory t{k_best} (status {status}, final answer {traj.final_answer!r}, r_S = {r_s})", "",
             _clip(render(traj), 1500), ""]
     if sample.verifiers:
         r_c = sample.rewards.get("evaluation", [])
         i = sample.valid[0]
-        out += [f"## Verifier v{i} (valid; r_C = {r_c[i] if i < len(r_c) else None})", "", _clip(sample.verifiers[0], 1500), ""]
+        r = f"{r_c[i]:.3f}" if i < len(r_c) else "?"
+        out += [f"## Verifier v{i} (valid; r_C = {r})", "", _clip(sample.verifiers[0], 1500), ""]
     else:
         bad = sample.meta.get("verifier_outputs", [""])
         why = sample.meta.get("verifier_validity", ["?"])
         out += ["## Verifier v0 (invalid: " + str(why[0] if why else "?") + ")", "", _clip(bad[0] if bad else "", 800), ""]
     out += ["## Verdict matrix Z(q) = [Z_orig | Z_adv] of this task", "", verdict_table(sample), ""]
     rw = sample.rewards
-    out.append(f"U = {rw.get('U')}, V = {rw.get('V')}, R = {rw.get('R')}, r_T = {rw.get('planning')}")
+    num = lambda x: "?" if x is None else f"{x:.3f}"  # noqa: E731
+    out.append(f"U = {num(rw.get('U'))}, V = {num(rw.get('V'))}, R = {num(rw.get('R'))}, r_T = {num(rw.get('planning'))}")
     return "\n".join(out)
 
 
