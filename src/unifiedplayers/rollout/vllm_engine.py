@@ -80,7 +80,7 @@ class VLLMRollout(RolloutEngine):
         self.llm = vllm.LLM(**kwargs)
         self._max_model_len = int(self.llm.llm_engine.model_config.max_model_len)
         self._vocab = int(model.get_output_embeddings().weight.shape[0])
-        if not fresh:
+        if not fresh and cfg.inprocess:
             # The directory may hold other weights than the module passed in (e.g. a hub snapshot
             # under a fine-tuned model): make the engine sample from this module.
             self.update_weights(model)
@@ -104,13 +104,20 @@ class VLLMRollout(RolloutEngine):
 
     def update_weights(self, model: Any) -> None:
         """Copy ``model``'s parameters (a module or a state dict, HF names) into the engine."""
+        if not self.cfg.inprocess:
+            # Across processes vLLM's RPC cannot carry tensors in nested arguments without pickle
+            # (VLLM_ALLOW_INSECURE_SERIALIZATION), which we do not switch on behind the user's back.
+            raise NotImplementedError(
+                "update_weights needs rollout.inprocess=true (the engine in this process); a separate engine "
+                "process needs vLLM's weight-transfer engine (NCCL), which this backend does not set up"
+            )
         weights = _weights_of(model)
         if isinstance(model, torch.nn.Module):
             self.model = model
 
         try:
             # vLLM >= 0.1x: in-place reload that re-applies the post-load processing (fused qkv etc.).
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         except (AttributeError, NotImplementedError):
             # Older engines: the model's own loader still has its weight_loader hooks.
             self.llm.apply_model(lambda engine_model: engine_model.load_weights(iter(weights)))
