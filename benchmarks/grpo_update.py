@@ -60,7 +60,7 @@ def _model_cfg():
 
 
 # ---------------------------------------------------------------------------------------------- ours
-def worker_ours(beta: float, steps: int, backend: str) -> dict:
+def worker_ours(beta: float, steps: int, backend: str, micro_batch: int, chunk_rows: int) -> dict:
     import torch
 
     from unifiedplayers import grpo
@@ -79,7 +79,8 @@ def worker_ours(beta: float, steps: int, backend: str) -> dict:
     cfg = TrainerConfig(
         backend=backend,
         lr=LR,
-        micro_batch_size=NUM_COMPLETIONS,
+        micro_batch_size=micro_batch,
+        logprob_chunk_rows=chunk_rows,
         kl_coef=beta,
         entropy_every=0,
         num_threads=torch.get_num_threads(),
@@ -243,13 +244,18 @@ def main() -> None:
     parser.add_argument("--beta", type=float, default=0.0, help=argparse.SUPPRESS)
     parser.add_argument("--backend", default="torch", help=argparse.SUPPRESS)
     parser.add_argument("--json", help="also write all results to this file")
+    parser.add_argument("--micro-batch", type=int, default=NUM_COMPLETIONS, help="our micro-batch size")
+    parser.add_argument("--chunk-rows", type=int, default=0, help="our trainer.logprob_chunk_rows")
     a = parser.parse_args()
 
     if a.worker:
         import torch
 
         torch.set_num_threads(a.threads)
-        result = worker_trl(a.beta, a.steps) if a.worker == "trl" else worker_ours(a.beta, a.steps, a.backend)
+        if a.worker == "trl":
+            result = worker_trl(a.beta, a.steps)
+        else:
+            result = worker_ours(a.beta, a.steps, a.backend, a.micro_batch, a.chunk_rows)
         print("RESULT " + json.dumps(result), flush=True)
         return
 
@@ -258,7 +264,8 @@ def main() -> None:
     for key in a.only.split(","):
         for label, worker, beta, backend in RUNS[key]:
             cmd = [sys.executable, __file__, "--worker", worker, "--beta", str(beta), "--steps", str(a.steps),
-                   "--threads", str(a.threads), "--backend", backend or "torch"]
+                   "--threads", str(a.threads), "--backend", backend or "torch",
+                   "--micro-batch", str(a.micro_batch), "--chunk-rows", str(a.chunk_rows)]
             t = time.perf_counter()
             proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
             lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
@@ -273,7 +280,7 @@ def main() -> None:
                   f"peak RSS {result['peak_rss_mib']:.0f} MiB", flush=True)
 
     print(f"\nGRPO step, SmolLM2-135M fp32, CPU, {a.threads} threads; 1 prompt × {NUM_COMPLETIONS} completions × "
-          f"{NEW_TOKENS} new tokens; last of {a.steps} measured steps; seconds; 1-min load average "
+          f"{NEW_TOKENS} new tokens; ours: micro-batch {a.micro_batch}, logprob_chunk_rows {a.chunk_rows}; last of {a.steps} measured steps; seconds; 1-min load average "
           f"{load_start:.1f} at start, {os.getloadavg()[0]:.1f} at end (other processes share the CPUs)")
     head = f"{'implementation':24s} {'β':>5s} {'gen':>6s} {'ref':>6s} {'fwd':>6s} {'bwd':>6s} {'optim':>6s} " \
            f"{'update':>7s} {'step':>6s} {'peak RSS MiB':>12s}"
