@@ -28,6 +28,8 @@ Build an engine and sample::
   (``finish_reason="stop"``, ``stop_str=None``); it is kept in ``token_ids`` (it is a sampled
   decision) and left out of ``text``.
 - ``seed``: the same call with the same seed gives the same completions; ``None`` uses the global RNG.
+  (The two backends draw differently: equal seeds give equal samples within a backend, not across.)
+- ``ignore_eos=True`` samples past eos up to ``max_new_tokens`` (fixed-length benchmarks).
 
 Multi-turn contexts (the Execution player's tool loop)::
 
@@ -44,7 +46,12 @@ tokens, and ``old_logprobs`` is 0.0 there.
 
 After each optimizer step that changes the behaviour policy, ``engine.update_weights(model)``: the
 ``hf`` engine samples from the module it holds (same object: nothing to do; another object:
-re-bound); the ``vllm`` engine copies the weights into its own model (a module or a state dict).
+re-bound); the ``vllm`` engine copies the weights into its own model (a module or a state dict in
+Hugging Face naming; needs ``rollout.inprocess=true``, the default).
+
+Both backends are tested against the same contract: ``tests/test_rollout.py`` (hf, tiny Llama, in
+``make test``) and ``tests/test_rollout_vllm.py`` (vllm, ``make test-vllm`` with the CPU wheel), each
+checking the behaviour log-probs against a separate teacher-forced forward pass.
 """
 from __future__ import annotations
 
