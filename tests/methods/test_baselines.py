@@ -247,3 +247,18 @@ def test_one_tiny_outer_iteration(method, extra, tmp_path, teacher_url):
     # the Evaluation player never moves; the Execution player did in its block
     ev_after = snaps["execution"]["evaluation"]
     assert start is None or all(torch.equal(ev_after[k], v) for k, v in start["evaluation"].items())
+
+
+def test_use_tools_false_gives_one_generation_per_trajectory(tmp_path):
+    """Methods without tools (R-Zero, Socratic-Zero): the tool loop gets one turn, so code is never run."""
+    with_tools = OuterLoop(compose(["experiment=tiny", "method=agent0"]), tmp_path / "a")
+    without = OuterLoop(compose(["experiment=tiny", "method=r_zero"]), tmp_path / "b")
+    assert with_tools.execution_cfg.max_turns == 2 and without.execution_cfg.max_turns == 1
+    assert without.cfg.player.max_turns == 2  # the config itself is left as composed
+    from unifiedplayers.methods import TASK_BUILDERS
+
+    assert with_tools.build_task is TASK_BUILDERS["math"]
+    assert OuterLoop(compose(["experiment=tiny", "method=absolute_zero"]), tmp_path / "c").build_task \
+        is TASK_BUILDERS["code_reasoning"]
+    with pytest.raises(ValueError, match="task_format"):
+        OuterLoop(compose(["experiment=tiny", "+method.extra.task_format=nope"]), tmp_path / "d")
