@@ -240,7 +240,8 @@ def fmt_cell(c: Any, latex: bool = False) -> str:
             return f"${m} \\pm {sd}$" if sd != "–" else f"${m}$"
         return f"{m} ± {sd}"
     if isinstance(c, float):
-        s = _num(c, False, 2 if abs(c) < 1 and c != 0 else 1)
+        digits = 1 if abs(c) >= 1 or c == 0 else (2 if abs(c) >= 0.1 else 3)  # small compute hours stay visible
+        s = _num(c, False, digits)
         return "--" if latex and s == "–" else s
     s = "" if c is None else str(c)
     if latex:
