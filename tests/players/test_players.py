@@ -137,7 +137,7 @@ def test_generate_tasks_groups_and_flags(tok, cfg):
 
 
 def test_write_verifiers_prepends_the_response_prefix(tok, cfg):
-    body = "    return trajectory.final_answer == '42'\n```\nanything after"
+    body = " outputs and answer == '42':\n        return True\n    return (False, 0)\n```\nanything after"
     engine = ScriptedEngine(tok, lambda ctx, j: body if j == 0 else "    return (\n")
     [[good, bad]] = write_verifiers(engine, tok, cfg.player, ["What is 6*7?"], m=2, seed=0)
     assert good.source.startswith(cfg.player.evaluation.response_prefix)
