@@ -614,10 +614,15 @@ def _sweep_uid(uid):
 
 
 class Slot:
-    __slots__ = ("index", "pid", "pidfd", "ctl", "rep", "reader", "req", "deadline")
+    __slots__ = ("index", "pid", "pidfd", "ctl", "rep", "reader", "reqs", "deadline")
+
+
+PIPELINE = 2  # requests queued in each slot worker's pipe
 
 
 class Server:
+    grace = 5.0  # beyond a call's own timeout, before its slot worker is declared stuck
+
     def __init__(self, cfg):
         self.cfg = cfg
         self.workers = int(cfg["workers"]) or (os.cpu_count() or 1)
@@ -696,12 +701,13 @@ class Server:
         os.close(rep_w)
         s = Slot()
         s.index, s.pid, s.pidfd, s.ctl, s.rep = i, pid, os.pidfd_open(pid), ctl_w, rep_r
-        s.reader, s.req, s.deadline = FrameReader(), None, None
+        s.reader, s.reqs, s.deadline = FrameReader(), collections.deque(), None
         os.set_blocking(rep_r, False)
         return s
 
     def replace(self, s, error):
-        """A slot worker died or hung: answer its call as failed, clean up, start a new worker."""
+        """A slot worker died or hung: fail the call it was running, requeue the ones waiting behind
+        it, clean up, start a new worker."""
         try:
             os.kill(s.pid, signal.SIGKILL)
         except OSError:
@@ -716,26 +722,35 @@ class Server:
             os.close(fd)
         for name in os.listdir(self.slot_dirs[s.index]):
             _rmtree(os.path.join(self.slot_dirs[s.index], name))
-        if s.req is not None:
+        if s.reqs:
+            head = s.reqs.popleft()
+            self.queue.extendleft(reversed(s.reqs))
             timed_out = error.startswith("timed out")
-            _send({"id": s.req["id"], "exit_code": -signal.SIGKILL, "ok": False, "stdout": "", "stderr": "",
+            _send({"id": head["id"], "exit_code": -signal.SIGKILL, "ok": False, "stdout": "", "stderr": "",
                    "timed_out": timed_out, "error": error})
         self.slots[s.index] = self.spawn(s.index)
+
+    def _head_deadline(self, s, started):
+        s.deadline = started + float(s.reqs[0].get("timeout_s") or self.timeout) + self.grace
 
     def serve(self):
         _send({"ready": True, "isolation": self.iso, "pid": os.getpid()})
         os.set_blocking(0, False)
-        grace = 5.0
-        while self.stdin_open or self.queue or any(s.req is not None for s in self.slots):
-            for s in self.slots:
-                if s.req is None and self.queue:
-                    s.req = self.queue.popleft()
-                    s.deadline = time.monotonic() + float(s.req.get("timeout_s") or self.timeout) + grace
+        while self.stdin_open or self.queue or any(s.reqs for s in self.slots):
+            # Keep PIPELINE requests in each slot's pipe, so a slot starts its next call as soon as
+            # one ends instead of waiting for a round trip through this loop.
+            for s in list(self.slots):
+                while len(s.reqs) < PIPELINE and self.queue:
+                    req = self.queue.popleft()
+                    s.reqs.append(req)
+                    if len(s.reqs) == 1:
+                        self._head_deadline(s, time.monotonic())
                     try:
-                        _write_all(s.ctl, _frame(s.req))
+                        _write_all(s.ctl, _frame(req))
                     except OSError:
                         self.replace(s, "sandbox slot worker died")
-            busy = [s for s in self.slots if s.req is not None]
+                        break
+            busy = [s for s in self.slots if s.reqs]
             wait = None
             if busy:
                 wait = max(0.0, min(s.deadline for s in busy) - time.monotonic())
@@ -760,10 +775,13 @@ class Server:
                             if msg.get("fatal"):
                                 raise RuntimeError("sandbox slot could not start: " + msg["fatal"])
                             _send(msg)
-                            s.req = None
+                            if s.reqs and s.reqs[0]["id"] == msg["id"]:
+                                s.reqs.popleft()
+                                if s.reqs:
+                                    self._head_deadline(s, time.monotonic())
                 if s.pidfd in ready:
                     self.replace(s, "sandbox slot worker died")
-                elif s.req is not None and time.monotonic() > s.deadline:
+                elif s.reqs and time.monotonic() > s.deadline:
                     self.replace(s, "timed out (the slot worker did not answer; replaced)")
         for s in self.slots:
             os.close(s.ctl)
@@ -784,9 +802,10 @@ class Server:
             self.stdin_open = False
             self.queue.clear()
             for s in list(self.slots):
-                if s.req is not None:
-                    s.req = None
+                if s.reqs:
+                    s.reqs.clear()
                     self.replace(s, "client closed the sandbox")
+            self.queue.clear()
             return
         self.queue.extend(self.inbuf.feed(chunk))
 
