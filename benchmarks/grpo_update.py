@@ -16,7 +16,8 @@ A step is split into
 "update" = ref + forward + backward + optimizer.
 
 Run:  .venv/bin/pip install -e '.[bench]'   (TRL is never a runtime dependency)
-      .venv/bin/python benchmarks/grpo_update.py [--steps 2] [--threads 2] [--only ours,trl,zero2]
+      .venv/bin/python benchmarks/grpo_update.py [--steps 1] [--threads 2] [--only ours,trl,zero2]
+          [--micro-batch 2 --chunk-rows 512]   (our memory-lean setting; default: one micro-batch of 8)
 """
 from __future__ import annotations
 
