@@ -123,13 +123,22 @@ def write_eval_only_members(sweep: Sweep, scale: Scale, out: Path, extra: Sequen
     return made
 
 
-def run(cmd: list[str], dry_run: bool) -> None:
+def run(cmd: list[str], dry_run: bool, retries: int = 0) -> None:
+    """Run one step; a failed training multirun is rerun up to ``retries`` times (its members resume: one
+    member killed by the OOM killer, say, aborts the whole joblib pool, not the finished members' work)."""
     print("[sweep] $ " + " ".join(shlex.quote(c) for c in cmd), flush=True)
     if dry_run:
         return
-    t0 = time.time()
-    subprocess.run(cmd, cwd=REPO, check=True, env={**os.environ, "HYDRA_FULL_ERROR": "1"})
-    print(f"[sweep] ({time.time() - t0:.0f}s)", flush=True)
+    for attempt in range(retries + 1):
+        t0 = time.time()
+        proc = subprocess.run(cmd, cwd=REPO, env={**os.environ, "HYDRA_FULL_ERROR": "1"})
+        print(f"[sweep] ({time.time() - t0:.0f}s, exit {proc.returncode})", flush=True)
+        if proc.returncode == 0:
+            return
+        if attempt < retries:
+            print(f"[sweep] retrying (members resume from their last completed update), {retries - attempt} left",
+                  flush=True)
+    raise subprocess.CalledProcessError(proc.returncode, cmd)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -141,6 +150,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--eval-threads", type=int, default=1, help="torch threads per evaluation process")
     ap.add_argument("--steps", default="train,evaluate,aggregate", help="comma list of steps to run")
     ap.add_argument("--root", default=str(REPO / "runs" / "ablations"), help="sweeps go to ROOT/<experiment>/<sweep>")
+    ap.add_argument("--retries", type=int, default=1, help="reruns of a failed training multirun (members resume)")
     ap.add_argument("--dry-run", action="store_true")
     ap.add_argument("overrides", nargs="*", help="extra training overrides for every member")
     args = ap.parse_intermixed_args(argv)
@@ -152,7 +162,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"[sweep] {sweep.name}: {sweep.notes}")
     if "train" in steps:
         for mr in sweep.multiruns(scale):
-            run(train_command(mr, scale, out, args.launcher, args.jobs, args.overrides), args.dry_run)
+            run(train_command(mr, scale, out, args.launcher, args.jobs, args.overrides), args.dry_run, args.retries)
         if sweep.eval_only_methods and not args.dry_run:
             write_eval_only_members(sweep, scale, out, args.overrides)
     py = [sys.executable, "-m"]

@@ -87,3 +87,16 @@ def test_eval_only_members_and_evaluation_skips(tmp_path, capsys):
     assert evaluate_runs.evaluate_run(made[0], "ablation_smoke") is None
     out = capsys.readouterr().out
     assert "training not finished" in out and "already evaluated" in out
+
+
+def test_a_failed_step_is_retried_then_reported(tmp_path, capsys):
+    import sys
+
+    marker = tmp_path / "ran"
+    # fails on its first run, succeeds on the second (like a multirun whose members resume)
+    flaky = [sys.executable, "-c",
+             f"import pathlib,sys; p=pathlib.Path({str(marker)!r}); first=not p.exists(); p.touch(); sys.exit(1 if first else 0)"]
+    sweeps.run(flaky, dry_run=False, retries=1)
+    assert "retrying" in capsys.readouterr().out
+    with pytest.raises(Exception, match="returned non-zero exit status 3"):
+        sweeps.run([sys.executable, "-c", "import sys; sys.exit(3)"], dry_run=False, retries=1)
