@@ -23,6 +23,7 @@ import collections
 import ctypes
 import errno
 import fcntl
+import gc
 import io
 import json
 import os
@@ -585,6 +586,10 @@ def _slot_main(cfg, iso, slot, slot_dir, ruleset, ctl_r, rep_w):
         sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8",
                                       errors="backslashreplace", line_buffering=True)
         worker = SlotWorker(cfg, iso, slot, slot_dir, ruleset)
+        # Everything alive now is shared copy-on-write with every call: keep the collector from
+        # walking (and so copying) it in each call.
+        gc.collect()
+        gc.freeze()
     except BaseException:  # noqa: BLE001
         try:
             _write_all(rep_w, _frame({"id": None, "fatal": traceback.format_exc()[-2000:]}))
