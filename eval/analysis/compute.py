@@ -9,11 +9,10 @@ the update used (``timing/devices`` on the row, else ``devices`` in ``summary.js
 """
 from __future__ import annotations
 
-import argparse
 from collections import defaultdict
 from typing import Any, Optional, Sequence
 
-from eval.analysis.rundir import RunData, key, load_run, write_outputs
+from eval.analysis.rundir import RunData, key, single_run_main
 from eval.paper_numbers import TABLE3_GPU_HOURS
 
 
@@ -83,15 +82,8 @@ def analyse(run: RunData) -> dict[str, Any]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
-    ap = argparse.ArgumentParser(description="Wall and device hours per block and run")
-    ap.add_argument("run_dir")
-    args = ap.parse_args(argv)
-    run = load_run(args.run_dir, need_metrics=True)
-    result = analyse(run)
-    md = to_markdown(result)
-    out = write_outputs(run, "compute", result, md)
-    print(md + f"\nwritten to {out}")
-    return result
+    return single_run_main(argv, "Wall and device hours per block and run", "compute", analyse, to_markdown,
+                           need_metrics=True)
 
 
 if __name__ == "__main__":

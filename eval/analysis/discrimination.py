@@ -16,12 +16,11 @@ original with a wrong answer that the pool rejects counts as a miss, as in the p
 """
 from __future__ import annotations
 
-import argparse
 from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from eval.analysis.rundir import RunData, load_run, write_outputs
+from eval.analysis.rundir import RunData, single_run_main
 from eval.paper_numbers import GPT4O_DISCRIMINATION_ACCURACY, VERIFIER_DISCRIMINATION_ACCURACY
 
 
@@ -109,15 +108,8 @@ def analyse(run: RunData) -> dict[str, Any]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
-    ap = argparse.ArgumentParser(description="Verifier discrimination accuracy from a run directory")
-    ap.add_argument("run_dir")
-    args = ap.parse_args(argv)
-    run = load_run(args.run_dir, need_records=True)
-    result = analyse(run)
-    md = to_markdown(result)
-    out = write_outputs(run, "discrimination", result, md)
-    print(md + f"\nwritten to {out}")
-    return result
+    return single_run_main(argv, "Verifier discrimination accuracy from a run directory", "discrimination",
+                           analyse, to_markdown, need_records=True)
 
 
 if __name__ == "__main__":

@@ -16,12 +16,11 @@ mean_q Var(r_S) / mean_q Var(r_SC). Also reported: the share of questions whose 
 """
 from __future__ import annotations
 
-import argparse
 from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from eval.analysis.rundir import RunData, load_run, write_outputs
+from eval.analysis.rundir import RunData, single_run_main
 from eval.paper_numbers import REWARD_VARIANCE_RATIO
 
 
@@ -102,17 +101,9 @@ def analyse(run: RunData) -> dict[str, Any]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
-    ap = argparse.ArgumentParser(description="Per-question reward variance vs majority-vote agreement")
-    ap.add_argument("run_dir")
-    args = ap.parse_args(argv)
-    run = load_run(args.run_dir, need_records=True)
-    result = analyse(run)
-    md = to_markdown(result)
-    out = write_outputs(run, "reward_variance", result, md)
-    if result["num_used"]:
-        plot(result, out / "reward_variance.png")
-    print(md + f"\nwritten to {out}")
-    return result
+    return single_run_main(argv, "Per-question reward variance vs majority-vote agreement", "reward_variance",
+                           analyse, to_markdown, need_records=True,
+                           figure=lambda result, png: plot(result, png) if result["num_used"] else None)
 
 
 if __name__ == "__main__":

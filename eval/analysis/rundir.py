@@ -11,11 +11,12 @@ If the trainer names a key differently, change it in ``KEYS`` here and nothing e
 """
 from __future__ import annotations
 
+import argparse
 import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional, Sequence
 
 KEYS = {
     "iteration": "outer_iteration",
@@ -141,3 +142,27 @@ def write_outputs(run: RunData, name: str, data: dict[str, Any], markdown: str, 
     (out / f"{name}.json").write_text(json.dumps(data, indent=2, default=float))
     (out / f"{name}.md").write_text(markdown)
     return out
+
+
+def single_run_main(
+    argv: Optional[Sequence[str]],
+    description: str,
+    name: str,
+    analyse: Callable[[RunData], dict[str, Any]],
+    to_markdown: Callable[[dict[str, Any]], str],
+    need_records: bool = False,
+    need_metrics: bool = False,
+    figure: Optional[Callable[[dict[str, Any], Path], Any]] = None,
+) -> dict[str, Any]:
+    """The command line shared by the one-run analyses: read a run, analyse, write json/md (and a PNG)."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("run_dir")
+    args = ap.parse_args(argv)
+    run = load_run(args.run_dir, need_records=need_records, need_metrics=need_metrics)
+    result = analyse(run)
+    md = to_markdown(result)
+    out = write_outputs(run, name, result, md)
+    if figure is not None:
+        figure(result, out / f"{name}.png")
+    print(md + f"\nwritten to {out}")
+    return result
