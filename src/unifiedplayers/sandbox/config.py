@@ -15,7 +15,7 @@ class SandboxConfig:
     max_output_bytes: int = 16384  # stdout and stderr are each truncated to this many bytes
     max_file_mb: int = 16  # largest file a call may write in its working directory
     max_value_bytes: int = 1 << 20  # largest JSON return value of a function call
-    workers: int = 0  # calls run at once; 0 = the machine's cores
+    workers: int = 0  # calls run at once; 0 = two per core
     network: bool = False  # False: each call runs in an empty network namespace
     drop_privileges: bool = True  # as root, run each call under its own unprivileged uid
     uid_base: int = 61000  # first uid of the per-worker uids
