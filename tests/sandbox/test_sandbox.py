@@ -329,3 +329,66 @@ def test_config_from_mapping():
     assert box.config.timeout_s == 1.5 and box.config.memory_mb == 256
     with pytest.raises(TypeError):
         Sandbox({"timeout": 1})
+
+
+def test_compiled_source_is_reused_but_each_call_starts_from_its_module_code(sb):
+    # The slot worker compiles a source once; every call still runs its module-level code afresh.
+    source = "import random\nSEEN = []\nTOKEN = random.random()\ndef check(p):\n    SEEN.append(p)\n    return [len(SEEN), TOKEN]"
+    results = sb.call_many([(source, "check", i) for i in range(12)])
+    assert all(r.ok for r in results)
+    assert [r.value[0] for r in results] == [1] * 12  # no state carried from one call to the next
+    assert len({r.value[1] for r in results}) == 12  # module code ran in each call
+    # A source that does not compile is still reported by its call, every time.
+    bad = sb.call_many([("def check(p):\n    return (", "check", None)] * 3)
+    assert all(not r.ok and "SyntaxError" in r.error for r in bad)
+
+
+def test_literal_regular_expressions_give_the_same_answers(sb):
+    source = textwrap.dedent(r'''
+        import re
+        def check(p):
+            return [re.findall(r"-?\d+", p), bool(re.match("abc", p.upper(), re.I | re.M)),
+                    re.sub(r"\s+", " ", p, flags=re.S), re.split("[,;]", p, 1)]
+    ''')
+    payload = "abc 12,  -3; 4"
+    want = [["12", "-3", "4"], True, "abc 12, -3; 4", ["abc 12", "  -3; 4"]]
+    assert [r.value for r in sb.call_many([(source, "check", payload)] * 6)] == [want] * 6
+
+
+def test_literal_patterns_found_for_the_regex_cache():
+    import importlib.util
+    from pathlib import Path
+
+    import unifiedplayers.sandbox.client as client
+
+    spec = importlib.util.spec_from_file_location("_sandbox_server", Path(client.__file__).with_name("_server.py"))
+    server = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(server)
+    source = ("import re\nP = re.compile(r'\\d+')\ndef f(s, q):\n    re.sub('a+', '', s, flags=re.I | re.M)\n"
+              "    re.split('x', s, 0, re.S)\n    re.match(q, s)\n    re.search('b', s, flags=unknown)\n"
+              "    return re.findall(b'y', s, 2)")
+    found = sorted(server._literal_patterns(source), key=str)
+    assert found == sorted([("\\d+", 0), ("a+", 2 | 8), ("x", 16), (b"y", 2)], key=str)
+
+
+def test_working_directory_removed_whatever_the_call_left_in_it(sb, tmp_path):
+    keep = tmp_path / "outside"
+    keep.mkdir()
+    (keep / "keep.txt").write_text("x")
+    os.chmod(tmp_path, 0o755)
+    code = textwrap.dedent(f'''
+        import os
+        top = os.getcwd()
+        os.symlink({str(keep)!r}, "link")           # a link out of the directory: removed, not followed
+        for i in range(1500):                         # deeper than any recursion limit or PATH_MAX
+            os.mkdir("d"); os.chdir("d")
+            if i % 300 == 0:
+                open("f", "w").write("y")
+        os.chdir(top)
+        os.chmod("d/d", 0); os.chmod("d", 0o100)     # made unreadable by its owner
+        print(top)
+    ''')
+    r = sb.run(code)
+    assert r.exit_code == 0, r.stderr
+    assert not os.path.lexists(r.stdout.strip())
+    assert (keep / "keep.txt").read_text() == "x"
