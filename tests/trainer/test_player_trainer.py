@@ -221,6 +221,23 @@ def test_a_player_never_updated_holds_no_optimizer_state_and_offload_round_trips
         assert torch.equal(_params(model)[k], v), k
 
 
+
+def test_offloaded_state_file_goes_with_its_trainer(tmp_path):
+    # A run that ends (or a trainer that is dropped) while its player is offloaded leaves no file behind.
+    import gc
+
+    model, _ = tiny_model()
+    offload = tmp_path / "offload"
+    trainer = build_trainer(trainer_config(offload_dir=str(offload)), model)
+    trainer.start_outer_iteration()
+    trainer.update(_batches(1)[0])
+    trainer.offload_state()
+    assert len(list(offload.iterdir())) == 1
+    del trainer
+    gc.collect()
+    assert list(offload.iterdir()) == []
+
+
 # ------------------------------------------------------------------ checkpoints
 def test_checkpoint_save_load_continue_equals_uninterrupted_run(tmp_path):
     # Batches are drawn from the *global* torch RNG after the checkpoint, so RNG restoring is tested too.

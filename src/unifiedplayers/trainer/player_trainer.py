@@ -24,6 +24,7 @@ import os
 import shutil
 import tempfile
 import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
@@ -35,6 +36,14 @@ from unifiedplayers import grpo
 from unifiedplayers.trainer.checkpoint import RNG_FILE, atomic_directory, capture_rng_state, restore_rng_state
 from unifiedplayers.trainer.diagnostics import EntropyRetention, grad_norm_block_stats
 from unifiedplayers.trainer.logprobs import TokenLogprobModel, mean_token_entropy
+
+
+def _remove_file(path: Any) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
 
 Tensor = torch.Tensor
 
@@ -269,6 +278,8 @@ class PlayerTrainer:
     def _load_backend(self, directory: Path) -> None:
         state = torch.load(directory / "model.pt", map_location=self.device, weights_only=True)
         self._load_policy_weights(state)
+        if self._offloaded_to is not None:
+            _remove_file(self._offloaded_to)
         self.optimizer, self.scheduler, self._offloaded_to = None, None, None
         if (directory / "optimizer.pt").exists():
             self._ensure_optimizer()
@@ -285,6 +296,9 @@ class PlayerTrainer:
         directory.mkdir(parents=True, exist_ok=True)
         fd, name = tempfile.mkstemp(prefix=f"up-{self.role}-optim-", suffix=".pt", dir=directory)
         os.close(fd)
+        # Removed when reloaded, or with this trainer (at the latest when the process exits): a run that
+        # ends with a player offloaded must not leave a model-sized file behind in the temp directory.
+        weakref.finalize(self, _remove_file, name)
         torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}, name)
         self.optimizer, self.scheduler = None, None
         self._offloaded_to = Path(name)
