@@ -18,7 +18,7 @@ from unifiedplayers.sandbox import SandboxConfig
 
 @dataclass
 class BenchmarkEntry:
-    """Where one benchmark's file is, and per-benchmark overrides of the registry (``eval/benchmarks.py``)."""
+    """Where one benchmark's file is, and per-benchmark overrides of the registry (``unifiedplayers.problems``)."""
 
     path: str = MISSING  # .jsonl/.jsonl.gz/.json/.parquet, a saved datasets dir, or pkg://PACKAGE/rel
     fields: dict[str, str] = field(default_factory=dict)  # canonical name -> field of the file

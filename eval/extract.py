@@ -9,52 +9,9 @@ from __future__ import annotations
 import re
 from typing import Optional
 
-from unifiedplayers.trajectory import extract_boxed
-
-# One implementation of \boxed{} extraction for the whole project (nested braces, last closed box).
-last_boxed = extract_boxed
-
-
-def option_letters(num_options: int) -> str:
-    return "ABCDEFGHIJKLMNOPQRSTUVWXYZ"[:num_options]
-
-
-def extract_option_letter(text: str, num_options: int = 4) -> Optional[str]:
-    """The final option letter chosen in ``text`` for a question with ``num_options`` options.
-
-    Tried in order, each taking the *last* match: a letter inside ``\\boxed{}`` (``\\boxed{C}``,
-    ``\\boxed{(C)}``, ``\\boxed{\\text{C}}``, ``\\boxed{C. text}``); "answer is (C)" / "Answer: C";
-    a letter standing alone on the last line that has one (``(C)``, ``C.``, ``C``).
-    Letters outside ``A..`` the option count are not answers.
-    """
-    letters = option_letters(num_options)
-    if not letters:
-        return None
-    boxed = last_boxed(text)
-    if boxed is not None:
-        inner = re.sub(r"\\text\s*\{([^{}]*)\}", r"\1", boxed).strip()
-        m = re.fullmatch(rf"\(?([{letters}])\)?(?:[.:)\s].*)?", inner, flags=re.S)
-        if m:
-            return m.group(1)
-    phrase = re.findall(
-        rf"(?:answer|option|choice)\s*(?:is|:)?\s*(?:option|choice)?\s*[:\s]*\(?\**(?-i:([{letters}]))\**\)?(?![A-Za-z])",
-        text,
-        flags=re.I,
-    )
-    if phrase:
-        return phrase[-1]
-    for line in reversed(text.strip().splitlines()):
-        line = line.strip().strip("*").strip()
-        if not line:
-            continue
-        m = re.fullmatch(rf"\(?([{letters}])\)?[.:]?", line)
-        if m:
-            return m.group(1)
-        m = re.match(rf"\(([{letters}])\)", line)
-        if m:
-            return m.group(1)
-    return None
-
+# One implementation of \boxed{} and option-letter extraction for the whole project (in the package, so
+# that the Execution player's diagnostic pool grades exactly as the harness does).
+from unifiedplayers.grading import extract_option_letter, last_boxed, option_letters  # noqa: F401
 
 _FENCE_RE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:\n[ \t]*```|```)", re.S)
 

@@ -23,9 +23,9 @@ KEYS = {
     "block": "block",
     "step": "update",
     "mean_U": "planning/U",
-    # The fixed 128 math + 128 general pool every 50 updates (SPEC §8) when the trainer logs it; else the
-    # per-update accuracy against the verifier pool (strict majority of the task's valid verifiers).
-    "execution_accuracy": ("execution/accuracy", "execution/accuracy_vs_pool"),
+    # The fixed 128 math + 128 general pool every 50 updates (SPEC §8, schedule.execution_pool) when the run
+    # has it on; else the per-update accuracy against the verifier pool (strict majority of the valid verifiers).
+    "execution_accuracy": ("execution/pool_accuracy", "execution/accuracy", "execution/accuracy_vs_pool"),
     "adversarial_rejection": "evaluation/rho_adv",
     # Table 4 / 7 / 8 quantities, as "{player}/<name>"
     "grad_norm": "{player}/grad_norm",  # global norm before clipping
@@ -33,7 +33,7 @@ KEYS = {
     "clip_frac": "{player}/clip_frac",
     "entropy": "{player}/entropy",  # on the fixed bank of held-out role contexts
     "entropy_ratio": "{player}/entropy_ratio",  # final / initial, when the trainer logs it directly
-    "accuracy": ("{player}/accuracy", "{player}/accuracy_vs_pool"),
+    "accuracy": ("{player}/pool_accuracy", "{player}/accuracy", "{player}/accuracy_vs_pool"),
     # compute
     "timing_total": ("timing/total_s", "timing/step_s"),  # wall seconds of one whole update (rollout included)
     "timing_prefix": "timing/",

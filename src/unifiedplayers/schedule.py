@@ -25,6 +25,13 @@ update step) of every player that produced it; ``outer_iteration`` 0 and ``step`
 
 Reference policies: every trainer's π_ref is reset at the start of every outer iteration.
 
+Diagnostic pool (SPEC §8, ``schedule.execution_pool``): after every ``every``-th Execution update the
+Execution player answers a fixed pool of math and general questions greedily
+(:mod:`unifiedplayers.execution_pool`); the accuracies go into that update's metrics line and
+``execution_pool.jsonl``, and the summary gets the negative-step rate and the maximum drop. The
+evaluation leaves the RNG states as it found them, so a run with the pool on trains exactly as one
+without it.
+
 Resume: after every update the run state (position, RNG states, question history, topic counter,
 record and metrics line counts, checkpoint paths) is written atomically to ``state.pt``, after the
 active player's checkpoint (two alternating slots per player inside a block, a named checkpoint at the
@@ -50,6 +57,7 @@ import torch
 from omegaconf import OmegaConf
 
 from unifiedplayers import grpo
+from unifiedplayers.execution_pool import FixedPool, metrics_of
 from unifiedplayers.logging import RunLogger, count_lines, progress, truncate_lines
 from unifiedplayers.methods import ROLES, TaskFeedback, method_reward_sources, task_builder
 from unifiedplayers.perturbation import PerturbationEngine
@@ -278,6 +286,9 @@ class OuterLoop:
         self._backbone = backbone
         self._rollout_factory = rollout_factory
         self.slots = plan_updates(cfg)
+        # Execution updates done once slot i is complete (the diagnostic pool's checkpoint index).
+        self.execution_steps = list(np.cumsum([s.role == "execution" for s in self.slots]).tolist())
+        self.fixed_pool: Optional[FixedPool] = None
         self.trained = trained_roles(cfg)
         self.reward_sources = method_reward_sources(cfg.method)
         self.build_task = task_builder(cfg.method)  # Planning output -> task (math, or Absolute Zero's code tasks)
@@ -293,7 +304,8 @@ class OuterLoop:
         self.published: dict[str, Optional[str]] = {r: None for r in BLOCK_ORDER}
         self.finished = False
         self.wandb_id: Optional[str] = None
-        self.timing = {"generation_s": 0.0, "sandbox_s": 0.0, "update_s": 0.0, "checkpoint_s": 0.0, "model_load_s": 0.0}
+        self.timing = {"generation_s": 0.0, "sandbox_s": 0.0, "update_s": 0.0, "checkpoint_s": 0.0, "model_load_s": 0.0,
+                       "pool_s": 0.0}
 
     # ------------------------------------------------------------------ state
     @property
@@ -480,6 +492,8 @@ class OuterLoop:
             return self._finish(already=True)
         OmegaConf.save(self.cfg, self.run_dir / CONFIG_FILE, resolve=True)
         self._setup_players()
+        if self.cfg.schedule.execution_pool.every > 0 and "execution" in self.trained:
+            self.fixed_pool = FixedPool(self.cfg.schedule.execution_pool, self.run_dir)
         if state is not None:
             self._restore(state)
             print(f"[resume] continuing {self.run_dir} after update {self.completed}/{len(self.slots)}")
@@ -533,6 +547,7 @@ class OuterLoop:
             extra.update(self._start_block(slot))
         metrics, records = self._update(slot)
         metrics.update(extra)
+        metrics.update(self._pool_evaluation(slot))
         t = time.perf_counter()
         active = self.players[slot.role]
         if slot.last_of_block:
@@ -550,6 +565,21 @@ class OuterLoop:
             active.model.eval()
             self._drop_slots(slot.role)
         self.timing["checkpoint_s"] += time.perf_counter() - t
+
+    def _pool_evaluation(self, slot: Slot) -> dict[str, Any]:
+        """The fixed diagnostic pool after this update (SPEC §8), when one is due; its metrics keys."""
+        step = self.execution_steps[slot.index]
+        if self.fixed_pool is None or slot.role != "execution" or not self.fixed_pool.due(step):
+            return {}
+        self._stage(f"execution pool ({len(self.fixed_pool.questions)} questions)")
+        rng = capture_rng_state()  # greedy decoding; the run's RNG streams must not notice the evaluation
+        engine, ver = self._engine("execution", "execution")
+        entry = self.fixed_pool.evaluate(
+            step, {"global_update": slot.index, "outer_iteration": slot.iteration, "checkpoint": ver},
+            engine, self.sandbox, self.tokenizer, self.execution_cfg)
+        restore_rng_state(rng)
+        self.timing["pool_s"] += entry.get("seconds", 0.0)
+        return metrics_of(entry)
 
     def _save_active(self, slot: Slot) -> None:
         """The active player's checkpoint: named at a block end, else the slot the state does not use."""

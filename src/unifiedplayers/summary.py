@@ -1,8 +1,9 @@
 """The end-of-run summary: ``summary.json`` and ``summary.md`` in the run directory, and the text printed.
 
 It is rebuilt from the run directory alone (``metrics.jsonl``, ``records.jsonl``): per-player reward
-trajectories, time spent in generation, sandbox and updates, one sample task with a trajectory and a
-verifier, and the verdict matrix of that task.
+trajectories, time spent in generation, sandbox and updates, the Execution player's accuracy on the fixed
+diagnostic pool with its negative-step rate and maximum drop (SPEC §8), one sample task with a trajectory
+and a verifier, and the verdict matrix of that task.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from unifiedplayers.execution_pool import pool_summary
 from unifiedplayers.logging import read_metrics
 from unifiedplayers.records import RECORDS_FILENAME, iter_records
 from unifiedplayers.trajectory import render
@@ -85,6 +87,7 @@ def build_summary(run_dir: Path, timing: Optional[dict] = None) -> tuple[dict[st
         "timing_from_metrics": totals,
         "timing": timing,
         "last": {k: v for k, v in (metrics[-1] if metrics else {}).items()},
+        "execution_pool": pool_summary(metrics, run_dir),
     }
     return summary, pick_sample(records)
 
@@ -108,6 +111,18 @@ def render_summary(summary: dict[str, Any], sample: Optional[Any]) -> str:
         out.append(f"model load {summary['timing']['model_load_s']:.1f} s; checkpoints and state "
                    f"{summary['timing'].get('checkpoint_s', 0.0):.1f} s")
     out.append("")
+    pool = summary.get("execution_pool")
+    if pool:
+        out.append("## Execution accuracy on the fixed diagnostic pool (SPEC §8)")
+        pct = lambda x: "  -  " if x is None else f"{100 * x:5.1f}"  # noqa: E731
+        out.append("execution update " + " ".join(f"{s:>6d}" for s in pool["steps"]))
+        for name in ("accuracy", "accuracy_math", "accuracy_general"):
+            out.append(f"{name:<16} " + " ".join(pct(x).rjust(6) for x in pool[name]))
+        rate, drop = pool["negative_step_rate"], pool["max_drop_points"]
+        out.append("negative-step rate " + ("-" if rate is None else f"{rate:.2f}") + ", maximum drop "
+                   + ("-" if drop is None else f"{drop:.1f} points"))
+        out.extend(f"[missing] {m}" for m in pool["missing"])
+        out.append("")
     if sample is None:
         out.append("(no well-formed task was played)")
         return "\n".join(out)

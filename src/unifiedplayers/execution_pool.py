@@ -1,0 +1,284 @@
+"""The Execution player's fixed diagnostic pool (SPEC §8, Appendix D.2).
+
+Every ``schedule.execution_pool.every`` Execution updates (paper: 50) the Execution player answers a fixed
+pool of math and general questions (paper: 128 + 128), greedily, with its own tool loop and prompt (the
+format it is trained on). The pool is the first ``math_size`` problems of one offline benchmark file and
+the first ``general_size`` of another (by default the GSM8K and MMLU subsets the evaluation harness ships
+with, loaded and graded by the harness's own code: :mod:`unifiedplayers.problems`,
+:mod:`unifiedplayers.grading`); a file holding fewer problems caps its share.
+
+Over the run this gives one accuracy per checkpoint (updates e = N, 2N, ...), from which the run summary
+reports the **negative-step rate** (the share of adjacent checkpoints where accuracy falls) and the
+**maximum drop** (:func:`negative_steps`).
+
+Every evaluation is appended to ``execution_pool.jsonl`` in the run directory (one line per checkpoint:
+the accuracies and each question's extracted answer and verdict) before the update's metrics line is
+written. A resumed run that redoes an update whose evaluation is already in that file reuses the line
+instead of decoding again, so an evaluation is never repeated or duplicated. A missing dataset file is a
+warning and a ``missing`` entry in every line, never a crash; with no question at all the evaluation
+points are recorded as skipped.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+POOL_FILENAME = "execution_pool.jsonl"
+DOMAINS = ("math", "general")
+TEXT_TAIL_CHARS = 1000  # the end of each transcript is kept (the answer is there), not the whole of it
+
+
+# --------------------------------------------------------------------------------------------------
+# The statistics (pure)
+
+
+def negative_steps(accuracy: Sequence[Optional[float]]) -> tuple[Optional[float], Optional[float]]:
+    """(negative-step rate, maximum drop) of a sequence of checkpoint accuracies (SPEC §8).
+
+    negative-step rate = #{i : a_{i+1} < a_i} / (n − 1) over the n checkpoints in order;
+    maximum drop = max(0, max_i (a_i − a_{i+1})), in the units of ``accuracy``.
+    ``None`` entries (an evaluation that could not run) are left out; fewer than two values give
+    ``(None, None)``.
+    """
+    acc = [float(a) for a in accuracy if a is not None]
+    if len(acc) < 2:
+        return None, None
+    diffs = [b - a for a, b in zip(acc, acc[1:])]
+    return sum(d < 0 for d in diffs) / len(diffs), max(0.0, -min(diffs))
+
+
+# --------------------------------------------------------------------------------------------------
+# The pool
+
+
+@dataclass
+class PoolQuestion:
+    """One question of the pool: its domain, its benchmark, and the harness's ``Problem``."""
+
+    domain: str  # math | general
+    benchmark: str
+    problem: Any  # unifiedplayers.problems.Problem
+
+    @property
+    def answer_type(self) -> str:
+        from unifiedplayers.problems import REGISTRY
+
+        return REGISTRY[self.benchmark].answer_type
+
+
+def build_pool(pool_cfg: Any) -> tuple[list[PoolQuestion], list[str]]:
+    """(questions, messages): the first ``math_size`` math and ``general_size`` general problems; one
+    message per file that is missing or unreadable (that share of the pool is then empty)."""
+    from unifiedplayers.problems import REGISTRY, load_benchmark
+
+    questions: list[PoolQuestion] = []
+    missing: list[str] = []
+    for domain in DOMAINS:
+        name, path, size = (getattr(pool_cfg, f"{domain}_{k}") for k in ("benchmark", "path", "size"))
+        if size <= 0:
+            continue
+        if name not in REGISTRY:
+            raise ValueError(f"schedule.execution_pool.{domain}_benchmark={name!r}: not one of {sorted(REGISTRY)}")
+        if REGISTRY[name].answer_type not in ("math", "option"):
+            raise ValueError(f"schedule.execution_pool.{domain}_benchmark={name!r}: the pool takes math or "
+                             f"multiple-choice questions, not {REGISTRY[name].answer_type!r}")
+        try:
+            problems = load_benchmark(name, path, limit=size)
+        except Exception as exc:  # FileNotFoundError (MissingDataset), a torn file, a wrong field mapping
+            missing.append(f"execution pool: no {domain} questions ({name} at {path}): {type(exc).__name__}: {exc}. "
+                           f"Point schedule.execution_pool.{domain}_path at the file, or set "
+                           f"schedule.execution_pool.{domain}_size=0.")
+            continue
+        questions.extend(PoolQuestion(domain, name, p) for p in problems)
+    return questions, missing
+
+
+def user_message(q: PoolQuestion, pool_cfg: Any) -> str:
+    """The question as the Execution player sees it (inside its own prompt template)."""
+    from unifiedplayers.grading import option_letters
+    from unifiedplayers.players.prompts import fill
+
+    if q.answer_type == "option":
+        options = q.problem.options or []
+        letters = option_letters(len(options))
+        return fill(pool_cfg.option_template, question=q.problem.question,
+                    options="\n".join(f"{letter}. {o}" for letter, o in zip(letters, options)), letters=", ".join(letters))
+    return fill(pool_cfg.math_template, question=q.problem.question)
+
+
+def grade_text(q: PoolQuestion, text: str) -> tuple[Optional[str], bool]:
+    """(extracted answer, correct) of one transcript, as the evaluation harness grades it."""
+    from unifiedplayers.grading import extract_option_letter, grade, last_boxed
+
+    if q.answer_type == "option":
+        answer = extract_option_letter(text, len(q.problem.options or []))
+    else:
+        answer = last_boxed(text)
+    return answer, bool(grade(q.answer_type, answer, q.problem.reference))
+
+
+def evaluate_pool(engine: Any, sandbox: Any, tokenizer: Any, player_cfg: Any, pool_cfg: Any,
+                  questions: Sequence[PoolQuestion]) -> dict[str, Any]:
+    """Greedy answers of the Execution player (its tool loop, its prompt) to ``questions``, graded.
+
+    Returns ``accuracy`` (all questions), ``accuracy_math``, ``accuracy_general`` (``None`` for an empty
+    domain), the counts, the tool-loop statuses and one item per question.
+    """
+    from unifiedplayers.players.prompts import render_prompt
+    from unifiedplayers.players.tool_loop import ToolLoopConfig, run_tool_loop
+
+    loop_cfg = ToolLoopConfig.from_player_config(
+        player_cfg, greedy=True,
+        **({"max_turns": pool_cfg.max_turns} if pool_cfg.max_turns else {}),
+        **({"max_new_tokens": pool_cfg.max_new_tokens} if pool_cfg.max_new_tokens else {}),
+    )
+    prompts = [render_prompt(tokenizer, player_cfg.execution, include_prefix=False, question=user_message(q, pool_cfg))
+               for q in questions]
+    step = pool_cfg.batch_size if pool_cfg.batch_size > 0 else max(len(prompts), 1)
+    rollouts = []
+    for start in range(0, len(prompts), step):
+        chunk = list(range(start, min(start + step, len(prompts))))
+        out = run_tool_loop(engine, sandbox, [prompts[i] for i in chunk],
+                            [questions[i].problem.question for i in chunk], loop_cfg, n=1, seed=0)
+        rollouts.extend(row[0] for row in out)
+    items = []
+    for q, r in zip(questions, rollouts):
+        answer, correct = grade_text(q, r.text)
+        items.append({"domain": q.domain, "benchmark": q.benchmark, "id": q.problem.id, "extracted": answer,
+                      "reference": q.problem.reference, "correct": correct, "status": r.status,
+                      "tool_calls": r.num_tool_calls, "text_tail": r.text[-TEXT_TAIL_CHARS:]})
+    return summarise(items)
+
+
+def summarise(items: list[dict[str, Any]]) -> dict[str, Any]:
+    """Accuracies (overall and per domain), counts and statuses of graded items."""
+    def acc(rows: list[dict[str, Any]]) -> Optional[float]:
+        return sum(bool(r["correct"]) for r in rows) / len(rows) if rows else None
+
+    out: dict[str, Any] = {"accuracy": acc(items), "num_questions": len(items)}
+    for d in DOMAINS:
+        rows = [r for r in items if r["domain"] == d]
+        out[f"accuracy_{d}"] = acc(rows)
+        out[f"num_{d}"] = len(rows)
+    statuses: dict[str, int] = {}
+    for r in items:
+        statuses[r["status"]] = statuses.get(r["status"], 0) + 1
+    out["statuses"] = statuses
+    out["items"] = items
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# The log in the run directory
+
+
+class PoolLog:
+    """``execution_pool.jsonl``: one line per evaluated checkpoint, keyed by ``execution_step``.
+
+    Append-only and durable (fsync); a torn last line (a process killed while writing) is dropped when
+    the file is opened. A line for a step that already has one is never written (the first one stands).
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.entries: dict[int, dict[str, Any]] = {}
+        if self.path.exists():
+            data = self.path.read_bytes()
+            good = data[:data.rfind(b"\n") + 1]
+            if len(good) != len(data):
+                with open(self.path, "rb+") as f:
+                    f.truncate(len(good))
+            for line in good.splitlines():
+                if line.strip():
+                    entry = json.loads(line)
+                    self.entries.setdefault(int(entry["execution_step"]), entry)
+
+    def get(self, execution_step: int) -> Optional[dict[str, Any]]:
+        return self.entries.get(int(execution_step))
+
+    def append(self, entry: dict[str, Any]) -> None:
+        step = int(entry["execution_step"])
+        if step in self.entries:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "ab") as f:
+            f.write((json.dumps(entry, ensure_ascii=False) + "\n").encode("utf-8"))
+            f.flush()
+            os.fsync(f.fileno())
+        self.entries[step] = entry
+
+
+def metrics_of(entry: dict[str, Any]) -> dict[str, Any]:
+    """The metrics-line keys of one evaluation (``execution/pool_*``; ``None`` where it could not run)."""
+    return {
+        "execution/pool_step": entry["execution_step"],
+        "execution/pool_accuracy": entry.get("accuracy"),
+        "execution/pool_accuracy_math": entry.get("accuracy_math"),
+        "execution/pool_accuracy_general": entry.get("accuracy_general"),
+        "execution/pool_size": entry.get("num_questions", 0),
+        "timing/pool_s": entry.get("seconds", 0.0),
+    }
+
+
+def pool_summary(metrics: list[dict[str, Any]], run_dir: Path) -> Optional[dict[str, Any]]:
+    """The run summary's ``execution_pool`` section: the accuracy per checkpoint (from the metrics lines,
+    so only evaluations of completed updates count), the negative-step rate and the maximum drop
+    (accuracy units and points), and any recorded missing-file messages. ``None`` when the pool was off."""
+    rows = [m for m in metrics if "execution/pool_step" in m]
+    log_path = Path(run_dir) / POOL_FILENAME
+    if not rows and not log_path.exists():
+        return None
+    accuracy = [m.get("execution/pool_accuracy") for m in rows]
+    rate, drop = negative_steps(accuracy)
+    missing: list[str] = []
+    if log_path.exists():
+        for entry in PoolLog(log_path).entries.values():
+            missing.extend(x for x in entry.get("missing", []) if x not in missing)
+    return {
+        "steps": [m["execution/pool_step"] for m in rows],
+        "accuracy": accuracy,
+        "accuracy_math": [m.get("execution/pool_accuracy_math") for m in rows],
+        "accuracy_general": [m.get("execution/pool_accuracy_general") for m in rows],
+        "negative_step_rate": rate,
+        "max_drop": drop,
+        "max_drop_points": None if drop is None else 100.0 * drop,
+        "missing": missing,
+    }
+
+
+class FixedPool:
+    """The pool of one run and its log: ``evaluate(...)`` for a checkpoint, or its logged result."""
+
+    def __init__(self, pool_cfg: Any, run_dir: Path) -> None:
+        self.cfg = pool_cfg
+        self.questions, self.missing = build_pool(pool_cfg)
+        for msg in self.missing:
+            warnings.warn(msg, RuntimeWarning, stacklevel=2)
+            print(f"[warning] {msg}")
+        self.log = PoolLog(Path(run_dir) / POOL_FILENAME)
+
+    def due(self, execution_step: int) -> bool:
+        """Whether the checkpoint after ``execution_step`` Execution updates is evaluated."""
+        return self.cfg.every > 0 and execution_step > 0 and execution_step % self.cfg.every == 0
+
+    def evaluate(self, execution_step: int, where: dict[str, Any], engine: Any, sandbox: Any, tokenizer: Any,
+                 player_cfg: Any) -> dict[str, Any]:
+        """The logged evaluation of this checkpoint if there is one, else a new one (appended to the log)."""
+        entry = self.log.get(execution_step)
+        if entry is not None:
+            return entry
+        t = time.perf_counter()
+        if self.questions:
+            result = evaluate_pool(engine, sandbox, tokenizer, player_cfg, self.cfg, self.questions)
+        else:
+            result = summarise([])
+            result["skipped"] = "no pool questions (see missing)"
+        entry = {"execution_step": int(execution_step), **where, **result, "missing": list(self.missing),
+                 "seconds": time.perf_counter() - t}
+        self.log.append(entry)
+        return entry

@@ -1,0 +1,175 @@
+"""Answer extraction and grading against references, per answer type (SPEC §9).
+
+One implementation for the whole project: the evaluation harness (``eval/``) and the Execution
+player's fixed diagnostic pool (:mod:`unifiedplayers.execution_pool`, SPEC §8) both grade with it.
+
+- answers: ``\\boxed{}`` (:func:`unifiedplayers.trajectory.extract_boxed`) and the final option letter
+  of a multiple-choice answer (:func:`extract_option_letter`), ``None`` when nothing can be extracted;
+- ``math``: math-verify (``parse`` + ``verify``), so ``0.5``, ``1/2`` and ``\\frac{1}{2}`` agree and
+  intervals compare with their brackets. Its own timeouts use ``signal.alarm``, which fails off the
+  main thread, so they are switched off (``parsing_timeout=None, timeout_seconds=None``) and replaced
+  by a length cap on the prediction plus our own alarm when we are on the main thread.
+- ``option``: exact option letter.
+- ``string``: exact match after light normalisation (case, surrounding quotes/brackets/punctuation,
+  inner whitespace), with a numeric comparison when both sides are numbers (BBEH answers).
+- ``program``: graded by running unit tests (``eval.humaneval``), not here.
+"""
+from __future__ import annotations
+
+import logging
+import re
+import signal
+import threading
+from contextlib import contextmanager
+from typing import Iterator, Optional
+
+from unifiedplayers.trajectory import extract_boxed
+
+# math-verify logs a warning on every call when its timeouts are disabled; we guard it ourselves.
+logging.getLogger("math_verify").setLevel(logging.ERROR)
+logging.getLogger("math_verify.parser").setLevel(logging.ERROR)
+logging.getLogger("math_verify.grader").setLevel(logging.ERROR)
+
+MAX_PREDICTION_CHARS = 1000  # longer "answers" are degenerate; parsing them can take minutes
+GRADE_TIMEOUT_S = 10
+
+
+class _GradeTimeout(Exception):
+    pass
+
+
+@contextmanager
+def _alarm(seconds: int) -> Iterator[None]:
+    """SIGALRM-based timeout on the main thread; a no-op elsewhere (signals only reach the main thread)."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGALRM"):
+        yield
+        return
+
+    def _raise(signum, frame):  # noqa: ARG001
+        raise _GradeTimeout()
+
+    previous = signal.signal(signal.SIGALRM, _raise)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _as_latex(answer: str) -> str:
+    """Wrap a bare answer so math-verify's LaTeX extractor sees it as one expression."""
+    answer = answer.strip()
+    if answer.startswith("$") or "\\boxed" in answer:
+        return answer
+    return f"${answer}$"
+
+
+def grade_math(prediction: Optional[str], reference: str) -> bool:
+    """True when math-verify finds ``prediction`` equivalent to ``reference`` (both bare answers)."""
+    if prediction is None or not prediction.strip() or len(prediction) > MAX_PREDICTION_CHARS:
+        return False
+    from math_verify import parse, verify
+
+    try:
+        with _alarm(GRADE_TIMEOUT_S):
+            gold = parse(_as_latex(reference), parsing_timeout=None)
+            pred = parse(_as_latex(prediction), parsing_timeout=None)
+            if not gold or not pred:
+                return _normalise_string(prediction) == _normalise_string(reference)
+            return bool(verify(gold, pred, timeout_seconds=None))
+    except _GradeTimeout:
+        return False
+    except Exception:  # math-verify raises on some malformed LaTeX; a wrong answer, not a crash
+        return False
+
+
+def grade_option(prediction: Optional[str], reference: str) -> bool:
+    """Exact option letter (case-insensitive)."""
+    if prediction is None:
+        return False
+    return prediction.strip().upper() == reference.strip().upper()
+
+
+def _normalise_string(text: str) -> str:
+    text = re.sub(r"\\text\s*\{([^{}]*)\}", r"\1", text)
+    text = text.strip().lower()
+    text = text.strip(" \t\n.\"'`*")
+    if len(text) >= 2 and text[0] + text[-1] in ("()", "[]", "{}"):
+        inner = text[1:-1]
+        if "," not in inner:  # keep "(1, 2)"-like tuples intact
+            text = inner.strip()
+    return re.sub(r"\s+", " ", text)
+
+
+def grade_string(prediction: Optional[str], reference: str) -> bool:
+    """Exact match after normalisation; equal numbers (``3`` vs ``3.0``) also match."""
+    if prediction is None:
+        return False
+    p, r = _normalise_string(prediction), _normalise_string(reference)
+    if p == r:
+        return True
+    try:
+        return float(p.replace(",", "")) == float(r.replace(",", ""))
+    except ValueError:
+        return False
+
+
+# ---- answer extraction -------------------------------------------------------------------------
+
+last_boxed = extract_boxed  # one implementation of \boxed{} extraction (nested braces, last closed box)
+
+
+def option_letters(num_options: int) -> str:
+    return "ABCDEFGHIJKLMNOPQRSTUVWXYZ"[:num_options]
+
+
+def extract_option_letter(text: str, num_options: int = 4) -> Optional[str]:
+    """The final option letter chosen in ``text`` for a question with ``num_options`` options.
+
+    Tried in order, each taking the *last* match: a letter inside ``\\boxed{}`` (``\\boxed{C}``,
+    ``\\boxed{(C)}``, ``\\boxed{\\text{C}}``, ``\\boxed{C. text}``); "answer is (C)" / "Answer: C";
+    a letter standing alone on the last line that has one (``(C)``, ``C.``, ``C``).
+    Letters outside ``A..`` the option count are not answers.
+    """
+    letters = option_letters(num_options)
+    if not letters:
+        return None
+    boxed = last_boxed(text)
+    if boxed is not None:
+        inner = re.sub(r"\\text\s*\{([^{}]*)\}", r"\1", boxed).strip()
+        m = re.fullmatch(rf"\(?([{letters}])\)?(?:[.:)\s].*)?", inner, flags=re.S)
+        if m:
+            return m.group(1)
+    phrase = re.findall(
+        rf"(?:answer|option|choice)\s*(?:is|:)?\s*(?:option|choice)?\s*[:\s]*\(?\**(?-i:([{letters}]))\**\)?(?![A-Za-z])",
+        text,
+        flags=re.I,
+    )
+    if phrase:
+        return phrase[-1]
+    for line in reversed(text.strip().splitlines()):
+        line = line.strip().strip("*").strip()
+        if not line:
+            continue
+        m = re.fullmatch(rf"\(?([{letters}])\)?[.:]?", line)
+        if m:
+            return m.group(1)
+        m = re.match(rf"\(([{letters}])\)", line)
+        if m:
+            return m.group(1)
+    return None
+
+
+# ---- grading -------------------------------------------------------------------------------------
+
+GRADERS = {"math": grade_math, "option": grade_option, "string": grade_string}
+
+
+def grade(answer_type: str, prediction: Optional[str], reference: str) -> bool:
+    """Grade one extracted answer; ``answer_type`` is one of ``GRADERS`` (``program`` is graded by tests)."""
+    try:
+        grader = GRADERS[answer_type]
+    except KeyError:
+        raise ValueError(f"no grader for answer type {answer_type!r}; known: {sorted(GRADERS)}") from None
+    return grader(prediction, reference)
