@@ -317,6 +317,43 @@ def test_server_crash_is_recovered():
         assert box.run("print(2)").stdout == "2\n"
 
 
+def test_calls_die_with_a_killed_server(tmp_path):
+    # Calls in flight (and what they started) must not outlive a server killed outright.
+    marker = tmp_path / "pids"
+    code = textwrap.dedent("""
+        import os, sys, time
+        if os.fork() == 0:
+            os.setsid()
+            time.sleep(60)
+            os._exit(0)
+        print(os.getpid(), flush=True)
+        time.sleep(60)
+    """)
+    with Sandbox(SandboxConfig(timeout_s=30, workers=2)) as box:
+        pids = []
+
+        def go():
+            box.run_many([code, code])
+
+        t = threading.Thread(target=go, daemon=True)
+        t.start()
+        deadline = time.monotonic() + 10
+        uids = range(box.isolation["uid_base"], box.isolation["uid_base"] + box.isolation["workers"]) \
+            if IS_ROOT else range(0)
+        while time.monotonic() < deadline and IS_ROOT and len(_call_processes(uids)) < 2:
+            time.sleep(0.05)
+        pids = _call_processes(uids) if IS_ROOT else []
+        server = box._proc
+        server.kill()
+        server.wait()
+        t.join(timeout=15)
+        if IS_ROOT:
+            assert len(pids) >= 2  # the running call and its setsid'd child
+            time.sleep(0.3)
+            assert [p for p in pids if alive(p)] == []
+        assert box.run("print(3)").stdout == "3\n"
+
+
 def test_isolation_layers_available_here(sb):
     iso = sb.isolation
     if IS_ROOT and sys.platform == "linux":
