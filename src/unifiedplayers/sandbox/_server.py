@@ -1,22 +1,25 @@
 """The sandbox's warm fork server (standard library only; run as ``python -I -S _server.py``).
 
 Started once per :class:`~unifiedplayers.sandbox.Sandbox` with an empty environment, it imports the
-modules that model-written code usually needs and starts one *slot worker* per core. Each slot worker
-takes, once, every isolation layer that does not change from call to call, and then forks one short
-process per call, so a call pays for a fork and a few system calls only:
+modules that model-written code usually needs and starts two *slots* per core. Each slot is a *forker*
+process that takes, once, every isolation layer that does not change from call to call, and then forks
+one short process per call, so a call pays for a fork and a few system calls only:
 
 - the whole server: an empty network namespace (unshared once at start-up, as root);
-- each slot worker: its own unprivileged uid (as root), RLIMIT_NPROC on that uid against fork bombs,
+- each forker: its own unprivileged uid (as root), RLIMIT_NPROC on that uid against fork bombs,
   a clean environment, ``sys.path`` limited to a mirror of the standard library, and a Landlock
   domain: read-only access to that mirror and the system's shared libraries, full access to the slot's
   own directory only, no ``execve``, no TCP, no signals or abstract sockets outside the domain;
 - each call: a fresh empty working directory (removed afterwards), its own session, a nested Landlock
-  domain (so it cannot signal its slot worker), and RLIMIT_AS/DATA (memory), CPU, FSIZE and NOFILE.
+  domain (so it cannot signal its forker), and RLIMIT_AS/DATA (memory), CPU, FSIZE and NOFILE.
 
-The slot worker enforces the wall clock, truncates output, and afterwards kills every process of its
-uid but itself (``kill(-1)``), so nothing a call started outlives it. The server dispatches requests to
-free slots, watches the slot workers (a dead or stuck one is killed, swept and replaced, and its call
-recorded as failed) and answers the client. Messages are 4-byte big-endian lengths + UTF-8 JSON.
+The forker enforces the wall clock and afterwards kills every process of its uid but itself
+(``kill(-1)``), so nothing a call started outlives it. The server does the rest of the bookkeeping, so
+that the forker, whose every written page costs a copy-on-write fault after each fork, writes few: it
+dispatches requests to free slots, reads each call's stdout, stderr and result from the slot's pipes,
+truncates them and stops floods, builds the results, watches the forkers (a dead or stuck one is killed,
+swept and replaced, and its call recorded as failed) and answers the client. Messages with the client
+are 4-byte big-endian lengths + UTF-8 JSON.
 """
 import builtins
 import collections
@@ -261,6 +264,19 @@ class FrameReader:
             del self.buf[: 4 + n]
         return out
 
+    def feed_raw(self, chunk):
+        """Like :meth:`feed`, as (decoded, raw bytes) pairs: the raw frame is passed on unchanged."""
+        self.buf += chunk
+        out = []
+        while len(self.buf) >= 4:
+            (n,) = struct.unpack(">I", self.buf[:4])
+            if len(self.buf) < 4 + n:
+                break
+            raw = bytes(self.buf[4: 4 + n])
+            out.append((json.loads(raw), raw))
+            del self.buf[: 4 + n]
+        return out
+
 
 def _set_rlimit(kind, value):
     soft, hard = resource.getrlimit(kind)
@@ -494,24 +510,44 @@ def _warm_regexes(source):
         pass
 
 
-CODE_CACHE_ENTRIES = 64  # compiled sources kept per slot worker
+CODE_CACHE_ENTRIES = 64  # compiled sources kept per slot
 CODE_CACHE_MAX_SOURCE = 1 << 16  # larger sources are compiled by their call
 
+# Messages. Server -> forker: MSG_RUN + 4-byte length + request JSON, or MSG_KILL (end the running
+# call now: its output is flooding). Forker -> server: DONE (after the call was reaped and swept),
+# SLOT_ERROR (this call could not be run) or FATAL (the slot could not start), the last two followed by a
+# 4-byte length and UTF-8 text.
+MSG_RUN, MSG_KILL = b"R", b"K"
+DONE, SLOT_ERROR, FATAL = b"D", b"E", b"F"
+DONE_BODY = struct.Struct(">iBd")  # wait status, how it was ended (0 itself, 1 timeout, 2 killed), seconds
+ENDED, TIMED_OUT, KILLED = 0, 1, 2
 
-class SlotWorker:
-    def __init__(self, cfg, iso, slot, slot_dir, ruleset):
-        self.cfg, self.iso, self.slot, self.dir, self.ruleset = cfg, iso, slot, slot_dir, ruleset
+
+# ---------------------------------------------------------------------------------------------------
+# A slot: one *forker* process under its own uid and Landlock domain, which forks one process per call.
+#
+# Every fork write-protects all the memory of the process that forks, so each page that process writes
+# afterwards costs it a page fault (dear in this VM, several microseconds each). The forker therefore does
+# as little as it can per call: read the request, fork, wait (enforcing the wall clock), sweep, report.
+# The call's stdout, stderr and result travel through three pipes that live as long as the slot, which the
+# server reads, limits and turns into results; the server never forks per call, so that bookkeeping costs
+# no faults. One call at a time per slot, so a pipe's bytes always belong to the slot's current call: the
+# server sends the next request only after the DONE of the previous one, once it has drained the pipes.
+
+
+class Forker:
+    def __init__(self, cfg, iso, slot_dir, ruleset, fds):
         self.cfg = dict(cfg, _uid_isolation=bool(iso["uid"]))
-        self.limit = int(cfg["max_output_bytes"])
-        self.value_limit = int(cfg["max_value_bytes"])
+        self.iso, self.dir, self.ruleset = iso, slot_dir, ruleset
+        self.ctl, self.st, self.out_w, self.err_w, self.res_w = fds
         self.seq = 0
         self.null = os.open("/dev/null", os.O_RDWR)
         self.codes = {}  # source -> code object, most recently used last
 
     def compiled(self, req):
-        """The call's source compiled once per slot worker and reused for every call of that source
-        (a verifier is called on every trajectory and variant of its task): compiling is pure, and a
-        source that does not compile is left to the call itself, which reports its SyntaxError."""
+        """The call's source compiled once per slot and reused for every call of that source (a verifier
+        is called on every trajectory and variant of its task): compiling is pure, and a source that does
+        not compile is left to the call itself, which reports its SyntaxError."""
         if req["kind"] != "call" or len(req["source"]) > CODE_CACHE_MAX_SOURCE:
             return None
         source = req["source"]
@@ -528,7 +564,7 @@ class SlotWorker:
         return code
 
     def sweep(self, pgid):
-        """Kill every process the call started: all of this uid but this worker, or the call's group."""
+        """Kill every process the call started: all of this uid but this forker, or the call's group."""
         try:
             if self.iso["uid"]:
                 os.kill(-1, signal.SIGKILL)
@@ -537,7 +573,7 @@ class SlotWorker:
         except OSError:
             pass
 
-    def fork_call(self, req, workdir, pipes):
+    def fork_call(self):
         for attempt in range(2):
             try:
                 return os.fork()
@@ -546,153 +582,132 @@ class SlotWorker:
                 time.sleep(0.01)
         return os.fork()
 
+    def next_request(self):
+        """The next request, or None when the server has closed the pipe. A kill message left over from a
+        call that ended by itself meanwhile is skipped."""
+        while True:
+            kind = _read_exact(self.ctl, 1)
+            if kind is None:
+                return None
+            if kind == MSG_KILL:
+                continue
+            return _read_frame(self.ctl)
+
     def run(self, req):
         self.seq += 1
         workdir = os.path.join(self.dir, "c%d" % self.seq)
         os.mkdir(workdir, 0o700)
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        res_r, res_w = os.pipe()
-        timeout = float(req.get("timeout_s") or self.cfg["timeout_s"])
         code = self.compiled(req)
+        timeout = float(req.get("timeout_s") or self.cfg["timeout_s"])
         start = time.monotonic()
-        pid = self.fork_call(req, workdir, None)
+        pid = self.fork_call()
         if pid == 0:
-            _call_process(req, self.cfg, workdir, out_w, err_w, res_w, self.null, self.ruleset, code)
-        for fd in (out_w, err_w, res_w):
-            os.close(fd)
+            _call_process(req, self.cfg, workdir, self.out_w, self.err_w, self.res_w, self.null,
+                          self.ruleset, code)
         pidfd = os.pidfd_open(pid)
-        fds = {out_r: bytearray(), err_r: bytearray(), res_r: bytearray()}
-        totals = {out_r: 0, err_r: 0, res_r: 0}
         deadline = start + timeout
-        timed_out = overflow = False
-        status = None
-        flood = max(64 * self.limit, 4 << 20)
-        open_fds = set(fds)
+        how, server_gone = ENDED, False
         while True:
-            if status is None:
-                wait = deadline - time.monotonic()
-                if wait <= 0:
-                    timed_out = True
-                    os.kill(pid, signal.SIGKILL)
-                    self.sweep(pid)
-                    wait = 0
-            else:
-                wait = max(0.0, reaped + 1.0 - time.monotonic())
-            if status is not None and (not open_fds or wait <= 0):
+            wait = deadline - time.monotonic()
+            if wait <= 0:
+                how = TIMED_OUT
                 break
-            rl = list(open_fds) + ([pidfd] if status is None else [])
             try:
-                ready, _, _ = select.select(rl, [], [], wait)
+                ready, _, _ = select.select([pidfd, self.ctl], [], [], wait)
             except InterruptedError:
                 continue
-            for fd in ready:
-                if fd == pidfd:
-                    _, status = os.waitpid(pid, 0)
-                    reaped = time.monotonic()
-                    self.sweep(pid)  # whatever it left running (daemons, setsid'd children) dies now
-                    continue
-                try:
-                    chunk = os.read(fd, 1 << 16)
-                except OSError:
-                    chunk = b""
-                if not chunk:
-                    open_fds.discard(fd)
-                    continue
-                buf = fds[fd]
-                totals[fd] += len(chunk)
-                if fd == res_r:
-                    if len(buf) <= self.value_limit + 4096:
-                        buf += chunk
-                    continue
-                if len(buf) < self.limit:
-                    buf += chunk[: self.limit - len(buf)]
-                if totals[fd] > flood and not overflow and status is None:
-                    overflow = True  # a flood: stop it rather than drain it for the whole timeout
-                    os.kill(pid, signal.SIGKILL)
-                    self.sweep(pid)
+            if pidfd in ready:
+                break
+            if ready:  # while a call runs the server only ever sends a kill
+                msg = os.read(self.ctl, 1)
+                server_gone = msg == b""
+                how = KILLED
+                break
+        if how != ENDED:
+            os.kill(pid, signal.SIGKILL)  # our own unreaped child: its pid cannot have been reused
+            self.sweep(pid)
+        _, status = os.waitpid(pid, 0)
+        duration = time.monotonic() - start
         os.close(pidfd)
-        for fd in fds:
-            os.close(fd)
+        self.sweep(pid)  # whatever it left running (daemons, setsid'd children) dies now
         try:
             os.rmdir(workdir)  # most calls write nothing: one system call
         except OSError:
             _rmtree(workdir)
-        return self.result(req, fds[out_r], fds[err_r], fds[res_r], totals[out_r], totals[err_r],
-                           totals[res_r], status, timed_out, overflow, time.monotonic() - start, timeout)
+        if server_gone:
+            os._exit(0)
+        _write_all(self.st, DONE + DONE_BODY.pack(status, how, duration))
 
-    def result(self, req, out, err, res, out_total, err_total, res_total, status, timed_out, overflow,
-               duration, timeout):
-        result = {
-            "stdout": out.decode("utf-8", errors="replace"),
-            "stderr": err.decode("utf-8", errors="replace"),
-            "stdout_truncated": out_total > self.limit,
-            "stderr_truncated": err_total > self.limit,
-            "timed_out": timed_out,
-            "output_exceeded": overflow,
-            "duration_s": duration,
-            "memory_exceeded": False,
-        }
-        if timed_out or overflow or status is None:
-            exit_code = -signal.SIGKILL
-        else:
-            exit_code = os.waitstatus_to_exitcode(status)
-        result["exit_code"] = exit_code
-        if exit_code == 70 and "sandbox setup failed" in result["stderr"]:
-            result["error"] = result["stderr"][-1000:]
-        info = None
-        if res and res_total <= self.value_limit + 4096:
-            try:
-                info = json.loads(res.decode("utf-8", errors="replace"))
-            except (ValueError, RecursionError):
-                info = None
-            if not isinstance(info, dict):
-                info = None
-        if info is not None:
-            result["memory_exceeded"] = bool(info.get("memory_exceeded"))
-            # For a program, what its code raised is in its stderr and exit status; ``error`` is kept for
-            # failures of the sandbox itself. For a function call it is the call's outcome.
-            if info.get("error") and req["kind"] == "call":
-                result["error"] = str(info["error"])[:4000]
-            if info.get("traceback"):
-                result["traceback"] = str(info["traceback"])[-4000:]
-        if req["kind"] == "call":
-            value = info.get("value") if info else None
-            ok = bool(info and info.get("ok")) and exit_code == 0 and isinstance(value, str)
-            if ok and len(value) > self.value_limit:
-                ok, result["error"] = False, "return value larger than %d bytes" % self.value_limit
-            result["ok"] = ok
-            if ok:
-                result["value"] = value
-            elif timed_out:
-                result["error"] = "timed out after %.3g s" % timeout
-            elif overflow:
-                result["error"] = "output limit exceeded; the call was killed"
-            elif res_total > self.value_limit:
-                result["error"] = "return value larger than %d bytes" % self.value_limit
-            elif "error" not in result:
-                result["error"] = "the process ended (exit status %s) before returning" % exit_code
-        return result
-
-    def serve(self, ctl_r, rep_w):
+    def serve(self):
         while True:
-            req = _read_frame(ctl_r)
+            req = self.next_request()
             if req is None:
                 os._exit(0)
             try:
-                result = self.run(req)
+                self.run(req)
             except BaseException:  # noqa: BLE001 - report, and keep serving
-                result = {"exit_code": -signal.SIGKILL, "ok": False, "stdout": "", "stderr": "",
-                          "error": "sandbox slot failed: " + traceback.format_exc()[-1500:]}
-            result["id"] = req["id"]
-            _write_all(rep_w, _frame(result))
+                text = ("sandbox slot failed: " + traceback.format_exc()[-1500:]).encode()
+                _write_all(self.st, SLOT_ERROR + struct.pack(">I", len(text)) + text)
 
 
-def _slot_main(cfg, iso, slot, slot_dir, ruleset, ctl_r, rep_w):
-    """Take the per-slot isolation layers, then serve calls. Never returns."""
+def _build_result(req, limit, value_limit, out, err, res, out_total, err_total, res_total, status, how,
+                  duration, timeout):
+    """The client's view of one finished call, from what the server read of its three pipes."""
+    result = {
+        "stdout": out.decode("utf-8", errors="replace"),
+        "stderr": err.decode("utf-8", errors="replace"),
+        "stdout_truncated": out_total > limit,
+        "stderr_truncated": err_total > limit,
+        "timed_out": how == TIMED_OUT,
+        "output_exceeded": how == KILLED,
+        "duration_s": duration,
+        "memory_exceeded": False,
+    }
+    exit_code = -signal.SIGKILL if how != ENDED else os.waitstatus_to_exitcode(status)
+    result["exit_code"] = exit_code
+    if exit_code == 70 and "sandbox setup failed" in result["stderr"]:
+        result["error"] = result["stderr"][-1000:]
+    info = None
+    if res and res_total <= value_limit + 4096:
+        try:
+            info = json.loads(res.decode("utf-8", errors="replace"))
+        except (ValueError, RecursionError):
+            info = None
+        if not isinstance(info, dict):
+            info = None
+    if info is not None:
+        result["memory_exceeded"] = bool(info.get("memory_exceeded"))
+        # For a program, what its code raised is in its stderr and exit status; ``error`` is kept for
+        # failures of the sandbox itself. For a function call it is the call's outcome.
+        if info.get("error") and req["kind"] == "call":
+            result["error"] = str(info["error"])[:4000]
+        if info.get("traceback"):
+            result["traceback"] = str(info["traceback"])[-4000:]
+    if req["kind"] == "call":
+        value = info.get("value") if info else None
+        ok = bool(info and info.get("ok")) and exit_code == 0 and isinstance(value, str)
+        if ok and len(value) > value_limit:
+            ok, result["error"] = False, "return value larger than %d bytes" % value_limit
+        result["ok"] = ok
+        if ok:
+            result["value"] = value
+        elif how == TIMED_OUT:
+            result["error"] = "timed out after %.3g s" % timeout
+        elif how == KILLED:
+            result["error"] = "output limit exceeded; the call was killed"
+        elif res_total > value_limit:
+            result["error"] = "return value larger than %d bytes" % value_limit
+        elif "error" not in result:
+            result["error"] = "the process ended (exit status %s) before returning" % exit_code
+    return result
+
+
+def _slot_main(cfg, iso, slot, slot_dir, ruleset, fds):
+    """Take the per-slot isolation layers, then fork calls. Never returns."""
+    st = fds[1]
     try:
         os.setsid()
-        keep = sorted({ctl_r, rep_w} | ({ruleset} if ruleset is not None else set()))
+        keep = sorted(set(fds) | ({ruleset} if ruleset is not None else set()))
         lo = 0
         for fd in keep:
             os.closerange(lo, fd)
@@ -710,19 +725,18 @@ def _slot_main(cfg, iso, slot, slot_dir, ruleset, ctl_r, rep_w):
             os.setgroups([])
             os.setgid(uid)
             os.setuid(uid)
-            # The worker counts too; a call may run max_processes processes at once.
+            # The forker counts too; a call may run max_processes processes at once.
             _set_rlimit(resource.RLIMIT_NPROC, int(cfg["max_processes"]) + 1)
             try:
                 os.kill(-1, signal.SIGKILL)  # leftovers of an earlier server
             except OSError:
                 pass
-        if iso["uid"]:
-            # When the server dies this worker is told (after setuid, which clears the setting) and
+            # When the server dies this forker is told (after setuid, which clears the setting) and
             # kills every process of its uid, its calls included, before it exits.
-            slot_pid = os.getpid()
+            forker_pid = os.getpid()
 
             def on_server_death(signum, frame):
-                if os.getpid() != slot_pid:  # inherited by a call: behave as the default action
+                if os.getpid() != forker_pid:  # inherited by a call: behave as the default action
                     signal.signal(signal.SIGTERM, signal.SIG_DFL)
                     os.kill(os.getpid(), signal.SIGTERM)
                     return
@@ -734,7 +748,7 @@ def _slot_main(cfg, iso, slot, slot_dir, ruleset, ctl_r, rep_w):
             signal.signal(signal.SIGTERM, on_server_death)
             _libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
         else:
-            _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # after setuid, which clears it
+            _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # no ptrace by the calls (same uid)
         if ruleset is not None:
             Landlock.restrict(ruleset)
@@ -744,23 +758,24 @@ def _slot_main(cfg, iso, slot, slot_dir, ruleset, ctl_r, rep_w):
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an oversized write fails with EFBIG instead
         signal.signal(signal.SIGPIPE, signal.SIG_IGN)
         sys.argv = ["<sandbox>"]
-        # Streams for the calls, bound to fds 0-2, which each call points at its own pipes.
+        # Streams for the calls, bound to fds 0-2, which each call points at the slot's pipes.
         sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
         sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8",
                                       errors="backslashreplace")
         sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8",
                                       errors="backslashreplace", line_buffering=True)
-        worker = SlotWorker(cfg, iso, slot, slot_dir, ruleset)
+        forker = Forker(cfg, iso, slot_dir, ruleset, fds)
         # Everything alive now is shared copy-on-write with every call: keep the collector from
         # walking (and so copying) it in each call.
         gc.collect()
         gc.freeze()
     except BaseException:  # noqa: BLE001
         try:
-            _write_all(rep_w, _frame({"id": None, "fatal": traceback.format_exc()[-2000:]}))
+            text = traceback.format_exc()[-2000:].encode()
+            _write_all(st, FATAL + struct.pack(">I", len(text)) + text)
         finally:
             os._exit(70)
-    worker.serve(ctl_r, rep_w)
+    forker.serve()
     os._exit(0)
 
 
@@ -784,10 +799,10 @@ def _sweep_uid(uid):
 
 
 class Slot:
-    __slots__ = ("index", "pid", "pidfd", "ctl", "rep", "reader", "reqs", "deadline")
+    """The server's side of one slot: the forker's pipes and the call it is running, if any."""
 
-
-PIPELINE = 2  # requests queued in each slot worker's pipe
+    __slots__ = ("index", "pid", "pidfd", "ctl", "st", "out", "err", "res", "stbuf", "req", "deadline",
+                 "bufs", "totals", "kill_sent")
 
 
 class Server:
@@ -795,10 +810,13 @@ class Server:
 
     def __init__(self, cfg):
         self.cfg = cfg
-        # Two slots per core: a call spends part of its life waiting (fork, exit, pipes), and a second
-        # slot keeps the core busy meanwhile (measured: +23% calls/s on 2 cores).
+        # Two slots per core: a slot is idle while the server turns its finished call into a result and
+        # sends it the next one, and a second slot keeps the core busy meanwhile.
         self.workers = int(cfg["workers"]) or 2 * (os.cpu_count() or 1)
         self.timeout = float(cfg["timeout_s"])
+        self.limit = int(cfg["max_output_bytes"])
+        self.value_limit = int(cfg["max_value_bytes"])
+        self.flood = max(64 * self.limit, 4 << 20)  # bytes of one stream after which a call is killed
         self.root = cfg["workdir_root"]
         os.makedirs(self.root, mode=0o711, exist_ok=True)
         os.chmod(self.root, 0o711)
@@ -865,21 +883,27 @@ class Server:
 
     def spawn(self, i):
         ctl_r, ctl_w = os.pipe()
-        rep_r, rep_w = os.pipe()
+        st_r, st_w = os.pipe()
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        res_r, res_w = os.pipe()
         pid = os.fork()
         if pid == 0:
-            _slot_main(self.cfg, self.iso, i, self.slot_dirs[i], self.rulesets[i], ctl_r, rep_w)
-        os.close(ctl_r)
-        os.close(rep_w)
+            _slot_main(self.cfg, self.iso, i, self.slot_dirs[i], self.rulesets[i],
+                       (ctl_r, st_w, out_w, err_w, res_w))
+        for fd in (ctl_r, st_w, out_w, err_w, res_w):
+            os.close(fd)
         s = Slot()
-        s.index, s.pid, s.pidfd, s.ctl, s.rep = i, pid, os.pidfd_open(pid), ctl_w, rep_r
-        s.reader, s.reqs, s.deadline = FrameReader(), collections.deque(), None
-        os.set_blocking(rep_r, False)
+        s.index, s.pid, s.pidfd, s.ctl = i, pid, os.pidfd_open(pid), ctl_w
+        s.st, s.out, s.err, s.res = st_r, out_r, err_r, res_r
+        for fd in (st_r, out_r, err_r, res_r):
+            os.set_blocking(fd, False)
+        s.stbuf, s.req, s.deadline, s.kill_sent = bytearray(), None, None, False
+        s.bufs, s.totals = None, None
         return s
 
     def replace(self, s, error):
-        """A slot worker died or hung: fail the call it was running, requeue the ones waiting behind
-        it, clean up, start a new worker."""
+        """A forker died or hung: fail the call it was running, clean up, start a new forker."""
         try:
             os.kill(s.pid, signal.SIGKILL)
         except OSError:
@@ -890,43 +914,115 @@ class Server:
             pass
         if self.iso["uid"]:
             _sweep_uid(self.iso["uid_base"] + s.index)
-        for fd in (s.pidfd, s.ctl, s.rep):
+        for fd in (s.pidfd, s.ctl, s.st, s.out, s.err, s.res):
             os.close(fd)
         for name in os.listdir(self.slot_dirs[s.index]):
             _rmtree(os.path.join(self.slot_dirs[s.index], name))
-        if s.reqs:
-            head = s.reqs.popleft()
-            self.queue.extendleft(reversed(s.reqs))
-            timed_out = error.startswith("timed out")
-            _send({"id": head["id"], "exit_code": -signal.SIGKILL, "ok": False, "stdout": "", "stderr": "",
-                   "timed_out": timed_out, "error": error})
+        if s.req is not None:
+            _send({"id": s.req["id"], "exit_code": -signal.SIGKILL, "ok": False, "stdout": "", "stderr": "",
+                   "timed_out": error.startswith("timed out"), "error": error})
         self.slots[s.index] = self.spawn(s.index)
 
-    def _head_deadline(self, s, started):
-        s.deadline = started + float(s.reqs[0].get("timeout_s") or self.timeout) + self.grace
+    def start_call(self, s, req, raw):
+        s.req = req
+        s.bufs = (bytearray(), bytearray(), bytearray())
+        s.totals = [0, 0, 0]
+        s.kill_sent = False
+        s.deadline = time.monotonic() + float(req.get("timeout_s") or self.timeout) + self.grace
+        try:
+            _write_all(s.ctl, MSG_RUN + struct.pack(">I", len(raw)) + raw)
+        except OSError:
+            self.replace(s, "sandbox slot worker died")
+
+    def read_output(self, s, k):
+        """Read what is waiting in pipe ``k`` (0 stdout, 1 stderr, 2 result) of slot ``s``; False once
+        it is empty. Bytes beyond the limits are counted, not kept; a flood is stopped."""
+        fd = (s.out, s.err, s.res)[k]
+        try:
+            chunk = os.read(fd, 1 << 16)
+        except (BlockingIOError, InterruptedError):
+            return False
+        if not chunk:
+            return False
+        if s.req is None:
+            return True  # bytes of no call (a leftover of a replaced slot): dropped
+        buf = s.bufs[k]
+        s.totals[k] += len(chunk)
+        if k == 2:
+            if len(buf) <= self.value_limit + 4096:
+                buf += chunk
+            return True
+        if len(buf) < self.limit:
+            buf += chunk[: self.limit - len(buf)]
+        if s.totals[k] > self.flood and not s.kill_sent:
+            s.kill_sent = True  # a flood: stop it rather than drain it for the whole timeout
+            try:
+                _write_all(s.ctl, MSG_KILL)
+            except OSError:
+                pass
+        return True
+
+    def on_status(self, s):
+        """Messages from a forker: the end of its call (answered here), or a failure."""
+        try:
+            chunk = os.read(s.st, 1 << 16)
+        except (BlockingIOError, InterruptedError):
+            return
+        if not chunk:
+            return  # the forker is gone; its pidfd says so and the slot is replaced
+        s.stbuf += chunk
+        while s.stbuf:
+            kind = bytes(s.stbuf[:1])
+            if kind == DONE:
+                if len(s.stbuf) < 1 + DONE_BODY.size:
+                    return
+                status, how, duration = DONE_BODY.unpack(bytes(s.stbuf[1:1 + DONE_BODY.size]))
+                del s.stbuf[:1 + DONE_BODY.size]
+                self.finish(s, status, how, duration)
+                continue
+            if len(s.stbuf) < 5:
+                return
+            (n,) = struct.unpack(">I", bytes(s.stbuf[1:5]))
+            if len(s.stbuf) < 5 + n:
+                return
+            text = bytes(s.stbuf[5:5 + n]).decode("utf-8", errors="replace")
+            del s.stbuf[:5 + n]
+            if kind == FATAL:
+                raise RuntimeError("sandbox slot could not start: " + text)
+            if s.req is not None:  # SLOT_ERROR: the forker could not run this call
+                req, s.req = s.req, None
+                _send({"id": req["id"], "exit_code": -signal.SIGKILL, "ok": False, "stdout": "",
+                       "stderr": "", "error": text})
+
+    def finish(self, s, status, how, duration):
+        req = s.req
+        if req is None:
+            return
+        for k in range(3):  # the call and everything it started are gone: what is left is all of it
+            while self.read_output(s, k) and s.totals[k] <= self.flood:
+                pass
+        timeout = float(req.get("timeout_s") or self.timeout)
+        out, err, res = s.bufs
+        result = _build_result(req, self.limit, self.value_limit, out, err, res, s.totals[0], s.totals[1],
+                               s.totals[2], status, how, duration, timeout)
+        result["id"] = req["id"]
+        s.req = s.bufs = None
+        _send(result)
 
     def serve(self):
         _send({"ready": True, "isolation": self.iso, "pid": os.getpid()})
         os.set_blocking(0, False)
-        while self.stdin_open or self.queue or any(s.reqs for s in self.slots):
-            # Keep PIPELINE requests in each slot's pipe, so a slot starts its next call as soon as
-            # one ends instead of waiting for a round trip through this loop.
-            for s in list(self.slots):
-                while len(s.reqs) < PIPELINE and self.queue:
-                    req = self.queue.popleft()
-                    s.reqs.append(req)
-                    if len(s.reqs) == 1:
-                        self._head_deadline(s, time.monotonic())
-                    try:
-                        _write_all(s.ctl, _frame(req))
-                    except OSError:
-                        self.replace(s, "sandbox slot worker died")
-                        break
-            busy = [s for s in self.slots if s.reqs]
+        while self.stdin_open or self.queue or any(s.req is not None for s in self.slots):
+            for s in self.slots:
+                if s.req is None and self.queue:
+                    self.start_call(s, *self.queue.popleft())
+            busy = [s for s in self.slots if s.req is not None]
             wait = None
             if busy:
                 wait = max(0.0, min(s.deadline for s in busy) - time.monotonic())
-            rl = [s.rep for s in self.slots] + [s.pidfd for s in self.slots]
+            rl = [s.st for s in self.slots] + [s.pidfd for s in self.slots]
+            for s in busy:
+                rl += (s.out, s.err, s.res)
             if self.stdin_open:
                 rl.append(0)
             try:
@@ -937,23 +1033,14 @@ class Server:
             if 0 in ready:
                 self.on_stdin()
             for s in list(self.slots):
-                if s.rep in ready:
-                    try:
-                        chunk = os.read(s.rep, 1 << 20)
-                    except BlockingIOError:
-                        chunk = None
-                    if chunk:
-                        for msg in s.reader.feed(chunk):
-                            if msg.get("fatal"):
-                                raise RuntimeError("sandbox slot could not start: " + msg["fatal"])
-                            _send(msg)
-                            if s.reqs and s.reqs[0]["id"] == msg["id"]:
-                                s.reqs.popleft()
-                                if s.reqs:
-                                    self._head_deadline(s, time.monotonic())
+                for k, fd in enumerate((s.out, s.err, s.res)):
+                    if fd in ready:
+                        self.read_output(s, k)
+                if s.st in ready:
+                    self.on_status(s)
                 if s.pidfd in ready:
                     self.replace(s, "sandbox slot worker died")
-                elif s.reqs and time.monotonic() > s.deadline:
+                elif s.req is not None and time.monotonic() > s.deadline:
                     self.replace(s, "timed out (the slot worker did not answer; replaced)")
         for s in self.slots:
             os.close(s.ctl)
@@ -974,12 +1061,10 @@ class Server:
             self.stdin_open = False
             self.queue.clear()
             for s in list(self.slots):
-                if s.reqs:
-                    s.reqs.clear()
+                if s.req is not None:
                     self.replace(s, "client closed the sandbox")
-            self.queue.clear()
             return
-        self.queue.extend(self.inbuf.feed(chunk))
+        self.queue.extend(self.inbuf.feed_raw(chunk))
 
 
 def main():
