@@ -25,6 +25,14 @@ update step) of every player that produced it; ``outer_iteration`` 0 and ``step`
 
 Reference policies: every trainer's π_ref is reset at the start of every outer iteration.
 
+Several ranks (``torchrun --nproc_per_node=N -m unifiedplayers.train``; :mod:`unifiedplayers.distributed`):
+every rank runs this loop in lockstep with its own rollout engine and sandbox. Each generation call is
+split over the ranks (each draws its share of the samples per prompt, seeded with its rank; rank 0's
+seeds are the single-process ones) and gathered in rank order; rank 0 alone perturbs, builds the verdict
+matrices, computes rewards and advantages, and writes records, metrics, checkpoints, state and summary;
+it broadcasts the update's batch, and the update is data-parallel over all ranks. With one rank nothing
+of this happens.
+
 Diagnostic pool (SPEC §8, ``schedule.execution_pool``): after every ``every``-th Execution update the
 Execution player answers a fixed pool of math and general questions greedily
 (:mod:`unifiedplayers.execution_pool`); the accuracies go into that update's metrics line and
@@ -42,6 +50,7 @@ uninterrupted run.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -57,6 +66,7 @@ import torch
 from omegaconf import OmegaConf
 
 from unifiedplayers import grpo
+from unifiedplayers.distributed import SINGLE, DistContext
 from unifiedplayers.execution_pool import FixedPool, metrics_of
 from unifiedplayers.logging import RunLogger, count_lines, progress, truncate_lines
 from unifiedplayers.methods import ROLES, TaskFeedback, method_reward_sources, task_builder
@@ -137,8 +147,18 @@ def seed_for(base: int, update: int, stage: int) -> int:
     return (int(base) * 1_000_003 + int(update) * 7_919 + int(stage) * 104_729) % (2**31 - 1)
 
 
-def validate(cfg: Any) -> None:
+def validate(cfg: Any, dist: DistContext = SINGLE) -> None:
     """Fail at start-up on settings the loop cannot honour."""
+    if dist.enabled and cfg.rollout.backend != "hf":
+        raise NotImplementedError(
+            f"rollout={cfg.rollout.backend} with {dist.world_size} ranks is not supported yet (one in-process "
+            "vLLM engine per rank under torchrun is untested); use rollout=hf with several ranks, or one run "
+            "per GPU with rollout=vllm (README, 'Paper presets and the 8-GPU node')")
+    if dist.enabled and cfg.trainer.backend != "torch":
+        raise NotImplementedError(
+            f"trainer.backend={cfg.trainer.backend} with {dist.world_size} ranks is not supported yet (the "
+            "DeepSpeed engine averages gradients and needs equal micro-batch counts and collective checkpoints "
+            "on every rank); use trainer=torch with several ranks, or one run per GPU")
     s, p = cfg.schedule, cfg.player
     if s.feedback not in FEEDBACK_MODES:
         raise ValueError(f"schedule.feedback={s.feedback!r}: fresh | stale")
@@ -233,6 +253,16 @@ class PolicyPool:
         return self._shared
 
 
+class _NoLogger:
+    """The metrics sink of ranks other than 0 (rank 0 writes metrics.jsonl and W&B)."""
+
+    def log(self, metrics: dict[str, Any], step: Optional[int] = None) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 def _atomic_torch_save(obj: Any, path: Path) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     torch.save(obj, tmp)
@@ -274,12 +304,14 @@ class OuterLoop:
     ``backbone``: an already loaded ``(model, tokenizer)`` (tests); by default ``load_model(cfg.model)``.
     ``rollout_factory``: ``(rollout_cfg, model, tokenizer) -> engine`` in place of ``build_rollout``
     (tests drive the players with scripted text through it).
+    ``dist``: this process's rank (:func:`unifiedplayers.distributed.init_distributed`); one rank by default.
     """
 
     def __init__(self, cfg: Any, run_dir: str | os.PathLike, hooks: Sequence[EventHook] = (),
                  backbone: Optional[tuple[Any, Any]] = None,
-                 rollout_factory: Optional[Callable[..., Any]] = None) -> None:
-        validate(cfg)
+                 rollout_factory: Optional[Callable[..., Any]] = None, dist: DistContext = SINGLE) -> None:
+        validate(cfg, dist)
+        self.dist = dist
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.hooks = list(hooks)
@@ -327,14 +359,20 @@ class OuterLoop:
             "finished": self.finished,
             "total_updates": len(self.slots),
             "wandb_id": self.wandb_id,
+            "world_size": self.dist.world_size,
             "timing": dict(self.timing),
             "config": result_config(self.cfg),
         }
 
     def _write_state(self) -> None:
-        _atomic_torch_save(self._state(), self.state_path)
+        if self.dist.is_main:
+            _atomic_torch_save(self._state(), self.state_path)
 
     def _check_resumable(self, state: dict[str, Any]) -> None:
+        if state.get("world_size", 1) != self.dist.world_size:
+            raise ValueError(
+                f"{self.run_dir} holds a run of {state.get('world_size', 1)} rank(s); resume it with as many "
+                f"(this process has {self.dist.world_size}): each rank's sampling seeds depend on the rank count")
         now, then = result_config(self.cfg), state["config"]
         diff = sorted(k for k in set(now) | set(then) if now.get(k) != then.get(k))
         if diff:
@@ -375,7 +413,7 @@ class OuterLoop:
             if role in self.trained:
                 player.trainer = build_trainer(
                     self.cfg.trainer, m, role=role, entropy_bank=self._entropy_bank(role) or None,
-                    pad_token_id=self.tokenizer.pad_token_id or 0,
+                    pad_token_id=self.tokenizer.pad_token_id or 0, dist=self.dist,
                 )
                 player.model = player.trainer.model
                 player.model.eval()
@@ -385,8 +423,10 @@ class OuterLoop:
     def _restore(self, state: dict[str, Any]) -> None:
         """Bring a fresh process to the state after update ``state['completed']``."""
         self._check_resumable(state)
-        dropped_r = truncate_lines(self.run_dir / RECORDS_FILENAME, state["records"])
-        dropped_m = truncate_lines(self.run_dir / "metrics.jsonl", state["metrics"])
+        dropped_r = dropped_m = 0
+        if self.dist.is_main:  # the other ranks never touch the run's files
+            dropped_r = truncate_lines(self.run_dir / RECORDS_FILENAME, state["records"])
+            dropped_m = truncate_lines(self.run_dir / "metrics.jsonl", state["metrics"])
         if dropped_r or dropped_m:
             print(f"[resume] dropped {dropped_r} record(s) and {dropped_m} metrics line(s) of an unfinished update")
         self.completed = state["completed"]
@@ -461,7 +501,8 @@ class OuterLoop:
                         player.published_model.load_state_dict(player.model.state_dict())
                 player.published_version = dict(player.version)
                 path = pub_dir / f"{role}.pt"
-                _atomic_torch_save(player.trainer.full_state_dict(), path)
+                if self.dist.is_main:
+                    _atomic_torch_save(player.trainer.full_state_dict(), path)
                 self.published[role] = str(path.relative_to(self.run_dir))
 
     def _start_block(self, slot: Slot) -> dict[str, Any]:
@@ -490,22 +531,28 @@ class OuterLoop:
             print(f"[resume] the run in {self.run_dir} is already complete ({state['completed']} updates)")
             self.finished, self.completed = True, state["completed"]
             return self._finish(already=True)
-        OmegaConf.save(self.cfg, self.run_dir / CONFIG_FILE, resolve=True)
+        main = self.dist.is_main
+        if main:
+            OmegaConf.save(self.cfg, self.run_dir / CONFIG_FILE, resolve=True)
         self._setup_players()
-        if self.cfg.schedule.execution_pool.every > 0 and "execution" in self.trained:
-            self.fixed_pool = FixedPool(self.cfg.schedule.execution_pool, self.run_dir)
+        if self.cfg.schedule.execution_pool.every > 0 and "execution" in self.trained and main:
+            self.fixed_pool = FixedPool(self.cfg.schedule.execution_pool, self.run_dir)  # rank 0 evaluates it
         if state is not None:
             self._restore(state)
             print(f"[resume] continuing {self.run_dir} after update {self.completed}/{len(self.slots)}")
         if self.wandb_id is None:
             self.wandb_id = f"up-{os.urandom(4).hex()}"
-        self.logger = RunLogger(self.run_dir, self.cfg.logger, OmegaConf.to_container(self.cfg, resolve=True),
-                                run_id=self.wandb_id)
-        show = bool(self.cfg.logger.progress)
+        self.logger = (RunLogger(self.run_dir, self.cfg.logger, OmegaConf.to_container(self.cfg, resolve=True),
+                                 run_id=self.wandb_id) if main else _NoLogger())
+        show = bool(self.cfg.logger.progress) and main
         budget = self.cfg.schedule.max_updates
         done_here = 0
+        writer = RecordWriter(self.run_dir / RECORDS_FILENAME) if main else contextlib.nullcontext()
+        sandbox_cfg = self.cfg.sandbox
+        if self.dist.enabled and sandbox_cfg.workers == 0:  # the ranks of one node share its cores
+            sandbox_cfg = OmegaConf.merge(sandbox_cfg, {"workers": max(2, 2 * (os.cpu_count() or 1) // self.dist.world_size)})
         try:
-            with Sandbox(self.cfg.sandbox) as sandbox, RecordWriter(self.run_dir / RECORDS_FILENAME) as records:
+            with Sandbox(sandbox_cfg) as sandbox, writer as records:
                 self.sandbox = TimedSandbox(sandbox)
                 self.records = records
                 self.perturber = PerturbationEngine.from_config(self.cfg.perturbation, seed=self.cfg.seed,
@@ -552,8 +599,9 @@ class OuterLoop:
         active = self.players[slot.role]
         if slot.last_of_block:
             metrics.update({f"{slot.role}/{k}": v for k, v in active.trainer.block_diagnostics().items()})
-        for rec in records:
-            self.records.append(rec)
+        if self.dist.is_main:
+            for rec in records:
+                self.records.append(rec)
         self.records_count += len(records)
         self.logger.log(metrics, step=slot.index)
         self.metrics_count += 1
@@ -590,10 +638,13 @@ class OuterLoop:
         else:
             current = self.checkpoints.get(slot.role) or ""
             rel = base / "resume" / f"{slot.role}-{'b' if current.endswith('-a') else 'a'}"
-        trainer.save_checkpoint(self.run_dir / rel)
+        if self.dist.is_main:  # the ranks' weights and optimizer states are identical (data-parallel step)
+            trainer.save_checkpoint(self.run_dir / rel)
         self.checkpoints[slot.role] = str(rel)
 
     def _drop_slots(self, role: str) -> None:
+        if not self.dist.is_main:
+            return
         for name in ("a", "b"):
             rel = f"checkpoints/resume/{role}-{name}"
             if self.checkpoints.get(role) != rel:
@@ -616,9 +667,14 @@ class OuterLoop:
         unused: list[PlanningTask] = []
         attempts = 1 if slot.role == "planning" else p.task_attempts
         for attempt in range(attempts):
-            got = generate_tasks(engine, self.tokenizer, p, self.prompt_counter, p.prompts_per_update,
-                                 p.tasks_per_prompt, seed=seed_for(self.cfg.seed, slot.index, 10 + attempt))
-            got = [[self.build_task(t, self.sandbox) for t in g] for g in got]
+            got = self.dist.sample_split(
+                p.tasks_per_prompt,
+                lambda n, rank: generate_tasks(engine, self.tokenizer, p, self.prompt_counter, p.prompts_per_update,
+                                               n, seed=self._seed(slot, 10 + attempt, rank)),
+                p.prompts_per_update)
+            # Rank 0 builds the tasks (Absolute Zero's run code in the sandbox); every rank then holds the same.
+            got = self.dist.broadcast([[self.build_task(t, self.sandbox) for t in g] for g in got]
+                                      if self.dist.is_main else None)
             for g in got:
                 for t in g:
                     t.prompt_index += len(groups)
@@ -646,18 +702,29 @@ class OuterLoop:
         groups, tasks, unused = self._tasks(slot)
         _, plan_ver = self._sampler("planning", slot.role)
         questions = [task.question for task in tasks]
-        # 2. K trajectories and M verifiers per task
+        # 2. K trajectories and M verifiers per task (split over the ranks, gathered on rank 0)
         self._stage(f"execution: {len(tasks)} x {p.num_trajectories} trajectories")
         exec_engine, exec_ver = self._engine("execution", slot.role)
-        rollouts = solve(exec_engine, self.sandbox, self.tokenizer, self.execution_cfg, questions, p.num_trajectories,
-                         seed=seed_for(cfg.seed, slot.index, 20), temperature=cfg.rollout.temperature,
-                         top_p=cfg.rollout.top_p)
+        rollouts = self.dist.sample_split(
+            p.num_trajectories,
+            lambda n, rank: solve(exec_engine, self.sandbox, self.tokenizer, self.execution_cfg, questions, n,
+                                  seed=self._seed(slot, 20, rank), temperature=cfg.rollout.temperature,
+                                  top_p=cfg.rollout.top_p),
+            len(questions), to_all=False)
         self._stage(f"evaluation: {len(tasks)} x {p.num_verifiers} verifiers")
         eval_engine, eval_ver = self._engine("evaluation", slot.role)
-        verifiers = write_verifiers(eval_engine, self.tokenizer, p, questions, p.num_verifiers,
-                                    seed=seed_for(cfg.seed, slot.index, 30))
+        verifiers = self.dist.sample_split(
+            p.num_verifiers,
+            lambda n, rank: write_verifiers(eval_engine, self.tokenizer, p, questions, n,
+                                            seed=self._seed(slot, 30, rank)),
+            len(questions), to_all=False)
         sandbox_in_generation = self.sandbox.seconds - sandbox_before
         generation_s = time.perf_counter() - t - sandbox_in_generation
+        if not self.dist.is_main:  # the other ranks only take part in the update
+            self._train(slot, self.dist.broadcast(None))
+            for q in questions:
+                self.history.add(q)
+            return {}, []
 
         # 3. perturbations, 4. verdict matrices
         self._stage("sandbox: perturbations and verdicts")
@@ -692,8 +759,7 @@ class OuterLoop:
         metrics: dict[str, Any] = {}
         self._stage(f"GRPO update of {slot.role}")
         t = time.perf_counter()
-        active = self.players[slot.role]
-        trainer_metrics: dict[str, float] = {}
+        batch = []
         if samples:
             adv = grpo.get_adv_estimator(cfg.trainer.adv_estimator)(
                 torch.tensor(rewards, dtype=torch.float64), torch.tensor(group_ids), eps=cfg.trainer.adv_eps
@@ -702,11 +768,7 @@ class OuterLoop:
             if cfg.schedule.drop_zero_advantage_groups:
                 live = {g for g, a in zip(group_ids, adv) if a != 0.0}
                 batch = [s for s in batch if s.group in live]
-            if batch:
-                active.model.train()
-                trainer_metrics = active.trainer.update(batch)
-                active.model.eval()
-                active.version = version(slot.role, slot.iteration, active.trainer.global_step)
+        trainer_metrics = self._train(slot, self.dist.broadcast(batch))
         update_s = time.perf_counter() - t
         metrics[f"{slot.role}/skipped"] = float(not trainer_metrics)
 
@@ -730,6 +792,21 @@ class OuterLoop:
         self.timing["sandbox_s"] += sandbox_s
         self.timing["update_s"] += update_s
         return metrics, records
+
+    def _seed(self, slot: Slot, stage: int, rank: int) -> int:
+        """The seed of one rank's share of one generation stage (rank 0: the single-process seed)."""
+        return seed_for(self.cfg.seed, slot.index, stage + 1000 * rank)
+
+    def _train(self, slot: Slot, batch: list[Any]) -> dict[str, float]:
+        """One update of the active player on ``batch`` (on every rank; none when it is empty)."""
+        if not batch:
+            return {}
+        active = self.players[slot.role]
+        active.model.train()
+        trainer_metrics = active.trainer.update(batch)
+        active.model.eval()
+        active.version = version(slot.role, slot.iteration, active.trainer.global_step)
+        return trainer_metrics
 
     def _groups(self, role, groups, tasks, rollouts, verifiers, role_rewards, planning_reward_of):
         """(sample makers, rewards, group ids) of the active player; one maker per candidate."""
@@ -857,6 +934,8 @@ class OuterLoop:
     def _finish(self, already: bool = False) -> dict[str, Any]:
         from unifiedplayers.summary import write_summary
 
+        if not self.dist.is_main:
+            return {"completed": self.completed, "finished": self.finished, "rank": self.dist.rank}
         summary, text = write_summary(self.run_dir, timing=self.timing if not already else None)
         if self.cfg.schedule.print_summary:
             print(text)

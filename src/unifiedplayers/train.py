@@ -7,6 +7,11 @@ overwritten. Examples::
     python -m unifiedplayers.train experiment=smoke              # what `make run` runs (runs/smoke, resumable)
     python -m unifiedplayers.train experiment=paper_qwen3_4b schedule.feedback=stale
     python -m unifiedplayers.train experiment=smoke run_dir=runs/smoke2 resume=false
+
+One run over N GPUs (data-parallel ranks in lockstep, rank 0 writes the run; :mod:`unifiedplayers.distributed`)::
+
+    torchrun --nproc_per_node=8 -m unifiedplayers.train experiment=paper_qwen3_4b rollout=hf trainer=torch \
+        run_dir=runs/qwen3_4b/dp8
 """
 from __future__ import annotations
 
@@ -21,10 +26,12 @@ from unifiedplayers.config import CONF_DIR, register_configs
 register_configs()
 
 
-def run(cfg: DictConfig, run_dir: str | None = None) -> dict:
-    """Run (or resume) the outer loop of ``cfg`` in ``run_dir`` (default: cfg.run_dir)."""
+def run(cfg: DictConfig, run_dir: str | None = None, dist=None) -> dict:
+    """Run (or resume) the outer loop of ``cfg`` in ``run_dir`` (default: cfg.run_dir); ``dist``: this
+    process's rank (default: one process)."""
     import torch
 
+    from unifiedplayers.distributed import SINGLE
     from unifiedplayers.schedule import OuterLoop
 
     if cfg.trainer.num_threads > 0:
@@ -32,16 +39,23 @@ def run(cfg: DictConfig, run_dir: str | None = None) -> dict:
     target = run_dir or cfg.run_dir
     if not target:
         raise ValueError("no run directory: set run_dir")
-    return OuterLoop(cfg, target).run()
+    return OuterLoop(cfg, target, dist=dist or SINGLE).run()
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
+    from unifiedplayers.distributed import destroy, init_distributed
+
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    run_dir = cfg.run_dir or HydraConfig.get().runtime.output_dir
-    run(cfg, run_dir)
+    dist = init_distributed()  # one process (no-op) unless a launcher set WORLD_SIZE > 1
+    try:
+        # Every rank works in rank 0's directory (Hydra's timestamped default can differ between ranks).
+        run_dir = dist.broadcast(cfg.run_dir or HydraConfig.get().runtime.output_dir)
+        run(cfg, run_dir, dist)
+    finally:
+        destroy(dist)
 
 
 if __name__ == "__main__":

@@ -90,6 +90,10 @@ class DeepSpeedTrainer(PlayerTrainer):
         return f"deepspeed_zero{self.stage}"
 
     def _setup(self, model: nn.Module) -> None:
+        if self.dist.enabled:
+            raise NotImplementedError(
+                f"{self.backend} over {self.dist.world_size} data-parallel ranks is not supported yet: the engine "
+                "averages gradients and needs equal micro-batch counts and collective checkpoints; use trainer=torch")
         ensure_single_process_env()
         import deepspeed
 

@@ -15,6 +15,10 @@ One :meth:`PlayerTrainer.update` = one optimizer step over a batch of samples (o
    or from swapping the saved reference weights in once per batch (``ref_mode: precompute``); neither is
    needed when β = 0 or when the policy still equals the reference (first update of an iteration).
 5. AdamW step with gradient clipping; the global grad norm before clipping is logged.
+
+Data-parallel ranks (``dist``, :mod:`unifiedplayers.distributed`): every rank receives the whole batch,
+runs the micro-batches ``i`` with ``i mod N = rank`` (weights from the whole batch, step 1), and the
+gradients are summed over the ranks before the step, so every rank takes the step of the whole batch.
 """
 from __future__ import annotations
 
@@ -33,6 +37,7 @@ import torch
 from torch import nn
 
 from unifiedplayers import grpo
+from unifiedplayers.distributed import SINGLE, DistContext
 from unifiedplayers.trainer.checkpoint import RNG_FILE, atomic_directory, capture_rng_state, restore_rng_state
 from unifiedplayers.trainer.diagnostics import EntropyRetention, grad_norm_block_stats
 from unifiedplayers.trainer.logprobs import TokenLogprobModel, mean_token_entropy
@@ -176,6 +181,7 @@ class PlayerTrainer:
         role: str = "player",
         entropy_bank: Optional[Sequence[Sequence[int] | Tensor]] = None,
         pad_token_id: int = 0,
+        dist: DistContext = SINGLE,
     ) -> None:
         if cfg.ref_mode not in ("copy", "precompute"):
             raise ValueError(f"trainer.ref_mode must be 'copy' or 'precompute', got {cfg.ref_mode!r}")
@@ -185,6 +191,7 @@ class PlayerTrainer:
         self.cfg = cfg
         self.role = role
         self.pad_token_id = pad_token_id
+        self.dist = dist
         if cfg.num_threads > 0:
             torch.set_num_threads(cfg.num_threads)
         dtype = _DTYPES[cfg.dtype]
@@ -245,6 +252,10 @@ class PlayerTrainer:
 
     def _set_accumulation_boundary(self, is_last_micro_batch: bool) -> None:
         """Tell a backend that reduces gradients at the accumulation boundary where it is (torch: no-op)."""
+
+    def _reduce_gradients(self) -> None:
+        """Data-parallel ranks: sum the gradients over the ranks (DeepSpeed's engine does its own)."""
+        self.dist.all_reduce_gradients(list(self._model.parameters()))
 
     def _step(self) -> float:
         """Clip, step, return the global grad norm before clipping."""
@@ -369,10 +380,10 @@ class PlayerTrainer:
         groups = torch.tensor([int(s.group) for s in samples])
         weights = grpo.get_aggregation(cfg.aggregation)(counts, groups)
         size = math.ceil(len(samples) / cfg.grad_accum_steps) if cfg.grad_accum_steps > 0 else cfg.micro_batch_size
-        micro = [
-            _collate(samples[i : i + size], weights[i : i + size], self.device, self.pad_token_id)
-            for i in range(0, len(samples), size)
-        ]
+        starts = list(range(0, len(samples), size))
+        num_micro = len(starts)
+        starts = starts[self.dist.rank::self.dist.world_size]  # this rank's share (all of them on one rank)
+        micro = [_collate(samples[i : i + size], weights[i : i + size], self.device, self.pad_token_id) for i in starts]
         refs = self._reference_logprobs(micro)
         t_ref = time.perf_counter() - t0
 
@@ -408,6 +419,9 @@ class PlayerTrainer:
             t_bwd += t3 - t2
             parts.append(metrics)
         t4 = time.perf_counter()
+        if self.dist.enabled:
+            self._reduce_gradients()
+            parts = [m for rank_parts in self.dist.all_gather(parts) for m in rank_parts]
         lr = self.current_lr()
         grad_norm = self._step()
         t_opt = time.perf_counter() - t4
@@ -421,7 +435,7 @@ class PlayerTrainer:
                 "actor/grad_norm": grad_norm,
                 "actor/lr": lr,
                 "actor/num_samples": float(len(samples)),
-                "actor/num_micro_batches": float(len(micro)),
+                "actor/num_micro_batches": float(num_micro),
                 "actor/global_step": float(self.global_step),
                 "perf/time_ref": t_ref,
                 "perf/time_forward": t_fwd,
@@ -554,7 +568,7 @@ def build_trainer(cfg, model: nn.Module, **kwargs) -> PlayerTrainer:
     """Build the trainer of one player for ``cfg.backend`` (torch | deepspeed_zero2 | deepspeed_zero3).
 
     Keyword arguments: ``role`` (name used in file names and logs), ``entropy_bank`` (held-out role
-    contexts as token-id lists), ``pad_token_id``.
+    contexts as token-id lists), ``pad_token_id``, ``dist`` (data-parallel ranks; one process by default).
     """
     if cfg.backend.startswith("deepspeed"):
         import unifiedplayers.trainer.deepspeed_backend  # noqa: F401  (registers the DeepSpeed backends)

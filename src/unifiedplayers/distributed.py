@@ -1,0 +1,209 @@
+"""One run over several processes (GPUs): data-parallel ranks that run the outer loop in lockstep.
+
+Launched with ``torchrun --nproc_per_node=N -m unifiedplayers.train ...`` (or any launcher that sets
+``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``). Without them, or with
+``WORLD_SIZE=1``, :func:`init_distributed` returns :data:`SINGLE` and nothing here does anything: the
+single-process path is unchanged.
+
+Who does what (``unifiedplayers.schedule`` and ``unifiedplayers.trainer``):
+
+- every rank holds all three players and its own rollout engine and sandbox (the tool loop runs code);
+- sampling is split: of the n samples per prompt (G_T tasks, K trajectories, M verifiers) rank r draws
+  :func:`share` (n, r, N), seeded from (seed, update, stage, r); the pieces are gathered in rank order;
+- rank 0 alone runs the perturbations, the verdict matrices, the rewards and the advantages, writes
+  records, metrics, checkpoints, the state and the summary, and broadcasts the update's batch;
+- the update is data-parallel: every rank processes its share of the batch's micro-batches with the
+  whole batch's Eq. 21 weights, and the gradients are summed over the ranks
+  (:meth:`DistContext.all_reduce_gradients`), so every rank takes the same optimizer step and the
+  weights stay identical.
+
+The other ranks wait at the next collective while rank 0 works alone (verdicts, the diagnostic pool,
+checkpoints), so the process group's timeout is long: ``UNIFIEDPLAYERS_DIST_TIMEOUT_MIN`` minutes (120).
+
+On GPUs each rank is pinned to the GPU of its ``LOCAL_RANK`` by narrowing ``CUDA_VISIBLE_DEVICES`` before
+CUDA starts, so ``cuda`` (``cuda:0``) is that GPU for the model, the trainer and the rollout engine.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Callable, Optional, Sequence, TypeVar
+
+T = TypeVar("T")
+_OBJECT_GROUP: Any = None  # a gloo group for the object collectives when the default group is nccl
+
+
+def share(n: int, rank: int, world_size: int) -> int:
+    """How many of ``n`` samples rank ``rank`` draws: n // N, plus one for the first n mod N ranks."""
+    return n // world_size + (1 if rank < n % world_size else 0)
+
+
+@dataclass(frozen=True)
+class DistContext:
+    """This process's place in the run. The default (rank 0 of 1) makes every method a no-op."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    # ------------------------------------------------------------------ object collectives
+    def broadcast(self, obj: Any) -> Any:
+        """Rank 0's ``obj`` on every rank (the others' argument is ignored)."""
+        if not self.enabled:
+            return obj
+        import torch.distributed as dist
+
+        box = [obj if self.is_main else None]
+        dist.broadcast_object_list(box, src=0, group=_OBJECT_GROUP)
+        return box[0]
+
+    def gather(self, obj: Any) -> Optional[list[Any]]:
+        """Every rank's ``obj`` in rank order on rank 0; ``None`` on the others."""
+        if not self.enabled:
+            return [obj]
+        import torch.distributed as dist
+
+        out: Optional[list[Any]] = [None] * self.world_size if self.is_main else None
+        dist.gather_object(obj, out, dst=0, group=_OBJECT_GROUP)
+        return out
+
+    def all_gather(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj`` in rank order, on every rank."""
+        if not self.enabled:
+            return [obj]
+        import torch.distributed as dist
+
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj, group=_OBJECT_GROUP)
+        return out
+
+    def barrier(self) -> None:
+        if self.enabled:
+            import torch.distributed as dist
+
+            dist.barrier(group=_OBJECT_GROUP)
+
+    # ------------------------------------------------------------------ split sampling
+    def sample_split(self, n: int, generate: Callable[[int, int], list[list[T]]], num_prompts: int,
+                     to_all: bool = True) -> Optional[list[list[T]]]:
+        """Split the ``n`` samples per prompt of one generation call over the ranks.
+
+        ``generate(n_local, rank)`` returns ``out[prompt][sample]`` for ``n_local`` samples of each of the
+        ``num_prompts`` prompts (a rank whose share is 0 does not call it). The result has the ``n``
+        samples of every prompt, rank 0's first: on every rank (``to_all``) or on rank 0 only (``None``
+        elsewhere).
+        """
+        if not self.enabled:
+            return generate(n, 0)
+        mine = share(n, self.rank, self.world_size)
+        local = generate(mine, self.rank) if mine and num_prompts else [[] for _ in range(num_prompts)]
+        parts = self.all_gather(local) if to_all else self.gather(local)
+        if parts is None:
+            return None
+        return [[x for part in parts for x in part[i]] for i in range(num_prompts)]
+
+    # ------------------------------------------------------------------ data-parallel gradients
+    def all_reduce_gradients(self, parameters: Sequence[Any], bucket_elems: int = 50_000_000) -> None:
+        """Sum the gradients of ``parameters`` over the ranks (a parameter without one counts as zeros).
+
+        The loss of each micro-batch already carries the whole batch's Eq. 21 weights, so the sum over
+        the ranks' micro-batches is exactly the full batch's gradient.
+        """
+        if not self.enabled:
+            return
+        import torch
+        import torch.distributed as dist
+
+        params = [p for p in parameters if p.requires_grad]
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        by_dtype: dict[Any, list[Any]] = {}
+        for p in params:
+            by_dtype.setdefault((p.grad.dtype, p.grad.device), []).append(p)
+        for group in by_dtype.values():
+            bucket: list[Any] = []
+            size = 0
+            for p in group + [None]:
+                if p is not None:
+                    bucket.append(p)
+                    size += p.grad.numel()
+                if bucket and (p is None or size >= bucket_elems):
+                    flat = torch.cat([q.grad.reshape(-1) for q in bucket])
+                    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+                    offset = 0
+                    for q in bucket:
+                        n = q.grad.numel()
+                        q.grad.copy_(flat[offset:offset + n].view_as(q.grad))
+                        offset += n
+                    bucket, size = [], 0
+
+
+SINGLE = DistContext()
+
+
+def env_world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def _pin_gpu(local_rank: int) -> None:
+    """Make the GPU of ``local_rank`` the only visible one (before CUDA starts in this process)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    devices = [d for d in visible.split(",") if d.strip()] if visible else None
+    if devices is None:
+        try:
+            import subprocess
+
+            out = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"], capture_output=True,
+                                 text=True, timeout=30)
+            devices = [x.strip() for x in out.stdout.splitlines() if x.strip()] if out.returncode == 0 else []
+        except (OSError, subprocess.SubprocessError):
+            devices = []
+    if len(devices) > 1:
+        if local_rank >= len(devices):
+            raise RuntimeError(f"LOCAL_RANK={local_rank} but only {len(devices)} GPUs are visible")
+        os.environ["CUDA_VISIBLE_DEVICES"] = devices[local_rank]
+
+
+def init_distributed(backend: Optional[str] = None, pin_gpu: bool = True) -> DistContext:
+    """The context of this process: :data:`SINGLE` without a launcher or with ``WORLD_SIZE=1``, else a
+    joined process group (``nccl`` where CUDA is available, ``gloo`` otherwise, or ``backend``)."""
+    world = env_world_size()
+    if world <= 1:
+        return SINGLE
+    rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", os.environ["RANK"]))
+    if pin_gpu and backend != "gloo":
+        _pin_gpu(local_rank)
+    import torch
+    import torch.distributed as dist
+
+    global _OBJECT_GROUP
+    timeout = timedelta(minutes=float(os.environ.get("UNIFIEDPLAYERS_DIST_TIMEOUT_MIN", "120")))
+    if not dist.is_initialized():
+        chosen = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+        if chosen == "nccl":
+            torch.cuda.set_device(0)  # the one visible GPU
+        dist.init_process_group(backend=chosen, timeout=timeout)
+    if dist.get_backend() == "nccl" and _OBJECT_GROUP is None:
+        _OBJECT_GROUP = dist.new_group(backend="gloo", timeout=timeout)  # pickled objects travel on the host
+    return DistContext(rank=rank, world_size=world, local_rank=local_rank)
+
+
+def destroy(ctx: DistContext) -> None:
+    if ctx.enabled:
+        import torch.distributed as dist
+
+        global _OBJECT_GROUP
+        if dist.is_initialized():
+            dist.barrier(group=_OBJECT_GROUP)
+            dist.destroy_process_group()
+        _OBJECT_GROUP = None

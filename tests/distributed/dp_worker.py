@@ -1,0 +1,27 @@
+"""One rank of a data-parallel run on the tiny random model (launched by tests/distributed/test_data_parallel.py
+under torchrun): runs or resumes the run, then dumps this rank's weights of the three players."""
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from unifiedplayers.config import compose
+from unifiedplayers.distributed import destroy, init_distributed
+from unifiedplayers.schedule import OuterLoop
+
+
+def main(run_dir: str, dump: str, *overrides: str) -> None:
+    torch.set_num_threads(1)
+    dist = init_distributed()
+    try:
+        loop = OuterLoop(compose(["experiment=tiny", *overrides]), run_dir, dist=dist)
+        loop.run()
+        torch.save({role: {k: v.detach().clone() for k, v in p.model.state_dict().items()}
+                    for role, p in loop.players.items()}, f"{dump}.rank{dist.rank}.pt")
+    finally:
+        destroy(dist)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

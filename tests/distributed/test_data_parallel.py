@@ -1,0 +1,103 @@
+"""One run over two data-parallel ranks (gloo, CPU) on the tiny random model, launched with torchrun as
+a subprocess: records, metrics and checkpoints are written once (by rank 0), both ranks end with
+identical weights, every trained player moved, and a stopped run resumes over the same two ranks."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from unifiedplayers.config import compose
+from unifiedplayers.distributed import DistContext, share
+from unifiedplayers.logging import read_metrics
+from unifiedplayers.records import load_records
+from unifiedplayers.schedule import OuterLoop
+
+pytestmark = [pytest.mark.cpu, pytest.mark.slow]
+
+WORKER = Path(__file__).with_name("dp_worker.py")
+# One outer iteration: 2 Planning updates, 1 Execution, 1 Evaluation; micro-batches of one sample, so each
+# rank gets one of the two. The random model's rewards are all equal (zero advantages), so the first
+# update's gradient is zero; the second Planning update has a KL gradient (π_θ ≠ π_ref after the first
+# step's weight decay) that differs between the ranks' micro-batches: only the gradient all-reduce keeps
+# the two ranks' weights equal.
+OVERRIDES = ["trainer.micro_batch_size=1", "schedule.planning_updates=2"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(run_dir: Path, dump: Path, *overrides: str) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[2] / "src")}
+    env.pop("WORLD_SIZE", None)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
+           str(WORKER), str(run_dir), str(dump), *OVERRIDES, *overrides]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
+
+
+def same(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_share_splits_n_samples_over_the_ranks():
+    assert [share(8, r, 3) for r in range(3)] == [3, 3, 2]
+    assert [share(1, r, 2) for r in range(2)] == [1, 0]
+    assert sum(share(7, r, 4) for r in range(4)) == 7
+    single = DistContext()
+    assert single.sample_split(3, lambda n, rank: [[("p", n, rank)]], 1) == [[("p", 3, 0)]]
+    assert single.broadcast("x") == "x" and single.gather(1) == [1] and not single.enabled
+
+
+def test_several_ranks_need_the_torch_trainer_and_hf_rollouts(tmp_path):
+    two = DistContext(rank=0, world_size=2)
+    with pytest.raises(NotImplementedError, match="trainer=torch"):
+        OuterLoop(compose(["experiment=tiny", "trainer=deepspeed_zero2"]), tmp_path, dist=two)
+    with pytest.raises(NotImplementedError, match="rollout=hf"):
+        OuterLoop(compose(["experiment=tiny", "rollout=vllm"]), tmp_path, dist=two)
+
+
+def test_two_ranks_write_once_and_end_with_identical_weights(tmp_path):
+    run_dir, dump = tmp_path / "run", tmp_path / "weights"
+    # Stop after the Planning block, then resume the Execution and Evaluation updates on the same two ranks.
+    torchrun(run_dir, dump, "schedule.max_updates=2")
+    first = [torch.load(f"{dump}.rank{r}.pt", weights_only=True) for r in (0, 1)]
+    assert len(read_metrics(run_dir)) == 2
+    torchrun(run_dir, dump, "resume=true")
+    final = [torch.load(f"{dump}.rank{r}.pt", weights_only=True) for r in (0, 1)]
+
+    for role in ("planning", "execution", "evaluation"):
+        assert same(final[0][role], final[1][role]), role  # the data-parallel step keeps the ranks identical
+        assert same(first[0][role], first[1][role]), role
+    assert not same(first[0]["planning"], first[0]["evaluation"])  # the trained players moved
+    assert not same(first[0]["evaluation"], final[0]["evaluation"])
+
+    metrics = read_metrics(run_dir)
+    assert [(m["block"], m["update"]) for m in metrics] == [
+        ("planning", 0), ("planning", 1), ("execution", 0), ("evaluation", 0)]
+    assert all(m[f"{m['block']}/skipped"] == 0.0 for m in metrics)
+    assert metrics[1]["planning/grad_norm"] > 0  # a real gradient, summed over the ranks
+    records = load_records(run_dir / "records.jsonl")
+    ids = [r.task_id for r in records]
+    assert len(ids) == len(set(ids))  # written once, by rank 0
+    played = [r for r in records if r.meta["status"] == "played"]
+    # Planning updates: 1 prompt x G_T = 2 tasks, one drawn by each rank; K = 2 trajectories and M = 2
+    # verifiers per task, one of each drawn by each rank and gathered on rank 0.
+    assert len(played) == 2 + 2 + 1 + 1
+    assert all(len(r.trajectories) == 2 and r.num_generated == 2 for r in played)
+    state = torch.load(run_dir / "state.pt", weights_only=False)
+    assert state["finished"] and state["world_size"] == 2 and state["records"] == len(records)
+    for role in ("planning", "execution", "evaluation"):
+        saved = torch.load(run_dir / "checkpoints" / "iter1" / role / "model.pt", weights_only=True)
+        assert same(saved, final[0][role])
+    assert not list(run_dir.glob("**/*.tmp-*"))
+    with pytest.raises(ValueError, match="2 rank"):  # the rank count is part of the run
+        OuterLoop(compose(["experiment=tiny", *OVERRIDES, "resume=true", "schedule.max_updates=0"]), run_dir).run()
