@@ -429,3 +429,29 @@ def test_working_directory_removed_whatever_the_call_left_in_it(sb, tmp_path):
     assert r.exit_code == 0, r.stderr
     assert not os.path.lexists(r.stdout.strip())
     assert (keep / "keep.txt").read_text() == "x"
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="the private tmpfs is mounted as root only")
+def test_working_directories_live_in_a_private_size_capped_tmpfs():
+    code = textwrap.dedent("""
+        import os
+        written = 0
+        try:
+            for i in range(8):
+                with open("f%d" % i, "wb") as f:
+                    f.write(b"x" * (2 << 20))
+                written += 2
+        except OSError as exc:
+            print("stopped", exc.errno, written, os.getcwd())
+    """)
+    with Sandbox(SandboxConfig(workdir_tmpfs_mb=6, max_file_mb=16)) as box:
+        assert box.isolation["tmpfs"]
+        r = box.run(code)
+        stopped, errno_, written, cwd = r.stdout.split()
+        assert (stopped, int(errno_)) == ("stopped", 28) and int(written) <= 6  # ENOSPC at the cap
+        # The mount is the server's own: the host sees an empty directory where the calls' files are.
+        assert not os.path.exists(cwd)
+        server_view = f"/proc/{box._proc.pid}/root{cwd}"
+        assert not os.path.exists(server_view)  # removed after the call, seen from inside too
+        assert os.path.isdir(os.path.dirname(server_view))  # (the slot's directory is there)
+        assert box.run(code).stdout.startswith("stopped 28")  # the space came back

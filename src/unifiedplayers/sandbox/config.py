@@ -22,3 +22,5 @@ class SandboxConfig:
     landlock: bool = True  # restrict file access to the working directory and the standard library
     require_isolation: bool = False  # fail at start-up if a layer (netns, uid drop, Landlock) is unavailable
     workdir_root: Optional[str] = None  # parent of the per-call working directories (default: system temp)
+    workdir_tmpfs_mb: int = 512  # as root: the working directories live in a private tmpfs of this size
+    #                              (shared by all calls at once; 0 = on disk under workdir_root)
