@@ -455,3 +455,13 @@ def test_working_directories_live_in_a_private_size_capped_tmpfs():
         assert not os.path.exists(server_view)  # removed after the call, seen from inside too
         assert os.path.isdir(os.path.dirname(server_view))  # (the slot's directory is there)
         assert box.run(code).stdout.startswith("stopped 28")  # the space came back
+
+
+def test_many_distinct_sources_each_run_its_own_code(sb):
+    # More sources than a forker caches (64): evicted, re-sent, recompiled, never mixed up.
+    items = [(f"def f(p):\n    return [{i}, p]", "f", i) for i in range(80)]
+    big = "X = 0\n" + "# padding\n" * 8000 + "def f(p):\n    return ['big', p]"  # > 64 KB: not cached
+    for _ in range(2):
+        results = sb.call_many(items + [(big, "f", -1)] + items[::-1])
+        assert [r.value for r in results] == [[i, i] for i in range(80)] + [["big", -1]] + \
+            [[i, i] for i in reversed(range(80))]
