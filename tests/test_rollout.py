@@ -90,6 +90,24 @@ def test_rows_do_not_depend_on_their_batch_mates(tiny):
         assert torch.allclose(torch.tensor(a[0].logprobs), torch.tensor(b[0].logprobs), atol=1e-5)
 
 
+def test_one_prefill_per_distinct_prompt_and_one_row_per_sample(tiny):
+    model, tok = tiny
+    engine = build_rollout(RolloutConfig(batch_size=0), model, tok)
+    prompts = [chat(tok, "one"), chat(tok, "a second, longer prompt")]
+    shapes = []
+    hook = model.register_forward_pre_hook(lambda m, a, kw: shapes.append(tuple(kw["input_ids"].shape)), with_kwargs=True)
+    try:
+        outs = engine.generate(prompts, n=4, max_new_tokens=3, ignore_eos=True, seed=0)
+    finally:
+        hook.remove()
+    assert shapes[0][0] == 2 and shapes[1:] == [(8, 1), (8, 1)]  # prefill of the 2 prompts, then 8 rows
+    for p, row in zip(prompts, outs):  # each sample continues its own prompt
+        for c in row:
+            ref, _ = teacher_forced(model, c.prompt_ids, c.token_ids)
+            assert c.prompt_ids == tok(p, add_special_tokens=False)["input_ids"]
+            assert torch.allclose(torch.tensor(c.logprobs), ref, atol=1e-4)
+
+
 def test_a_seed_reproduces_a_call_and_another_seed_does_not(tiny, engine):
     _, tok = tiny
     prompts = [chat(tok, "seed test"), "another"]

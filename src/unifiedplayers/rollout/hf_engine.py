@@ -11,6 +11,12 @@ its own, and the whole thing should read top to bottom. One step:
 
 Rows (prompt × sample) are batched with left padding; pads are masked out of attention and the
 position ids count only real tokens, so a row's result does not depend on its batch-mates.
+
+What makes it at least as fast as ``model.generate`` on CPU:
+- one prefill per distinct prompt of a batch, its KV cache copied to the prompt's n rows;
+- a KV cache sized for the whole generation up front, written in place at each step (transformers'
+  dynamic cache concatenates, i.e. copies the whole cache of every layer, at every step);
+- no attention mask at all when the rows of a batch have no padding (one prompt's n samples).
 """
 from __future__ import annotations
 
@@ -22,6 +28,11 @@ import torch
 from unifiedplayers.config import RolloutConfig
 from unifiedplayers.rollout.base import RolloutEngine
 from unifiedplayers.rollout.types import Completion, find_stop
+
+try:  # transformers >= 4.56: caches are lists of per-layer objects
+    from transformers.cache_utils import DynamicLayer
+except ImportError:  # older transformers: every row is prefilled and the returned cache grows by concatenation
+    DynamicLayer = None
 
 
 def top_p_mask(logits: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -76,6 +87,51 @@ def _forward_keywords(model: Any) -> tuple[str, dict[str, Any]]:
 def _returned_cache(out: Any) -> Any:
     cache = getattr(out, "cache", None)
     return cache if cache is not None else out.past_key_values
+
+
+if DynamicLayer is not None:
+
+    class PreallocatedLayer(DynamicLayer):
+        """A transformers cache layer whose keys and values live in buffers sized for the whole generation:
+        ``update`` writes the new positions in place and returns views of the filled part."""
+
+        def __init__(self, keys: torch.Tensor, values: torch.Tensor, capacity: int) -> None:
+            super().__init__()
+            batch, heads, length, dim = keys.shape
+            self._keys = keys.new_empty((batch, heads, capacity, dim))
+            self._values = values.new_empty((batch, heads, capacity, values.shape[-1]))
+            self._keys[:, :, :length] = keys
+            self._values[:, :, :length] = values
+            self.length = length
+            self.keys, self.values = self._keys[:, :, :length], self._values[:, :, :length]
+            self.device, self.is_initialized = keys.device, True
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            end = self.length + key_states.shape[-2]
+            if end > self._keys.shape[2]:
+                raise RuntimeError(f"KV cache sized for {self._keys.shape[2]} positions, asked for {end}")
+            self._keys[:, :, self.length : end] = key_states
+            self._values[:, :, self.length : end] = value_states
+            self.length = end
+            self.keys, self.values = self._keys[:, :, :end], self._values[:, :, :end]
+            return self.keys, self.values
+
+        def get_seq_length(self) -> int:
+            return self.length
+
+
+def expand_prefill_cache(cache: Any, rows: torch.Tensor, capacity: int) -> bool:
+    """Turn the cache of a prefill over distinct prompts into the cache of the batch's rows (row ``b`` continues
+    prompt ``rows[b]``), each layer preallocated for ``capacity`` positions. False (cache untouched) when the
+    cache is not made of plain dynamic layers (sliding windows, older transformers)."""
+    layers = getattr(cache, "layers", None)
+    if DynamicLayer is None or not layers or any(type(layer) is not DynamicLayer for layer in layers):
+        return False
+    for i, layer in enumerate(layers):
+        cache.layers[i] = PreallocatedLayer(
+            layer.keys.index_select(0, rows), layer.values.index_select(0, rows), capacity
+        )
+    return True
 
 
 class HFRollout(RolloutEngine):
@@ -160,19 +216,38 @@ class HFRollout(RolloutEngine):
             budgets.append(budget)
         eos = set() if ignore_eos else self._eos_ids()
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        batch, width = len(prompts), max(len(p) for p in prompts)
-        input_ids = torch.full((batch, width), pad, dtype=torch.long)
-        attention = torch.zeros((batch, width), dtype=torch.long)
-        for b, ids in enumerate(prompts):
+        batch, width, steps = len(prompts), max(len(p) for p in prompts), max(budgets)
+        padded = any(len(p) != width for p in prompts)
+        # One prefill per distinct prompt (the n samples of a prompt share it), then one row per sample.
+        distinct: dict[tuple[int, ...], int] = {}
+        row_of = [distinct.setdefault(tuple(ids), len(distinct)) for ids in prompts]
+        share = DynamicLayer is not None
+        prefill = [list(ids) for ids in distinct] if share else prompts
+        input_ids = torch.full((len(prefill), width), pad, dtype=torch.long)
+        attention = torch.zeros((len(prefill), width), dtype=torch.long)
+        for b, ids in enumerate(prefill):
             input_ids[b, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
             attention[b, width - len(ids) :] = 1
         input_ids, attention = input_ids.to(device), attention.to(device)
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
 
         out = self.model(
-            input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True, **self._prefill_kw
+            input_ids=input_ids,
+            attention_mask=attention if padded else None,  # no padding: plain causal attention
+            position_ids=positions,
+            use_cache=True,
+            **self._prefill_kw,
         )
-        cache, next_pos = _returned_cache(out), positions[:, -1:] + 1
+        cache, logits = _returned_cache(out), out.logits[:, -1, :]
+        if share:
+            rows = torch.tensor(row_of, dtype=torch.long, device=device)
+            if not expand_prefill_cache(cache, rows, width + steps):
+                cache.batch_select_indices(rows)
+            logits, positions, attention = (t.index_select(0, rows) for t in (logits, positions, attention))
+        next_pos = positions[:, -1:] + 1
+        if padded:  # the attention mask of every step, filled in advance: pads 0, everything after them 1
+            full_attention = attention.new_ones((batch, width + steps))
+            full_attention[:, :width] = attention
         tokens: list[list[int]] = [[] for _ in range(batch)]
         logps: list[list[float]] = [[] for _ in range(batch)]
         texts = [""] * batch
@@ -180,8 +255,8 @@ class HFRollout(RolloutEngine):
         stop_at: list[Optional[tuple[int, str]]] = [None] * batch
         longest_stop = max((len(s) for s in stop), default=0)
 
-        for _ in range(max(budgets)):
-            nxt, lp = sample_next(out.logits[:, -1, :].float(), temperature, top_p, greedy, generator)
+        for step in range(steps):
+            nxt, lp = sample_next(logits.float(), temperature, top_p, greedy, generator)
             nxt_list, lp_list = nxt.tolist(), lp.tolist()
             for b in range(batch):
                 if finish[b] is not None:
@@ -204,12 +279,14 @@ class HFRollout(RolloutEngine):
             if all(f is not None for f in finish):
                 break
             step_ids = torch.tensor([t[-1] for t in tokens], dtype=torch.long, device=device)[:, None]
-            attention = torch.cat([attention, attention.new_ones((batch, 1))], dim=-1)
             out = self.model(
-                input_ids=step_ids, attention_mask=attention, position_ids=next_pos, use_cache=True,
+                input_ids=step_ids,
+                attention_mask=full_attention[:, : width + step + 1] if padded else None,
+                position_ids=next_pos,
+                use_cache=True,
                 **{self._cache_arg: cache},
             )
-            cache, next_pos = _returned_cache(out), next_pos + 1
+            cache, logits, next_pos = _returned_cache(out), out.logits[:, -1, :], next_pos + 1
 
         results = []
         for b in range(batch):
