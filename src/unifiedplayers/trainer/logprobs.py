@@ -4,9 +4,17 @@ A full ``model(input_ids).logits`` materialises (B, L, V) floats; with V = 49k (
 tokens that is 480 MB before the log-softmax doubles it. The loss only needs the log-prob of the
 *trainable* tokens, so we run the decoder body, gather the hidden states at the positions that predict
 those tokens and apply the LM head to these rows only (M × V instead of B × L × V).
+
+Two more savings, both exact up to float rounding:
+- the rows of a GRPO group start with the same prompt, so the decoder runs that shared prefix once and
+  the rows continue from its KV cache (:func:`decoder_hidden`);
+- the LM head, log-softmax and entropy are one autograd function (:class:`HeadLogprob`) whose backward is
+  the two LM-head matmuls and nothing else: the softmax it needs is kept from the forward pass (or
+  recomputed chunk by chunk when memory is short).
 """
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Optional
 
@@ -33,6 +41,50 @@ class TokenLogprobs:
     entropy: Optional[Tensor]  # (B, L) token entropy at selected positions (no grad), or None
 
 
+def shared_prefix_length(input_ids: Tensor, attention_mask: Tensor) -> int:
+    """Number of leading positions where every row holds the same real token. ``input_ids``: (B, L)."""
+    same = (input_ids == input_ids[:1]).all(dim=0) & attention_mask.bool().all(dim=0)
+    return int(same.long().cumprod(dim=0).sum())
+
+
+def _cache_keyword(body: nn.Module) -> str:
+    """The forward() keyword of the KV cache: ``cache`` from transformers 5.2x, ``past_key_values`` before."""
+    return "cache" if "cache" in inspect.signature(body.forward).parameters else "past_key_values"
+
+
+def _activation_checkpointing(model: nn.Module) -> bool:
+    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):  # the first from transformers 5.x
+        if hasattr(type(model), name):
+            return bool(getattr(model, name))
+    return False
+
+
+def decoder_hidden(body: nn.Module, input_ids: Tensor, attention_mask: Tensor, min_shared_prefix: int = 0) -> Tensor:
+    """Last hidden states (B, L, H) of the decoder body over right-padded rows.
+
+    With ``min_shared_prefix > 0`` and at least that many leading tokens common to all rows (the prompt of
+    a group's samples), the prefix runs once and every row continues from a copy of its KV cache; the
+    gradient of all rows flows back through the one prefix pass. Same values as running every row in full.
+    """
+    batch, length = input_ids.shape
+    prefix = min(shared_prefix_length(input_ids, attention_mask), length - 1) if batch > 1 and min_shared_prefix > 0 else 0
+    if prefix < min_shared_prefix or prefix <= 0:
+        return body(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+    head = body(input_ids=input_ids[:1, :prefix], use_cache=True)
+    cache = getattr(head, "cache", None)
+    cache = cache if cache is not None else head.past_key_values
+    cache.batch_repeat_interleave(batch)
+    positions = torch.arange(prefix, length, device=input_ids.device).expand(batch, -1)
+    rest = body(
+        input_ids=input_ids[:, prefix:],
+        attention_mask=attention_mask,
+        position_ids=positions,
+        use_cache=True,
+        **{_cache_keyword(body): cache},
+    ).last_hidden_state
+    return torch.cat([head.last_hidden_state.expand(batch, -1, -1), rest], dim=1)
+
+
 def selected_token_logprobs(
     model: nn.Module,
     input_ids: Tensor,
@@ -41,6 +93,7 @@ def selected_token_logprobs(
     with_entropy: bool = False,
     temperature: float = 1.0,
     chunk_rows: int = 0,
+    min_shared_prefix: int = 16,
 ) -> TokenLogprobs:
     """log π(input_ids[b, t] | input_ids[b, :t]) for every (b, t) with ``select[b, t]``.
 
@@ -52,32 +105,40 @@ def selected_token_logprobs(
         with_entropy: also return the entropy of the predictive distribution at those positions.
         temperature: logits are divided by it (match the sampler's temperature).
         chunk_rows: > 0: never hold more than this many rows of (rows, V) logits, forward or backward
-            (:class:`ChunkedHeadLogprob`; the backward recomputes the logits chunk by chunk). 0: one
-            (M, V) block kept for autograd, faster by one LM-head matmul. A head with a bias, or one
-            whose weight is sharded (ZeRO-3), always takes the plain path.
+            (the backward recomputes the logits chunk by chunk: one more LM-head matmul). 0: the (M, V)
+            softmax is kept for the backward. A head with a bias, or one whose weight is sharded
+            (ZeRO-3), takes plain autograd.
+        min_shared_prefix: a prefix of at least this many tokens common to all rows runs once
+            (:func:`decoder_hidden`); 0 never shares. Not used with gradient checkpointing or ZeRO-3.
     Returns:
         :class:`TokenLogprobs` with (B, L) tensors, zeros where not selected.
     """
     if bool(select[:, 0].any()):
         raise ValueError("the first token of a sequence has no prediction; mask it out of the loss")
     body, head = split_causal_lm(model)
-    hidden = body(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+    weight = getattr(head, "weight", None)
+    zero3 = weight is not None and hasattr(weight, "ds_id")  # parameters gathered per module call
+    if _activation_checkpointing(model) or zero3:
+        min_shared_prefix = 0
+    hidden = decoder_hidden(body, input_ids, attention_mask, min_shared_prefix)
     # Position t - 1 predicts token t.
     pred_select = torch.zeros_like(select)
     pred_select[:, :-1] = select[:, 1:]
     rows = hidden[pred_select]  # (M, H)
     targets = input_ids[select]  # (M,)
-    weight = getattr(head, "weight", None)
-    chunkable = (
-        chunk_rows > 0
-        and isinstance(head, nn.Linear)
+    fused = (
+        isinstance(head, nn.Linear)
         and head.bias is None
         and weight is not None
         and weight.dim() == 2
-        and weight.shape[1] == rows.shape[-1]  # a ZeRO-3 partitioned weight is a flat placeholder
+        and weight.shape[1] == rows.shape[-1]
+        and not zero3  # the weight saved for backward would be released (partitioned) by then
     )
-    if chunkable:
-        chosen, h = ChunkedHeadLogprob.apply(rows, weight, targets, chunk_rows, 1.0 / temperature, with_entropy)
+    if fused:
+        keep_probs = chunk_rows <= 0 and torch.is_grad_enabled() and (rows.requires_grad or weight.requires_grad)
+        chosen, h = HeadLogprob.apply(
+            rows, weight, targets, chunk_rows if chunk_rows > 0 else _ROWS, 1.0 / temperature, with_entropy, keep_probs
+        )
     else:
         logits = head(rows).float()  # (M, V)
         if temperature != 1.0:
@@ -102,57 +163,101 @@ def _entropy_rows(logits: Tensor, lse: Tensor, chunk: int) -> Tensor:
     return out
 
 
-class ChunkedHeadLogprob(torch.autograd.Function):
-    """log softmax(h W^T / T)[target] for rows of h, chunk by chunk, without keeping (M, V) logits.
+_ROWS = 256  # rows of (rows, V) logits at a time when no chunk size is given
+_BLOCK = 16  # rows per pass of the softmax statistics: two (16, V) blocks stay in the L3 cache
 
-    Forward keeps only h, W, the targets and the row log-sum-exps; backward recomputes each chunk's
-    logits: d logp / d z = onehot(target) − softmax(z), then d h = (d z / T) W and d W = (d z / T)^T h.
+
+def _logits_into(out: Tensor, hidden: Tensor, weight: Tensor, inv_temp: float) -> Tensor:
+    """out[:] = hidden W^T / T in float32, written in place (out: (rows, V) float32)."""
+    if hidden.dtype == torch.float32 and weight.dtype == torch.float32:
+        torch.mm(hidden, weight.t(), out=out)
+    else:
+        out.copy_(hidden @ weight.t())
+    if inv_temp != 1.0:
+        out.mul_(inv_temp)
+    return out
+
+
+def _softmax_stats_(z: Tensor, targets: Tensor, lse: Tensor, chosen: Tensor, ent: Optional[Tensor], to_probs: bool) -> None:
+    """Per row of logits ``z`` (rows, V): lse = log Σ exp z, chosen = z[target] − lse, the entropy
+    H = log Σ e − Σ e·t / Σ e with t = z − max z and e = exp t, and with ``to_probs`` z := softmax(z) in place.
+    ``z`` is overwritten either way. A few rows at a time, so that the passes run from cache, not memory."""
+    block = torch.empty(min(_BLOCK, z.shape[0]), z.shape[1], dtype=z.dtype, device=z.device)
+    for s in range(0, z.shape[0], _BLOCK):
+        t, e = z[s : s + _BLOCK], block[: min(_BLOCK, z.shape[0] - s)]
+        top = t.amax(dim=-1, keepdim=True)
+        t.sub_(top)
+        torch.exp(t, out=e)
+        total = e.sum(dim=-1, keepdim=True)
+        log_total = total.log()
+        lse[s : s + _BLOCK] = (top + log_total).squeeze(-1)
+        chosen[s : s + _BLOCK] = (t.gather(-1, targets[s : s + _BLOCK, None]) - log_total).squeeze(-1)
+        if ent is not None:
+            ent[s : s + _BLOCK] = (log_total - torch.bmm(e[:, None, :], t[:, :, None]).squeeze(-1) / total).squeeze(-1)
+        if to_probs:
+            torch.div(e, total, out=t)
+
+
+class HeadLogprob(torch.autograd.Function):
+    """log softmax(h W^T / T)[target] (and optionally the entropy) for rows of h, without autograd's
+    (M, V) temporaries.
+
+    With ``keep_probs`` the forward fills one (M, V) float32 block with the softmax P and keeps it; the
+    backward turns it in place into d logp / d z = onehot(target) − P scaled by the incoming gradient and
+    does the two matmuls d h = (d z / T) W, d W = (d z / T)^T h. Without it, nothing of size V outlives a
+    chunk of ``chunk`` rows, and the backward recomputes each chunk's logits.
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, chunk, inv_temp, with_entropy):
-        m = hidden.shape[0]
+    def forward(ctx, hidden, weight, targets, chunk, inv_temp, with_entropy, keep_probs):
+        m, vocab = hidden.shape[0], weight.shape[0]
         chosen = torch.empty(m, dtype=torch.float32, device=hidden.device)
         lse = torch.empty(m, dtype=torch.float32, device=hidden.device)
         ent = torch.empty(m, dtype=torch.float32, device=hidden.device) if with_entropy else None
-        for s in range(0, m, chunk):
-            z = (hidden[s : s + chunk] @ weight.t()).float()
-            if inv_temp != 1.0:
-                z = z * inv_temp
-            l = torch.logsumexp(z, dim=-1)
-            lse[s : s + chunk] = l
-            chosen[s : s + chunk] = z.gather(-1, targets[s : s + chunk, None]).squeeze(-1) - l
-            if with_entropy:
-                ent[s : s + chunk] = l - (torch.exp(z - l[:, None]) * z).sum(-1)
-        ctx.save_for_backward(hidden, weight, targets, lse)
-        ctx.chunk, ctx.inv_temp = chunk, inv_temp
+        if keep_probs:  # one LM-head matmul over all rows; its output becomes the kept softmax
+            probs = _logits_into(torch.empty(m, vocab, dtype=torch.float32, device=hidden.device), hidden, weight, inv_temp)
+            _softmax_stats_(probs, targets, lse, chosen, ent, to_probs=True)
+        else:
+            buffer = torch.empty(min(chunk, m), vocab, dtype=torch.float32, device=hidden.device)
+            for s in range(0, m, chunk):
+                e = min(s + chunk, m)
+                z = _logits_into(buffer[: e - s], hidden[s:e], weight, inv_temp)
+                _softmax_stats_(z, targets[s:e], lse[s:e], chosen[s:e], None if ent is None else ent[s:e], to_probs=False)
+        ctx.keep_probs, ctx.chunk, ctx.inv_temp = keep_probs, chunk, inv_temp
+        ctx.save_for_backward(hidden, weight, targets, probs if keep_probs else lse)
         if ent is not None:
             ctx.mark_non_differentiable(ent)
         return chosen, ent
 
     @staticmethod
     def backward(ctx, grad_chosen, grad_ent):
-        hidden, weight, targets, lse = ctx.saved_tensors
-        grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
-        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if ctx.needs_input_grad[1] else None
+        hidden, weight, targets, saved = ctx.saved_tensors
+        g = grad_chosen.float() * ctx.inv_temp  # d z of a row = g (onehot − softmax) / T
+        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        if ctx.keep_probs:
+            # The kept softmax becomes d z in place (a second backward through this graph fails loudly:
+            # autograd sees the saved tensor modified).
+            dz = saved.mul_(-g[:, None]).scatter_add_(-1, targets[:, None], g[:, None])
+            grad_hidden = dz.to(hidden.dtype) @ weight if need_h else None
+            grad_weight = (dz.t() @ hidden.float()).to(weight.dtype) if need_w else None
+            return grad_hidden, grad_weight, None, None, None, None, None
+        lse = saved
+        grad_hidden = torch.empty_like(hidden) if need_h else None
+        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if need_w else None
+        buffer = torch.empty(min(ctx.chunk, hidden.shape[0]), weight.shape[0], dtype=torch.float32, device=hidden.device)
         for s in range(0, hidden.shape[0], ctx.chunk):
             h = hidden[s : s + ctx.chunk]
-            z = (h @ weight.t()).float()
-            if ctx.inv_temp != 1.0:
-                z = z * ctx.inv_temp
-            g = grad_chosen[s : s + ctx.chunk].float()
-            dz = torch.exp(z - lse[s : s + ctx.chunk, None]).mul_(-g[:, None])  # −g · softmax
-            dz.scatter_add_(-1, targets[s : s + ctx.chunk, None], g[:, None])  # + g · onehot
-            if ctx.inv_temp != 1.0:
-                dz.mul_(ctx.inv_temp)
-            dz = dz.to(hidden.dtype)
+            z = _logits_into(buffer[: h.shape[0]], h, weight, ctx.inv_temp)
+            gs = g[s : s + ctx.chunk]
+            dz = z.sub_(lse[s : s + ctx.chunk, None]).exp_().mul_(-gs[:, None])  # −g · softmax / T
+            dz.scatter_add_(-1, targets[s : s + ctx.chunk, None], gs[:, None])  # + g · onehot / T
             if grad_hidden is not None:
-                grad_hidden[s : s + ctx.chunk] = dz @ weight
+                grad_hidden[s : s + ctx.chunk] = dz.to(hidden.dtype) @ weight
             if grad_weight is not None:
-                grad_weight.addmm_(dz.t().float(), h.float())
+                grad_weight.addmm_(dz.t(), h.float())
         if grad_weight is not None:
             grad_weight = grad_weight.to(weight.dtype)
-        return grad_hidden, grad_weight, None, None, None, None
+        return grad_hidden, grad_weight, None, None, None, None, None
 
 
 class TokenLogprobModel(nn.Module):
@@ -162,11 +267,12 @@ class TokenLogprobModel(nn.Module):
     module rather than the LM, so the memory-lean log-prob path still goes through their ``forward``.
     """
 
-    def __init__(self, lm: nn.Module, temperature: float = 1.0, chunk_rows: int = 0) -> None:
+    def __init__(self, lm: nn.Module, temperature: float = 1.0, chunk_rows: int = 0, min_shared_prefix: int = 16) -> None:
         super().__init__()
         self.lm = lm
         self.temperature = temperature
         self.chunk_rows = chunk_rows
+        self.min_shared_prefix = min_shared_prefix
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, select: Tensor, with_entropy: bool = False):
         return selected_token_logprobs(
@@ -177,6 +283,7 @@ class TokenLogprobModel(nn.Module):
             with_entropy=with_entropy,
             temperature=self.temperature,
             chunk_rows=self.chunk_rows,
+            min_shared_prefix=self.min_shared_prefix,
         )
 
 
