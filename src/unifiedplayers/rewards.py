@@ -254,6 +254,12 @@ def _serve_stdio() -> None:  # pragma: no cover - runs in the guard process
         pass
     out = os.fdopen(os.dup(1), "w")
     sys.stdout = sys.stderr  # nothing a library prints can corrupt the replies
+    try:  # import the matcher before saying ready: its start-up is not charged to the first request
+        _math_clusters(["1", "1"])
+    except Exception:  # noqa: BLE001 - the requests fail the same way and fall back
+        pass
+    out.write("ready\n")
+    out.flush()
     for line in sys.stdin:
         try:
             reply = _math_clusters(json.loads(line))
@@ -278,15 +284,23 @@ class _ClusterGuard:
         self._proc: Any = None
         self._pid = 0
 
-    def _start(self) -> None:
+    startup_timeout_s = 120.0  # importing sympy and math-verify: seconds on a quiet machine, more under load
+
+    def _start(self) -> bool:
+        """Start the guard and wait until it has imported its matcher (not part of any request's time)."""
         import os
         import subprocess
         import sys
+        import time
 
         code = "from unifiedplayers.rewards import _serve_stdio; _serve_stdio()"
         self._proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                       stderr=subprocess.DEVNULL, close_fds=True)
         self._pid = os.getpid()
+        if self._read_line(time.monotonic() + self.startup_timeout_s) != b"ready\n":
+            self._stop()
+            return False
+        return True
 
     def _stop(self) -> None:
         if self._proc is not None:
@@ -323,7 +337,8 @@ class _ClusterGuard:
                 self._proc = None
             if self._proc is None or self._proc.poll() is not None:
                 self._stop()
-                self._start()
+                if not self._start():
+                    return None
             try:
                 self._proc.stdin.write(json.dumps(answers).encode() + b"\n")
                 self._proc.stdin.flush()
