@@ -269,6 +269,10 @@ class ScheduleConfig:
     # true skips them in the update (saves a forward/backward on CPU). The paper keeps them: false.
     drop_zero_advantage_groups: bool = False
     checkpoint_every_block: bool = True  # named checkpoint of the active player at each block end
+    # What a *finished* run keeps of its checkpoints (a finished run is never resumed): all; weights (no
+    # optimizer state or reference weights: a third of the size); execution_weights (only the Execution
+    # player's weights, what the evaluation harness reads; the ablation sweeps' smoke scale uses it).
+    checkpoint_retention: str = "all"  # all | weights | execution_weights
     # Stop this process after this many updates in total (the run stays resumable); None: run to the end.
     max_updates: Optional[int] = None
     # Print the readable summary (reward trajectories, a sample task/trajectory/verifier, a verdict matrix).

@@ -83,8 +83,10 @@ STATE_FILE = "state.pt"
 CONFIG_FILE = "config.yaml"
 BLOCK_ORDER = ROLES  # ("planning", "execution", "evaluation")
 FEEDBACK_MODES = ("fresh", "stale")
+RETENTION_MODES = ("all", "weights", "execution_weights")
 # Config keys that may change between a run and its resumption (they steer this process, not the result).
-RUN_CONTROL_KEYS = ("resume", "run_dir", "logger", "schedule.max_updates", "schedule.print_summary")
+RUN_CONTROL_KEYS = ("resume", "run_dir", "logger", "schedule.max_updates", "schedule.print_summary",
+                    "schedule.checkpoint_retention")
 EventHook = Callable[[str, "OuterLoop", "Slot"], None]
 
 
@@ -162,6 +164,8 @@ def validate(cfg: Any, dist: DistContext = SINGLE) -> None:
     s, p = cfg.schedule, cfg.player
     if s.feedback not in FEEDBACK_MODES:
         raise ValueError(f"schedule.feedback={s.feedback!r}: fresh | stale")
+    if s.checkpoint_retention not in RETENTION_MODES:
+        raise ValueError(f"schedule.checkpoint_retention={s.checkpoint_retention!r}: " + " | ".join(RETENTION_MODES))
     if s.outer_iterations < 0 or min(s.planning_updates, s.execution_updates, s.evaluation_updates) < 0:
         raise ValueError("schedule: iteration and update counts must be >= 0")
     for name in ("prompts_per_update", "tasks_per_prompt", "tasks_per_update", "task_attempts",
@@ -931,12 +935,31 @@ class OuterLoop:
         return m
 
     # ------------------------------------------------------------------ the end
+    def _prune_checkpoints(self) -> None:
+        """Apply ``schedule.checkpoint_retention`` to a finished run's checkpoints (idempotent)."""
+        keep = self.cfg.schedule.checkpoint_retention
+        root = self.run_dir / "checkpoints"
+        if keep == "all" or not self.finished or not root.is_dir():
+            return
+        for group in sorted(p for p in root.iterdir() if p.is_dir()):
+            if group.name == "published":  # stale feedback's snapshots: used while the run goes on only
+                shutil.rmtree(group, ignore_errors=True)
+                continue
+            for ckpt in sorted(p for p in group.iterdir() if p.is_dir()):
+                role = ckpt.name.split("-")[0]  # iter<N>/<role>, resume/<role>-a|b, published/<role>...
+                if keep == "execution_weights" and role != "execution":
+                    shutil.rmtree(ckpt, ignore_errors=True)
+                    continue
+                for name in ("optimizer.pt", "reference.pt"):
+                    (ckpt / name).unlink(missing_ok=True)
+
     def _finish(self, already: bool = False) -> dict[str, Any]:
         from unifiedplayers.summary import write_summary
 
         if not self.dist.is_main:
             return {"completed": self.completed, "finished": self.finished, "rank": self.dist.rank}
         summary, text = write_summary(self.run_dir, timing=self.timing if not already else None)
+        self._prune_checkpoints()
         if self.cfg.schedule.print_summary:
             print(text)
         return summary

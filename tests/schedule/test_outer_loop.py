@@ -243,6 +243,22 @@ def test_resume_of_a_finished_run_only_rewrites_the_summary(fresh):
     assert loop.finished and (d / "records.jsonl").read_bytes() == before
 
 
+def test_a_finished_run_keeps_what_checkpoint_retention_says(tmp_path):
+    d = tmp_path / "run"
+    loop = run(d, ["schedule.checkpoint_retention=weights"])
+    assert loop.finished
+    files = sorted(str(p.relative_to(d / "checkpoints")) for p in (d / "checkpoints").rglob("*.pt"))
+    assert any(f.endswith("execution/model.pt") for f in files) and any(f.endswith("planning/model.pt") for f in files)
+    assert not any(f.endswith(("optimizer.pt", "reference.pt")) for f in files), files
+    # Resuming the finished run with a stricter retention (a run-control key) prunes further.
+    run(d, ["resume=true", "schedule.checkpoint_retention=execution_weights"])
+    left = sorted(str(p.relative_to(d / "checkpoints")) for p in (d / "checkpoints").rglob("*") if p.is_file())
+    assert left and all("/execution/" in f for f in left), left
+    assert (d / "summary.json").exists()
+    with pytest.raises(ValueError, match="checkpoint_retention"):
+        run(tmp_path / "other", ["schedule.checkpoint_retention=none"])
+
+
 # ---------------------------------------------------------------- plan and seeds
 
 
