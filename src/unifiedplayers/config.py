@@ -308,6 +308,9 @@ class MethodConfig:
     planning_reward: str = "unifiedplayers"  # unifiedplayers (Eq. 2) | uncertainty_repetition (R-Zero-like)
     evaluation_reward: str = "verdict"  # verdict (Eq. 5)
     use_tools: bool = True
+    # false: no verifiers are written and no verdict matrices built (methods whose rewards read no verdict:
+    # R-Zero, Agent0, Absolute Zero); every role's reward source must then be verdict-free.
+    verifiers: bool = True
     tool_bonus: float = 0.0
     teacher_endpoint: Optional[str] = None
     teacher_model: Optional[str] = None

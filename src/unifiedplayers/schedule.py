@@ -715,13 +715,16 @@ class OuterLoop:
                                   seed=self._seed(slot, 20, rank), temperature=cfg.rollout.temperature,
                                   top_p=cfg.rollout.top_p),
             len(questions), to_all=False)
-        self._stage(f"evaluation: {len(tasks)} x {p.num_verifiers} verifiers")
         eval_engine, eval_ver = self._engine("evaluation", slot.role)
-        verifiers = self.dist.sample_split(
-            p.num_verifiers,
-            lambda n, rank: write_verifiers(eval_engine, self.tokenizer, p, questions, n,
-                                            seed=self._seed(slot, 30, rank)),
-            len(questions), to_all=False)
+        if cfg.method.verifiers:
+            self._stage(f"evaluation: {len(tasks)} x {p.num_verifiers} verifiers")
+            verifiers = self.dist.sample_split(
+                p.num_verifiers,
+                lambda n, rank: write_verifiers(eval_engine, self.tokenizer, p, questions, n,
+                                                seed=self._seed(slot, 30, rank)),
+                len(questions), to_all=False)
+        else:  # a verdict-free method: no Evaluation samples (M = 0 below)
+            verifiers = [[] for _ in questions] if self.dist.is_main else None
         sandbox_in_generation = self.sandbox.seconds - sandbox_before
         generation_s = time.perf_counter() - t - sandbox_in_generation
         if not self.dist.is_main:  # the other ranks only take part in the update
@@ -733,7 +736,10 @@ class OuterLoop:
         # 3. perturbations, 4. verdict matrices
         self._stage("sandbox: perturbations and verdicts")
         flat = [r.trajectory for task_rollouts in rollouts for r in task_rollouts]
-        variants_flat = self.perturber.perturb_many(flat)
+        if cfg.method.verifiers:
+            variants_flat = self.perturber.perturb_many(flat)
+        else:  # nothing would check the variants
+            variants_flat = [[None] * len(self.perturber.rules) for _ in flat]
         k = p.num_trajectories
         verdicts = []
         for i in progress(range(len(tasks)), desc="sandbox: verdicts", enabled=show, position=1):
@@ -919,8 +925,8 @@ class OuterLoop:
         m["execution/accuracy_vs_pool"] = _mean(acc)
         eval_r = [x for arr in role_rewards["evaluation"] for x in arr]
         m["evaluation/reward_mean"] = _mean(eval_r)
-        m["evaluation/valid_rate"] = (sum(len(vm.valid) for vm in verdicts) / sum(vm.num_generated for vm in verdicts)
-                                      if verdicts else None)
+        generated = sum(vm.num_generated for vm in verdicts)
+        m["evaluation/valid_rate"] = sum(len(vm.valid) for vm in verdicts) / generated if generated else None
         m["evaluation/rho_gold"] = _mean([x for f in feedback for x in f.rewards.gold])
         m["evaluation/rho_adv"] = _mean([x for f in feedback for x in f.rewards.adv])
         m["evaluation/rho_red"] = _mean([x for f in feedback for x in f.rewards.red])

@@ -231,6 +231,8 @@ def test_one_tiny_outer_iteration(method, extra, tmp_path, teacher_url):
     records = load_records(tmp_path / "records.jsonl")
     played = [r for r in records if r.trajectories]
     assert played
+    if method in ("agent0", "r_zero", "absolute_zero"):  # verdict-free: no verifier was written
+        assert not cfg.method.verifiers and all(not r.verifiers and r.num_generated == 0 for r in played)
     for rec in played:
         answers = [t.final_answer for t in rec.trajectories]
         rs = np.asarray(rec.rewards["execution"])
@@ -262,3 +264,11 @@ def test_use_tools_false_gives_one_generation_per_trajectory(tmp_path):
         is TASK_BUILDERS["code_reasoning"]
     with pytest.raises(ValueError, match="task_format"):
         OuterLoop(compose(["experiment=tiny", "+method.extra.task_format=nope"]), tmp_path / "d")
+
+
+def test_a_verdict_free_method_cannot_train_on_verdicts():
+    from unifiedplayers.methods import method_reward_sources
+
+    with pytest.raises(ValueError, match="execution_reward=verdict"):
+        method_reward_sources(compose(["method=r_zero", "method.execution_reward=verdict"]).method)
+    assert method_reward_sources(compose(["method=r_zero"]).method)  # its own composition is fine

@@ -90,6 +90,10 @@ def reward_source(role: str, name: str) -> Callable[[TaskFeedback], Any]:
         ) from None
 
 
+# (role, source) pairs that read the verdict matrix: a method with ``verifiers: false`` may not train with them.
+VERDICT_SOURCES = {("execution", "verdict"), ("planning", "unifiedplayers"), ("evaluation", "verdict")}
+
+
 def method_reward_sources(method_cfg: Any) -> dict[str, Callable[[TaskFeedback], Any]]:
     """The three reward functions named by ``cfg.method`` (fails at start-up on an unknown name)."""
     unknown = [r for r in method_cfg.roles if r not in ROLES]
@@ -100,6 +104,12 @@ def method_reward_sources(method_cfg: Any) -> dict[str, Callable[[TaskFeedback],
         "execution": reward_source("execution", method_cfg.execution_reward),
         "evaluation": reward_source("evaluation", method_cfg.evaluation_reward),
     }
+    if not getattr(method_cfg, "verifiers", True):
+        needing = [f"{role}_reward={getattr(method_cfg, role + '_reward')}" for role in method_cfg.roles
+                   if (role, getattr(method_cfg, role + "_reward")) in VERDICT_SOURCES]
+        if needing:
+            raise ValueError(f"method.verifiers=false, but the trained roles' rewards read verdicts: "
+                             f"{', '.join(needing)}")
     for name in {method_cfg.planning_reward, method_cfg.execution_reward, method_cfg.evaluation_reward}:
         if name in STARTUP_CHECKS:
             STARTUP_CHECKS[name](method_cfg)
