@@ -291,6 +291,20 @@ def result_config(cfg: Any) -> dict[str, Any]:
     return {k: v for k, v in flat.items() if not any(k == c or k.startswith(c + ".") for c in RUN_CONTROL_KEYS)}
 
 
+def _is_schema_default(key: str, value: Any) -> bool:
+    """Whether ``value`` is the typed schema's default for ``key``: a setting added to the code after a run
+    started, left at its default, is no change to that run (it behaves as before)."""
+    from unifiedplayers.config import Config
+
+    try:
+        default = OmegaConf.select(OmegaConf.structured(Config), key, throw_on_missing=False)
+    except Exception:  # noqa: BLE001 - an interpolation or a node without a default: treat as a change
+        return False
+    if OmegaConf.is_config(default):
+        default = OmegaConf.to_container(default, resolve=False)
+    return default is not None and default == value
+
+
 def _mean(xs: Sequence[float]) -> Optional[float]:
     xs = [float(x) for x in xs]
     return float(np.mean(xs)) if xs else None
@@ -378,7 +392,8 @@ class OuterLoop:
                 f"{self.run_dir} holds a run of {state.get('world_size', 1)} rank(s); resume it with as many "
                 f"(this process has {self.dist.world_size}): each rank's sampling seeds depend on the rank count")
         now, then = result_config(self.cfg), state["config"]
-        diff = sorted(k for k in set(now) | set(then) if now.get(k) != then.get(k))
+        diff = sorted(k for k in set(now) | set(then) if now.get(k) != then.get(k)
+                      and not (k not in then and _is_schema_default(k, now[k])))
         if diff:
             shown = ", ".join(f"{k}: {then.get(k)!r} -> {now.get(k)!r}" for k in diff[:8])
             raise ValueError(

@@ -236,6 +236,22 @@ def test_resume_refuses_a_changed_config(fresh):
     run(fresh[0], ["resume=true", "logger.progress=true", "schedule.max_updates=7"])  # run control may change
 
 
+def test_resume_accepts_a_setting_added_later_at_its_default(fresh, tmp_path):
+    # A run saved by older code lacks a key the code has since gained: at its default it is no change.
+    import shutil
+
+    d = tmp_path / "older"
+    shutil.copytree(fresh[0], d)
+    state = torch.load(d / "state.pt", weights_only=False)
+    state["config"].pop("method.verifiers")
+    state["config"].pop("schedule.checkpoint_retention", None)
+    torch.save(state, d / "state.pt")
+    assert run(d, ["resume=true"]).finished
+    with pytest.raises(ValueError, match="method.verifiers"):  # not at its default: a change
+        run(d, ["resume=true", "method.verifiers=false", "method.roles=[planning,execution]",
+                "method.planning_reward=uncertainty_repetition", "method.execution_reward=majority_vote"])
+
+
 def test_resume_of_a_finished_run_only_rewrites_the_summary(fresh):
     d = fresh[0]
     before = (d / "records.jsonl").read_bytes()
