@@ -108,6 +108,25 @@ def test_one_prefill_per_distinct_prompt_and_one_row_per_sample(tiny):
             assert torch.allclose(torch.tensor(c.logprobs), ref, atol=1e-4)
 
 
+def test_preallocated_cache_layer_grows_and_equals_concatenation():
+    from unifiedplayers.rollout.hf_engine import DynamicLayer
+
+    if DynamicLayer is None:
+        pytest.skip("transformers without per-layer caches")
+    from unifiedplayers.rollout.hf_engine import PreallocatedLayer
+
+    g = torch.Generator().manual_seed(0)
+    keys, values = torch.randn(2, 3, 5, 4, generator=g), torch.randn(2, 3, 5, 4, generator=g)
+    layer = PreallocatedLayer(keys, values, limit=12, room=2)
+    for n in (1, 1, 3, 2):  # grows from 7 positions to 12
+        k, v = torch.randn(2, 3, n, 4, generator=g), torch.randn(2, 3, n, 4, generator=g)
+        out_k, out_v = layer.update(k, v)
+        keys, values = torch.cat([keys, k], 2), torch.cat([values, v], 2)
+        assert torch.equal(out_k, keys) and torch.equal(out_v, values) and layer.get_seq_length() == keys.shape[2]
+    with pytest.raises(RuntimeError, match="limited to 12"):
+        layer.update(k, v)
+
+
 def test_a_seed_reproduces_a_call_and_another_seed_does_not(tiny, engine):
     _, tok = tiny
     prompts = [chat(tok, "seed test"), "another"]

@@ -14,8 +14,8 @@ position ids count only real tokens, so a row's result does not depend on its ba
 
 What makes it at least as fast as ``model.generate`` on CPU:
 - one prefill per distinct prompt of a batch, its KV cache copied to the prompt's n rows;
-- a KV cache sized for the whole generation up front, written in place at each step (transformers'
-  dynamic cache concatenates, i.e. copies the whole cache of every layer, at every step);
+- a KV cache with room to grow, written in place at each step (transformers' dynamic cache
+  concatenates, i.e. copies the whole cache of every layer, at every step);
 - no attention mask at all when the rows of a batch have no padding (one prompt's n samples).
 """
 from __future__ import annotations
@@ -92,24 +92,32 @@ def _returned_cache(out: Any) -> Any:
 if DynamicLayer is not None:
 
     class PreallocatedLayer(DynamicLayer):
-        """A transformers cache layer whose keys and values live in buffers sized for the whole generation:
-        ``update`` writes the new positions in place and returns views of the filled part."""
+        """A transformers cache layer whose keys and values live in buffers with room to grow: ``update``
+        writes the new positions in place and returns views of the filled part. A full buffer is replaced
+        by one twice as long (up to ``limit`` positions), so the copies stay amortised O(1) per step and
+        sequences that stop early never reserve their whole budget."""
 
-        def __init__(self, keys: torch.Tensor, values: torch.Tensor, capacity: int) -> None:
+        def __init__(self, keys: torch.Tensor, values: torch.Tensor, limit: int, room: int = 256) -> None:
             super().__init__()
-            batch, heads, length, dim = keys.shape
-            self._keys = keys.new_empty((batch, heads, capacity, dim))
-            self._values = values.new_empty((batch, heads, capacity, values.shape[-1]))
-            self._keys[:, :, :length] = keys
-            self._values[:, :, :length] = values
-            self.length = length
-            self.keys, self.values = self._keys[:, :, :length], self._values[:, :, :length]
+            self.length, self.limit = keys.shape[2], limit
+            self._keys, self._values = keys, values
+            self._reserve(min(limit, self.length + room))
             self.device, self.is_initialized = keys.device, True
+
+        def _reserve(self, capacity: int) -> None:
+            keys = self._keys.new_empty((*self._keys.shape[:2], capacity, self._keys.shape[3]))
+            values = self._values.new_empty((*self._values.shape[:2], capacity, self._values.shape[3]))
+            keys[:, :, : self.length] = self._keys[:, :, : self.length]
+            values[:, :, : self.length] = self._values[:, :, : self.length]
+            self._keys, self._values = keys, values
+            self.keys, self.values = keys[:, :, : self.length], values[:, :, : self.length]
 
         def update(self, key_states, value_states, *args, **kwargs):
             end = self.length + key_states.shape[-2]
             if end > self._keys.shape[2]:
-                raise RuntimeError(f"KV cache sized for {self._keys.shape[2]} positions, asked for {end}")
+                if end > self.limit:
+                    raise RuntimeError(f"KV cache limited to {self.limit} positions, asked for {end}")
+                self._reserve(min(self.limit, max(end, 2 * self._keys.shape[2])))
             self._keys[:, :, self.length : end] = key_states
             self._values[:, :, self.length : end] = value_states
             self.length = end
@@ -120,17 +128,15 @@ if DynamicLayer is not None:
             return self.length
 
 
-def expand_prefill_cache(cache: Any, rows: torch.Tensor, capacity: int) -> bool:
+def expand_prefill_cache(cache: Any, rows: torch.Tensor, limit: int) -> bool:
     """Turn the cache of a prefill over distinct prompts into the cache of the batch's rows (row ``b`` continues
-    prompt ``rows[b]``), each layer preallocated for ``capacity`` positions. False (cache untouched) when the
-    cache is not made of plain dynamic layers (sliding windows, older transformers)."""
+    prompt ``rows[b]``), each layer a :class:`PreallocatedLayer` of at most ``limit`` positions. False (cache
+    untouched) when the cache is not made of plain dynamic layers (sliding windows, older transformers)."""
     layers = getattr(cache, "layers", None)
     if DynamicLayer is None or not layers or any(type(layer) is not DynamicLayer for layer in layers):
         return False
     for i, layer in enumerate(layers):
-        cache.layers[i] = PreallocatedLayer(
-            layer.keys.index_select(0, rows), layer.values.index_select(0, rows), capacity
-        )
+        cache.layers[i] = PreallocatedLayer(layer.keys.index_select(0, rows), layer.values.index_select(0, rows), limit)
     return True
 
 
