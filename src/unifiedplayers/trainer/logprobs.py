@@ -105,8 +105,8 @@ def selected_token_logprobs(
         with_entropy: also return the entropy of the predictive distribution at those positions.
         temperature: logits are divided by it (match the sampler's temperature).
         chunk_rows: > 0: never hold more than this many rows of (rows, V) logits, forward or backward
-            (the backward recomputes the logits chunk by chunk: one more LM-head matmul). 0: the (M, V)
-            softmax is kept for the backward. A head with a bias, or one whose weight is sharded
+            (when M is larger, the backward recomputes the logits chunk by chunk: one more LM-head
+            matmul). 0, or M ≤ chunk_rows: the (M, V) softmax is kept for the backward. A head with a bias, or one whose weight is sharded
             (ZeRO-3), takes plain autograd.
         min_shared_prefix: a prefix of at least this many tokens common to all rows runs once
             (:func:`decoder_hidden`); 0 never shares. Not used with gradient checkpointing or ZeRO-3.
@@ -135,7 +135,9 @@ def selected_token_logprobs(
         and not zero3  # the weight saved for backward would be released (partitioned) by then
     )
     if fused:
-        keep_probs = chunk_rows <= 0 and torch.is_grad_enabled() and (rows.requires_grad or weight.requires_grad)
+        # Keep the (M, V) softmax for the backward when no chunk size bounds it, or when it fits in one chunk.
+        keep_probs = (chunk_rows <= 0 or rows.shape[0] <= chunk_rows) and torch.is_grad_enabled()
+        keep_probs = keep_probs and (rows.requires_grad or weight.requires_grad)
         chosen, h = HeadLogprob.apply(
             rows, weight, targets, chunk_rows if chunk_rows > 0 else _ROWS, 1.0 / temperature, with_entropy, keep_probs
         )
