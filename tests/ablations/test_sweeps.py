@@ -39,8 +39,8 @@ def test_every_member_is_a_valid_override_set(name):
 
 def test_table3_members_and_scales():
     smoke = [m for run in sweeps.SWEEPS["table3"].multiruns(sweeps.SCALES["smoke"]) for m in expand(run)]
-    assert len(smoke) == 13  # 2 x 2 x 3 seeds + the stale control
-    assert sum("schedule.feedback=stale" in m for m in smoke) == 1
+    assert len(smoke) == 15  # 2 x 2 x 3 seeds + the stale control on the same 3 seeds
+    assert sum("schedule.feedback=stale" in m for m in smoke) == 3
     paper = [m for run in sweeps.SWEEPS["table3"].multiruns(sweeps.SCALES["paper"]) for m in expand(run)]
     assert len(paper) == 15 and sum("schedule.feedback=stale" in m for m in paper) == 3
     assert (CONF_DIR / "experiment" / f"{sweeps.SCALES['paper'].experiment}.yaml").exists()
