@@ -129,3 +129,29 @@ def test_shared_prefix_length():
     ids = torch.tensor([[5, 6, 7, 8], [5, 6, 9, 8], [5, 6, 7, 0]])
     assert shared_prefix_length(ids, torch.ones_like(ids)) == 2
     assert shared_prefix_length(ids[[0, 0]], torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]])) == 3  # pads never shared
+
+
+def test_lean_swiglu_equals_the_models_own_mlp_values_and_gradients():
+    from unifiedplayers.trainer.logprobs import lean_swiglu
+
+    model, _ = tiny_model()
+    mlp = model.model.layers[0].mlp
+    x = torch.randn(2, 5, model.config.hidden_size, generator=torch.Generator().manual_seed(5), requires_grad=True)
+    grad_out = torch.randn(2, 5, model.config.hidden_size, generator=torch.Generator().manual_seed(6))
+    results = []
+    for lean in (False, True):
+        mlp.zero_grad(set_to_none=True)
+        x.grad = None
+        if lean:
+            with lean_swiglu(model):
+                y = mlp(x)
+            assert "forward" not in mlp.__dict__  # restored on exit
+        else:
+            y = mlp(x)
+        y.backward(grad_out)
+        results.append((y.detach(), x.grad.clone(), {k: p.grad.clone() for k, p in mlp.named_parameters()}))
+    (y0, gx0, g0), (y1, gx1, g1) = results
+    torch.testing.assert_close(y1, y0, atol=0, rtol=0)
+    torch.testing.assert_close(gx1, gx0, atol=1e-6, rtol=1e-5)
+    for k in g0:
+        torch.testing.assert_close(g1[k], g0[k], atol=1e-6, rtol=1e-5)
