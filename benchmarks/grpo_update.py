@@ -1,7 +1,9 @@
 """One GRPO step of SmolLM2-135M on CPU: UnifiedPlayers against TRL's GRPOTrainer, in one run.
 
 Settings (issue 4): one prompt, 8 completions forced to 256 new tokens, β = 0 and β = 0.04, fp32,
-micro-batch = the whole group (8), AdamW lr 1e-6. Each configuration runs in its own subprocess so that
+AdamW lr 1e-6. Our trainer runs as ``conf/trainer/torch.yaml`` configures it (micro-batches of 4 with
+gradient accumulation, LM-head rows 1024 at a time); TRL as its ``GRPOConfig`` defaults it (one batch
+of 8 with gradient checkpointing). Each configuration runs in its own subprocess so that
 its peak RSS is its own; the table reports the last of ``--steps`` measured steps. Our trainer first
 makes one cheap warm-up update on 16-token completions: it pays first-call costs and moves the policy
 off π_ref, because at an iteration's first update π_θ = π_ref and our trainer skips the reference pass;
@@ -9,15 +11,17 @@ the measured β > 0 step therefore includes it, as TRL's does.
 
 A step is split into
 - generation: sampling the 8 completions (TRL: ``model.generate``; ours: the ``hf`` rollout),
-- ref: the reference-policy pass (β > 0 only),
+- ref: the reference-policy pass (β > 0 only; TRL: its scoring pass after generation, i.e. the reference
+  log-probs, rewards and advantages),
 - forward: policy log-probs and the loss,
 - backward, and
 - optimizer: clipping, AdamW step, zero_grad.
-"update" = ref + forward + backward + optimizer.
+"update" = ref + forward + backward + optimizer. Beside wall seconds, the CPU seconds of the generation,
+the update and the step (all threads): on a shared machine the wall figures carry the neighbours' load.
 
 Run:  .venv/bin/pip install -e '.[bench]'   (TRL is never a runtime dependency)
       .venv/bin/python benchmarks/grpo_update.py [--steps 1] [--threads 2] [--only ours,trl,zero2]
-          [--micro-batch 2 --chunk-rows 512]   (our memory-lean setting; default: one micro-batch of 8)
+          [--micro-batch 8 --chunk-rows 0]   (default: conf/trainer/torch.yaml's values)
 """
 from __future__ import annotations
 
@@ -49,6 +53,14 @@ def letter_reward(text: str) -> float:
 
 def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: KiB
+
+
+def _trainer_preset() -> dict:
+    """micro_batch_size and logprob_chunk_rows of our torch trainer preset."""
+    from omegaconf import OmegaConf
+
+    yaml = OmegaConf.load(ROOT / "conf" / "trainer" / "torch.yaml")
+    return {"micro_batch": int(yaml.micro_batch_size), "chunk_rows": int(yaml.logprob_chunk_rows)}
 
 
 def _model_cfg():
@@ -95,16 +107,16 @@ def worker_ours(beta: float, steps: int, backend: str, micro_batch: int, chunk_r
     trainer.update([sample_from_completion(c, float(a), 0) for c, a in zip(warm, warm_adv)])
     records = []
     for step in range(steps):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         outs = rollout.generate([prompt_ids], n=NUM_COMPLETIONS, ignore_eos=True, seed=step)[0]
-        t_gen = time.perf_counter() - t0
+        t_gen, c_gen = time.perf_counter() - t0, time.process_time() - c0
         assert all(len(c.token_ids) == NEW_TOKENS for c in outs)
         rewards = torch.tensor([letter_reward(c.text) for c in outs])
         adv = grpo.group_advantages(rewards, torch.zeros(len(outs), dtype=torch.long))
         batch = [sample_from_completion(c, float(a), 0) for c, a in zip(outs, adv)]
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), time.process_time()
         m = trainer.update(batch)
-        t_update = time.perf_counter() - t1
+        t_update, c_update = time.perf_counter() - t1, time.process_time() - c1
         rollout.update_weights(trainer.model)
         print(f"step {step}: generation {t_gen:.1f} s, update {t_update:.1f} s", file=sys.stderr, flush=True)
         records.append(
@@ -116,6 +128,9 @@ def worker_ours(beta: float, steps: int, backend: str, micro_batch: int, chunk_r
                 "optimizer": m["perf/time_optimizer"],
                 "update": t_update,
                 "step": time.perf_counter() - t0,
+                "cpu_generation": c_gen,
+                "cpu_update": c_update,
+                "cpu_step": time.process_time() - c0,
                 "tokens": sum(len(s.token_ids) for s in batch) / len(batch),
             }
         )
@@ -146,9 +161,10 @@ def worker_trl(beta: float, steps: int) -> dict:
             return out
 
         def _generate(self, prompts):
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             out = super()._generate(prompts)
             timings[-1]["generation"] = time.perf_counter() - t
+            timings[-1]["cpu_generation"] = time.process_time() - c
             return out
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
@@ -165,10 +181,11 @@ def worker_trl(beta: float, steps: int) -> dict:
 
     class StepClock(TrainerCallback):
         def on_step_begin(self, args, state, control, **kw):
-            timings.append({"t0": time.perf_counter()})
+            timings.append({"t0": time.perf_counter(), "c0": time.process_time()})
 
         def on_step_end(self, args, state, control, **kw):
             timings[-1]["step"] = time.perf_counter() - timings[-1].pop("t0")
+            timings[-1]["cpu_step"] = time.process_time() - timings[-1].pop("c0")
 
     def reward(completions, **kw):
         return [letter_reward(c[0]["content"] if isinstance(c, list) else c) for c in completions]
@@ -223,6 +240,9 @@ def worker_trl(beta: float, steps: int) -> dict:
                 "optimizer": t["step"] - t["training_step"],
                 "update": t["step"] - gen,
                 "step": t["step"],
+                "cpu_generation": t.get("cpu_generation", 0.0),
+                "cpu_update": t["cpu_step"] - t.get("cpu_generation", 0.0),
+                "cpu_step": t["cpu_step"],
             }
         )
     return {"steps": records, "peak_rss_mib": peak_rss_mib()}
@@ -239,15 +259,18 @@ RUNS = {
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=1)
-    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="torch threads (default: the cores this process may use)")
     parser.add_argument("--only", default="ours,trl,zero2")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--beta", type=float, default=0.0, help=argparse.SUPPRESS)
     parser.add_argument("--backend", default="torch", help=argparse.SUPPRESS)
     parser.add_argument("--json", help="also write all results to this file")
-    parser.add_argument("--micro-batch", type=int, default=NUM_COMPLETIONS, help="our micro-batch size")
-    parser.add_argument("--chunk-rows", type=int, default=0, help="our trainer.logprob_chunk_rows")
+    parser.add_argument("--micro-batch", type=int, help="our micro-batch size (default: conf/trainer/torch.yaml)")
+    parser.add_argument("--chunk-rows", type=int, help="our trainer.logprob_chunk_rows (default: conf/trainer/torch.yaml)")
     a = parser.parse_args()
+    preset = _trainer_preset()
+    a.micro_batch = preset["micro_batch"] if a.micro_batch is None else a.micro_batch
+    a.chunk_rows = preset["chunk_rows"] if a.chunk_rows is None else a.chunk_rows
 
     if a.worker:
         import torch
@@ -284,21 +307,30 @@ def main() -> None:
           f"{NEW_TOKENS} new tokens; ours: micro-batch {a.micro_batch}, logprob_chunk_rows {a.chunk_rows}; last of {a.steps} measured steps; seconds; 1-min load average "
           f"{load_start:.1f} at start, {os.getloadavg()[0]:.1f} at end (other processes share the CPUs)")
     head = f"{'implementation':24s} {'β':>5s} {'gen':>6s} {'ref':>6s} {'fwd':>6s} {'bwd':>6s} {'optim':>6s} " \
-           f"{'update':>7s} {'step':>6s} {'peak RSS MiB':>12s}"
+           f"{'update':>7s} {'step':>6s} {'peak RSS MiB':>12s} | {'CPU s: gen':>10s} {'update':>7s} {'step':>6s}"
     print(head)
     print("-" * len(head))
     for r in rows:
         s = r["steps"][-1]
         print(f"{r['label']:24s} {r['beta']:5.2f} {s['generation']:6.1f} {s['ref']:6.1f} {s['forward']:6.1f} "
               f"{s['backward']:6.1f} {s['optimizer']:6.1f} {s['update']:7.1f} {s['step']:6.1f} "
-              f"{r['peak_rss_mib']:12.0f}")
+              f"{r['peak_rss_mib']:12.0f} | {s['cpu_generation']:10.1f} {s['cpu_update']:7.1f} {s['cpu_step']:6.1f}")
     by = {(r["label"], r["beta"]): r for r in rows}
     for beta in (0.0, 0.04):
         ours, trl = by.get(("ours torch", beta)), by.get(("TRL GRPOTrainer", beta))
         if ours and trl:
             o, t = ours["steps"][-1], trl["steps"][-1]
-            print(f"β={beta}: ours/TRL step {o['step'] / t['step']:.2f}× (target ≤ 0.8), update {o['update']:.1f} s "
-                  f"(target ≤ 10), peak RSS {ours['peak_rss_mib']:.0f} vs {trl['peak_rss_mib']:.0f} MiB")
+            print(f"β={beta}: ours/TRL step {o['step'] / t['step']:.2f}× (target ≤ 0.8; CPU seconds "
+                  f"{o['cpu_step'] / t['cpu_step']:.2f}×), update {o['update']:.1f} s "
+                  f"(target ≤ 10), generation {o['generation']:.1f} vs {t['generation']:.1f} s, "
+                  f"peak RSS {ours['peak_rss_mib']:.0f} vs {trl['peak_rss_mib']:.0f} MiB (target ≤ TRL)")
+    torch_run, zero2 = by.get(("ours torch", 0.04)), by.get(("ours DeepSpeed ZeRO-2", 0.04))
+    if torch_run and zero2:
+        o, z = torch_run["steps"][-1], zero2["steps"][-1]
+        print(f"β=0.04: torch vs DeepSpeed ZeRO-2 update {o['update']:.1f} vs {z['update']:.1f} s "
+              f"(forward {o['forward']:.1f} vs {z['forward']:.1f}, backward {o['backward']:.1f} vs {z['backward']:.1f}, "
+              f"optimizer {o['optimizer']:.1f} vs {z['optimizer']:.1f}), "
+              f"peak RSS {torch_run['peak_rss_mib']:.0f} vs {zero2['peak_rss_mib']:.0f} MiB")
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=2))
 
