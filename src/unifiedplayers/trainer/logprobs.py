@@ -132,9 +132,9 @@ def decoder_hidden(body: nn.Module, input_ids: Tensor, attention_mask: Tensor, m
     prefix = min(shared_prefix_length(input_ids, attention_mask), length - 1) if batch > 1 and min_shared_prefix > 0 else 0
     if prefix < min_shared_prefix or prefix <= 0:
         return body(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
-    head = body(input_ids=input_ids[:1, :prefix], use_cache=True)
-    cache = getattr(head, "cache", None)
-    cache = cache if cache is not None else head.past_key_values
+    shared = body(input_ids=input_ids[:1, :prefix], use_cache=True)
+    cache = getattr(shared, "cache", None)
+    cache = cache if cache is not None else shared.past_key_values
     cache.batch_repeat_interleave(batch)
     positions = torch.arange(prefix, length, device=input_ids.device).expand(batch, -1)
     rest = body(
@@ -144,7 +144,7 @@ def decoder_hidden(body: nn.Module, input_ids: Tensor, attention_mask: Tensor, m
         use_cache=True,
         **{_cache_keyword(body): cache},
     ).last_hidden_state
-    return torch.cat([head.last_hidden_state.expand(batch, -1, -1), rest], dim=1)
+    return torch.cat([shared.last_hidden_state.expand(batch, -1, -1), rest], dim=1)
 
 
 def selected_token_logprobs(
@@ -168,8 +168,8 @@ def selected_token_logprobs(
         temperature: logits are divided by it (match the sampler's temperature).
         chunk_rows: > 0: never hold more than this many rows of (rows, V) logits, forward or backward
             (when M is larger, the backward recomputes the logits chunk by chunk: one more LM-head
-            matmul). 0, or M ≤ chunk_rows: the (M, V) softmax is kept for the backward. A head with a bias, or one whose weight is sharded
-            (ZeRO-3), takes plain autograd.
+            matmul). 0, or M ≤ chunk_rows: the (M, V) softmax is kept for the backward. A head with a
+            bias, or one whose weight is sharded (ZeRO-3), takes plain autograd.
         min_shared_prefix: a prefix of at least this many tokens common to all rows runs once
             (:func:`decoder_hidden`); 0 never shares. Not used with gradient checkpointing or ZeRO-3.
     Returns:
