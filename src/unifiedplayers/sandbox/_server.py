@@ -24,7 +24,6 @@ are 4-byte big-endian lengths + UTF-8 JSON.
 import builtins
 import collections
 import ctypes
-import errno
 import fcntl
 import gc
 import io
