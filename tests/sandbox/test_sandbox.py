@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import sys
@@ -205,7 +206,7 @@ def _call_processes(uids) -> list[int]:
                 cwd = os.readlink(f"/proc/{entry}/cwd")
             except OSError:
                 cwd = ""
-            if "/c" in cwd.rsplit("/s", 1)[-1] or b"_server.py" not in parent_cmd:
+            if re.search(r"/s\d+/w$", cwd) or b"_server.py" not in parent_cmd:  # a slot's working dir
                 found.append(int(entry))
     return found
 
@@ -359,6 +360,36 @@ def test_isolation_layers_available_here(sb):
     if IS_ROOT and sys.platform == "linux":
         assert iso["uid"] and iso["netns"]
     assert "landlock" in iso
+
+
+def test_values_cross_exactly_as_json_dumps_and_loads_give_them(sb):
+    # The calls encode and decode through json's C scanner and encoder directly: same text as
+    # json.dumps / json.loads with their defaults, edge cases included.
+    import json
+    import math
+
+    source = textwrap.dedent(r"""
+        def echo(p):
+            return p
+        def tricky(p):
+            return {1: "int key", 2.5: "float key", False: "bool key", None: "none key", "t": (1, [2, (3,)]),
+                    "u": "caf\u00e9 \u2603 \U0001f600", "big": 10 ** 40, "neg": -0.0, "inf": float("inf"),
+                    "nan": float("nan"), "esc": "quote\" back\\ nl\n tab\t nul\x00"}
+        def circular(p):
+            a = []
+            a.append(a)
+            return a
+    """)
+    payload = {"s": "\u00e9\u2603", "n": [1, 2.0, -3e300, None, True, False], "nested": {"k": [{"x": ""}]}}
+    echo, tricky, circ = sb.call_many([(source, "echo", payload), (source, "tricky", None), (source, "circular", None)])
+    assert echo.ok and echo.value == payload
+    assert tricky.ok
+    want = {"1": "int key", "2.5": "float key", "false": "bool key", "null": "none key", "t": [1, [2, [3]]],
+            "u": "caf\u00e9 \u2603 \U0001f600", "big": 10 ** 40, "neg": -0.0, "inf": math.inf,
+            "esc": "quote\" back\\ nl\n tab\t nul\x00"}
+    got = dict(tricky.value)
+    assert math.isnan(got.pop("nan")) and got == want and math.copysign(1, got["neg"]) == -1
+    assert not circ.ok and "Circular reference detected" in circ.error
 
 
 def test_config_from_mapping():

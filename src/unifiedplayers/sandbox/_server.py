@@ -46,8 +46,57 @@ PRELOAD = (
     "bisect", "cmath", "collections", "copy", "decimal", "enum", "fractions", "functools", "heapq",
     "itertools", "json", "math", "numbers", "operator", "random", "re", "string", "typing",
 )
+
+
+def _import_random():
+    """Import ``random`` with its after-fork hook (a fresh seed in each call, as a fresh interpreter gets)
+    calling the C seed directly: ``Random.seed`` would first run its Python checks and ``super()``,
+    about 30 copy-on-write faults in every call. Same effect: a seed from the OS, ``gauss_next`` None
+    (as this process, which never samples, has it)."""
+    import functools
+
+    hooks = []
+    register = os.register_at_fork
+    os.register_at_fork = lambda **kw: hooks.append(kw)
+    try:
+        import random
+        import _random
+    finally:
+        os.register_at_fork = register
+    for kw in hooks:
+        if kw == {"after_in_child": random._inst.seed} and random._inst.gauss_next is None:
+            kw = {"after_in_child": functools.partial(_random.Random.seed, random._inst)}
+        register(**kw)
+
+
+_import_random()
 for _name in PRELOAD:
     __import__(_name)
+
+# The JSON a call decodes (its argument) and encodes (its return value), through the C scanner and
+# encoder built here once: json.loads/json.dumps would first run several layers of Python code, and in a
+# fresh fork every object they touch costs a copy-on-write fault. Same text in, same values out.
+_JSON_SCAN = json.JSONDecoder().scan_once
+_JSON_DEFAULT = json.JSONEncoder().default  # raises TypeError("Object of type X is not JSON serializable")
+_c_make_encoder = json.encoder.c_make_encoder
+_encode_ascii = json.encoder.encode_basestring_ascii
+
+
+def _json_loads(text):
+    """``json.loads(text)`` of a well-formed document (the client's ``json.dumps`` of the argument)."""
+    try:
+        value, end = _JSON_SCAN(text, 0)
+    except StopIteration:
+        return json.loads(text)  # raises json's own error
+    return value if end == len(text) else json.loads(text)
+
+
+def _json_dumps(value):
+    """``json.dumps(value)`` with its default settings (ensure_ascii, allow_nan, circular check)."""
+    if _c_make_encoder is None:
+        return json.dumps(value)
+    return "".join(_c_make_encoder({}, _JSON_DEFAULT, _encode_ascii, None, ": ", ", ", False, False, True)(value, 0))
+
 
 STDLIB = os.path.dirname(os.__file__)  # what sysconfig.get_paths()["stdlib"] gives, without sysconfig
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -384,9 +433,7 @@ def _call_process(kind, text, code, function, payload, timeout, cfg, workdir, ou
         os.dup2(err_w, 2)
         os.dup2(null_fd, 0)
         os.dup2(res_w, 3)
-        os.chdir(workdir)
-        os.environ["HOME"] = workdir
-        os.environ["TMPDIR"] = workdir
+        os.chdir(workdir)  # HOME and TMPDIR already name it (see Forker.work)
         if ruleset is not None:
             Landlock.restrict(ruleset, no_new_privs=False)  # a nested domain: no signals to the forker
         os.closerange(4, 1 << 16)
@@ -407,9 +454,9 @@ def _call_process(kind, text, code, function, payload, timeout, cfg, workdir, ou
             fn = glb.get(function)
             if not callable(fn):
                 raise NameError("no function named %r is defined" % function)
-            value = fn(json.loads(payload))
+            value = fn(_json_loads(payload.decode("utf-8", errors="surrogateescape")))
             try:
-                out["value"] = json.dumps(value)
+                out["value"] = _json_dumps(value)
             except (TypeError, ValueError) as exc:
                 raise TypeError("return value is not JSON-serializable: %s" % exc) from None
             out["ok"] = True
@@ -440,7 +487,10 @@ def _call_process(kind, text, code, function, payload, timeout, cfg, workdir, ou
     except BaseException:  # noqa: BLE001 - a broken stream must not lose the result
         pass
     try:
-        _write_all(3, json.dumps(out).encode())
+        if out.get("ok") and out["exit_code"] == 0 and not out["memory_exceeded"] and len(out) == 4:
+            _write_all(3, RESULT_VALUE + out["value"].encode("utf-8", errors="surrogateescape"))
+        else:
+            _write_all(3, json.dumps(out).encode())
     except BaseException:  # noqa: BLE001
         pass
     code = out["exit_code"]
@@ -524,7 +574,10 @@ CODE_CACHE_MAX_SOURCE = 1 << 16  # larger sources are compiled by their call
 # source (call) the first time the forker sees that key, else empty. Forker -> server: DONE (after the
 # call was reaped and swept), SLOT_ERROR (this call could not be run) or FATAL (the slot could not start),
 # the last two followed by a 4-byte length and UTF-8 text.
+# A call's result pipe: RESULT_VALUE and the return value's JSON when the call returned normally, else a
+# JSON object (exit_code, memory_exceeded, ok, value, error, traceback).
 MSG_RUN, MSG_KILL = b"R", b"K"
+RESULT_VALUE = b"\x01"
 RUN_HEADER = struct.Struct(">BIIIId")
 KIND_RUN, KIND_CALL = 0, 1
 DONE, SLOT_ERROR, FATAL = b"D", b"E", b"F"
@@ -549,7 +602,12 @@ class Forker:
         self.cfg = dict(cfg, _uid_isolation=bool(iso["uid"]))
         self.iso, self.dir, self.ruleset = iso, slot_dir, ruleset
         self.ctl, self.st, self.out_w, self.err_w, self.res_w = fds
-        self.seq = 0
+        # Every call of this slot works in the same path, created empty before the call and removed after
+        # it, so HOME and TMPDIR are set once here and not in each call (where setting os.environ costs
+        # some 35 copy-on-write faults).
+        self.work = os.path.join(slot_dir, "w")
+        os.environ["HOME"] = os.environ["TMPDIR"] = self.work
+        self.stale = 0
         self.null = os.open("/dev/null", os.O_RDWR)
         self.codes = {}  # source -> code object, most recently used last
 
@@ -614,9 +672,13 @@ class Forker:
 
     def run(self, request):
         (kind, key, drop, _, _, timeout), text, function, payload = request
-        self.seq += 1
-        workdir = os.path.join(self.dir, "c%d" % self.seq)
-        os.mkdir(workdir, 0o700)
+        workdir = self.work
+        try:
+            os.mkdir(workdir, 0o700)
+        except FileExistsError:  # what a previous call left could not all be removed: set it aside
+            self.stale += 1
+            os.rename(workdir, "%s.stale%d" % (workdir, self.stale))
+            os.mkdir(workdir, 0o700)
         if kind == KIND_CALL:
             code, text = self.compiled(key, drop, text)
             function = function.decode("utf-8", errors="surrogateescape")
@@ -691,7 +753,9 @@ def _build_result(req, limit, value_limit, out, err, res, out_total, err_total, 
     if exit_code == 70 and "sandbox setup failed" in result["stderr"]:
         result["error"] = result["stderr"][-1000:]
     info = None
-    if res and res_total <= value_limit + 4096:
+    if res[:1] == RESULT_VALUE and res_total == len(res):
+        info = {"ok": True, "value": res[1:].decode("utf-8", errors="replace")}
+    elif res and res_total <= value_limit + 4096:
         try:
             info = json.loads(res.decode("utf-8", errors="replace"))
         except (ValueError, RecursionError):
@@ -742,7 +806,7 @@ def _slot_main(cfg, iso, slot, slot_dir, ruleset, fds):
                 os.dup2(null, fd)
         os.chdir(slot_dir)
         os.environ.clear()
-        os.environ.update({"HOME": slot_dir, "TMPDIR": slot_dir, "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"})
+        os.environ.update({"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"})  # HOME, TMPDIR: see Forker
         if iso["uid"]:
             uid = iso["uid_base"] + slot
             os.setgroups([])
