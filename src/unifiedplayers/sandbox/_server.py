@@ -1213,6 +1213,8 @@ def main():
             _send({"ready": False, "error": "isolation layers unavailable: %s (%s)"
                    % (", ".join(missing), "; ".join(server.iso["notes"]))})
             return
+    gc.collect()
+    gc.freeze()  # what start-up built lasts as long as the server: the collector need not walk it again
     server.serve()
 
 
