@@ -8,17 +8,24 @@ single-process path is unchanged.
 Who does what (``unifiedplayers.schedule`` and ``unifiedplayers.trainer``):
 
 - every rank holds all three players and its own rollout engine and sandbox (the tool loop runs code);
+  with ``rollout=vllm`` an in-process engine on the rank's GPU, into which the rank copies its own
+  trainer's weights (:mod:`unifiedplayers.rollout.vllm_engine` on how vLLM shares the process group);
 - sampling is split: of the n samples per prompt (G_T tasks, K trajectories, M verifiers) rank r draws
   :func:`share` (n, r, N), seeded from (seed, update, stage, r); the pieces are gathered in rank order;
 - rank 0 alone runs the perturbations, the verdict matrices, the rewards and the advantages, writes
   records, metrics, checkpoints, the state and the summary, and broadcasts the update's batch;
 - the update is data-parallel: every rank processes its share of the batch's micro-batches with the
-  whole batch's Eq. 21 weights, and the gradients are summed over the ranks
-  (:meth:`DistContext.all_reduce_gradients`), so every rank takes the same optimizer step and the
-  weights stay identical.
+  whole batch's Eq. 21 weights, and the gradients are summed over the ranks, so every rank takes the
+  batch's optimizer step and the weights stay identical. ``trainer=torch``:
+  :meth:`DistContext.all_reduce_gradients`; ``trainer=deepspeed_zero2|3``: the ZeRO engine reduces (it
+  averages, so the losses are scaled by N), every rank runs as many micro-batches (zero-weight padding),
+  and checkpoints are written by all ranks together (one optimizer partition each);
+- under ZeRO-3 reading a player's full weights is a collective (the reference copy, the copy into a
+  rank's vLLM engine, published snapshots): every rank does it at the same point of the loop. ZeRO-3
+  over several ranks needs ``rollout=vllm`` (hf generation from partitioned weights would be a collective
+  per token) and fresh feedback.
 
-The other ranks wait at the next collective while rank 0 works alone (verdicts, the diagnostic pool,
-checkpoints), so the process group's timeout is long: ``UNIFIEDPLAYERS_DIST_TIMEOUT_MIN`` minutes (120).
+The other ranks wait at the next collective while rank 0 works alone (verdicts, the diagnostic pool), so the process group's timeout is long: ``UNIFIEDPLAYERS_DIST_TIMEOUT_MIN`` minutes (120).
 
 On GPUs each rank is pinned to the GPU of its ``LOCAL_RANK`` by narrowing ``CUDA_VISIBLE_DEVICES`` before
 CUDA starts, so ``cuda`` (``cuda:0``) is that GPU for the model, the trainer and the rollout engine.

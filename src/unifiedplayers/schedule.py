@@ -30,8 +30,11 @@ every rank runs this loop in lockstep with its own rollout engine and sandbox. E
 split over the ranks (each draws its share of the samples per prompt, seeded with its rank; rank 0's
 seeds are the single-process ones) and gathered in rank order; rank 0 alone perturbs, builds the verdict
 matrices, computes rewards and advantages, and writes records, metrics, checkpoints, state and summary;
-it broadcasts the update's batch, and the update is data-parallel over all ranks. With one rank nothing
-of this happens.
+it broadcasts the update's batch, and the update is data-parallel over all ranks. Whatever is a
+collective under the trainer backend happens on every rank at the same point: checkpoint saves (DeepSpeed
+writes each rank's optimizer partition), and under ZeRO-3 every read of the full weights (the reference
+copy, the weights copied into a rank's vLLM engine, published snapshots). With one rank nothing of this
+happens.
 
 Diagnostic pool (SPEC §8, ``schedule.execution_pool``): after every ``every``-th Execution update the
 Execution player answers a fixed pool of math and general questions greedily
@@ -59,7 +62,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, ContextManager, Optional, Sequence
 
 import numpy as np
 import torch
@@ -151,16 +154,25 @@ def seed_for(base: int, update: int, stage: int) -> int:
 
 def validate(cfg: Any, dist: DistContext = SINGLE) -> None:
     """Fail at start-up on settings the loop cannot honour."""
-    if dist.enabled and cfg.rollout.backend != "hf":
+    if dist.enabled and cfg.rollout.backend == "vllm" and (cfg.rollout.tensor_parallel_size != 1
+                                                           or not cfg.rollout.inprocess):
         raise NotImplementedError(
-            f"rollout={cfg.rollout.backend} with {dist.world_size} ranks is not supported yet (one in-process "
-            "vLLM engine per rank under torchrun is untested); use rollout=hf with several ranks, or one run "
-            "per GPU with rollout=vllm (README, 'Paper presets and the 8-GPU node')")
-    if dist.enabled and cfg.trainer.backend != "torch":
-        raise NotImplementedError(
-            f"trainer.backend={cfg.trainer.backend} with {dist.world_size} ranks is not supported yet (the "
-            "DeepSpeed engine averages gradients and needs equal micro-batch counts and collective checkpoints "
-            "on every rank); use trainer=torch with several ranks, or one run per GPU")
+            f"rollout=vllm over {dist.world_size} ranks runs one in-process engine per rank on the rank's own "
+            "GPU: needs rollout.tensor_parallel_size=1 and rollout.inprocess=true")
+    if dist.enabled and cfg.trainer.backend == "deepspeed_zero3":
+        # ZeRO-3 gathers the partitioned weights in every forward, a collective: the ranks would have to
+        # generate in lockstep, but each samples its own share, of its own lengths.
+        if cfg.rollout.backend == "hf":
+            raise NotImplementedError(
+                f"trainer=deepspeed_zero3 with rollout=hf over {dist.world_size} ranks is not supported: hf "
+                "generation from ZeRO-3 partitions gathers them in every forward, in lockstep over the ranks, "
+                "which the ranks' different samples break; use rollout=vllm (its own weight copy per rank) or "
+                "trainer=deepspeed_zero2")
+        if cfg.schedule.feedback == "stale":
+            raise NotImplementedError(
+                f"schedule.feedback=stale with trainer=deepspeed_zero3 over {dist.world_size} ranks is not "
+                "supported (the published snapshot copies the module, whose ZeRO-3 parameters are partitions); "
+                "use trainer=deepspeed_zero2 or trainer=torch")
     s, p = cfg.schedule, cfg.player
     if s.feedback not in FEEDBACK_MODES:
         raise ValueError(f"schedule.feedback={s.feedback!r}: fresh | stale")
@@ -230,7 +242,9 @@ class PolicyPool:
     """Rollout engines for the players' weights.
 
     ``hf``: one engine per model object (it samples from the module itself). Other backends (vLLM): one
-    engine whose weights are swapped in (``update_weights``) when another player or checkpoint samples.
+    engine whose weights are swapped in (``update_weights``) when another player or checkpoint samples;
+    the engine reads the module inside ``gather()`` (a trainer's :meth:`gathered_weights`: ZeRO-3 gathers
+    its partitions there, collectively, so every rank asks for the same engines in the same order).
     """
 
     def __init__(self, rollout_cfg: Any, tokenizer: Any, build: Optional[Callable[..., Any]] = None) -> None:
@@ -243,16 +257,19 @@ class PolicyPool:
         self._shared: Any = None
         self._loaded: Any = None
 
-    def engine(self, model: Any, key: Any) -> Any:
+    def engine(self, model: Any, key: Any,
+               gather: Callable[[], ContextManager[Any]] = contextlib.nullcontext) -> Any:
         if self.cfg.backend == "hf":
             if id(model) not in self._engines:
                 self._engines[id(model)] = self._build(self.cfg, model, self.tokenizer)
             return self._engines[id(model)]
         if self._shared is None:
-            self._shared = self._build(self.cfg, model, self.tokenizer)
+            with gather():
+                self._shared = self._build(self.cfg, model, self.tokenizer)
             self._loaded = key
         elif self._loaded != key:
-            self._shared.update_weights(model)
+            with gather():
+                self._shared.update_weights(model)
             self._loaded = key
         return self._shared
 
@@ -499,8 +516,10 @@ class OuterLoop:
 
     def _engine(self, role: str, active: str) -> tuple[Any, dict[str, Any]]:
         model, ver = self._sampler(role, active)
-        key = (ver["player"], ver["outer_iteration"], ver["step"], model is self.players[role].published_model)
-        return self.pool.engine(model, key), ver
+        player = self.players[role]
+        key = (ver["player"], ver["outer_iteration"], ver["step"], model is player.published_model)
+        own = player.trainer is not None and model is player.model
+        return self.pool.engine(model, key, player.trainer.gathered_weights if own else contextlib.nullcontext), ver
 
     # ------------------------------------------------------------------ events
     def _start_iteration(self, iteration: int) -> None:
@@ -520,8 +539,9 @@ class OuterLoop:
                         player.published_model.load_state_dict(player.model.state_dict())
                 player.published_version = dict(player.version)
                 path = pub_dir / f"{role}.pt"
+                weights = player.trainer.full_state_dict()  # a collective under ZeRO-3: on every rank
                 if self.dist.is_main:
-                    _atomic_torch_save(player.trainer.full_state_dict(), path)
+                    _atomic_torch_save(weights, path)
                 self.published[role] = str(path.relative_to(self.run_dir))
 
     def _start_block(self, slot: Slot) -> dict[str, Any]:
@@ -634,9 +654,19 @@ class OuterLoop:
         self.timing["checkpoint_s"] += time.perf_counter() - t
 
     def _pool_evaluation(self, slot: Slot) -> dict[str, Any]:
-        """The fixed diagnostic pool after this update (SPEC §8), when one is due; its metrics keys."""
+        """The fixed diagnostic pool after this update (SPEC §8), when one is due; its metrics keys.
+
+        Rank 0 evaluates; the other ranks swap the Execution weights into their engines with it, since
+        that swap can be a collective (ZeRO-3) and their engines must hold what rank 0's holds.
+        """
         step = self.execution_steps[slot.index]
-        if self.fixed_pool is None or slot.role != "execution" or not self.fixed_pool.due(step):
+        if slot.role != "execution" or "execution" not in self.trained:
+            return {}
+        due = self.dist.broadcast(self.fixed_pool is not None and self.fixed_pool.due(step))
+        if not due:
+            return {}
+        if not self.dist.is_main:
+            self._engine("execution", "execution")
             return {}
         self._stage(f"execution pool ({len(self.fixed_pool.questions)} questions)")
         rng = capture_rng_state()  # greedy decoding; the run's RNG streams must not notice the evaluation
@@ -657,8 +687,7 @@ class OuterLoop:
         else:
             current = self.checkpoints.get(slot.role) or ""
             rel = base / "resume" / f"{slot.role}-{'b' if current.endswith('-a') else 'a'}"
-        if self.dist.is_main:  # the ranks' weights and optimizer states are identical (data-parallel step)
-            trainer.save_checkpoint(self.run_dir / rel)
+        trainer.save_checkpoint(self.run_dir / rel)  # on every rank: rank 0 writes, or every rank its shards
         self.checkpoints[slot.role] = str(rel)
 
     def _drop_slots(self, role: str) -> None:

@@ -10,8 +10,7 @@ overwritten. Examples::
 
 One run over N GPUs (data-parallel ranks in lockstep, rank 0 writes the run; :mod:`unifiedplayers.distributed`)::
 
-    torchrun --nproc_per_node=8 -m unifiedplayers.train experiment=paper_qwen3_4b rollout=hf trainer=torch \
-        run_dir=runs/qwen3_4b/dp8
+    torchrun --nproc_per_node=8 -m unifiedplayers.train experiment=paper_qwen3_4b run_dir=runs/qwen3_4b/dp8
 """
 from __future__ import annotations
 

@@ -57,14 +57,6 @@ def test_share_splits_n_samples_over_the_ranks():
     assert single.broadcast("x") == "x" and single.gather(1) == [1] and not single.enabled
 
 
-def test_several_ranks_need_the_torch_trainer_and_hf_rollouts(tmp_path):
-    two = DistContext(rank=0, world_size=2)
-    with pytest.raises(NotImplementedError, match="trainer=torch"):
-        OuterLoop(compose(["experiment=tiny", "trainer=deepspeed_zero2"]), tmp_path, dist=two)
-    with pytest.raises(NotImplementedError, match="rollout=hf"):
-        OuterLoop(compose(["experiment=tiny", "rollout=vllm"]), tmp_path, dist=two)
-
-
 def test_two_ranks_write_once_and_end_with_identical_weights(tmp_path):
     run_dir, dump = tmp_path / "run", tmp_path / "weights"
     # Stop after the Planning block, then resume the Execution and Evaluation updates on the same two ranks.

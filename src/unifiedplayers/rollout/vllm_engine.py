@@ -13,6 +13,13 @@ vLLM is imported here only, when the backend is built, so the main environment n
   ``LLM.apply_model(lambda m: m.load_weights(...))``) and drops the prefix cache, whose KV entries
   were computed with the old weights. With ``rollout.inprocess`` (default) the engine lives in this
   process and the tensors are handed over without serialisation.
+- Several ranks (torchrun, :mod:`unifiedplayers.distributed`): each rank builds its own engine on its own
+  GPU and copies its own trainer's weights into it. vLLM's uni-process executor finds the process group
+  already initialised and adopts it as its world: with ``tensor_parallel_size=1`` every rank is its own
+  model-parallel group ("external data parallel", each rank generates independently), and only building
+  the engine is a collective (vLLM creates its groups on the ranks together), which holds because every
+  rank builds its engine at the same point of the loop. vLLM reads no RANK/MASTER_PORT variables on that
+  path (its own rendezvous is a private file store, unused when the group exists).
 """
 from __future__ import annotations
 
@@ -49,6 +56,28 @@ def _weights_of(model_or_state: Any) -> Iterable[tuple[str, torch.Tensor]]:
     else:
         raise TypeError(f"update_weights expects an nn.Module or a state dict, got {type(model_or_state).__name__}")
     return [(name, t.detach()) for name, t in items]
+
+
+def _write_snapshot(model: Any, tokenizer: Any, directory: str) -> None:
+    """Config, generation config, tokenizer and weights of ``model`` as vLLM loads them from a directory.
+
+    Not ``model.save_pretrained``: under torchrun it writes on rank 0 only (``should_save_on_this_rank``),
+    and every rank builds its own engine from its own snapshot. Tied tensors (embeddings and head) are
+    stored under both names; vLLM skips the one the architecture ties.
+    """
+    from safetensors.torch import save_file
+
+    model.config.save_pretrained(directory)
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    seen: set[int] = set()
+    tensors = {}
+    for name, t in model.state_dict().items():
+        t = t.detach()
+        tensors[name] = t.clone() if t.data_ptr() in seen else t.contiguous()
+        seen.add(t.data_ptr())
+    save_file(tensors, os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
 
 
 class VLLMRollout(RolloutEngine):
@@ -95,8 +124,7 @@ class VLLMRollout(RolloutEngine):
         ):
             return own, False
         self._snapshot = tempfile.TemporaryDirectory(prefix="unifiedplayers-vllm-")
-        model.save_pretrained(self._snapshot.name, safe_serialization=True)
-        tokenizer.save_pretrained(self._snapshot.name)
+        _write_snapshot(model, tokenizer, self._snapshot.name)
         return self._snapshot.name, True
 
     def _vocab_size(self) -> int:

@@ -2,7 +2,9 @@
 
 A checkpoint is a directory. It is written under ``<parent>/.<name>.tmp-<pid>`` and renamed into place
 only when complete, so a crash never leaves a half-written checkpoint under the final name; an older
-checkpoint of the same name is moved aside and removed after the rename.
+checkpoint of the same name is moved aside and removed after the rename. Data-parallel ranks that each
+write a part of one checkpoint (DeepSpeed's optimizer partitions) share rank 0's temporary directory, and
+rank 0 renames it once every rank is done.
 """
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ from typing import Any, Iterator
 
 import numpy as np
 import torch
+
+from unifiedplayers.distributed import SINGLE, DistContext
 
 RNG_FILE = "rng_state.pt"
 
@@ -40,19 +44,29 @@ def restore_rng_state(state: dict[str, Any]) -> None:
 
 
 @contextlib.contextmanager
-def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary directory that becomes ``path`` when the block exits without error."""
+def atomic_directory(path: str | os.PathLike, dist: DistContext = SINGLE) -> Iterator[Path]:
+    """Yield a temporary directory that becomes ``path`` when the block exits without error.
+
+    With ``dist`` every rank must enter: all get the same directory, and it is renamed after all have left
+    the block. (A rank that fails ends the whole job under torchrun, so the others never wait for it.)
+    """
     final = Path(path)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
+    tmp = final.parent / dist.broadcast(f".{final.name}.tmp-{os.getpid()}")
+    if dist.is_main:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+    dist.barrier()
     try:
         yield tmp
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if dist.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
         raise
+    dist.barrier()
+    if not dist.is_main:
+        return
     old = final.parent / f".{final.name}.old-{os.getpid()}"
     if final.exists():
         os.replace(final, old)

@@ -9,6 +9,16 @@ once per update, whatever the number of micro-batches. The engine wraps
 ``engine.forward``: ZeRO-3 advances its micro-step counter there, and without it each micro-batch's
 gradient would overwrite the previous one instead of accumulating.
 
+Data-parallel ranks (torchrun): the engine joins the process group of
+:func:`~unifiedplayers.distributed.init_distributed` and its data-parallel group is all the ranks. It
+*averages* gradients over them, while our per-micro-batch losses carry the whole batch's Eq. 21 weights
+(their sum over the ranks is the batch gradient), so each loss is scaled by the world size before
+``backward``: the N-rank step equals the 1-rank step on the same batch. Every forward (ZeRO-3 gathers
+parameters) and backward (gradient reduction hooks) is a collective, so the ranks run equal numbers of
+micro-batches (``lockstep_micro_batches``), and checkpoints are written by every rank into one directory
+(``collective_checkpoint``: each rank's optimizer partition). Under ZeRO-3 reading the full weights
+(:meth:`gathered_weights`, :meth:`full_state_dict`) is a collective too.
+
 Runs on CPU (gloo + DeepSpeed's ``deepspeed_shm_comm`` extension) as well as on GPUs. A single process
 without a launcher gets MASTER_ADDR/PORT, RANK, LOCAL_RANK and WORLD_SIZE defaults. The extension is
 JIT-built once (about a minute) into ``TORCH_EXTENSIONS_DIR``, which defaults to
@@ -16,10 +26,11 @@ JIT-built once (about a minute) into ``TORCH_EXTENSIONS_DIR``, which defaults to
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, ContextManager, Mapping
 
 import torch
 from torch import nn
@@ -84,16 +95,14 @@ class DeepSpeedTrainer(PlayerTrainer):
     """ZeRO-``stage`` trainer; see :class:`PlayerTrainer` for the interface."""
 
     stage = 2
+    lockstep_micro_batches = True
+    collective_checkpoint = True
 
     @property
     def backend(self) -> str:  # type: ignore[override]
         return f"deepspeed_zero{self.stage}"
 
     def _setup(self, model: nn.Module) -> None:
-        if self.dist.enabled:
-            raise NotImplementedError(
-                f"{self.backend} over {self.dist.world_size} data-parallel ranks is not supported yet: the engine "
-                "averages gradients and needs equal micro-batch counts and collective checkpoints; use trainer=torch")
         ensure_single_process_env()
         import deepspeed
 
@@ -126,7 +135,11 @@ class DeepSpeedTrainer(PlayerTrainer):
         self.engine.zero_grad()
 
     def _backward(self, loss: Tensor) -> None:
-        self.engine.backward(loss, scale_wrt_gas=False)
+        # x N: the engine averages the ranks' gradients, the batch gradient is their sum.
+        self.engine.backward(loss * self.dist.world_size, scale_wrt_gas=False)
+
+    def _reduce_gradients(self) -> None:
+        """Nothing to do: the engine reduces the gradients in its backward hooks and at the boundary."""
 
     def _set_accumulation_boundary(self, is_last_micro_batch: bool) -> None:
         self.engine.set_gradient_accumulation_boundary(is_last_micro_batch)
@@ -139,14 +152,12 @@ class DeepSpeedTrainer(PlayerTrainer):
     def current_lr(self) -> float:
         return float(self.engine.get_lr()[0])
 
-    def full_state_dict(self) -> dict[str, Tensor]:
-        if self.stage == 3:
-            import deepspeed
+    def gathered_weights(self) -> ContextManager[None]:
+        if self.stage != 3:
+            return contextlib.nullcontext()  # ZeRO-2 keeps the full weights on every rank
+        import deepspeed
 
-            params = list(self.model.parameters())
-            with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
-                return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
-        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        return deepspeed.zero.GatheredParameters(list(self.model.parameters()), modifier_rank=None)
 
     def _load_policy_weights(self, state: Mapping[str, Tensor]) -> None:
         # Only used to swap the reference in and out for ref_mode=precompute.

@@ -19,9 +19,15 @@ One :meth:`PlayerTrainer.update` = one optimizer step over a batch of samples (o
 Data-parallel ranks (``dist``, :mod:`unifiedplayers.distributed`): every rank receives the whole batch,
 runs the micro-batches ``i`` with ``i mod N = rank`` (weights from the whole batch, step 1), and the
 gradients are summed over the ranks before the step, so every rank takes the step of the whole batch.
+A backend whose forward and backward are collectives (DeepSpeed: ZeRO-3 gathers parameters in each
+forward, ZeRO-2 reduces in backward hooks) sets ``lockstep_micro_batches``: a rank with one micro-batch
+fewer than the others runs a zero-weight copy of the first one, so no rank waits for a call that never
+comes. Checkpoints are written by rank 0 alone, or by every rank into one directory where the backend
+shards its state (``collective_checkpoint``).
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import os
@@ -31,7 +37,7 @@ import time
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
+from typing import Any, Callable, ContextManager, Iterable, Mapping, Optional, Sequence
 
 import torch
 from torch import nn
@@ -172,6 +178,8 @@ class PlayerTrainer:
     """
 
     backend = "torch"
+    lockstep_micro_batches = False  # every rank must make the same number of forward/backward calls
+    collective_checkpoint = False  # every rank writes its part of a checkpoint (else rank 0 writes it all)
 
     def __init__(
         self,
@@ -269,8 +277,15 @@ class PlayerTrainer:
         return float(self.optimizer.param_groups[0]["lr"]) if self.optimizer is not None else self.cfg.lr
 
     def full_state_dict(self) -> dict[str, Tensor]:
-        """Full (unsharded) policy weights, detached clones."""
-        return {k: v.detach().clone() for k, v in self._model.state_dict().items()}
+        """Full (unsharded) policy weights, detached clones. Under a sharding backend this is a collective:
+        every rank calls it at the same point."""
+        with self.gathered_weights():
+            return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+    def gathered_weights(self) -> ContextManager[None]:
+        """A context in which :attr:`model` holds its full weights (to read them: export, a rollout engine's
+        copy). Nothing to do here; ZeRO-3 gathers its partitions, collectively, on every rank."""
+        return contextlib.nullcontext()
 
     def _load_policy_weights(self, state: Mapping[str, Tensor]) -> None:
         with torch.no_grad():
@@ -382,8 +397,12 @@ class PlayerTrainer:
         size = math.ceil(len(samples) / cfg.grad_accum_steps) if cfg.grad_accum_steps > 0 else cfg.micro_batch_size
         starts = list(range(0, len(samples), size))
         num_micro = len(starts)
-        starts = starts[self.dist.rank::self.dist.world_size]  # this rank's share (all of them on one rank)
-        micro = [_collate(samples[i : i + size], weights[i : i + size], self.device, self.pad_token_id) for i in starts]
+        mine = starts[self.dist.rank::self.dist.world_size]  # this rank's share (all of them on one rank)
+        micro = [_collate(samples[i : i + size], weights[i : i + size], self.device, self.pad_token_id) for i in mine]
+        real = len(micro)
+        if self.lockstep_micro_batches and real < math.ceil(num_micro / self.dist.world_size):
+            # Zero Eq. 21 weights: no loss, no gradient, but the same collectives as the other ranks.
+            micro.append(_collate(samples[:size], torch.zeros(min(size, len(samples))), self.device, self.pad_token_id))
         refs = self._reference_logprobs(micro)
         t_ref = time.perf_counter() - t0
 
@@ -417,7 +436,8 @@ class PlayerTrainer:
             t3 = time.perf_counter()
             t_fwd += t2 - t1
             t_bwd += t3 - t2
-            parts.append(metrics)
+            if index < real:  # a padding micro-batch has no tokens of the batch
+                parts.append(metrics)
         t4 = time.perf_counter()
         if self.dist.enabled:
             self._reduce_gradients()
@@ -482,26 +502,37 @@ class PlayerTrainer:
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, path: str | os.PathLike) -> Path:
-        """Write weights, optimizer, scheduler, reference, RNG and trainer state atomically to ``path``."""
-        with atomic_directory(path) as tmp:
+        """Write weights, optimizer, scheduler, reference, RNG and trainer state atomically to ``path``.
+
+        Called on every rank. The ranks' weights and optimizer states are identical (data-parallel step),
+        so rank 0 writes everything, except the shards of a ``collective_checkpoint`` backend, which every
+        rank writes into the same directory.
+        """
+        if not self.dist.is_main and not self.collective_checkpoint:
+            return Path(path)
+        with atomic_directory(path, self.dist if self.collective_checkpoint else SINGLE) as tmp:
             self._save_backend(tmp)
-            if self._has_reference:
-                ref = self._ref_model.state_dict() if self.cfg.ref_mode == "copy" else self._ref_state
-                torch.save(ref, tmp / "reference.pt")
-            torch.save(
-                {
-                    "backend": self.backend,
-                    "role": self.role,
-                    "global_step": self.global_step,
-                    "outer_iteration": self.outer_iteration,
-                    "policy_is_reference": self._policy_is_reference,
-                    "entropy_history": list(self.entropy.history),
-                    "block_grad_norms": list(self.block_grad_norms),
-                },
-                tmp / "trainer_state.pt",
-            )
-            torch.save(capture_rng_state(), tmp / RNG_FILE)
+            if self.dist.is_main:
+                self._save_trainer_state(tmp)
         return Path(path)
+
+    def _save_trainer_state(self, directory: Path) -> None:
+        if self._has_reference:
+            ref = self._ref_model.state_dict() if self.cfg.ref_mode == "copy" else self._ref_state
+            torch.save(ref, directory / "reference.pt")
+        torch.save(
+            {
+                "backend": self.backend,
+                "role": self.role,
+                "global_step": self.global_step,
+                "outer_iteration": self.outer_iteration,
+                "policy_is_reference": self._policy_is_reference,
+                "entropy_history": list(self.entropy.history),
+                "block_grad_norms": list(self.block_grad_norms),
+            },
+            directory / "trainer_state.pt",
+        )
+        torch.save(capture_rng_state(), directory / RNG_FILE)
 
     def load_checkpoint(self, path: str | os.PathLike, restore_rng: bool = True) -> None:
         """Restore everything :meth:`save_checkpoint` wrote; continuing equals an uninterrupted run."""

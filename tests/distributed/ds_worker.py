@@ -1,0 +1,97 @@
+"""One rank of a DeepSpeed data-parallel run (launched by tests/distributed/test_data_parallel_deepspeed.py
+under torchrun, gloo on CPU).
+
+``trainer DUMP``: ZeRO-2 and ZeRO-3 trainers of the tiny random model take the same steps as the
+single-process torch trainer would on the same batches, then save a checkpoint, take a step, load the
+checkpoint and take the step again; dumps this rank's weights and metrics.
+``loop RUN_DIR DUMP OVERRIDES...``: runs or resumes an outer loop of ``experiment=tiny``; ``rollout=vllm``
+runs here on :class:`CopyingEngine` (a copy of the weights, synced like vLLM's). Dumps the full weights.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "trainer"))
+
+from unifiedplayers.config import compose  # noqa: E402
+from unifiedplayers.distributed import destroy, init_distributed  # noqa: E402
+from unifiedplayers.rollout.hf_engine import HFRollout  # noqa: E402
+from unifiedplayers.schedule import OuterLoop  # noqa: E402
+from unifiedplayers.trainer import build_trainer  # noqa: E402
+
+from trainer_helpers import synthetic_batch, tiny_model, trainer_config  # noqa: E402
+
+STEPS = 2
+# ZeRO-2 with the reference as a copy, ZeRO-3 with the reference swapped into the (partitioned) policy.
+BACKENDS = {"deepspeed_zero2": {"ref_mode": "copy"}, "deepspeed_zero3": {"ref_mode": "precompute"}}
+
+
+def batches(count: int) -> list:
+    """8 samples per batch in micro-batches of 3: rank 0 runs two, rank 1 one and a zero-weight pad."""
+    model, _ = tiny_model()
+    g = torch.Generator().manual_seed(21)
+    return [synthetic_batch(model, g) for _ in range(count)]
+
+
+def trainers(dump: str, dist) -> None:
+    data = batches(STEPS + 1)
+    out = {}
+    for backend, extra in BACKENDS.items():
+        model, _ = tiny_model()
+        trainer = build_trainer(trainer_config(backend=backend, kl_coef=0.05, **extra), model, dist=dist)
+        trainer.start_outer_iteration()
+        metrics = [trainer.update(b) for b in data[:STEPS]]
+        steps = trainer.full_state_dict()
+        ckpt = Path(dump).parent / f"ckpt-{backend}"
+        trainer.save_checkpoint(ckpt)
+        trainer.update(data[STEPS])
+        after = trainer.full_state_dict()
+        trainer.load_checkpoint(ckpt)
+        trainer.update(data[STEPS])
+        out[backend] = {"metrics": metrics, "steps": steps, "after": after, "again": trainer.full_state_dict()}
+    torch.save(out, f"{dump}.rank{dist.rank}.pt")
+
+
+class CopyingEngine(HFRollout):
+    """The hf engine over its own copy of the weights, refreshed by ``update_weights`` as vLLM's is: what
+    an engine per rank sees under ZeRO-3 (built and updated inside the trainer's gathered weights)."""
+
+    def __init__(self, cfg, model, tokenizer) -> None:
+        from transformers import AutoModelForCausalLM
+
+        copy = AutoModelForCausalLM.from_config(model.config).to(next(model.parameters()).dtype).eval()
+        copy.load_state_dict(model.state_dict())
+        super().__init__(cfg, copy, tokenizer)
+
+    def update_weights(self, model) -> None:
+        with torch.no_grad():
+            self.model.load_state_dict(model.state_dict() if isinstance(model, torch.nn.Module) else model)
+
+
+def loop(run_dir: str, dump: str, dist, *overrides: str) -> None:
+    cfg = compose(["experiment=tiny", *overrides])
+    factory = CopyingEngine if cfg.rollout.backend == "vllm" else None
+    run = OuterLoop(cfg, run_dir, dist=dist, rollout_factory=factory)
+    run.run()
+    weights = {role: p.trainer.full_state_dict() if p.trainer is not None else p.model.state_dict()
+               for role, p in run.players.items()}
+    torch.save(weights, f"{dump}.rank{dist.rank}.pt")
+
+
+def main(mode: str, *args: str) -> None:
+    torch.set_num_threads(1)
+    dist = init_distributed()
+    try:
+        if mode == "trainer":
+            trainers(args[0], dist)
+        else:
+            loop(args[0], args[1], dist, *args[2:])
+    finally:
+        destroy(dist)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

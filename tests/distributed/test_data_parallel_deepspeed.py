@@ -1,0 +1,159 @@
+"""DeepSpeed ZeRO-2 / ZeRO-3 over two data-parallel ranks (gloo, CPU), launched with torchrun as a
+subprocess (tests/distributed/ds_worker.py).
+
+- trainer level: both ranks end with identical weights, equal to the single-process step on the same
+  batches (the engine averages gradients over the ranks; our losses are scaled so that the step is the
+  batch's, whatever the rank count), although rank 1 runs one micro-batch of three plus a zero-weight pad;
+  a collective checkpoint (one optimizer partition per rank) round-trips bit-exactly.
+- outer loop: ZeRO-2 with hf rollouts writes records, metrics and checkpoints once, keeps the ranks equal
+  and resumes; ZeRO-3 with a weight-copying engine per rank (what vLLM does) gathers the partitions
+  collectively for every copy.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("deepspeed")
+
+from unifiedplayers.config import compose  # noqa: E402
+from unifiedplayers.distributed import DistContext  # noqa: E402
+from unifiedplayers.logging import read_metrics  # noqa: E402
+from unifiedplayers.records import load_records  # noqa: E402
+from unifiedplayers.schedule import OuterLoop  # noqa: E402
+from unifiedplayers.trainer import build_trainer  # noqa: E402
+from unifiedplayers.trainer.deepspeed_backend import DEFAULT_EXTENSIONS_DIR  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "trainer"))
+from trainer_helpers import synthetic_batch, tiny_model, trainer_config  # noqa: E402
+
+pytestmark = [pytest.mark.cpu, pytest.mark.slow]
+
+WORKER = Path(__file__).with_name("ds_worker.py")
+# The outer loop as in test_data_parallel.py: micro-batches of one sample, a second Planning update whose
+# KL gradient differs between the ranks' micro-batches.
+LOOP = ["trainer.micro_batch_size=1", "schedule.planning_updates=2"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(*args: str) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[2] / "src"),
+           "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(DEFAULT_EXTENSIONS_DIR))}
+    for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)  # a DeepSpeed test in this process may have set them for itself
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
+           str(WORKER), *args]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
+
+
+def ranks(dump: Path) -> list[dict]:
+    return [torch.load(f"{dump}.rank{r}.pt", weights_only=False) for r in (0, 1)]
+
+
+def same(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def single_process_run():
+    """The torch trainer in this process on the worker's batches: metrics and weights after each step."""
+    sys.path.insert(0, str(WORKER.parent))
+    from ds_worker import STEPS, batches
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        model, _ = tiny_model()
+        trainer = build_trainer(trainer_config(kl_coef=0.05), model)
+        trainer.start_outer_iteration()
+        metrics = [trainer.update(b) for b in batches(STEPS)]
+        return metrics, trainer.full_state_dict()
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_zero_stages_over_two_ranks_take_the_single_process_step(tmp_path):
+    dump = tmp_path / "trainer"
+    torchrun("trainer", str(dump))
+    out = ranks(dump)
+    metrics, weights = single_process_run()
+    initial = tiny_model()[0].state_dict()
+    assert max(float((weights[k] - initial[k]).abs().max()) for k in weights) > 1e-4  # training moved them
+    for backend in ("deepspeed_zero2", "deepspeed_zero3"):
+        r0, r1 = out[0][backend], out[1][backend]
+        assert same(r0["steps"], r1["steps"]) and same(r0["after"], r1["after"]), backend
+        for ours, single in zip(r0["metrics"], metrics):
+            assert ours["actor/num_micro_batches"] == single["actor/num_micro_batches"] == 3
+            assert ours["actor/num_tokens"] == single["actor/num_tokens"]  # the pad adds no tokens
+            assert ours["actor/loss"] == pytest.approx(single["actor/loss"], abs=1e-6)
+            # The gradient of the whole batch, not the ranks' average of their shares.
+            assert ours["actor/grad_norm"] == pytest.approx(single["actor/grad_norm"], rel=1e-5), backend
+        assert r0["metrics"][-1]["actor/kl"] > 0
+        for k, v in weights.items():
+            torch.testing.assert_close(r0["steps"][k], v, atol=1e-5, rtol=0, msg=lambda m: f"{backend} {k}: {m}")
+        for r in out:  # save, step, load, step: the same step again, on both ranks
+            assert same(r[backend]["again"], r[backend]["after"]), backend
+        state = tmp_path / f"ckpt-{backend}" / "deepspeed" / "state"
+        assert sorted(p.name for p in state.glob("*optim_states.pt")) == [  # each rank wrote its partition
+            "zero_pp_rank_0_mp_rank_00_optim_states.pt", "zero_pp_rank_1_mp_rank_00_optim_states.pt"]
+    assert not list(tmp_path.glob("**/.*.tmp-*"))
+
+
+def test_zero2_outer_loop_over_two_ranks_writes_once_and_resumes(tmp_path):
+    run_dir, dump = tmp_path / "run", tmp_path / "weights"
+    torchrun("loop", str(run_dir), str(dump), *LOOP, "trainer=deepspeed_zero2", "schedule.max_updates=2")
+    first = ranks(dump)
+    assert len(read_metrics(run_dir)) == 2
+    torchrun("loop", str(run_dir), str(dump), *LOOP, "trainer=deepspeed_zero2", "resume=true")
+    final = ranks(dump)
+    for role in ("planning", "execution", "evaluation"):
+        assert same(first[0][role], first[1][role]) and same(final[0][role], final[1][role]), role
+    assert not same(first[0]["planning"], first[0]["evaluation"])  # the trained players moved
+    assert not same(first[0]["evaluation"], final[0]["evaluation"])
+    metrics = read_metrics(run_dir)
+    assert [(m["block"], m["update"]) for m in metrics] == [
+        ("planning", 0), ("planning", 1), ("execution", 0), ("evaluation", 0)]
+    assert metrics[1]["planning/grad_norm"] > 0
+    ids = [r.task_id for r in load_records(run_dir / "records.jsonl")]
+    assert len(ids) == len(set(ids)) == torch.load(run_dir / "state.pt", weights_only=False)["records"]
+    for role in ("planning", "execution", "evaluation"):
+        state = run_dir / "checkpoints" / "iter1" / role / "deepspeed" / "state"
+        assert len(list(state.glob("zero_pp_rank_*_optim_states.pt"))) == 2, role  # one partition per rank
+    assert not list(run_dir.glob("**/.*.tmp-*"))
+
+
+def test_zero3_outer_loop_with_an_engine_per_rank(tmp_path):
+    run_dir, dump = tmp_path / "run", tmp_path / "weights"
+    torchrun("loop", str(run_dir), str(dump), *LOOP, "trainer=deepspeed_zero3", "trainer.dtype=float32", "rollout=vllm",
+             "schedule.execution_pool.every=1", "schedule.execution_pool.math_size=1",
+             "schedule.execution_pool.general_size=1")
+    final = ranks(dump)
+    for role in ("planning", "execution", "evaluation"):
+        assert same(final[0][role], final[1][role]), role
+    assert not same(final[0]["planning"], final[0]["evaluation"])
+    metrics = read_metrics(run_dir)
+    assert len(metrics) == 4 and all(m[f"{m['block']}/skipped"] == 0.0 for m in metrics)
+    assert metrics[2]["execution/pool_step"] == 1  # rank 0 evaluated, rank 1 synced its engine along
+
+
+def test_several_ranks_refuse_what_they_cannot_do(tmp_path):
+    two = DistContext(rank=0, world_size=2)
+    with pytest.raises(NotImplementedError, match="rollout=vllm"):
+        OuterLoop(compose(["experiment=tiny", "trainer=deepspeed_zero3"]), tmp_path, dist=two)
+    with pytest.raises(NotImplementedError, match="feedback=stale"):
+        OuterLoop(compose(["experiment=tiny", "trainer=deepspeed_zero3", "rollout=vllm", "schedule.feedback=stale"]),
+                  tmp_path, dist=two)
+    with pytest.raises(NotImplementedError, match="tensor_parallel_size=1"):
+        OuterLoop(compose(["experiment=tiny", "rollout=vllm", "rollout.tensor_parallel_size=2"]), tmp_path, dist=two)
+    OuterLoop(compose(["experiment=tiny", "trainer=deepspeed_zero2", "rollout=vllm"]), tmp_path, dist=two)
