@@ -16,14 +16,19 @@ What makes it at least as fast as ``model.generate`` on CPU:
 - one prefill per distinct prompt of a batch, its KV cache copied to the prompt's n rows;
 - a KV cache with room to grow, written in place at each step (transformers' dynamic cache
   concatenates, i.e. copies the whole cache of every layer, at every step);
-- no attention mask at all when the rows of a batch have no padding (one prompt's n samples).
+- no attention mask at all when the rows of a batch have no padding (one prompt's n samples);
+- on CPU, the linear layers of a batch of few rows (every decoding step) compute ``(W xᵀ)ᵀ`` instead of
+  ``x Wᵀ`` (:func:`skinny_linears`): the same products, and BLAS streams the weight matrix well in that
+  orientation (here about 1.5× faster per decoding step of 8 rows, 2× for the 49k-row LM head).
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import torch
+from torch.nn import functional as F
 
 from unifiedplayers.config import RolloutConfig
 from unifiedplayers.rollout.base import RolloutEngine
@@ -73,6 +78,44 @@ def sample_next(
         logp = torch.log_softmax(top_p_mask(logits / temperature, top_p), dim=-1)
         tokens = draw(logp.exp(), generator)
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+SKINNY_ROWS = 256  # at most this many rows: the weight-major product (measured faster up to ~512 rows here)
+
+
+def _skinny_linear_forward(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """``module(x)`` as ``(W xᵀ)ᵀ`` when ``x`` has at most :data:`SKINNY_ROWS` rows, else ``F.linear``."""
+    rows = x.numel() // max(x.shape[-1], 1)
+    if rows > SKINNY_ROWS or x.dtype != module.weight.dtype:
+        return F.linear(x, module.weight, module.bias)
+    y = torch.mm(module.weight, x.reshape(rows, x.shape[-1]).t()).t()
+    if module.bias is not None:
+        y = y + module.bias
+    return y.contiguous().view(*x.shape[:-1], y.shape[-1])
+
+
+@contextlib.contextmanager
+def skinny_linears(model: torch.nn.Module) -> Iterator[None]:
+    """While inside, the float32 CPU ``nn.Linear`` layers of ``model`` run :func:`_skinny_linear_forward`
+    (restored on exit). CPU BLAS packs the weight for ``x Wᵀ`` with few rows of ``x`` at every call, while
+    ``W xᵀ`` streams it; the results differ only by float rounding. A no-op on other devices and dtypes,
+    and for layers whose weight is not a plain 2-D tensor (ZeRO-3 shards)."""
+    patched = []
+    for m in model.modules():
+        w = getattr(m, "weight", None)
+        if (isinstance(m, torch.nn.Linear) and isinstance(w, torch.Tensor) and w.dim() == 2 and w.device.type == "cpu"
+                and w.dtype == torch.float32 and not hasattr(w, "ds_id")):
+            patched.append((m, m.__dict__.get("forward")))
+    for m, _ in patched:
+        m.forward = _skinny_linear_forward.__get__(m)
+    try:
+        yield
+    finally:
+        for m, own in patched:
+            if own is None:
+                del m.forward
+            else:
+                m.forward = own
 
 
 def _forward_keywords(model: Any) -> tuple[str, dict[str, Any]]:
@@ -187,13 +230,15 @@ class HFRollout(RolloutEngine):
         was_training = self.model.training
         self.model.eval()
         try:
-            for start in range(0, len(order), chunk):
-                idx = order[start : start + chunk]
-                outs = self._sample_batch(
-                    [rows[r][1] for r in idx], max_new_tokens, temperature, top_p, stop, greedy, generator, ignore_eos, device
-                )
-                for r, c in zip(idx, outs):
-                    results[r] = c
+            with skinny_linears(self.model):
+                for start in range(0, len(order), chunk):
+                    idx = order[start : start + chunk]
+                    outs = self._sample_batch(
+                        [rows[r][1] for r in idx], max_new_tokens, temperature, top_p, stop, greedy, generator,
+                        ignore_eos, device,
+                    )
+                    for r, c in zip(idx, outs):
+                        results[r] = c
         finally:
             self.model.train(was_training)
         return [results[p * n : (p + 1) * n] for p in range(len(prompt_ids))]
