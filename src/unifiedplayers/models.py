@@ -17,13 +17,14 @@ or where to put the files.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 import torch
 
@@ -327,3 +328,22 @@ def save_model_dir(model: Any, tokenizer: Any, directory: Optional[str] = None) 
     model.save_pretrained(target, safe_serialization=True)
     tokenizer.save_pretrained(target)
     return target
+
+
+@contextlib.contextmanager
+def forward_overridden(modules: Iterable[torch.nn.Module], forward: Callable[..., Any]) -> Iterator[None]:
+    """While inside, each of ``modules`` runs ``forward(module, *args)`` in place of its own forward; on exit
+    each gets back exactly what it had (its class's forward, or a forward of its own). Used for exact
+    rewrites of a layer's computation in one phase only (the trainer's lean SwiGLU backward, the
+    rollout's weight-major linear layers)."""
+    patched = [(m, m.__dict__.get("forward")) for m in modules]
+    for m, _ in patched:
+        m.forward = forward.__get__(m)
+    try:
+        yield
+    finally:
+        for m, own in patched:
+            if own is None:
+                del m.forward
+            else:
+                m.forward = own

@@ -3,9 +3,6 @@ a subprocess: records, metrics and checkpoints are written once (by rank 0), bot
 identical weights, every trained player moved, and a stopped run resumes over the same two ranks."""
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -18,6 +15,10 @@ from unifiedplayers.logging import read_metrics
 from unifiedplayers.records import load_records
 from unifiedplayers.schedule import OuterLoop
 
+sys.path.insert(0, str(Path(__file__).parent))
+from launch import same  # noqa: E402
+from launch import torchrun as torchrun_worker  # noqa: E402
+
 pytestmark = [pytest.mark.cpu, pytest.mark.slow]
 
 WORKER = Path(__file__).with_name("dp_worker.py")
@@ -29,23 +30,8 @@ WORKER = Path(__file__).with_name("dp_worker.py")
 OVERRIDES = ["trainer.micro_batch_size=1", "schedule.planning_updates=2"]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def torchrun(run_dir: Path, dump: Path, *overrides: str) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[2] / "src")}
-    env.pop("WORLD_SIZE", None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
-           str(WORKER), str(run_dir), str(dump), *OVERRIDES, *overrides]
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
-
-
-def same(a: dict, b: dict) -> bool:
-    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    torchrun_worker(WORKER, str(run_dir), str(dump), *OVERRIDES, *overrides, timeout=240)
 
 
 def test_share_splits_n_samples_over_the_ranks():

@@ -12,8 +12,6 @@ subprocess (tests/distributed/ds_worker.py).
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -31,6 +29,9 @@ from unifiedplayers.trainer import build_trainer  # noqa: E402
 from unifiedplayers.trainer.deepspeed_backend import DEFAULT_EXTENSIONS_DIR  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "trainer"))
+sys.path.insert(0, str(Path(__file__).parent))
+from launch import same  # noqa: E402
+from launch import torchrun as torchrun_worker  # noqa: E402
 from trainer_helpers import synthetic_batch, tiny_model, trainer_config  # noqa: E402
 
 pytestmark = [pytest.mark.cpu, pytest.mark.slow]
@@ -41,29 +42,13 @@ WORKER = Path(__file__).with_name("ds_worker.py")
 LOOP = ["trainer.micro_batch_size=1", "schedule.planning_updates=2"]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def torchrun(*args: str) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[2] / "src"),
-           "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(DEFAULT_EXTENSIONS_DIR))}
-    for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(key, None)  # a DeepSpeed test in this process may have set them for itself
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
-           str(WORKER), *args]
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
+    torchrun_worker(WORKER, *args, env={"TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR",
+                                                                              str(DEFAULT_EXTENSIONS_DIR))})
 
 
 def ranks(dump: Path) -> list[dict]:
     return [torch.load(f"{dump}.rank{r}.pt", weights_only=False) for r in (0, 1)]
-
-
-def same(a: dict, b: dict) -> bool:
-    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def single_process_run():

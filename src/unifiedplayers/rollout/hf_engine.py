@@ -23,14 +23,14 @@ What makes it at least as fast as ``model.generate`` on CPU:
 """
 from __future__ import annotations
 
-import contextlib
 import inspect
-from typing import Any, Iterator, Optional
+from typing import Any, ContextManager, Optional
 
 import torch
 from torch.nn import functional as F
 
 from unifiedplayers.config import RolloutConfig
+from unifiedplayers.models import forward_overridden
 from unifiedplayers.rollout.base import RolloutEngine
 from unifiedplayers.rollout.types import Completion, find_stop
 
@@ -94,28 +94,17 @@ def _skinny_linear_forward(module: torch.nn.Linear, x: torch.Tensor) -> torch.Te
     return y.contiguous().view(*x.shape[:-1], y.shape[-1])
 
 
-@contextlib.contextmanager
-def skinny_linears(model: torch.nn.Module) -> Iterator[None]:
+def skinny_linears(model: torch.nn.Module) -> ContextManager[None]:
     """While inside, the float32 CPU ``nn.Linear`` layers of ``model`` run :func:`_skinny_linear_forward`
     (restored on exit). CPU BLAS packs the weight for ``x Wᵀ`` with few rows of ``x`` at every call, while
     ``W xᵀ`` streams it; the results differ only by float rounding. A no-op on other devices and dtypes,
     and for layers whose weight is not a plain 2-D tensor (ZeRO-3 shards)."""
-    patched = []
-    for m in model.modules():
+    def eligible(m: torch.nn.Module) -> bool:
         w = getattr(m, "weight", None)
-        if (isinstance(m, torch.nn.Linear) and isinstance(w, torch.Tensor) and w.dim() == 2 and w.device.type == "cpu"
-                and w.dtype == torch.float32 and not hasattr(w, "ds_id")):
-            patched.append((m, m.__dict__.get("forward")))
-    for m, _ in patched:
-        m.forward = _skinny_linear_forward.__get__(m)
-    try:
-        yield
-    finally:
-        for m, own in patched:
-            if own is None:
-                del m.forward
-            else:
-                m.forward = own
+        return (isinstance(m, torch.nn.Linear) and isinstance(w, torch.Tensor) and w.dim() == 2
+                and w.device.type == "cpu" and w.dtype == torch.float32 and not hasattr(w, "ds_id"))
+
+    return forward_overridden([m for m in model.modules() if eligible(m)], _skinny_linear_forward)
 
 
 def _forward_keywords(model: Any) -> tuple[str, dict[str, Any]]:

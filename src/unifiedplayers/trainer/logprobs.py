@@ -19,11 +19,13 @@ from __future__ import annotations
 import contextlib
 import inspect
 from dataclasses import dataclass
-from typing import Iterator, Optional
+from typing import ContextManager, Optional
 
 import torch
 from torch import nn
 from torch.nn import functional as F
+
+from unifiedplayers.models import forward_overridden
 
 Tensor = torch.Tensor
 
@@ -97,21 +99,10 @@ def _swiglu_forward(module: nn.Module, x: Tensor) -> Tensor:
     return SwiGLUMLP.apply(x, module.gate_proj.weight, module.up_proj.weight, module.down_proj.weight)
 
 
-@contextlib.contextmanager
-def lean_swiglu(model: nn.Module) -> Iterator[None]:
+def lean_swiglu(model: nn.Module) -> ContextManager[None]:
     """While inside, the SwiGLU MLPs of ``model`` (gate/up/down projections without bias, silu) run as
     :class:`SwiGLUMLP`; their forward is restored on exit (the graph built inside keeps the lean backward)."""
-    patched = [(m, m.__dict__.get("forward")) for m in model.modules() if _is_swiglu(m)]
-    for m, _ in patched:
-        m.forward = _swiglu_forward.__get__(m)
-    try:
-        yield
-    finally:
-        for m, own in patched:
-            if own is None:
-                del m.forward
-            else:
-                m.forward = own
+    return forward_overridden([m for m in model.modules() if _is_swiglu(m)], _swiglu_forward)
 
 
 def _activation_checkpointing(model: nn.Module) -> bool:
