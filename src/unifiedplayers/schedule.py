@@ -1002,6 +1002,8 @@ class OuterLoop:
                     continue
                 for name in ("optimizer.pt", "reference.pt"):
                     (ckpt / name).unlink(missing_ok=True)
+                if (ckpt / "model.pt").is_file():  # a DeepSpeed checkpoint's resume state (its optimizer
+                    shutil.rmtree(ckpt / "deepspeed", ignore_errors=True)  # partitions); model.pt stays
 
     def _finish(self, already: bool = False) -> dict[str, Any]:
         from unifiedplayers.summary import write_summary

@@ -275,6 +275,23 @@ def test_a_finished_run_keeps_what_checkpoint_retention_says(tmp_path):
         run(tmp_path / "other", ["schedule.checkpoint_retention=none"])
 
 
+def test_retention_of_a_deepspeed_checkpoint_keeps_its_model_pt_only(tmp_path):
+    # A DeepSpeed checkpoint holds model.pt (full weights) beside deepspeed/ (engine state with the
+    # optimizer partitions): "weights" keeps model.pt and drops the rest.
+    from types import SimpleNamespace
+
+    ckpt = tmp_path / "checkpoints" / "iter1" / "planning"
+    (ckpt / "deepspeed" / "state").mkdir(parents=True)
+    for name in ("model.pt", "reference.pt", "trainer_state.pt", "deepspeed/state/zero_pp_rank_0_mp_rank_00_optim_states.pt"):
+        (ckpt / name).write_bytes(b"x")
+    no_weights = tmp_path / "checkpoints" / "iter1" / "evaluation"  # no model.pt: its engine state is kept
+    (no_weights / "deepspeed").mkdir(parents=True)
+    cfg = SimpleNamespace(schedule=SimpleNamespace(checkpoint_retention="weights"))
+    OuterLoop._prune_checkpoints(SimpleNamespace(cfg=cfg, run_dir=tmp_path, finished=True))
+    assert sorted(p.name for p in ckpt.iterdir()) == ["model.pt", "trainer_state.pt"]
+    assert (no_weights / "deepspeed").is_dir()
+
+
 # ---------------------------------------------------------------- plan and seeds
 
 

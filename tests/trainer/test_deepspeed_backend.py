@@ -87,6 +87,10 @@ def test_zero2_checkpoint_round_trip_is_bit_exact(zero2, batches, tmp_path):
     trainer, _ = zero2
     torch.set_num_threads(1)
     trainer.save_checkpoint(tmp_path / "evaluation")
+    # The full weights as the torch backend writes them, for the evaluation harness and retention.
+    saved = torch.load(tmp_path / "evaluation" / "model.pt", weights_only=True)
+    assert saved.keys() == _params(trainer.model).keys()
+    assert all(torch.equal(saved[k], v) for k, v in _params(trainer.model).items())
     trainer.update(batches[STEPS])
     after = _params(trainer.model)
     rng_after = torch.rand(2)
@@ -98,7 +102,7 @@ def test_zero2_checkpoint_round_trip_is_bit_exact(zero2, batches, tmp_path):
         assert torch.equal(v, after[k]), k
 
 
-def test_zero3_step_equals_torch_step(batches, torch_run):
+def test_zero3_step_equals_torch_step(batches, torch_run, tmp_path):
     torch.set_num_threads(1)
     torch_metrics, torch_params = torch_run
     model, _ = tiny_model()
@@ -111,3 +115,7 @@ def test_zero3_step_equals_torch_step(batches, torch_run):
     params = trainer.full_state_dict()
     for k, v in torch_params.items():
         torch.testing.assert_close(params[k], v, atol=1e-5, rtol=0)
+    # Its checkpoint's model.pt holds the gathered weights, not the empty partitions of the module.
+    trainer.save_checkpoint(tmp_path / "execution")
+    saved = torch.load(tmp_path / "execution" / "model.pt", weights_only=True)
+    assert all(torch.equal(saved[k], params[k]) for k in params)

@@ -175,6 +175,12 @@ class DeepSpeedTrainer(PlayerTrainer):
     def _save_backend(self, directory: Path) -> None:
         self._ensure_optimizer()
         self.engine.save_checkpoint(str(directory / "deepspeed"), tag="state", save_latest=False)
+        # Also the full weights as the torch backend writes them (model.pt, on the host): what the
+        # evaluation harness and the retention policy read, whatever the backend. Every rank is here
+        # (a collective checkpoint), so ZeRO-3 can gather its partitions; rank 0 writes.
+        with self.gathered_weights():
+            if self.dist.is_main:
+                torch.save({k: v.detach().cpu() for k, v in self.model.state_dict().items()}, directory / "model.pt")
 
     def _load_backend(self, directory: Path) -> None:
         self._ensure_optimizer()
