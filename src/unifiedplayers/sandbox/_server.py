@@ -677,7 +677,7 @@ class Forker:
             os.mkdir(workdir, 0o700)
         except FileExistsError:  # what a previous call left could not all be removed: set it aside
             self.stale += 1
-            os.rename(workdir, "%s.stale%d" % (workdir, self.stale))
+            os.rename(workdir, "%s.stale-%d-%d" % (workdir, os.getpid(), self.stale))
             os.mkdir(workdir, 0o700)
         if kind == KIND_CALL:
             code, text = self.compiled(key, drop, text)
