@@ -39,6 +39,15 @@ from typing import Any, Callable, Optional, Sequence, TypeVar
 
 T = TypeVar("T")
 _OBJECT_GROUP: Any = None  # a gloo group for the object collectives when the default group is nccl
+_GROUP_ADOPTED = False  # an in-process vLLM engine took the job's process group over (see adopt_group)
+
+
+def adopt_group() -> None:
+    """Note that an engine built in this process (in-process vLLM) adopted the job's process group. Its
+    shutdown, at exit, destroys every process group (vLLM's ``cleanup_dist_env_and_memory``), and fails
+    with a traceback if :func:`destroy` already did; so :func:`destroy` then leaves them to it."""
+    global _GROUP_ADOPTED
+    _GROUP_ADOPTED = True
 
 
 def share(n: int, rank: int, world_size: int) -> int:
@@ -206,11 +215,15 @@ def init_distributed(backend: Optional[str] = None, pin_gpu: bool = True) -> Dis
 
 
 def destroy(ctx: DistContext) -> None:
+    """Leave the job's process group (every rank, once, at the end). A group that an in-process vLLM engine
+    adopted (:func:`adopt_group`) is left for that engine's own shutdown at exit."""
     if ctx.enabled:
         import torch.distributed as dist
 
         global _OBJECT_GROUP
         if dist.is_initialized():
             dist.barrier(group=_OBJECT_GROUP)
+            if _GROUP_ADOPTED:
+                return
             dist.destroy_process_group()
         _OBJECT_GROUP = None

@@ -19,10 +19,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def torchrun(worker: Path, *args: str, env: Optional[Mapping[str, str]] = None, timeout: float = 300) -> None:
+def torchrun(worker: Path, *args: str, env: Optional[Mapping[str, str]] = None,
+             timeout: float = 300) -> subprocess.CompletedProcess:
     """``torchrun --nproc_per_node=2 worker args...`` on a free port, one thread per rank; fails the test with
-    the ranks' output when it fails. Rendezvous variables this process may have set for itself (a DeepSpeed
-    test of one rank) are not passed on."""
+    the ranks' output when it fails, else returns the finished process (its output as text). Rendezvous
+    variables this process may have set for itself (a DeepSpeed test of one rank) are not passed on."""
     full = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": SRC, **(env or {})}
     for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         full.pop(key, None)
@@ -30,6 +31,7 @@ def torchrun(worker: Path, *args: str, env: Optional[Mapping[str, str]] = None, 
            str(worker), *args]
     out = subprocess.run(cmd, env=full, capture_output=True, text=True, timeout=timeout)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
+    return out
 
 
 def same(a: dict, b: dict) -> bool:

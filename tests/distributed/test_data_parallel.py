@@ -43,6 +43,28 @@ def test_share_splits_n_samples_over_the_ranks():
     assert single.broadcast("x") == "x" and single.gather(1) == [1] and not single.enabled
 
 
+def test_destroy_leaves_an_adopted_group_to_its_engine(tmp_path, monkeypatch):
+    # An in-process vLLM engine destroys the process group it adopted at its own shutdown (at exit), and
+    # fails if we did first: destroy() then only synchronises. A group of one process stands in for the job's.
+    import torch.distributed as dist
+
+    import unifiedplayers.distributed as D
+
+    monkeypatch.setattr(D, "_GROUP_ADOPTED", False)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rdzv'}", rank=0, world_size=1)
+    try:
+        job = DistContext(rank=0, world_size=2)  # as a rank of a larger job sees itself
+        D.adopt_group()
+        D.destroy(job)
+        assert dist.is_initialized()  # left to the engine
+        monkeypatch.setattr(D, "_GROUP_ADOPTED", False)
+        D.destroy(job)
+        assert not dist.is_initialized()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
 def test_two_ranks_write_once_and_end_with_identical_weights(tmp_path):
     run_dir, dump = tmp_path / "run", tmp_path / "weights"
     # Stop after the Planning block, then resume the Execution and Evaluation updates on the same two ranks.

@@ -107,6 +107,10 @@ class VLLMRollout(RolloutEngine):
         if cfg.max_model_len is not None:
             kwargs["max_model_len"] = cfg.max_model_len
         self.llm = vllm.LLM(**kwargs)
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            from unifiedplayers.distributed import adopt_group
+
+            adopt_group()  # the engine joined this job's process group and destroys it at its shutdown
         self._max_model_len = int(self.llm.llm_engine.model_config.max_model_len)
         self._vocab = int(model.get_output_embeddings().weight.shape[0])
         if not fresh and cfg.inprocess:
