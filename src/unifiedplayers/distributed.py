@@ -25,7 +25,8 @@ Who does what (``unifiedplayers.schedule`` and ``unifiedplayers.trainer``):
   over several ranks needs ``rollout=vllm`` (hf generation from partitioned weights would be a collective
   per token) and fresh feedback.
 
-The other ranks wait at the next collective while rank 0 works alone (verdicts, the diagnostic pool), so the process group's timeout is long: ``UNIFIEDPLAYERS_DIST_TIMEOUT_MIN`` minutes (120).
+The other ranks wait at the next collective while rank 0 works alone (verdicts, the diagnostic pool), so
+the process group's timeout is long: ``UNIFIEDPLAYERS_DIST_TIMEOUT_MIN`` minutes (120).
 
 On GPUs each rank is pinned to the GPU of its ``LOCAL_RANK`` by narrowing ``CUDA_VISIBLE_DEVICES`` before
 CUDA starts, so ``cuda`` (``cuda:0``) is that GPU for the model, the trainer and the rollout engine.

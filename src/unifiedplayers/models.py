@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import inspect
 import json
 import os
 import shutil
@@ -328,6 +329,18 @@ def save_model_dir(model: Any, tokenizer: Any, directory: Optional[str] = None) 
     model.save_pretrained(target, safe_serialization=True)
     tokenizer.save_pretrained(target)
     return target
+
+
+def cache_keyword(module: Any) -> str:
+    """The forward() keyword of a transformers model's KV cache: ``cache`` from transformers 5.2x,
+    ``past_key_values`` before."""
+    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
+
+
+def returned_cache(output: Any) -> Any:
+    """The KV cache a transformers forward returned (``cache`` or, before 5.2x, ``past_key_values``)."""
+    cache = getattr(output, "cache", None)
+    return cache if cache is not None else output.past_key_values
 
 
 @contextlib.contextmanager

@@ -996,7 +996,7 @@ class OuterLoop:
                 shutil.rmtree(group, ignore_errors=True)
                 continue
             for ckpt in sorted(p for p in group.iterdir() if p.is_dir()):
-                role = ckpt.name.split("-")[0]  # iter<N>/<role>, resume/<role>-a|b, published/<role>...
+                role = ckpt.name.split("-")[0]  # iter<N>/<role> or resume/<role>-a|b
                 if keep == "execution_weights" and role != "execution":
                     shutil.rmtree(ckpt, ignore_errors=True)
                     continue

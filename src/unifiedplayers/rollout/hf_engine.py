@@ -30,7 +30,7 @@ import torch
 from torch.nn import functional as F
 
 from unifiedplayers.config import RolloutConfig
-from unifiedplayers.models import forward_overridden
+from unifiedplayers.models import cache_keyword, forward_overridden, returned_cache
 from unifiedplayers.rollout.base import RolloutEngine
 from unifiedplayers.rollout.types import Completion, find_stop
 
@@ -108,17 +108,10 @@ def skinny_linears(model: torch.nn.Module) -> ContextManager[None]:
 
 
 def _forward_keywords(model: Any) -> tuple[str, dict[str, Any]]:
-    """The forward() keyword of the KV cache (``cache`` from transformers 5.2x, ``past_key_values``
-    before) and the prefill's extra keywords (``logits_to_keep=1`` where the model takes it: only the
-    last position's logits are needed)."""
+    """The forward() keyword of the KV cache and the prefill's extra keywords (``logits_to_keep=1`` where
+    the model takes it: only the last position's logits are needed)."""
     params = inspect.signature(model.forward).parameters
-    cache_arg = "cache" if "cache" in params else "past_key_values"
-    return cache_arg, ({"logits_to_keep": 1} if "logits_to_keep" in params else {})
-
-
-def _returned_cache(out: Any) -> Any:
-    cache = getattr(out, "cache", None)
-    return cache if cache is not None else out.past_key_values
+    return cache_keyword(model), ({"logits_to_keep": 1} if "logits_to_keep" in params else {})
 
 
 if DynamicLayer is not None:
@@ -278,7 +271,7 @@ class HFRollout(RolloutEngine):
             use_cache=True,
             **self._prefill_kw,
         )
-        cache, logits = _returned_cache(out), out.logits[:, -1, :]
+        cache, logits = returned_cache(out), out.logits[:, -1, :]
         if share:
             rows = torch.tensor(row_of, dtype=torch.long, device=device)
             if not expand_prefill_cache(cache, rows, width + steps):
@@ -326,7 +319,7 @@ class HFRollout(RolloutEngine):
                 use_cache=True,
                 **{self._cache_arg: cache},
             )
-            cache, logits, next_pos = _returned_cache(out), out.logits[:, -1, :], next_pos + 1
+            cache, logits, next_pos = returned_cache(out), out.logits[:, -1, :], next_pos + 1
 
         results = []
         for b in range(batch):

@@ -5,7 +5,7 @@ tokens that is 480 MB before the log-softmax doubles it. The loss only needs the
 *trainable* tokens, so we run the decoder body, gather the hidden states at the positions that predict
 those tokens and apply the LM head to these rows only (M × V instead of B × L × V).
 
-Two more savings, both exact up to float rounding:
+Three more savings, all exact up to float rounding:
 - the rows of a GRPO group start with the same prompt, so the decoder runs that shared prefix once and
   the rows continue from its KV cache (:func:`decoder_hidden`);
 - the LM head, log-softmax and entropy are one autograd function (:class:`HeadLogprob`) whose backward is
@@ -17,7 +17,6 @@ Two more savings, both exact up to float rounding:
 from __future__ import annotations
 
 import contextlib
-import inspect
 from dataclasses import dataclass
 from typing import ContextManager, Optional
 
@@ -25,7 +24,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from unifiedplayers.models import forward_overridden
+from unifiedplayers.models import cache_keyword, forward_overridden, returned_cache
 
 Tensor = torch.Tensor
 
@@ -51,11 +50,6 @@ def shared_prefix_length(input_ids: Tensor, attention_mask: Tensor) -> int:
     """Number of leading positions where every row holds the same real token. ``input_ids``: (B, L)."""
     same = (input_ids == input_ids[:1]).all(dim=0) & attention_mask.bool().all(dim=0)
     return int(same.long().cumprod(dim=0).sum())
-
-
-def _cache_keyword(body: nn.Module) -> str:
-    """The forward() keyword of the KV cache: ``cache`` from transformers 5.2x, ``past_key_values`` before."""
-    return "cache" if "cache" in inspect.signature(body.forward).parameters else "past_key_values"
 
 
 class SwiGLUMLP(torch.autograd.Function):
@@ -124,8 +118,7 @@ def decoder_hidden(body: nn.Module, input_ids: Tensor, attention_mask: Tensor, m
     if prefix < min_shared_prefix or prefix <= 0:
         return body(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
     shared = body(input_ids=input_ids[:1, :prefix], use_cache=True)
-    cache = getattr(shared, "cache", None)
-    cache = cache if cache is not None else shared.past_key_values
+    cache = returned_cache(shared)
     cache.batch_repeat_interleave(batch)
     positions = torch.arange(prefix, length, device=input_ids.device).expand(batch, -1)
     rest = body(
@@ -133,7 +126,7 @@ def decoder_hidden(body: nn.Module, input_ids: Tensor, attention_mask: Tensor, m
         attention_mask=attention_mask,
         position_ids=positions,
         use_cache=True,
-        **{_cache_keyword(body): cache},
+        **{cache_keyword(body): cache},
     ).last_hidden_state
     return torch.cat([shared.last_hidden_state.expand(batch, -1, -1), rest], dim=1)
 
