@@ -19,6 +19,11 @@ A step is split into
 "update" = ref + forward + backward + optimizer. Beside wall seconds, the CPU seconds of the generation,
 the update and the step (all threads): on a shared machine the wall figures carry the neighbours' load.
 
+Floor: our trainer reports each update's model FLOPs (``perf/update_tflop``, see
+``unifiedplayers.trainer.flops``), and a first subprocess times every GEMM shape of the update alone on
+these cores, each at its best operand layout. Their ratio is the least time any fp32 implementation of
+the update needs on this machine, which tells whether a wall-clock target can be met here at all.
+
 Run:  .venv/bin/pip install -e '.[bench]'   (TRL is never a runtime dependency)
       .venv/bin/python benchmarks/grpo_update.py [--steps 1] [--threads 2] [--only ours,trl,zero2]
           [--micro-batch 8 --chunk-rows 0]   (default: conf/trainer/torch.yaml's values)
@@ -132,9 +137,57 @@ def worker_ours(beta: float, steps: int, backend: str, micro_batch: int, chunk_r
                 "cpu_update": c_update,
                 "cpu_step": time.process_time() - c0,
                 "tokens": sum(len(s.token_ids) for s in batch) / len(batch),
+                "update_tflop": m["perf/update_tflop"],
             }
         )
     return {"steps": records, "peak_rss_mib": peak_rss_mib()}
+
+
+# ---------------------------------------------------------------------------------------------- floor
+def _mm_rate(m: int, k: int, n: int, reps: int) -> float:
+    """Best GFLOP/s of an fp32 (m, k) @ (k, n) product over the three operand layouts torch passes to BLAS."""
+    import torch
+
+    best = 0.0
+    for a_t, b_t in ((False, False), (False, True), (True, False)):
+        a = torch.randn(k, m).t() if a_t else torch.randn(m, k)
+        b = torch.randn(n, k).t() if b_t else torch.randn(k, n)
+        out = torch.empty(m, n)
+        torch.mm(a, b, out=out)  # warm-up
+        t = time.perf_counter()
+        for _ in range(reps):
+            torch.mm(a, b, out=out)
+        best = max(best, 2 * m * k * n * reps / (time.perf_counter() - t) / 1e9)
+    return best
+
+
+def worker_floor(micro_batch: int) -> dict:
+    """How fast this machine can do the update's matmuls: each GEMM shape of one micro-batch's forward and
+    backward (linear layers and LM head, on the micro-batch's completion rows) timed alone at its best
+    operand layout. The update cannot run faster than its model FLOPs at these rates."""
+    from torch import nn
+
+    from unifiedplayers.models import load_model
+    from unifiedplayers.trainer.logprobs import split_causal_lm
+
+    model, _ = load_model(_model_cfg())
+    body, head = split_causal_lm(model)
+    rows = micro_batch * NEW_TOKENS
+    layers: dict[tuple[int, int], int] = {}
+    for mod in body.modules():
+        if isinstance(mod, nn.Linear):
+            layers[(mod.in_features, mod.out_features)] = layers.get((mod.in_features, mod.out_features), 0) + 1
+    layers[(head.in_features, head.out_features)] = 1
+    flop, seconds, best = 0.0, 0.0, 0.0
+    for (fan_in, fan_out), count in layers.items():
+        reps = 2 if fan_out > 10_000 else 8
+        # forward x W^T, input gradient g W, weight gradient g^T x
+        for m, k, n in ((rows, fan_in, fan_out), (rows, fan_out, fan_in), (fan_out, rows, fan_in)):
+            rate = _mm_rate(m, k, n, reps)
+            best = max(best, rate)
+            flop += 2 * m * k * n * count
+            seconds += 2 * m * k * n * count / (rate * 1e9)
+    return {"matmul_gflop_per_s": flop / seconds / 1e9, "best_gflop_per_s": best, "rows": rows}
 
 
 # ---------------------------------------------------------------------------------------------- TRL
@@ -278,25 +331,33 @@ def main() -> None:
         torch.set_num_threads(a.threads)
         if a.worker == "trl":
             result = worker_trl(a.beta, a.steps)
+        elif a.worker == "floor":
+            result = worker_floor(a.micro_batch)
         else:
             result = worker_ours(a.beta, a.steps, a.backend, a.micro_batch, a.chunk_rows)
         print("RESULT " + json.dumps(result), flush=True)
         return
 
+    def run_worker(worker: str, beta: float = 0.0, backend: str = "torch") -> dict | None:
+        cmd = [sys.executable, __file__, "--worker", worker, "--beta", str(beta), "--steps", str(a.steps),
+               "--threads", str(a.threads), "--backend", backend,
+               "--micro-batch", str(a.micro_batch), "--chunk-rows", str(a.chunk_rows)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+        if proc.returncode != 0 or not lines:
+            print(f"{worker} β={beta}: FAILED\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}", file=sys.stderr)
+            return None
+        return json.loads(lines[-1][len("RESULT "):])
+
     load_start = os.getloadavg()[0]
+    floor = run_worker("floor") if "ours" in a.only.split(",") else None
     rows = []
     for key in a.only.split(","):
         for label, worker, beta, backend in RUNS[key]:
-            cmd = [sys.executable, __file__, "--worker", worker, "--beta", str(beta), "--steps", str(a.steps),
-                   "--threads", str(a.threads), "--backend", backend or "torch",
-                   "--micro-batch", str(a.micro_batch), "--chunk-rows", str(a.chunk_rows)]
             t = time.perf_counter()
-            proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-            lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-            if proc.returncode != 0 or not lines:
-                print(f"{label} β={beta}: FAILED\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}", file=sys.stderr)
+            result = run_worker(worker, beta, backend or "torch")
+            if result is None:
                 continue
-            result = json.loads(lines[-1][len("RESULT "):])
             result.update(label=label, beta=beta, wall=time.perf_counter() - t)
             rows.append(result)
             last = result["steps"][-1]
@@ -324,6 +385,17 @@ def main() -> None:
                   f"{o['cpu_step'] / t['cpu_step']:.2f}×), update {o['update']:.1f} s "
                   f"(target ≤ 10), generation {o['generation']:.1f} vs {t['generation']:.1f} s, "
                   f"peak RSS {ours['peak_rss_mib']:.0f} vs {trl['peak_rss_mib']:.0f} MiB (target ≤ TRL)")
+    if floor:
+        print(f"Matmul rate of this machine on the update's GEMM shapes ({floor['rows']} rows, each shape at its best "
+              f"operand layout): {floor['matmul_gflop_per_s']:.0f} GFLOP/s over all of them, "
+              f"{floor['best_gflop_per_s']:.0f} GFLOP/s on the fastest")
+        for r in rows:
+            s = r["steps"][-1]
+            if "update_tflop" in s:
+                print(f"{r['label']} β={r['beta']}: update {s['update']:.1f} s for {s['update_tflop']:.2f} TFLOP of model "
+                      f"FLOPs = {s['update_tflop'] * 1e3 / s['update']:.0f} GFLOP/s; at the matmul rate above they need "
+                      f"{s['update_tflop'] * 1e3 / floor['matmul_gflop_per_s']:.1f} s, at the fastest shape's "
+                      f"{s['update_tflop'] * 1e3 / floor['best_gflop_per_s']:.1f} s (floors on these cores)")
     torch_run, zero2 = by.get(("ours torch", 0.04)), by.get(("ours DeepSpeed ZeRO-2", 0.04))
     if torch_run and zero2:
         o, z = torch_run["steps"][-1], zero2["steps"][-1]
@@ -332,7 +404,7 @@ def main() -> None:
               f"optimizer {o['optimizer']:.1f} vs {z['optimizer']:.1f}), "
               f"peak RSS {torch_run['peak_rss_mib']:.0f} vs {zero2['peak_rss_mib']:.0f} MiB")
     if a.json:
-        Path(a.json).write_text(json.dumps(rows, indent=2))
+        Path(a.json).write_text(json.dumps({"runs": rows, "floor": floor}, indent=2))
 
 
 if __name__ == "__main__":

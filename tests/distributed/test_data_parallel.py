@@ -3,6 +3,7 @@ a subprocess: records, metrics and checkpoints are written once (by rank 0), bot
 identical weights, every trained player moved, and a stopped run resumes over the same two ranks."""
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -43,26 +44,36 @@ def test_share_splits_n_samples_over_the_ranks():
     assert single.broadcast("x") == "x" and single.gather(1) == [1] and not single.enabled
 
 
-def test_destroy_leaves_an_adopted_group_to_its_engine(tmp_path, monkeypatch):
+DESTROY_CHECK = """
+import sys
+import torch.distributed as dist
+import unifiedplayers.distributed as D
+from unifiedplayers.distributed import DistContext
+
+dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
+job = DistContext(rank=0, world_size=2)  # as a rank of a larger job sees itself
+D.adopt_group()
+D.destroy(job)
+assert dist.is_initialized(), "destroy() took down a group its engine adopted"
+D._GROUP_ADOPTED = False
+D.destroy(job)
+assert not dist.is_initialized(), "destroy() left our own group up"
+print("ok")
+"""
+
+
+def test_destroy_leaves_an_adopted_group_to_its_engine(tmp_path):
     # An in-process vLLM engine destroys the process group it adopted at its own shutdown (at exit), and
-    # fails if we did first: destroy() then only synchronises. A group of one process stands in for the job's.
-    import torch.distributed as dist
-
-    import unifiedplayers.distributed as D
-
-    monkeypatch.setattr(D, "_GROUP_ADOPTED", False)
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rdzv'}", rank=0, world_size=1)
-    try:
-        job = DistContext(rank=0, world_size=2)  # as a rank of a larger job sees itself
-        D.adopt_group()
-        D.destroy(job)
-        assert dist.is_initialized()  # left to the engine
-        monkeypatch.setattr(D, "_GROUP_ADOPTED", False)
-        D.destroy(job)
-        assert not dist.is_initialized()
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    # fails if we did first: destroy() then only synchronises. A group of one process stands in for the
+    # job's. It runs in its own interpreter: an in-process DeepSpeed test may already hold this one's group.
+    proc = subprocess.run(
+        [sys.executable, "-c", DESTROY_CHECK, str(tmp_path / "rdzv")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]
 
 
 def test_two_ranks_write_once_and_end_with_identical_weights(tmp_path):

@@ -25,6 +25,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from unifiedplayers.models import cache_keyword, forward_overridden, returned_cache
+from unifiedplayers.trainer.flops import decoder_forward_flops, head_forward_flops
 
 Tensor = torch.Tensor
 
@@ -44,6 +45,7 @@ class TokenLogprobs:
 
     logprobs: Tensor  # (B, L): log π(token_t | tokens_<t) at selected positions, 0 elsewhere
     entropy: Optional[Tensor]  # (B, L) token entropy at selected positions (no grad), or None
+    flops: int = 0  # model FLOPs of the forward pass that produced them (:mod:`.flops`)
 
 
 def shared_prefix_length(input_ids: Tensor, attention_mask: Tensor) -> int:
@@ -106,16 +108,25 @@ def _activation_checkpointing(model: nn.Module) -> bool:
     return False
 
 
-def decoder_hidden(body: nn.Module, input_ids: Tensor, attention_mask: Tensor, min_shared_prefix: int = 0) -> Tensor:
+def prefix_to_share(input_ids: Tensor, attention_mask: Tensor, min_shared_prefix: int) -> int:
+    """The leading positions :func:`decoder_hidden` runs once for all rows: the common prefix when it has at
+    least ``min_shared_prefix`` (> 0) tokens and the batch has several rows, else 0. Never the whole row."""
+    batch, length = input_ids.shape
+    if batch < 2 or min_shared_prefix <= 0:
+        return 0
+    prefix = min(shared_prefix_length(input_ids, attention_mask), length - 1)
+    return prefix if prefix >= min_shared_prefix else 0
+
+
+def decoder_hidden(body: nn.Module, input_ids: Tensor, attention_mask: Tensor, prefix: int = 0) -> Tensor:
     """Last hidden states (B, L, H) of the decoder body over right-padded rows.
 
-    With ``min_shared_prefix > 0`` and at least that many leading tokens common to all rows (the prompt of
-    a group's samples), the prefix runs once and every row continues from a copy of its KV cache; the
+    With ``prefix > 0`` (leading tokens common to all rows, such as the prompt of a group's samples; see
+    :func:`prefix_to_share`), the prefix runs once and every row continues from a copy of its KV cache; the
     gradient of all rows flows back through the one prefix pass. Same values as running every row in full.
     """
     batch, length = input_ids.shape
-    prefix = min(shared_prefix_length(input_ids, attention_mask), length - 1) if batch > 1 and min_shared_prefix > 0 else 0
-    if prefix < min_shared_prefix or prefix <= 0:
+    if prefix <= 0:
         return body(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
     shared = body(input_ids=input_ids[:1, :prefix], use_cache=True)
     cache = returned_cache(shared)
@@ -168,8 +179,9 @@ def selected_token_logprobs(
     if checkpointing or zero3:
         min_shared_prefix = 0
     lean = torch.is_grad_enabled() and not checkpointing and not zero3
+    prefix = prefix_to_share(input_ids, attention_mask, min_shared_prefix)
     with lean_swiglu(body) if lean else contextlib.nullcontext():
-        hidden = decoder_hidden(body, input_ids, attention_mask, min_shared_prefix)
+        hidden = decoder_hidden(body, input_ids, attention_mask, prefix)
     # Position t - 1 predicts token t.
     pred_select = torch.zeros_like(select)
     pred_select[:, :-1] = select[:, 1:]
@@ -201,7 +213,9 @@ def selected_token_logprobs(
     ent = None
     if h is not None:
         ent = torch.zeros(select.shape, dtype=h.dtype, device=h.device).masked_scatter(select, h)
-    return TokenLogprobs(out, ent)
+    head_shape = (head.out_features, head.in_features) if isinstance(head, nn.Linear) else tuple(weight.shape)
+    flops = decoder_forward_flops(body, *input_ids.shape, prefix) + head_forward_flops(head_shape, targets.numel())
+    return TokenLogprobs(out, ent, flops)
 
 
 @torch.no_grad()

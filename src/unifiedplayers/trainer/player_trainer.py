@@ -46,7 +46,7 @@ from unifiedplayers import grpo
 from unifiedplayers.distributed import SINGLE, DistContext
 from unifiedplayers.trainer.checkpoint import RNG_FILE, atomic_directory, capture_rng_state, restore_rng_state
 from unifiedplayers.trainer.diagnostics import EntropyRetention, grad_norm_block_stats
-from unifiedplayers.trainer.logprobs import TokenLogprobModel, mean_token_entropy
+from unifiedplayers.trainer.logprobs import TokenLogprobModel, TokenLogprobs, mean_token_entropy
 
 
 def _remove_file(path: Any) -> None:
@@ -152,7 +152,7 @@ def _combine_metrics(parts: list[dict[str, float]]) -> dict[str, float]:
     total_tokens = sum(tokens)
     for key in parts[0]:
         values = [p[key] for p in parts if key in p]
-        if key in ("actor/loss", "actor/pg_loss", "actor/num_tokens"):
+        if key in ("actor/loss", "actor/pg_loss", "actor/num_tokens", "perf/update_tflop"):
             out[key] = float(sum(values))
         elif key.endswith("_min"):
             out[key] = float(min(values))
@@ -356,7 +356,7 @@ class PlayerTrainer:
         self._has_reference = True
 
     @torch.no_grad()
-    def _reference_logprobs(self, micro: list[_MicroBatch]) -> list[Optional[Tensor]]:
+    def _reference_logprobs(self, micro: list[_MicroBatch]) -> list[Optional[TokenLogprobs]]:
         if self.cfg.kl_coef == 0.0 or self._policy_is_reference:
             return [None] * len(micro)  # β = 0: not needed; π_θ = π_ref: taken from the policy pass
         if not self._has_reference:
@@ -371,11 +371,11 @@ class PlayerTrainer:
         finally:
             self._load_policy_weights(current)
 
-    def _ref_pass(self, module: nn.Module, mb: _MicroBatch) -> Tensor:
+    def _ref_pass(self, module: nn.Module, mb: _MicroBatch) -> TokenLogprobs:
         was = module.training
         module.eval()
         try:
-            return module(mb.input_ids, mb.attention_mask, mb.loss_mask).logprobs
+            return module(mb.input_ids, mb.attention_mask, mb.loss_mask)
         finally:
             module.train(was)
 
@@ -415,12 +415,13 @@ class PlayerTrainer:
             self._set_accumulation_boundary(index == len(micro) - 1)
             t1 = time.perf_counter()
             out = module(mb.input_ids, mb.attention_mask, mb.loss_mask, with_entropy=cfg.compute_entropy)
-            if ref is None and cfg.kl_coef != 0.0:
-                ref = out.logprobs.detach()  # π_θ = π_ref before the iteration's first step
+            ref_logprobs = out.logprobs.detach() if ref is None and cfg.kl_coef != 0.0 else None  # π_θ = π_ref
+            if ref is not None:
+                ref_logprobs = ref.logprobs
             loss, metrics = loss_fn(
                 out.logprobs,
                 mb.old_logprobs,
-                ref,
+                ref_logprobs,
                 mb.advantages,
                 mb.loss_mask,
                 mb.groups,
@@ -437,6 +438,8 @@ class PlayerTrainer:
             t_fwd += t2 - t1
             t_bwd += t3 - t2
             if index < real:  # a padding micro-batch has no tokens of the batch
+                # Model FLOPs: forward and backward (3× the forward), plus the reference's forward.
+                metrics["perf/update_tflop"] = (3 * out.flops + (ref.flops if ref is not None else 0)) * 1e-12
                 parts.append(metrics)
         t4 = time.perf_counter()
         if self.dist.enabled:
@@ -450,6 +453,8 @@ class PlayerTrainer:
         self.block_grad_norms.append(grad_norm)
 
         metrics = _combine_metrics(parts)
+        seconds = time.perf_counter() - t0
+        metrics["perf/update_tflop_per_s"] = metrics["perf/update_tflop"] / seconds if seconds > 0 else 0.0
         metrics.update(
             {
                 "actor/grad_norm": grad_norm,

@@ -1,0 +1,74 @@
+"""Model FLOPs of the trainer's passes, counted from the shapes that ran (the MFU convention).
+
+One multiply-add is 2 FLOPs. A forward pass of a decoder-only LM costs
+- 2 · P_lin per token run, for the decoder's linear layers (P_lin: the number of their weights);
+- 4 · heads · head_dim per (query, key) pair that a causal query attends to, per layer: the scores
+  q·k and the weighted sum of the values;
+- 2 · hidden · vocab per row the LM head scores.
+
+A training update costs 3× the forward of what it trains (the backward does two matmuls for each one of
+the forward). Recomputation (gradient checkpointing, a chunked LM head's second logits pass) is not
+counted, as MFU does not count it; the padding positions the decoder runs are.
+
+These figures turn the trainer's timings into an achieved rate (``perf/update_tflop_per_s``) that can be
+set against the machine's matmul rate (``benchmarks/grpo_update.py`` measures both).
+"""
+from __future__ import annotations
+
+import weakref
+from typing import Optional
+
+from torch import nn
+
+_LINEAR_CACHE: "weakref.WeakKeyDictionary[nn.Module, int]" = weakref.WeakKeyDictionary()
+
+
+def linear_weights(body: nn.Module) -> int:
+    """Weights of the ``nn.Linear`` layers inside ``body`` (the decoder without its LM head).
+
+    Read from the layers' shapes, so it also holds for ZeRO-3's partitioned parameters.
+    """
+    cached = _LINEAR_CACHE.get(body)
+    if cached is None:
+        cached = sum(m.in_features * m.out_features for m in body.modules() if isinstance(m, nn.Linear))
+        _LINEAR_CACHE[body] = cached
+    return cached
+
+
+def attention_shape(config: object) -> Optional[tuple[int, int, int]]:
+    """(layers, query heads, head dim) from a transformers config, or None when it does not say."""
+    layers = getattr(config, "num_hidden_layers", None)
+    heads = getattr(config, "num_attention_heads", None)
+    if not layers or not heads:
+        return None
+    head_dim = getattr(config, "head_dim", None) or getattr(config, "hidden_size", 0) // heads
+    return int(layers), int(heads), int(head_dim)
+
+
+def causal_pairs(end: int, start: int = 0) -> int:
+    """(query, key) pairs of causal attention for the queries at positions start … end − 1.
+
+    The query at position i attends to the keys 0 … i, so this is Σ_{i=start}^{end−1} (i + 1).
+    """
+    if end <= start:
+        return 0
+    return (end * (end + 1) - start * (start + 1)) // 2
+
+
+def decoder_forward_flops(body: nn.Module, batch: int, length: int, prefix: int = 0) -> int:
+    """FLOPs of the decoder over ``batch`` rows of ``length`` positions whose first ``prefix`` positions
+    are common to all rows and run once (0: every row runs in full)."""
+    tokens = prefix + batch * (length - prefix)
+    flops = 2 * linear_weights(body) * tokens
+    shape = attention_shape(getattr(body, "config", None))
+    if shape is not None:
+        layers, heads, head_dim = shape
+        pairs = causal_pairs(prefix) + batch * causal_pairs(length, prefix)
+        flops += 4 * heads * head_dim * layers * pairs
+    return flops
+
+
+def head_forward_flops(head_weight_shape: tuple[int, int], rows: int) -> int:
+    """FLOPs of the LM head (vocab, hidden) on ``rows`` hidden states."""
+    vocab, hidden = head_weight_shape
+    return 2 * vocab * hidden * rows
