@@ -1,6 +1,6 @@
 """One GRPO step of SmolLM2-135M on CPU: UnifiedPlayers against TRL's GRPOTrainer, in one run.
 
-Settings (issue 4): one prompt, 8 completions forced to 256 new tokens, β = 0 and β = 0.04, fp32,
+Settings (issue 4): one prompt of 49 tokens, 8 completions forced to 256 new tokens (8 × 305 tokens), β = 0 and β = 0.04, fp32,
 AdamW lr 1e-6. Our trainer runs as ``conf/trainer/torch.yaml`` configures it (micro-batches of 4 with
 gradient accumulation, LM-head rows 1024 at a time); TRL as its ``GRPOConfig`` defaults it (one batch
 of 8 with gradient checkpointing). Each configuration runs in its own subprocess so that
@@ -23,6 +23,8 @@ Floor: our trainer reports each update's model FLOPs (``perf/update_tflop``, see
 ``unifiedplayers.trainer.flops``), and a first subprocess times every GEMM shape of the update alone on
 these cores, each at its best operand layout. Their ratio is the least time any fp32 implementation of
 the update needs on this machine, which tells whether a wall-clock target can be met here at all.
+The same subprocess times the issue's yardstick, a plain forward+backward of the model over 8 × 305
+tokens (9.5 s on the machine of the issue's figures), and every update is also shown at that machine's speed.
 
 Run:  .venv/bin/pip install -e '.[bench]'   (TRL is never a runtime dependency)
       .venv/bin/python benchmarks/grpo_update.py [--steps 1] [--threads 2] [--only ours,trl,zero2]
@@ -41,14 +43,17 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-QUESTION = (
-    "A train leaves at 3:15 pm and travels 240 km at 80 km/h. Then it waits 20 minutes and travels "
-    "another 150 km at 100 km/h. At what time does it arrive? Show your reasoning."
-)
+# 49 prompt tokens with SmolLM2's chat template, so that a row is 49 + 256 = 305 tokens as in the issue's
+# figures (without a system message the template adds a 41-token default one).
+SYSTEM = "Reason step by step."
+QUESTION = "A train leaves at 3 pm and travels 240 km at 80 km/h. At what time does it arrive there?"
+MESSAGES = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTION}]
 NUM_COMPLETIONS = 8
 NEW_TOKENS = 256
 WARMUP_TOKENS = 16
 LR = 1e-6
+PLAIN_TOKENS = 305  # the issue's "plain forward+backward over the same 8 × 305 tokens"
+ISSUE_PLAIN_SECONDS = 9.5  # ... took this long on the machine of the issue's figures
 
 
 def letter_reward(text: str) -> float:
@@ -90,7 +95,7 @@ def worker_ours(beta: float, steps: int, backend: str, micro_batch: int, chunk_r
     torch.manual_seed(0)
     model, tokenizer = load_model(_model_cfg())
     prompt = tokenizer.apply_chat_template(
-        [{"role": "user", "content": QUESTION}], add_generation_prompt=True, tokenize=False
+        MESSAGES, add_generation_prompt=True, tokenize=False
     )
     prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
     rollout = build_rollout(RolloutConfig(max_new_tokens=NEW_TOKENS, temperature=1.0), model, tokenizer)
@@ -164,7 +169,8 @@ def _mm_rate(m: int, k: int, n: int, reps: int) -> float:
 def worker_floor(micro_batch: int) -> dict:
     """How fast this machine can do the update's matmuls: each GEMM shape of one micro-batch's forward and
     backward (linear layers and LM head, on the micro-batch's completion rows) timed alone at its best
-    operand layout. The update cannot run faster than its model FLOPs at these rates."""
+    operand layout. The update cannot run faster than its model FLOPs at these rates. Also the issue's
+    yardstick, a plain forward+backward, which relates this machine's speed to the issue's figures."""
     from torch import nn
 
     from unifiedplayers.models import load_model
@@ -187,7 +193,18 @@ def worker_floor(micro_batch: int) -> dict:
             best = max(best, rate)
             flop += 2 * m * k * n * count
             seconds += 2 * m * k * n * count / (rate * 1e9)
-    return {"matmul_gflop_per_s": flop / seconds / 1e9, "best_gflop_per_s": best, "rows": rows}
+    # The issue's yardstick: a plain forward+backward of the model (transformers' own loss, all logits) over
+    # 8 rows of 49 + 256 tokens, in one batch. It took 9.5 s on the machine of the issue's figures.
+    import torch
+
+    ids = torch.randint(0, model.config.vocab_size, (NUM_COMPLETIONS, PLAIN_TOKENS), generator=torch.Generator().manual_seed(0))
+    model.train()
+    model(input_ids=ids[:, :16], labels=ids[:, :16]).loss.backward()  # warm-up
+    model.zero_grad(set_to_none=True)
+    t = time.perf_counter()
+    model(input_ids=ids, labels=ids).loss.backward()
+    plain = time.perf_counter() - t
+    return {"matmul_gflop_per_s": flop / seconds / 1e9, "best_gflop_per_s": best, "rows": rows, "plain_seconds": plain}
 
 
 # ---------------------------------------------------------------------------------------------- TRL
@@ -266,7 +283,7 @@ def worker_trl(beta: float, steps: int) -> dict:
             dataloader_num_workers=0,
             seed=0,
         )
-        data = Dataset.from_list([{"prompt": [{"role": "user", "content": QUESTION}]}] * steps)
+        data = Dataset.from_list([{"prompt": MESSAGES}] * steps)
         trainer = Timed(
             model=model_dir,
             reward_funcs=reward,
@@ -389,6 +406,14 @@ def main() -> None:
         print(f"Matmul rate of this machine on the update's GEMM shapes ({floor['rows']} rows, each shape at its best "
               f"operand layout): {floor['matmul_gflop_per_s']:.0f} GFLOP/s over all of them, "
               f"{floor['best_gflop_per_s']:.0f} GFLOP/s on the fastest")
+        scale = ISSUE_PLAIN_SECONDS / floor["plain_seconds"]
+        print(f"Plain forward+backward of the model over {NUM_COMPLETIONS} × {PLAIN_TOKENS} tokens (transformers' loss, "
+              f"one batch): {floor['plain_seconds']:.1f} s here, {ISSUE_PLAIN_SECONDS} s on the machine of the issue's "
+              f"figures: this machine is {1 / scale:.2f}× slower")
+        for r in rows:
+            s = r["steps"][-1]
+            print(f"{r['label']} β={r['beta']}: update {s['update']:.1f} s = {s['update'] / floor['plain_seconds']:.2f}× "
+                  f"the plain pass, {s['update'] * scale:.1f} s at the issue's machine's speed")
         for r in rows:
             s = r["steps"][-1]
             if "update_tflop" in s:

@@ -155,3 +155,46 @@ def test_lean_swiglu_equals_the_models_own_mlp_values_and_gradients():
     torch.testing.assert_close(gx1, gx0, atol=1e-6, rtol=1e-5)
     for k in g0:
         torch.testing.assert_close(g1[k], g0[k], atol=1e-6, rtol=1e-5)
+
+
+def test_lean_rmsnorm_equals_the_models_own_norm_and_keeps_less():
+    from unifiedplayers.trainer.logprobs import lean_layers
+
+    model, _ = tiny_model()
+    norm = model.model.layers[1].post_attention_layernorm
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(norm.weight.shape, generator=torch.Generator().manual_seed(7)))
+    x = torch.randn(2, 5, model.config.hidden_size, generator=torch.Generator().manual_seed(8), requires_grad=True)
+    grad_out = torch.randn(2, 5, model.config.hidden_size, generator=torch.Generator().manual_seed(9))
+    results = []
+    for lean in (False, True):
+        norm.zero_grad(set_to_none=True)
+        x.grad = None
+        kept = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t.numel()) or t, lambda t: t):
+            if lean:
+                with lean_layers(model):
+                    y = norm(x)
+                assert "forward" not in norm.__dict__  # restored on exit
+            else:
+                y = norm(x)
+        y.backward(grad_out)
+        results.append((y.detach(), x.grad.clone(), norm.weight.grad.clone(), sum(kept)))
+    (y0, gx0, gw0, kept0), (y1, gx1, gw1, kept1) = results
+    torch.testing.assert_close(y1, y0, atol=0, rtol=0)
+    torch.testing.assert_close(gx1, gx0, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(gw1, gw0, atol=1e-6, rtol=1e-5)
+    rows, hidden = 10, model.config.hidden_size
+    assert kept1 == rows * hidden + hidden + rows  # the input, the weight and one 1/rms per row
+    assert kept0 >= 2 * rows * hidden  # autograd: the input and the normalised rows at least
+
+
+def test_lean_layers_cover_every_norm_and_mlp_of_the_tiny_llama():
+    from unifiedplayers.trainer.logprobs import lean_layers
+
+    model, _ = tiny_model()
+    with lean_layers(model):
+        patched = [name for name, m in model.named_modules() if "forward" in m.__dict__]
+    layers = model.config.num_hidden_layers
+    assert len(patched) == 3 * layers + 1  # two norms and an MLP per layer, and the final norm
+    assert not [name for name, m in model.named_modules() if "forward" in m.__dict__]

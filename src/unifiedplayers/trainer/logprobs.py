@@ -12,7 +12,9 @@ Three more savings, all exact up to float rounding:
   the two LM-head matmuls and nothing else: the softmax it needs is kept from the forward pass (or
   recomputed chunk by chunk when memory is short);
 - the SwiGLU MLP of each decoder layer keeps two (tokens, intermediate) blocks for the backward
-  instead of autograd's four (:class:`SwiGLUMLP`), about a quarter of all activation memory.
+  instead of autograd's four (:class:`SwiGLUMLP`), about a quarter of all activation memory;
+- each RMSNorm keeps its input and one scalar per row instead of its input and its output
+  (:class:`RMSNorm`), about a seventh of what remains.
 """
 from __future__ import annotations
 
@@ -101,6 +103,60 @@ def lean_swiglu(model: nn.Module) -> ContextManager[None]:
     return forward_overridden([m for m in model.modules() if _is_swiglu(m)], _swiglu_forward)
 
 
+class RMSNorm(torch.autograd.Function):
+    """y = w ⊙ (x / sqrt(mean(x²) + eps)), the RMSNorm of Llama-family models, with a lean backward.
+
+    Autograd keeps the input and the normalised output (two (tokens, hidden) blocks) per norm; this keeps
+    the input and the per-row 1/rms and recomputes the normalised rows in the backward. Same forward ops
+    in the same order as the models' own (``LlamaRMSNorm`` and the Qwen2/Qwen3/Mistral copies), so the
+    same values.
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, eps):
+        x32 = x.to(torch.float32)
+        rstd = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+        ctx.save_for_backward(x, weight, rstd)
+        return weight * (x32 * rstd).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x, weight, rstd = ctx.saved_tensors
+        x_hat = x.to(torch.float32) * rstd
+        grad_weight = (grad_out * x_hat.to(x.dtype)).reshape(-1, x.shape[-1]).sum(0).to(weight.dtype)
+        g = (grad_out * weight).to(torch.float32)
+        # d/dx of x·r with r = (mean(x²) + eps)^(-1/2):  r (g − x̂ · mean(g ⊙ x̂))
+        grad_x = (g - x_hat * (g * x_hat).mean(-1, keepdim=True)).mul_(rstd)
+        return grad_x.to(x.dtype), grad_weight, None
+
+
+# RMSNorm classes whose forward is exactly RMSNorm.forward above (Gemma's, for one, scales by 1 + w).
+_RMSNORMS = {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm"}
+
+
+def _is_rmsnorm(module: nn.Module) -> bool:
+    weight = getattr(module, "weight", None)
+    return (
+        type(module).__name__ in _RMSNORMS
+        and isinstance(weight, torch.Tensor)
+        and weight.dim() == 1
+        and not hasattr(weight, "ds_id")
+        and isinstance(getattr(module, "variance_epsilon", None), float)
+    )
+
+
+def _rmsnorm_forward(module: nn.Module, x: Tensor) -> Tensor:
+    return RMSNorm.apply(x, module.weight, module.variance_epsilon)
+
+
+@contextlib.contextmanager
+def lean_layers(model: nn.Module):
+    """While inside, the SwiGLU MLPs (:func:`lean_swiglu`) and the RMSNorms of ``model`` run as
+    :class:`SwiGLUMLP` and :class:`RMSNorm`; their forwards are restored on exit."""
+    with lean_swiglu(model), forward_overridden([m for m in model.modules() if _is_rmsnorm(m)], _rmsnorm_forward):
+        yield
+
+
 def _activation_checkpointing(model: nn.Module) -> bool:
     for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):  # the first from transformers 5.x
         if hasattr(type(model), name):
@@ -180,7 +236,7 @@ def selected_token_logprobs(
         min_shared_prefix = 0
     lean = torch.is_grad_enabled() and not checkpointing and not zero3
     prefix = prefix_to_share(input_ids, attention_mask, min_shared_prefix)
-    with lean_swiglu(body) if lean else contextlib.nullcontext():
+    with lean_layers(body) if lean else contextlib.nullcontext():
         hidden = decoder_hidden(body, input_ids, attention_mask, prefix)
     # Position t - 1 predicts token t.
     pred_select = torch.zeros_like(select)
