@@ -1,6 +1,8 @@
 """Token log-probs of the trainer: only the selected rows reach the LM head, chunked or not."""
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -131,62 +133,40 @@ def test_shared_prefix_length():
     assert shared_prefix_length(ids[[0, 0]], torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]])) == 3  # pads never shared
 
 
-def test_lean_swiglu_equals_the_models_own_mlp_values_and_gradients():
-    from unifiedplayers.trainer.logprobs import lean_swiglu
+@pytest.mark.parametrize("part", ["mlp", "norm"])
+def test_lean_layers_equal_the_models_own_values_and_gradients_and_keep_less(part):
+    from unifiedplayers.trainer.logprobs import lean_layers
 
     model, _ = tiny_model()
-    mlp = model.model.layers[0].mlp
-    x = torch.randn(2, 5, model.config.hidden_size, generator=torch.Generator().manual_seed(5), requires_grad=True)
-    grad_out = torch.randn(2, 5, model.config.hidden_size, generator=torch.Generator().manual_seed(6))
+    module = model.model.layers[0].mlp if part == "mlp" else model.model.layers[1].post_attention_layernorm
+    if part == "norm":  # the tiny model's norms start at weight 1
+        with torch.no_grad():
+            module.weight.copy_(torch.randn(module.weight.shape, generator=torch.Generator().manual_seed(7)))
+    hidden, inner, rows = model.config.hidden_size, model.config.intermediate_size, 10
+    x = torch.randn(2, 5, hidden, generator=torch.Generator().manual_seed(5), requires_grad=True)
+    grad_out = torch.randn(2, 5, hidden, generator=torch.Generator().manual_seed(6))
     results = []
     for lean in (False, True):
-        mlp.zero_grad(set_to_none=True)
+        module.zero_grad(set_to_none=True)
         x.grad = None
-        if lean:
-            with lean_swiglu(model):
-                y = mlp(x)
-            assert "forward" not in mlp.__dict__  # restored on exit
-        else:
-            y = mlp(x)
+        kept = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t.numel()) or t, lambda t: t):
+            with lean_layers(model) if lean else contextlib.nullcontext():
+                y = module(x)
+        assert "forward" not in module.__dict__  # restored on exit
         y.backward(grad_out)
-        results.append((y.detach(), x.grad.clone(), {k: p.grad.clone() for k, p in mlp.named_parameters()}))
-    (y0, gx0, g0), (y1, gx1, g1) = results
+        results.append((y.detach(), x.grad.clone(), {k: p.grad.clone() for k, p in module.named_parameters()}, sum(kept)))
+    (y0, gx0, g0, kept0), (y1, gx1, g1, kept1) = results
     torch.testing.assert_close(y1, y0, atol=0, rtol=0)
     torch.testing.assert_close(gx1, gx0, atol=1e-6, rtol=1e-5)
     for k in g0:
         torch.testing.assert_close(g1[k], g0[k], atol=1e-6, rtol=1e-5)
-
-
-def test_lean_rmsnorm_equals_the_models_own_norm_and_keeps_less():
-    from unifiedplayers.trainer.logprobs import lean_layers
-
-    model, _ = tiny_model()
-    norm = model.model.layers[1].post_attention_layernorm
-    with torch.no_grad():
-        norm.weight.copy_(torch.randn(norm.weight.shape, generator=torch.Generator().manual_seed(7)))
-    x = torch.randn(2, 5, model.config.hidden_size, generator=torch.Generator().manual_seed(8), requires_grad=True)
-    grad_out = torch.randn(2, 5, model.config.hidden_size, generator=torch.Generator().manual_seed(9))
-    results = []
-    for lean in (False, True):
-        norm.zero_grad(set_to_none=True)
-        x.grad = None
-        kept = []
-        with torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t.numel()) or t, lambda t: t):
-            if lean:
-                with lean_layers(model):
-                    y = norm(x)
-                assert "forward" not in norm.__dict__  # restored on exit
-            else:
-                y = norm(x)
-        y.backward(grad_out)
-        results.append((y.detach(), x.grad.clone(), norm.weight.grad.clone(), sum(kept)))
-    (y0, gx0, gw0, kept0), (y1, gx1, gw1, kept1) = results
-    torch.testing.assert_close(y1, y0, atol=0, rtol=0)
-    torch.testing.assert_close(gx1, gx0, atol=1e-6, rtol=1e-5)
-    torch.testing.assert_close(gw1, gw0, atol=1e-6, rtol=1e-5)
-    rows, hidden = 10, model.config.hidden_size
-    assert kept1 == rows * hidden + hidden + rows  # the input, the weight and one 1/rms per row
-    assert kept0 >= 2 * rows * hidden  # autograd: the input and the normalised rows at least
+    if part == "mlp":  # the input, the three weights, the gate and the up projection
+        assert kept1 == rows * hidden + 3 * hidden * inner + 2 * rows * inner
+        assert kept0 >= kept1 + 2 * rows * inner  # autograd: also silu(gate) and the product
+    else:  # the input, the weight and one 1/rms per row
+        assert kept1 == rows * hidden + hidden + rows
+        assert kept0 >= 2 * rows * hidden  # autograd: the input and the normalised rows at least
 
 
 def test_lean_layers_cover_every_norm_and_mlp_of_the_tiny_llama():
