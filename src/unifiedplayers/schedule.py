@@ -977,10 +977,13 @@ class OuterLoop:
         r = slot.role
         names = {"actor/grad_norm": "grad_norm", "actor/kl": "kl", "actor/ratio_outside_clip_frac": "clip_frac",
                  "actor/pg_clipfrac": "pg_clip_frac", "entropy_bank/retention": "entropy_ratio",
-                 "actor/entropy": "entropy", "actor/loss": "loss", "actor/lr": "lr", "actor/num_tokens": "num_tokens"}
+                 "actor/entropy": "entropy", "actor/loss": "loss", "actor/lr": "lr", "actor/num_tokens": "num_tokens",
+                 "perf/update_tflop": "update_tflop"}
         for src, dst in names.items():
             if src in trainer_metrics:
                 m[f"{r}/{dst}"] = trainer_metrics[src]
+        if "perf/update_tflop_per_s" in trainer_metrics:  # a rate: varies between runs, so with the timings
+            m["timing/update_tflop_per_s"] = trainer_metrics["perf/update_tflop_per_s"]
         m[f"{r}/step"] = self.players[r].trainer.global_step
         return m
 

@@ -97,6 +97,7 @@ def test_end_to_end_one_outer_iteration(fresh):
         role = m["block"]
         for key in ("grad_norm", "kl", "clip_frac", "entropy_ratio"):
             assert f"{role}/{key}" in m, (role, key)
+        assert m[f"{role}/update_tflop"] > 0 and m["timing/update_tflop_per_s"] > 0
     records = load_records(d / "records.jsonl")
     played = [r for r in records if r.meta["status"] == "played"]
     # Planning block: 1 prompt x G_T = 2 tasks per update, all played; other blocks: 1 task played.
