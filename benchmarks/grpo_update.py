@@ -171,6 +171,9 @@ def worker_floor(micro_batch: int) -> dict:
     backward (linear layers and LM head, on the micro-batch's completion rows) timed alone at its best
     operand layout. The update cannot run faster than its model FLOPs at these rates. Also the issue's
     yardstick, a plain forward+backward, which relates this machine's speed to the issue's figures."""
+    from collections import Counter
+
+    import torch
     from torch import nn
 
     from unifiedplayers.models import load_model
@@ -179,11 +182,7 @@ def worker_floor(micro_batch: int) -> dict:
     model, _ = load_model(_model_cfg())
     body, head = split_causal_lm(model)
     rows = micro_batch * NEW_TOKENS
-    layers: dict[tuple[int, int], int] = {}
-    for mod in body.modules():
-        if isinstance(mod, nn.Linear):
-            layers[(mod.in_features, mod.out_features)] = layers.get((mod.in_features, mod.out_features), 0) + 1
-    layers[(head.in_features, head.out_features)] = 1
+    layers = Counter((m.in_features, m.out_features) for m in [*body.modules(), head] if isinstance(m, nn.Linear))
     flop, seconds, best = 0.0, 0.0, 0.0
     for (fan_in, fan_out), count in layers.items():
         reps = 2 if fan_out > 10_000 else 8
@@ -195,8 +194,6 @@ def worker_floor(micro_batch: int) -> dict:
             seconds += 2 * m * k * n * count / (rate * 1e9)
     # The issue's yardstick: a plain forward+backward of the model (transformers' own loss, all logits) over
     # 8 rows of 49 + 256 tokens, in one batch. It took 9.5 s on the machine of the issue's figures.
-    import torch
-
     ids = torch.randint(0, model.config.vocab_size, (NUM_COMPLETIONS, PLAIN_TOKENS), generator=torch.Generator().manual_seed(0))
     model.train()
     model(input_ids=ids[:, :16], labels=ids[:, :16]).loss.backward()  # warm-up
@@ -414,9 +411,7 @@ def main() -> None:
             s = r["steps"][-1]
             print(f"{r['label']} β={r['beta']}: update {s['update']:.1f} s = {s['update'] / floor['plain_seconds']:.2f}× "
                   f"the plain pass, {s['update'] * scale:.1f} s at the issue's machine's speed")
-        for r in rows:
-            s = r["steps"][-1]
-            if "update_tflop" in s:
+            if "update_tflop" in s:  # ours
                 print(f"{r['label']} β={r['beta']}: update {s['update']:.1f} s for {s['update_tflop']:.2f} TFLOP of model "
                       f"FLOPs = {s['update_tflop'] * 1e3 / s['update']:.0f} GFLOP/s; at the matmul rate above they need "
                       f"{s['update_tflop'] * 1e3 / floor['matmul_gflop_per_s']:.1f} s, at the fastest shape's "

@@ -38,7 +38,7 @@ def test_counts_of_the_tiny_model_by_hand():
     assert decoder_forward_flops(body, 3, 5, 2) == 2 * TINY_LINEAR * 11 + TINY_ATTENTION * 39
     # Without sharing: 15 tokens, 3 · 15 pairs.
     assert decoder_forward_flops(body, 3, 5) == 2 * TINY_LINEAR * 15 + TINY_ATTENTION * 45
-    assert head_forward_flops(tuple(head.weight.shape), 7) == 7 * TINY_HEAD_ROW
+    assert head_forward_flops(*head.weight.shape, 7) == 7 * TINY_HEAD_ROW
 
 
 def _matmul_flops(counter: FlopCounterMode) -> int:

@@ -15,12 +15,9 @@ set against the machine's matmul rate (``benchmarks/grpo_update.py`` measures bo
 """
 from __future__ import annotations
 
-import weakref
 from typing import Optional
 
 from torch import nn
-
-_LINEAR_CACHE: "weakref.WeakKeyDictionary[nn.Module, int]" = weakref.WeakKeyDictionary()
 
 
 def linear_weights(body: nn.Module) -> int:
@@ -28,11 +25,7 @@ def linear_weights(body: nn.Module) -> int:
 
     Read from the layers' shapes, so it also holds for ZeRO-3's partitioned parameters.
     """
-    cached = _LINEAR_CACHE.get(body)
-    if cached is None:
-        cached = sum(m.in_features * m.out_features for m in body.modules() if isinstance(m, nn.Linear))
-        _LINEAR_CACHE[body] = cached
-    return cached
+    return sum(m.in_features * m.out_features for m in body.modules() if isinstance(m, nn.Linear))
 
 
 def attention_shape(config: object) -> Optional[tuple[int, int, int]]:
@@ -68,7 +61,6 @@ def decoder_forward_flops(body: nn.Module, batch: int, length: int, prefix: int 
     return flops
 
 
-def head_forward_flops(head_weight_shape: tuple[int, int], rows: int) -> int:
-    """FLOPs of the LM head (vocab, hidden) on ``rows`` hidden states."""
-    vocab, hidden = head_weight_shape
+def head_forward_flops(vocab: int, hidden: int, rows: int) -> int:
+    """FLOPs of an LM head from ``hidden`` to ``vocab`` logits on ``rows`` hidden states."""
     return 2 * vocab * hidden * rows

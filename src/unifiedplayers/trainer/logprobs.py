@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import ContextManager, Optional
+from typing import Iterator, Optional
 
 import torch
 from torch import nn
@@ -97,12 +97,6 @@ def _swiglu_forward(module: nn.Module, x: Tensor) -> Tensor:
     return SwiGLUMLP.apply(x, module.gate_proj.weight, module.up_proj.weight, module.down_proj.weight)
 
 
-def lean_swiglu(model: nn.Module) -> ContextManager[None]:
-    """While inside, the SwiGLU MLPs of ``model`` (gate/up/down projections without bias, silu) run as
-    :class:`SwiGLUMLP`; their forward is restored on exit (the graph built inside keeps the lean backward)."""
-    return forward_overridden([m for m in model.modules() if _is_swiglu(m)], _swiglu_forward)
-
-
 class RMSNorm(torch.autograd.Function):
     """y = w ⊙ (x / sqrt(mean(x²) + eps)), the RMSNorm of Llama-family models, with a lean backward.
 
@@ -150,10 +144,13 @@ def _rmsnorm_forward(module: nn.Module, x: Tensor) -> Tensor:
 
 
 @contextlib.contextmanager
-def lean_layers(model: nn.Module):
-    """While inside, the SwiGLU MLPs (:func:`lean_swiglu`) and the RMSNorms of ``model`` run as
-    :class:`SwiGLUMLP` and :class:`RMSNorm`; their forwards are restored on exit."""
-    with lean_swiglu(model), forward_overridden([m for m in model.modules() if _is_rmsnorm(m)], _rmsnorm_forward):
+def lean_layers(model: nn.Module) -> Iterator[None]:
+    """While inside, the SwiGLU MLPs of ``model`` (gate/up/down projections without bias, silu) and its
+    RMSNorms run as :class:`SwiGLUMLP` and :class:`RMSNorm`; their forwards are restored on exit (the graph
+    built inside keeps the lean backwards)."""
+    modules = list(model.modules())
+    with forward_overridden([m for m in modules if _is_swiglu(m)], _swiglu_forward), \
+            forward_overridden([m for m in modules if _is_rmsnorm(m)], _rmsnorm_forward):
         yield
 
 
@@ -269,8 +266,10 @@ def selected_token_logprobs(
     ent = None
     if h is not None:
         ent = torch.zeros(select.shape, dtype=h.dtype, device=h.device).masked_scatter(select, h)
-    head_shape = (head.out_features, head.in_features) if isinstance(head, nn.Linear) else tuple(weight.shape)
-    flops = decoder_forward_flops(body, *input_ids.shape, prefix) + head_forward_flops(head_shape, targets.numel())
+    # An nn.Linear knows its shape even when ZeRO-3 has partitioned its weight; any other head took the
+    # plain path above, whose logits say the vocabulary.
+    vocab = head.out_features if isinstance(head, nn.Linear) else logits.shape[-1]
+    flops = decoder_forward_flops(body, *input_ids.shape, prefix) + head_forward_flops(vocab, rows.shape[-1], targets.numel())
     return TokenLogprobs(out, ent, flops)
 
 

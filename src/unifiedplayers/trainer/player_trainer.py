@@ -415,9 +415,10 @@ class PlayerTrainer:
             self._set_accumulation_boundary(index == len(micro) - 1)
             t1 = time.perf_counter()
             out = module(mb.input_ids, mb.attention_mask, mb.loss_mask, with_entropy=cfg.compute_entropy)
-            ref_logprobs = out.logprobs.detach() if ref is None and cfg.kl_coef != 0.0 else None  # π_θ = π_ref
             if ref is not None:
                 ref_logprobs = ref.logprobs
+            else:  # β = 0: not used; else π_θ = π_ref before the iteration's first step
+                ref_logprobs = out.logprobs.detach() if cfg.kl_coef != 0.0 else None
             loss, metrics = loss_fn(
                 out.logprobs,
                 mb.old_logprobs,
