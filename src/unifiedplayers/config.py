@@ -77,6 +77,33 @@ class RolloutConfig:
 
 
 @dataclass
+class RoleHyperparameters:
+    """Per-policy overrides of the shared hyperparameters (``trainer.roles.<role>.<key>``; Table 6 gives
+    hyperparameters per policy). ``None`` keeps the shared value. Resolved by :func:`role_trainer_config`,
+    :func:`role_temperature` and :func:`resolve_player_config`."""
+
+    lr: Optional[float] = None  # trainer.lr
+    clip_eps: Optional[float] = None  # trainer.clip_eps (ε_clip, Eq. 19)
+    kl_coef: Optional[float] = None  # trainer.kl_coef (β_p, Eq. 20)
+    # Sampling temperature of this player and the temperature its trainer's log-probs use (they must agree:
+    # Eq. 18's ratio compares like with like); default rollout.temperature / trainer.temperature.
+    temperature: Optional[float] = None
+    # The GRPO group: Planning G_T (player.tasks_per_prompt), Execution K (player.num_trajectories),
+    # Evaluation M (player.num_verifiers).
+    group_size: Optional[int] = None
+    max_new_tokens: Optional[int] = None  # player.<role>_max_new_tokens
+
+
+@dataclass
+class RoleOverrides:
+    """``trainer.roles``: one :class:`RoleHyperparameters` per player (an unknown role or key fails)."""
+
+    planning: RoleHyperparameters = field(default_factory=RoleHyperparameters)
+    execution: RoleHyperparameters = field(default_factory=RoleHyperparameters)
+    evaluation: RoleHyperparameters = field(default_factory=RoleHyperparameters)
+
+
+@dataclass
 class TrainerConfig:
     """Optimizer, backend and checkpoints (``unifiedplayers.trainer``); SPEC §6."""
 
@@ -115,6 +142,11 @@ class TrainerConfig:
     dtype: str = "float32"  # float32 | bfloat16 (DeepSpeed keeps fp32 master weights for bf16)
     num_threads: int = 0  # torch.set_num_threads when > 0 (CPU)
     ds_config: dict[str, Any] = field(default_factory=dict)  # merged over the generated DeepSpeed config
+    # μ: passes over each sampling phase's records (§3.3, B.3: the records and their behaviour log-probs stay
+    # fixed while the policy is optimised on them). Each pass takes schedule.steps_per_generation optimizer
+    # steps, one per mini-batch; every optimizer step is one update of the block. TRL: num_iterations.
+    num_iterations: int = 1
+    roles: RoleOverrides = field(default_factory=RoleOverrides)  # per-policy hyperparameters (Table 6)
 
 
 @dataclass
@@ -262,9 +294,13 @@ class ScheduleConfig:
     feedback: str = "fresh"  # fresh | stale
     train_planning: bool = True  # Table 3 factorial switches; a frozen player keeps its initial weights
     train_evaluation: bool = True
-    # For orientation (SPEC §7: ~1,000 fresh questions per iteration); the run logs how many it drew.
-    # tasks_per_update × (execution_updates + evaluation_updates) is what the loop samples.
-    questions_per_iteration: int = 1000
+    # S: optimizer steps fed by one sampling phase (§3.3: fixed records sg[D_p^(b)]; SPEC §6). A phase samples
+    # the data of S updates at once with the phase-start policies (S × prompts_per_update questioner prompts
+    # in a Planning block, S × tasks_per_update tasks otherwise), builds perturbations, verdicts and rewards
+    # once, and splits the groups into S disjoint mini-batches; the trainer then takes S × trainer.num_iterations
+    # optimizer steps against the behaviour log-probs recorded at sampling. 1: one fresh batch per step.
+    # Every block size must be a multiple of S × trainer.num_iterations. TRL: steps_per_generation.
+    steps_per_generation: int = 1
     # Groups whose rewards are all equal have zero advantage and give no policy gradient (only KL);
     # true skips them in the update (saves a forward/backward on CPU). The paper keeps them: false.
     drop_zero_advantage_groups: bool = False
@@ -339,6 +375,45 @@ class Config:
 
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+ROLE_GROUP_SIZE_KEYS = {"planning": "tasks_per_prompt", "execution": "num_trajectories", "evaluation": "num_verifiers"}
+
+
+def _role_overrides(trainer_cfg: Any, role: str) -> Any:
+    roles = getattr(trainer_cfg, "roles", None)
+    return getattr(roles, role) if roles is not None else None
+
+
+def role_trainer_config(trainer_cfg: Any, role: str) -> Any:
+    """The trainer config of one player: the shared values with ``trainer.roles.<role>`` set over them."""
+    from omegaconf import OmegaConf
+
+    over = _role_overrides(trainer_cfg, role)
+    keys = {k: getattr(over, k) for k in ("lr", "clip_eps", "kl_coef", "temperature")
+            if over is not None and getattr(over, k) is not None}
+    return OmegaConf.merge(trainer_cfg, keys) if keys else trainer_cfg
+
+
+def role_temperature(cfg: Any, role: str) -> float:
+    """The sampling temperature of one player: ``trainer.roles.<role>.temperature``, else ``rollout.temperature``."""
+    over = _role_overrides(cfg.trainer, role)
+    t = over.temperature if over is not None and over.temperature is not None else cfg.rollout.temperature
+    return float(t)
+
+
+def resolve_player_config(cfg: Any) -> Any:
+    """``cfg.player`` with the per-role group sizes and token budgets of ``trainer.roles`` set over it."""
+    from omegaconf import OmegaConf
+
+    keys: dict[str, Any] = {}
+    for role, size_key in ROLE_GROUP_SIZE_KEYS.items():
+        over = _role_overrides(cfg.trainer, role)
+        if over is None:
+            continue
+        if over.group_size is not None:
+            keys[size_key] = int(over.group_size)
+        if over.max_new_tokens is not None:
+            keys[f"{role}_max_new_tokens"] = int(over.max_new_tokens)
+    return OmegaConf.merge(cfg.player, keys) if keys else cfg.player
 
 
 def _first_set(value: Any, default: Any) -> Any:

@@ -229,7 +229,12 @@ def pool_summary(metrics: list[dict[str, Any]], run_dir: Path) -> Optional[dict[
     """The run summary's ``execution_pool`` section: the accuracy per checkpoint (from the metrics lines,
     so only evaluations of completed updates count), the negative-step rate and the maximum drop
     (accuracy units and points), and any recorded missing-file messages. ``None`` when the pool was off."""
-    rows = [m for m in metrics if "execution/pool_step" in m]
+    # The initial checkpoint (update 0, Appendix D.2) is on the first Execution update's line as pool0_*.
+    rows = []
+    for m in metrics:
+        for prefix in ("execution/pool0_", "execution/pool_"):
+            if prefix + "step" in m:
+                rows.append({k.replace(prefix, "execution/pool_"): v for k, v in m.items() if k.startswith(prefix)})
     log_path = Path(run_dir) / POOL_FILENAME
     if not rows and not log_path.exists():
         return None
@@ -264,7 +269,7 @@ class FixedPool:
 
     def due(self, execution_step: int) -> bool:
         """Whether the checkpoint after ``execution_step`` Execution updates is evaluated."""
-        return self.cfg.every > 0 and execution_step > 0 and execution_step % self.cfg.every == 0
+        return self.cfg.every > 0 and execution_step >= 0 and execution_step % self.cfg.every == 0
 
     def evaluate(self, execution_step: int, where: dict[str, Any], engine: Any, sandbox: Any, tokenizer: Any,
                  player_cfg: Any) -> dict[str, Any]:

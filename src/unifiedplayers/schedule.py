@@ -55,11 +55,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import json
 import os
 import shutil
 import time
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Optional, Sequence
@@ -69,17 +67,20 @@ import torch
 from omegaconf import OmegaConf
 
 from unifiedplayers import grpo
+from unifiedplayers.config import resolve_player_config, role_temperature, role_trainer_config
 from unifiedplayers.distributed import SINGLE, DistContext
 from unifiedplayers.execution_pool import FixedPool, metrics_of
-from unifiedplayers.logging import RunLogger, count_lines, progress, truncate_lines
+from unifiedplayers.logging import RunLogger, progress, truncate_lines
 from unifiedplayers.methods import ROLES, TaskFeedback, method_reward_sources, task_builder
 from unifiedplayers.perturbation import PerturbationEngine
 from unifiedplayers.players.evaluation import evaluation_prompt, write_verifiers
 from unifiedplayers.players.execution import execution_prompt, solve
-from unifiedplayers.players.planning import PlanningTask, generate_tasks, planning_prompt, topic_at
-from unifiedplayers.records import RECORDS_FILENAME, InteractionRecord, RecordWriter
+from unifiedplayers.players.planning import PlanningTask, generate_tasks, planning_prompt
+from unifiedplayers.records import RECORDS_FILENAME, RecordWriter
 from unifiedplayers.rewards import QuestionHistory, task_rewards
-from unifiedplayers.trainer import build_trainer, capture_rng_state, restore_rng_state, sample_from_completion, sample_from_segments
+from unifiedplayers.phase import PHASE_FILE, Phase, Unit, group_samples, phase_records, split_units, training_batch, \
+    trainer_metrics_line, unit_metrics, unit_of_step
+from unifiedplayers.trainer import build_trainer, capture_rng_state, restore_rng_state
 from unifiedplayers.verdict import verdict_matrix
 
 STATE_FILE = "state.pt"
@@ -103,13 +104,25 @@ class StopRun(Exception):
 
 @dataclass(frozen=True)
 class Slot:
-    """One update of the run: global index, outer iteration (1-based), role, index within its block."""
+    """One update (optimizer step) of the run: global index, outer iteration (1-based), role, index within
+    its block; and its place in its sampling phase (:mod:`unifiedplayers.phase`): the phase's first update
+    and this step's index within the phase (0 samples the phase)."""
 
     index: int
     iteration: int
     role: str
     update: int
     block_size: int
+    phase_first: int = -1  # -1: the slot is its own phase (S = μ = 1)
+    step_in_phase: int = 0
+
+    @property
+    def phase(self) -> int:
+        return self.index if self.phase_first < 0 else self.phase_first
+
+    @property
+    def first_of_phase(self) -> bool:
+        return self.step_in_phase == 0
 
     @property
     def first_of_block(self) -> bool:
@@ -138,13 +151,20 @@ def plan_updates(cfg: Any) -> list[Slot]:
         "evaluation": cfg.schedule.evaluation_updates,
     }
     roles = trained_roles(cfg)
+    per_phase = phase_steps(cfg)
     slots: list[Slot] = []
     for it in range(1, cfg.schedule.outer_iterations + 1):
         for role in BLOCK_ORDER:
             n = sizes[role] if role in roles else 0
             for u in range(n):
-                slots.append(Slot(len(slots), it, role, u, n))
+                first = len(slots) - u % per_phase
+                slots.append(Slot(len(slots), it, role, u, n, phase_first=first, step_in_phase=u % per_phase))
     return slots
+
+
+def phase_steps(cfg: Any) -> int:
+    """Optimizer steps of one sampling phase: S × μ (``schedule.steps_per_generation`` × ``trainer.num_iterations``)."""
+    return int(cfg.schedule.steps_per_generation) * int(cfg.trainer.num_iterations)
 
 
 def seed_for(base: int, update: int, stage: int) -> int:
@@ -173,7 +193,21 @@ def validate(cfg: Any, dist: DistContext = SINGLE) -> None:
                 f"schedule.feedback=stale with trainer=deepspeed_zero3 over {dist.world_size} ranks is not "
                 "supported (the published snapshot copies the module, whose ZeRO-3 parameters are partitions); "
                 "use trainer=deepspeed_zero2 or trainer=torch")
-    s, p = cfg.schedule, cfg.player
+    s, p = cfg.schedule, resolve_player_config(cfg)
+    if s.steps_per_generation < 1 or cfg.trainer.num_iterations < 1:
+        raise ValueError(f"schedule.steps_per_generation={s.steps_per_generation} and trainer.num_iterations="
+                         f"{cfg.trainer.num_iterations}: need >= 1")
+    per_phase = phase_steps(cfg)
+    for role in BLOCK_ORDER:
+        n = getattr(s, f"{role}_updates")
+        if n % per_phase:
+            raise ValueError(
+                f"schedule.{role}_updates={n} is not a multiple of schedule.steps_per_generation × "
+                f"trainer.num_iterations = {s.steps_per_generation} × {cfg.trainer.num_iterations}: a sampling "
+                "phase would straddle two blocks")
+    for role in BLOCK_ORDER:
+        if role_temperature(cfg, role) <= 0:
+            raise ValueError(f"the sampling temperature of {role} must be > 0")
     if s.feedback not in FEEDBACK_MODES:
         raise ValueError(f"schedule.feedback={s.feedback!r}: fresh | stale")
     if s.checkpoint_retention not in RETENTION_MODES:
@@ -274,6 +308,30 @@ class PolicyPool:
         return self._shared
 
 
+class SamplingTemperature:
+    """A rollout engine whose default sampling temperature is one player's (``trainer.roles.<role>.temperature``).
+
+    The engine may be shared between players (vLLM swaps weights into one engine), so the temperature is
+    set per call rather than in the engine's config."""
+
+    def __init__(self, engine: Any, temperature: float) -> None:
+        self.engine = engine
+        self.temperature = float(temperature)
+
+    def _t(self, temperature: Optional[float], greedy: bool) -> Optional[float]:
+        return None if greedy else (self.temperature if temperature is None else temperature)
+
+    def generate(self, *args: Any, temperature: Optional[float] = None, **kwargs: Any) -> Any:
+        return self.engine.generate(*args, temperature=self._t(temperature, kwargs.get("greedy", False)), **kwargs)
+
+    def continue_segments(self, *args: Any, temperature: Optional[float] = None, **kwargs: Any) -> Any:
+        return self.engine.continue_segments(
+            *args, temperature=self._t(temperature, kwargs.get("greedy", False)), **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.engine, name)
+
+
 class _NoLogger:
     """The metrics sink of ranks other than 0 (rank 0 writes metrics.jsonl and W&B)."""
 
@@ -322,11 +380,6 @@ def _is_schema_default(key: str, value: Any) -> bool:
     return default is not None and default == value
 
 
-def _mean(xs: Sequence[float]) -> Optional[float]:
-    xs = [float(x) for x in xs]
-    return float(np.mean(xs)) if xs else None
-
-
 # --------------------------------------------------------------------------------------------------
 # The loop
 
@@ -359,10 +412,16 @@ class OuterLoop:
         self.trained = trained_roles(cfg)
         self.reward_sources = method_reward_sources(cfg.method)
         self.build_task = task_builder(cfg.method)  # Planning output -> task (math, or Absolute Zero's code tasks)
+        # The player settings with the per-role group sizes and token budgets of trainer.roles set over them.
+        self.player_cfg = resolve_player_config(cfg)
         # A method without tools (R-Zero, Socratic-Zero): one generation per trajectory, its code never run.
-        self.execution_cfg = cfg.player if cfg.method.use_tools else OmegaConf.merge(cfg.player, {"max_turns": 1})
+        self.execution_cfg = (self.player_cfg if cfg.method.use_tools
+                              else OmegaConf.merge(self.player_cfg, {"max_turns": 1}))
         self.players: dict[str, Player] = {}
+        # R(q)'s question history, held fixed within a block (§3.3); the block's questions join it at its end.
         self.history = QuestionHistory(cfg.reward.repetition_history)
+        self.block_questions: list[str] = []
+        self.phase: Optional[Phase] = None  # the sampling phase in progress
         self.prompt_counter = 0
         self.completed = 0
         self.records_count = 0
@@ -389,6 +448,8 @@ class OuterLoop:
             "versions": {r: p.version for r, p in self.players.items()},
             "published_versions": {r: p.published_version for r, p in self.players.items()},
             "question_history": list(self.history),
+            "block_questions": list(self.block_questions),
+            "phase": self.phase.first if self.phase is not None else None,
             "prompt_counter": self.prompt_counter,
             "rng": capture_rng_state(),
             "finished": self.finished,
@@ -430,7 +491,7 @@ class OuterLoop:
         return out
 
     def _entropy_bank(self, role: str) -> list[list[int]]:
-        p = self.cfg.player
+        p = self.player_cfg
         if role == "planning":
             texts = [planning_prompt(self.tokenizer, p, t) for t in (list(p.topics) or ["any topic"])]
         elif role == "execution":
@@ -448,7 +509,7 @@ class OuterLoop:
             player = Player(role, m, version=version(role, 0, 0))
             if role in self.trained:
                 player.trainer = build_trainer(
-                    self.cfg.trainer, m, role=role, entropy_bank=self._entropy_bank(role) or None,
+                    role_trainer_config(self.cfg.trainer, role), m, role=role, entropy_bank=self._entropy_bank(role) or None,
                     pad_token_id=self.tokenizer.pad_token_id or 0, dist=self.dist,
                 )
                 player.model = player.trainer.model
@@ -470,6 +531,13 @@ class OuterLoop:
         self.checkpoints.update(state["checkpoints"])
         self.published.update(state["published"])
         self.history = QuestionHistory(self.cfg.reward.repetition_history, state["question_history"])
+        self.block_questions = list(state.get("block_questions", []))
+        if state.get("phase") is not None:  # stopped inside a phase: its sampled units, as saved
+            saved = torch.load(self.run_dir / PHASE_FILE, weights_only=False) if self.dist.is_main else None
+            if saved is not None and saved["first"] != state["phase"]:
+                raise RuntimeError(f"{self.run_dir / PHASE_FILE} holds phase {saved['first']}, the state names "
+                                   f"phase {state['phase']}")
+            self.phase = Phase.from_state(saved) if saved is not None else Phase(state["phase"], [])
         self.prompt_counter = state["prompt_counter"]
         self.finished = state["finished"]
         self.wandb_id = state.get("wandb_id")
@@ -519,7 +587,8 @@ class OuterLoop:
         player = self.players[role]
         key = (ver["player"], ver["outer_iteration"], ver["step"], model is player.published_model)
         own = player.trainer is not None and model is player.model
-        return self.pool.engine(model, key, player.trainer.gathered_weights if own else contextlib.nullcontext), ver
+        engine = self.pool.engine(model, key, player.trainer.gathered_weights if own else contextlib.nullcontext)
+        return SamplingTemperature(engine, role_temperature(self.cfg, role)), ver
 
     # ------------------------------------------------------------------ events
     def _start_iteration(self, iteration: int) -> None:
@@ -631,21 +700,26 @@ class OuterLoop:
             if slot.role == self._first_role_of(slot.iteration):
                 self._start_iteration(slot.iteration)
             extra.update(self._start_block(slot))
-        metrics, records = self._update(slot)
+        extra.update(self._pool_evaluation(slot, before=True))
+        if slot.first_of_phase or self.phase is None or self.phase.first != slot.phase:
+            self.phase = self._sample_phase(slot)
+        metrics = self._train_step(slot)
         metrics.update(extra)
         metrics.update(self._pool_evaluation(slot))
         t = time.perf_counter()
         active = self.players[slot.role]
         if slot.last_of_block:
             metrics.update({f"{slot.role}/{k}": v for k, v in active.trainer.block_diagnostics().items()})
-        if self.dist.is_main:
-            for rec in records:
-                self.records.append(rec)
-        self.records_count += len(records)
         self.logger.log(metrics, step=slot.index)
         self.metrics_count += 1
         self._save_active(slot)
         self.completed = slot.index + 1
+        if self.completed == slot.phase + phase_steps(self.cfg):
+            self.phase = None  # the phase is over: the state no longer points at it
+        if slot.last_of_block:
+            for q in self.block_questions:  # the block's questions join R(q)'s history for the next block
+                self.history.add(q)
+            self.block_questions = []
         self._write_state()
         if slot.last_of_block:
             active.trainer.offload_state()
@@ -653,14 +727,17 @@ class OuterLoop:
             self._drop_slots(slot.role)
         self.timing["checkpoint_s"] += time.perf_counter() - t
 
-    def _pool_evaluation(self, slot: Slot) -> dict[str, Any]:
+    def _pool_evaluation(self, slot: Slot, before: bool = False) -> dict[str, Any]:
         """The fixed diagnostic pool after this update (SPEC §8), when one is due; its metrics keys.
 
-        Rank 0 evaluates; the other ranks swap the Execution weights into their engines with it, since
-        that swap can be a collective (ZeRO-3) and their engines must hold what rank 0's holds.
+        ``before``: the initial checkpoint (update 0, Appendix D.2), evaluated before the run's first
+        Execution update. Rank 0 evaluates; the other ranks swap the Execution weights into their engines
+        with it, since that swap can be a collective (ZeRO-3) and their engines must hold what rank 0's holds.
         """
-        step = self.execution_steps[slot.index]
         if slot.role != "execution" or "execution" not in self.trained:
+            return {}
+        step = self.execution_steps[slot.index] - (1 if before else 0)
+        if before and step != 0:
             return {}
         due = self.dist.broadcast(self.fixed_pool is not None and self.fixed_pool.due(step))
         if not due:
@@ -672,11 +749,15 @@ class OuterLoop:
         rng = capture_rng_state()  # greedy decoding; the run's RNG streams must not notice the evaluation
         engine, ver = self._engine("execution", "execution")
         entry = self.fixed_pool.evaluate(
-            step, {"global_update": slot.index, "outer_iteration": slot.iteration, "checkpoint": ver},
+            step, {"global_update": slot.index - (1 if before else 0), "outer_iteration": slot.iteration,
+                   "checkpoint": ver},
             engine, self.sandbox, self.tokenizer, self.execution_cfg)
         restore_rng_state(rng)
         self.timing["pool_s"] += entry.get("seconds", 0.0)
-        return metrics_of(entry)
+        out = metrics_of(entry)
+        # The initial checkpoint's figures sit on the first Execution update's line under their own names.
+        return {k.replace("execution/pool_", "execution/pool0_") if before else k: v for k, v in out.items()
+                if not (before and k.startswith("timing/"))}
 
     def _save_active(self, slot: Slot) -> None:
         """The active player's checkpoint: named at a block end, else the slot the state does not use."""
@@ -705,49 +786,51 @@ class OuterLoop:
         if bar is not None:
             bar.set_postfix_str(name)
 
-    def _tasks(self, slot: Slot) -> tuple[list[list[PlanningTask]], list[PlanningTask], list[PlanningTask]]:
-        """(groups, used, unused): the Planning outputs of this update, the well-formed tasks played, and
-        the well-formed ones beyond ``tasks_per_update`` (recorded, not played)."""
-        p = self.cfg.player
+    def _tasks(self, slot: Slot, units: int) -> tuple[list[list[PlanningTask]], list[PlanningTask], list[PlanningTask]]:
+        """(groups, used, unused): the Planning outputs of a phase of ``units`` updates, the well-formed tasks
+        played, and the well-formed ones beyond ``units × tasks_per_update`` (recorded, not played)."""
+        p = self.player_cfg
         engine, _ = self._engine("planning", slot.role)
         groups: list[list[PlanningTask]] = []
         used: list[PlanningTask] = []
         unused: list[PlanningTask] = []
         attempts = 1 if slot.role == "planning" else p.task_attempts
+        prompts, wanted = units * p.prompts_per_update, units * p.tasks_per_update
         for attempt in range(attempts):
             got = self.dist.sample_split(
                 p.tasks_per_prompt,
-                lambda n, rank: generate_tasks(engine, self.tokenizer, p, self.prompt_counter, p.prompts_per_update,
+                lambda n, rank: generate_tasks(engine, self.tokenizer, p, self.prompt_counter, prompts,
                                                n, seed=self._seed(slot, 10 + attempt, rank)),
-                p.prompts_per_update)
+                prompts)
             # Rank 0 builds the tasks (Absolute Zero's run code in the sandbox); every rank then holds the same.
             got = self.dist.broadcast([[self.build_task(t, self.sandbox) for t in g] for g in got]
                                       if self.dist.is_main else None)
             for g in got:
                 for t in g:
                     t.prompt_index += len(groups)
-            self.prompt_counter += p.prompts_per_update
+            self.prompt_counter += prompts
             groups.extend(got)
             for t in (t for g in got for t in g if t.valid):
-                if slot.role == "planning" or len(used) < p.tasks_per_update:
+                if slot.role == "planning" or len(used) < wanted:
                     used.append(t)
                 else:
                     unused.append(t)
-            if slot.role == "planning" or len(used) >= p.tasks_per_update:
+            if slot.role == "planning" or len(used) >= wanted:
                 break
         return groups, used, unused
 
-    def _update(self, slot: Slot) -> tuple[dict[str, Any], list[InteractionRecord]]:
-        cfg, p = self.cfg, self.cfg.player
+    def _sample_phase(self, slot: Slot) -> Phase:
+        """Sample one phase (its S units) with the phase-start policies, build its feedback once, write its
+        records, and save it so that a run stopped inside the phase resumes on the same data."""
+        cfg, p = self.cfg, self.player_cfg
+        units = int(cfg.schedule.steps_per_generation)
         show = bool(cfg.logger.progress)
         t_start = time.perf_counter()
         sandbox_before = self.sandbox.seconds
 
-        # 1. tasks
-        t = time.perf_counter()
-        cpu_start = time.process_time()
+        # 1. tasks (Planning block: S × prompts_per_update prompts; other blocks: S × tasks_per_update tasks)
         self._stage("planning: tasks")
-        groups, tasks, unused = self._tasks(slot)
+        groups, tasks, unused = self._tasks(slot, units)
         _, plan_ver = self._sampler("planning", slot.role)
         questions = [task.question for task in tasks]
         # 2. K trajectories and M verifiers per task (split over the ranks, gathered on rank 0)
@@ -756,7 +839,7 @@ class OuterLoop:
         rollouts = self.dist.sample_split(
             p.num_trajectories,
             lambda n, rank: solve(exec_engine, self.sandbox, self.tokenizer, self.execution_cfg, questions, n,
-                                  seed=self._seed(slot, 20, rank), temperature=cfg.rollout.temperature,
+                                  seed=self._seed(slot, 20, rank), temperature=role_temperature(cfg, "execution"),
                                   top_p=cfg.rollout.top_p),
             len(questions), to_all=False)
         eval_engine, eval_ver = self._engine("evaluation", slot.role)
@@ -770,12 +853,10 @@ class OuterLoop:
         else:  # a verdict-free method: no Evaluation samples (M = 0 below)
             verifiers = [[] for _ in questions] if self.dist.is_main else None
         sandbox_in_generation = self.sandbox.seconds - sandbox_before
-        generation_s = time.perf_counter() - t - sandbox_in_generation
-        if not self.dist.is_main:  # the other ranks only take part in the update
-            self._train(slot, self.dist.broadcast(None))
-            for q in questions:
-                self.history.add(q)
-            return {}, []
+        generation_s = time.perf_counter() - t_start - sandbox_in_generation
+        self.block_questions.extend(questions)
+        if not self.dist.is_main:  # the other ranks take part in the updates only (rank 0 broadcasts each batch)
+            return Phase(slot.phase, [], list(questions))
 
         # 3. perturbations, 4. verdict matrices
         self._stage("sandbox: perturbations and verdicts")
@@ -790,7 +871,7 @@ class OuterLoop:
             verdicts.append(verdict_matrix([v.source for v in verifiers[i]], flat[i * k:(i + 1) * k],
                                            variants_flat[i * k:(i + 1) * k], self.sandbox))
 
-        # 5. rewards (R(q) against the questions of earlier updates)
+        # 5. rewards (R(q) against the question history as it stood at the start of the block)
         history = list(self.history)
         feedback, role_rewards = [], {"planning": [], "execution": [], "evaluation": []}
         for i, task in enumerate(tasks):
@@ -805,187 +886,93 @@ class OuterLoop:
             role_rewards["planning"].append(float(self.reward_sources["planning"](fb)))
             role_rewards["execution"].append(np.asarray(self.reward_sources["execution"](fb), dtype=np.float64))
             role_rewards["evaluation"].append(np.asarray(self.reward_sources["evaluation"](fb), dtype=np.float64))
-        planning_reward_of = {id(task): r for task, r in zip(tasks, role_rewards["planning"])}
-
-        # 6. the active player's groups, advantages, update
-        samples, rewards, group_ids = self._groups(slot.role, groups, tasks, rollouts, verifiers, role_rewards,
-                                                   planning_reward_of)
-        metrics: dict[str, Any] = {}
-        self._stage(f"GRPO update of {slot.role}")
-        t = time.perf_counter()
-        batch = []
-        if samples:
-            adv = grpo.get_adv_estimator(cfg.trainer.adv_estimator)(
-                torch.tensor(rewards, dtype=torch.float64), torch.tensor(group_ids), eps=cfg.trainer.adv_eps
-            ).tolist()
-            batch = [make(a) for make, a in zip(samples, adv)]
-            if cfg.schedule.drop_zero_advantage_groups:
-                live = {g for g, a in zip(group_ids, adv) if a != 0.0}
-                batch = [s for s in batch if s.group in live]
-        trainer_metrics = self._train(slot, self.dist.broadcast(batch))
-        update_s = time.perf_counter() - t
-        metrics[f"{slot.role}/skipped"] = float(not trainer_metrics)
-
-        # 7. records and metrics
-        new_questions = [task.question for task in tasks]
-        for q in new_questions:
-            self.history.add(q)
-        ckpts = {"planning": plan_ver, "execution": exec_ver, "evaluation": eval_ver}
-        records = self._records(slot, groups, tasks, unused, rollouts, verifiers, verdicts, variants_flat,
-                                feedback, role_rewards, ckpts)
-        metrics.update(self._metrics(slot, groups, tasks, rollouts, verdicts, feedback, role_rewards,
-                                     trainer_metrics))
         sandbox_s = self.sandbox.seconds - sandbox_before
-        metrics.update({
-            "outer_iteration": slot.iteration, "block": slot.role, "update": slot.update, "global_update": slot.index,
-            "timing/generation_s": generation_s, "timing/sandbox_s": sandbox_s, "timing/update_s": update_s,
-            "timing/total_s": time.perf_counter() - t_start, "timing/cpu_s": time.process_time() - cpu_start,
-        })
-        self._stage("records, checkpoint")
+
+        # 6. the S units: disjoint mini-batches of the active player's groups, advantages within each group
+        malformed = float(cfg.reward.malformed_task_reward)
+        task_index = {id(t): i for i, t in enumerate(tasks)}
+        if slot.role == "planning":  # a unit is a share of the questioner prompts, with their tasks
+            group_units = split_units(len(groups), units)
+            task_units = [[task_index[id(t)] for g in idx for t in groups[g] if id(t) in task_index]
+                          for idx in group_units]
+        else:
+            task_units = split_units(len(tasks), units)
+            group_units = [list(range(len(groups)))] * units  # the Planning outputs: phase-wide figures
+        unit_of_task = {i: u for u, idx in enumerate(task_units) for i in idx}
+        phase_units: list[Unit] = []
+        for u, (g_idx, t_idx) in enumerate(zip(group_units, task_units)):
+            sub = lambda xs: [xs[i] for i in t_idx]  # noqa: E731
+            u_groups = [groups[g] for g in g_idx]
+            u_rewards = {r: sub(v) for r, v in role_rewards.items()}
+            makers, rewards, gids = group_samples(slot.role, u_groups, sub(tasks), sub(rollouts), sub(verifiers),
+                                                  u_rewards, malformed)
+            batch = training_batch(makers, rewards, gids, role_trainer_config(cfg.trainer, slot.role),
+                                   cfg.schedule.drop_zero_advantage_groups)
+            m = unit_metrics(u_groups, sub(tasks), sub(rollouts), sub(verdicts), sub(feedback), u_rewards,
+                             slot.role, malformed)
+            phase_units.append(Unit(batch, m, slot.phase + u))
+
+        # 7. the phase's records (one per Planning output), written once; then the phase is saved
+        ckpts = {"planning": plan_ver, "execution": exec_ver, "evaluation": eval_ver}
+
+        def meta_of_task(i: Optional[int]) -> dict[str, Any]:
+            u = unit_of_task.get(i, 0) if i is not None else 0
+            return {"outer_iteration": slot.iteration, "block": slot.role, "phase": slot.phase,
+                    "update": slot.update + u, "global_update": slot.phase + u, "checkpoints": ckpts}
+
+        records = phase_records(groups, tasks, unused, rollouts, verifiers, verdicts, variants_flat, feedback,
+                                role_rewards, self.perturber.rules, meta_of_task, malformed)
+        for rec in records:
+            self.records.append(rec)
+        self.records_count += len(records)
+        phase = Phase(slot.phase, phase_units, list(questions),
+                      {"generation_s": generation_s, "sandbox_s": sandbox_s,
+                       "feedback_s": time.perf_counter() - t_start - generation_s - sandbox_s,
+                       "total_s": time.perf_counter() - t_start})
         self.timing["generation_s"] += generation_s
         self.timing["sandbox_s"] += sandbox_s
-        self.timing["update_s"] += update_s
-        return metrics, records
+        self.phase = phase
+        if phase_steps(cfg) > 1:  # a stop inside the phase resumes on these units, not on a new sample
+            _atomic_torch_save(phase.to_state(), self.run_dir / PHASE_FILE)
+            self._write_state()
+        return phase
 
     def _seed(self, slot: Slot, stage: int, rank: int) -> int:
-        """The seed of one rank's share of one generation stage (rank 0: the single-process seed)."""
-        return seed_for(self.cfg.seed, slot.index, stage + 1000 * rank)
+        """The seed of one rank's share of one generation stage of a phase (rank 0: the single-process seed)."""
+        return seed_for(self.cfg.seed, slot.phase, stage + 1000 * rank)
 
-    def _train(self, slot: Slot, batch: list[Any]) -> dict[str, float]:
-        """One update of the active player on ``batch`` (on every rank; none when it is empty)."""
-        if not batch:
-            return {}
+    def _train_step(self, slot: Slot) -> dict[str, Any]:
+        """One optimizer step of the active player on its unit of the phase; the step's metrics line."""
+        t = time.perf_counter()
+        n_pass, u = unit_of_step(slot.step_in_phase, int(self.cfg.schedule.steps_per_generation))
+        unit = self.phase.units[u] if self.dist.is_main else None
+        self._stage(f"GRPO update of {slot.role} (phase step {slot.step_in_phase + 1}/{phase_steps(self.cfg)})")
+        batch = self.dist.broadcast(unit.batch if unit is not None else None)
+        trainer_metrics: dict[str, float] = {}
         active = self.players[slot.role]
-        active.model.train()
-        trainer_metrics = active.trainer.update(batch)
-        active.model.eval()
-        active.version = version(slot.role, slot.iteration, active.trainer.global_step)
-        return trainer_metrics
-
-    def _groups(self, role, groups, tasks, rollouts, verifiers, role_rewards, planning_reward_of):
-        """(sample makers, rewards, group ids) of the active player; one maker per candidate."""
-        makers, rewards, gids = [], [], []
-        malformed = float(self.cfg.reward.malformed_task_reward)
-        if role == "planning":
-            for g, group in enumerate(groups):  # the G_T tasks of one questioner prompt
-                for task in group:
-                    r = planning_reward_of[id(task)] if task.valid else malformed
-                    makers.append(lambda a, c=task.completion, g=g: sample_from_completion(c, a, g))
-                    rewards.append(r)
-                    gids.append(g)
-        elif role == "execution":
-            for i, task_rollouts in enumerate(rollouts):  # the K trajectories of a task
-                for r, rew in zip(task_rollouts, role_rewards["execution"][i]):
-                    makers.append(lambda a, s=r.segments, g=i: sample_from_segments(s, a, g))
-                    rewards.append(float(rew))
-                    gids.append(i)
-        else:
-            for i, task_verifiers in enumerate(verifiers):  # the M verifiers of a task
-                for v, rew in zip(task_verifiers, role_rewards["evaluation"][i]):
-                    makers.append(lambda a, c=v.completion, g=i: sample_from_completion(c, a, g))
-                    rewards.append(float(rew))
-                    gids.append(i)
-        return makers, rewards, gids
-
-    def _records(self, slot, groups, tasks, unused, rollouts, verifiers, verdicts, variants_flat, feedback,
-                 role_rewards, ckpts):
-        base_meta = {
-            "outer_iteration": slot.iteration, "block": slot.role, "update": slot.update,
-            "global_update": slot.index, "checkpoints": ckpts,
-        }
-        rules = list(self.perturber.rules)
-        out: list[InteractionRecord] = []
-        n = 0
-
-        def task_id() -> str:
-            nonlocal n
-            n += 1
-            return f"u{slot.index:06d}-t{n - 1:03d}"
-
-        played = {id(t): i for i, t in enumerate(tasks)}
-        unused_ids = {id(t) for t in unused}
-        for group in groups:
-            for task in group:
-                meta = dict(base_meta, topic=task.topic, prompt_index=task.prompt_index, planning_output=task.text)
-                if id(task) in played:
-                    i = played[id(task)]
-                    vm, fb = verdicts[i], feedback[i]
-                    tr = fb.rewards
-                    meta.update(
-                        status="played",
-                        trajectory_status=[r.status for r in rollouts[i]],
-                        trajectory_detail=[r.detail for r in rollouts[i]],
-                        tool_calls=[r.num_tool_calls for r in rollouts[i]],
-                        verifier_outputs=[v.source for v in verifiers[i]],
-                        verifier_validity=[c.reason if not c.valid else "valid" for c in vm.compiled],
-                        check_errors=len(vm.errors),
-                    )
-                    rewards = {
-                        "execution": role_rewards["execution"][i], "evaluation": role_rewards["evaluation"][i],
-                        "planning": role_rewards["planning"][i], "U": tr.uncertainty, "V": tr.writability,
-                        "R": tr.repetition, "rho_gold": tr.gold, "rho_adv": tr.adv, "rho_red": tr.red,
-                    }
-                    out.append(InteractionRecord.from_verdict(
-                        task.question, [r.trajectory for r in rollouts[i]],
-                        variants_flat[i * len(rollouts[i]):(i + 1) * len(rollouts[i])], vm, tr.red, rules,
-                        task_id=task_id(), iteration=slot.iteration, expected_answer=task.expected_answer,
-                        rewards=rewards, meta=meta,
-                    ))
-                else:
-                    status = "unused" if id(task) in unused_ids else "malformed_task"
-                    meta.update(status=status, reason=task.reason or "well-formed; beyond tasks_per_update")
-                    rewards = {"planning": float(self.cfg.reward.malformed_task_reward)} if status == "malformed_task" else {}
-                    out.append(InteractionRecord(
-                        question=task.question or "", trajectories=[], verifiers=[], variants=[], z_orig=[],
-                        z_adv=[], adv_mask=[], redundancy=[], rules=rules, valid=[], num_generated=0,
-                        task_id=task_id(), iteration=slot.iteration, expected_answer=task.expected_answer,
-                        rewards=rewards, meta=meta,
-                    ))
-        return out
-
-    def _metrics(self, slot, groups, tasks, rollouts, verdicts, feedback, role_rewards, trainer_metrics):
-        m: dict[str, Any] = {}
-        all_tasks = [t for g in groups for t in g]
-        malformed = float(self.cfg.reward.malformed_task_reward)
-        plan_r = [r for r in role_rewards["planning"]]
-        if slot.role == "planning":
-            plan_r = plan_r + [malformed] * sum(1 for t in all_tasks if not t.valid)
-        m["planning/reward_mean"] = _mean(plan_r)
-        m["planning/valid_rate"] = sum(t.valid for t in all_tasks) / max(len(all_tasks), 1)
-        m["planning/num_tasks"] = len(tasks)
-        m["planning/U"] = _mean([f.rewards.uncertainty for f in feedback])
-        m["planning/V"] = _mean([f.rewards.writability for f in feedback])
-        m["planning/R"] = _mean([f.rewards.repetition for f in feedback])
-        exec_r = [x for arr in role_rewards["execution"] for x in arr]
-        m["execution/reward_mean"] = _mean(exec_r)
-        statuses = [r.status for tr in rollouts for r in tr]
-        for s in ("answered", "turn_limit", "no_answer", "error"):
-            m[f"execution/{s}_rate"] = statuses.count(s) / len(statuses) if statuses else None
-        m["execution/tool_calls_mean"] = _mean([r.num_tool_calls for tr in rollouts for r in tr])
-        # Accuracy against the verifier pool: share of trajectories accepted by a strict majority of the
-        # valid verifiers of their task (tasks with at least one valid verifier).
-        acc = [float(col > vm.z_orig.shape[0] / 2) for vm in verdicts if vm.z_orig.shape[0]
-               for col in vm.z_orig.sum(axis=0)]
-        m["execution/accuracy_vs_pool"] = _mean(acc)
-        eval_r = [x for arr in role_rewards["evaluation"] for x in arr]
-        m["evaluation/reward_mean"] = _mean(eval_r)
-        generated = sum(vm.num_generated for vm in verdicts)
-        m["evaluation/valid_rate"] = sum(len(vm.valid) for vm in verdicts) / generated if generated else None
-        m["evaluation/rho_gold"] = _mean([x for f in feedback for x in f.rewards.gold])
-        m["evaluation/rho_adv"] = _mean([x for f in feedback for x in f.rewards.adv])
-        m["evaluation/rho_red"] = _mean([x for f in feedback for x in f.rewards.red])
-        r = slot.role
-        names = {"actor/grad_norm": "grad_norm", "actor/kl": "kl", "actor/ratio_outside_clip_frac": "clip_frac",
-                 "actor/pg_clipfrac": "pg_clip_frac", "entropy_bank/retention": "entropy_ratio",
-                 "actor/entropy": "entropy", "actor/loss": "loss", "actor/lr": "lr", "actor/num_tokens": "num_tokens",
-                 "perf/update_tflop": "update_tflop"}
-        for src, dst in names.items():
-            if src in trainer_metrics:
-                m[f"{r}/{dst}"] = trainer_metrics[src]
-        if "perf/update_tflop_per_s" in trainer_metrics:  # a rate: varies between runs, so with the timings
-            m["timing/update_tflop_per_s"] = trainer_metrics["perf/update_tflop_per_s"]
-        m[f"{r}/step"] = self.players[r].trainer.global_step
-        return m
+        if batch:
+            active.model.train()
+            trainer_metrics = active.trainer.update(batch)
+            active.model.eval()
+            active.version = version(slot.role, slot.iteration, active.trainer.global_step)
+        update_s = time.perf_counter() - t
+        self.timing["update_s"] += update_s
+        if unit is None:
+            return {}
+        metrics: dict[str, Any] = dict(unit.metrics)
+        metrics[f"{slot.role}/skipped"] = float(not trainer_metrics)
+        metrics.update(trainer_metrics_line(slot.role, trainer_metrics, active.trainer.global_step))
+        sampled_here = slot.first_of_phase  # the phase's sampling and feedback are timed on its first step
+        metrics.update({
+            "outer_iteration": slot.iteration, "block": slot.role, "update": slot.update, "global_update": slot.index,
+            "phase": slot.phase, "phase_step": slot.step_in_phase, "phase_pass": n_pass, "phase_unit": u,
+            "timing/generation_s": self.phase.timing["generation_s"] if sampled_here else 0.0,
+            "timing/sandbox_s": self.phase.timing["sandbox_s"] if sampled_here else 0.0,
+            "timing/update_s": update_s,
+            "timing/total_s": update_s + (self.phase.timing["total_s"] if sampled_here else 0.0),
+        })
+        self._stage("records, checkpoint")
+        return metrics
 
     # ------------------------------------------------------------------ the end
     def _prune_checkpoints(self) -> None:

@@ -19,7 +19,8 @@ from unifiedplayers.schedule import OuterLoop
 pytestmark = pytest.mark.cpu
 
 # Two outer iterations of 3 Execution updates (no Planning or Evaluation block): Execution updates
-# e = 1..6 in slots 0..5; with every = 2 the pool is evaluated after e = 2, 4, 6 (slots 1, 3, 5).
+# e = 1..6 in slots 0..5; with every = 2 the pool is evaluated on the initial checkpoint (e = 0, Appendix
+# D.2: update zero is evaluated, before slot 0) and after e = 2, 4, 6 (slots 1, 3, 5).
 BASE = ["experiment=tiny", "schedule.outer_iterations=2", "schedule.planning_updates=0",
         "schedule.evaluation_updates=0", "schedule.execution_updates=3"]
 POOL_ON = ["schedule.execution_pool.every=2"]
@@ -47,19 +48,21 @@ def test_pool_entries_at_every_second_execution_update(pool_run):
     assert [m["block"] for m in metrics] == ["execution"] * 6
     with_pool = [(m["global_update"], m["execution/pool_step"]) for m in metrics if "execution/pool_step" in m]
     assert with_pool == [(1, 2), (3, 4), (5, 6)]
+    assert metrics[0]["execution/pool0_step"] == 0 and "execution/pool0_step" not in metrics[1]
     for m in metrics:
         if "execution/pool_step" in m:
             assert m["execution/pool_size"] == 4
             for key in ("execution/pool_accuracy", "execution/pool_accuracy_math", "execution/pool_accuracy_general"):
                 assert 0.0 <= m[key] <= 1.0
     entries = [json.loads(x) for x in (d / POOL_FILENAME).read_text().splitlines()]
-    assert [(e["execution_step"], e["global_update"], e["outer_iteration"]) for e in entries] == [(2, 1, 1), (4, 3, 2), (6, 5, 2)]
+    assert [(e["execution_step"], e["global_update"], e["outer_iteration"]) for e in entries] == [(0, -1, 1), (2, 1, 1), (4, 3, 2), (6, 5, 2)]
     for e in entries:
         assert e["num_math"] == 2 and e["num_general"] == 2 and len(e["items"]) == 4 and e["missing"] == []
         assert e["checkpoint"]["player"] == "execution" and e["checkpoint"]["step"] == e["execution_step"]
     summary = json.loads((d / "summary.json").read_text())["execution_pool"]
-    assert summary["steps"] == [2, 4, 6]
-    acc = [m["execution/pool_accuracy"] for m in metrics if "execution/pool_step" in m]
+    assert summary["steps"] == [0, 2, 4, 6]
+    acc = [metrics[0]["execution/pool0_accuracy"]] + [m["execution/pool_accuracy"] for m in metrics
+                                                       if "execution/pool_step" in m]
     assert summary["accuracy"] == acc
     assert (summary["negative_step_rate"], summary["max_drop"]) == negative_steps(acc)
     assert "negative-step rate" in (d / "summary.md").read_text()
@@ -70,7 +73,7 @@ def test_the_pool_does_not_change_training(pool_run, tmp_path):
     off = run(tmp_path)
     assert not (tmp_path / POOL_FILENAME).exists()
     assert (d / "records.jsonl").read_text() == (tmp_path / "records.jsonl").read_text()
-    pool_keys = ("execution/pool_",)
+    pool_keys = ("execution/pool_", "execution/pool0_")
     assert [{k: v for k, v in m.items() if not k.startswith(pool_keys)} for m in without_timing(d)] == without_timing(tmp_path)
     a, b = loop.players["execution"].model.state_dict(), off.players["execution"].model.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
@@ -92,14 +95,14 @@ def test_resume_neither_repeats_nor_loses_an_evaluation(pool_run, tmp_path, monk
     monkeypatch.setattr(OuterLoop, "_save_active", save_then_die)
     with pytest.raises(KeyboardInterrupt):
         run(tmp_path, POOL_ON)
-    assert len(calls) == 2  # e = 2 and e = 4
+    assert len(calls) == 3  # e = 0, 2 and 4
     assert len(read_metrics(tmp_path)) == 4  # slot 3's line was written, its state was not
     monkeypatch.setattr(OuterLoop, "_save_active", real_save)
     run(tmp_path, POOL_ON + ["resume=true"])
-    assert len(calls) == 3  # slot 3 was redone with its logged evaluation; only e = 6 was decoded
+    assert len(calls) == 4  # slot 3 was redone with its logged evaluation; only e = 6 was decoded
     assert without_timing(tmp_path) == without_timing(reference)
     steps = [json.loads(x)["execution_step"] for x in (tmp_path / POOL_FILENAME).read_text().splitlines()]
-    assert steps == [2, 4, 6]
+    assert steps == [0, 2, 4, 6]
 
 
 def test_a_missing_pool_file_does_not_stop_the_run(tmp_path):
@@ -107,9 +110,10 @@ def test_a_missing_pool_file_does_not_stop_the_run(tmp_path):
         run(tmp_path, ["schedule.execution_pool.every=3", f"schedule.execution_pool.math_path={tmp_path}/gone.jsonl"])
     metrics = read_metrics(tmp_path)
     assert [m["execution/pool_size"] for m in metrics if "execution/pool_step" in m] == [2, 2]  # general only
+    assert metrics[0]["execution/pool0_size"] == 2
     assert all(m["execution/pool_accuracy_math"] is None for m in metrics if "execution/pool_step" in m)
     summary = json.loads((tmp_path / "summary.json").read_text())["execution_pool"]
-    assert summary["steps"] == [3, 6] and "gone.jsonl" in summary["missing"][0]
+    assert summary["steps"] == [0, 3, 6] and "gone.jsonl" in summary["missing"][0]
     assert "[missing]" in (tmp_path / "summary.md").read_text()
 
 
