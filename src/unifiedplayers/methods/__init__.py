@@ -13,9 +13,19 @@ The baselines' own sources live in submodules (SPEC §11), registered on import 
 :mod:`~unifiedplayers.methods.agent0` (Curriculum reward with the tool-call bonus),
 :mod:`~unifiedplayers.methods.absolute_zero` (learnability and exact-answer rewards, code-reasoning tasks
 validated in the sandbox), :mod:`~unifiedplayers.methods.socratic_zero` (a Teacher behind an
-OpenAI-compatible endpoint grades the Solver). R-Zero is a pure composition of the sources here
-(``uncertainty_repetition`` with ``reward.repetition_mode=cluster_share``, ``majority_vote``).
+OpenAI-compatible endpoint grades the Solver), :mod:`~unifiedplayers.methods.r_zero` (Challenger reward with
+the within-batch BLEU-cluster penalty, the Solver's self-consistency band).
 A source that needs something from the config at start-up declares it with :func:`requires`.
+
+Two more hooks for the outer loop, both pure functions of the update's feedback:
+
+- :func:`planning_rewards` ``(method_cfg, feedback) -> list[float]``: the Planning reward of every
+  well-formed task of one update. A source registered with :func:`register_batch_planning_source`
+  sees the whole batch (R-Zero's and Agent0's repetition penalty cluster the batch's questions);
+  a per-task source is mapped over it.
+- :func:`group_shape` ``(method_cfg, role, fb, clip_eps) -> GroupShape``: how the method trains one
+  task's group: kept or dropped (R-Zero's band, Agent0's frontier), its advantages scaled and its
+  per-sample upper clip (Agent0's ADPO).
 """
 from __future__ import annotations
 
@@ -24,7 +34,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from unifiedplayers.rewards import TaskRewards, answer_clusters
+from unifiedplayers.rewards import TaskRewards, answer_clusters, majority_share
 
 ROLES = ("planning", "execution", "evaluation")
 REWARD_SOURCES: dict[str, dict[str, Callable[["TaskFeedback"], Any]]] = {role: {} for role in ROLES}
@@ -43,6 +53,20 @@ class TaskFeedback:
     question: str = ""
     method_cfg: Any = None  # MethodConfig (tool_bonus, teacher endpoint, extra)
     answer_check: Optional[Callable[[Optional[str]], bool]] = None  # execution-verified tasks (Absolute Zero)
+    p_hat: Optional[float] = None  # self-consistency p̂ of the K answers; filled on first use by self_consistency()
+
+
+def self_consistency(fb: TaskFeedback) -> float:
+    """p̂: share of the K samples that give the majority answer (R-Zero / Agent0), K counting every sample.
+
+    Computed once per task (answer matching runs math-verify) and kept on ``fb``; the clustering options
+    (missing answers, time limit) are the reward config's, so p̂ agrees with the U(q) of the record.
+    """
+    if fb.p_hat is None:
+        c = fb.reward_cfg
+        fb.p_hat = float(majority_share(list(fb.answers), bool(getattr(c, "missing_answer_in_majority", False)),
+                                        getattr(c, "answer_match_timeout_s", 10.0)))
+    return fb.p_hat
 
 
 def register_reward_source(role: str, name: str):
@@ -152,5 +176,98 @@ def evaluation_verdict(fb: TaskFeedback) -> np.ndarray:
     return np.asarray(fb.rewards.evaluation, dtype=np.float64)
 
 
+# ------------------------------------------------------------------ batch-level Planning rewards
+
+BATCH_PLANNING_SOURCES: dict[str, Callable[[Sequence[TaskFeedback]], Sequence[float]]] = {}
+
+
+def register_batch_planning_source(name: str, per_task_fallback: Optional[Callable[[TaskFeedback], float]] = None):
+    """Register ``fn(feedback: list[TaskFeedback]) -> one reward per task`` as Planning source ``name``.
+
+    ``per_task_fallback`` is what an outer loop that still calls the source task by task gets (with a
+    warning, once): a batch penalty cannot be computed from one task.
+    """
+
+    def deco(fn):
+        BATCH_PLANNING_SOURCES[name] = fn
+        warned = []
+
+        def per_task(fb: TaskFeedback) -> float:
+            if per_task_fallback is None:
+                raise ValueError(f"planning reward {name!r} needs the whole batch: call "
+                                 "unifiedplayers.methods.planning_rewards(method_cfg, feedback)")
+            if not warned:
+                import logging
+
+                logging.getLogger(__name__).warning(
+                    "planning reward %r called task by task: its within-batch repetition penalty is replaced by "
+                    "R(q) against the history until the outer loop calls methods.planning_rewards", name)
+                warned.append(True)
+            return float(per_task_fallback(fb))
+
+        REWARD_SOURCES["planning"][name] = per_task
+        return fn
+
+    return deco
+
+
+def planning_rewards(method_cfg: Any, feedback: Sequence[TaskFeedback]) -> list[float]:
+    """The Planning reward of each well-formed task of one update (``feedback`` in task order).
+
+    A batch source (R-Zero, Agent0) gets the whole list; any other source is called task by task.
+    """
+    name = method_cfg.planning_reward
+    feedback = list(feedback)
+    if name in BATCH_PLANNING_SOURCES:
+        out = [float(r) for r in BATCH_PLANNING_SOURCES[name](feedback)]
+        if len(out) != len(feedback):
+            raise ValueError(f"planning reward {name!r} returned {len(out)} rewards for {len(feedback)} tasks")
+        return out
+    source = reward_source("planning", name)
+    return [float(source(fb)) for fb in feedback]
+
+
+# ------------------------------------------------------------------ how a method trains one group
+
+
+@dataclass
+class GroupShape:
+    """How the method trains one task's group (the K trajectories of a task, or a prompt's G_T tasks)."""
+
+    keep: bool = True  # False: the group is not trained on (R-Zero's band, Agent0's frontier)
+    adv_scale: float = 1.0  # multiplies the group's GRPO advantages (Agent0's ADPO)
+    clip_high: Optional[float] = None  # per-sample upper clip ε_high (Agent0's ADPO); None: trainer.clip_eps
+
+
+GROUP_SHAPES: dict[str, Callable[[Any, str, TaskFeedback, float], GroupShape]] = {}
+
+
+def register_group_shape(method_name: str):
+    """Register ``fn(method_cfg, role, fb, clip_eps) -> GroupShape`` for the method named ``method_name``."""
+
+    def deco(fn):
+        GROUP_SHAPES[method_name] = fn
+        return fn
+
+    return deco
+
+
+def group_shape(method_cfg: Any, role: str, fb: TaskFeedback, clip_eps: float = 0.2) -> GroupShape:
+    """The shape of one task's group for ``role`` under the method (plain GRPO: keep, scale 1, no own clip).
+
+    ``clip_eps`` is the trainer's ε of the role (ADPO widens the upper bound from it).
+    """
+    if role not in ROLES:
+        raise ValueError(f"unknown role {role!r}; roles: {ROLES}")
+    fn = GROUP_SHAPES.get(str(getattr(method_cfg, "name", "")))
+    return GroupShape() if fn is None else fn(method_cfg, role, fb, float(clip_eps))
+
+
+def method_extra(method_cfg: Any, key: str, default: Any) -> Any:
+    """``method.extra[key]`` or ``default`` (method_cfg may be None in unit tests)."""
+    extra = getattr(method_cfg, "extra", None) or {}
+    return extra.get(key, default)
+
+
 # The baselines' sources register themselves (imported last: they use the registry above).
-from unifiedplayers.methods import absolute_zero, agent0, socratic_zero  # noqa: E402,F401
+from unifiedplayers.methods import absolute_zero, agent0, r_zero, socratic_zero  # noqa: E402,F401

@@ -1,26 +1,47 @@
-"""Agent0 (SPEC §11): a Curriculum player (the Planning role) and an Executor (the Execution role) trained by
-GRPO in turns, no Evaluation player.
+"""Agent0 (Xia et al., arXiv 2511.16043; SPEC §11): a Curriculum player (the Planning role) and an Executor
+(the Execution role, multi-turn tool use) trained by GRPO in turns, no Evaluation player.
 
-- Executor: majority-vote pseudo-labels over its own K tool-using samples (``majority_vote``).
-- Curriculum: r(q) = w_unc · U(q) + λ_tool · f_tool(q) − w_rep · R(q)  (``agent0_curriculum``), with U(q) the
-  Executor's self-consistency uncertainty min(p̂, 1 − p̂), R(q) the BLEU repetition penalty (both as in
-  ``unifiedplayers.rewards``) and f_tool(q) the tool-call frequency of the K samples,
-  f_tool = (1/K) Σ_k min(n_k, C)/C  (n_k tool calls of sample k, cap C = ``method.extra.tool_call_cap``, 4),
-  weighted by λ_tool = ``method.tool_bonus``. The cap keeps the bonus from rewarding endless tool loops.
+Curriculum (``agent0_curriculum``, a batch source: the repetition penalty needs the whole batch):
+
+  R_unc(x)  = 1 − 2·|p̂(x) − 1/2|                  (p̂: the Executor's self-consistency over its K samples)
+  R_tool(x) = (1/K)·Σ_k γ·min(n_k, C)               (n_k tool calls of sample k; γ = ``method.tool_bonus``
+                                                     = 0.05, C = ``method.extra.tool_call_cap`` = 4)
+  R_rep(x)  = λ·|C(x)|/B                            (R-Zero's within-batch BLEU clustering, λ = 1)
+  R_C(x)    = R_format(x)·max(0, R_unc + R_tool − R_rep)      (paper form, ``method.extra.reward_form=paper``)
+  R_C(x)    = min(p̂, 1 − p̂) + R_tool − |C(x)|/B               (Agent0's code, curriculum_reward.py: ``code``)
+
+  The format gate R_format is 0 for an output that is not a task (no question or no \\boxed{} answer): such
+  an output never reaches this source and gets ``reward.malformed_task_reward`` (0 in conf/method/agent0.yaml;
+  Agent0's code gives −1).
+
+Executor: majority-vote pseudo-labels (``majority_vote``); trained only on tasks near its capability frontier,
+p̂ ∈ [0.3, 0.8] (``method.extra.frontier_band``; Agent0's data curation, ``upload.py --min_score 0.3
+--max_score 0.8``), with ADPO (Agent0's executor_train core_algos.py ``adpo``):
+
+  s(p̂)      = s_min + (1 − s_min)·clip((p̂ − p_lo)/(p_hi − p_lo), 0, 1)    advantage scale, s_min = 0.6
+  ε_high(p̂) = ε + Δε·clip((p_hi − p̂)/(p_hi − p_lo), 0, 1)                per-sample upper clip, Δε = 0.1
+
+  with p_lo = 0.3, p_hi = 0.8 (``method.extra.adpo``): ambiguous tasks (low p̂, noisy pseudo-labels) get
+  smaller advantages but more room to raise a token's probability; the lower clip stays 1 − ε.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
-from unifiedplayers.methods import TaskFeedback, register_reward_source
+from unifiedplayers.methods import (GroupShape, TaskFeedback, method_extra, register_batch_planning_source,
+                                    register_group_shape, self_consistency)
+from unifiedplayers.methods.r_zero import BLEU_DISTANCE_THRESHOLD, cluster_shares, in_band, uncertainty_reward
 
-DEFAULT_TOOL_CALL_CAP = 4
+DEFAULT_TOOL_WEIGHT = 0.05  # γ of Agent0's calculate_tool_reward
+DEFAULT_TOOL_CALL_CAP = 4  # C
+FRONTIER_BAND = (0.3, 0.8)
+ADPO_DEFAULTS = {"p_low": 0.3, "p_high": 0.8, "min_scale": 0.6, "max_epsilon_bonus": 0.1}  # train_qwen3_4b_adpo.sh
 
 
-def tool_call_frequency(tool_calls: Sequence[int], cap: int = DEFAULT_TOOL_CALL_CAP) -> float:
-    """f_tool = mean over the samples of min(n_k, cap)/cap, in [0, 1]; 0 for no samples."""
+def tool_reward(tool_calls: Sequence[int], weight: float = DEFAULT_TOOL_WEIGHT, cap: int = DEFAULT_TOOL_CALL_CAP) -> float:
+    """R_tool = mean over the K samples of γ·min(n_k, C); 0 for no samples."""
     if cap < 1:
         raise ValueError(f"tool_call_cap={cap}: need >= 1")
     n = np.asarray(list(tool_calls), dtype=np.float64)
@@ -28,19 +49,75 @@ def tool_call_frequency(tool_calls: Sequence[int], cap: int = DEFAULT_TOOL_CALL_
         return 0.0
     if (n < 0).any():
         raise ValueError(f"negative tool-call counts: {list(tool_calls)}")
-    return float(np.minimum(n, cap).mean() / cap)
+    return float(weight * np.minimum(n, cap).mean())
 
 
-def curriculum_reward(uncertainty: float, tool_frequency: float, repetition: float, tool_bonus: float,
-                      w_unc: float = 1.0, w_rep: float = 0.5) -> float:
-    """r(q) = w_unc·U + λ_tool·f_tool − w_rep·R."""
-    return float(w_unc * uncertainty + tool_bonus * tool_frequency - w_rep * repetition)
+def curriculum_rewards(p_hats: Sequence[float], tool_rewards: Sequence[float], questions: Sequence[str],
+                       form: str = "paper", weight: float = 1.0,
+                       threshold: float = BLEU_DISTANCE_THRESHOLD) -> list[float]:
+    """R_C of each well-formed task of one batch (the module docstring's formulas)."""
+    if not len(p_hats) == len(tool_rewards) == len(questions):
+        raise ValueError(f"{len(p_hats)} p_hat, {len(tool_rewards)} tool rewards, {len(questions)} questions")
+    rep = weight * cluster_shares(questions, threshold)
+    if form == "paper":
+        return [max(0.0, uncertainty_reward(p) + t - r) for p, t, r in zip(p_hats, tool_rewards, rep)]
+    if form == "code":
+        return [min(p, 1.0 - p) + t - r for p, t, r in zip(p_hats, tool_rewards, rep)]
+    raise ValueError(f"method.extra.reward_form={form!r}: paper | code")
 
 
-@register_reward_source("planning", "agent0_curriculum")
-def agent0_curriculum(fb: TaskFeedback) -> float:
-    m, c = fb.method_cfg, fb.reward_cfg
-    bonus = float(m.tool_bonus) if m is not None else 0.0
-    cap = int((m.extra or {}).get("tool_call_cap", DEFAULT_TOOL_CALL_CAP)) if m is not None else DEFAULT_TOOL_CALL_CAP
-    return curriculum_reward(fb.rewards.uncertainty, tool_call_frequency(fb.tool_calls, cap), fb.rewards.repetition,
-                             bonus, c.w_unc, c.w_rep)
+def _tool_reward_of(fb: TaskFeedback) -> float:
+    m = fb.method_cfg
+    weight = float(getattr(m, "tool_bonus", DEFAULT_TOOL_WEIGHT)) if m is not None else DEFAULT_TOOL_WEIGHT
+    return tool_reward(fb.tool_calls, weight, int(method_extra(m, "tool_call_cap", DEFAULT_TOOL_CALL_CAP)))
+
+
+def _history_fallback(fb: TaskFeedback) -> float:
+    """Task-by-task fallback (an outer loop that does not pass the batch): R(q) against the history."""
+    return max(0.0, uncertainty_reward(self_consistency(fb)) + _tool_reward_of(fb)
+               - float(method_extra(fb.method_cfg, "repetition_weight", 1.0)) * float(fb.rewards.repetition))
+
+
+@register_batch_planning_source("agent0_curriculum", per_task_fallback=_history_fallback)
+def agent0_curriculum(feedback: Sequence[TaskFeedback]) -> list[float]:
+    if not feedback:
+        return []
+    m = feedback[0].method_cfg
+    return curriculum_rewards([self_consistency(fb) for fb in feedback], [_tool_reward_of(fb) for fb in feedback],
+                              [fb.question for fb in feedback], form=str(method_extra(m, "reward_form", "paper")),
+                              weight=float(method_extra(m, "repetition_weight", 1.0)),
+                              threshold=float(method_extra(m, "bleu_distance_threshold", BLEU_DISTANCE_THRESHOLD)))
+
+
+def _ramp(x: float, lo: float, hi: float) -> float:
+    if not hi > lo:
+        raise ValueError(f"ADPO needs p_low < p_high, got {lo}, {hi}")
+    return float(np.clip((x - lo) / (hi - lo), 0.0, 1.0))
+
+
+def adpo_advantage_scale(p_hat: float, p_low: float = 0.3, p_high: float = 0.8, min_scale: float = 0.6) -> float:
+    """s(p̂) = s_min + (1 − s_min)·clip((p̂ − p_lo)/(p_hi − p_lo), 0, 1): trust in the pseudo-label."""
+    return min_scale + (1.0 - min_scale) * _ramp(p_hat, p_low, p_high)
+
+
+def adpo_clip_high(p_hat: float, clip_eps: float, p_low: float = 0.3, p_high: float = 0.8,
+                   max_epsilon_bonus: float = 0.1) -> float:
+    """ε_high(p̂) = ε + Δε·clip((p_hi − p̂)/(p_hi − p_lo), 0, 1): more room upward on ambiguous tasks."""
+    return clip_eps + max_epsilon_bonus * (1.0 - _ramp(p_hat, p_low, p_high))
+
+
+@register_group_shape("agent0")
+def executor_shape(method_cfg: Any, role: str, fb: TaskFeedback, clip_eps: float) -> GroupShape:
+    """Executor groups: kept near the frontier, advantages scaled and upper clip widened by ADPO."""
+    if role != "execution":
+        return GroupShape()
+    p = self_consistency(fb)
+    adpo = {**ADPO_DEFAULTS, **dict(method_extra(method_cfg, "adpo", {}) or {})}
+    unknown = set(adpo) - set(ADPO_DEFAULTS)
+    if unknown:
+        raise ValueError(f"method.extra.adpo: unknown keys {sorted(unknown)}; known {sorted(ADPO_DEFAULTS)}")
+    return GroupShape(
+        keep=in_band(p, method_extra(method_cfg, "frontier_band", FRONTIER_BAND)),
+        adv_scale=adpo_advantage_scale(p, adpo["p_low"], adpo["p_high"], adpo["min_scale"]),
+        clip_high=adpo_clip_high(p, clip_eps, adpo["p_low"], adpo["p_high"], adpo["max_epsilon_bonus"]),
+    )

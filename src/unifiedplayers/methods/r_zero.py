@@ -1,0 +1,140 @@
+"""R-Zero (Huang et al., arXiv 2508.05004; SPEC §11): a Challenger (the Planning role) and a Solver (the
+Execution role) from one base, no tools.
+
+- Solver: majority-vote pseudo-labels (``majority_vote``), trained only on questions whose self-consistency
+  p̂ lies in R-Zero's band [0.3, 0.7] (:func:`solver_band_shape`; ``method.extra.solver_band``).
+- Challenger (``r_zero_challenger``, a batch source: the penalty needs the whole batch):
+
+  r_unc(x)  = 1 − 2·|p̂(x) − 1/2|                             (R-Zero paper, uncertainty reward)
+  r_rep(x)  = λ·|C(x)|/B                                        (repetition penalty)
+  r(x)      = max(0, r_unc(x) − r_rep(x))                       (paper; ``method.extra.reward_form=paper``)
+  r(x)      = min(p̂, 1 − p̂) − |C(x)|/B                         (R-Zero's code, caller_penalty.py; ``=code``)
+
+  C(x) is the cluster of x among the B questions of the current batch, clustered agglomeratively with
+  average linkage on the BLEU distance d_ij = 1 − BLEU(x_i, x_j), merging while the linkage distance is
+  below 0.5. λ = ``method.extra.repetition_weight`` (1, the weight R-Zero's code uses). A question that
+  fails the format (no question or no answer) is not a task here: it gets ``reward.malformed_task_reward``
+  (R-Zero's paper: 0, its code: −1).
+
+BLEU is sacrebleu's sentence BLEU (13a tokens, exponential smoothing, effective order)/100 of the earlier
+question against the later one as reference, as R-Zero's code orders them (it uses NLTK with smoothing
+method 1 on whitespace tokens).
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from unifiedplayers.methods import (GroupShape, TaskFeedback, method_extra, register_batch_planning_source,
+                                    register_group_shape, self_consistency)
+
+BLEU_DISTANCE_THRESHOLD = 0.5  # R-Zero: distance_threshold=0.5, linkage="average"
+SOLVER_BAND = (0.3, 0.7)  # R-Zero's question_evaluate/upload.py: min_score 0.3, max_score 0.7
+
+
+def bleu_distance_matrix(questions: Sequence[str]) -> np.ndarray:
+    """(B, B) symmetric matrix d_ij = 1 − sentence-BLEU(q_i, [q_j])/100 for i < j, 0 on the diagonal."""
+    from sacrebleu.metrics import BLEU
+
+    bleu = BLEU(effective_order=True)
+    n = len(questions)
+    dist = np.zeros((n, n))
+    for i in range(n):
+        for j in range(i + 1, n):
+            score = bleu.sentence_score(questions[i], [questions[j]]).score / 100.0
+            dist[i, j] = dist[j, i] = 1.0 - float(np.clip(score, 0.0, 1.0))
+    return dist
+
+
+def average_linkage_labels(dist: np.ndarray, threshold: float = BLEU_DISTANCE_THRESHOLD) -> np.ndarray:
+    """Flat clusters of agglomerative clustering with average linkage (UPGMA) on a precomputed distance matrix.
+
+    Repeatedly merges the two clusters of smallest mean pairwise distance while that distance is strictly
+    below ``threshold`` (sklearn's ``distance_threshold``: "at or above which clusters will not be merged",
+    R-Zero's setting). Returns a label per item, numbered by first appearance. O(B³), fine for a batch.
+    """
+    d = np.asarray(dist, dtype=np.float64)
+    n = d.shape[0]
+    if d.shape != (n, n):
+        raise ValueError(f"distance matrix must be square, got {d.shape}")
+    clusters: list[list[int]] = [[i] for i in range(n)]
+    while len(clusters) > 1:
+        best, pair = np.inf, None
+        for a in range(len(clusters)):
+            for b in range(a + 1, len(clusters)):
+                link = d[np.ix_(clusters[a], clusters[b])].mean()
+                if link < best:
+                    best, pair = link, (a, b)
+        if pair is None or not best < threshold:
+            break
+        a, b = pair
+        clusters[a] = clusters[a] + clusters[b]
+        del clusters[b]
+    labels = np.empty(n, dtype=np.int64)
+    for label, members in enumerate(sorted(clusters, key=min)):
+        labels[members] = label
+    return labels
+
+
+def cluster_shares(questions: Sequence[str], threshold: float = BLEU_DISTANCE_THRESHOLD) -> np.ndarray:
+    """|C(x_i)|/B for each of the B questions of the batch (R-Zero's repetition penalty before λ)."""
+    if not questions:
+        return np.zeros(0)
+    labels = average_linkage_labels(bleu_distance_matrix(list(questions)), threshold)
+    counts = np.bincount(labels)
+    return counts[labels] / len(questions)
+
+
+def uncertainty_reward(p_hat: float) -> float:
+    """R-Zero / Agent0: r_unc = 1 − 2·|p̂ − 1/2|, 1 at p̂ = 1/2 and 0 at p̂ ∈ {0, 1}."""
+    if not 0.0 <= p_hat <= 1.0:
+        raise ValueError(f"p_hat={p_hat} outside [0, 1]")
+    return 1.0 - 2.0 * abs(p_hat - 0.5)
+
+
+def challenger_rewards(p_hats: Sequence[float], questions: Sequence[str], form: str = "paper",
+                       weight: float = 1.0, threshold: float = BLEU_DISTANCE_THRESHOLD) -> list[float]:
+    """The Challenger reward of each well-formed question of one batch (the module docstring's formulas)."""
+    if len(p_hats) != len(questions):
+        raise ValueError(f"{len(p_hats)} p_hat values for {len(questions)} questions")
+    penalty = weight * cluster_shares(questions, threshold)
+    if form == "paper":
+        return [max(0.0, uncertainty_reward(p) - r) for p, r in zip(p_hats, penalty)]
+    if form == "code":
+        return [min(p, 1.0 - p) - r for p, r in zip(p_hats, penalty)]
+    raise ValueError(f"method.extra.reward_form={form!r}: paper | code")
+
+
+def _history_fallback(fb: TaskFeedback) -> float:
+    """Task-by-task fallback (an outer loop that does not pass the batch): R(q) against the history."""
+    m = fb.method_cfg
+    r = uncertainty_reward(self_consistency(fb)) if method_extra(m, "reward_form", "paper") == "paper" \
+        else float(fb.rewards.uncertainty)
+    return max(0.0, r - float(method_extra(m, "repetition_weight", 1.0)) * float(fb.rewards.repetition))
+
+
+@register_batch_planning_source("r_zero_challenger", per_task_fallback=_history_fallback)
+def r_zero_challenger(feedback: Sequence[TaskFeedback]) -> list[float]:
+    if not feedback:
+        return []
+    m = feedback[0].method_cfg
+    return challenger_rewards([self_consistency(fb) for fb in feedback], [fb.question for fb in feedback],
+                              form=str(method_extra(m, "reward_form", "paper")),
+                              weight=float(method_extra(m, "repetition_weight", 1.0)),
+                              threshold=float(method_extra(m, "bleu_distance_threshold", BLEU_DISTANCE_THRESHOLD)))
+
+
+def in_band(p_hat: float, band: Sequence[float]) -> bool:
+    lo, hi = (float(x) for x in band)
+    if not 0.0 <= lo <= hi <= 1.0:
+        raise ValueError(f"self-consistency band {list(band)}: need 0 <= low <= high <= 1")
+    return lo <= p_hat <= hi
+
+
+@register_group_shape("r_zero")
+def solver_band_shape(method_cfg: Any, role: str, fb: TaskFeedback, clip_eps: float) -> GroupShape:
+    """The Solver trains only on tasks with p̂ in ``method.extra.solver_band`` (R-Zero: [0.3, 0.7])."""
+    if role != "execution":
+        return GroupShape()
+    return GroupShape(keep=in_band(self_consistency(fb), method_extra(method_cfg, "solver_band", SOLVER_BAND)))
