@@ -12,9 +12,10 @@ or ``None`` where it cannot apply; the verdict matrix masks those entries out (`
 - step_swap (local): swaps two adjacent units, chosen uniformly; a code step and the output right
   after it form one unit. None with fewer than two units or when every adjacent pair is identical.
 - early_terminate (global): keeps the steps before a random cut (a unit boundary at or before the
-  step that states the final answer), drops the rest and sets a fabricated final answer: the
-  answer ± 1 or zero, never equal to the original (a non-numeric or missing answer: zero).
-  Always applies.
+  step that states the final answer), drops the rest and sets a fabricated final answer drawn
+  uniformly from :func:`distractor_pool`: off-by-one neighbours, the answer rounded to tens, ±10 %
+  and zero, written in the answer's own style and never equal to it in value (a non-numeric or
+  missing answer: zero; one that means zero or nothing: one). Always applies.
 - tool_substitute (global): one python code step, chosen uniformly, gets lang "bash"; code and
   recorded output unchanged. None when there is no python code step.
 
@@ -25,6 +26,7 @@ on which other rules are configured.
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import io
 import math
@@ -36,7 +38,8 @@ from decimal import Decimal, InvalidOperation
 from fractions import Fraction
 from typing import Any, Callable, Optional, Sequence
 
-from unifiedplayers.trajectory import Step, Trajectory, extract_boxed, format_observation, output_step
+from unifiedplayers.observation import DEFAULT_OBSERVATION_MAX_CHARS, observation_body
+from unifiedplayers.trajectory import Step, Trajectory, extract_boxed, output_step
 
 LOCAL_RULES = ("arg_mutation", "step_drop", "step_swap")
 GLOBAL_RULES = ("early_terminate", "tool_substitute")
@@ -191,25 +194,35 @@ def step_swap(traj: Trajectory, rng: random.Random, params: RuleParams) -> Optio
 # early_terminate
 
 _INT = re.compile(r"[+-]?\d+")
+_GROUPED_INT = re.compile(r"[+-]?\d{1,3}(?:,\d{3})+")  # 1,000 or 12,345,678
 _DEC = re.compile(r"[+-]?\d*\.\d+")
 _FRAC = re.compile(r"([+-]?\d+)\s*/\s*(\d+)")
 _TEXFRAC = re.compile(r"(-?)\\[dt]?frac\{(\d+)\}\{(\d+)\}")
+# A unit after the number, kept on every distractor: "12\%", "45^\circ", "30 \text{ cm}", "7 dollars".
+_UNIT = re.compile(r"(.*?\S)(\s*(?:\\%|%|\^\s*\{?\\circ\}?|°|\\text\{[^{}]*\}|\\mathrm\{[^{}]*\}|[A-Za-z]+))")
+# Non-numeric answers that already mean zero or nothing: their distractor is 1 instead of 0.
+_ZERO_WORDS = {"zero", "none", "nothing", "no", "\\emptyset", "\\varnothing", "\\{\\}"}
 
 
-def _numeric_answer(answer: str) -> Optional[tuple[Any, Callable[[Any], str]]]:
-    """(value, formatter in the answer's own style) for an int, decimal, a/b or \\frac{a}{b} answer."""
-    a = answer.strip().strip("$").strip()
-    if len(a) > 1000:  # past int()'s digit limit and no plausible task answer: treated as non-numeric
-        return None
+def _exact_decimal(v: Fraction, places: int) -> str:
+    """``v`` as a decimal with at least ``places`` digits after the point (exact when it terminates)."""
+    d = Decimal(v.numerator) / Decimal(v.denominator)
+    if (v * 10**places).denominator == 1:
+        return f"{d:.{places}f}"
+    return format(d.normalize(), "f")
+
+
+def _parse_number(a: str) -> Optional[tuple[Fraction, Callable[[Fraction], str], bool]]:
+    """(exact value, formatter in the style of ``a``, integer-valued style) of a bare number."""
     if _INT.fullmatch(a):
-        return int(a), lambda v: str(v)
+        return Fraction(int(a)), lambda v: _exact_decimal(v, 0), True
+    if _GROUPED_INT.fullmatch(a):
+        return Fraction(int(a.replace(",", ""))), lambda v: f"{v.numerator:,}" if v.denominator == 1 else _exact_decimal(v, 0), True
     if _DEC.fullmatch(a):
-        try:
-            return Decimal(a), lambda v: str(v)
-        except InvalidOperation:
-            return None
+        places = len(a.split(".")[1])
+        return Fraction(Decimal(a)), lambda v: _exact_decimal(v, places), False
 
-    def frac_fmt(tex: bool) -> Callable[[Any], str]:
+    def frac_fmt(tex: bool) -> Callable[[Fraction], str]:
         def fmt(v: Fraction) -> str:
             if v.denominator == 1:
                 return str(v.numerator)
@@ -221,26 +234,76 @@ def _numeric_answer(answer: str) -> Optional[tuple[Any, Callable[[Any], str]]]:
 
     m = _FRAC.fullmatch(a)
     if m and int(m.group(2)) != 0:
-        return Fraction(int(m.group(1)), int(m.group(2))), frac_fmt(False)
+        return Fraction(int(m.group(1)), int(m.group(2))), frac_fmt(False), False
     m = _TEXFRAC.fullmatch(a)
     if m and int(m.group(3)) != 0:
         v = Fraction(int(m.group(2)), int(m.group(3)))
-        return (-v if m.group(1) else v), frac_fmt(True)
+        return (-v if m.group(1) else v), frac_fmt(True), False
     return None
 
 
+def _numeric_answer(answer: str) -> Optional[tuple[Fraction, Callable[[Fraction], str], bool]]:
+    """(exact value, formatter in the answer's own style, integer style) of a numeric answer: an int
+    (1,000 grouping too), a decimal, a/b or \\frac{a}{b}, optionally inside $...$ and followed by a
+    unit (\\%, ^\\circ, \\text{..}, a word) that every formatted value keeps. None for anything else."""
+    a = answer.strip().strip("$").strip()
+    if len(a) > 1000:  # past int()'s digit limit and no plausible task answer: treated as non-numeric
+        return None
+    parsed = _parse_number(a)
+    if parsed is not None:
+        return parsed
+    m = _UNIT.fullmatch(a)
+    parsed = _parse_number(m.group(1).strip()) if m else None
+    if parsed is None:
+        return None
+    value, fmt, integral = parsed
+    unit = m.group(2)
+    return value, (lambda v: fmt(v) + unit), integral
+
+
+def _round_half_away(v: Fraction, step: int = 1) -> Fraction:
+    """``v`` rounded to a multiple of ``step``, halves away from zero (25 -> 30, -25 -> -30)."""
+    q = abs(v) / step
+    n = int(q) + (1 if q - int(q) >= Fraction(1, 2) else 0)
+    return Fraction((n if v >= 0 else -n) * step)
+
+
+def distractor_candidates(value: Fraction, integral: bool) -> list[tuple[str, Fraction]]:
+    """The early_terminate pool before de-duplication, in order (Appendix F.1, I.4; issue 13):
+    off-by-one below and above, rounded to tens, +10 % and −10 % (rounded to an integer, halves away
+    from zero, when the answer is written as an integer; exact otherwise), and zero."""
+    def scale(f: Fraction) -> Fraction:
+        return _round_half_away(value * f) if integral else value * f
+
+    return [
+        ("minus_one", value - 1),
+        ("plus_one", value + 1),
+        ("round_tens", _round_half_away(value, 10)),
+        ("plus_10pct", scale(Fraction(11, 10))),
+        ("minus_10pct", scale(Fraction(9, 10))),
+        ("zero", Fraction(0)),
+    ]
+
+
 def distractor_pool(answer: Optional[str]) -> list[str]:
-    """Fabricated answers for early_terminate: off-by-one neighbours of a numeric answer and zero,
-    none equal (in value) to the answer. A missing or non-numeric answer has zero alone."""
+    """Fabricated final answers for early_terminate, none equal in value to ``answer``.
+
+    A numeric answer (see :func:`_numeric_answer`): :func:`distractor_candidates`, each written in the
+    answer's own style (``"4.0"`` gives ``"3.0"``, ``"\\frac{5}{2}"`` gives ``"\\frac{3}{2}"``, a unit
+    is kept), values equal to the answer (``"4"`` vs ``"4.0"`` too) or to an earlier member dropped.
+    A missing or non-numeric answer (a tuple, an expression, a word): ``["0"]``, or ``["1"]`` when the
+    answer is a word for zero or the empty set (``none``, ``\\emptyset``), so that it never restates it.
+    """
     parsed = _numeric_answer(answer) if answer is not None else None
     if parsed is None:
-        return ["0"]  # "0" itself parses as a number, so a non-numeric answer never equals it
-    value, fmt = parsed
-    pool, seen = [], set()
-    for v in (value - 1, value + 1, 0):
-        if v != value and v not in seen:
+        words = (answer or "").strip().strip("$").strip().lower()
+        return ["1"] if words in _ZERO_WORDS else ["0"]
+    value, fmt, integral = parsed
+    pool, seen = [], {value}
+    for _, v in distractor_candidates(value, integral):
+        if v not in seen:
             seen.add(v)
-            pool.append("0" if v == 0 else fmt(v))
+            pool.append(fmt(v))
     return pool
 
 
@@ -297,23 +360,15 @@ def rule_rng(seed: int, rule: str, traj: Trajectory) -> random.Random:
     return random.Random(int.from_bytes(digest[:8], "big"))
 
 
-def observation_of(result: Any) -> str:
-    """Observation text of a sandbox ``ExecResult`` (same format as the Execution tool loop)."""
-    return format_observation(
-        result.stdout,
-        result.stderr,
-        result.exit_code,
-        timed_out=bool(getattr(result, "timed_out", False)),
-        memory_exceeded=bool(getattr(result, "memory_exceeded", False)),
-    )
-
-
 class PerturbationEngine:
     """Applies the configured rules to trajectories: ``perturb(traj)`` gives one entry per rule.
 
-    ``sandbox`` (a ``unifiedplayers.sandbox.Sandbox``) is needed only by arg_mutation; ``format_result``
-    turns its ``ExecResult`` into observation text (default :func:`observation_of`). It must match how
-    the Execution tool loop wrote the original outputs, or the format alone would give variants away.
+    ``sandbox`` (a ``unifiedplayers.sandbox.Sandbox``) is needed only by arg_mutation. Its re-executed
+    outputs are written by the Execution tool loop's own formatter,
+    :func:`unifiedplayers.observation.observation_body`, truncated to ``observation_max_chars`` (give
+    ``player.observation_max_chars``): an output formatted or truncated differently from the originals'
+    would give the variant away. ``format_result`` (an ``ExecResult`` -> text function) replaces that
+    formatter, for tests and for a tool loop of another format.
     """
 
     def __init__(
@@ -325,7 +380,8 @@ class PerturbationEngine:
         int_offsets: Sequence[int] = (-2, -1, 1, 2),
         float_rel_change: float = 0.05,
         substitute_lang: str = "bash",
-        format_result: Callable[[Any], str] = observation_of,
+        observation_max_chars: int = DEFAULT_OBSERVATION_MAX_CHARS,
+        format_result: Optional[Callable[[Any], str]] = None,
     ) -> None:
         self.rules = tuple(ALL_RULES if rules is None else rules)
         unknown = [r for r in self.rules if r not in RULES]
@@ -343,17 +399,24 @@ class PerturbationEngine:
             raise ValueError("tool_substitute must change the language away from python")
         self.seed = seed
         self.sandbox = sandbox
-        self.format_result = format_result
+        self.observation_max_chars = int(observation_max_chars)
+        self.format_result = format_result or functools.partial(observation_body, max_chars=self.observation_max_chars)
         self.params = RuleParams(tuple(int_offsets), float_rel_change, substitute_lang, self._execute)
 
     @classmethod
     def from_config(
-        cls, cfg: Any, seed: int = 0, sandbox: Any = None, format_result: Callable[[Any], str] = observation_of
+        cls,
+        cfg: Any,
+        seed: int = 0,
+        sandbox: Any = None,
+        *,
+        observation_max_chars: int = DEFAULT_OBSERVATION_MAX_CHARS,
+        format_result: Optional[Callable[[Any], str]] = None,
     ) -> "PerturbationEngine":
         """Build from a ``PerturbationConfig`` node (``conf/perturbation/``).
 
-        ``format_result`` must be the Execution tool loop's own formatter (truncation included): a
-        re-executed output formatted differently would tell a verifier which trajectory is a variant.
+        ``observation_max_chars`` must be the tool loop's (``cfg.player.observation_max_chars``): a
+        re-executed output truncated differently would tell a verifier which trajectory is a variant.
         """
         return cls(
             rules=list(cfg.rules),
@@ -362,6 +425,7 @@ class PerturbationEngine:
             int_offsets=list(cfg.int_offsets),
             float_rel_change=cfg.float_rel_change,
             substitute_lang=cfg.substitute_lang,
+            observation_max_chars=observation_max_chars,
             format_result=format_result,
         )
 

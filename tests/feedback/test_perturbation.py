@@ -120,9 +120,9 @@ def test_step_swap_not_applicable():
         ("1", ["0", "2"]),  # zero is also a neighbour: listed once
         ("0", ["-1", "1"]),  # zero is the answer: only the neighbours
         ("-3", ["-4", "-2", "0"]),
-        ("2.5", ["1.5", "3.5", "0"]),
-        ("5/2", ["3/2", "7/2", "0"]),
-        ("\\frac{5}{2}", ["\\frac{3}{2}", "\\frac{7}{2}", "0"]),
+        ("2.5", ["1.5", "3.5", "0.0", "2.75", "2.25"]),  # the whole pool: tests/feedback/test_distractors.py
+        ("5/2", ["3/2", "7/2", "0", "11/4", "9/4"]),
+        ("\\frac{5}{2}", ["\\frac{3}{2}", "\\frac{7}{2}", "0", "\\frac{11}{4}", "\\frac{9}{4}"]),
         ("(7,3)", ["0"]),  # not a number: zero only
         (None, ["0"]),
     ],

@@ -51,8 +51,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
+from unifiedplayers.observation import observation_body, truncate_observation  # noqa: F401 (re-exported)
 from unifiedplayers.rollout.types import Completion, Segment, flatten_segments
-from unifiedplayers.trajectory import Trajectory, extract_boxed, format_observation, parse_transcript
+from unifiedplayers.trajectory import Trajectory, extract_boxed, parse_transcript
 
 STOP_STRINGS = ["```\n"]
 OBSERVATION_OPEN = "```output\n"
@@ -116,29 +117,6 @@ class ToolRollout:
     def response_segments(self) -> list[Segment]:
         """The segments after the prompt."""
         return self.segments[1:]
-
-
-def truncate_observation(text: str, max_chars: int) -> str:
-    """Keep the head and tail of an over-long observation, with a marker saying how much was cut."""
-    if max_chars <= 0 or len(text) <= max_chars:
-        return text
-    head = max_chars * 2 // 3
-    tail = max_chars - head
-    cut = len(text) - head - tail
-    return f"{text[:head]}\n[... {cut} characters truncated ...]\n{text[len(text) - tail:]}"
-
-
-def observation_body(result: Any, max_chars: int) -> str:
-    """The observation text of one sandbox ``ExecResult`` exactly as the loop shows it (formatted by
-    :func:`unifiedplayers.trajectory.format_observation`, then truncated). The perturbation engine's
-    arg_mutation must format re-executed outputs with this, or a variant would be recognisable:
-    ``format_result=functools.partial(observation_body, max_chars=cfg.player.observation_max_chars)``."""
-    body = format_observation(
-        result.stdout, result.stderr, result.exit_code,
-        timed_out=bool(getattr(result, "timed_out", False)),
-        memory_exceeded=bool(getattr(result, "memory_exceeded", False)),
-    )
-    return truncate_observation(body, max_chars)
 
 
 def render_observation(body: str) -> str:

@@ -1,0 +1,39 @@
+"""The observation text of one executed code block, exactly as the Execution player sees it (SPEC §1,
+§4; paper Appendix D.3: stdout, stderr and exit status come back as the next observation).
+
+One formatter for two users: the Execution tool loop (``players/tool_loop.py``), which writes the
+original trajectories' output steps, and the perturbation engine's arg_mutation, which re-executes
+mutated code and must write its output in the same form, truncation included. Otherwise an output
+longer than ``observation_max_chars`` would come back whole in a variant only, and give it away.
+Pure text, no torch: the feedback core may import it.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from unifiedplayers.trajectory import format_observation
+
+DEFAULT_OBSERVATION_MAX_CHARS = 1024  # conf/player/default.yaml observation_max_chars
+
+
+def truncate_observation(text: str, max_chars: int) -> str:
+    """Keep the head (2/3) and tail (1/3) of an over-long observation, with a marker saying how much
+    was cut; ``max_chars <= 0`` keeps everything."""
+    if max_chars <= 0 or len(text) <= max_chars:
+        return text
+    head = max_chars * 2 // 3
+    tail = max_chars - head
+    cut = len(text) - head - tail
+    return f"{text[:head]}\n[... {cut} characters truncated ...]\n{text[len(text) - tail:]}"
+
+
+def observation_body(result: Any, max_chars: int) -> str:
+    """The observation of one sandbox ``ExecResult``: :func:`unifiedplayers.trajectory.format_observation`
+    (stdout alone for a clean run; stderr and a non-zero exit status on their own lines), then
+    :func:`truncate_observation` to ``max_chars`` (``player.observation_max_chars``)."""
+    body = format_observation(
+        result.stdout, result.stderr, result.exit_code,
+        timed_out=bool(getattr(result, "timed_out", False)),
+        memory_exceeded=bool(getattr(result, "memory_exceeded", False)),
+    )
+    return truncate_observation(body, max_chars)
