@@ -231,18 +231,25 @@ def aggregation_weights(mask: Tensor, group_index: Tensor, aggregation: str = "s
 # --------------------------------------------------------------------------------------------------
 # Eqs. 18–19: ratio and clipped surrogate
 # --------------------------------------------------------------------------------------------------
-def clipped_surrogate(ratio: Tensor, advantages: Tensor, clip_eps: float) -> tuple[Tensor, Tensor]:
+def clipped_surrogate(ratio: Tensor, advantages: Tensor, clip_eps: float,
+                      clip_high: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     """Eq. 19: min(ϱ Â, clip(ϱ, 1 − ε, 1 + ε) Â) per token.
 
     Args:
         ratio: (N, T) ϱ of Eq. 18.
         advantages: (N, 1) or (N, T) Â of Eq. 17 broadcast over tokens.
+        clip_high: optional (N,) upper ε of each sample, so the clip is [1 − ε, 1 + ε_high[n]] (Agent0's
+            ADPO: ε_high depends on the task's self-consistency); None: ε on both sides.
     Returns:
         (surrogate (N, T), clipped_active (N, T) bool: the clipped branch is the strict minimum, so the
         token carries no policy gradient).
     """
     unclipped = ratio * advantages
-    clipped = ratio.clamp(1.0 - clip_eps, 1.0 + clip_eps) * advantages
+    if clip_high is None:
+        clipped = ratio.clamp(1.0 - clip_eps, 1.0 + clip_eps) * advantages
+    else:
+        upper = 1.0 + clip_high.to(ratio.dtype)[:, None]
+        clipped = torch.minimum(ratio.clamp(min=1.0 - clip_eps), upper) * advantages
     return torch.minimum(unclipped, clipped), clipped < unclipped
 
 
@@ -267,6 +274,7 @@ def policy_loss(
     logits: Optional[Tensor] = None,
     sample_weights: Optional[Tensor] = None,
     entropy: Optional[Tensor] = None,
+    clip_high: Optional[Tensor] = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """The GRPO loss of one player (Eqs. 18–21); minimise it.
 
@@ -289,6 +297,7 @@ def policy_loss(
         sample_weights: optional (N,) precomputed aggregation weights (the slice of a larger batch's
             :func:`aggregation_weights`); when given, ``aggregation`` is not used.
         entropy: optional (N, T) precomputed token entropy for the metric (instead of ``logits``).
+        clip_high: optional (N,) per-sample upper clip ε_high (Agent0's ADPO); NaN entries use ``clip_eps``.
 
     Returns:
         (loss: 0-dim tensor, metrics: dict of floats with ``actor/`` keys). Token statistics (ratio, KL,
@@ -304,7 +313,10 @@ def policy_loss(
     log_ratio = logprobs - old_logprobs.to(logprobs.dtype)  # Eq. 18
     ratio = torch.exp(log_ratio)
     adv = advantages.to(logprobs.dtype)[:, None]
-    surrogate, clipped_active = clipped_surrogate(ratio, adv, clip_eps)  # Eq. 19
+    if clip_high is not None:  # NaN: a sample without its own upper clip
+        clip_high = clip_high.to(logprobs.device, torch.float32)
+        clip_high = torch.where(torch.isnan(clip_high), torch.full_like(clip_high, clip_eps), clip_high)
+    surrogate, clipped_active = clipped_surrogate(ratio, adv, clip_eps, clip_high)  # Eq. 19
 
     pg_loss = -(token_weights * surrogate).sum()
     loss = pg_loss
@@ -324,7 +336,8 @@ def policy_loss(
         n_tok = int(valid.sum().item())
         denom = max(n_tok, 1)
         r = ratio.detach()[valid]
-        outside = (r < 1.0 - clip_eps) | (r > 1.0 + clip_eps)
+        upper = 1.0 + (clip_eps if clip_high is None else clip_high[:, None].expand_as(ratio)[valid])
+        outside = (r < 1.0 - clip_eps) | (r > upper)
         metrics: dict[str, float] = {
             "actor/loss": float(loss.detach()),
             "actor/pg_loss": float(pg_loss.detach()),

@@ -75,6 +75,7 @@ class TrainSample:
     old_logprobs: Sequence[float] | Tensor
     advantage: float
     group: int
+    clip_high: Optional[float] = None  # per-sample upper clip ε_high (Agent0's ADPO); None: trainer.clip_eps
 
 
 def sample_from_segments(segments: Sequence[Any], advantage: float, group: int) -> TrainSample:
@@ -118,6 +119,7 @@ class _MicroBatch:
     advantages: Tensor  # (B,)
     groups: Tensor  # (B,)
     weights: Tensor  # (B,) Eq. 21 weights from the whole batch
+    clip_high: Optional[Tensor] = None  # (B,) per-sample upper clip, NaN = trainer.clip_eps; None: none set
 
 
 def _collate(samples: list[TrainSample], weights: Tensor, device: torch.device, pad_id: int) -> _MicroBatch:
@@ -142,6 +144,8 @@ def _collate(samples: list[TrainSample], weights: Tensor, device: torch.device, 
         torch.tensor([float(s.advantage) for s in samples], device=device),
         torch.tensor([int(s.group) for s in samples], device=device),
         weights.to(device),
+        None if all(getattr(s, "clip_high", None) is None for s in samples) else torch.tensor(
+            [float("nan") if s.clip_high is None else float(s.clip_high) for s in samples], device=device),
     )
 
 
@@ -432,6 +436,7 @@ class PlayerTrainer:
                 aggregation=cfg.aggregation,
                 sample_weights=mb.weights,
                 entropy=out.entropy,
+                **({} if mb.clip_high is None else {"clip_high": mb.clip_high}),
             )
             t2 = time.perf_counter()
             self._backward(loss)
