@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import os
 import shutil
 import time
@@ -67,7 +68,7 @@ import torch
 from omegaconf import OmegaConf
 
 from unifiedplayers import grpo
-from unifiedplayers.config import resolve_player_config, role_temperature, role_trainer_config
+from unifiedplayers.config import RoleHyperparameters, resolve_player_config, role_temperature, role_trainer_config
 from unifiedplayers.distributed import SINGLE, DistContext
 from unifiedplayers.execution_pool import FixedPool, metrics_of
 from unifiedplayers.logging import RunLogger, progress, truncate_lines
@@ -205,6 +206,15 @@ def validate(cfg: Any, dist: DistContext = SINGLE) -> None:
                 f"schedule.{role}_updates={n} is not a multiple of schedule.steps_per_generation × "
                 f"trainer.num_iterations = {s.steps_per_generation} × {cfg.trainer.num_iterations}: a sampling "
                 "phase would straddle two blocks")
+    # The schema rejects an unknown role or key in a file or a plain override; Hydra's `+key=` appends past
+    # the schema, so the loop checks again.
+    allowed = {f.name for f in dataclasses.fields(RoleHyperparameters)}
+    for role, over in cfg.trainer.roles.items():
+        if role not in BLOCK_ORDER:
+            raise ValueError(f"trainer.roles.{role}: unknown role; roles: {', '.join(BLOCK_ORDER)}")
+        unknown = sorted(set(over.keys()) - allowed)
+        if unknown:
+            raise ValueError(f"trainer.roles.{role}: unknown key(s) {unknown}; keys: {sorted(allowed)}")
     for role in BLOCK_ORDER:
         if role_temperature(cfg, role) <= 0:
             raise ValueError(f"the sampling temperature of {role} must be > 0")

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "players"))
+sys.path.insert(0, str(Path(__file__).parent))  # toy_reward
 
 
 @pytest.fixture(scope="package", autouse=True)

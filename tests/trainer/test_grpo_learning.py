@@ -57,3 +57,46 @@ def test_grpo_raises_mean_reward_on_emit_letters():
     assert start < 0.2, mean_rewards
     assert end > start + 0.3, mean_rewards
     assert trainer.block_diagnostics()["grad_norm/median"] > 0
+
+
+def test_grpo_with_four_steps_per_generation_moves_the_ratio_and_still_learns():
+    """S = 4 (SPEC §6, §3.3): each phase samples 4 × the batch once, then takes 4 optimizer steps on its
+    disjoint mini-batches against the behaviour log-probs of the sampling. The ratio leaves 1 after the
+    phase's first step, the clip of Eq. 19 binds on some tokens, and the toy reward still rises."""
+    steps_per_generation, phases = 4, 10
+    torch.manual_seed(0)
+    model, tokenizer = tiny_model()
+    letters = set(tokenizer("abcdefghijklmnopqrstuvwxyz", add_special_tokens=False)["input_ids"])
+    rollout = build_rollout(RolloutConfig(max_new_tokens=NEW_TOKENS, temperature=1.0), model, tokenizer)
+    trainer = build_trainer(
+        trainer_config(lr=3e-3, kl_coef=0.0, micro_batch_size=SAMPLES, clip_eps=0.2), model, role="toy"
+    )
+    trainer.start_outer_iteration()
+    trainer.start_block()
+    prompt_ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
+
+    mean_rewards, first_ratios, later_ratios, later_clip = [], [], [], []
+    for phase in range(phases):
+        # One generation for the whole phase: S mini-batches of the usual size (2 prompts × 8 samples).
+        outs = rollout.generate(prompt_ids * steps_per_generation, n=SAMPLES, ignore_eos=True, seed=2000 + phase)
+        mean_rewards.append(float(torch.tensor([sum(t in letters for t in c.token_ids) / len(c.token_ids)
+                                                for g in outs for c in g]).mean()))
+        per_step = len(PROMPTS)
+        for step in range(steps_per_generation):
+            completions = [c for group in outs[step * per_step:(step + 1) * per_step] for c in group]
+            rewards = torch.tensor([sum(t in letters for t in c.token_ids) / len(c.token_ids) for c in completions])
+            groups = torch.arange(len(completions)) // SAMPLES
+            adv = grpo.group_advantages(rewards, groups)
+            batch = [sample_from_completion(c, float(a), int(g)) for c, a, g in zip(completions, adv, groups)]
+            metrics = trainer.update(batch)
+            spread = max(metrics["actor/ratio_max"] - 1, 1 - metrics["actor/ratio_min"])
+            (first_ratios if step == 0 else later_ratios).append(spread)
+            if step:
+                later_clip.append(metrics["actor/ratio_outside_clip_frac"])
+        rollout.update_weights(trainer.model)  # the next phase samples with the updated policy
+
+    assert max(first_ratios) < 1e-3  # the phase's first step: π_θ = π_old
+    assert min(later_ratios) > 1e-3 and max(later_ratios) > 0.2, later_ratios
+    assert max(later_clip) > 0.0, later_clip  # the clip binds on some tokens
+    assert mean_rewards[0] < 0.2, mean_rewards
+    assert sum(mean_rewards[-2:]) / 2 > mean_rewards[0] + 0.2, mean_rewards
