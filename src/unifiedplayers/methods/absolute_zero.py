@@ -1,31 +1,42 @@
 """Absolute Zero (SPEC §11; ``paper/absolute_zero_*.txt``): one model proposes and solves code-reasoning
 tasks; the proposed programs are validated and answered by executing them in *our* sandbox.
 
-A proposal is a Python program defining ``f`` and an input (a Python literal). It is valid when the
-program parses, defines ``f``, imports nothing that makes it nondeterministic (``random``, ``time``, ...),
-and running ``f(input)`` twice in the sandbox exits cleanly with the same printed ``repr`` both times
-(``validate_proposal``; AZR's determinism check). The task types (AZR §3.2):
+A proposal is a Python program defining ``f`` and one or more inputs (Python literals). It is valid when
+the program parses, defines ``f``, imports nothing that makes it nondeterministic (``random``, ``time``,
+...), and running ``f(input)`` twice in the sandbox exits cleanly with the same printed ``repr`` both times
+(``validate_proposal``; AZR §3.3's determinism check with j = 2 runs). The task types (AZR §3.2):
 
 - deduction: given ``f`` and the input, predict the output — correct when it equals the executed output;
-- abduction: given ``f`` and the output, predict an input — correct when ``f(predicted)`` gives the output;
-- induction: given input/output pairs, write ``f`` — correct when it reproduces every pair.
+- abduction: given ``f`` and the output, predict an input — correct when ``f(predicted)`` gives the output
+  (value equality, since ``f`` need not be bijective);
+- induction: given the first half of the input/output pairs (and the proposer's message, if any), write
+  ``f`` — correct when it reproduces *every* pair, the hidden half included, so a lookup table of the
+  shown pairs fails (AZR §3.2: "the use of held-out examples discourages overfitting through if-else").
+
+The solver reasons about the program; it never runs it (AZR's solver has no code tool): the method runs
+without tools (``method.use_tools=false``, one generation per trajectory, a plain-text prompt), so a
+"copy the code and print f(x)" answer gets no output and no reward. Only the *checks* execute code.
 
 Rewards (AZR Eq. 4-5): the proposer's learnability reward r_propose = 1 − r̄_solve when 0 < r̄_solve < 1,
 else 0 (a task every sample solves, or none does, teaches nothing); the solver's reward is binary
 correctness. On the engine these are the ``learnability`` (Planning role) and ``expected_answer``
 (Execution role) reward sources: the expected answer of a task is the one the sandbox computed, never
 the proposer's claim, and comparisons parse both sides as Python literals when they can.
+
+A task's answer check is an :class:`AnswerCheck` (plain data, picklable), not a closure: the outer loop
+broadcasts built tasks to every rank under ``torchrun``. The sandbox it runs in is bound on the rank that
+built it and is not pickled (the other ranks never compute rewards).
 """
 from __future__ import annotations
 
 import ast
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from unifiedplayers.methods import TaskFeedback, register_reward_source, register_task_builder
+from unifiedplayers.methods import TaskFeedback, register_reward_source, register_task_builder, requires
 
 TASK_TYPES = ("deduction", "abduction", "induction")
 # Modules whose use makes a program's output depend on more than its input.
@@ -159,17 +170,80 @@ def planning_learnability(fb: TaskFeedback) -> float:
 
 
 # --------------------------------------------------------------------------------------------------
+# Answer checks (picklable: the outer loop broadcasts built tasks to every rank)
+
+
+def induction_program(answer: Optional[str]) -> Optional[str]:
+    """The program a solver's induction answer stands for: ``lambda ...`` becomes ``f = lambda ...``; text
+    that already defines ``f`` is used as it is; anything else is no program (None)."""
+    if answer is None or not str(answer).strip():
+        return None
+    a = str(answer).strip()
+    if a.startswith("lambda"):
+        return f"f = {a}\n"
+    program = a + "\n"
+    return program if static_check(program) is None else None
+
+
+@dataclass
+class AnswerCheck:
+    """``check(answer) -> bool`` of one code task (AZR §3.3, "verification"), as plain data.
+
+    deduction: the answer equals the executed output (no code runs). abduction: ``f(answer)`` prints the
+    output. induction: the answer's ``f`` reproduces every pair in ``pairs`` — the hidden half too.
+    ``sandbox`` is bound where the task was built and is not pickled: a check that crossed to another
+    process must be re-bound (:meth:`bind`) before it can run code.
+    """
+
+    kind: str
+    output: str = ""  # the executed output f(x) (deduction, abduction)
+    program: str = ""  # f (abduction)
+    pairs: tuple[tuple[str, str], ...] = ()  # every (input, output) pair (induction)
+    sandbox: Any = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.kind not in TASK_TYPES:
+            raise ValueError(f"Absolute Zero task type {self.kind!r}: known {TASK_TYPES}")
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["sandbox"] = None  # a live sandbox (server process, lock) never crosses processes
+        return state
+
+    def bind(self, sandbox: Any) -> "AnswerCheck":
+        self.sandbox = sandbox
+        return self
+
+    def __call__(self, answer: Optional[str]) -> bool:
+        if answer is None:
+            return False
+        if self.kind == "deduction":
+            return check_deduction(self.output, answer)
+        if self.sandbox is None:
+            raise RuntimeError(f"{self.kind} check has no sandbox (it was unpickled on another rank?): "
+                               "call .bind(sandbox) first")
+        if self.kind == "abduction":
+            return check_abduction(self.sandbox, self.program, answer, self.output)
+        program = induction_program(answer)
+        return program is not None and check_induction(self.sandbox, program, self.pairs)
+
+
+# --------------------------------------------------------------------------------------------------
 # Proposals -> tasks (the ``code_reasoning`` task builder; ``method.extra.task_format``)
 
 _FENCE = re.compile(r"```(\w*)[ \t]*\n(.*?)```", re.DOTALL)
+MAX_INDUCTION_INPUTS = 10  # AZR proposes 10 inputs per induction task and shows 5 (its Appendix example)
 
 QUESTIONS = {
     "deduction": ("Here is a Python function and an input.\n```python\n{program}```\nInput: {input}\n"
-                  "What does f return for this input? Give the returned value as a Python literal in \\boxed{{}}."),
+                  "What does f return for this input? Reason it through step by step without running the code, "
+                  "then give the returned value as a Python literal in \\boxed{{}}."),
     "abduction": ("Here is a Python function.\n```python\n{program}```\nFind an input x for which f(x) returns "
-                  "{output}. Give x as a Python literal in \\boxed{{}}."),
-    "induction": ("A hidden Python function f maps these inputs to these outputs:\n{pairs}\n"
-                  "Write f as a Python lambda expression in \\boxed{{}}, e.g. \\boxed{{lambda x: x + 1}}."),
+                  "{output}. Reason it through step by step without running the code, then give x as a Python "
+                  "literal in \\boxed{{}}."),
+    "induction": ("A hidden Python function f maps these inputs to these outputs:\n{pairs}\n{message}"
+                  "It is also checked on inputs not shown here. Write f as a Python lambda expression in "
+                  "\\boxed{{}}, e.g. \\boxed{{lambda x: x + 1}}."),
 }
 
 
@@ -184,13 +258,42 @@ def parse_proposal(text: str) -> tuple[Optional[str], list[str]]:
     return program, inputs
 
 
-def build_code_task(task: Any, sandbox: Any, max_pairs: int = 3) -> Any:
+def parse_message(text: str) -> str:
+    """The proposer's description of ``f`` for an induction task (AZR's message m): a ```message block."""
+    for lang, body in _FENCE.findall(text):
+        if lang == "message" and body.strip():
+            return body.strip()
+    return ""
+
+
+def _distinct(inputs: Sequence[str]) -> list[str]:
+    """Inputs with repeated values dropped (a repeated input would let a shown pair stand in for a hidden one)."""
+    seen, out = set(), []
+    for inp in inputs:
+        kind, value = literal_or_text(inp)
+        key = repr(value) if kind == "lit" else inp
+        if key not in seen:
+            seen.add(key)
+            out.append(inp)
+    return out
+
+
+def check_task_types(topics: Sequence[str]) -> None:
+    """Fail on a topic that is no Absolute Zero task type (``player.topics`` with this method)."""
+    bad = [t for t in topics if t not in TASK_TYPES]
+    if bad:
+        raise ValueError(f"Absolute Zero: player.topics {bad} are no task types; known {list(TASK_TYPES)}")
+
+
+def build_code_task(task: Any, sandbox: Any, max_induction_inputs: int = MAX_INDUCTION_INPUTS) -> Any:
     """Turn a proposer output (``task.text``; the task type is its topic) into a validated code task:
-    ``question``, ``expected_answer`` (the sandbox's output, or the input for abduction) and ``check``
-    (answer -> correct?). An invalid proposal stays a malformed task with its reason."""
+    ``question``, ``expected_answer`` (the sandbox's output, the input for abduction, None for induction)
+    and ``check`` (an :class:`AnswerCheck`). An invalid proposal stays a malformed task with its reason; a
+    topic that is no task type is an error (a configuration mistake, never a silent deduction)."""
     from unifiedplayers.players.planning import PlanningTask
 
-    kind = task.topic if task.topic in TASK_TYPES else "deduction"
+    kind = task.topic
+    check_task_types([kind])
     program, inputs = parse_proposal(task.text)
 
     def malformed(reason: str) -> Any:
@@ -200,30 +303,57 @@ def build_code_task(task: Any, sandbox: Any, max_pairs: int = 3) -> Any:
         return malformed("no ```python block with f")
     if not inputs:
         return malformed("no ```input block")
+    inputs = _distinct(inputs)[: (max_induction_inputs if kind == "induction" else 1)]
+    if kind == "induction" and len(inputs) < 2:
+        return malformed("induction needs at least 2 distinct ```input blocks (half shown, all checked)")
     pairs = []
-    for inp in inputs[: (max_pairs if kind == "induction" else 1)]:
+    for inp in inputs:
         got = validate_proposal(sandbox, program, inp)
         if not got.valid:
             return malformed(f"invalid proposal: {got.reason}")
         pairs.append((inp, got.output))
     if kind == "deduction":
         question = QUESTIONS[kind].format(program=program, input=pairs[0][0])
-        expected, check = pairs[0][1], (lambda a, out=pairs[0][1]: check_deduction(out, a))
+        expected, check = pairs[0][1], AnswerCheck("deduction", output=pairs[0][1])
     elif kind == "abduction":
         question = QUESTIONS[kind].format(program=program, output=pairs[0][1])
-        expected = pairs[0][0]
-        check = lambda a, prog=program, out=pairs[0][1]: check_abduction(sandbox, prog, a, out)  # noqa: E731
-    else:
-        question = QUESTIONS[kind].format(pairs="\n".join(f"f({i}) = {o}" for i, o in pairs))
-        expected = None  # any lambda reproducing the pairs is correct
-
-        def check(a: Optional[str], pairs=tuple(pairs)) -> bool:
-            if not a or not a.strip().startswith("lambda"):
-                return False
-            return check_induction(sandbox, f"f = {a.strip()}\n", pairs)
+        expected = pairs[0][0]  # one input that works; any input with the same output is correct
+        check = AnswerCheck("abduction", output=pairs[0][1], program=program, sandbox=sandbox)
+    else:  # AZR: the first half of the pairs is shown, all of them are checked
+        shown = pairs[: len(pairs) // 2]
+        message = parse_message(task.text)
+        question = QUESTIONS[kind].format(pairs="\n".join(f"f({i}) = {o}" for i, o in shown),
+                                          message=f"Hint: {message}\n" if message else "")
+        expected = None  # any f that reproduces every pair is correct
+        check = AnswerCheck("induction", pairs=tuple(pairs), sandbox=sandbox)
     out = PlanningTask(task.text, question, expected, True, "", task.prompt_index, task.topic, task.completion)
     out.check = check
     return out
 
 
 register_task_builder("code_reasoning", build_code_task)
+
+
+# --------------------------------------------------------------------------------------------------
+# One model for proposer and solver (``method.shared_model``)
+
+
+def shared_model(method_cfg: Any) -> bool:
+    """``method.shared_model`` (AZR: one set of weights proposes and solves). Read from the typed field when
+    the schema has it, else from ``method.extra.shared_model``; default false (two players, as the engine)."""
+    value = getattr(method_cfg, "shared_model", None)
+    if value is None:
+        value = (getattr(method_cfg, "extra", None) or {}).get("shared_model", False)
+    if not isinstance(value, bool):
+        raise ValueError(f"method.shared_model={value!r}: need true or false")
+    return value
+
+
+def check_shared_model(method_cfg: Any) -> None:
+    """Start-up check: sharing needs both roles it joins to be trained."""
+    if shared_model(method_cfg) and not {"planning", "execution"} <= set(method_cfg.roles):
+        raise ValueError(f"method.shared_model=true joins the planning and execution players; method.roles="
+                         f"{list(method_cfg.roles)} does not train both")
+
+
+requires("learnability", check_shared_model)
