@@ -116,8 +116,8 @@ def test_code_tasks_from_proposals(sandbox):
     assert ded.check("12") and not ded.check("13")
     abd = build("abduction")
     assert abd.valid and "returns 12" in abd.question and abd.check("4") and not abd.check("5")
-    ind = build("induction")  # three pairs at most
-    assert "f(4) = 12" in ind.question and "f(6) = 18" in ind.question and "f(7)" not in ind.question
+    ind = build("induction")  # AZR: the first half of the pairs shown, all checked (tests/methods/test_absolute_zero.py)
+    assert "f(4) = 12" in ind.question and "f(5) = 15" in ind.question and "f(6)" not in ind.question
     assert ind.check("lambda x: 3 * x") and not ind.check("lambda x: x + 8") and not ind.check("12")
     assert build("deduction", "no code here").reason == "no ```python block with f"
     bad = build("deduction", "```python\nimport random\ndef f(x):\n    return random.random()\n```\n```input\n1\n```")
