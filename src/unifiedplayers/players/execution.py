@@ -1,16 +1,29 @@
 """The Execution player (Solver, π_S; SPEC §1): K tool-integrated trajectories per task.
 
 The prompt is the task alone (``conf/player/`` ``execution``: a system text and a worked example that
-shows the fence format); the multi-turn loop itself is :func:`unifiedplayers.players.tool_loop.run_tool_loop`,
+shows the fence format; a method without tools sets a plain-text one in ``conf/method/``, checked by
+:func:`code_requests`); the multi-turn loop itself is :func:`unifiedplayers.players.tool_loop.run_tool_loop`,
 whose statuses (``answered``, ``turn_limit``, ``no_answer``, ``error``) are the recorded failures of
 malformed output. The expected answer of a task is never passed here.
 """
 from __future__ import annotations
 
+import re
 from typing import Any, Optional, Sequence
 
-from unifiedplayers.players.prompts import render_prompt
+from unifiedplayers.players.prompts import chat_messages, render_prompt
 from unifiedplayers.players.tool_loop import ToolLoopConfig, ToolRollout, run_tool_loop
+
+
+# What a prompt of a method without tools must not contain (SPEC §11): a sample that obeys a request for code
+# gets one generation and no tool run, so it ends unanswered.
+_CODE_REQUEST = re.compile(r"python|```", re.IGNORECASE)
+
+
+def code_requests(player_cfg: Any, question: str = "") -> list[str]:
+    """The phrases of the Execution prompt (system, few-shot, template) that ask for code; [] for plain text."""
+    text = "\n".join(m["content"] for m in chat_messages(player_cfg.execution, question=question))
+    return sorted({m.group(0).lower() for m in _CODE_REQUEST.finditer(text)})
 
 
 def execution_prompt(tokenizer: Any, player_cfg: Any, question: str) -> str:

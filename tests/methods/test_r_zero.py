@@ -1,0 +1,128 @@
+"""R-Zero (arXiv 2508.05004): the Challenger's uncertainty and within-batch repetition penalty, and the Solver's
+self-consistency band, against numbers worked out by hand."""
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from unifiedplayers.config import compose
+from unifiedplayers.methods import (GroupShape, TaskFeedback, group_shape, planning_rewards, reward_source,
+                                    self_consistency)
+from unifiedplayers.methods import r_zero
+
+pytestmark = pytest.mark.cpu
+
+
+@pytest.fixture(scope="module")
+def cfg():
+    return compose(["method=r_zero"])
+
+
+def feedback(answers=(), *, question="q", method=None, p_hat=None, reward_cfg=None, repetition=0.0):
+    rewards = SimpleNamespace(uncertainty=None, repetition=repetition)
+    return TaskFeedback(rewards, list(answers), reward_cfg, question=question, method_cfg=method, p_hat=p_hat)
+
+
+def test_average_linkage_on_a_hand_made_distance_matrix():
+    # a, b at 0.2; b, c at 0.4; a, c at 0.7. Merge {a, b} at 0.2, then the mean distance to c is
+    # (0.7 + 0.4)/2 = 0.55 >= 0.5: c stays alone (single linkage would merge at 0.4, complete never).
+    d = np.array([[0, .2, .7], [.2, 0, .4], [.7, .4, 0]])
+    assert r_zero.average_linkage_labels(d).tolist() == [0, 0, 1]
+    # with a, c at 0.5 the mean is (0.5 + 0.4)/2 = 0.45 < 0.5: one cluster
+    d[0, 2] = d[2, 0] = 0.5
+    assert r_zero.average_linkage_labels(d).tolist() == [0, 0, 0]
+    # the threshold itself does not merge (sklearn's distance_threshold, R-Zero's setting)
+    assert r_zero.average_linkage_labels(np.array([[0, .5], [.5, 0]])).tolist() == [0, 1]
+    assert r_zero.average_linkage_labels(np.array([[0, .49], [.49, 0]])).tolist() == [0, 0]
+    # two pairs far apart: labels numbered by first member
+    d4 = np.full((4, 4), 0.9)
+    np.fill_diagonal(d4, 0)
+    d4[1, 3] = d4[3, 1] = 0.1
+    d4[0, 2] = d4[2, 0] = 0.3
+    assert r_zero.average_linkage_labels(d4).tolist() == [0, 1, 0, 1]
+    with pytest.raises(ValueError, match="square"):
+        r_zero.average_linkage_labels(np.zeros((2, 3)))
+
+
+def test_bleu_distance_by_hand():
+    # "a b c d" against "a b c e": n-gram precisions 3/4, 2/3, 1/2 and 0/1 for 4-grams, which sacrebleu's
+    # exponential smoothing makes 1/(2·1); same length, so BP = 1 and
+    # BLEU = (3/4 · 2/3 · 1/2 · 1/2)^(1/4) = (1/8)^(1/4) = 0.5946, d = 1 − 0.5946 = 0.4054.
+    d = r_zero.bleu_distance_matrix(["a b c d", "a b c e", "x y z w", "a b c d"])
+    assert d[0, 1] == pytest.approx(1 - 8 ** -0.25, abs=1e-9)
+    assert d[0, 2] == 1.0  # no word in common: BLEU 0
+    assert d[0, 3] == pytest.approx(0.0, abs=1e-12)  # the same question: BLEU 1
+    assert np.allclose(d, d.T) and np.all(np.diag(d) == 0)
+
+
+def test_cluster_shares_by_hand():
+    # d(q0, q3) = 0 merges first; the mean distance of {q0, q3} to q1 is (0.4054 + 0.4054)/2 < 0.5, so q1
+    # joins; q2 is at distance 1 from all. Shares |C|/B: 3/4, 3/4, 1/4, 3/4.
+    shares = r_zero.cluster_shares(["a b c d", "a b c e", "x y z w", "a b c d"])
+    assert shares.tolist() == [0.75, 0.75, 0.25, 0.75]
+    assert r_zero.cluster_shares([]).tolist() == []
+    assert r_zero.cluster_shares(["only one"]).tolist() == [1.0]
+
+
+QUESTIONS = ["a b c d", "a b c e", "x y z w", "a b c d"]
+
+
+def test_challenger_reward_paper_and_code_forms_by_hand():
+    p = [0.5, 0.25, 0.5, 1.0]
+    # paper: r_unc = 1 − 2|p − 1/2| = 1, 0.5, 1, 0; minus the shares 0.75, 0.75, 0.25, 0.75, floored at 0
+    assert r_zero.challenger_rewards(p, QUESTIONS) == pytest.approx([0.25, 0.0, 0.75, 0.0])
+    # code (caller_penalty.py): min(p, 1 − p) − share = 0.5 − 0.75, 0.25 − 0.75, 0.5 − 0.25, 0 − 0.75
+    assert r_zero.challenger_rewards(p, QUESTIONS, form="code") == pytest.approx([-0.25, -0.5, 0.25, -0.75])
+    # λ = 0.5: 1 − 0.375, 0.5 − 0.375, 1 − 0.125, max(0, −0.375)
+    assert r_zero.challenger_rewards(p, QUESTIONS, weight=0.5) == pytest.approx([0.625, 0.125, 0.875, 0.0])
+    with pytest.raises(ValueError, match="reward_form"):
+        r_zero.challenger_rewards(p, QUESTIONS, form="nope")
+    with pytest.raises(ValueError, match="outside"):
+        r_zero.uncertainty_reward(1.5)
+
+
+def test_planning_rewards_of_a_batch_from_real_answers(cfg):
+    # K = 4 answers per task; p̂ = largest answer cluster / 4 (math-verify: 1/2 ≡ 0.5), missing answers count in K:
+    # 0.5, 0.25, 0.5, 1.0 (the hand-worked batch above)
+    answers = [["0.5", "\\frac{1}{2}", "3", "4"], ["1", "2", "3", None], ["7", "7", "8", "8"], ["5", "5", "5", "5"]]
+    fbs = [feedback(a, question=q, method=cfg.method, reward_cfg=cfg.reward) for a, q in zip(answers, QUESTIONS)]
+    assert planning_rewards(cfg.method, fbs) == pytest.approx([0.25, 0.0, 0.75, 0.0])
+    assert [fb.p_hat for fb in fbs] == [0.5, 0.25, 0.5, 1.0]  # kept for the group shape
+    assert planning_rewards(cfg.method, []) == []
+
+
+def test_task_by_task_fallback_warns_and_uses_the_history(cfg, caplog):
+    # an outer loop that calls the source per task: R(q) against the history (0.25 here), with a warning
+    fb = feedback(method=cfg.method, p_hat=0.5, repetition=0.25, reward_cfg=cfg.reward)
+    with caplog.at_level(logging.WARNING):
+        assert reward_source("planning", "r_zero_challenger")(fb) == pytest.approx(1.0 - 0.25)
+    assert "planning_rewards" in caplog.text
+
+
+def test_solver_trains_only_inside_the_band(cfg):
+    m = cfg.method
+    assert list(m.extra["solver_band"]) == [0.3, 0.7]
+    for p, keep in [(0.3, True), (0.5, True), (0.7, True), (0.25, False), (0.75, False), (1.0, False), (0.0, False)]:
+        assert group_shape(m, "execution", feedback(p_hat=p)) == GroupShape(keep=keep), p
+    # the Challenger's groups are never dropped; plain GRPO otherwise
+    assert group_shape(m, "planning", feedback(p_hat=1.0)) == GroupShape()
+    assert group_shape(compose([]).method, "execution", feedback(p_hat=1.0)) == GroupShape()
+    # p̂ from ten answers: 3 of 10 agree -> 0.3, inside; 2 of 10 -> 0.2, outside
+    three = feedback(["4", "4", "4", "1", "2", "3", "5", "6", "7", "8"], reward_cfg=cfg.reward)
+    assert self_consistency(three) == 0.3 and group_shape(m, "execution", three).keep
+    two = feedback(["4", "4", "9", "1", "2", "3", "5", "6", "7", "8"], reward_cfg=cfg.reward)
+    assert self_consistency(two) == 0.2 and not group_shape(m, "execution", two).keep
+    with pytest.raises(ValueError, match="band"):
+        r_zero.in_band(0.5, [0.7, 0.3])
+    with pytest.raises(ValueError, match="unknown role"):
+        group_shape(m, "judge", feedback(p_hat=0.5))
+
+
+def test_config_sets_what_r_zero_needs(cfg):
+    assert cfg.method.planning_reward == "r_zero_challenger" and cfg.method.execution_reward == "majority_vote"
+    assert cfg.reward.malformed_task_reward == 0.0  # R-Zero's format check
+    assert cfg.method.extra["reward_form"] == "paper" and cfg.method.extra["repetition_weight"] == 1.0
+    assert not cfg.method.use_tools
