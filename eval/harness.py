@@ -10,7 +10,7 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from eval.benchmarks import REGISTRY, Benchmark, Problem, load_benchmark
 from eval.extract import extract_option_letter, humaneval_program, last_boxed
@@ -18,6 +18,7 @@ from eval.grading import grade
 from eval.humaneval import run_unit_tests
 from eval.metrics import score
 from eval.prompts import build_prompt
+from unifiedplayers.rollout.types import Completion
 
 MODES = ("vanilla", "tool")
 
@@ -31,6 +32,7 @@ class Generation:
     num_tool_calls: int = 0
     finish_reason: Optional[str] = None
     detail: str = ""
+    generated_tokens: Optional[int] = None  # tokens the model generated for it (all turns)
 
 
 @dataclass
@@ -45,6 +47,8 @@ class BenchmarkResult:
     answered_share: float  # share of completions with an extractable answer
     tool_calls_mean: float = 0.0
     statuses: dict[str, int] = field(default_factory=dict)
+    token_budget: int = 0  # generated tokens allowed per completion, all turns together (both modes)
+    generated_tokens_mean: float = 0.0
 
 
 def extract_answer(bench: Benchmark, problem: Problem, text: str) -> Optional[str]:
@@ -85,13 +89,77 @@ def generate_vanilla(engine: Any, prompts: list[str], k: int, max_new_tokens: in
             top_p=None if greedy else eval_cfg.sample_top_p,
             greedy=greedy, seed=eval_cfg.seed + start,
         )
-        out.extend([[Generation(c.text, finish_reason=c.finish_reason) for c in row] for row in completions])
+        out.extend([[Generation(c.text, finish_reason=c.finish_reason, generated_tokens=len(c.token_ids)) for c in row] for row in completions])
     return out
+
+
+class TotalTokenBudget:
+    """An engine view that caps the tokens *generated* for each context over all its turns.
+
+    Vanilla mode gives a problem ``max_new_tokens`` generated tokens in one call; the tool loop makes
+    several calls per sample (one per turn and continuation), each with its own ``max_new_tokens``, so
+    a per-turn cap gives tool rows up to ``max_turns`` times the budget. Wrapped in this view, every
+    sample of one ``run_tool_loop`` call shares one total: a call asks the engine for at most the
+    largest budget left among its contexts, and each completion is cut to its own context's remainder
+    (finish_reason ``length``, as if the engine had stopped there: a token prefix is the same prefix
+    under a smaller cap). A context whose budget is spent gets an empty ``length`` completion, so the
+    loop ends it as out of tokens. Observations are inserted, not generated, and are not counted.
+
+    Contexts are identified by object: the tool loop passes each sample's own segment list on every
+    turn. Use one view per ``run_tool_loop`` call.
+    """
+
+    def __init__(self, engine: Any, budget: int) -> None:
+        if budget < 1:
+            raise ValueError(f"token budget {budget}: need at least one token per problem")
+        self.engine, self.budget = engine, int(budget)
+        self.spent: dict[int, int] = {}
+
+    def __getattr__(self, name: str) -> Any:  # tokenizer, model, generate, ...
+        return getattr(self.engine, name)
+
+    def left(self, context: Any) -> int:
+        return self.budget - self.spent.get(id(context), 0)
+
+    def continue_segments(self, contexts: Sequence[Any], n: int = 1, max_new_tokens: Optional[int] = None,
+                          **kwargs: Any) -> list[list[Completion]]:
+        if n != 1:
+            raise ValueError(f"TotalTokenBudget: n={n}; the tool loop continues each sample with n=1")
+        lefts = [self.left(c) for c in contexts]
+        live = [i for i, left in enumerate(lefts) if left > 0]
+        out: list[Optional[list[Completion]]] = [None] * len(contexts)
+        if live:
+            cap = max(lefts[i] for i in live)
+            cap = min(cap, max_new_tokens) if max_new_tokens is not None else cap
+            got = self.engine.continue_segments([contexts[i] for i in live], n=1, max_new_tokens=cap, **kwargs)
+            for i, row in zip(live, got):
+                c = self._cut(row[0], lefts[i])
+                self.spent[id(contexts[i])] = self.spent.get(id(contexts[i]), 0) + len(c.token_ids)
+                out[i] = [c]
+        for i, left in enumerate(lefts):
+            if left <= 0:
+                prompt = [t for seg in contexts[i] for t in seg.token_ids]
+                out[i] = [Completion(prompt_ids=prompt, token_ids=[], text="", logprobs=[], finish_reason="length")]
+        return out  # type: ignore[return-value]
+
+    def _cut(self, c: Completion, left: int) -> Completion:
+        if len(c.token_ids) <= left:
+            return c
+        ids = list(c.token_ids[:left])
+        text = self.engine.tokenizer.decode(ids, skip_special_tokens=True)
+        if len(text) > len(c.text):  # cannot happen for a true prefix; keep what the engine said
+            text = c.text
+        return Completion(prompt_ids=c.prompt_ids, token_ids=ids, text=text, logprobs=list(c.logprobs[:left]),
+                          finish_reason="length", stop_str=None)
 
 
 def generate_tool(engine: Any, sandbox: Any, prompts: list[str], questions: list[str], k: int,
                   max_new_tokens: int, eval_cfg: Any) -> list[list[Generation]]:
-    """k tool-loop samples per prompt (``unifiedplayers.players.tool_loop``), batched like vanilla."""
+    """k tool-loop samples per prompt (``unifiedplayers.players.tool_loop``), batched like vanilla.
+
+    ``max_new_tokens`` is each sample's total over all its turns (``TotalTokenBudget``), the same
+    budget a vanilla completion gets, so that the two modes compare like with like.
+    """
     from unifiedplayers.players.tool_loop import ToolLoopConfig, run_tool_loop
 
     greedy = k == 1
@@ -104,10 +172,16 @@ def generate_tool(engine: Any, sandbox: Any, prompts: list[str], questions: list
     per_call = max(1, eval_cfg.batch_size // k)
     out: list[list[Generation]] = []
     for start in range(0, len(prompts), per_call):
-        rollouts = run_tool_loop(engine, sandbox, prompts[start:start + per_call], questions[start:start + per_call],
+        budgeted = TotalTokenBudget(engine, max_new_tokens)
+        rollouts = run_tool_loop(budgeted, sandbox, prompts[start:start + per_call], questions[start:start + per_call],
                                  cfg, n=k, seed=eval_cfg.seed + start)
-        out.extend([[Generation(r.text, status=r.status, num_tool_calls=r.num_tool_calls, detail=r.detail) for r in row]
-                    for row in rollouts])
+        for row in rollouts:
+            gens = []
+            for r in row:
+                spent = budgeted.spent.get(id(r.segments), 0)
+                gens.append(Generation(r.text, status=r.status, num_tool_calls=r.num_tool_calls, detail=r.detail,
+                                       generated_tokens=spent))
+            out.append(gens)
     return out
 
 
@@ -168,6 +242,8 @@ def evaluate_benchmark(name: str, entry: Any, mode: str, engine: Any, sandbox: A
                         line["status_detail"] = g.detail
                 if g.finish_reason is not None:
                     line["finish_reason"] = g.finish_reason
+                if g.generated_tokens is not None:
+                    line["generated_tokens"] = g.generated_tokens
                 if d:
                     line["test_detail"] = d
                 f.write(json.dumps(line, ensure_ascii=False) + "\n")
@@ -182,6 +258,8 @@ def evaluate_benchmark(name: str, entry: Any, mode: str, engine: Any, sandbox: A
         name=name, mode=mode, metric=bench.metric, score=score(bench.metric, verdicts) if problems else float("nan"),
         num_problems=len(problems), samples=k, seconds=seconds, answered_share=answered,
         tool_calls_mean=sum(g.num_tool_calls for g in flat_gens) / max(1, len(flat_gens)), statuses=statuses,
+        token_budget=max_new,
+        generated_tokens_mean=sum(g.generated_tokens or 0 for g in flat_gens) / max(1, len(flat_gens)),
     )
     log(f"[eval] {name} ({mode}): {bench.metric} = {result.score:.1f} over {len(problems)} problems "
         f"in {seconds:.0f}s (answer extracted in {100 * answered:.0f}%)")

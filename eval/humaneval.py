@@ -1,40 +1,74 @@
 """HumanEval unit-test execution in the project's sandbox (SPEC §9: "run against its unit tests").
 
-Each program is ``solution + test + check(entry_point)``, run as its own sandboxed process with the
-sandbox's timeout and memory cap; it passes when it exits 0 within the limits. Programs are sent in
-one ``run_many`` batch, so the sandbox runs them in parallel.
+A program passes only when HumanEval's ``check(entry_point)`` *returns*. An exit status is not enough:
+``sys.exit(0)`` at the top level of the solution, or ``os._exit(0)`` inside the function, ends the
+process with status 0 before the tests ran (or while they run), and a grader that reads the exit status
+counts that as a pass. So each program is graded by a sentinel:
+
+- the source is ``solution + test + a grading function`` that calls ``check(entry_point)`` and then
+  returns its argument;
+- the sandbox defines the source in a fresh module and calls the grading function with a random nonce
+  (``Sandbox.call_many``: JSON in, JSON out; the nonce is the payload, not in the source text);
+- the program passes when the call returned exactly that nonce, within the time and memory caps.
+
+A ``SystemExit`` (any status) while the source is defined, or while the tests run, is a failed call;
+``os._exit`` ends the process before anything is returned. What the sentinel does not guard against is
+code that introspects the interpreter (its frames) to find the nonce: the threat handled here is the
+ordinary short-circuit of the exit status, not a sandbox escape.
+
+The source runs as module ``__sandbox__``, not ``__main__``, so a completion's own
+``if __name__ == "__main__":`` block does not run, as in the original harness (``exec`` in a fresh dict).
+Programs are sent in one ``call_many`` batch, so the sandbox runs them in parallel.
 """
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from eval.benchmarks import Problem
 
+GRADER = "__unifiedplayers_humaneval_grade__"
+
 
 @dataclass
 class TestOutcome:
     passed: bool
-    exit_code: Optional[int]
+    exit_code: Optional[int]  # 0 when the grading call returned; None when it did not
     timed_out: bool
-    detail: str  # the tail of stderr, or "timed out"
+    detail: str  # why it failed: the call's error and the tail of stderr, or "timed out"
 
 
-def test_program(solution: str, test: str, entry_point: str) -> str:
-    """The program that runs HumanEval's ``check`` against ``solution``."""
-    return f"{solution}\n\n{test}\n\ncheck({entry_point})\n"
+def graded_source(solution: str, test: str, entry_point: str) -> str:
+    """The source whose grading function runs HumanEval's ``check`` on ``solution`` and then returns
+    the nonce it was given (the sentinel: reached only when ``check`` returned)."""
+    return (f"{solution}\n\n{test}\n\n"
+            f"def {GRADER}(nonce):\n"
+            f"    check({entry_point})\n"
+            f"    return nonce\n")
 
 
-def run_unit_tests(sandbox, problems: Sequence[Problem], solutions: Sequence[str],
+def run_unit_tests(sandbox, problems: Sequence[Problem], solutions: Sequence[Optional[str]],
                    timeout_s: Optional[float] = None) -> list[TestOutcome]:
-    """Run each solution against its problem's unit tests in ``sandbox`` (one ``run_many`` batch)."""
+    """Run each solution against its problem's unit tests in ``sandbox`` (one ``call_many`` batch)."""
     if len(problems) != len(solutions):
         raise ValueError(f"{len(problems)} problems but {len(solutions)} solutions")
-    programs = [test_program(sol, p.meta["test"], p.meta["entry_point"]) for p, sol in zip(problems, solutions)]
-    results = sandbox.run_many(programs, timeout_s=timeout_s)
+    nonces = [secrets.token_hex(16) for _ in problems]
+    items = [(graded_source(sol or "", p.meta["test"], p.meta["entry_point"]), GRADER, nonce)
+             for p, sol, nonce in zip(problems, solutions, nonces)]
+    results = sandbox.call_many(items, timeout_s=timeout_s)
     outcomes = []
-    for r in results:
-        passed = r.exit_code == 0 and not r.timed_out and not r.memory_exceeded
-        detail = "timed out" if r.timed_out else (r.stderr or getattr(r, "error", "") or "").strip()[-300:]
-        outcomes.append(TestOutcome(passed=passed, exit_code=r.exit_code, timed_out=r.timed_out, detail=detail))
+    for r, nonce in zip(results, nonces):
+        returned = bool(r.ok) and r.value == nonce
+        passed = returned and not r.timed_out and not r.memory_exceeded
+        if r.timed_out:
+            detail = "timed out"
+        elif passed:
+            detail = ""
+        elif r.ok:  # returned, but not the nonce: the grading function was replaced or bypassed
+            detail = f"the tests did not return the sentinel (got {str(r.value)[:60]!r})"
+        else:
+            detail = " | ".join(x for x in ((r.error or "").strip()[-200:], (r.stderr or "").strip()[-300:]) if x)
+        outcomes.append(TestOutcome(passed=passed, exit_code=0 if returned else None, timed_out=bool(r.timed_out),
+                                    detail=detail))
     return outcomes

