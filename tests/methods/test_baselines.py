@@ -15,7 +15,7 @@ from unifiedplayers.config import compose
 from unifiedplayers.logging import read_metrics
 from unifiedplayers.methods import TaskFeedback, method_reward_sources, reward_source
 from unifiedplayers.methods import absolute_zero as azr
-from unifiedplayers.methods import agent0, socratic_zero
+from unifiedplayers.methods import socratic_zero
 from unifiedplayers.records import load_records
 from unifiedplayers.sandbox import Sandbox, SandboxConfig
 from unifiedplayers.schedule import OuterLoop, trained_roles
@@ -27,26 +27,6 @@ def fb(answers, *, u=0.0, rep=0.0, tool_calls=(), expected=None, method=None, qu
     rewards = SimpleNamespace(uncertainty=u, repetition=rep)
     return TaskFeedback(rewards, answers, SimpleNamespace(w_unc=1.0, w_rep=0.5), tool_calls=tool_calls,
                         expected_answer=expected, question=question, method_cfg=method)
-
-
-# ------------------------------------------------------------------ Agent0
-
-
-def test_agent0_tool_frequency_and_curriculum_by_hand():
-    # min(n, 4)/4 = 0, 0.5, 1, 1 -> mean 0.625
-    assert agent0.tool_call_frequency([0, 2, 6, 4], cap=4) == 0.625
-    assert agent0.tool_call_frequency([]) == 0.0
-    with pytest.raises(ValueError):
-        agent0.tool_call_frequency([1, -1])
-    with pytest.raises(ValueError):
-        agent0.tool_call_frequency([1], cap=0)
-    # 1.0 * 0.5 + 0.5 * 0.625 - 0.5 * 0.2 = 0.7125
-    assert agent0.curriculum_reward(0.5, 0.625, 0.2, tool_bonus=0.5) == pytest.approx(0.7125)
-    method = SimpleNamespace(tool_bonus=0.5, extra={"tool_call_cap": 2})
-    # cap 2: min(n,2)/2 = 0, 1, 1, 1 -> 0.75; 0.25 + 0.375 - 0.05 = 0.575
-    r = reward_source("planning", "agent0_curriculum")(fb(["1"] * 4, u=0.25, rep=0.1, tool_calls=[0, 2, 6, 4],
-                                                            method=method))
-    assert r == pytest.approx(0.575)
 
 
 # ------------------------------------------------------------------ Absolute Zero

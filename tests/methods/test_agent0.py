@@ -1,0 +1,122 @@
+"""Agent0 (arXiv 2511.16043): the Curriculum reward, the Executor's frontier filter and ADPO (advantage scale and
+per-sample upper clip, through the GRPO loss and the trainer's collation), against numbers worked out by hand."""
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from unifiedplayers import grpo
+from unifiedplayers.config import compose
+from unifiedplayers.methods import GroupShape, TaskFeedback, group_shape, planning_rewards
+from unifiedplayers.methods import agent0
+from unifiedplayers.trainer.player_trainer import TrainSample, _collate
+
+pytestmark = pytest.mark.cpu
+
+QUESTIONS = ["a b c d", "a b c e", "x y z w", "a b c d"]  # cluster shares 3/4, 3/4, 1/4, 3/4 (test_r_zero.py)
+
+
+@pytest.fixture(scope="module")
+def cfg():
+    return compose(["method=agent0"])
+
+
+def feedback(answers=(), *, question="q", method=None, p_hat=None, tool_calls=(), reward_cfg=None):
+    return TaskFeedback(SimpleNamespace(repetition=0.0), list(answers), reward_cfg, tool_calls=list(tool_calls),
+                        question=question, method_cfg=method, p_hat=p_hat)
+
+
+def test_tool_reward_by_hand():
+    # γ·mean(min(n, 4)) = 0.05 · mean(0, 2, 4, 4) = 0.05 · 2.5 = 0.125
+    assert agent0.tool_reward([0, 2, 6, 4]) == pytest.approx(0.125)
+    assert agent0.tool_reward([3], weight=0.1, cap=2) == pytest.approx(0.2)
+    assert agent0.tool_reward([]) == 0.0
+    with pytest.raises(ValueError, match="negative"):
+        agent0.tool_reward([1, -1])
+    with pytest.raises(ValueError, match="cap"):
+        agent0.tool_reward([1], cap=0)
+
+
+def test_curriculum_reward_paper_and_code_forms_by_hand():
+    p, tools = [0.5, 0.25, 0.5, 1.0], [0.125, 0.0, 0.2, 0.05]
+    # paper: max(0, 1 − 2|p − 1/2| + R_tool − |C|/B) = max(0, 1 + .125 − .75), max(0, .5 − .75),
+    # 1 + .2 − .25, max(0, 0 + .05 − .75)
+    assert agent0.curriculum_rewards(p, tools, QUESTIONS) == pytest.approx([0.375, 0.0, 0.95, 0.0])
+    # code (curriculum_reward.py): min(p, 1 − p) + R_tool − |C|/B
+    assert agent0.curriculum_rewards(p, tools, QUESTIONS, form="code") == pytest.approx([-0.125, -0.5, 0.45, -0.7])
+    with pytest.raises(ValueError, match="questions"):
+        agent0.curriculum_rewards(p, tools[:2], QUESTIONS)
+
+
+def test_planning_rewards_of_a_batch(cfg):
+    tool_calls = [[0, 2, 6, 4], [0, 0, 0, 0], [4, 4, 4, 4], [1, 1, 1, 1]]  # R_tool 0.125, 0, 0.2, 0.05
+    fbs = [feedback(p_hat=p, question=q, tool_calls=t, method=cfg.method)
+           for p, q, t in zip([0.5, 0.25, 0.5, 1.0], QUESTIONS, tool_calls)]
+    assert planning_rewards(cfg.method, fbs) == pytest.approx([0.375, 0.0, 0.95, 0.0])
+
+
+def test_adpo_scale_and_upper_clip_by_hand():
+    # s = 0.6 + 0.4·clip((p − 0.3)/0.5, 0, 1); ε_high = 0.2 + 0.1·clip((0.8 − p)/0.5, 0, 1)
+    for p, scale, eps_high in [(0.1, 0.6, 0.3), (0.3, 0.6, 0.3), (0.55, 0.8, 0.25), (0.8, 1.0, 0.2), (0.9, 1.0, 0.2)]:
+        assert agent0.adpo_advantage_scale(p) == pytest.approx(scale), p
+        assert agent0.adpo_clip_high(p, 0.2) == pytest.approx(eps_high), p
+    with pytest.raises(ValueError, match="p_low < p_high"):
+        agent0.adpo_advantage_scale(0.5, p_low=0.8, p_high=0.3)
+
+
+def test_executor_group_shape(cfg):
+    m = cfg.method
+    # p̂ = 0.55: inside [0.3, 0.8]; scale 0.8; ε_high = 0.25 with the trainer's ε = 0.2 (0.35 with ε = 0.3)
+    got = group_shape(m, "execution", feedback(p_hat=0.55), clip_eps=0.2)
+    assert got.keep and got.adv_scale == pytest.approx(0.8) and got.clip_high == pytest.approx(0.25)
+    assert group_shape(m, "execution", feedback(p_hat=0.55), clip_eps=0.3).clip_high == pytest.approx(0.35)
+    assert group_shape(m, "execution", feedback(p_hat=0.3)).keep  # the band's ends are inside
+    assert group_shape(m, "execution", feedback(p_hat=0.8)).keep
+    assert not group_shape(m, "execution", feedback(p_hat=0.9)).keep  # too easy
+    assert not group_shape(m, "execution", feedback(p_hat=0.2)).keep  # too hard: the majority is unreliable
+    assert group_shape(m, "planning", feedback(p_hat=0.9)) == GroupShape()
+    bad = compose(["method=agent0", "+method.extra.adpo.typo=1"]).method
+    with pytest.raises(ValueError, match="typo"):
+        group_shape(bad, "execution", feedback(p_hat=0.5))
+
+
+def test_config_sets_what_agent0_needs(cfg):
+    # the method file is package _global_: it sets reward.* next to method.*
+    assert cfg.reward.malformed_task_reward == 0.0 and cfg.reward.repetition_mode == "cluster_share"
+    assert cfg.method.planning_reward == "agent0_curriculum" and cfg.method.use_tools
+    assert cfg.method.tool_bonus == 0.05 and cfg.method.extra["tool_call_cap"] == 4
+    assert compose(["method=agent0", "reward.w_unc=2.0"]).reward.w_unc == 2.0
+
+
+def test_per_sample_upper_clip_in_the_loss_by_hand():
+    # Two one-token samples, ratio exp(log 1.28) = 1.28, Â = 1, ε = 0.2, one group each (weights 1/2 each).
+    # Sample 0 has ε_high = 0.3: 1.28 < 1.3 is not clipped, ℓ = 1.28. Sample 1 keeps ε (NaN): clipped at 1.2.
+    # loss = −(0.5·1.28 + 0.5·1.2) = −1.24; only sample 0 carries gradient: −0.5·1.28 = −0.64.
+    logprobs = torch.full((2, 1), math.log(1.28), requires_grad=True)
+    old = torch.zeros(2, 1)
+    mask = torch.ones(2, 1)
+    loss, metrics = grpo.policy_loss(logprobs, old, None, torch.tensor([1.0, 1.0]), mask, torch.tensor([0, 1]),
+                                     clip_eps=0.2, kl_coef=0.0, clip_high=torch.tensor([0.3, float("nan")]))
+    assert float(loss.detach()) == pytest.approx(-1.24)
+    loss.backward()
+    assert logprobs.grad[:, 0].tolist() == pytest.approx([-0.64, 0.0])
+    assert metrics["actor/pg_clipfrac"] == 0.5 and metrics["actor/ratio_outside_clip_frac"] == 0.5
+    # without per-sample clips both are clipped at 1.2: loss −1.2
+    plain, _ = grpo.policy_loss(logprobs.detach(), old, None, torch.tensor([1.0, 1.0]), mask, torch.tensor([0, 1]),
+                                clip_eps=0.2, kl_coef=0.0)
+    assert float(plain) == pytest.approx(-1.2)
+    # the lower bound stays 1 − ε: ratio 0.7 with Â = −1 is clipped at 0.8 whatever ε_high
+    sur, active = grpo.clipped_surrogate(torch.tensor([[0.7]]), torch.tensor([[-1.0]]), 0.2, torch.tensor([0.5]))
+    assert sur.item() == pytest.approx(-0.8) and active.item()
+
+
+def test_trainer_collation_carries_the_upper_clip():
+    def sample(clip_high):
+        return TrainSample([1, 2, 3], [0, 1, 1], [0.0, -1.0, -1.0], 0.5, 0, clip_high)
+
+    mb = _collate([sample(0.3), sample(None)], torch.ones(2), torch.device("cpu"), 0)
+    assert mb.clip_high[0].item() == pytest.approx(0.3) and math.isnan(mb.clip_high[1].item())
+    assert _collate([sample(None), sample(None)], torch.ones(2), torch.device("cpu"), 0).clip_high is None
