@@ -34,9 +34,10 @@ def task_feedback(
     r = rewards.task_rewards(
         vm.z_orig, vm.z_adv, vm.valid, vm.num_generated, vm.valid_sources,
         [t.final_answer for t in trajectories], question, history, reward_cfg, vm.adv_mask,
+        adv_errors=vm.error_adv,
     )
     meta = dict(record_fields.pop("meta", {}) or {})
-    meta["invalid_verifiers"] = {str(i): c.reason for i, c in enumerate(vm.compiled) if not c.valid}
+    meta["invalid_verifiers"] = {str(i): why for i, why in enumerate(vm.validity) if why != "valid"}
     meta["check_errors"] = [
         {"verifier": c.verifier, "trajectory": c.trajectory, "variant": c.variant, "kind": c.outcome.kind,
          "reason": c.outcome.reason}

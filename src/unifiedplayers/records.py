@@ -33,6 +33,9 @@ class InteractionRecord:
     redundancy: ρ_red(q), (M_q,). rules: the P rule names, in column order.
     valid / num_generated: the indices of V(q) among the M generated verifiers, and M.
     rewards: the rewards derived from this record (filled by the caller; free-form but JSON-able).
+    error_orig (M_q, K), error_adv (M_q, K, P): True where the 0 in Z is a check error (raised, timed
+        out, returned no verdict), not a rejection; runtime_invalid: {index among the M: reason} of the
+        verifiers dropped from V(q) because their check errored on every original (``verdict``).
     """
 
     question: str
@@ -51,12 +54,20 @@ class InteractionRecord:
     expected_answer: Optional[str] = None  # Planning's claimed answer: for filtering/analysis only
     rewards: dict[str, Any] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
+    error_orig: Any = None  # None: no errors (records written before errors were kept apart)
+    error_adv: Any = None
+    runtime_invalid: dict[int, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         k, m_q, p = len(self.trajectories), len(self.verifiers), len(self.rules)
         self.z_orig = np.asarray(self.z_orig, dtype=np.int8).reshape(m_q, k)
         self.z_adv = np.asarray(self.z_adv, dtype=np.int8).reshape(m_q, k, p)
         self.adv_mask = np.asarray(self.adv_mask, dtype=bool).reshape(k, p)
+        self.error_orig = (np.zeros((m_q, k), dtype=bool) if self.error_orig is None
+                           else np.asarray(self.error_orig, dtype=bool).reshape(m_q, k))
+        self.error_adv = (np.zeros((m_q, k, p), dtype=bool) if self.error_adv is None
+                          else np.asarray(self.error_adv, dtype=bool).reshape(m_q, k, p))
+        self.runtime_invalid = {int(i): str(why) for i, why in (self.runtime_invalid or {}).items()}
         self.redundancy = np.asarray(self.redundancy, dtype=np.float64).reshape(m_q)
         if len(self.variants) != k or any(len(r) != p for r in self.variants):
             raise ValueError(f"variants must be {k} rows of {p} entries")
@@ -68,6 +79,13 @@ class InteractionRecord:
         """Z(q) = [Z_orig | Z_adv], (M_q, K(1+P)) (Eq. 10)."""
         m_q, k, p = self.z_adv.shape
         return np.concatenate([self.z_orig, self.z_adv.reshape(m_q, k * p)], axis=1)
+
+    def error_summary(self) -> dict[str, Any]:
+        """Check-error counts of this task: ``checks``, ``errors_orig``, ``errors_adv``, ``error_rate``,
+        ``runtime_invalid`` (``verdict.check_error_summary``)."""
+        from unifiedplayers.verdict import check_error_summary
+
+        return check_error_summary(self.error_orig, self.error_adv, self.adv_mask, len(self.runtime_invalid))
 
     @classmethod
     def from_verdict(
@@ -93,6 +111,9 @@ class InteractionRecord:
             rules=list(rules),
             valid=list(verdict.valid),
             num_generated=verdict.num_generated,
+            error_orig=getattr(verdict, "error_orig", None),
+            error_adv=getattr(verdict, "error_adv", None),
+            runtime_invalid=dict(getattr(verdict, "runtime_invalid", {}) or {}),
             **extra,
         )
 
@@ -112,6 +133,9 @@ class InteractionRecord:
             "rules": list(self.rules),
             "valid": list(self.valid),
             "num_generated": self.num_generated,
+            "error_orig": self.error_orig.tolist(),
+            "error_adv": self.error_adv.tolist(),
+            "runtime_invalid": {str(i): why for i, why in self.runtime_invalid.items()},
             "rewards": _jsonable(self.rewards),
             "meta": _jsonable(self.meta),
         }
@@ -135,6 +159,9 @@ class InteractionRecord:
             expected_answer=d.get("expected_answer"),
             rewards=d.get("rewards") or {},
             meta=d.get("meta") or {},
+            error_orig=d.get("error_orig"),
+            error_adv=d.get("error_adv"),
+            runtime_invalid=d.get("runtime_invalid") or {},
         )
 
 
@@ -261,6 +288,7 @@ def records_dataframe(source: Union[str, os.PathLike, Sequence[InteractionRecord
             "orig_accept_rate": float(r.z_orig.mean()) if r.z_orig.size else float("nan"),
             "adv_reject_rate": float(1 - r.z_adv[:, r.adv_mask].mean()) if m_q and r.adv_mask.any() else float("nan"),
             "redundancy_mean": float(r.redundancy.mean()) if m_q else float("nan"),
+            **{f"check_{key}": value for key, value in r.error_summary().items()},
             "answers": [t.final_answer for t in r.trajectories],
         }
         for key, value in r.rewards.items():

@@ -7,6 +7,12 @@ Choices the paper leaves open (set in ``conf/reward/``, see ``RewardConfig``):
   group has zero advantage: no evidence, no signal).
 - ρ_adv with masked variants (a rule that could not apply) averages over the variants that exist;
   with none at all (P = 0, the "none" rule set) it is 0.
+- Check errors (a raise, a timeout, a non-verdict return; ``verdict.VerdictMatrix.error_adv``): Z keeps
+  the paper's 0, but an error on a variant earns no ρ_adv credit: it stays in the count K·P and adds
+  nothing to the sum, as an acceptance would. An error is not evidence that the verifier caught the
+  perturbation, and with credit a verifier (and, through V(q), a task) would gain by crashing on
+  anything unusual. ``reward.variant_error_credit: true`` restores the paper-literal Eq. 11. A
+  verifier that errors on every original is invalid (``verdict``), so it never reaches Eq. 5 or V(q).
 - r_C of an invalid verifier: ``invalid_verifier_reward``; r_T of a malformed task: ``malformed_task_reward``.
 - p̂ with missing answers: every sample counts in the denominator; a missing answer joins no cluster
   unless ``missing_in_majority`` (then all missing answers form one cluster).
@@ -68,11 +74,14 @@ def _mask(z_adv: np.ndarray, adv_mask: Optional[np.ndarray]) -> np.ndarray:
     return mask
 
 
-def adversarial_rejection_rate(z_adv: np.ndarray, adv_mask: Optional[np.ndarray] = None) -> np.ndarray:
+def adversarial_rejection_rate(
+    z_adv: np.ndarray, adv_mask: Optional[np.ndarray] = None, adv_errors: Optional[np.ndarray] = None
+) -> np.ndarray:
     """Eq. 11: ρ_adv_i = (1/(K·P)) Σ_k Σ_j (1 − Z_adv[i, k, j]). Shape (M_q,).
 
     With a mask, the sum and the count run over the variants that exist (mask True); with no variant
-    at all, ρ_adv = 0.
+    at all, ρ_adv = 0. With ``adv_errors`` (M_q, K, P) bool, a check that errored on a variant stays in
+    the count but earns no rejection credit: the sum runs over (1 − Z_adv − E_adv).
     """
     z = np.asarray(z_adv, dtype=np.float64)
     if z.ndim != 3:
@@ -81,7 +90,13 @@ def adversarial_rejection_rate(z_adv: np.ndarray, adv_mask: Optional[np.ndarray]
     n = int(mask.sum())
     if n == 0:
         return np.zeros(z.shape[0])
-    return ((1.0 - z) * mask[None]).sum(axis=(1, 2)) / n
+    credit = 1.0 - z
+    if adv_errors is not None:
+        e = np.asarray(adv_errors, dtype=bool)
+        if e.shape != z.shape:
+            raise ValueError(f"adv_errors must be (M_q, K, P) = {z.shape}, got {e.shape}")
+        credit = credit * ~e
+    return (credit * mask[None]).sum(axis=(1, 2)) / n
 
 
 def _code_tokens(source: str) -> list[str]:
@@ -163,10 +178,15 @@ def evaluation_rewards(
     beta: float,
     gamma: float,
     adv_mask: Optional[np.ndarray] = None,
+    adv_errors: Optional[np.ndarray] = None,
 ) -> np.ndarray:
-    """Eq. 5: r_C(v_i) = α ρ_gold_i + β ρ_adv_i − γ ρ_red_i. Shape (M_q,)."""
+    """Eq. 5: r_C(v_i) = α ρ_gold_i + β ρ_adv_i − γ ρ_red_i. Shape (M_q,).
+
+    ``adv_errors``: see :func:`adversarial_rejection_rate` (no ρ_adv credit for an error on a variant).
+    """
     red = np.asarray(redundancy, dtype=np.float64)
-    return alpha * gold_pass_rate(z_orig) + beta * adversarial_rejection_rate(z_adv, adv_mask) - gamma * red
+    adv = adversarial_rejection_rate(z_adv, adv_mask, adv_errors)
+    return alpha * gold_pass_rate(z_orig) + beta * adv - gamma * red
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -406,17 +426,23 @@ def uncertainty(
     return float(min(p_hat, 1.0 - p_hat))
 
 
-def verifier_writability(z_adv: np.ndarray, num_generated: int, adv_mask: Optional[np.ndarray] = None) -> float:
+def verifier_writability(
+    z_adv: np.ndarray,
+    num_generated: int,
+    adv_mask: Optional[np.ndarray] = None,
+    adv_errors: Optional[np.ndarray] = None,
+) -> float:
     """Eq. 3 / 12: V(q) = (M_q/M)·(1/M_q) Σ_{i ∈ I_valid} ρ_adv_i = (1/M) Σ_{i ∈ I_valid} ρ_adv_i.
 
-    0 when no verifier is valid (M_q = 0) or none was generated.
+    0 when no verifier is valid (M_q = 0) or none was generated. ``adv_errors``: see
+    :func:`adversarial_rejection_rate`; a verifier invalid at run time has no row, so adds nothing.
     """
     z = np.asarray(z_adv)
     if num_generated <= 0 or z.shape[0] == 0:
         return 0.0
     if z.shape[0] > num_generated:
         raise ValueError(f"{z.shape[0]} valid verifiers out of {num_generated} generated")
-    return float(adversarial_rejection_rate(z, adv_mask).sum() / num_generated)
+    return float(adversarial_rejection_rate(z, adv_mask, adv_errors).sum() / num_generated)
 
 
 def repetition_penalty(
@@ -503,16 +529,23 @@ def task_rewards(
     history: Sequence[str],
     cfg: Any,
     adv_mask: Optional[np.ndarray] = None,
+    adv_errors: Optional[np.ndarray] = None,
 ) -> TaskRewards:
-    """Eq. 2, 4, 5 for one task; ``cfg`` is a ``RewardConfig`` (``conf/reward/``)."""
+    """Eq. 2, 4, 5 for one task; ``cfg`` is a ``RewardConfig`` (``conf/reward/``).
+
+    ``adv_errors``: ``VerdictMatrix.error_adv``; errors on variants earn no ρ_adv credit (in r_C and
+    V(q)) unless ``cfg.variant_error_credit`` is true (the paper-literal Eq. 11).
+    """
+    if getattr(cfg, "variant_error_credit", False):
+        adv_errors = None
     red = redundancy(valid_sources, cfg.redundancy_similarity)
     gold = gold_pass_rate(z_orig)
-    adv = adversarial_rejection_rate(z_adv, adv_mask)
-    r_c_valid = evaluation_rewards(z_orig, z_adv, red, cfg.alpha, cfg.beta, cfg.gamma, adv_mask)
+    adv = adversarial_rejection_rate(z_adv, adv_mask, adv_errors)
+    r_c_valid = evaluation_rewards(z_orig, z_adv, red, cfg.alpha, cfg.beta, cfg.gamma, adv_mask, adv_errors)
     r_c = np.full(num_generated, float(cfg.invalid_verifier_reward))
     r_c[list(valid)] = r_c_valid
     u = uncertainty(answers, cfg.missing_answer_in_majority, cfg.answer_match_timeout_s)
-    v = verifier_writability(z_adv, num_generated, adv_mask) if cfg.use_verifiability else 0.0
+    v = verifier_writability(z_adv, num_generated, adv_mask, adv_errors) if cfg.use_verifiability else 0.0
     r = repetition_penalty(question, history, cfg.repetition_mode, cfg.repetition_bleu_threshold)
     return TaskRewards(
         execution=execution_rewards(z_orig, cfg.execution_reward_no_valid_verifier),

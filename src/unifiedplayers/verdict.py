@@ -3,6 +3,18 @@
 ``verdict_matrix`` compiles the M verifier outputs, then runs every valid verifier on the K originals
 and their K·P variants as ONE parallel sandbox batch (``sandbox.call_many``): M_q·K·(1+P) checks, fewer
 where a rule could not apply (those variants are ``None`` and masked out, never run).
+
+Check errors (issue 13, fidelity item 5). A check that raises, times out or returns something other
+than a verdict (``verifier.ERROR_KINDS``) is an *error*, kept apart from a rejection:
+
+- Z keeps the paper's values: an error is 0 in Z_orig and Z_adv (SPEC §5: junk counts as rejection),
+  and the masks ``error_orig`` (M_q, K) and ``error_adv`` (M_q, K, P) say which zeros are errors.
+- A verifier whose check errors on EVERY original trajectory is invalid, like one that does not
+  compile (our addition to the paper's static validity, §3.2 / Appendix E.3): it gets no row in Z,
+  is not counted in M_q, gets ``invalid_verifier_reward`` and adds nothing to V(q). Otherwise a
+  crash-always verifier (ρ_gold = 0, ρ_adv = 1 under Eq. 11) would out-score an accept-all one under
+  Eq. 5 (0.5 against 0.4 at α, β = 0.4, 0.5) and raise V(q). ``runtime_invalid`` gives the reasons.
+- Errors on variants earn no ρ_adv credit by default (see ``rewards.adversarial_rejection_rate``).
 """
 from __future__ import annotations
 
@@ -14,6 +26,7 @@ import numpy as np
 from unifiedplayers.trajectory import Trajectory
 from unifiedplayers.verifier import (
     ENTRY_POINT,
+    ERROR_KINDS,
     CheckOutcome,
     CompiledVerifier,
     compile_verifier,
@@ -42,7 +55,12 @@ class VerdictMatrix:
     adv_mask: (K, P) bool, False where rule j could not apply to τ_k
     valid: indices of the valid verifiers among the M generated (row i of Z is verifier valid[i])
     compiled: the M compilation results (validity reasons of the invalid ones)
-    checks: every executed check with its outcome (rejection reasons included)
+    checks: every executed check with its outcome (rejection reasons included), the checks of the
+        verifiers made invalid at run time too
+    error_orig: (M_q, K) bool, True where Z_orig[i, k] = 0 because the check errored (not a rejection)
+    error_adv: (M_q, K, P) bool, the same for Z_adv (False where masked)
+    runtime_invalid: {index among the M: reason} of the verifiers that compiled but whose check
+        errored on every original trajectory (not in ``valid``)
     """
 
     z_orig: np.ndarray
@@ -51,6 +69,15 @@ class VerdictMatrix:
     valid: list[int]
     compiled: list[CompiledVerifier]
     checks: list[CheckRecord] = field(default_factory=list)
+    error_orig: Optional[np.ndarray] = None
+    error_adv: Optional[np.ndarray] = None
+    runtime_invalid: dict[int, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.error_orig is None:
+            self.error_orig = np.zeros(np.shape(self.z_orig), dtype=bool)
+        if self.error_adv is None:
+            self.error_adv = np.zeros(np.shape(self.z_adv), dtype=bool)
 
     @property
     def num_generated(self) -> int:
@@ -65,8 +92,25 @@ class VerdictMatrix:
 
     @property
     def errors(self) -> list[CheckRecord]:
-        """Checks that raised, timed out or returned something other than a verdict."""
-        return [c for c in self.checks if c.outcome.kind in ("raised", "timeout", "bad_return")]
+        """Checks that raised, timed out or returned something other than a verdict (all verifiers)."""
+        return [c for c in self.checks if c.outcome.kind in ERROR_KINDS]
+
+    @property
+    def validity(self) -> list[str]:
+        """One entry per generated verifier: "valid", or why it is not (compilation or run time)."""
+        return [
+            "valid" if i in self.valid else self.runtime_invalid.get(i, c.reason)
+            for i, c in enumerate(self.compiled)
+        ]
+
+    def error_summary(self) -> dict[str, Any]:
+        """Per-task counts of check errors, for metrics (see :func:`check_error_summary`), with the
+        errors of every executed check by kind (``errors/raised``, ``errors/timeout``,
+        ``errors/bad_return``; the runtime-invalid verifiers' checks included)."""
+        out = check_error_summary(self.error_orig, self.error_adv, self.adv_mask, len(self.runtime_invalid))
+        for kind in ERROR_KINDS:
+            out[f"errors/{kind}"] = sum(c.outcome.kind == kind for c in self.checks)
+        return out
 
     @property
     def valid_sources(self) -> list[str]:
@@ -111,12 +155,53 @@ def verdict_matrix(
 
     z_orig = np.zeros((len(valid), k), dtype=np.int8)
     z_adv = np.zeros((len(valid), k, p), dtype=np.int8)
+    error_orig = np.zeros((len(valid), k), dtype=bool)
+    error_adv = np.zeros((len(valid), k, p), dtype=bool)
     checks = []
     for (row, i, kk, j), call in zip(where, results):
         outcome = outcome_of(call)
         if j is None:
             z_orig[row, kk] = int(outcome.accepted)
+            error_orig[row, kk] = outcome.is_error
         else:
             z_adv[row, kk, j] = int(outcome.accepted)
+            error_adv[row, kk, j] = outcome.is_error
         checks.append(CheckRecord(i, kk, j, outcome))
-    return VerdictMatrix(z_orig, z_adv, adv_mask, valid, compiled, checks)
+
+    # A check that errors on every original says nothing about any trajectory: that verifier is invalid.
+    runtime_invalid: dict[int, str] = {}
+    if k > 0:
+        for row, i in enumerate(valid):
+            if error_orig[row].all():
+                kinds = sorted({c.outcome.kind for c in checks if c.verifier == i and c.variant is None})
+                first = next(c.outcome.reason for c in checks if c.verifier == i and c.variant is None)
+                runtime_invalid[i] = f"check errored on every original trajectory ({', '.join(kinds)}): {first}"[:500]
+    keep = [row for row, i in enumerate(valid) if i not in runtime_invalid]
+    return VerdictMatrix(
+        z_orig[keep], z_adv[keep], adv_mask, [valid[r] for r in keep], compiled, checks,
+        error_orig=error_orig[keep], error_adv=error_adv[keep], runtime_invalid=runtime_invalid,
+    )
+
+
+def check_error_summary(
+    error_orig: np.ndarray, error_adv: np.ndarray, adv_mask: np.ndarray, runtime_invalid: int = 0
+) -> dict[str, Any]:
+    """Per-task check-error counts over the valid verifiers' checks (issue 13, fidelity item 5).
+
+    ``checks``: the checks behind Z (M_q·K originals + M_q·present variants); ``errors_orig`` and
+    ``errors_adv``: how many of them errored; ``error_rate``: (errors_orig + errors_adv) / checks
+    (None without checks); ``runtime_invalid``: verifiers made invalid by erroring on every original.
+    """
+    eo = np.asarray(error_orig, dtype=bool)
+    ea = np.asarray(error_adv, dtype=bool)
+    mask = np.asarray(adv_mask, dtype=bool)
+    m_q = eo.shape[0] if eo.ndim == 2 else 0
+    checks = int(eo.size + m_q * int(mask.sum()))
+    n_orig, n_adv = int(eo.sum()), int((ea & mask[None]).sum()) if ea.size else 0
+    return {
+        "checks": checks,
+        "errors_orig": n_orig,
+        "errors_adv": n_adv,
+        "error_rate": (n_orig + n_adv) / checks if checks else None,
+        "runtime_invalid": int(runtime_invalid),
+    }

@@ -8,8 +8,10 @@
    ``trajectory.steps``, ``s.type``, ``s.result``, ``s.code``, ``s.lang``, ``s.text`` and
    ``trajectory.question`` work (``trajectory["steps"]`` too), then calls the model's ``check``.
 3. :func:`outcome_of` reads the sandbox's ``CallResult``: only ``True`` or a tuple whose first element
-   is ``True`` accepts. A raise, a timeout, or any other value (``1``, ``"True"``, ``[True]``, ``None``)
-   is a rejection, and the reason is kept.
+   is ``True`` accepts; ``False`` or a tuple whose first element is ``False`` rejects. A raise, a
+   timeout, or any other value (``1``, ``"True"``, ``[True]``, ``None``) is an *error*
+   (:data:`ERROR_KINDS`): 0 in the verdict matrix like a rejection (SPEC §5), but recorded apart from
+   one (``CheckOutcome.is_error``; see ``verdict`` for what an error costs the verifier).
 """
 from __future__ import annotations
 
@@ -143,15 +145,23 @@ def sandbox_source(source: str) -> str:
     return PRELUDE + source + "\n"
 
 
+ERROR_KINDS = ("raised", "timeout", "bad_return")  # outcomes that are not a verdict of the check
+
+
 @dataclass(frozen=True)
 class CheckOutcome:
-    """One verdict v_i(τ): ``accepted`` and, for a rejection, why."""
+    """One verdict v_i(τ): ``accepted`` and, for a rejection or an error, why."""
 
     accepted: bool
     kind: str  # accepted | rejected (returned a failing verdict) | raised | timeout | bad_return
     reason: str
     fail_step: Optional[int] = None
     duration_s: float = 0.0
+
+    @property
+    def is_error(self) -> bool:
+        """The check raised, timed out or returned junk: no verdict (Z counts it as 0)."""
+        return self.kind in ERROR_KINDS
 
 
 def outcome_of(call: Any) -> CheckOutcome:
