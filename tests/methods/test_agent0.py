@@ -120,3 +120,14 @@ def test_trainer_collation_carries_the_upper_clip():
     mb = _collate([sample(0.3), sample(None)], torch.ones(2), torch.device("cpu"), 0)
     assert mb.clip_high[0].item() == pytest.approx(0.3) and math.isnan(mb.clip_high[1].item())
     assert _collate([sample(None), sample(None)], torch.ones(2), torch.device("cpu"), 0).clip_high is None
+
+
+def test_shape_advantages_by_hand():
+    from unifiedplayers.methods import shape_advantages
+
+    # group 0 (ADPO: scale 0.8, ε_high 0.25), group 1 dropped (outside the frontier), group 2 without a shape
+    shapes = {0: GroupShape(True, 0.8, 0.25), 1: GroupShape(keep=False)}
+    got = shape_advantages(shapes, [0, 0, 1, 1, 2], [1.0, -1.0, 1.0, -1.0, 0.5])
+    assert got == [(0, pytest.approx(0.8), 0.25), (1, pytest.approx(-0.8), 0.25), (4, 0.5, None)]
+    with pytest.raises(ValueError, match="group ids"):
+        shape_advantages({}, [0], [])

@@ -25,7 +25,8 @@ Two more hooks for the outer loop, both pure functions of the update's feedback:
   a per-task source is mapped over it.
 - :func:`group_shape` ``(method_cfg, role, fb, clip_eps) -> GroupShape``: how the method trains one
   task's group: kept or dropped (R-Zero's band, Agent0's frontier), its advantages scaled and its
-  per-sample upper clip (Agent0's ADPO).
+  per-sample upper clip (Agent0's ADPO); :func:`shape_advantages` applies the shapes to a batch's
+  advantages.
 """
 from __future__ import annotations
 
@@ -165,7 +166,8 @@ def planning_unifiedplayers(fb: TaskFeedback) -> float:
 
 @register_reward_source("planning", "uncertainty_repetition")
 def planning_uncertainty_repetition(fb: TaskFeedback) -> float:
-    """R-Zero-like Challenger reward: w_unc U(q) − w_rep R(q) (no verifier term)."""
+    """w_unc U(q) − w_rep R(q), R(q) against the history (no verifier term; R-Zero's own reward, with the
+    within-batch penalty, is ``r_zero_challenger``)."""
     c = fb.reward_cfg
     return float(c.w_unc * fb.rewards.uncertainty - c.w_rep * fb.rewards.repetition)
 
@@ -261,6 +263,24 @@ def group_shape(method_cfg: Any, role: str, fb: TaskFeedback, clip_eps: float = 
         raise ValueError(f"unknown role {role!r}; roles: {ROLES}")
     fn = GROUP_SHAPES.get(str(getattr(method_cfg, "name", "")))
     return GroupShape() if fn is None else fn(method_cfg, role, fb, float(clip_eps))
+
+
+def shape_advantages(shapes: dict[int, GroupShape], group_ids: Sequence[int],
+                     advantages: Sequence[float]) -> list[tuple[int, float, Optional[float]]]:
+    """Apply each group's shape to its samples' GRPO advantages (Eq. 17 first, then the method's shape).
+
+    ``shapes[g]`` is the shape of group ``g`` (a group without one is plain GRPO); ``group_ids[n]`` and
+    ``advantages[n]`` belong to sample ``n``. Returns ``(n, adv_scale·Â_n, clip_high)`` for every sample
+    of a kept group, in sample order.
+    """
+    if len(group_ids) != len(advantages):
+        raise ValueError(f"{len(group_ids)} group ids for {len(advantages)} advantages")
+    out = []
+    for n, (g, a) in enumerate(zip(group_ids, advantages)):
+        shape = shapes.get(g, GroupShape())
+        if shape.keep:
+            out.append((n, float(shape.adv_scale) * float(a), shape.clip_high))
+    return out
 
 
 def method_extra(method_cfg: Any, key: str, default: Any) -> Any:
