@@ -1,0 +1,147 @@
+"""Absolute Zero's defining mechanisms, each against numbers worked out by hand (AZR, paper/absolute_zero_*):
+the learnability reward (Eq. 4), induction with held-out pairs, a solver without tools, picklable answer
+checks, unknown task types, and the shared-model option."""
+from __future__ import annotations
+
+import pickle
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from unifiedplayers.config import compose
+from unifiedplayers.methods import TaskFeedback, method_reward_sources, reward_source
+from unifiedplayers.methods import absolute_zero as azr
+from unifiedplayers.players.planning import PlanningTask
+from unifiedplayers.sandbox import Sandbox, SandboxConfig
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "players"))
+from scripted import ScriptedEngine  # noqa: E402
+
+pytestmark = pytest.mark.cpu
+
+# f(x) = 3x with four distinct inputs (and a repeat of 4, which must not count as a fifth pair)
+TRIPLE = ("```python\ndef f(x):\n    return x * 3\n```\n```input\n4\n```\n```input\n5\n```\n```input\n4\n```\n"
+          "```input\n6\n```\n```input\n7\n```\n```message\nmultiplies by a constant\n```")
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    with Sandbox(SandboxConfig(timeout_s=5.0)) as sb:
+        yield sb
+
+
+def build(topic, sandbox, text=TRIPLE):
+    return azr.build_code_task(PlanningTask(text, None, None, False, "", topic=topic), sandbox)
+
+
+def feedback(answers, task):
+    return TaskFeedback(SimpleNamespace(), answers, None, expected_answer=task.expected_answer,
+                        answer_check=task.check)
+
+
+def test_learnability_reward_against_azr_eq4(sandbox):
+    # AZR Eq. 4: r_propose = 1 − r̄_solve if 0 < r̄_solve < 1, else 0, with r̄_solve the mean of n solver rollouts.
+    # Deduction f(4) = 12, n = 4 rollouts:
+    #   1 of 4 right: r̄ = 0.25 -> 0.75;  3 of 4: r̄ = 0.75 -> 0.25;  4 of 4: r̄ = 1 -> 0;  0 of 4: r̄ = 0 -> 0.
+    ded = build("deduction", sandbox)
+    cases = {("12", "11", "13", None): (0.75, [1, 0, 0, 0]), ("12", "12.0", "12", "1 2"): (0.25, [1, 1, 1, 0]),
+             ("12",) * 4: (0.0, [1, 1, 1, 1]), ("3", None, "x", "[12]"): (0.0, [0, 0, 0, 0])}
+    for answers, (r_prop, solved) in cases.items():
+        f = feedback(list(answers), ded)
+        assert reward_source("execution", "expected_answer")(f).tolist() == solved  # AZR Eq. 5: binary
+        assert reward_source("planning", "learnability")(f) == pytest.approx(r_prop)
+    # AZR compares by Python value equality: 12.0 == 12, but the string '12' is not the integer 12
+    assert azr.outputs_equal("12", "12.0") and not azr.outputs_equal("12", "'12'")
+    assert [azr.learnability_reward(s) for s in (0.0, 0.125, 0.5, 1.0)] == [0.0, 0.875, 0.5, 0.0]
+
+
+def test_induction_shows_half_and_checks_all_so_a_lookup_table_fails(sandbox):
+    ind = build("induction", sandbox)
+    # distinct inputs 4, 5, 6, 7 (the repeated 4 dropped): the first half (4, 5) shown, all four checked
+    assert ind.valid and ind.check.pairs == (("4", "12"), ("5", "15"), ("6", "18"), ("7", "21"))
+    assert "f(4) = 12\nf(5) = 15\n" in ind.question and "f(6)" not in ind.question and "f(7)" not in ind.question
+    assert "Hint: multiplies by a constant" in ind.question  # AZR's message m
+    table = "lambda x: {4: 12, 5: 15}[x]"  # reproduces every shown pair ...
+    assert azr.check_induction(ind.check.sandbox, azr.induction_program(table), ind.check.pairs[:2])
+    assert not ind.check(table)  # ... and fails on the hidden 6 and 7
+    assert not ind.check("lambda x: {4: 12, 5: 15, 6: 18}.get(x, 0)")  # misses 7 -> 21
+    assert ind.check("lambda x: 3 * x") and ind.check("def f(x):\n    return x + x + x")
+    assert not ind.check("12") and not ind.check(None)
+    # rewards on a group of four: 2 of 4 generalise -> r̄ = 0.5 -> learnability 0.5
+    f = feedback(["lambda x: 3*x", table, "lambda x: x * 3", None], ind)
+    assert reward_source("execution", "expected_answer")(f).tolist() == [1.0, 0.0, 1.0, 0.0]
+    assert reward_source("planning", "learnability")(f) == 0.5
+    one = "```python\ndef f(x):\n    return x\n```\n```input\n1\n```\n```input\n1\n```"
+    assert build("induction", sandbox, one).reason.startswith("induction needs at least 2 distinct")
+
+
+def test_unknown_task_type_is_an_error(sandbox):
+    with pytest.raises(ValueError, match="no task types"):
+        build("geometry", sandbox)
+    with pytest.raises(ValueError, match="no task types"):
+        azr.check_task_types(["deduction", "riddle"])
+    azr.check_task_types(list(azr.TASK_TYPES))
+    with pytest.raises(ValueError, match="task type"):
+        azr.AnswerCheck("riddle")
+
+
+def test_answer_checks_pickle_without_their_sandbox(sandbox):
+    tasks = [build(t, sandbox) for t in azr.TASK_TYPES]
+    copies = pickle.loads(pickle.dumps(tasks))  # what DistContext.broadcast does to them
+    for task, copy in zip(tasks, copies):
+        assert copy.check == task.check and copy.check.sandbox is None
+    ded, abd, ind = copies
+    assert ded.check("12") and not ded.check("13")  # deduction runs no code
+    with pytest.raises(RuntimeError, match="bind"):
+        abd.check("4")
+    assert abd.check.bind(sandbox)("4") and not abd.check("5")
+    assert ind.check.bind(sandbox)("lambda x: 3 * x")
+
+
+def test_the_solver_has_no_tools_and_copied_code_gets_no_answer(sandbox, tmp_path):
+    from unifiedplayers.models import build_byte_tokenizer
+    from unifiedplayers.players.execution import execution_prompt, solve
+    from unifiedplayers.schedule import OuterLoop
+
+    # room for the scripted replies in byte tokens (the tiny preset allows 16)
+    cfg = compose(["experiment=tiny", "method=absolute_zero", "player.execution_max_new_tokens=256"])
+    assert not cfg.method.use_tools
+    loop = OuterLoop(cfg, tmp_path)
+    assert loop.execution_cfg.max_turns == 1  # one generation: code in it is never run
+    ded = build("deduction", sandbox)
+    tok = build_byte_tokenizer()
+    prompt = execution_prompt(tok, loop.execution_cfg, ded.question)
+    # the task shows f (that is the puzzle), but nothing offers a tool: no "prints", no output block
+    assert "```python\ndef f(x)" in prompt
+    for offer in ("```output", "print", "Write a ```python", "output is shown"):
+        assert offer not in prompt, offer
+    assert "without running" in prompt
+    copy_and_run = "```python\ndef f(x):\n    return x * 3\nprint(f(4))\n```\n"
+    reasoned = "f multiplies 4 by 3, which is 12. \\boxed{12}"
+    replies = iter([copy_and_run, reasoned])  # the loop asks for each sample in turn (n = 1 per context)
+    # the engine stops before the closing fence "```\n" (a stop string); the loop asks to go on, and gets it
+    engine = ScriptedEngine(tok, lambda ctx, j: "```\n" if ctx.endswith("print(f(4))\n") else next(replies))
+    (rollouts,) = solve(engine, sandbox, tok, loop.execution_cfg, [ded.question], 2)
+    copied, thought = rollouts
+    # the code was not run: no tool call, no observation, no answer (status turn_limit: code in the last turn)
+    assert copied.num_tool_calls == 0 and copied.observations == [] and copied.final_answer is None
+    assert copied.status == "turn_limit"
+    assert thought.final_answer == "12" and thought.status == "answered"
+    f = feedback([r.final_answer for r in rollouts], ded)
+    assert reward_source("execution", "expected_answer")(f).tolist() == [0.0, 1.0]
+
+
+def test_shared_model_option():
+    method = compose(["method=absolute_zero"]).method
+    assert azr.shared_model(method) is False
+    on = compose(["method=absolute_zero", "method.extra.shared_model=true"]).method
+    assert azr.shared_model(on) is True and method_reward_sources(on)
+    assert azr.shared_model(SimpleNamespace(shared_model=True, extra={})) is True  # the typed field wins
+    with pytest.raises(ValueError, match="true or false"):
+        azr.shared_model(SimpleNamespace(extra={"shared_model": "yes"}))
+    alone = compose(["method=absolute_zero", "method.extra.shared_model=true", "method.roles=[execution]"]).method
+    with pytest.raises(ValueError, match="does not train both"):
+        method_reward_sources(alone)
