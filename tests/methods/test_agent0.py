@@ -131,3 +131,43 @@ def test_shape_advantages_by_hand():
     assert got == [(0, pytest.approx(0.8), 0.25), (1, pytest.approx(-0.8), 0.25), (4, 0.5, None)]
     with pytest.raises(ValueError, match="group ids"):
         shape_advantages({}, [0], [])
+
+
+def test_the_trainer_applies_each_samples_upper_clip_on_the_tiny_model():
+    """Real path: TrainSample.clip_high -> _collate -> the loss, on the tiny random Llama.
+
+    Behaviour log-probs log 1.25 below the policy's make ϱ = 1.25 on every trainable token. With ε = 0.2 every
+    token is outside [0.8, 1.2]; with ε_high = 0.3 on every sample none is outside [0.8, 1.3]; with it on the
+    first half of the batch only, half of the tokens of equal-length samples are.
+    """
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "trainer"))
+    from trainer_helpers import synthetic_batch, tiny_model, trainer_config
+
+    from unifiedplayers.trainer import build_trainer, selected_token_logprobs
+
+    def shifted_batch(clip_high):
+        model, _ = tiny_model()
+        batch = synthetic_batch(model, torch.Generator().manual_seed(4), prompt_len=3)
+        out = []
+        for i, s in enumerate(batch):
+            ids = torch.tensor(s.token_ids)[None]
+            mask = torch.tensor(s.loss_mask)[None].bool()
+            own = selected_token_logprobs(model, ids, torch.ones_like(ids), mask).logprobs[0]
+            out.append(TrainSample(s.token_ids, s.loss_mask, (own - math.log(1.25)).tolist(), s.advantage, s.group,
+                                   clip_high(i, len(batch))))
+        return model, out
+
+    fractions = {}
+    for name, clip_high in {"none": lambda i, n: None, "all": lambda i, n: 0.3,
+                            "half": lambda i, n: 0.3 if i < n // 2 else None}.items():
+        model, batch = shifted_batch(clip_high)
+        metrics = build_trainer(trainer_config(kl_coef=0.0, clip_eps=0.2), model).update(batch)
+        assert metrics["actor/ratio_mean"] == pytest.approx(1.25, rel=1e-5)
+        tokens = [sum(s.loss_mask) for s in batch]
+        half = sum(tokens[: len(batch) // 2]) / sum(tokens)
+        fractions[name] = (metrics["actor/ratio_outside_clip_frac"], half)
+    assert fractions["none"][0] == 1.0 and fractions["all"][0] == 0.0
+    assert fractions["half"][0] == pytest.approx(1.0 - fractions["half"][1])
