@@ -126,3 +126,14 @@ def test_config_sets_what_r_zero_needs(cfg):
     assert cfg.reward.malformed_task_reward == 0.0  # R-Zero's format check
     assert cfg.method.extra["reward_form"] == "paper" and cfg.method.extra["repetition_weight"] == 1.0
     assert not cfg.method.use_tools
+
+
+def test_planning_rewards_maps_a_per_task_source_and_checks_a_batch_source(monkeypatch):
+    from unifiedplayers import methods
+
+    up = compose([]).method  # UnifiedPlayers: Eq. 2 per task, read from the task's rewards
+    fbs = [TaskFeedback(SimpleNamespace(planning=r), [], None) for r in (0.5, -0.25)]
+    assert planning_rewards(up, fbs) == [0.5, -0.25]
+    monkeypatch.setitem(methods.BATCH_PLANNING_SOURCES, "short", lambda feedback: [0.0])
+    with pytest.raises(ValueError, match="1 rewards for 2 tasks"):
+        planning_rewards(SimpleNamespace(planning_reward="short"), fbs)
