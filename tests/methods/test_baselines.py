@@ -189,7 +189,8 @@ def _weights(model):
     ("agent0", []),
     ("r_zero", []),
     ("socratic_zero", ["method.teacher_model=judge"]),
-    ("absolute_zero", ["player.planning.response_prefix='```python\ndef f(x):\n    return x * 3\n```\n```input\n4\n```\n'"]),
+    ("absolute_zero", ["player.planning.response_prefix='```python\ndef f(x):\n    return x * 3\n```\n```input\n4\n```\n'",
+                       "player.topics=[deduction]"]),  # the tiny preset's math topics are no AZR task types
 ])
 def test_one_tiny_outer_iteration(method, extra, tmp_path, teacher_url):
     torch.set_num_threads(1)
