@@ -28,3 +28,26 @@ def test_two_ranks_broadcast_built_code_tasks(tmp_path):
     # pickled, so rank 1 re-binds its own
     assert r0["unbound"] == ["deduction"]
     assert r1["unbound"] == ["deduction", "abduction", "induction"]
+
+
+@pytest.mark.slow
+def test_an_absolute_zero_run_over_two_ranks(tmp_path):
+    """The whole outer loop with method=absolute_zero over two gloo ranks (tasks built on rank 0 and
+    broadcast, rewards on rank 0, updates on both): it finishes and both ranks end with the same weights."""
+    import torch
+
+    from launch import same  # noqa: E402
+
+    from unifiedplayers.logging import read_metrics
+    from unifiedplayers.records import load_records
+
+    proposal = "```python\ndef f(x):\n    return x * 3\n```\n```input\n4\n```\n"
+    run_dir, dump = tmp_path / "run", tmp_path / "weights"
+    torchrun(WORKER.with_name("dp_worker.py"), str(run_dir), str(dump), "method=absolute_zero",
+             "player.topics=[deduction]", f"player.planning.response_prefix='{proposal}'",
+             "trainer.micro_batch_size=1", timeout=240)
+    assert [m["block"] for m in read_metrics(run_dir)] == ["planning", "execution"]
+    played = [r for r in load_records(run_dir / "records.jsonl") if r.trajectories]
+    assert played and all(r.expected_answer == "12" for r in played)  # f(4) = 12, computed in the sandbox
+    w0, w1 = (torch.load(f"{dump}.rank{r}.pt") for r in (0, 1))
+    assert all(same(w0[role], w1[role]) for role in w0)
