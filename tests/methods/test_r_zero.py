@@ -137,3 +137,27 @@ def test_planning_rewards_maps_a_per_task_source_and_checks_a_batch_source(monke
     monkeypatch.setitem(methods.BATCH_PLANNING_SOURCES, "short", lambda feedback: [0.0])
     with pytest.raises(ValueError, match="1 rewards for 2 tasks"):
         planning_rewards(SimpleNamespace(planning_reward="short"), fbs)
+
+
+def _naive_average_linkage(d, threshold):
+    """UPGMA straight from its definition: merge the pair of clusters of least mean pairwise distance."""
+    clusters = [[i] for i in range(len(d))]
+    while len(clusters) > 1:
+        link, i, j = min((d[np.ix_(a, b)].mean(), i, j) for i, a in enumerate(clusters)
+                         for j, b in enumerate(clusters) if i < j)
+        if not link < threshold:
+            break
+        clusters[i] += clusters.pop(j)
+    labels = np.empty(len(d), dtype=int)
+    for label, members in enumerate(sorted(clusters, key=min)):
+        labels[members] = label
+    return labels
+
+
+def test_lance_williams_updates_equal_the_definition_on_random_matrices():
+    for seed in range(50):
+        rng = np.random.default_rng(seed)
+        m = rng.random((9, 9))
+        m = (m + m.T) / 2
+        np.fill_diagonal(m, 0)
+        assert r_zero.average_linkage_labels(m).tolist() == _naive_average_linkage(m, 0.5).tolist(), seed

@@ -52,28 +52,32 @@ def average_linkage_labels(dist: np.ndarray, threshold: float = BLEU_DISTANCE_TH
 
     Repeatedly merges the two clusters of smallest mean pairwise distance while that distance is strictly
     below ``threshold`` (sklearn's ``distance_threshold``: "at or above which clusters will not be merged",
-    R-Zero's setting). Returns a label per item, numbered by first appearance. O(B³), fine for a batch.
+    R-Zero's setting). The mean distance of a merged cluster a ∪ b to any k follows Lance-Williams:
+    (|a|·D(a,k) + |b|·D(b,k))/(|a| + |b|). Returns a label per item, numbered by first member.
     """
-    d = np.asarray(dist, dtype=np.float64)
+    d = np.array(dist, dtype=np.float64)
     n = d.shape[0]
     if d.shape != (n, n):
         raise ValueError(f"distance matrix must be square, got {d.shape}")
-    clusters: list[list[int]] = [[i] for i in range(n)]
-    while len(clusters) > 1:
-        best, pair = np.inf, None
-        for a in range(len(clusters)):
-            for b in range(a + 1, len(clusters)):
-                link = d[np.ix_(clusters[a], clusters[b])].mean()
-                if link < best:
-                    best, pair = link, (a, b)
-        if pair is None or not best < threshold:
+    members: list[list[int]] = [[i] for i in range(n)]
+    sizes = np.ones(n)
+    alive = np.ones(n, dtype=bool)
+    np.fill_diagonal(d, np.inf)
+    while alive.sum() > 1:
+        masked = np.where(alive[:, None] & alive[None, :], d, np.inf)
+        a, b = np.unravel_index(np.argmin(masked), masked.shape)
+        if not masked[a, b] < threshold:
             break
-        a, b = pair
-        clusters[a] = clusters[a] + clusters[b]
-        del clusters[b]
+        a, b = min(a, b), max(a, b)
+        merged = (sizes[a] * d[a] + sizes[b] * d[b]) / (sizes[a] + sizes[b])
+        d[a, :] = d[:, a] = merged
+        d[a, a] = np.inf
+        sizes[a] += sizes[b]
+        members[a] += members[b]
+        alive[b] = False
     labels = np.empty(n, dtype=np.int64)
-    for label, members in enumerate(sorted(clusters, key=min)):
-        labels[members] = label
+    for label, group in enumerate(sorted((members[i] for i in np.flatnonzero(alive)), key=min)):
+        labels[group] = label
     return labels
 
 
