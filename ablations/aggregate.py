@@ -46,6 +46,7 @@ if _ROOT not in sys.path:  # `python ablations/aggregate.py` as well as `python 
     sys.path.insert(0, _ROOT)
 
 from ablations import paper_numbers as paper  # noqa: E402
+from eval.tables import METHOD_LABELS  # noqa: E402,F401 (conf/method name -> Table 1 row label)
 
 EVAL_DIR = "eval"
 RESULTS_FILE = "results.json"
@@ -537,12 +538,6 @@ def table17(df: pd.DataFrame) -> Table:
 
 # --------------------------------------------------------------------------------------------------
 # Table 1 (and 2): every method's eval results, through the harness's own table writer
-
-METHOD_LABELS = {
-    "vanilla": "Vanilla", "tool_augmented": "Tool-augmented", "absolute_zero": "Absolute Zero",
-    "r_zero": "R-Zero", "socratic_zero": "Socratic-Zero", "agent0": "Agent0", "unifiedplayers": "UnifiedPlayers",
-}
-
 
 def table1(root: str | Path, out_dir: Path, backbone: Optional[str] = None) -> str:
     """Tables 1 and 2 from every ``eval/results.json`` under ``root`` (``eval.tables``); returns the markdown."""

@@ -28,23 +28,21 @@ _ROOT = str(Path(__file__).resolve().parents[1])
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
-from ablations.aggregate import EVAL_DIR, METHOD_LABELS, RESULTS_FILE, find_run_dirs  # noqa: E402
+from ablations.aggregate import EVAL_DIR, RESULTS_FILE, find_run_dirs  # noqa: E402
 
 
 def eval_config(run_cfg: Any, preset: str, overrides: Sequence[str] = ()) -> Any:
-    """The ``conf/evaluate.yaml`` config of one run: its backbone, W&B group/tags, method label and mode."""
+    """The ``conf/evaluate.yaml`` config of one run: its backbone, W&B group/tags, method label, mode and
+    Execution prompt (``eval.run.apply_run_config``, the same rule as ``make eval CKPT=<run dir>``)."""
     from eval.config import register_eval_configs
+    from eval.run import apply_run_config
     from unifiedplayers.config import compose
 
     register_eval_configs()
     cfg = compose([f"eval={preset}", *overrides], config_name="evaluate")
-    method = run_cfg.method
-    label = METHOD_LABELS.get(method.name, method.name)
-    mode = "tool" if method.use_tools else "vanilla"
-    cfg.model = OmegaConf.merge(cfg.model, run_cfg.model)
+    explicit = [o.split("=", 1)[0].lstrip("+~") for o in overrides]
+    apply_run_config(cfg, run_cfg, explicit, log=lambda *a: None)
     cfg.logger = OmegaConf.merge(cfg.logger, run_cfg.logger)
-    cfg.eval.method = label
-    cfg.eval.modes = [mode]
     return cfg
 
 

@@ -13,7 +13,9 @@ one from its last completed update. Then ``ablations.evaluate_runs`` evaluates e
 yet evaluated, and ``ablations.aggregate`` prints the table (markdown and LaTeX) with the paper's numbers.
 
 Scales (``SCALES``): ``smoke`` = ``experiment=ablation_smoke`` + ``eval=ablation_smoke`` (CPU, toy sizes);
-``paper`` = ``experiment=paper_qwen3_4b`` + ``eval=paper`` (GPUs). Launchers: ``local`` (joblib,
+``paper`` = ``experiment=paper_qwen3_4b`` + ``eval=paper`` (GPUs); ``paper_mimo_7b`` = ``experiment=paper_mimo_7b``
++ ``eval=paper`` (the paper's MiMo-7B-Base rows). A scale's ``backbone`` only chooses which of the paper's
+rows are printed for reference: each of our rows is labelled with the backbone it ran on. Launchers: ``local`` (joblib,
 ``--jobs`` members at a time) and ``slurm`` (submitit; ``pip install -e '.[slurm]'``; its settings are in
 ``ablations/conf/hydra/launcher/slurm.yaml``, outside ``conf/`` so that the configuration tests never need
 the plugin).
@@ -49,6 +51,8 @@ SCALES = {
     # fresh clone, set-up included, about 40 min on 2 cores).
     "smoke": Scale("ablation_smoke", "ablation_smoke", "0,1,2", "0,1,2", backbone="Qwen3-4B-Base"),
     "paper": Scale("paper_qwen3_4b", "paper", "0,1,2", "0,1,2", backbone="Qwen3-4B-Base"),
+    # The paper's second backbone (Tables 1 and 2, lower half): conf/experiment/paper_mimo_7b.yaml.
+    "paper_mimo_7b": Scale("paper_mimo_7b", "paper", "0,1,2", "0,1,2", backbone="MiMo-7B-Base"),
     # Tests: the tiny random Llama, a few problems, a few tokens.
     "tiny": Scale("tiny", "ablation_smoke", "0,1", "0", eval_overrides=(
         "eval.limit=2", "eval.max_new_tokens=8", "eval.tool.max_turns=1", "eval.chat_template=false")),

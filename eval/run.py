@@ -7,6 +7,10 @@ Writes into ``out_dir`` (default: Hydra's run directory): ``<bench>.<mode>.jsonl
 problem and sample: prompt, completion, extracted answer, reference, verdict), ``results.json``,
 ``scores.md`` and ``scores.tex`` (Tables 1 and 2 layout, paper rows beside ours). A benchmark whose
 file is missing is skipped with a message naming the path and the prepare command; the others run.
+A ``ckpt`` inside a training run (the run directory, or a checkpoint under it) takes the method's row
+label, the mode (``tool`` for a method with tools, else ``vanilla``), the backbone and the Execution
+prompt from the run's own ``config.yaml`` (``apply_run_config``); a key given on the command line
+(``eval.modes=[vanilla,tool]``, ``eval.method=...``, ``model=...``) wins.
 Scores go to W&B when ``logger.backend=wandb`` (``WANDB_MODE`` offline by default).
 """
 from __future__ import annotations
@@ -17,7 +21,7 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
@@ -29,7 +33,7 @@ if _ROOT not in sys.path:  # `python eval/run.py` as well as `python -m eval.run
 from eval.benchmarks import REGISTRY, MissingDataset  # noqa: E402
 from eval.config import register_eval_configs  # noqa: E402
 from eval.harness import evaluate_benchmark  # noqa: E402
-from eval.tables import ScoreRow, default_ticks, rows_from_results, write_tables  # noqa: E402
+from eval.tables import METHOD_LABELS, ScoreRow, default_ticks, rows_from_results, write_tables  # noqa: E402
 
 register_eval_configs()
 
@@ -40,6 +44,61 @@ def method_label(cfg: Any, mode: str) -> str:
     if cfg.ckpt:
         return "UnifiedPlayers"
     return "Tool-augmented" if mode == "tool" else "Vanilla"
+
+
+RUN_CONFIG = "config.yaml"  # the resolved config a training run saves in its directory
+
+
+def find_run_config(ckpt: str, max_up: int = 5) -> Optional[Path]:
+    """The ``config.yaml`` of the training run that ``ckpt`` belongs to: ``ckpt`` itself when it is a run
+    directory, else the nearest parent (``runs/X/checkpoints/iter3/execution/model.pt`` -> ``runs/X``)
+    whose ``config.yaml`` names a method. None for a checkpoint outside any run (a hub download)."""
+    path = Path(ckpt).expanduser()
+    for d in [path, *path.parents][: max_up + 1]:
+        f = d / RUN_CONFIG
+        if f.is_file():
+            try:
+                cfg = OmegaConf.load(f)
+            except Exception:  # noqa: BLE001 - a config.yaml of something else: keep looking
+                continue
+            if OmegaConf.select(cfg, "method.name") is not None:
+                return f
+    return None
+
+
+def apply_run_config(cfg: Any, run_cfg: Any, explicit: Sequence[str] = (), log=print) -> Any:
+    """Take what a training run fixes from its own config (``run_cfg``): the method's row label, the mode
+    (``tool`` when the method uses tools at inference, else ``vanilla``), the backbone (``model``) and
+    the Execution player's prompt it was trained with (``player.execution``, tool mode's prompt).
+
+    Keys in ``explicit`` (command-line overrides such as ``eval.modes``, ``eval.method``, ``model``)
+    win over the run's. Returns ``cfg``, changed in place."""
+    def given(key: str) -> bool:
+        return any(e == key or e.startswith(key + ".") for e in explicit)
+
+    method = run_cfg.method
+    name = str(method.name)
+    if not given("eval.method"):
+        cfg.eval.method = METHOD_LABELS.get(name, name)
+    if not given("eval.modes"):
+        cfg.eval.modes = ["tool" if bool(method.use_tools) else "vanilla"]
+    if not given("model") and OmegaConf.select(run_cfg, "model") is not None:
+        cfg.model = OmegaConf.merge(cfg.model, run_cfg.model)
+    execution = OmegaConf.select(run_cfg, "player.execution")
+    if execution is not None and not given("player"):
+        cfg.player.execution = OmegaConf.merge(cfg.player.execution, execution)
+    log(f"[eval] from the run's config: method {cfg.eval.method}, modes {list(cfg.eval.modes)}, "
+        f"model {cfg.model.name}")
+    return cfg
+
+
+def explicit_overrides() -> list[str]:
+    """The keys given on the command line of this Hydra job (``eval.modes=[tool]`` -> ``eval.modes``)."""
+    try:
+        task = hydra.core.hydra_config.HydraConfig.get().overrides.task
+    except ValueError:  # not inside a Hydra job
+        return []
+    return [o.split("=", 1)[0].lstrip("+~") for o in task]
 
 
 def selected_benchmarks(cfg: Any) -> list[str]:
@@ -93,6 +152,7 @@ def evaluate(cfg: Any, out_dir: Path, engine: Optional[Any] = None, log=print) -
     sink = _WandbSink(cfg, out_dir)
     results: dict[str, Any] = {
         "model": cfg.model.name, "ckpt": cfg.ckpt, "backbone": cfg.eval.backbone or cfg.model.name,
+        "method": cfg.eval.method,
         "eval": cfg.eval.name, "modes": {}, "skipped": {}, "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
     with Sandbox(cfg.sandbox) as sandbox:
@@ -168,6 +228,13 @@ def build_engine(cfg: Any, log=print) -> Any:
 def main(cfg: DictConfig) -> None:
     out_dir = Path(cfg.out_dir) if cfg.out_dir else Path(hydra.core.hydra_config.HydraConfig.get().runtime.output_dir)
     t0 = time.time()
+    if cfg.ckpt:
+        run_config = find_run_config(str(cfg.ckpt))
+        if run_config is not None:
+            print(f"[eval] ckpt={cfg.ckpt} belongs to the run of {run_config}")
+            apply_run_config(cfg, OmegaConf.load(run_config), explicit_overrides())
+        else:
+            print(f"[eval] ckpt={cfg.ckpt}: no run config.yaml above it; label and modes from the eval preset")
     evaluate(cfg, out_dir)
     print(f"[eval] wrote {out_dir} in {time.time() - t0:.0f}s")
 

@@ -1,10 +1,16 @@
 """Scores tables laid out like the paper's Table 1 (math) and Table 2 (general), in markdown and LaTeX.
 
 Rows are methods; the three tick columns are Tool / External teacher / Learned verifier; then one
-column per benchmark and AVG. The paper's rows of the same backbone are printed beside ours (ours
-right under the paper row of the same method, marked "(ours)"); where the paper has no row for our
-backbone or method only our rows appear. AVG over a row with missing benchmarks is the mean of the
-ones present, marked ``*``. The best value per column is in bold, as in the paper.
+column per benchmark and AVG. The paper's rows of one backbone (``backbone``) are printed beside ours.
+Each of our rows carries the backbone it ran on (``ScoreRow.backbone``, the eval run's ``model.name``):
+
+- a row on the paper's backbone goes right under the paper row of the same method, marked "(ours)";
+- a row on another backbone is never placed under, nor labelled as, the paper's backbone: it comes
+  after the paper rows, marked "(ours, <its backbone>)", in a group of its own, and a note says that
+  the paper rows are for reference only.
+
+AVG over a row with missing benchmarks is the mean of the ones present, marked ``*`` and named in a
+note. The best value per column within each backbone's group is in bold, as in the paper.
 
 Also a command: ``python -m eval.tables RESULTS.json [RESULTS.json ...] --out DIR`` merges the rows of
 several evaluation runs into one pair of tables.
@@ -22,6 +28,13 @@ from eval import paper_numbers as paper
 from eval.benchmarks import REGISTRY
 
 
+# conf/method name -> the row label of Tables 1 and 2
+METHOD_LABELS = {
+    "vanilla": "Vanilla", "tool_augmented": "Tool-augmented", "absolute_zero": "Absolute Zero",
+    "r_zero": "R-Zero", "socratic_zero": "Socratic-Zero", "agent0": "Agent0", "unifiedplayers": "UnifiedPlayers",
+}
+
+
 @dataclass
 class ScoreRow:
     label: str  # method name, e.g. "Vanilla", "Tool-augmented", "UnifiedPlayers"
@@ -29,6 +42,18 @@ class ScoreRow:
     ticks: tuple[int, int, int] = (0, 0, 0)
     source: str = "ours"  # "ours" | "paper"
     offline: dict[str, float] = field(default_factory=dict)  # offline subsets: title -> points
+    backbone: Optional[str] = None  # the model the row ran on (None: unknown, taken as the table's)
+
+
+def same_backbone(a: Optional[str], b: Optional[str]) -> bool:
+    """Whether two model names are one backbone (``Qwen/Qwen3-4B-Base`` and ``qwen3-4b-base`` are)."""
+    if a is None or b is None:
+        return False
+    return a.rsplit("/", 1)[-1].strip().lower() == b.rsplit("/", 1)[-1].strip().lower()
+
+
+def _row_backbone(row: ScoreRow, table_backbone: Optional[str]) -> Optional[str]:
+    return row.backbone if row.backbone is not None else table_backbone
 
 
 TABLES = {
@@ -53,62 +78,99 @@ def _avg(values: Sequence[Optional[float]]) -> tuple[Optional[float], bool]:
     return sum(present) / len(present), len(present) < len(values)
 
 
-def _rows_for(kind: str, ours: Sequence[ScoreRow], backbone: Optional[str]) -> list[tuple[str, tuple, list, Optional[float], bool, str]]:
-    """(label, ticks, values, avg, partial, source) in display order."""
+def _rows_for(kind: str, ours: Sequence[ScoreRow], backbone: Optional[str]) -> list[tuple]:
+    """(label, ticks, values, avg, partial, source, row backbone) in display order (module docstring)."""
     _, columns, table = TABLES[kind]
     paper_rows = table.get(backbone or "", [])
     out = []
     placed = set()
+
+    def ours_row(row: ScoreRow) -> tuple:
+        values = [row.scores.get(c) for c in columns]
+        a, partial = _avg(values)
+        return (row.label, row.ticks, values, a, partial, "ours", _row_backbone(row, backbone))
+
     for name, ticks, scores, avg in paper_rows:
-        out.append((name, ticks, list(scores), avg, False, "paper"))
+        out.append((name, ticks, list(scores), avg, False, "paper", backbone))
         for i, row in enumerate(ours):
-            if row.label == name:
-                values = [row.scores.get(c) for c in columns]
-                a, partial = _avg(values)
-                out.append((row.label, row.ticks, values, a, partial, "ours"))
+            if row.label == name and same_backbone(_row_backbone(row, backbone), backbone):
+                out.append(ours_row(row))
                 placed.add(i)
     for i, row in enumerate(ours):
-        if i not in placed:
-            values = [row.scores.get(c) for c in columns]
-            if all(v is None for v in values):
-                continue
-            a, partial = _avg(values)
-            out.append((row.label, row.ticks, values, a, partial, "ours"))
+        if i not in placed and not all(row.scores.get(c) is None for c in columns):
+            out.append(ours_row(row))
     return out
+
+
+def _source_text(source: str, row_backbone: Optional[str], backbone: Optional[str]) -> str:
+    if source == "paper" or row_backbone is None or same_backbone(row_backbone, backbone):
+        return source
+    return f"{source}, {row_backbone}"
 
 
 def _fmt(v: Optional[float]) -> str:
     return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.1f}"
 
 
-def _best(rows, ncols: int) -> list[Optional[float]]:
-    best = []
-    for j in range(ncols + 1):
-        vals = [(r[2] + [r[3]])[j] for r in rows]
-        vals = [v for v in vals if v is not None and not math.isnan(v)]
-        best.append(max(vals) if vals else None)
+def _best(rows, ncols: int) -> dict[str, list[Optional[float]]]:
+    """Per backbone group (normalised name), the best value of each column and of AVG."""
+    groups: dict[str, list] = {}
+    for r in rows:
+        groups.setdefault((r[6] or "").rsplit("/", 1)[-1].lower(), []).append(r)
+    best: dict[str, list[Optional[float]]] = {}
+    for g, members in groups.items():
+        col = []
+        for j in range(ncols + 1):
+            vals = [(r[2] + [r[3]])[j] for r in members]
+            vals = [v for v in vals if v is not None and not math.isnan(v)]
+            col.append(max(vals) if vals and len(members) > 1 else None)
+        best[g] = col
     return best
+
+
+def _is_best(best, row, j: int, v: Optional[float]) -> bool:
+    b = best[(row[6] or "").rsplit("/", 1)[-1].lower()][j]
+    return v is not None and b is not None and v == b
+
+
+def _notes(kind: str, rows, backbone: Optional[str]) -> list[str]:
+    _, columns, table = TABLES[kind]
+    notes = []
+    if not table.get(backbone or ""):
+        notes.append(f"The paper reports no {kind} row for backbone {backbone!r}; only our rows are shown.")
+    others = sorted({r[6] for r in rows if r[5] == "ours" and r[6] and not same_backbone(r[6], backbone)})
+    if others and table.get(backbone or ""):
+        notes.append(f"Our rows marked with another backbone ({', '.join(others)}) did not run on {backbone}: "
+                     f"the paper's {backbone} rows are for reference, not a comparison.")
+    partial = [r for r in rows if r[4]]
+    if partial:
+        for r in partial:
+            present = [c for c, v in zip(columns, r[2]) if v is not None and not math.isnan(v)]
+            notes.append(f"\\* {r[0]} ({_source_text(r[5], r[6], backbone)}): AVG over {', '.join(present)} only, "
+                         f"not the paper's {len(columns)} ({', '.join(columns)}).")
+    return notes
 
 
 def markdown_table(kind: str, ours: Sequence[ScoreRow], backbone: Optional[str]) -> str:
     title, columns, table = TABLES[kind]
     rows = _rows_for(kind, ours, backbone)
     header = ["Method", *paper.TICK_COLUMNS, *columns, "AVG"]
-    lines = [f"**{title}** ({backbone or 'no backbone'})", "", "| " + " | ".join(header) + " |",
+    ours_bb = sorted({r[6] for r in rows if r[5] == "ours" and r[6]})
+    lines = [f"**{title}** (paper rows: {backbone if table.get(backbone or '') else 'none'}; "
+             f"our rows: {', '.join(ours_bb) or '–'})", "", "| " + " | ".join(header) + " |",
              "|" + "---|" * len(header)]
     best = _best(rows, len(columns))
-    for label, ticks, values, avg, partial, source in rows:
-        cells = [f"{label} ({source})"] + ["✓" if t else "✗" for t in ticks]
+    for row in rows:
+        label, ticks, values, avg, partial, source, row_bb = row
+        cells = [f"{label} ({_source_text(source, row_bb, backbone)})"] + ["✓" if t else "✗" for t in ticks]
         for j, v in enumerate(values + [avg]):
             s = _fmt(v) + ("*" if j == len(values) and partial else "")
-            cells.append(f"**{s}**" if v is not None and v == best[j] and len(rows) > 1 else s)
+            cells.append(f"**{s}**" if _is_best(best, row, j, v) else s)
         lines.append("| " + " | ".join(cells) + " |")
-    if not table.get(backbone or ""):
+    notes = _notes(kind, rows, backbone)
+    if notes:
         lines.append("")
-        lines.append(f"The paper reports no {kind} row for backbone {backbone!r}; only our rows are shown.")
-    if any(r[4] for r in rows):
-        lines.append("")
-        lines.append("\\* AVG over the benchmarks evaluated in this run only.")
+        lines.extend(notes)
     return "\n".join(lines) + "\n"
 
 
@@ -129,14 +191,16 @@ def latex_table(kind: str, ours: Sequence[ScoreRow], backbone: Optional[str]) ->
         "\\midrule",
         f"\\multicolumn{{{len(columns) + 5}}}{{l}}{{\\textit{{{_tex_escape(backbone or 'ours')}}}}} \\\\",
     ]
-    for label, ticks, values, avg, partial, source in rows:
-        cells = [_tex_escape(label) + (" (ours)" if source == "ours" else "")]
+    for row in rows:
+        label, ticks, values, avg, partial, source, row_bb = row
+        cells = [_tex_escape(label) + ("" if source == "paper" else f" ({_tex_escape(_source_text(source, row_bb, backbone))})")]
         cells += ["$\\checkmark$" if t else "$\\times$" for t in ticks]
         for j, v in enumerate(values + [avg]):
             s = _fmt(v).replace("–", "--") + ("$^*$" if j == len(values) and partial else "")
-            cells.append(f"\\textbf{{{s}}}" if v is not None and v == best[j] and len(rows) > 1 else s)
+            cells.append(f"\\textbf{{{s}}}" if _is_best(best, row, j, v) else s)
         out.append(" & ".join(cells) + " \\\\")
     out += ["\\bottomrule", "\\end{tabular}"]
+    out += ["% " + n.replace("\\*", "*") for n in _notes(kind, rows, backbone)]
     return "\n".join(out) + "\n"
 
 
@@ -148,7 +212,7 @@ def offline_markdown(ours: Sequence[ScoreRow]) -> str:
              "| Method | " + " | ".join(titles) + " |", "|" + "---|" * (len(titles) + 1)]
     for r in ours:
         if r.offline:
-            lines.append(f"| {r.label} (ours) | " + " | ".join(_fmt(r.offline.get(t)) for t in titles) + " |")
+            lines.append(f"| {r.label} (ours{', ' + r.backbone if r.backbone else ''}) | " + " | ".join(_fmt(r.offline.get(t)) for t in titles) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -163,7 +227,8 @@ def rows_from_results(results: dict) -> list[ScoreRow]:
                 offline[bench.title] = res["score"]
             else:
                 scores[bench.paper_column or bench.title] = res["score"]
-        rows.append(ScoreRow(label=info["label"], scores=scores, ticks=tuple(info["ticks"]), offline=offline))
+        rows.append(ScoreRow(label=info["label"], scores=scores, ticks=tuple(info["ticks"]), offline=offline,
+                             backbone=results.get("model")))
     return rows
 
 
