@@ -40,7 +40,8 @@ FRONTIER_BAND = (0.3, 0.8)
 ADPO_DEFAULTS = {"p_low": 0.3, "p_high": 0.8, "min_scale": 0.6, "max_epsilon_bonus": 0.1}  # train_qwen3_4b_adpo.sh
 
 
-def tool_reward(tool_calls: Sequence[int], weight: float = DEFAULT_TOOL_WEIGHT, cap: int = DEFAULT_TOOL_CALL_CAP) -> float:
+def tool_reward(tool_calls: Sequence[int], weight: float = DEFAULT_TOOL_WEIGHT,
+                cap: int = DEFAULT_TOOL_CALL_CAP) -> float:
     """R_tool = mean over the K samples of γ·min(n_k, C); 0 for no samples."""
     if cap < 1:
         raise ValueError(f"tool_call_cap={cap}: need >= 1")

@@ -113,9 +113,10 @@ def challenger_rewards(p_hats: Sequence[float], questions: Sequence[str], form: 
 def _history_fallback(fb: TaskFeedback) -> float:
     """Task-by-task fallback (an outer loop that does not pass the batch): R(q) against the history."""
     m = fb.method_cfg
-    r = uncertainty_reward(self_consistency(fb)) if method_extra(m, "reward_form", "paper") == "paper" \
-        else float(fb.rewards.uncertainty)
-    return max(0.0, r - float(method_extra(m, "repetition_weight", 1.0)) * float(fb.rewards.repetition))
+    p, rep = self_consistency(fb), float(method_extra(m, "repetition_weight", 1.0)) * float(fb.rewards.repetition)
+    if method_extra(m, "reward_form", "paper") == "paper":
+        return max(0.0, uncertainty_reward(p) - rep)
+    return min(p, 1.0 - p) - rep
 
 
 @register_batch_planning_source("r_zero_challenger", per_task_fallback=_history_fallback)
