@@ -6,6 +6,12 @@ Each output should be a multi-step math problem followed by its answer in ``\\bo
 (no boxed answer, no question, the answer inside the question, too short or too long) is a
 :class:`PlanningTask` with ``valid=False`` and a ``reason``; its reward is
 ``cfg.reward.malformed_task_reward`` (the schedule applies it).
+
+Stop string. Generation stops at ``"}\\n"`` (``player.planning.stop``), the end of the answer line
+``Answer: \\boxed{N}``. A line of the task itself can end in a LaTeX ``}`` too (``... \\frac{1}{2}``);
+a stop that leaves no closed ``\\boxed{}`` in the text so far is therefore not the end: the sample is
+continued from its own tokens (at most ``MAX_CONTINUATIONS`` times, within ``planning_max_new_tokens``
+in all) and the pieces are joined into one completion, so no task is cut before its answer.
 """
 from __future__ import annotations
 
@@ -14,7 +20,10 @@ from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 from unifiedplayers.players.prompts import render_prompt
+from unifiedplayers.rollout.types import Completion, Segment
 from unifiedplayers.trajectory import _boxed_spans
+
+MAX_CONTINUATIONS = 4  # continuations of one Planning sample after a stop string that was not its end
 
 # Labels a model puts before its answer or its question; stripped from the question text.
 _ANSWER_LABEL = re.compile(
@@ -79,6 +88,57 @@ def planning_prompt(tokenizer: Any, player_cfg: Any, topic: str) -> str:
     return render_prompt(tokenizer, player_cfg.planning, topic=topic)
 
 
+def _stopped_before_answer(prefix: str, c: Completion) -> bool:
+    """A stop string ended ``c`` while its text holds no closed ``\\boxed{}`` yet (a LaTeX ``}`` of the
+    task itself, not the answer line)."""
+    return c.finish_reason == "stop" and c.stop_str is not None and not _boxed_spans(prefix + c.text)
+
+
+def _joined(tokenizer: Any, first: Completion, more: Completion) -> Completion:
+    """One completion from ``first`` and its continuation ``more`` (prompt of ``first``, tokens and
+    behaviour log-probs of both in order)."""
+    # Characters of first's last token past its stop string are in the context ``more`` continued.
+    decoded = tokenizer.decode(first.token_ids, skip_special_tokens=True)
+    overhang = decoded[len(first.text):] if decoded.startswith(first.text) else ""
+    return Completion(
+        prompt_ids=list(first.prompt_ids),
+        token_ids=list(first.token_ids) + list(more.token_ids),
+        text=first.text + overhang + more.text,
+        logprobs=list(first.logprobs) + list(more.logprobs),
+        finish_reason=more.finish_reason,
+        stop_str=more.stop_str,
+    )
+
+
+def continue_unanswered(
+    engine: Any,
+    tokenizer: Any,
+    outs: list[list[Completion]],
+    prefix: str,
+    max_new_tokens: int,
+    stop: Optional[Sequence[str]],
+    seed: Optional[int] = None,
+) -> list[list[Completion]]:
+    """Continue every sample whose stop string fired before its ``\\boxed{}`` answer (see the module
+    docstring), in one engine call per round; ``outs`` is returned with those samples joined."""
+    outs = [list(row) for row in outs]
+    for round_ in range(MAX_CONTINUATIONS):
+        todo = [(p, g) for p, row in enumerate(outs) for g, c in enumerate(row)
+                if _stopped_before_answer(prefix, c) and len(c.token_ids) < max_new_tokens]
+        if not todo:
+            break
+        by_budget: dict[int, list[tuple[int, int]]] = {}
+        for p, g in todo:  # one call per remaining token budget (usually one)
+            by_budget.setdefault(max_new_tokens - len(outs[p][g].token_ids), []).append((p, g))
+        for budget, items in by_budget.items():
+            contexts = [[Segment.inserted(outs[p][g].prompt_ids), outs[p][g].as_segment()] for p, g in items]
+            more = engine.continue_segments(contexts, n=1, max_new_tokens=budget, stop=list(stop or []) or None,
+                                            seed=None if seed is None else seed + 1 + round_)
+            for (p, g), row in zip(items, more):
+                outs[p][g] = _joined(tokenizer, outs[p][g], row[0])
+    return outs
+
+
 def generate_tasks(
     engine: Any,
     tokenizer: Any,
@@ -91,13 +151,16 @@ def generate_tasks(
     """``out[p][g]``: task ``g`` of questioner prompt ``p`` (topic ``topic_at(first_prompt + p)``)."""
     topics = [topic_at(player_cfg.topics, first_prompt + p) for p in range(num_prompts)]
     prompts = [planning_prompt(tokenizer, player_cfg, t) for t in topics]
+    stop = list(player_cfg.planning.stop) or None
     outs = engine.generate(
         prompts,
         n=tasks_per_prompt,
         max_new_tokens=player_cfg.planning_max_new_tokens,
-        stop=list(player_cfg.planning.stop) or None,
+        stop=stop,
         seed=seed,
     )
+    outs = continue_unanswered(engine, tokenizer, outs, player_cfg.planning.response_prefix,
+                               player_cfg.planning_max_new_tokens, stop, seed)
     result = []
     for p, (topic, row) in enumerate(zip(topics, outs)):
         tasks = []
