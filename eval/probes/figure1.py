@@ -1,0 +1,348 @@
+"""``make reproduce-figure1``: the paper's Figure 1a (§4.5) at laptop scale, from the held-out probes.
+
+    python -m eval.probes.figure1 --scale smoke --seeds 1 --root runs/figure1/smoke [--jobs 2] [overrides]
+
+For each paired seed s = 0 .. N−1 it trains one run (``python -m unifiedplayers.train experiment=<preset>
+seed=s run_dir=<root>/seed<s> resume=true``), then probes the backbone as iteration 0 and the end-of-iteration
+checkpoints ``checkpoints/iter<i>/<role>`` as iteration i (``python -m eval.probes``; one result file per
+checkpoint in ``<run>/probes/``). Up to ``--jobs`` processes run at once, one torch thread each: a probe of
+iteration i starts as soon as the run has moved past iteration i, so probing overlaps training. Everything
+is resumable: a finished run returns at once, a written probe file is not probed again.
+
+It writes ``figure1.json`` (the issue's schema: one value per iteration per series, the mean over seeds,
+and a ``per_seed`` table) and ``figure1.png`` (three panels as the paper's Figure 1a: Planning U(q),
+Execution accuracy, Evaluation adversarial rejection, with the paper's Qwen3-4B-Base endpoints of §4.5
+beside ours, labelled as the paper's) into ``--root``, a single-seed ``figure1.json`` into each run
+directory, and prints the path of the root's ``figure1.json`` on its last line.
+
+Presets: ``--scale smoke`` trains ``experiment=figure1_smoke`` (SmolLM2-135M on CPU); ``--scale paper``
+trains ``experiment=paper_qwen3_4b`` (GPUs); ``--experiment`` names any other preset (the tests use ``tiny``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+_ROOT = Path(__file__).resolve().parents[2]
+if str(_ROOT) not in sys.path:
+    sys.path.insert(0, str(_ROOT))
+
+SCALES = {"smoke": "figure1_smoke", "paper": "paper_qwen3_4b"}
+# The series of figure1.json (issue 15), in the order of the panels.
+SERIES = ("planning/U", "planning/well_formed", "execution/accuracy", "execution/answered",
+          "evaluation/valid", "evaluation/adv_rejection", "evaluation/discrimination")
+POLL_S = 2.0
+
+
+# ------------------------------------------------------------------------------------------------------
+# Jobs
+
+
+@dataclass
+class Job:
+    name: str
+    argv: list[str]
+    log: Path
+    ready: Any  # () -> bool
+    done: Any  # () -> bool (already done: skipped)
+    seed: int
+    proc: Optional[subprocess.Popen] = None
+    rc: Optional[int] = None
+    seconds: float = 0.0
+    started: float = field(default=0.0)
+
+
+def _metrics_iteration(run_dir: Path) -> int:
+    """The highest outer iteration with a logged update (its line is written before its checkpoint; a line of
+    iteration i + 1 therefore means iteration i's checkpoints are complete)."""
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return 0
+    best = 0
+    for line in path.read_text().splitlines():
+        try:
+            best = max(best, int(json.loads(line).get("outer_iteration", 0)))
+        except (ValueError, AttributeError):
+            continue  # a torn last line of a run being written
+    return best
+
+
+def run_jobs(jobs: list[Job], max_jobs: int, env: dict[str, str], log: Any = print) -> None:
+    """Start jobs (in list order, when ready) with at most ``max_jobs`` running; wait for all of them.
+    A job whose prerequisite failed never becomes ready: it is left with ``rc`` None and reported."""
+    pending = [j for j in jobs if not j.done()]
+    for j in jobs:
+        if j not in pending:
+            j.rc = 0
+            log(f"[figure1] {j.name}: already done")
+    running: list[Job] = []
+    while pending or running:
+        for j in list(running):
+            rc = j.proc.poll()
+            if rc is not None:
+                j.rc, j.seconds = rc, time.time() - j.started
+                running.remove(j)
+                log(f"[figure1] {j.name}: {'done' if rc == 0 else f'FAILED (exit {rc}; log {j.log})'} "
+                    f"in {j.seconds:.0f} s")
+        for j in list(pending):
+            if len(running) >= max_jobs:
+                break
+            if j.ready():
+                pending.remove(j)
+                j.log.parent.mkdir(parents=True, exist_ok=True)
+                j.started = time.time()
+                j.proc = subprocess.Popen(j.argv, stdout=open(j.log, "w"), stderr=subprocess.STDOUT, env=env,
+                                          cwd=str(_ROOT))
+                running.append(j)
+                log(f"[figure1] {j.name}: started ({' '.join(j.argv[1:])})")
+        stuck = pending and not running and not any(j.ready() for j in pending)
+        if stuck:
+            for j in pending:
+                log(f"[figure1] {j.name}: not run (its run failed or stopped before it)")
+            return
+        time.sleep(POLL_S)
+
+
+# ------------------------------------------------------------------------------------------------------
+# figure1.json
+
+
+def probe_file(run_dir: Path, iteration: int) -> Path:
+    return run_dir / "probes" / f"iter{iteration}.json"
+
+
+def collect(root: Path, seeds: Sequence[int], iterations: Sequence[int]) -> dict[str, Any]:
+    """figure1.json from the probe files: per series the mean over the seeds that have a value."""
+    per_seed: dict[str, dict[str, list[Optional[float]]]] = {}
+    probe_se: dict[str, dict[str, list[Optional[float]]]] = {}
+    sources: dict[str, list[Optional[dict]]] = {}
+    for s in seeds:
+        run_dir = root / f"seed{s}"
+        rows = []
+        for i in iterations:
+            p = probe_file(run_dir, i)
+            rows.append(json.loads(p.read_text()) if p.exists() else None)
+        per_seed[str(s)] = {k: [r["metrics"].get(k) if r else None for r in rows] for k in SERIES}
+        probe_se[str(s)] = {k: [r["metrics"].get(f"{k}_se") if r else None for r in rows] for k in SERIES}
+        sources[str(s)] = [r["sources"] if r else None for r in rows]
+    series, spread = {}, {}
+    for k in SERIES:
+        means, sds = [], []
+        for idx in range(len(iterations)):
+            vals = [per_seed[str(s)][k][idx] for s in seeds if per_seed[str(s)][k][idx] is not None]
+            means.append(sum(vals) / len(vals) if vals else None)
+            if len(vals) > 1:
+                m = sum(vals) / len(vals)
+                sds.append((sum((v - m) ** 2 for v in vals) / (len(vals) - 1)) ** 0.5)
+            else:
+                sds.append(None)
+        series[k], spread[k] = means, sds
+    from eval.paper_numbers import FIGURE1_ENDPOINTS
+
+    return {
+        "iterations": list(iterations),
+        "seeds": list(seeds),
+        "series": series,
+        "per_seed": per_seed,
+        "sd_over_seeds": spread,
+        "probe_se": probe_se,
+        "sources": sources,
+        # §4.5, Qwen3-4B-Base, iteration 1 -> iteration 3 (eval/paper_numbers.py)
+        "paper_qwen3_4b": {"iterations": [1, 3], "planning/U": list(FIGURE1_ENDPOINTS["mean_U"]),
+                           "execution/accuracy": list(FIGURE1_ENDPOINTS["execution_accuracy"]),
+                           "evaluation/adv_rejection": list(FIGURE1_ENDPOINTS["adversarial_rejection"])},
+    }
+
+
+def rises(fig: dict[str, Any]) -> dict[str, Optional[float]]:
+    """Change of each series from the first to the last iteration, in points (U in its own units)."""
+    out = {}
+    for k, v in fig["series"].items():
+        if v and v[0] is not None and v[-1] is not None:
+            out[k] = (v[-1] - v[0]) * (1.0 if k == "planning/U" else 100.0)
+        else:
+            out[k] = None
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------
+# figure1.png
+
+
+def plot(fig: dict[str, Any], path: Path, title: str = "") -> Path:
+    """Three panels as the paper's Figure 1a; ours: mean over seeds (thin lines: each seed; bars: the probe's
+    SE for one seed, the SD over seeds for several); the paper's Qwen3-4B-Base endpoints dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    its = fig["iterations"]
+    paper = fig["paper_qwen3_4b"]
+    seeds = [str(s) for s in fig["seeds"]]
+    panels = [
+        ("Planning: uncertainty U(q)", "planning/U", 1.0, [("planning/well_formed", "well-formed tasks (right axis, %)")]),
+        ("Execution: accuracy (%)", "execution/accuracy", 100.0, [("execution/answered", "answered")]),
+        ("Evaluation: adversarial rejection (%)", "evaluation/adv_rejection", 100.0,
+         [("evaluation/valid", "valid verifiers"), ("evaluation/discrimination", "discrimination (§4.5)")]),
+    ]
+    figure, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+
+    def bars(key: str) -> list[Optional[float]]:
+        if len(seeds) > 1:
+            return fig["sd_over_seeds"][key]
+        return fig["probe_se"][seeds[0]][key] if seeds else [None] * len(its)
+
+    def draw(ax: Any, key: str, scale: float, label: str, style: str, color: Optional[str] = None) -> None:
+        ys = fig["series"][key]
+        pts = [(x, y * scale, (e or 0.0) * scale) for x, y, e in zip(its, ys, bars(key)) if y is not None]
+        if pts:
+            ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], fmt=style, capsize=3,
+                        label=label, color=color)
+        if len(seeds) > 1:
+            for s in seeds:
+                sp = [(x, y * scale) for x, y in zip(its, fig["per_seed"][s][key]) if y is not None]
+                ax.plot([p[0] for p in sp], [p[1] for p in sp], "-", lw=0.6, alpha=0.35, color=color)
+
+    for ax, (name, key, scale, extra) in zip(axes, panels):
+        draw(ax, key, scale, "ours (held-out probes)", "o-", "C0")
+        if key in paper:
+            ax.plot(paper["iterations"], [v * scale for v in paper[key]], "s--", color="C3",
+                    label="paper: Qwen3-4B-Base (§4.5 endpoints)")
+        if key == "planning/U":
+            twin = ax.twinx()
+            draw(twin, extra[0][0], 100.0, extra[0][1], "^:", "C2")
+            twin.set_ylim(0, 105)
+            twin.legend(loc="lower right", fontsize=7)
+        else:
+            for (k, lab), c in zip(extra, ("C2", "C1")):
+                draw(ax, k, scale, lab, "^:", c)
+            ax.set_ylim(0, 105)
+        ax.set_title(name, fontsize=10)
+        ax.set_xlabel("outer iteration (0 = backbone)")
+        ax.set_xticks(its)
+        ax.grid(alpha=0.3)
+        ax.legend(loc="upper left", fontsize=7)
+    figure.suptitle(title or f"Figure 1a reproduction: seeds {fig['seeds']}", fontsize=11)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
+# ------------------------------------------------------------------------------------------------------
+# The whole target
+
+
+def outer_iterations(experiment: str, overrides: Sequence[str]) -> int:
+    from unifiedplayers.config import compose
+
+    return int(compose([f"experiment={experiment}", *overrides]).schedule.outer_iterations)
+
+
+def build_jobs(root: Path, experiment: str, seeds: Sequence[int], overrides: Sequence[str], probe_args: Sequence[str],
+               iterations: int) -> list[Job]:
+    py = sys.executable
+    trains, probes = [], []
+    for s in seeds:
+        run_dir = root / f"seed{s}"
+        train = Job(f"train seed {s}", [py, "-m", "unifiedplayers.train", f"experiment={experiment}", f"seed={s}",
+                                        f"run_dir={run_dir}", "resume=true", *overrides],
+                    root / "logs" / f"train-seed{s}.log", ready=lambda: True,
+                    done=lambda rd=run_dir: (rd / "summary.json").exists() and _finished_state(rd), seed=s)
+        trains.append(train)
+        for i in range(iterations + 1):
+            target = "backbone" if i == 0 else str(run_dir / "checkpoints" / f"iter{i}")
+
+            def ready(i=i, rd=run_dir, tr=train) -> bool:
+                if tr.rc not in (None, 0):
+                    return False  # the run failed: nothing more of it can be probed
+                if i == 0:
+                    return (rd / "config.yaml").exists()
+                return tr.rc == 0 or _metrics_iteration(rd) > i
+
+            probes.append(Job(f"probe seed {s} iteration {i}",
+                              [py, "-m", "eval.probes", target, "--run", str(run_dir), "--out",
+                               str(probe_file(run_dir, i)), *probe_args],
+                              root / "logs" / f"probe-seed{s}-iter{i}.log", ready=ready,
+                              done=lambda p=probe_file(run_dir, i): p.exists(), seed=s))
+    probes.sort(key=lambda j: (int(j.name.rsplit(" ", 1)[1]), j.seed))
+    return trains + probes
+
+
+def _finished_state(run_dir: Path) -> bool:
+    """Whether the run in ``run_dir`` completed (its state says so)."""
+    state = run_dir / "state.pt"
+    if not state.exists():
+        return False
+    import torch
+
+    try:
+        return bool(torch.load(state, weights_only=False).get("finished"))
+    except Exception:  # a torn or foreign file: treat as not finished, training resumes or says why
+        return False
+
+
+def reproduce(root: Path, experiment: str, seeds: Sequence[int], jobs: int = 2, overrides: Sequence[str] = (),
+              probe_args: Sequence[str] = (), log: Any = print) -> tuple[Path, bool]:
+    """Train, probe, write figure1.json/png; returns (path of figure1.json, everything succeeded)."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    iterations = outer_iterations(experiment, overrides)
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
+               PYTHONPATH=os.pathsep.join([str(_ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+    job_list = build_jobs(root, experiment, seeds, overrides, probe_args, iterations)
+    run_jobs(job_list, jobs, env, log)
+    its = list(range(iterations + 1))
+    fig = collect(root, seeds, its)
+    fig["experiment"], fig["overrides"], fig["wall_s"] = experiment, list(overrides), time.time() - t0
+    fig["jobs"] = {j.name: {"rc": j.rc, "seconds": round(j.seconds, 1), "log": str(j.log)} for j in job_list}
+    fig["change_first_to_last"] = rises(fig)
+    for s in seeds:
+        single = collect(root, [s], its)
+        (root / f"seed{s}").mkdir(parents=True, exist_ok=True)
+        (root / f"seed{s}" / "figure1.json").write_text(json.dumps(single, indent=1))
+    out = root / "figure1.json"
+    out.write_text(json.dumps(fig, indent=1))
+    plot(fig, root / "figure1.png", f"Figure 1a reproduction ({experiment}, seeds {list(seeds)})")
+    ok = all(j.rc == 0 for j in job_list)
+    for k, d in fig["change_first_to_last"].items():
+        unit = "" if k == "planning/U" else " points"
+        log(f"[figure1] {k}: " + " -> ".join("-" if v is None else f"{v:.3f}" for v in fig["series"][k])
+            + ("" if d is None else f" (change {d:+.3f}{unit})"))
+    log(f"[figure1] {'done' if ok else 'INCOMPLETE (see the failed jobs above)'} in {fig['wall_s'] / 60:.1f} min; "
+        f"{root / 'figure1.png'}")
+    return out, ok
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m eval.probes.figure1", description=__doc__.split("\n")[0])
+    ap.add_argument("overrides", nargs="*", help="training overrides key=value")
+    ap.add_argument("--scale", choices=sorted(SCALES), default="smoke")
+    ap.add_argument("--experiment", help="a conf/experiment preset instead of the scale's")
+    ap.add_argument("--seeds", type=int, default=1, help="paired seeds 0 .. N-1")
+    ap.add_argument("--root", type=Path, help="default runs/figure1/<scale>")
+    ap.add_argument("--jobs", type=int, default=2, help="processes at once (one torch thread each)")
+    ap.add_argument("--probe-args", default="", help="extra arguments of python -m eval.probes (sizes)")
+    args = ap.parse_args(argv)
+    if args.seeds < 1:
+        ap.error("--seeds must be at least 1")
+    experiment = args.experiment or SCALES[args.scale]
+    root = args.root or Path("runs") / "figure1" / args.scale
+    path, ok = reproduce(root, experiment, list(range(args.seeds)), max(1, args.jobs), args.overrides,
+                         args.probe_args.split())
+    print(path)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,454 @@
+"""Held-out probes of each player (issue 15): is a checkpoint better at its role than the backbone?
+
+Each probe runs a player on a fixed set of ``eval/probes/data/`` (made once by
+``python -m eval.probes.make_sets``, never trained on) and returns rates with their binomial standard
+errors, SE = sqrt(p (1 − p) / n), so that a change between two checkpoints can be read against its noise.
+
+- **Execution** (:func:`probe_execution`): greedy answers in the player's own tool loop to GSM8K and MMLU
+  problems with gold answers, through the SPEC §8 pool's code (:func:`unifiedplayers.execution_pool.evaluate_pool`):
+  accuracy, and the answered rate (the loop ended with a final answer within its turn and token budget).
+- **Evaluation** (:func:`probe_evaluation`): the player writes M verifiers per probe question (fixed seed);
+  each runs in the sandbox on the question's correct trajectory and its five perturbations
+  (:func:`unifiedplayers.verdict.verdict_matrix`). Reported: the valid-verifier rate; acceptance of the
+  originals and rejection of the variants by the valid verifiers (the latter is Figure 1a's "adversarial
+  rejection", Appendix C.2: rejection of perturbed trajectories only); Eq. 12's V(q) (invalid verifiers
+  count 0); the share of checks that raised or timed out; and the discrimination accuracy as the paper's
+  84.2 % (§4.5, Figure 3c: originals vs perturbed trajectories), computed by
+  :func:`eval.analysis.discrimination.discrimination` (verifier-level balanced accuracy).
+- **Planning** (:func:`probe_planning`): the player answers fixed topic prompts (fixed seed); reported are
+  the well-formed-task rate and U(q) = min(p̂, 1 − p̂) (paper §3.2) of its first well-formed tasks,
+  measured with K trajectories of one fixed Execution policy (the backbone), so that U moves only with
+  the Planning player.
+
+All sampling uses fixed seeds that do not depend on the checkpoint: two checkpoints see the same draws
+of the probe (a paired comparison).
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+DATA_DIR = Path(__file__).resolve().parent / "data"
+PROBE_SEED = 0  # the sampling seed of every probe (not the training seed)
+ROLES = ("planning", "execution", "evaluation")
+
+
+# ------------------------------------------------------------------------------------------------------
+# Statistics (pure)
+
+
+def binomial_se(p: Optional[float], n: int) -> Optional[float]:
+    """Standard error of a rate p measured on n independent items: sqrt(p (1 − p) / n)."""
+    if p is None or n <= 0:
+        return None
+    return math.sqrt(max(p * (1.0 - p), 0.0) / n)
+
+
+def mean_se(values: Sequence[float]) -> tuple[Optional[float], Optional[float]]:
+    """(mean, standard error of the mean = sample SD / sqrt(n)); SE is None below two values."""
+    if not values:
+        return None, None
+    x = np.asarray(values, dtype=float)
+    return float(x.mean()), (float(x.std(ddof=1) / math.sqrt(len(x))) if len(x) > 1 else None)
+
+
+def _rate(k: float, n: int) -> Optional[float]:
+    return float(k) / n if n else None
+
+
+@dataclass
+class ProbeSizes:
+    """How much of each probe set to use (None: all of it) and the draws per item."""
+
+    execution: Optional[int] = None  # problems (the set holds 100)
+    evaluation: Optional[int] = None  # questions (the set holds 50)
+    evaluation_verifiers: int = 2  # M per question
+    planning_topics: Optional[int] = None  # topic prompts (the set holds 25)
+    planning_tasks_per_topic: Optional[int] = None  # None: the set's (4)
+    planning_u_tasks: int = 16  # well-formed tasks whose U(q) is measured
+    planning_u_samples: int = 4  # K trajectories per such task
+
+
+# ------------------------------------------------------------------------------------------------------
+# The probe sets
+
+
+def load_execution_set(path: Path = DATA_DIR / "execution.jsonl", limit: Optional[int] = None) -> list[Any]:
+    """The Execution probe's problems as the diagnostic pool's ``PoolQuestion``; ``limit`` keeps the first
+    ``limit // 2`` of each domain (math first), so a short probe stays balanced."""
+    from unifiedplayers.execution_pool import PoolQuestion
+    from unifiedplayers.problems import Problem
+
+    rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    questions = [PoolQuestion(r["domain"], r["benchmark"], Problem(r["id"], r["question"], r["reference"], r.get("options")))
+                 for r in rows]
+    if limit is None or limit >= len(questions):
+        return questions
+    by_domain = {d: [q for q in questions if q.domain == d] for d in ("math", "general")}
+    half = limit // 2
+    return by_domain["math"][:limit - half] + by_domain["general"][:half]
+
+
+@dataclass
+class EvaluationItem:
+    """One Evaluation probe question: its correct trajectory and the engine's variants (None: rule n/a)."""
+
+    id: str
+    question: str
+    answer: str
+    original: Any  # Trajectory
+    rules: list[str]
+    variants: list[Any]  # Trajectory or None, one per rule
+
+
+def load_evaluation_set(path: Path = DATA_DIR / "evaluation.jsonl", limit: Optional[int] = None) -> list[EvaluationItem]:
+    from unifiedplayers.trajectory import Trajectory
+
+    items = []
+    for line in Path(path).read_text().splitlines():
+        if not line.strip():
+            continue
+        r = json.loads(line)
+        items.append(EvaluationItem(r["id"], r["question"], r["answer"], Trajectory.from_dict(r["original"]),
+                                    list(r["rules"]), [None if v is None else Trajectory.from_dict(v) for v in r["variants"]]))
+    return items if limit is None else items[:limit]
+
+
+def load_planning_set(path: Path = DATA_DIR / "planning.json", topics: Optional[int] = None,
+                      tasks_per_topic: Optional[int] = None) -> tuple[list[str], int]:
+    data = json.loads(Path(path).read_text())
+    chosen = list(data["topics"])[:topics] if topics is not None else list(data["topics"])
+    return chosen, int(tasks_per_topic or data["tasks_per_topic"])
+
+
+# ------------------------------------------------------------------------------------------------------
+# Execution
+
+
+def execution_metrics(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Accuracy and answered rate (with SEs) of graded tool-loop answers (``evaluate_pool``'s items)."""
+    n = len(items)
+    acc = _rate(sum(bool(i["correct"]) for i in items), n)
+    answered = _rate(sum(i["status"] == "answered" for i in items), n)
+    out: dict[str, Any] = {"n": n, "accuracy": acc, "accuracy_se": binomial_se(acc, n),
+                           "answered": answered, "answered_se": binomial_se(answered, n)}
+    for d in ("math", "general"):
+        rows = [i for i in items if i["domain"] == d]
+        out[f"accuracy_{d}"] = _rate(sum(bool(i["correct"]) for i in rows), len(rows))
+        out[f"n_{d}"] = len(rows)
+    statuses: dict[str, int] = {}
+    for i in items:
+        statuses[i["status"]] = statuses.get(i["status"], 0) + 1
+    out["statuses"] = statuses
+    return out
+
+
+def probe_execution(engine: Any, sandbox: Any, tokenizer: Any, cfg: Any, questions: Sequence[Any]) -> dict[str, Any]:
+    """Greedy tool-loop answers of the Execution player (its prompt, turns and token budget) to ``questions``."""
+    from unifiedplayers.config import resolve_player_config
+    from unifiedplayers.execution_pool import evaluate_pool
+
+    result = evaluate_pool(engine, sandbox, tokenizer, resolve_player_config(cfg), cfg.schedule.execution_pool, questions)
+    out = execution_metrics(result["items"])
+    out["items"] = [{k: i[k] for k in ("id", "domain", "extracted", "reference", "correct", "status", "tool_calls")}
+                    for i in result["items"]]
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------
+# Evaluation
+
+
+def evaluation_metrics(verdicts: Sequence[Any], rules: Sequence[str]) -> dict[str, Any]:
+    """The Evaluation probe's rates from one verdict matrix per question (one original trajectory each).
+
+    valid = Σ M_q / Σ M (compilation and run-time validity, :mod:`unifiedplayers.verdict`);
+    original_acceptance = mean of Z_orig over the valid verifiers; adv_rejection = share of the valid
+    verifiers' checks of applied variants that *rejected* (a check that errored is not a rejection, as in
+    the rewards: it gets no ρ_adv credit); writability = mean over questions of Eq. 12's
+    V(q) = (1/M) Σ_{i valid} ρ_adv_i; check_errors = share of the valid verifiers' checks that raised, timed
+    out or returned a non-verdict; discrimination = §4.5's accuracy of telling originals from perturbed
+    trajectories, the verifier-level balanced accuracy (original_acceptance + adv_rejection) / 2, by
+    :func:`eval.analysis.discrimination.discrimination` (an errored check counts as neither right verdict).
+    """
+    from eval.analysis.discrimination import discrimination
+    from unifiedplayers.rewards import verifier_writability
+
+    generated = sum(v.num_generated for v in verdicts)
+    valid = sum(len(v.valid) for v in verdicts)
+    orig_n = sum(int(np.asarray(v.z_orig).size) for v in verdicts)
+    orig_acc = sum(float(np.asarray(v.z_orig).sum()) for v in verdicts)
+    adv_n, adv_rej, records = 0, 0.0, []
+    for v in verdicts:
+        z_adv = np.asarray(v.z_adv, dtype=bool)
+        errors = np.asarray(v.error_adv, dtype=bool)
+        mask = np.broadcast_to(np.asarray(v.adv_mask, dtype=bool), z_adv.shape)
+        rejected = ~z_adv & ~errors & mask
+        adv_n += int(mask.sum())
+        adv_rej += float(rejected.sum())
+        # discrimination() counts Z = 0 on a variant as a right rejection: an errored check is marked 1.
+        records.append(SimpleNamespace(z_orig=v.z_orig, z_adv=(z_adv | errors).astype(np.int8), adv_mask=v.adv_mask,
+                                       rules=list(rules)))
+    errors_summary = [v.error_summary() for v in verdicts]
+    checks = sum(e["checks"] for e in errors_summary)
+    errored = sum(e["errors_orig"] + e["errors_adv"] for e in errors_summary)
+    disc = discrimination(records)
+    level = disc["levels"]["verifier"]
+    p_valid, p_acc, p_rej = _rate(valid, generated), _rate(orig_acc, orig_n), _rate(adv_rej, adv_n)
+    se_acc, se_rej = binomial_se(p_acc, orig_n), binomial_se(p_rej, adv_n)
+    writability, writability_se = mean_se([verifier_writability(v.z_adv, v.num_generated, v.adv_mask, v.error_adv)
+                                           for v in verdicts])
+    return {
+        "questions": len(verdicts), "verifiers": generated, "valid_verifiers": valid,
+        "valid": p_valid, "valid_se": binomial_se(p_valid, generated),
+        "original_acceptance": p_acc, "original_acceptance_se": se_acc, "n_original_checks": orig_n,
+        "adv_rejection": p_rej, "adv_rejection_se": se_rej, "n_variant_checks": adv_n,
+        "discrimination": disc["headline"],
+        # SE of a mean of two independent rates: (1/2) sqrt(SE_a² + SE_b²)
+        "discrimination_se": None if se_acc is None or se_rej is None else 0.5 * math.sqrt(se_acc ** 2 + se_rej ** 2),
+        "discrimination_pool_level": disc["levels"]["pool"]["balanced_accuracy"],
+        "per_rule_rejection": {r: v["rejection"] for r, v in level["per_rule"].items()},
+        "writability": writability, "writability_se": writability_se,
+        "check_errors": _rate(errored, checks), "n_checks": checks,
+        "runtime_invalid": sum(e["runtime_invalid"] for e in errors_summary),
+    }
+
+
+def probe_evaluation(engine: Any, sandbox: Any, tokenizer: Any, cfg: Any, items: Sequence[EvaluationItem],
+                     m: int = 2, seed: int = PROBE_SEED) -> dict[str, Any]:
+    """M verifiers per probe question from the Evaluation player, run on the original and its variants."""
+    from unifiedplayers.config import resolve_player_config
+    from unifiedplayers.players.evaluation import write_verifiers
+    from unifiedplayers.verdict import verdict_matrix
+
+    if not items:
+        raise ValueError("the Evaluation probe needs at least one question")
+    outs = write_verifiers(engine, tokenizer, resolve_player_config(cfg), [it.question for it in items], m, seed=seed)
+    verdicts = [verdict_matrix([s.source for s in row], [it.original], [it.variants], sandbox)
+                for it, row in zip(items, outs)]
+    out = evaluation_metrics(verdicts, items[0].rules)
+    out["invalid_reasons"] = _count(why.split(":")[0].split(" (")[0] for v in verdicts for why in v.validity
+                                    if why != "valid")
+    out["sample_verifier"] = next((v.compiled[v.valid[0]].source for v in verdicts if v.valid), None)
+    return out
+
+
+def _count(xs: Any) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for x in xs:
+        out[x] = out.get(x, 0) + 1
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------
+# Planning
+
+
+class _WithTopics:
+    """A player config whose ``topics`` are the probe's (everything else is the run's own)."""
+
+    def __init__(self, player_cfg: Any, topics: Sequence[str]) -> None:
+        self._cfg = player_cfg
+        self.topics = list(topics)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._cfg, name)
+
+
+def planning_metrics(tasks: Sequence[Any], uncertainties: Sequence[float]) -> dict[str, Any]:
+    """Well-formed rate over all Planning outputs (binomial SE) and mean U(q) over the measured tasks (SE of the mean)."""
+    n = len(tasks)
+    wf = _rate(sum(bool(t.valid) for t in tasks), n)
+    u, u_se = mean_se(list(uncertainties))
+    return {"n": n, "well_formed": wf, "well_formed_se": binomial_se(wf, n),
+            "U": u, "U_se": u_se, "n_U": len(uncertainties),
+            "malformed_reasons": _count(t.reason for t in tasks if not t.valid)}
+
+
+def planning_tasks(engine: Any, tokenizer: Any, cfg: Any, topics: Sequence[str], tasks_per_topic: int,
+                   seed: int = PROBE_SEED) -> list[Any]:
+    """The Planning player's outputs for the fixed topic prompts (``tasks_per_topic`` each, fixed seed), parsed."""
+    from unifiedplayers.config import resolve_player_config
+    from unifiedplayers.players import generate_tasks
+
+    player = _WithTopics(resolve_player_config(cfg), topics)
+    return [t for g in generate_tasks(engine, tokenizer, player, 0, len(topics), tasks_per_topic, seed=seed) for t in g]
+
+
+def probe_planning(tasks: Sequence[Any], exec_engine: Any, sandbox: Any, tokenizer: Any, cfg: Any,
+                   u_tasks: int = 16, u_samples: int = 4, seed: int = PROBE_SEED) -> dict[str, Any]:
+    """Rates of the Planning outputs ``tasks``; U(q) of the first ``u_tasks`` well-formed ones from ``u_samples``
+    trajectories of ``exec_engine`` (the fixed Execution policy) at the Execution player's temperature."""
+    from unifiedplayers.config import resolve_player_config, role_temperature
+    from unifiedplayers.players import solve
+    from unifiedplayers.rewards import uncertainty
+
+    measured = [t for t in tasks if t.valid][:u_tasks]
+    rollouts = solve(exec_engine, sandbox, tokenizer, resolve_player_config(cfg), [t.question for t in measured],
+                     u_samples, seed=seed + 1, temperature=role_temperature(cfg, "execution"), top_p=cfg.rollout.top_p)
+    u = [uncertainty([r.final_answer for r in row], cfg.reward.missing_answer_in_majority, cfg.reward.answer_match_timeout_s)
+         for row in rollouts]
+    out = planning_metrics(tasks, u)
+    out["u_trajectories_answered"] = _rate(sum(r.status == "answered" for row in rollouts for r in row),
+                                           sum(len(row) for row in rollouts))
+    out["sample_tasks"] = [t.question for t in measured[:3]]
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------
+# Checkpoints and the whole probe
+
+
+@dataclass
+class Checkpoint:
+    """What to probe: per role, a ``model.pt`` or None (the backbone)."""
+
+    label: str
+    weights: dict[str, Optional[Path]] = field(default_factory=dict)
+
+
+def resolve_checkpoint(target: str, roles: Sequence[str] = ROLES) -> Checkpoint:
+    """``backbone``; a role directory (``.../iter2/execution``, holding ``model.pt``); an iteration directory
+    (``.../checkpoints/iter2``, holding ``<role>/model.pt``); or a run directory (its latest iteration).
+    A role without a checkpoint there (an untrained player) is probed with the backbone."""
+    if target == "backbone":
+        return Checkpoint("backbone", {r: None for r in roles})
+    path = Path(target).expanduser()
+    if not path.is_dir():
+        raise FileNotFoundError(f"probe target {target!r}: not 'backbone' and not a directory")
+    if (path / "model.pt").is_file():
+        if path.name not in ROLES:
+            raise ValueError(f"{path} holds a model.pt but is not named after a role {ROLES}")
+        return Checkpoint(str(path), {r: (path / "model.pt" if r == path.name else None) for r in roles})
+    if (path / "checkpoints").is_dir():
+        iters = sorted((p for p in (path / "checkpoints").glob("iter*") if p.name[4:].isdigit()), key=lambda p: int(p.name[4:]))
+        if not iters:
+            raise FileNotFoundError(f"{path}/checkpoints holds no iter<N> directory")
+        path = iters[-1]
+    found = {r: (path / r / "model.pt" if (path / r / "model.pt").is_file() else None) for r in roles}
+    if not any(found.values()):
+        raise FileNotFoundError(f"{path}: no <role>/model.pt for any of {list(roles)}")
+    return Checkpoint(str(path), found)
+
+
+def find_run_config(target: str) -> Optional[Path]:
+    """The ``config.yaml`` of the run a checkpoint path lies in (searched upwards), if any."""
+    if target == "backbone":
+        return None
+    for p in [Path(target).resolve(), *Path(target).resolve().parents]:
+        if (p / "config.yaml").is_file() and (p / "checkpoints").is_dir():
+            return p / "config.yaml"
+    return None
+
+
+def run_probes(cfg: Any, ckpt: Checkpoint, roles: Sequence[str] = ROLES, sizes: Optional[ProbeSizes] = None,
+               data_dir: Path = DATA_DIR, backbone: Optional[tuple[Any, Any]] = None, log: Any = print) -> dict[str, Any]:
+    """Probe ``roles`` of ``ckpt`` under the run config ``cfg`` (model, prompts, sandbox, rollout).
+
+    Returns ``{"checkpoint", "sources", "metrics" (flat keys as figure1.json's series, with ``_se``), <role>:
+    full result, "seconds", "probe_set"}``. ``backbone``: an already loaded (model, tokenizer) (tests).
+    """
+    import copy
+
+    import torch
+
+    from unifiedplayers.config import role_temperature
+    from unifiedplayers.models import load_model
+    from unifiedplayers.rollout import build_rollout
+    from unifiedplayers.sandbox import Sandbox
+    from unifiedplayers.schedule import SamplingTemperature
+
+    unknown = [r for r in roles if r not in ROLES]
+    if unknown:
+        raise ValueError(f"unknown roles {unknown}; known: {list(ROLES)}")
+    sizes = sizes or ProbeSizes()
+    t0, c0 = time.perf_counter(), time.process_time()
+    model, tokenizer = backbone if backbone is not None else load_model(cfg.model)
+    model.eval()
+    seconds: dict[str, float] = {"load": time.perf_counter() - t0}
+    engine = build_rollout(cfg.rollout, model, tokenizer)
+    work: dict[str, Any] = {"model": None}
+
+    def policy(role: str) -> Any:
+        """The engine with ``role``'s weights swapped in (the backbone's when it has no checkpoint)."""
+        path = ckpt.weights.get(role)
+        if path is None:
+            engine.update_weights(model)
+        else:
+            if work["model"] is None:
+                work["model"] = copy.deepcopy(model)
+            state = torch.load(path, map_location=next(model.parameters()).device, weights_only=True)
+            work["model"].load_state_dict(state)  # strict: another backbone's checkpoint fails here, loudly
+            work["model"].eval()
+            engine.update_weights(work["model"])
+        return SamplingTemperature(engine, role_temperature(cfg, role))
+
+    result: dict[str, Any] = {"checkpoint": ckpt.label,
+                              "sources": {r: (str(ckpt.weights.get(r)) if ckpt.weights.get(r) else "backbone") for r in roles},
+                              "probe_set": json.loads((Path(data_dir) / "manifest.json").read_text())}
+    metrics: dict[str, Any] = {}
+    with torch.no_grad(), Sandbox(cfg.sandbox) as sandbox:
+        if "execution" in roles:
+            t = time.perf_counter()
+            questions = load_execution_set(Path(data_dir) / "execution.jsonl", sizes.execution)
+            res = probe_execution(policy("execution"), sandbox, tokenizer, cfg, questions)
+            seconds["execution"] = time.perf_counter() - t
+            result["execution"] = res
+            for k in ("accuracy", "answered"):
+                metrics[f"execution/{k}"], metrics[f"execution/{k}_se"] = res[k], res[f"{k}_se"]
+            log(f"[probe] execution: accuracy {_pct(res['accuracy'], res['accuracy_se'])}, answered "
+                f"{_pct(res['answered'], res['answered_se'])} (n={res['n']}, {seconds['execution']:.0f} s)")
+        if "evaluation" in roles:
+            t = time.perf_counter()
+            items = load_evaluation_set(Path(data_dir) / "evaluation.jsonl", sizes.evaluation)
+            res = probe_evaluation(policy("evaluation"), sandbox, tokenizer, cfg, items, sizes.evaluation_verifiers)
+            seconds["evaluation"] = time.perf_counter() - t
+            result["evaluation"] = res
+            for k in ("valid", "adv_rejection", "discrimination", "original_acceptance", "writability"):
+                metrics[f"evaluation/{k}"], metrics[f"evaluation/{k}_se"] = res[k], res[f"{k}_se"]
+            log(f"[probe] evaluation: valid {_pct(res['valid'], res['valid_se'])} (n={res['verifiers']}), originals "
+                f"accepted {_pct(res['original_acceptance'], res['original_acceptance_se'])}, variants rejected "
+                f"{_pct(res['adv_rejection'], res['adv_rejection_se'])}, discrimination "
+                f"{_pct(res['discrimination'], res['discrimination_se'])} ({seconds['evaluation']:.0f} s)")
+        if "planning" in roles:
+            t = time.perf_counter()
+            topics, per_topic = load_planning_set(Path(data_dir) / "planning.json", sizes.planning_topics,
+                                                  sizes.planning_tasks_per_topic)
+            tasks = planning_tasks(policy("planning"), tokenizer, cfg, topics, per_topic)
+            # The same engine then answers with the backbone's weights: U moves only with the Planning player.
+            res = probe_planning(tasks, policy_backbone(engine, model, cfg), sandbox, tokenizer, cfg,
+                                 sizes.planning_u_tasks, sizes.planning_u_samples)
+            seconds["planning"] = time.perf_counter() - t
+            result["planning"] = res
+            for k in ("U", "well_formed"):
+                metrics[f"planning/{k}"], metrics[f"planning/{k}_se"] = res[k], res[f"{k}_se"]
+            u = "-" if res["U"] is None else f"{res['U']:.3f} ± {res['U_se'] or 0:.3f}"
+            log(f"[probe] planning: well-formed {_pct(res['well_formed'], res['well_formed_se'])} (n={res['n']}), "
+                f"U(q) {u} (n={res['n_U']}, backbone Execution; {seconds['planning']:.0f} s)")
+    seconds["total"] = time.perf_counter() - t0
+    seconds["cpu_total"] = time.process_time() - c0  # this process's CPU time (the sandbox's calls not included)
+    result["metrics"] = metrics
+    result["seconds"] = seconds
+    return result
+
+
+def policy_backbone(engine: Any, model: Any, cfg: Any) -> Any:
+    """The engine with the backbone's weights, at the Execution player's temperature (the fixed U(q) solver)."""
+    from unifiedplayers.config import role_temperature
+    from unifiedplayers.schedule import SamplingTemperature
+
+    engine.update_weights(model)
+    return SamplingTemperature(engine, role_temperature(cfg, "execution"))
+
+
+def _pct(p: Optional[float], se: Optional[float]) -> str:
+    if p is None:
+        return "-"
+    return f"{100 * p:.1f}%" + ("" if se is None else f" ± {100 * se:.1f}")
