@@ -221,6 +221,7 @@ def plot(fig: dict[str, Any], path: Path, title: str = "") -> Path:
             draw(twin, extra[0][0], 100.0, extra[0][1], "^:", "C2")
             twin.set_ylim(0, 105)
             twin.legend(loc="lower right", fontsize=7)
+            ax.set_ylim(0, 0.52)  # U = min(p, 1 - p) <= 0.5
         else:
             for (k, lab), c in zip(extra, ("C2", "C1")):
                 draw(ax, k, scale, lab, "^:", c)
@@ -229,7 +230,7 @@ def plot(fig: dict[str, Any], path: Path, title: str = "") -> Path:
         ax.set_xlabel("outer iteration (0 = backbone)")
         ax.set_xticks(its)
         ax.grid(alpha=0.3)
-        ax.legend(loc="upper left", fontsize=7)
+        ax.legend(loc="upper left" if key != "planning/U" else "center left", fontsize=7)
     figure.suptitle(title or f"Figure 1a reproduction: seeds {fig['seeds']}", fontsize=11)
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,74 @@
+"""`make reproduce-figure1` (eval/probes/figure1.py): figure1.json from probe files by hand, the plot, and the
+whole pipeline (train, probe each iteration, json, png) on the tiny model."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from eval.probes import figure1 as F
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _write_probe(path: Path, metrics: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"metrics": metrics, "sources": {"execution": "backbone"}}))
+
+
+def test_collect_means_over_seeds_by_hand(tmp_path):
+    # seed 0: accuracy 0.2 -> 0.4; seed 1: 0.3 -> 0.6 (its iteration-1 probe missing for U)
+    _write_probe(F.probe_file(tmp_path / "seed0", 0), {"execution/accuracy": 0.2, "planning/U": 0.1,
+                                                       "execution/accuracy_se": 0.04})
+    _write_probe(F.probe_file(tmp_path / "seed0", 1), {"execution/accuracy": 0.4, "planning/U": 0.3})
+    _write_probe(F.probe_file(tmp_path / "seed1", 0), {"execution/accuracy": 0.3, "planning/U": 0.2})
+    _write_probe(F.probe_file(tmp_path / "seed1", 1), {"execution/accuracy": 0.6})
+    fig = F.collect(tmp_path, [0, 1], [0, 1])
+    assert fig["iterations"] == [0, 1] and fig["seeds"] == [0, 1]
+    assert set(fig["series"]) == set(F.SERIES)
+    # means: (0.2 + 0.3) / 2 = 0.25, (0.4 + 0.6) / 2 = 0.5; U: (0.1 + 0.2) / 2 = 0.15, then seed 0 alone: 0.3
+    assert fig["series"]["execution/accuracy"] == pytest.approx([0.25, 0.5])
+    assert fig["series"]["planning/U"] == pytest.approx([0.15, 0.3])
+    assert fig["series"]["evaluation/valid"] == [None, None]
+    assert fig["per_seed"]["1"]["execution/accuracy"] == [0.3, 0.6]
+    # SD over two seeds: |a - b| / sqrt(2): 0.1 / 1.414214 = 0.070711; 0.2 / 1.414214 = 0.141421
+    assert fig["sd_over_seeds"]["execution/accuracy"] == pytest.approx([0.070711, 0.141421], abs=1e-6)
+    assert fig["probe_se"]["0"]["execution/accuracy"] == [0.04, None]
+    # change first -> last in points: (0.5 - 0.25) x 100 = 25; U in its own units: 0.3 - 0.15
+    change = F.rises(fig)
+    assert change["execution/accuracy"] == pytest.approx(25.0) and change["planning/U"] == pytest.approx(0.15)
+    assert fig["paper_qwen3_4b"]["execution/accuracy"] == [0.525, 0.633]
+    png = F.plot(fig, tmp_path / "figure1.png")
+    assert png.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_figure1_end_to_end_on_the_tiny_model(tmp_path, capsys):
+    t0 = time.time()
+    rc = F.main(["--experiment", "tiny", "--root", str(tmp_path / "fig"), "--seeds", "1", "--jobs", "2",
+                 "--probe-args", "--execution 2 --evaluation 2 --verifiers 1 --topics 1 --tasks-per-topic 2 "
+                                 "--u-tasks 1 --u-samples 2",
+                 "schedule.outer_iterations=2"])
+    out = capsys.readouterr().out.strip().splitlines()
+    assert rc == 0, "\n".join(out)
+    path = Path(out[-1])  # the path of figure1.json is the last line
+    assert path == tmp_path / "fig" / "figure1.json"
+    fig = json.loads(path.read_text())
+    assert fig["iterations"] == [0, 1, 2] and fig["seeds"] == [0]
+    assert list(fig["series"]) == list(F.SERIES)
+    for key, values in fig["series"].items():
+        assert len(values) == 3 and values == fig["per_seed"]["0"][key], key
+    assert fig["series"]["planning/well_formed"] == [1.0, 1.0, 1.0]  # the tiny preset's response prefix
+    # iteration 0 is the backbone, iteration i the run's checkpoints/iter<i>
+    assert fig["sources"]["0"][0]["execution"] == "backbone"
+    assert fig["sources"]["0"][2]["execution"].endswith("checkpoints/iter2/execution/model.pt")
+    assert fig["sources"]["0"][2]["planning"].endswith("checkpoints/iter2/planning/model.pt")
+    assert (tmp_path / "fig" / "figure1.png").read_bytes()[:8] == PNG_MAGIC
+    assert json.loads((tmp_path / "fig" / "seed0" / "figure1.json").read_text())["series"] == fig["series"]
+    # Run again: everything is done already (resumable), nothing is trained or probed again.
+    rc = F.main(["--experiment", "tiny", "--root", str(tmp_path / "fig"), "--seeds", "1",
+                 "schedule.outer_iterations=2"])
+    again = capsys.readouterr().out
+    assert rc == 0 and again.count("already done") == 4
+    assert time.time() - t0 < 90
