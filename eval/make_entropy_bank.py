@@ -1,0 +1,277 @@
+"""Write ``src/unifiedplayers/data/entropy_bank.json``: the fixed held-out contexts on which the trainer
+measures token entropy (entropy retention, SPEC §8; paper Appendix D.2: 256 held-out contexts per role).
+
+    python -m eval.make_entropy_bank            # rewrites the shipped file (deterministic)
+    python -m eval.make_entropy_bank --check    # exits 1 if the shipped file differs from a fresh build
+
+Source: everything is written here, from templates with numbers drawn by a seeded generator; nothing
+comes from a data set. Training never samples these texts: Planning prompts are rendered from
+``player.topics`` (single words such as "algebra" or "money"), Execution and Evaluation see only the
+Planning player's own tasks, and the diagnostic pool is the offline GSM8K/MMLU subsets.
+
+- ``planning``: 256 topic phrases (a subtopic and a framing, "remainders with large numbers") for the
+  questioner template, distinct from every preset's topics.
+- ``execution`` and ``evaluation``: 256 math word problems each (512 distinct problems in all, the
+  first 256 drawn to execution), each with its integer answer worked out from the same numbers (kept
+  for reference; the bank uses the text).
+
+Items are interleaved (round-robin over subtopics or templates), so the first few items of a role,
+which a small ``trainer.entropy_bank_size`` takes, already cover many kinds.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from pathlib import Path
+from typing import Callable
+
+SEED = 20260913
+PER_ROLE = 256
+OUT = Path(__file__).resolve().parents[1] / "src" / "unifiedplayers" / "data" / "entropy_bank.json"
+
+SUBTOPICS = [
+    "prime factorisation", "greatest common divisors", "remainders", "digit sums", "linear equations",
+    "systems of two equations", "quadratic equations", "arithmetic sequences", "geometric sequences",
+    "inequalities between integers", "function values", "absolute values", "percent change",
+    "ratios and proportions", "means of data sets", "shared work rates", "distance, speed and time",
+    "simple interest", "arrangements in a row", "choosing committees", "rolling two dice",
+    "paths on a grid", "the pigeonhole principle", "areas of triangles", "circles and arcs",
+    "right triangles", "similar triangles", "perimeters of polygons", "volumes of boxes",
+    "points in the coordinate plane", "angles in polygons", "clock arithmetic",
+]
+FRAMINGS = [
+    "{}", "{} with small numbers", "{} with large numbers", "{} in everyday life",
+    "{} in a story about a school", "{} with fractions", "{} with a hidden pattern", "{} in two stages",
+]
+
+Template = Callable[[random.Random], tuple[str, int]]
+
+
+def _templates() -> list[Template]:
+    """Word-problem templates: each draws its numbers and returns (question, integer answer)."""
+    names = ["Ana", "Ben", "Chloe", "Dev", "Emma", "Farid", "Grace", "Hugo", "Iris", "Jonas", "Kemal", "Lena"]
+    items = ["apples", "pencils", "stickers", "marbles", "cards", "books", "stamps", "shells"]
+
+    def boxes(r):
+        n, b, k, g = r.choice(names), r.randint(3, 12), r.randint(4, 25), r.randint(1, 9)
+        it = r.choice(items)
+        return f"{n} has {b} boxes with {k} {it} in each box and gives away {g} {it}. How many {it} are left?", b * k - g
+
+    def shop(r):
+        a, pa, b, pb = r.randint(2, 9), r.randint(2, 15), r.randint(2, 9), r.randint(2, 15)
+        return (f"A notebook costs {pa} dollars and a pen costs {pb} dollars. How much do {a} notebooks and "
+                f"{b} pens cost in dollars?"), a * pa + b * pb
+
+    def change(r):
+        q, p = r.randint(2, 8), r.randint(3, 12)
+        paid = q * p + r.randint(1, 30)
+        return f"Tickets cost {p} dollars each. Someone buys {q} tickets and pays with {paid} dollars. How much change, in dollars, do they get?", paid - q * p
+
+    def speed(r):
+        v, t = r.randint(30, 90), r.randint(2, 7)
+        return f"A car drives at {v} km per hour for {t} hours. How many km does it travel?", v * t
+
+    def fuel(r):
+        per, d = r.randint(4, 12), 100 * r.randint(2, 9)
+        return f"A car uses {per} liters of fuel per 100 km. How many liters does it use for {d} km?", per * d // 100
+
+    def percent(r):
+        p, base = r.choice([10, 20, 25, 50, 75]), 20 * r.randint(2, 30)
+        return f"What is {p}% of {base}?", p * base // 100
+
+    def discount(r):
+        price, p = 10 * r.randint(3, 40), r.choice([10, 20, 30, 50])
+        return f"A jacket costs {price} dollars and is sold at {p}% off. What is the sale price in dollars?", price * (100 - p) // 100
+
+    def average(r):
+        xs = [r.randint(1, 30) for _ in range(3)]
+        total = 4 * r.randint(sum(xs) // 4 + 1, sum(xs) // 4 + 20)  # the fourth number is positive
+        last = total - sum(xs)
+        return (f"The average of four numbers is {total // 4}. Three of them are {xs[0]}, {xs[1]} and {xs[2]}. "
+                f"What is the fourth number?"), last
+
+    def rectangle(r):
+        w, h = r.randint(2, 15), r.randint(2, 15)
+        return f"A rectangle has an area of {w * h} square meters and a width of {w} meters. What is its perimeter in meters?", 2 * (w + h)
+
+    def square_perimeter(r):
+        a, b = r.randint(2, 20), r.randint(2, 20)
+        while (a + b) % 2:
+            b = r.randint(2, 20)
+        return (f"A rectangle is {a} cm long and {b} cm wide. A square has the same perimeter. "
+                f"What is the side length of the square in cm?"), (a + b) // 2
+
+    def triangle_area(r):
+        b, h = 2 * r.randint(2, 15), r.randint(2, 20)
+        return f"A triangle has a base of {b} cm and a height of {h} cm. What is its area in square cm?", b * h // 2
+
+    def box_volume(r):
+        a, b, c = r.randint(2, 9), r.randint(2, 9), r.randint(2, 9)
+        return f"A box is {a} cm long, {b} cm wide and {c} cm tall. What is its volume in cubic cm?", a * b * c
+
+    def pythagoras(r):
+        (a, b, c), k = r.choice([(3, 4, 5), (5, 12, 13), (8, 15, 17), (7, 24, 25)]), r.randint(1, 4)
+        return f"A right triangle has legs of length {a * k} and {b * k}. How long is its hypotenuse?", c * k
+
+    def divisible(r):
+        a, b = r.choice([(2, 3), (3, 5), (2, 5), (3, 7), (4, 6), (5, 7)])
+        n = r.randint(40, 200)
+        lcm = a * b // _gcd(a, b)
+        return (f"How many positive integers less than or equal to {n} are divisible by {a} or by {b}?",
+                n // a + n // b - n // lcm)
+
+    def gcd_q(r):
+        g, (x, y) = r.randint(2, 12), r.sample(range(2, 16), 2)
+        return f"What is the greatest common divisor of {g * x} and {g * y}?", g * _gcd(x, y)
+
+    def remainder(r):
+        a, m = r.randint(100, 999), r.randint(3, 13)
+        return f"What is the remainder when {a} is divided by {m}?", a % m
+
+    def power_mod(r):
+        b, e, m = r.randint(2, 9), r.randint(10, 60), r.choice([5, 7, 9, 11, 13])
+        return f"What is the remainder when {b}^{{{e}}} is divided by {m}?", pow(b, e, m)
+
+    def digit_sum(r):
+        n = r.randint(1000, 99999)
+        return f"What is the sum of the digits of {n}?", sum(int(d) for d in str(n))
+
+    def linear(r):
+        a, x, b = r.randint(2, 12), r.randint(-10, 20), r.randint(-30, 30)
+        return f"Solve for x: {a}x + {b} = {a * x + b}.".replace("+ -", "- "), x
+
+    def system(r):
+        x, y = r.sample(range(1, 21), 2)  # distinct: "the larger number" exists
+        return f"Two numbers add up to {x + y} and differ by {abs(x - y)}. What is the larger number?", max(x, y)
+
+    def ages(r):
+        d, b, t = r.randint(2, 10), r.randint(3, 20), r.randint(2, 10)
+        total = (b + d + t) + (b + t)
+        return (f"Anna is {d} years older than Ben. In {t} years their ages will add up to {total}. "
+                f"How old is Ben now?"), b
+
+    def arith_seq(r):
+        a, d, n = r.randint(1, 20), r.randint(2, 9), r.randint(8, 30)
+        return f"An arithmetic sequence starts {a}, {a + d}, {a + 2 * d}, ... What is its {_ordinal(n)} term?", a + (n - 1) * d
+
+    def geo_seq(r):
+        a, q, n = r.randint(1, 5), r.choice([2, 3]), r.randint(4, 8)
+        return f"A geometric sequence starts {a}, {a * q}, {a * q * q}, ... What is its {_ordinal(n)} term?", a * q ** (n - 1)
+
+    def series_sum(r):
+        n = r.randint(10, 100)
+        return f"What is the sum of all integers from 1 to {n}?", n * (n + 1) // 2
+
+    def work(r):
+        a, b = r.choice([(3, 6), (4, 12), (6, 12), (10, 15), (12, 24), (20, 30), (6, 3), (12, 4)])
+        return (f"One worker paints a fence in {a} hours and another paints it in {b} hours. "
+                f"How many hours do they take together?"), a * b // (a + b)
+
+    def interest(r):
+        p, rate, y = 100 * r.randint(2, 50), r.randint(2, 9), r.randint(1, 5)
+        return f"How much simple interest, in dollars, do {p} dollars earn at {rate}% per year in {y} years?", p * rate * y // 100
+
+    def arrangements(r):
+        n = r.randint(3, 7)
+        return f"In how many ways can {n} different books be arranged in a row on a shelf?", _fact(n)
+
+    def committees(r):
+        n, k = r.randint(5, 12), r.randint(2, 4)
+        return f"In how many ways can a committee of {k} people be chosen from {n} people?", _fact(n) // (_fact(k) * _fact(n - k))
+
+    def dice(r):
+        s = r.randint(3, 11)
+        ways = sum(1 for a in range(1, 7) for b in range(1, 7) if a + b == s)
+        return f"Two six-sided dice are rolled. In how many of the 36 outcomes is the sum equal to {s}?", ways
+
+    def grid(r):
+        a, b = r.randint(2, 6), r.randint(2, 6)
+        return (f"Moving only right or up, how many shortest paths go from the bottom-left corner to the "
+                f"top-right corner of a {a} by {b} grid of squares?"), _fact(a + b) // (_fact(a) * _fact(b))
+
+    def polygon_angles(r):
+        n = r.randint(5, 12)
+        return f"What is the sum, in degrees, of the interior angles of a polygon with {n} sides?", 180 * (n - 2)
+
+    def coordinates(r):
+        a, b, c = r.choice([(3, 4, 5), (6, 8, 10), (5, 12, 13), (8, 6, 10)])
+        x, y = r.randint(-9, 9), r.randint(-9, 9)
+        return f"What is the distance between the points ({x}, {y}) and ({x + a}, {y + b})?", c
+
+    return [boxes, shop, change, speed, fuel, percent, discount, average, rectangle, square_perimeter,
+            triangle_area, box_volume, pythagoras, divisible, gcd_q, remainder, power_mod, digit_sum, linear,
+            system, ages, arith_seq, geo_seq, series_sum, work, interest, arrangements, committees, dice,
+            grid, polygon_angles, coordinates]
+
+
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def _gcd(a: int, b: int) -> int:
+    while b:
+        a, b = b, a % b
+    return a
+
+
+def _fact(n: int) -> int:
+    out = 1
+    for i in range(2, n + 1):
+        out *= i
+    return out
+
+
+def build(seed: int = SEED) -> dict:
+    """The bank as a JSON-able dict (deterministic in ``seed``)."""
+    rng = random.Random(seed)
+    planning = [f.format(s) for f in FRAMINGS for s in SUBTOPICS][:PER_ROLE]  # round-robin over subtopics
+    questions: list[dict] = []
+    seen: set[str] = set()
+    templates = _templates()
+    while len(questions) < 2 * PER_ROLE:
+        for t in templates:  # one of each template per round: the first items cover every kind
+            for _ in range(100):  # redraw a duplicate (a template with few distinct values)
+                q, a = t(rng)
+                if q not in seen:
+                    break
+            else:
+                continue
+            seen.add(q)
+            questions.append({"question": q, "answer": str(a), "template": t.__name__})
+            if len(questions) == 2 * PER_ROLE:
+                break
+    return {
+        "version": 1,
+        "generator": "python -m eval.make_entropy_bank",
+        "seed": seed,
+        "planning": planning,
+        "execution": questions[:PER_ROLE],  # rounds 1-8 of the templates
+        "evaluation": questions[PER_ROLE:],
+    }
+
+
+def dumps(bank: dict) -> str:
+    return json.dumps(bank, indent=1, ensure_ascii=False) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--check", action="store_true", help="compare with the shipped file instead of writing it")
+    ap.add_argument("--out", type=Path, default=OUT)
+    args = ap.parse_args(argv)
+    text = dumps(build())
+    if args.check:
+        same = args.out.exists() and args.out.read_text(encoding="utf-8") == text
+        print(f"{args.out}: {'up to date' if same else 'differs from a fresh build'}")
+        return 0 if same else 1
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text, encoding="utf-8")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,64 @@
+"""The fixed bank of held-out role contexts for entropy retention (SPEC §8; paper Appendix D.2: token
+entropy on 256 held-out contexts per role, final/initial ratio).
+
+Shipped as package data (``unifiedplayers/data/entropy_bank.json``), written once by
+``python -m eval.make_entropy_bank`` from our own templates with seeded numbers: no data set, and
+nothing training ever samples (Planning prompts come from ``player.topics``, Execution and Evaluation
+see the Planning player's own tasks). Per role, 256 items:
+
+- ``planning``: topic phrases for the questioner template (``planning_prompt(tokenizer, player, topic)``);
+- ``execution`` and ``evaluation``: math word problems (``execution_prompt`` / ``evaluation_prompt``
+  of the question), 256 different ones per role.
+
+:func:`entropy_bank_texts` gives the first ``size`` items of a role; a size beyond the bank is an
+error, never a silent cap. Pure: no tokenizer, no torch.
+"""
+from __future__ import annotations
+
+import functools
+import json
+from importlib import resources
+from typing import Any
+
+ROLES = ("planning", "execution", "evaluation")
+BANK_FILE = "entropy_bank.json"
+
+
+@functools.lru_cache(maxsize=1)
+def load_bank() -> dict[str, Any]:
+    """The shipped bank (``version``, ``seed``, ``generator`` and one list per role)."""
+    text = resources.files("unifiedplayers").joinpath("data", BANK_FILE).read_text(encoding="utf-8")
+    bank = json.loads(text)
+    missing = [r for r in ROLES if not isinstance(bank.get(r), list)]
+    if missing:
+        raise ValueError(f"{BANK_FILE}: no list for role(s) {missing}; regenerate with python -m eval.make_entropy_bank")
+    return bank
+
+
+def bank_size(role: str) -> int:
+    """How many contexts the bank holds for ``role``."""
+    _check_role(role)
+    return len(load_bank()[role])
+
+
+def entropy_bank_texts(role: str, size: int) -> list[str]:
+    """The first ``size`` held-out texts of ``role``: topic phrases (planning) or questions (execution,
+    evaluation), to be rendered with that role's prompt. Raises ``ValueError`` for an unknown role, a
+    negative size, or a size larger than the bank holds."""
+    _check_role(role)
+    if isinstance(size, bool) or not isinstance(size, int):
+        raise ValueError(f"entropy bank size must be an int, got {size!r}")
+    if size < 0:
+        raise ValueError(f"entropy bank size must be >= 0, got {size}")
+    items = load_bank()[role]
+    if size > len(items):
+        raise ValueError(
+            f"trainer.entropy_bank_size={size} but the {role} entropy bank holds {len(items)} held-out "
+            f"contexts; lower it or extend eval/make_entropy_bank.py"
+        )
+    return [item["question"] if isinstance(item, dict) else str(item) for item in items[:size]]
+
+
+def _check_role(role: str) -> None:
+    if role not in ROLES:
+        raise ValueError(f"unknown role {role!r}: one of {ROLES}")
