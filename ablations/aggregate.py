@@ -6,8 +6,10 @@ directory (``load_run_row``):
 - ``config.yaml``: the resolved config the loop saved (seed, schedule switches, perturbation, M, reward
   weights, method, model);
 - ``summary.json``: present once the run finished (``finished``);
-- ``metrics.jsonl``: the adversarial rejection rate (mean ``evaluation/rho_adv`` over the updates of the
-  last outer iteration) and compute hours (``eval.analysis.compute``);
+- ``metrics.jsonl``: training's adversarial rejection rate on the run's own rules (mean
+  ``evaluation/rho_adv`` over the updates of the last outer iteration) and compute hours
+  (``eval.analysis.compute``);
+- ``eval/adv_reject.json``: Table 15's Adv. Reject on the fixed held-out set (``ablations.adv_reject``);
 - ``eval/results.json``: the evaluation harness's output (``python -m eval.run`` or
   ``ablations/evaluate_runs.py``). ``Math AVG`` and ``General AVG`` are the means of the math and general
   benchmarks evaluated (paper columns, or the offline subsets at smoke scale: GSM8K-100 counts as math,
@@ -50,6 +52,7 @@ from eval.tables import METHOD_LABELS  # noqa: E402,F401 (conf/method name -> Ta
 
 EVAL_DIR = "eval"
 RESULTS_FILE = "results.json"
+ADV_REJECT_FILE = "adv_reject.json"  # ablations.adv_reject.RESULT_FILE
 ADV_REJECT_KEY = "evaluation/rho_adv"
 ITERATION_KEYS = ("outer_iteration", "iteration")
 METRIC_NAMES = {"math_avg": "Math AVG", "general_avg": "General AVG"}
@@ -109,9 +112,14 @@ def eval_scores(results: dict[str, Any], mode: Optional[str] = None) -> dict[str
             continue
         out[f"score/{name}"] = float(s)
         by_domain[benchmark_domain(name)].append(float(s))
+    names: dict[str, list[str]] = {"math": [], "general": []}
+    for name in modes[mode].get("benchmarks", {}):
+        if f"score/{name}" in out:
+            names[benchmark_domain(name)].append(name)
     for dom, vals in by_domain.items():
         out[f"{dom}_avg"] = float(np.mean(vals)) if vals else np.nan
         out[f"n_{dom}"] = len(vals)
+        out[f"benchmarks_{dom}"] = ",".join(sorted(names[dom]))  # what the average covers
     return out
 
 
@@ -172,12 +180,17 @@ def load_run_row(run_dir: str | Path, mode: Optional[str] = None) -> dict[str, A
         "use_verifiability": bool(reward.get("use_verifiability", True)),
         "finished": bool(summary) or not _get(config, "method.trainable", True),
         "updates": len(metrics),
-        "adv_reject": adversarial_rejection(metrics),
+        "adv_reject": np.nan,  # Table 15: on the fixed held-out set (eval/adv_reject.json, ablations.adv_reject)
+        "adv_reject_train": adversarial_rejection(metrics),  # on the run's own rules, during training
         "math_avg": np.nan,
         "general_avg": np.nan,
         "evaluated": False,
     }
     row["wall_h"], row["device_h"] = compute_hours(run_dir, metrics, config, summary) if metrics else (0.0, 0.0)
+    adv_path = run_dir / EVAL_DIR / ADV_REJECT_FILE
+    if adv_path.exists():
+        adv = json.loads(adv_path.read_text()).get("adv_reject")
+        row["adv_reject"] = float(adv) if adv is not None else np.nan
     res_path = run_dir / EVAL_DIR / RESULTS_FILE
     if res_path.exists():
         scores = eval_scores(json.loads(res_path.read_text()), mode)
@@ -322,6 +335,74 @@ def _check_unique(df: pd.DataFrame, keys: list[str], what: str) -> None:
 
 
 # --------------------------------------------------------------------------------------------------
+# What an average covers (every table's AVG columns)
+
+PAPER_BACKBONE = "Qwen3-4B-Base"  # Tables 3, 5, 15, 16 and 17 of the paper are on this backbone only
+FLAG = "†"
+
+
+def paper_benchmarks(domain: str) -> list[str]:
+    """The benchmarks of the paper's Math AVG (Table 1's seven) or General AVG (Table 2's five)."""
+    from eval.benchmarks import REGISTRY
+
+    return [name for name, b in REGISTRY.items() if b.table == domain]
+
+
+def _titles(names: Sequence[str]) -> str:
+    from eval.benchmarks import REGISTRY
+
+    return ", ".join(REGISTRY[n].title if n in REGISTRY else n for n in names) or "none"
+
+
+def average_provenance(df: pd.DataFrame, metrics: Sequence[str]) -> tuple[dict[str, bool], list[str]]:
+    """For each AVG metric of a table (``math_avg``, ``general_avg``): whether our column must be flagged
+    (a benchmark set other than the paper's, or another backbone than the paper's), and the notes that
+    name the backbone(s) and the benchmarks each average covers. ``df``: the runs in the table."""
+    flags: dict[str, bool] = {}
+    notes: list[str] = []
+    backbones = sorted(map(str, df["model"].dropna().unique())) if "model" in df and not df.empty else []
+    other_backbone = any(b.rsplit("/", 1)[-1].lower() != PAPER_BACKBONE.lower() for b in backbones)
+    for m in metrics:
+        if m not in METRIC_NAMES:
+            continue
+        dom = m.split("_")[0]
+        col = f"benchmarks_{dom}"
+        sets = sorted({str(x) for x in df[col].dropna()} - {""}) if col in df and not df.empty else []
+        paper_set = paper_benchmarks(dom)
+        differs = any(sorted(x.split(",")) != sorted(paper_set) for x in sets)
+        flags[m] = bool(sets) and (differs or other_backbone)
+        name = METRIC_NAMES[m]
+        if not sets:
+            notes.append(f"{name} (ours): no evaluated run yet.")
+            continue
+        covered = "; ".join(f"{_titles(x.split(','))} ({len(x.split(','))})" for x in sets)
+        text = (f"{name} (ours) on {', '.join(backbones) or 'an unrecorded backbone'}: mean over {covered}. "
+                f"{name} (paper) on {PAPER_BACKBONE}: mean over {_titles(paper_set)} ({len(paper_set)}).")
+        if len(sets) > 1:
+            per_run = ", ".join(f"{r['name']}: {_titles(str(r[col]).split(','))}" for _, r in df.iterrows()
+                                if isinstance(r.get(col), str))
+            text += f" {FLAG} The runs' averages cover different benchmarks ({per_run}): rows are not comparable."
+        elif differs:
+            text += f" {FLAG} Not the paper's benchmark set: not comparable with the paper's column."
+        if other_backbone:
+            text += f" {FLAG} Not the paper's backbone."
+        notes.append(text)
+    return flags, notes
+
+
+def label_averages(table: Table, df: pd.DataFrame, metrics: Sequence[str]) -> Table:
+    """Flag our AVG columns that are not like for like with the paper's, and say what each covers."""
+    ok = _complete(df)
+    flags, notes = average_provenance(ok, metrics)
+    for m, flagged in flags.items():
+        if flagged:
+            old = f"{METRIC_NAMES[m]} (ours)"
+            table.header = [h.replace(old, f"{METRIC_NAMES[m]} (ours{FLAG})") for h in table.header]
+    table.notes = notes + table.notes
+    return table
+
+
+# --------------------------------------------------------------------------------------------------
 # Table 3
 
 
@@ -419,20 +500,11 @@ def table3(df: pd.DataFrame, metrics: Sequence[str] = ("math_avg", "general_avg"
         f"Ours: mean ± SD over paired seeds {seeds} (n per cell = seeds with a finished, evaluated run; "
         "contrasts per seed, then mean ± SD; '–': undefined, e.g. an SD over one seed). "
         "Paper: Qwen3-4B-Base, three paired seeds, GPU-hours per seed on 8x A100.",
-        f"Backbone(s): {', '.join(sorted(map(str, ok['model'].dropna().unique()))) or '–'}; "
-        f"benchmarks per domain: math {sorted(_bench_names(ok, 'math'))}, general {sorted(_bench_names(ok, 'general'))}.",
     ] + _pending_note(df)
-    return Table("table3", "Table 3: Player attribution with trainable Execution", header, rows, notes,
-                 sections={0: "Factorial configurations", first_contrast: "Paired contrasts",
-                           first_control: "Coordination control"})
-
-
-def _bench_names(df: pd.DataFrame, domain: str) -> set[str]:
-    names = set()
-    for col in df.columns:
-        if col.startswith("score/") and df[col].notna().any() and benchmark_domain(col[6:]) == domain:
-            names.add(col[6:])
-    return names
+    t = Table("table3", "Table 3: Player attribution with trainable Execution", header, rows, notes,
+              sections={0: "Factorial configurations", first_contrast: "Paired contrasts",
+                        first_control: "Coordination control"})
+    return label_averages(t, df, metrics)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -493,19 +565,33 @@ def table5(df: pd.DataFrame) -> Table:
         notes=[f"Ours: full method at {max_it} outer iteration(s); mean over seeds where several ran."],
     )
     t.header = ["Method", "Math AVG (ours)", "Math AVG (paper)", "General AVG (ours)", "General AVG (paper)"]
-    return t
+    return label_averages(t, df, ["math_avg", "general_avg"])
 
 
 def table15(df: pd.DataFrame) -> Table:
+    def own_rules(k, sub):
+        vals = sub["adv_reject_train"].astype(float).dropna().tolist()
+        return [float(np.mean(vals)) if vals else float("nan")]
+
+    ok = _complete(df)
+    unmeasured = ok[ok["adv_reject"].astype(float).isna()] if not ok.empty else ok
+    notes = ["Adv. Reject (ours): mean ρ_adv (Eq. 11) of the final Evaluation player's valid verifiers on ONE fixed "
+             "held-out set (ablations/data/table15_heldout.jsonl: 12 tasks, each perturbed by all five rules), "
+             "whatever rules the run trained with (ablations/adv_reject.py). The last column is training's "
+             "evaluation/rho_adv over the last outer iteration, on the run's own rules (0 by construction "
+             "without rules): not comparable across rows."]
+    if not unmeasured.empty:
+        notes.append(f"Adv. Reject not measured for: {', '.join(unmeasured['name'])} "
+                     "(python -m ablations.adv_reject measure <run dir>).")
     t = _simple_table(
         "table15", "Table 15: Effect of perturbation-rule subsets", df, lambda r: r["perturbation"],
         list(paper.TABLE15), lambda k: [paper.TABLE15[k][0]],
         lambda k, m: paper.TABLE15[k][1 if m == "math_avg" else 2], ["math_avg", "adv_reject"],
-        notes=["Adv. Reject: mean adversarial rejection rate ρ_adv of the Evaluation player's valid verifiers "
-               "over the last outer iteration (metrics.jsonl, evaluation/rho_adv)."],
+        extra=own_rules, notes=notes,
     )
-    t.header = ["Perturbation Rules", "Math AVG (ours)", "Math AVG (paper)", "Adv. Reject (ours)", "Adv. Reject (paper)"]
-    return t
+    t.header = ["Perturbation Rules", "Math AVG (ours)", "Math AVG (paper)", "Adv. Reject (ours, held-out)",
+                "Adv. Reject (paper)", "ρ_adv in training (own rules)"]
+    return label_averages(t, df, ["math_avg"])
 
 
 def table16(df: pd.DataFrame) -> Table:
@@ -518,7 +604,7 @@ def table16(df: pd.DataFrame) -> Table:
     )
     t.header = ["M", "Math AVG (ours)", "Math AVG (paper)", "General AVG (ours)", "General AVG (paper)",
                 _compute_header(ok if not ok.empty else df), "GPU-h (paper)"]
-    return t
+    return label_averages(t, df, ["math_avg", "general_avg"])
 
 
 def _weights(r: Any) -> tuple[float, float, float]:
@@ -533,7 +619,7 @@ def table17(df: pd.DataFrame) -> Table:
     )
     t.header = ["Configuration", "α", "β", "γ", "Math AVG (ours)", "Math AVG (paper)", "General AVG (ours)",
                 "General AVG (paper)"]
-    return t
+    return label_averages(t, df, ["math_avg", "general_avg"])
 
 
 # --------------------------------------------------------------------------------------------------

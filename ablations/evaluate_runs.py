@@ -10,6 +10,9 @@ For each run directory under the sweep (a directory with ``config.yaml``):
   latest Execution checkpoint (``eval.run.resolve_checkpoint``; evaluation-only methods keep the backbone),
   and ``eval.run.evaluate`` writes ``<run>/eval/`` (per-problem JSONL, ``results.json``, ``scores.md/tex``).
 
+For Table 15 (``--adv-reject``), a run with an Evaluation player of its own is also measured on the fixed
+held-out set of ``ablations.adv_reject`` (``<run>/eval/adv_reject.json``).
+
 The mode follows the method: ``tool`` for methods with ``use_tools`` (the sandbox at inference), else
 ``vanilla``. The ``eval`` preset (``conf/eval/<name>.yaml``) fixes the benchmarks and generation lengths;
 the run's W&B group and tags are reused, so the scores land in the sweep's group.
@@ -28,7 +31,7 @@ _ROOT = str(Path(__file__).resolve().parents[1])
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
-from ablations.aggregate import EVAL_DIR, RESULTS_FILE, find_run_dirs  # noqa: E402
+from ablations.aggregate import ADV_REJECT_FILE, EVAL_DIR, RESULTS_FILE, find_run_dirs  # noqa: E402
 
 
 def eval_config(run_cfg: Any, preset: str, overrides: Sequence[str] = ()) -> Any:
@@ -46,17 +49,28 @@ def eval_config(run_cfg: Any, preset: str, overrides: Sequence[str] = ()) -> Any
     return cfg
 
 
-def evaluate_run(run_dir: Path, preset: str, overrides: Sequence[str] = (), log=print) -> Optional[dict]:
-    """Evaluate one run directory; returns its results, or None when it was skipped."""
+def has_evaluation_player(run_cfg: Any) -> bool:
+    """Whether the run's method trains an Evaluation player (UnifiedPlayers': the one Table 15 measures)."""
+    return bool(run_cfg.method.trainable) and "evaluation" in list(OmegaConf.select(run_cfg, "method.roles") or [])
+
+
+def evaluate_run(run_dir: Path, preset: str, overrides: Sequence[str] = (), log=print,
+                 adv_reject: bool = False) -> Optional[dict]:
+    """Evaluate one run directory; returns its results, or None when it was skipped. With ``adv_reject``
+    also measures Table 15's Adv. Reject on the fixed held-out set (``ablations.adv_reject``), once."""
     from eval.run import build_engine, evaluate
 
     out = run_dir / EVAL_DIR
-    if (out / RESULTS_FILE).exists():
-        log(f"[evaluate] {run_dir}: already evaluated")
-        return None
     run_cfg = OmegaConf.load(run_dir / "config.yaml")
     if run_cfg.method.trainable and not (run_dir / "summary.json").exists():
         log(f"[evaluate] {run_dir}: training not finished, skipped (rerun the sweep to resume it)")
+        return None
+    if adv_reject and has_evaluation_player(run_cfg) and not (out / ADV_REJECT_FILE).exists():
+        from ablations.adv_reject import measure_run
+
+        measure_run(run_dir, log=log)
+    if (out / RESULTS_FILE).exists():
+        log(f"[evaluate] {run_dir}: already evaluated")
         return None
     cfg = eval_config(run_cfg, preset, overrides)
     cfg.ckpt = str(run_dir) if run_cfg.method.trainable else None
@@ -67,12 +81,14 @@ def evaluate_run(run_dir: Path, preset: str, overrides: Sequence[str] = (), log=
     return results
 
 
-def _evaluate_in_worker(run_dir: Path, preset: str, overrides: Sequence[str], threads: int) -> bool:
+def _evaluate_in_worker(run_dir: Path, preset: str, overrides: Sequence[str], threads: int,
+                        adv_reject: bool = False) -> bool:
     if threads > 0:
         import torch
 
         torch.set_num_threads(threads)
-    return evaluate_run(Path(run_dir), preset, overrides, log=lambda m: print(m, flush=True)) is not None
+    return evaluate_run(Path(run_dir), preset, overrides, log=lambda m: print(m, flush=True),
+                        adv_reject=adv_reject) is not None
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -81,6 +97,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--eval", default="paper", help="conf/eval preset (default: paper)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads per evaluation (0: torch's default)")
     ap.add_argument("--jobs", type=int, default=1, help="run directories evaluated at a time (processes)")
+    ap.add_argument("--adv-reject", action="store_true",
+                    help="also measure Table 15's Adv. Reject on the fixed held-out set (ablations.adv_reject)")
     ap.add_argument("overrides", nargs="*", help="further overrides of conf/evaluate.yaml, e.g. eval.limit=5")
     args = ap.parse_intermixed_args(argv)
     dirs = find_run_dirs(args.sweep_dir)
@@ -88,9 +106,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from joblib import Parallel, delayed
 
         flags = Parallel(n_jobs=args.jobs, backend="loky")(
-            delayed(_evaluate_in_worker)(d, args.eval, args.overrides, args.threads) for d in dirs)
+            delayed(_evaluate_in_worker)(d, args.eval, args.overrides, args.threads, args.adv_reject) for d in dirs)
     else:
-        flags = [_evaluate_in_worker(d, args.eval, args.overrides, args.threads) for d in dirs]
+        flags = [_evaluate_in_worker(d, args.eval, args.overrides, args.threads, args.adv_reject) for d in dirs]
     done = sum(flags)
     print(f"[evaluate] {args.sweep_dir}: evaluated {done} run(s)")
     return 0

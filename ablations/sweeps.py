@@ -64,6 +64,7 @@ class Sweep:
     name: str  # also the table's key in ablations.aggregate and the W&B group prefix
     runs: tuple[tuple[str, ...], ...]  # one Hydra multirun per entry: the ablation preset + member overrides
     eval_only_methods: tuple[str, ...] = ()  # methods evaluated on the backbone without training (Table 1)
+    adv_reject: bool = False  # also measure Adv. Reject on the fixed held-out set (Table 15)
     notes: str = ""
 
     def multiruns(self, scale: Scale) -> list[list[str]]:
@@ -83,7 +84,8 @@ SWEEPS = {
         ("ablation=table5", "reward=no_diversity", "seed=0"),
         ("ablation=table5", "schedule.outer_iterations=1", "seed=0"),
     ), notes="Single Iteration differs from the full method only where the scale has more than one outer iteration"),
-    "table15": Sweep("table15", (("ablation=table15", "perturbation=all,local,global,none", "seed=0"),)),
+    "table15": Sweep("table15", (("ablation=table15", "perturbation=all,local,global,none", "seed=0"),),
+                     adv_reject=True),
     "table16": Sweep("table16", (("ablation=table16", "player.num_verifiers=1,2,4,8", "seed=0"),)),
     "table17": Sweep("table17", (
         ("ablation=table17", "reward=default,gold_heavy,adv_heavy,high_diversity,no_diversity", "seed=0"),)),
@@ -173,7 +175,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     py = [sys.executable, "-m"]
     if "evaluate" in steps:
         run(py + ["ablations.evaluate_runs", str(out), "--eval", scale.eval, "--threads", str(args.eval_threads),
-                   "--jobs", str(args.jobs if args.launcher == "local" else 1), *scale.eval_overrides],
+                   "--jobs", str(args.jobs if args.launcher == "local" else 1),
+                   *(["--adv-reject"] if sweep.adv_reject else []), *scale.eval_overrides],
             args.dry_run)
     if "aggregate" in steps:
         cmd = py + ["ablations.aggregate", sweep.name, str(out)]

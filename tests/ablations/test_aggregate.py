@@ -156,14 +156,22 @@ def test_table5_rows(tmp_path):
                           "use_verifiability": True, "gamma": 0.1, "outer_iterations": 3}, 3)
 
 
-def test_table15_adv_reject_from_last_iteration(tmp_path):
+def test_table15_adv_reject_from_the_held_out_set(tmp_path):
     make_run(tmp_path, "all", perturbation="all", math_score=40.0, rho_adv=(0.1, 0.7))
     make_run(tmp_path, "none", perturbation="none", rules=0, math_score=35.0, rho_adv=(0.0, 0.0))
+    # the held-out measurement (ablations.adv_reject) of each run: the "none" run is no longer 0 by construction
+    (tmp_path / "all" / "eval" / "adv_reject.json").write_text(json.dumps({"adv_reject": 0.6}))
+    (tmp_path / "none" / "eval" / "adv_reject.json").write_text(json.dumps({"adv_reject": 0.25}))
     t = agg.table15(agg.load_sweep(tmp_path))
-    assert row_of(t, "Full capacity (5 rules)")[1:] == [40.0, 56.4, 0.7, 0.79]
-    assert row_of(t, "No perturbation")[3] == 0.0
+    # training's rho_adv of the last outer iteration (0.7) stays beside it, in its own column
+    assert row_of(t, "Full capacity (5 rules)")[1:] == [40.0, 56.4, 0.6, 0.79, 0.7]
+    assert row_of(t, "No perturbation")[3:] == [0.25, 0.21, 0.0]
     assert math.isnan(row_of(t, "Local edits only (3 rules)")[1])  # not run: "–"
-    assert "| Local edits only (3 rules) | – | 55.2 | – | 0.68 |" in t.to_markdown()
+    assert "| Local edits only (3 rules) | – | 55.2 | – | 0.68 | – |" in t.to_markdown()
+    assert "Adv. Reject (ours, held-out)" in t.header
+    (tmp_path / "none" / "eval" / "adv_reject.json").unlink()  # not measured: "–" and a note, never 0
+    t = agg.table15(agg.load_sweep(tmp_path))
+    assert math.isnan(row_of(t, "No perturbation")[3]) and any("not measured for: none" in n for n in t.notes)
 
 
 def test_table16_and_17_keys(tmp_path):
