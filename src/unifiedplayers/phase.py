@@ -14,6 +14,7 @@ The outer loop (:mod:`unifiedplayers.schedule`) does the sampling, which needs t
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
@@ -21,6 +22,7 @@ import numpy as np
 import torch
 
 from unifiedplayers import grpo
+from unifiedplayers.methods import GroupShape, shape_advantages
 from unifiedplayers.records import InteractionRecord
 from unifiedplayers.trainer import sample_from_completion, sample_from_segments
 
@@ -114,14 +116,24 @@ def group_samples(role: str, groups: Sequence[Sequence[Any]], tasks: Sequence[An
 
 
 def training_batch(makers: Sequence[Callable[[float], Any]], rewards: Sequence[float], group_ids: Sequence[int],
-                   trainer_cfg: Any, drop_zero_advantage_groups: bool) -> list[Any]:
-    """The unit's samples with their group-relative advantages (Eq. 17); zero-advantage groups dropped when asked."""
+                   trainer_cfg: Any, drop_zero_advantage_groups: bool,
+                   shapes: Optional[dict[int, GroupShape]] = None) -> list[Any]:
+    """The unit's samples with their group-relative advantages (Eq. 17); zero-advantage groups dropped when asked.
+
+    ``shapes``: a baseline's shape of each group (:func:`unifiedplayers.methods.group_shape`: groups left
+    out, advantages scaled, a per-sample upper clip; Agent0's ADPO, R-Zero's band). Plain GRPO without.
+    """
     if not makers:
         return []
     adv = grpo.get_adv_estimator(trainer_cfg.adv_estimator)(
         torch.tensor(list(rewards), dtype=torch.float64), torch.tensor(list(group_ids)), eps=trainer_cfg.adv_eps
     ).tolist()
-    batch = [make(a) for make, a in zip(makers, adv)]
+    batch = []
+    for n, a, clip_high in shape_advantages(shapes or {}, group_ids, adv):
+        sample = makers[n](a)
+        if clip_high is not None:
+            sample = dataclasses.replace(sample, clip_high=float(clip_high))
+        batch.append(sample)
     if drop_zero_advantage_groups:
         live = {g for g, a in zip(group_ids, adv) if a != 0.0}
         batch = [s for s in batch if s.group in live]

@@ -61,7 +61,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -70,15 +70,17 @@ from omegaconf import OmegaConf
 from unifiedplayers import grpo
 from unifiedplayers.config import RoleHyperparameters, resolve_player_config, role_temperature, role_trainer_config
 from unifiedplayers.distributed import SINGLE, DistContext
+from unifiedplayers.engines import PolicyPool, SamplingTemperature, TimedSandbox  # noqa: F401 (re-exported)
 from unifiedplayers.execution_pool import FixedPool, metrics_of
 from unifiedplayers.logging import RunLogger, progress, truncate_lines
-from unifiedplayers.methods import ROLES, TaskFeedback, method_reward_sources, task_builder
+from unifiedplayers.methods import ROLES, TaskFeedback, group_shape, method_reward_sources, planning_rewards, task_builder
 from unifiedplayers.perturbation import PerturbationEngine
 from unifiedplayers.players.evaluation import evaluation_prompt, write_verifiers
-from unifiedplayers.players.execution import execution_prompt, solve
+from unifiedplayers.players.execution import code_requests, execution_prompt, solve
 from unifiedplayers.players.planning import PlanningTask, generate_tasks, planning_prompt
 from unifiedplayers.records import RECORDS_FILENAME, RecordWriter
 from unifiedplayers.rewards import QuestionHistory, task_rewards
+from unifiedplayers.run_state import atomic_torch_save, is_schema_default, result_config
 from unifiedplayers.phase import PHASE_FILE, Phase, Unit, group_samples, phase_records, split_units, training_batch, \
     trainer_metrics_line, unit_metrics, unit_of_step
 from unifiedplayers.trainer import build_trainer, capture_rng_state, restore_rng_state
@@ -89,9 +91,6 @@ CONFIG_FILE = "config.yaml"
 BLOCK_ORDER = ROLES  # ("planning", "execution", "evaluation")
 FEEDBACK_MODES = ("fresh", "stale")
 RETENTION_MODES = ("all", "weights", "execution_weights")
-# Config keys that may change between a run and its resumption (they steer this process, not the result).
-RUN_CONTROL_KEYS = ("resume", "run_dir", "logger", "schedule.max_updates", "schedule.print_summary",
-                    "schedule.checkpoint_retention")
 EventHook = Callable[[str, "OuterLoop", "Slot"], None]
 
 
@@ -230,39 +229,17 @@ def validate(cfg: Any, dist: DistContext = SINGLE) -> None:
             raise ValueError(f"player.{name}={getattr(p, name)}: need >= 1")
     if not p.planning.template or not p.execution.template or not p.evaluation.template:
         raise ValueError("player.<role>.template must be set for all three players (conf/player/)")
+    if not cfg.method.use_tools and code_requests(p):
+        raise ValueError(
+            f"method {cfg.method.name} runs without tools, but the Execution prompt asks for code "
+            f"({', '.join(code_requests(p))}): every sample that obeyed would end unanswered. Give it a "
+            "plain-text player.execution prompt (system, template, few_shot), as conf/method/r_zero.yaml does")
     method_reward_sources(cfg.method)
     grpo.get_adv_estimator(cfg.trainer.adv_estimator)
 
 
 # --------------------------------------------------------------------------------------------------
-# Small helpers at the edges
-
-
-class TimedSandbox:
-    """Forwards to a sandbox and adds up the wall time spent in it (``seconds``)."""
-
-    def __init__(self, sandbox: Any) -> None:
-        self.sandbox = sandbox
-        self.seconds = 0.0
-
-    def _timed(self, name: str, *args: Any, **kwargs: Any) -> Any:
-        t = time.perf_counter()
-        try:
-            return getattr(self.sandbox, name)(*args, **kwargs)
-        finally:
-            self.seconds += time.perf_counter() - t
-
-    def run(self, *a: Any, **k: Any) -> Any:
-        return self._timed("run", *a, **k)
-
-    def run_many(self, *a: Any, **k: Any) -> Any:
-        return self._timed("run_many", *a, **k)
-
-    def call(self, *a: Any, **k: Any) -> Any:
-        return self._timed("call", *a, **k)
-
-    def call_many(self, *a: Any, **k: Any) -> Any:
-        return self._timed("call_many", *a, **k)
+# Players
 
 
 def version(role: str, outer_iteration: int, step: int) -> dict[str, Any]:
@@ -282,66 +259,6 @@ class Player:
     published_version: Optional[dict[str, Any]] = None
 
 
-class PolicyPool:
-    """Rollout engines for the players' weights.
-
-    ``hf``: one engine per model object (it samples from the module itself). Other backends (vLLM): one
-    engine whose weights are swapped in (``update_weights``) when another player or checkpoint samples;
-    the engine reads the module inside ``gather()`` (a trainer's :meth:`gathered_weights`: ZeRO-3 gathers
-    its partitions there, collectively, so every rank asks for the same engines in the same order).
-    """
-
-    def __init__(self, rollout_cfg: Any, tokenizer: Any, build: Optional[Callable[..., Any]] = None) -> None:
-        from unifiedplayers.rollout import build_rollout
-
-        self._build = build or build_rollout
-        self.cfg = rollout_cfg
-        self.tokenizer = tokenizer
-        self._engines: dict[int, Any] = {}
-        self._shared: Any = None
-        self._loaded: Any = None
-
-    def engine(self, model: Any, key: Any,
-               gather: Callable[[], ContextManager[Any]] = contextlib.nullcontext) -> Any:
-        if self.cfg.backend == "hf":
-            if id(model) not in self._engines:
-                self._engines[id(model)] = self._build(self.cfg, model, self.tokenizer)
-            return self._engines[id(model)]
-        if self._shared is None:
-            with gather():
-                self._shared = self._build(self.cfg, model, self.tokenizer)
-            self._loaded = key
-        elif self._loaded != key:
-            with gather():
-                self._shared.update_weights(model)
-            self._loaded = key
-        return self._shared
-
-
-class SamplingTemperature:
-    """A rollout engine whose default sampling temperature is one player's (``trainer.roles.<role>.temperature``).
-
-    The engine may be shared between players (vLLM swaps weights into one engine), so the temperature is
-    set per call rather than in the engine's config."""
-
-    def __init__(self, engine: Any, temperature: float) -> None:
-        self.engine = engine
-        self.temperature = float(temperature)
-
-    def _t(self, temperature: Optional[float], greedy: bool) -> Optional[float]:
-        return None if greedy else (self.temperature if temperature is None else temperature)
-
-    def generate(self, *args: Any, temperature: Optional[float] = None, **kwargs: Any) -> Any:
-        return self.engine.generate(*args, temperature=self._t(temperature, kwargs.get("greedy", False)), **kwargs)
-
-    def continue_segments(self, *args: Any, temperature: Optional[float] = None, **kwargs: Any) -> Any:
-        return self.engine.continue_segments(
-            *args, temperature=self._t(temperature, kwargs.get("greedy", False)), **kwargs)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.engine, name)
-
-
 class _NoLogger:
     """The metrics sink of ranks other than 0 (rank 0 writes metrics.jsonl and W&B)."""
 
@@ -350,44 +267,6 @@ class _NoLogger:
 
     def close(self) -> None:
         pass
-
-
-def _atomic_torch_save(obj: Any, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    torch.save(obj, tmp)
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    if isinstance(d, dict):
-        for k, v in d.items():
-            out.update(_flatten(v, f"{prefix}{k}."))
-    else:
-        out[prefix[:-1]] = d
-    return out
-
-
-def result_config(cfg: Any) -> dict[str, Any]:
-    """The composed config minus the run-control keys: what must not change when a run is resumed."""
-    flat = _flatten(OmegaConf.to_container(cfg, resolve=True))
-    return {k: v for k, v in flat.items() if not any(k == c or k.startswith(c + ".") for c in RUN_CONTROL_KEYS)}
-
-
-def _is_schema_default(key: str, value: Any) -> bool:
-    """Whether ``value`` is the typed schema's default for ``key``: a setting added to the code after a run
-    started, left at its default, is no change to that run (it behaves as before)."""
-    from unifiedplayers.config import Config
-
-    try:
-        default = OmegaConf.select(OmegaConf.structured(Config), key, throw_on_missing=False)
-    except Exception:  # noqa: BLE001 - an interpolation or a node without a default: treat as a change
-        return False
-    if OmegaConf.is_config(default):
-        default = OmegaConf.to_container(default, resolve=False)
-    return default is not None and default == value
 
 
 # --------------------------------------------------------------------------------------------------
@@ -472,7 +351,7 @@ class OuterLoop:
 
     def _write_state(self) -> None:
         if self.dist.is_main:
-            _atomic_torch_save(self._state(), self.state_path)
+            atomic_torch_save(self._state(), self.state_path)
 
     def _check_resumable(self, state: dict[str, Any]) -> None:
         if state.get("world_size", 1) != self.dist.world_size:
@@ -481,7 +360,7 @@ class OuterLoop:
                 f"(this process has {self.dist.world_size}): each rank's sampling seeds depend on the rank count")
         now, then = result_config(self.cfg), state["config"]
         diff = sorted(k for k in set(now) | set(then) if now.get(k) != then.get(k)
-                      and not (k not in then and _is_schema_default(k, now[k])))
+                      and not (k not in then and is_schema_default(k, now[k])))
         if diff:
             shown = ", ".join(f"{k}: {then.get(k)!r} -> {now.get(k)!r}" for k in diff[:8])
             raise ValueError(
@@ -620,7 +499,7 @@ class OuterLoop:
                 path = pub_dir / f"{role}.pt"
                 weights = player.trainer.full_state_dict()  # a collective under ZeRO-3: on every rank
                 if self.dist.is_main:
-                    _atomic_torch_save(weights, path)
+                    atomic_torch_save(weights, path)
                 self.published[role] = str(path.relative_to(self.run_dir))
 
     def _start_block(self, slot: Slot) -> dict[str, Any]:
@@ -893,9 +772,11 @@ class OuterLoop:
                               expected_answer=task.expected_answer, question=task.question, method_cfg=cfg.method,
                               answer_check=task.check)
             feedback.append(fb)
-            role_rewards["planning"].append(float(self.reward_sources["planning"](fb)))
             role_rewards["execution"].append(np.asarray(self.reward_sources["execution"](fb), dtype=np.float64))
             role_rewards["evaluation"].append(np.asarray(self.reward_sources["evaluation"](fb), dtype=np.float64))
+        # Planning rewards per task, or over the whole phase's batch (R-Zero's and Agent0's within-batch
+        # repetition penalty clusters the questions sampled together).
+        role_rewards["planning"] = planning_rewards(cfg.method, feedback)
         sandbox_s = self.sandbox.seconds - sandbox_before
 
         # 6. the S units: disjoint mini-batches of the active player's groups, advantages within each group
@@ -916,10 +797,17 @@ class OuterLoop:
             u_rewards = {r: sub(v) for r, v in role_rewards.items()}
             makers, rewards, gids = group_samples(slot.role, u_groups, sub(tasks), sub(rollouts), sub(verifiers),
                                                   u_rewards, malformed)
-            batch = training_batch(makers, rewards, gids, role_trainer_config(cfg.trainer, slot.role),
-                                   cfg.schedule.drop_zero_advantage_groups)
+            trainer_cfg = role_trainer_config(cfg.trainer, slot.role)
+            shapes = None
+            if slot.role != "planning":  # group g of the unit is its task g (a baseline may shape it)
+                shapes = {g: group_shape(cfg.method, slot.role, fb, clip_eps=trainer_cfg.clip_eps)
+                          for g, fb in enumerate(sub(feedback))}
+            batch = training_batch(makers, rewards, gids, trainer_cfg, cfg.schedule.drop_zero_advantage_groups,
+                                   shapes)
             m = unit_metrics(u_groups, sub(tasks), sub(rollouts), sub(verdicts), sub(feedback), u_rewards,
                              slot.role, malformed)
+            if shapes is not None:
+                m[f"{slot.role}/kept_groups"] = (sum(sh.keep for sh in shapes.values()) / len(shapes)) if shapes else None
             phase_units.append(Unit(batch, m, slot.phase + u))
 
         # 7. the phase's records (one per Planning output), written once; then the phase is saved
@@ -943,7 +831,7 @@ class OuterLoop:
         self.timing["sandbox_s"] += sandbox_s
         self.phase = phase
         if phase_steps(cfg) > 1:  # a stop inside the phase resumes on these units, not on a new sample
-            _atomic_torch_save(phase.to_state(), self.run_dir / PHASE_FILE)
+            atomic_torch_save(phase.to_state(), self.run_dir / PHASE_FILE)
             self._write_state()
         return phase
 

@@ -1,0 +1,94 @@
+"""The players' rollout engines and the timed sandbox, as the outer loop uses them (the edges of
+:mod:`unifiedplayers.schedule`)."""
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any, Callable, ContextManager, Optional
+
+
+class TimedSandbox:
+    """Forwards to a sandbox and adds up the wall time spent in it (``seconds``)."""
+
+    def __init__(self, sandbox: Any) -> None:
+        self.sandbox = sandbox
+        self.seconds = 0.0
+
+    def _timed(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        t = time.perf_counter()
+        try:
+            return getattr(self.sandbox, name)(*args, **kwargs)
+        finally:
+            self.seconds += time.perf_counter() - t
+
+    def run(self, *a: Any, **k: Any) -> Any:
+        return self._timed("run", *a, **k)
+
+    def run_many(self, *a: Any, **k: Any) -> Any:
+        return self._timed("run_many", *a, **k)
+
+    def call(self, *a: Any, **k: Any) -> Any:
+        return self._timed("call", *a, **k)
+
+    def call_many(self, *a: Any, **k: Any) -> Any:
+        return self._timed("call_many", *a, **k)
+
+
+class PolicyPool:
+    """Rollout engines for the players' weights.
+
+    ``hf``: one engine per model object (it samples from the module itself). Other backends (vLLM): one
+    engine whose weights are swapped in (``update_weights``) when another player or checkpoint samples;
+    the engine reads the module inside ``gather()`` (a trainer's :meth:`gathered_weights`: ZeRO-3 gathers
+    its partitions there, collectively, so every rank asks for the same engines in the same order).
+    """
+
+    def __init__(self, rollout_cfg: Any, tokenizer: Any, build: Optional[Callable[..., Any]] = None) -> None:
+        from unifiedplayers.rollout import build_rollout
+
+        self._build = build or build_rollout
+        self.cfg = rollout_cfg
+        self.tokenizer = tokenizer
+        self._engines: dict[int, Any] = {}
+        self._shared: Any = None
+        self._loaded: Any = None
+
+    def engine(self, model: Any, key: Any,
+               gather: Callable[[], ContextManager[Any]] = contextlib.nullcontext) -> Any:
+        if self.cfg.backend == "hf":
+            if id(model) not in self._engines:
+                self._engines[id(model)] = self._build(self.cfg, model, self.tokenizer)
+            return self._engines[id(model)]
+        if self._shared is None:
+            with gather():
+                self._shared = self._build(self.cfg, model, self.tokenizer)
+            self._loaded = key
+        elif self._loaded != key:
+            with gather():
+                self._shared.update_weights(model)
+            self._loaded = key
+        return self._shared
+
+
+class SamplingTemperature:
+    """A rollout engine whose default sampling temperature is one player's (``trainer.roles.<role>.temperature``).
+
+    The engine may be shared between players (vLLM swaps weights into one engine), so the temperature is
+    set per call rather than in the engine's config."""
+
+    def __init__(self, engine: Any, temperature: float) -> None:
+        self.engine = engine
+        self.temperature = float(temperature)
+
+    def _t(self, temperature: Optional[float], greedy: bool) -> Optional[float]:
+        return None if greedy else (self.temperature if temperature is None else temperature)
+
+    def generate(self, *args: Any, temperature: Optional[float] = None, **kwargs: Any) -> Any:
+        return self.engine.generate(*args, temperature=self._t(temperature, kwargs.get("greedy", False)), **kwargs)
+
+    def continue_segments(self, *args: Any, temperature: Optional[float] = None, **kwargs: Any) -> Any:
+        return self.engine.continue_segments(
+            *args, temperature=self._t(temperature, kwargs.get("greedy", False)), **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.engine, name)
