@@ -356,3 +356,74 @@ def policy_loss(
         if entropy is not None:
             metrics["actor/entropy"] = float((entropy.detach().float() * maskf).sum()) / denom
     return loss, metrics
+
+
+# --------------------------------------------------------------------------------------------------
+# Preference and imitation losses (Socratic-Zero's Solver and Generator; methods/socratic_zero.py)
+# --------------------------------------------------------------------------------------------------
+@register_policy_loss("dpo")
+def dpo_loss(logprobs: Tensor, old_logprobs: Tensor, ref_logprobs: Optional[Tensor], advantages: Tensor, mask: Tensor,
+             group_index: Tensor, clip_eps: float, kl_coef: float, sample_weights: Optional[Tensor] = None,
+             aggregation: str = "seq_group_mean", **_: object) -> tuple[Tensor, dict[str, float]]:
+    """DPO (Rafailov et al. 2023), the Solver's loss in Socratic-Zero: per preference pair (y_w, y_l),
+    −log σ(β [(log π_θ(y_w) − log π_ref(y_w)) − (log π_θ(y_l) − log π_ref(y_l))]), sequence log-probs summed
+    over the trainable tokens; β = ``kl_coef`` (DPO's β is the KL coefficient of the objective it solves).
+
+    A pair is a group of two samples: ``advantages`` +1 marks the chosen one, −1 the rejected one (both in
+    the same micro-batch). A pair weighs what its two samples weigh under ``sample_weights`` (the Eq. 21
+    weights give every pair 1/#pairs), so micro-batch losses add up to the batch's loss.
+    """
+    if kl_coef <= 0.0 or ref_logprobs is None:
+        raise ValueError("dpo needs β = trainer kl_coef > 0 and the reference log-probs")
+    maskf = mask.to(logprobs.dtype)
+    if sample_weights is None:
+        sample_weights = aggregation_weights(mask, group_index, aggregation)
+    mass = sample_weights.to(logprobs.dtype) * maskf.sum(dim=-1)  # each sample's share of the batch
+    seq_logratio = ((logprobs - ref_logprobs.to(logprobs.dtype)) * maskf).sum(dim=-1)  # (N,)
+    losses, margins = [], []
+    for g in torch.unique(group_index):
+        idx = (group_index == g).nonzero(as_tuple=True)[0]
+        signs = advantages[idx]
+        if idx.numel() != 2 or not (signs.max() > 0 > signs.min()):
+            raise ValueError(f"dpo: group {int(g)} is not one chosen (+1) and one rejected (−1) sample in this "
+                             f"micro-batch (advantages {signs.tolist()}); keep each pair whole")
+        c, r = (idx[0], idx[1]) if signs[0] > 0 else (idx[1], idx[0])
+        z = kl_coef * (seq_logratio[c] - seq_logratio[r])
+        losses.append((mass[c] + mass[r]) * torch.nn.functional.softplus(-z))  # −log σ(z) = softplus(−z)
+        margins.append(z.detach())
+    loss = torch.stack(losses).sum()
+    with torch.no_grad():
+        valid = mask.bool()
+        n_tok = int(valid.sum().item())
+        r = torch.exp(logprobs.detach() - old_logprobs.to(logprobs.dtype))[valid]
+        m = torch.stack(margins)
+        metrics = {
+            "actor/loss": float(loss.detach()), "actor/pg_loss": float(loss.detach()),
+            "actor/pg_clipfrac": 0.0,  # nothing is clipped
+            "actor/ratio_outside_clip_frac": float(((r < 1 - clip_eps) | (r > 1 + clip_eps)).sum()) / max(n_tok, 1),
+            "actor/ratio_mean": float(r.mean()) if n_tok else 1.0,
+            "actor/ratio_min": float(r.min()) if n_tok else 1.0,
+            "actor/ratio_max": float(r.max()) if n_tok else 1.0,
+            "actor/kl": float(((logprobs.detach() - ref_logprobs) * maskf).sum()) / max(n_tok, 1),
+            "actor/dpo_margin": float(m.mean()), "actor/dpo_accuracy": float((m > 0).float().mean()),
+            "actor/num_tokens": float(n_tok),
+        }
+    return loss, metrics
+
+
+@register_policy_loss("weighted_sft")
+def weighted_sft_loss(logprobs: Tensor, old_logprobs: Tensor, ref_logprobs: Optional[Tensor], advantages: Tensor,
+                      mask: Tensor, group_index: Tensor, sample_weights: Optional[Tensor] = None,
+                      aggregation: str = "seq_group_mean", **_: object) -> tuple[Tensor, dict[str, float]]:
+    """Value-weighted SFT (Socratic-Zero's Generator): −Σ_{n,t} w_n,t · u_n · log π_θ(y_n,t | ·), with u_n the
+    example's weight (``advantages``; the Solver's utility of the imitated problem) and w the aggregation's
+    token weights. The targets need not come from this policy (the Teacher wrote them): no ratio, no clip."""
+    maskf = mask.to(logprobs.dtype)
+    if sample_weights is None:
+        sample_weights = aggregation_weights(mask, group_index, aggregation)
+    token_weights = sample_weights.to(logprobs.dtype)[:, None] * maskf
+    loss = -(token_weights * advantages.to(logprobs.dtype)[:, None] * logprobs).sum()
+    n_tok = int(mask.sum().item())
+    return loss, {"actor/loss": float(loss.detach()), "actor/pg_loss": float(loss.detach()),
+                  "actor/nll": float(-(maskf * logprobs.detach()).sum()) / max(n_tok, 1),
+                  "actor/num_tokens": float(n_tok)}

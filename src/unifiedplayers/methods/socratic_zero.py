@@ -1,19 +1,41 @@
-"""Socratic-Zero (SPEC §11): a fixed Teacher, an external model behind an OpenAI-compatible endpoint
-(``method.teacher_endpoint``, ``method.teacher_model``), grades the Solver's solutions; the Solver (the
-Execution role, no tools) learns from the grades (``teacher`` execution reward: 1 when the Teacher judges
-the final answer correct, else 0; a sample without an answer gets 0 without asking).
+"""Socratic-Zero (SPEC §11; Wang et al. 2025, arXiv 2509.24726): a fixed Teacher and two trained players.
 
-Without an endpoint the method stops at start-up (``requires`` below) with a message naming the setting;
-nothing else is affected. The API key, if the endpoint needs one, is read from the environment variable
-named by ``method.extra.api_key_env`` (default ``OPENAI_API_KEY``), never from the config.
+- **Teacher** (not trained): an external model behind an OpenAI-compatible endpoint (``method.teacher_endpoint``,
+  ``method.teacher_model``). It has two functions: V(q, y) ∈ {0, 1}, the grade of a solution
+  (:meth:`TeacherClient.grade`), and G(q, y_fail) → (q', y'_ref), which turns a problem the Solver failed
+  into a new problem aimed at that failure, with a worked reference solution (:meth:`TeacherClient.refine`).
+- **Solver** (the Execution role, no tools): trained on Teacher-judged preference pairs with DPO. For each
+  problem, its K solutions split into Y_w (graded correct) and Y_l (graded wrong); when no solution is
+  correct, the Teacher's reference solution is the one winner (:func:`preference_pairs`). The loss is
+  ``grpo.dpo_loss`` (β = the role's ``kl_coef``).
+- **Generator** (the Planning role): learns to imitate the Teacher's refinements by value-weighted SFT
+  (``grpo.weighted_sft_loss``): its prompt is the Teacher's input (q, y_fail), its target the Teacher's q',
+  weighted by the Solver's utility of q', U(s) = exp(−(s − μ)² / (2σ²)) with s the Solver's graded success
+  rate on q' (μ = 0.5, σ = 0.2: the problems the Solver solves about half the time teach the most).
+- **Curriculum**: the Teacher's refined problems wait in a queue (:class:`SocraticCurriculum`) and are
+  played in the next Execution phase; a played one yields the Generator's imitation example.
+
+The functions here are pure (given a Teacher client, which the tests replace by a local stub server);
+:func:`socratic_phase` is the whole per-phase computation the outer loop calls. Until the outer loop wires
+the DPO and SFT batches, the plain reward sources below keep the method running on GRPO: ``teacher`` (the
+Solver's reward is its grade) and ``socratic_utility`` (the Generator's reward is U(s) of its own problem).
+
+Without an endpoint the method stops at start-up (``requires`` below) with a message naming the setting.
+The API key, if the endpoint needs one, comes from the environment variable named by
+``method.extra.api_key_env`` (default ``OPENAI_API_KEY``), never from the config. A Teacher reply that
+cannot be parsed is recorded (``TeacherClient.failures``) and counts as no grade / no refinement; an
+endpoint that cannot be reached is an error naming the endpoint.
 """
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
+import urllib.error
 import urllib.request
-from typing import Any, Optional
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
@@ -23,6 +45,24 @@ GRADE_PROMPT = (
     "You are a strict math teacher. Problem:\n{question}\n\nA student's final answer: {answer}\n\n"
     "Is the student's final answer correct? Reply with exactly one word: CORRECT or INCORRECT."
 )
+# G(q, y_fail): the Teacher's refinement. The Generator is prompted with the same input (GENERATOR_TEMPLATE).
+REFINE_PROMPT = (
+    "You are a math teacher. A student got this problem wrong.\n\nProblem:\n{question}\n\n"
+    "The student's solution:\n{solution}\n\n"
+    "Write one new problem, related to this one, that practises the step the student got wrong. It must be "
+    "self-contained and have a single final answer. Then solve it. Reply in exactly this form:\n"
+    "Problem: <the new problem>\nSolution: <a worked solution that ends with the final answer in \\boxed{{}}>"
+)
+GENERATOR_TEMPLATE = (
+    "A student got this problem wrong.\n\nProblem:\n{question}\n\nThe student's solution:\n{solution}\n\n"
+    "Write one new, related problem that practises the step the student got wrong, then its answer as \\boxed{}."
+)
+DEFAULT_MU, DEFAULT_SIGMA = 0.5, 0.2  # Socratic-Zero's utility: peak at a 50 % success rate
+REFERENCE = -1  # the index of the Teacher's reference solution in a preference pair
+
+
+class TeacherError(RuntimeError):
+    """The Teacher endpoint could not be reached or answered with something that is no chat completion."""
 
 
 def parse_grade(text: str) -> float:
@@ -35,12 +75,49 @@ def parse_grade(text: str) -> float:
     raise ValueError(f"teacher reply is neither CORRECT nor INCORRECT: {text[:200]!r}")
 
 
+@dataclass
+class CurriculumItem:
+    """One Teacher-refined problem (q', y'_ref), with the failure (q, y_fail) it was made from."""
+
+    question: str
+    answer: str  # the content of the reference solution's last \boxed{}
+    solution: str  # the Teacher's worked reference solution y'_ref
+    source_question: str  # q
+    failed_solution: str  # y_fail
+
+    def generator_target(self) -> str:
+        """What the Generator imitates: q' in the engine's Planning output format (question, boxed answer)."""
+        return f"{self.question}\nAnswer: \\boxed{{{self.answer}}}"
+
+
+def parse_refinement(text: str, source_question: str, failed_solution: str) -> tuple[Optional[CurriculumItem], str]:
+    """(item, "") from a Teacher reply of the form "Problem: ... Solution: ... \\boxed{a}", else (None, why)."""
+    from unifiedplayers.trajectory import _boxed_spans
+
+    m = re.search(r"Problem:\s*(.*?)\s*Solution:\s*(.*)", text, re.DOTALL | re.IGNORECASE)
+    if not m:
+        return None, "no 'Problem:' and 'Solution:' parts"
+    question, solution = m.group(1).strip(), m.group(2).strip()
+    spans = _boxed_spans(solution)
+    if not question:
+        return None, "empty problem"
+    if not spans or not spans[-1][2].strip():
+        return None, "the solution has no \\boxed{} answer"
+    return CurriculumItem(question, spans[-1][2].strip(), solution, source_question, failed_solution), ""
+
+
 class TeacherClient:
-    """Minimal OpenAI-compatible chat client (``POST {endpoint}/chat/completions``), greedy, short replies."""
+    """Minimal OpenAI-compatible chat client (``POST {endpoint}/chat/completions``), greedy.
+
+    Grades are cached by (question, answer): the Solver's reward and the Generator's utility read the same
+    grades without asking twice. ``failures`` records every reply that could not be parsed.
+    """
 
     def __init__(self, endpoint: str, model: str, api_key: Optional[str] = None, timeout_s: float = 60.0) -> None:
         self.url = endpoint.rstrip("/") + "/chat/completions"
         self.model, self.api_key, self.timeout_s = model, api_key, timeout_s
+        self.failures: list[str] = []
+        self._grades: dict[tuple[str, str], Optional[float]] = {}
 
     def chat(self, prompt: str, max_tokens: int = 8) -> str:
         body = json.dumps({"model": self.model, "messages": [{"role": "user", "content": prompt}],
@@ -49,14 +126,34 @@ class TeacherClient:
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
         req = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
-        with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-            data = json.loads(resp.read())
-        return data["choices"][0]["message"]["content"]
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+                data = json.loads(resp.read())
+            return data["choices"][0]["message"]["content"]
+        except (urllib.error.URLError, OSError, ValueError, KeyError, IndexError, TypeError) as exc:
+            raise TeacherError(f"Teacher at {self.url} (model {self.model}) failed: {exc}") from exc
 
-    def grade(self, question: str, answer: Optional[str]) -> float:
+    def grade(self, question: str, answer: Optional[str]) -> Optional[float]:
+        """V(q, y): 1.0 correct, 0.0 wrong or no answer (not sent); None when the reply was unparseable."""
         if answer is None or not str(answer).strip():
             return 0.0
-        return parse_grade(self.chat(GRADE_PROMPT.format(question=question, answer=answer)))
+        key = (question, str(answer))
+        if key not in self._grades:
+            reply = self.chat(GRADE_PROMPT.format(question=question, answer=answer))
+            try:
+                self._grades[key] = parse_grade(reply)
+            except ValueError as exc:
+                self.failures.append(f"grade: {exc}")
+                self._grades[key] = None
+        return self._grades[key]
+
+    def refine(self, question: str, failed_solution: str, max_tokens: int = 1024) -> Optional[CurriculumItem]:
+        """G(q, y_fail) -> a new problem with its reference solution; None (recorded) when unparseable."""
+        reply = self.chat(REFINE_PROMPT.format(question=question, solution=failed_solution), max_tokens=max_tokens)
+        item, why = parse_refinement(reply, question, failed_solution)
+        if item is None:
+            self.failures.append(f"refine: {why}: {reply[:200]!r}")
+        return item
 
 
 _CLIENTS: dict[tuple, TeacherClient] = {}
@@ -82,11 +179,227 @@ def check_teacher(method_cfg: Any) -> None:
 
 
 requires("teacher", check_teacher)
+requires("socratic_utility", check_teacher)
+
+
+# --------------------------------------------------------------------------------------------------
+# The Solver's preference pairs, the Generator's utility
+
+
+def preference_pairs(grades: Sequence[Optional[float]], has_reference: bool = False,
+                     max_pairs: Optional[int] = None) -> list[tuple[int, int]]:
+    """(chosen, rejected) sample indices of one problem's K graded solutions (Socratic-Zero's Y_w × Y_l).
+
+    Winners are the solutions graded 1; when there is none, the Teacher's reference solution (index
+    :data:`REFERENCE`) is the one winner if ``has_reference``. Losers are those graded 0 (an ungraded
+    solution, None, is neither). The pairs are taken round-robin — each loser with the next winner — so a
+    cap ``max_pairs`` keeps every loser before any is repeated. No winner or no loser: no pairs.
+    """
+    winners = [i for i, g in enumerate(grades) if g == 1.0]
+    losers = [i for i, g in enumerate(grades) if g == 0.0]
+    if not winners and has_reference:
+        winners = [REFERENCE]
+    if not winners or not losers:
+        return []
+    # round j pairs loser i with winner (i + j) mod W: W rounds cover the W × L grid once, each round every loser
+    pairs = [(winners[(i + j) % len(winners)], losers[i]) for j in range(len(winners)) for i in range(len(losers))]
+    return pairs if max_pairs is None else pairs[:max_pairs]
+
+
+def generator_utility(success_rate: float, mu: float = DEFAULT_MU, sigma: float = DEFAULT_SIGMA) -> float:
+    """U(q' | π_S) = exp(−(s − μ)² / (2σ²)), s the Solver's graded success rate on q'."""
+    if not 0.0 <= success_rate <= 1.0:
+        raise ValueError(f"success rate {success_rate} outside [0, 1]")
+    if sigma <= 0:
+        raise ValueError(f"sigma={sigma}: need > 0")
+    return math.exp(-((success_rate - mu) ** 2) / (2.0 * sigma ** 2))
+
+
+def success_rate(grades: Sequence[Optional[float]]) -> Optional[float]:
+    """Mean grade over the graded solutions (None when none was graded)."""
+    got = [g for g in grades if g is not None]
+    return float(np.mean(got)) if got else None
+
+
+@dataclass
+class ImitationExample:
+    """One Generator SFT example: the Teacher's input (q, y_fail), its output q' and the weight U(s)."""
+
+    question: str  # q
+    failed_solution: str  # y_fail
+    target: str  # q' with its boxed answer (CurriculumItem.generator_target)
+    weight: float
+
+
+# --------------------------------------------------------------------------------------------------
+# The curriculum: the Teacher's refined problems, waiting for the next Execution phase
+
+
+class SocraticCurriculum:
+    """FIFO of :class:`CurriculumItem` (oldest dropped beyond ``max_size``); its state goes into the run state."""
+
+    def __init__(self, max_size: int = 1024) -> None:
+        if max_size < 1:
+            raise ValueError(f"curriculum max_size={max_size}: need >= 1")
+        self.max_size = max_size
+        self.items: list[CurriculumItem] = []
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def add(self, items: Sequence[CurriculumItem]) -> None:
+        self.items.extend(items)
+        del self.items[: max(0, len(self.items) - self.max_size)]
+
+    def take(self, n: int) -> list[CurriculumItem]:
+        out, self.items = self.items[:n], self.items[n:]
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"max_size": self.max_size, "items": [asdict(i) for i in self.items]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.max_size = int(state["max_size"])
+        self.items = [CurriculumItem(**i) for i in state["items"]]
+
+
+def curriculum_tasks(items: Sequence[CurriculumItem]) -> list[Any]:
+    """Played tasks from curriculum items (the Teacher's answer as the expected answer); each task keeps its
+    item as ``task.socratic`` so :func:`socratic_phase` can score the Generator's imitation of it."""
+    from unifiedplayers.players.planning import PlanningTask
+
+    out = []
+    for item in items:
+        task = PlanningTask(item.generator_target(), item.question, item.answer, True, "", topic="teacher")
+        task.socratic = item
+        out.append(task)
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# One phase
+
+
+@dataclass
+class SocraticFeedback:
+    """What one Execution phase yields under Socratic-Zero (all lists aligned with the phase's tasks)."""
+
+    grades: list[list[Optional[float]]]  # V(q, y_k) per task and sample
+    pairs: list[list[tuple[int, int]]]  # the Solver's preference pairs per task (REFERENCE: the Teacher's)
+    references: list[Optional[str]]  # the reference solution a task's pairs may use (curriculum tasks)
+    refinements: list[CurriculumItem] = field(default_factory=list)  # new Teacher problems for the next phase
+    imitation: list[ImitationExample] = field(default_factory=list)  # the Generator's weighted SFT examples
+    failures: list[str] = field(default_factory=list)  # Teacher replies that could not be parsed
+
+
+def socratic_phase(teacher: TeacherClient, tasks: Sequence[Any], rollouts: Sequence[Sequence[Any]],
+                   refine_limit: int = 8, max_pairs: Optional[int] = None, mu: float = DEFAULT_MU,
+                   sigma: float = DEFAULT_SIGMA) -> SocraticFeedback:
+    """Grade every solution, build the Solver's pairs, refine failed problems, and score the imitation examples.
+
+    ``tasks[i].question`` with ``rollouts[i]`` its K solutions (``.final_answer``, ``.text``). A task drawn
+    from the curriculum (``task.socratic``) offers its reference solution to its pairs and becomes an
+    imitation example weighted by U(its success rate). The first ``refine_limit`` failures (at most one per
+    task: its first wrong solution) go to the Teacher for refinement; the new problems are returned, not
+    queued (the caller adds them to its :class:`SocraticCurriculum`).
+    """
+    if len(tasks) != len(rollouts):
+        raise ValueError(f"{len(tasks)} tasks but {len(rollouts)} rollout groups")
+    n_failures = len(teacher.failures)
+    grades, pairs, references, imitation, to_refine = [], [], [], [], []
+    for task, group in zip(tasks, rollouts):
+        g = [teacher.grade(task.question, r.final_answer) for r in group]
+        item = getattr(task, "socratic", None)
+        reference = item.solution if item is not None else None
+        grades.append(g)
+        references.append(reference)
+        pairs.append(preference_pairs(g, has_reference=reference is not None, max_pairs=max_pairs))
+        rate = success_rate(g)
+        if item is not None and rate is not None:
+            imitation.append(ImitationExample(item.source_question, item.failed_solution, item.generator_target(),
+                                              generator_utility(rate, mu, sigma)))
+        wrong = [r for r, x in zip(group, g) if x == 0.0]
+        if wrong and len(to_refine) < refine_limit:
+            to_refine.append((task.question, wrong[0].text))
+    refinements = [it for it in (teacher.refine(q, y) for q, y in to_refine) if it is not None]
+    return SocraticFeedback(grades, pairs, references, refinements, imitation, teacher.failures[n_failures:])
+
+
+# --------------------------------------------------------------------------------------------------
+# Training samples (the Solver's DPO pairs, the Generator's SFT examples)
+
+
+def _reply_sample(tokenizer: Any, prompt: str, reply: str, advantage: float, group: int) -> Any:
+    """A TrainSample of ``prompt`` + ``reply`` (+ eos) with only the reply trained; behaviour log-probs 0 (text
+    not sampled by the policy: neither DPO nor SFT reads them)."""
+    from unifiedplayers.trainer.player_trainer import TrainSample
+
+    p = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    r = tokenizer(reply, add_special_tokens=False)["input_ids"]
+    if getattr(tokenizer, "eos_token_id", None) is not None:
+        r = r + [tokenizer.eos_token_id]
+    return TrainSample(p + r, [0] * len(p) + [1] * len(r), [0.0] * (len(p) + len(r)), advantage, group)
+
+
+def preference_samples(tokenizer: Any, player_cfg: Any, tasks: Sequence[Any], rollouts: Sequence[Sequence[Any]],
+                       fb: SocraticFeedback) -> list[Any]:
+    """The Solver's DPO batch: each pair is a group of two adjacent samples, chosen (+1) then rejected (−1).
+    A Teacher reference (REFERENCE) is rendered after the Solver's own Execution prompt."""
+    from unifiedplayers.players.execution import execution_prompt
+    from unifiedplayers.trainer.player_trainer import sample_from_segments
+
+    out, group = [], 0
+    for task, group_rollouts, task_pairs, ref in zip(tasks, rollouts, fb.pairs, fb.references):
+        for chosen, rejected in task_pairs:
+            if chosen == REFERENCE:
+                if ref is None:
+                    raise ValueError(f"a pair of {task.question[:60]!r} uses a reference solution it does not have")
+                out.append(_reply_sample(tokenizer, execution_prompt(tokenizer, player_cfg, task.question), ref,
+                                         1.0, group))
+            else:
+                out.append(sample_from_segments(group_rollouts[chosen].segments, 1.0, group))
+            out.append(sample_from_segments(group_rollouts[rejected].segments, -1.0, group))
+            group += 1
+    return out
+
+
+def generator_prompt(tokenizer: Any, planning_prompts: Any, question: str, failed_solution: str) -> str:
+    """The Generator's prompt for one failure: its Planning system text and few-shot, then the Teacher's input."""
+    from unifiedplayers.players.prompts import render_prompt
+    from omegaconf import OmegaConf
+
+    prompts = OmegaConf.merge(planning_prompts, {"template": GENERATOR_TEMPLATE, "response_prefix": ""})
+    return render_prompt(tokenizer, prompts, question=question, solution=failed_solution)
+
+
+def imitation_samples(tokenizer: Any, planning_prompts: Any, examples: Sequence[ImitationExample]) -> list[Any]:
+    """The Generator's weighted SFT batch: one sample per example, its weight as the advantage."""
+    return [_reply_sample(tokenizer, generator_prompt(tokenizer, planning_prompts, e.question, e.failed_solution),
+                          e.target, float(e.weight), i) for i, e in enumerate(examples)]
+
+
+# --------------------------------------------------------------------------------------------------
+# Reward sources (the GRPO stand-ins until the outer loop wires the batches above)
+
+
+def _extra(method_cfg: Any, key: str, default: float) -> float:
+    return float((getattr(method_cfg, "extra", None) or {}).get(key, default))
 
 
 @register_reward_source("execution", "teacher")
 def execution_teacher(fb: TaskFeedback) -> np.ndarray:
-    """The Teacher's grade of each of the K final answers (1 correct, 0 incorrect or missing). Shape (K,)."""
+    """The Teacher's grade of each of the K final answers (1 correct, 0 incorrect, missing or ungraded). (K,)"""
     check_teacher(fb.method_cfg)
     client = teacher_for(fb.method_cfg)
-    return np.array([client.grade(fb.question, a) for a in fb.answers], dtype=np.float64)
+    return np.array([client.grade(fb.question, a) or 0.0 for a in fb.answers], dtype=np.float64)
+
+
+@register_reward_source("planning", "socratic_utility")
+def planning_socratic_utility(fb: TaskFeedback) -> float:
+    """U(s) of the Generator's problem, s the Solver's graded success rate on it (0 when nothing was graded)."""
+    check_teacher(fb.method_cfg)
+    rate = success_rate([teacher_for(fb.method_cfg).grade(fb.question, a) for a in fb.answers])
+    if rate is None:
+        return 0.0
+    return generator_utility(rate, _extra(fb.method_cfg, "utility_mu", DEFAULT_MU),
+                             _extra(fb.method_cfg, "utility_sigma", DEFAULT_SIGMA))
