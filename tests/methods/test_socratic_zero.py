@@ -242,3 +242,53 @@ def test_an_unreachable_teacher_is_a_clear_error():
     teacher = sz.TeacherClient(f"http://127.0.0.1:{port}/v1", "judge", timeout_s=2)
     with pytest.raises(sz.TeacherError, match=f"127.0.0.1:{port}"):
         teacher.grade("q", "1")
+
+
+# ------------------------------------------------------------------ the losses in the real trainer
+
+
+def test_dpo_and_weighted_sft_train_the_tiny_model():
+    """The trainer with ``policy_loss=dpo`` on the Solver's pairs, and with ``weighted_sft`` on the
+    Generator's examples, on the tiny random Llama: the first DPO step starts at π = π_ref (loss log 2,
+    margin 0), the implicit reward margin then grows; the weighted NLL of the Teacher's problem falls."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "trainer"))
+    from trainer_helpers import tiny_model, trainer_config
+
+    from unifiedplayers.trainer import build_trainer
+
+    torch.manual_seed(0)
+    model, tok = tiny_model()
+    cfg = compose(["method=socratic_zero"])
+    item = sz.CurriculumItem("What is 6 * 7?", "42", "6 * 7 = 42, so \\boxed{42}", "What is 6 * 6?", "35")
+    (task,) = sz.curriculum_tasks([item])
+
+    def solution(text):
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        prompt = tok("Q: 6 * 7?\nA:", add_special_tokens=False)["input_ids"]
+        return SimpleNamespace(final_answer=None, text=text, segments=[
+            Segment(prompt, trainable=False), Segment(ids, trainable=True, logprobs=[-5.0] * len(ids))])
+
+    rs = [solution("6 * 7 = 42, so 42"), solution("6 * 7 = 41, so 41"), solution("I do not know")]
+    fb = sz.SocraticFeedback([[1.0, 0.0, 0.0]], [sz.preference_pairs([1.0, 0.0, 0.0], True)], [item.solution])
+    batch = sz.preference_samples(tok, cfg.player, [task], [rs], fb)
+    assert len(batch) == 4  # two pairs: (0, 1), (0, 2)
+    trainer = build_trainer(trainer_config(policy_loss="dpo", kl_coef=0.1, lr=3e-3, micro_batch_size=2), model)
+    trainer.start_outer_iteration()
+    trainer.start_block()
+    metrics = [trainer.update(batch) for _ in range(8)]
+    assert metrics[0]["actor/loss"] == pytest.approx(math.log(2), abs=1e-5)  # z = 0 at π = π_ref
+    assert metrics[0]["actor/dpo_margin"] == pytest.approx(0.0, abs=1e-5)
+    assert metrics[-1]["actor/dpo_margin"] > 0.05 and metrics[-1]["actor/dpo_accuracy"] == 1.0
+    assert metrics[-1]["actor/loss"] < metrics[0]["actor/loss"]
+
+    model, tok = tiny_model()
+    sft = sz.imitation_samples(tok, cfg.player.planning, [
+        sz.ImitationExample(item.source_question, item.failed_solution, item.generator_target(), 1.0)])
+    trainer = build_trainer(trainer_config(policy_loss="weighted_sft", kl_coef=0.0, lr=3e-3), model)
+    trainer.start_outer_iteration()
+    trainer.start_block()
+    nll = [trainer.update(sft)["actor/nll"] for _ in range(8)]
+    assert nll[-1] < nll[0] - 0.5, nll
