@@ -5,7 +5,9 @@ or ``None`` where it cannot apply; the verdict matrix masks those entries out (`
 
 - arg_mutation (local): one numeric literal of a python code step, drawn uniformly among all of them,
   gets an integer offset from {-2,-1,+1,+2} or a ±5% float shift; the code is re-executed in the
-  sandbox and its output step replaced (inserted if the code had none).
+  sandbox and its output step replaced (inserted if the code had none), written exactly as the
+  Execution tool loop writes observations (``observation.observation_body``: same format, truncated
+  to ``observation_max_chars``), so that only the content can give a variant away.
   None when no python code step holds a literal that can change (literals in strings and comments
   do not count; complex literals, 0.0 and inf are skipped).
 - step_drop (local): removes one reason step chosen uniformly. None when there is no reason step.
