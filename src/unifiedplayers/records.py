@@ -268,6 +268,12 @@ def load_records(path: Union[str, os.PathLike]) -> list[InteractionRecord]:
     return list(iter_records(path))
 
 
+def _error_columns(summary: dict[str, Any]) -> dict[str, Any]:
+    return {"checks": summary["checks"], "check_errors_orig": summary["errors_orig"],
+            "check_errors_adv": summary["errors_adv"], "check_error_rate": summary["error_rate"],
+            "runtime_invalid": summary["runtime_invalid"]}
+
+
 def records_dataframe(source: Union[str, os.PathLike, Sequence[InteractionRecord]]) -> Any:
     """One row per task: sizes, the verdict summaries and the rewards (a pandas DataFrame)."""
     import pandas as pd
@@ -288,7 +294,7 @@ def records_dataframe(source: Union[str, os.PathLike, Sequence[InteractionRecord
             "orig_accept_rate": float(r.z_orig.mean()) if r.z_orig.size else float("nan"),
             "adv_reject_rate": float(1 - r.z_adv[:, r.adv_mask].mean()) if m_q and r.adv_mask.any() else float("nan"),
             "redundancy_mean": float(r.redundancy.mean()) if m_q else float("nan"),
-            **{f"check_{key}": value for key, value in r.error_summary().items()},
+            **_error_columns(r.error_summary()),
             "answers": [t.final_answer for t in r.trajectories],
         }
         for key, value in r.rewards.items():
