@@ -249,9 +249,6 @@ class PlayerConfig:
     task_min_chars: int = 20
     task_max_chars: int = 1200
     answer_max_chars: int = 64
-    # Held-out questions for the Execution and Evaluation entropy banks (SPEC §8); Planning's bank is its
-    # questioner prompt over the topics.
-    bank_questions: list[str] = field(default_factory=list)
 
 
 @dataclass

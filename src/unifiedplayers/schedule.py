@@ -70,6 +70,7 @@ from omegaconf import OmegaConf
 from unifiedplayers import grpo
 from unifiedplayers.config import RoleHyperparameters, resolve_player_config, role_temperature, role_trainer_config
 from unifiedplayers.distributed import SINGLE, DistContext
+from unifiedplayers.entropy_bank import entropy_bank_texts
 from unifiedplayers.engines import PolicyPool, SamplingTemperature, TimedSandbox  # noqa: F401 (re-exported)
 from unifiedplayers.execution_pool import FixedPool, metrics_of
 from unifiedplayers.logging import RunLogger, progress, truncate_lines
@@ -380,13 +381,11 @@ class OuterLoop:
         return out
 
     def _entropy_bank(self, role: str) -> list[list[int]]:
+        """The role's first ``entropy_bank_size`` held-out contexts (SPEC §8), rendered with its own prompt."""
         p = self.player_cfg
-        if role == "planning":
-            texts = [planning_prompt(self.tokenizer, p, t) for t in (list(p.topics) or ["any topic"])]
-        elif role == "execution":
-            texts = [execution_prompt(self.tokenizer, p, q) for q in p.bank_questions]
-        else:
-            texts = [evaluation_prompt(self.tokenizer, p, q) for q in p.bank_questions]
+        size = int(role_trainer_config(self.cfg.trainer, role).entropy_bank_size)
+        render = {"planning": planning_prompt, "execution": execution_prompt, "evaluation": evaluation_prompt}[role]
+        texts = [render(self.tokenizer, p, item) for item in entropy_bank_texts(role, size)]
         return [self.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
 
     def _setup_players(self) -> None:

@@ -234,3 +234,20 @@ def test_a_role_temperature_reaches_the_engine_per_call():
     assert e.generate(["x"], temperature=0.9)["temperature"] == 0.9  # an explicit value wins
     assert e.generate(["x"], greedy=True)["temperature"] is None  # greedy ignores it
     assert e.continue_segments([], n=1)["temperature"] == 0.6
+
+
+# ---------------------------------------------------------------- entropy retention bank (SPEC §8)
+
+
+def test_each_trainer_gets_the_shipped_held_out_bank_of_its_role(tmp_path):
+    from unifiedplayers.entropy_bank import entropy_bank_texts
+    from unifiedplayers.players.evaluation import evaluation_prompt
+
+    loop = OuterLoop(compose(["experiment=tiny", "trainer.entropy_bank_size=3"]), tmp_path)
+    loop._setup_players()
+    bank = loop.players["evaluation"].trainer.entropy_bank
+    assert len(bank) == 3
+    first = evaluation_prompt(loop.tokenizer, loop.player_cfg, entropy_bank_texts("evaluation", 3)[0])
+    assert bank[0].tolist() == loop.tokenizer(first, add_special_tokens=False)["input_ids"]
+    with pytest.raises(ValueError, match="holds 256"):  # never a silent cap
+        OuterLoop(compose(["experiment=tiny", "trainer.entropy_bank_size=300"]), tmp_path / "big")._setup_players()
