@@ -2,19 +2,28 @@
 
 This module is the only place that knows the block order, fresh and stale feedback, and which player is
 frozen. One outer iteration is a Planning block, an Execution block and an Evaluation block; a block is
-``schedule.<role>_updates`` GRPO updates of its player only. One update (:meth:`OuterLoop._update`):
+``schedule.<role>_updates`` GRPO updates (optimizer steps) of its player only.
 
-1. tasks from the Planning player (Planning block: ``prompts_per_update`` questioner prompts × G_T
-   tasks; other blocks: sampled until ``tasks_per_update`` are well-formed);
+A block is cut into sampling phases (:mod:`unifiedplayers.phase`; §3.3, Appendix B.3) of S × μ updates
+(``schedule.steps_per_generation`` × ``trainer.num_iterations``; 1 × 1 by default). One phase
+(:meth:`OuterLoop._sample_phase`), with the policies as they stand at its start:
+
+1. tasks from the Planning player (Planning block: S × ``prompts_per_update`` questioner prompts × G_T
+   tasks; other blocks: sampled until S × ``tasks_per_update`` are well-formed);
 2. K trajectories per task from the Execution player (tool loop) and M verifiers per task from the
    Evaluation player;
 3. the P perturbations of every trajectory; 4. the verdict matrix of every task (sandbox);
 5. every role's rewards (:func:`unifiedplayers.rewards.task_rewards`, then the reward source the method
-   names, :mod:`unifiedplayers.methods`); R(q) against the run's question history;
+   names, :mod:`unifiedplayers.methods`); R(q) against the question history as it stood at the start of
+   the block (held fixed within a block; the block's questions join it at the block end);
 6. the active player's GRPO groups (Planning: the G_T tasks of one prompt; Execution: the K trajectories
-   of a task; Evaluation: the M verifiers of a task), their advantages (Eq. 17) and one trainer update;
-7. the interaction records (one per task, malformed ones included), a metrics line, the active player's
-   checkpoint and the run state, in that order.
+   of a task; Evaluation: the M verifiers of a task), split into S disjoint units (mini-batches), with
+   advantages within each group (Eq. 17);
+7. the interaction records of the whole phase (one per Planning output, malformed ones included).
+
+Then each update of the phase (:meth:`OuterLoop._train_step`) is one optimizer step on one unit (μ passes
+over the S units in order) against the behaviour log-probs recorded at sampling, followed by a metrics
+line, the active player's checkpoint and the run state, in that order.
 
 Feedback (``schedule.feedback``): *fresh*: a co-player samples with its latest weights; *stale*: with
 its weights at the start of the outer iteration (its updates are held back until the next iteration).
@@ -46,10 +55,11 @@ without it.
 Resume: after every update the run state (position, RNG states, question history, topic counter,
 record and metrics line counts, checkpoint paths) is written atomically to ``state.pt``, after the
 active player's checkpoint (two alternating slots per player inside a block, a named checkpoint at the
-block end, so the state always points at a complete checkpoint). A resumed run truncates
-``records.jsonl`` and ``metrics.jsonl`` to the counted lines, reloads the checkpoints and goes on from
-the next update; every generation is seeded from (seed, update index, stage), so the result equals an
-uninterrupted run.
+block end, so the state always points at a complete checkpoint). With S × μ > 1, a phase's sampled units
+are saved to ``phase.pt`` once sampled, and the state names that phase, so a run stopped inside a phase
+trains on the same units when resumed. A resumed run truncates ``records.jsonl`` and ``metrics.jsonl`` to
+the counted lines, reloads the checkpoints and goes on from the next update; every generation is seeded
+from (seed, the phase's first update, stage), so the result equals an uninterrupted run.
 """
 from __future__ import annotations
 
