@@ -27,7 +27,7 @@ line, the active player's checkpoint and the run state, in that order.
 
 Feedback (``schedule.feedback``): *fresh*: a co-player samples with its latest weights; *stale*: with
 its weights at the start of the outer iteration (its updates are held back until the next iteration).
-The active player always samples with its current weights (GRPO is on-policy). ``train_planning`` /
+The active player samples with its weights at the start of the phase (its behaviour policy π_old). ``train_planning`` /
 ``train_evaluation`` false: that player is never updated (its block is skipped) and keeps the
 backbone's weights. Each record's ``meta.checkpoints`` names the checkpoint (player, outer iteration,
 update step) of every player that produced it; ``outer_iteration`` 0 and ``step`` 0 are the backbone.
