@@ -57,7 +57,9 @@ def _templates() -> list[Template]:
     def boxes(r):
         n, b, k, g = r.choice(names), r.randint(3, 12), r.randint(4, 25), r.randint(1, 9)
         it = r.choice(items)
-        return f"{n} has {b} boxes with {k} {it} in each box and gives away {g} {it}. How many {it} are left?", b * k - g
+        text = (f"{n} has {b} boxes with {k} {it} in each box and gives away {g} {it}. "
+             f"How many {it} are left?")
+        return text, b * k - g
 
     def shop(r):
         a, pa, b, pb = r.randint(2, 9), r.randint(2, 15), r.randint(2, 9), r.randint(2, 15)
@@ -67,7 +69,9 @@ def _templates() -> list[Template]:
     def change(r):
         q, p = r.randint(2, 8), r.randint(3, 12)
         paid = q * p + r.randint(1, 30)
-        return f"Tickets cost {p} dollars each. Someone buys {q} tickets and pays with {paid} dollars. How much change, in dollars, do they get?", paid - q * p
+        text = (f"Tickets cost {p} dollars each. "
+             f"Someone buys {q} tickets and pays with {paid} dollars. How much change, in dollars, do they get?")
+        return text, paid - q * p
 
     def speed(r):
         v, t = r.randint(30, 90), r.randint(2, 7)
@@ -83,7 +87,9 @@ def _templates() -> list[Template]:
 
     def discount(r):
         price, p = 10 * r.randint(3, 40), r.choice([10, 20, 30, 50])
-        return f"A jacket costs {price} dollars and is sold at {p}% off. What is the sale price in dollars?", price * (100 - p) // 100
+        text = (f"A jacket costs {price} dollars and is sold at {p}% off. "
+             f"What is the sale price in dollars?")
+        return text, price * (100 - p) // 100
 
     def average(r):
         xs = [r.randint(1, 30) for _ in range(3)]
@@ -94,7 +100,9 @@ def _templates() -> list[Template]:
 
     def rectangle(r):
         w, h = r.randint(2, 15), r.randint(2, 15)
-        return f"A rectangle has an area of {w * h} square meters and a width of {w} meters. What is its perimeter in meters?", 2 * (w + h)
+        text = (f"A rectangle has an area of {w * h} square meters and a width of {w} meters. "
+             f"What is its perimeter in meters?")
+        return text, 2 * (w + h)
 
     def square_perimeter(r):
         a, b = r.randint(2, 20), r.randint(2, 20)
@@ -154,11 +162,15 @@ def _templates() -> list[Template]:
 
     def arith_seq(r):
         a, d, n = r.randint(1, 20), r.randint(2, 9), r.randint(8, 30)
-        return f"An arithmetic sequence starts {a}, {a + d}, {a + 2 * d}, ... What is its {_ordinal(n)} term?", a + (n - 1) * d
+        text = (f"An arithmetic sequence starts {a}, {a + d}, {a + 2 * d}, ... "
+             f"What is its {_ordinal(n)} term?")
+        return text, a + (n - 1) * d
 
     def geo_seq(r):
         a, q, n = r.randint(1, 5), r.choice([2, 3]), r.randint(4, 8)
-        return f"A geometric sequence starts {a}, {a * q}, {a * q * q}, ... What is its {_ordinal(n)} term?", a * q ** (n - 1)
+        text = (f"A geometric sequence starts {a}, {a * q}, {a * q * q}, ... "
+             f"What is its {_ordinal(n)} term?")
+        return text, a * q ** (n - 1)
 
     def series_sum(r):
         n = r.randint(10, 100)
@@ -171,7 +183,8 @@ def _templates() -> list[Template]:
 
     def interest(r):
         p, rate, y = 100 * r.randint(2, 50), r.randint(2, 9), r.randint(1, 5)
-        return f"How much simple interest, in dollars, do {p} dollars earn at {rate}% per year in {y} years?", p * rate * y // 100
+        text = f"How much simple interest, in dollars, do {p} dollars earn at {rate}% per year in {y} years?"
+        return text, p * rate * y // 100
 
     def arrangements(r):
         n = r.randint(3, 7)
@@ -179,7 +192,8 @@ def _templates() -> list[Template]:
 
     def committees(r):
         n, k = r.randint(5, 12), r.randint(2, 4)
-        return f"In how many ways can a committee of {k} people be chosen from {n} people?", _fact(n) // (_fact(k) * _fact(n - k))
+        text = f"In how many ways can a committee of {k} people be chosen from {n} people?"
+        return text, _fact(n) // (_fact(k) * _fact(n - k))
 
     def dice(r):
         s = r.randint(3, 11)

@@ -31,7 +31,8 @@ def load_bank() -> dict[str, Any]:
     bank = json.loads(text)
     missing = [r for r in ROLES if not isinstance(bank.get(r), list)]
     if missing:
-        raise ValueError(f"{BANK_FILE}: no list for role(s) {missing}; regenerate with python -m eval.make_entropy_bank")
+        raise ValueError(f"{BANK_FILE}: no list for role(s) {missing}; "
+                         "regenerate it with python -m eval.make_entropy_bank")
     return bank
 
 

@@ -36,7 +36,7 @@ import random
 import re
 import tokenize
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from fractions import Fraction
 from typing import Any, Callable, Optional, Sequence
 
@@ -219,7 +219,10 @@ def _parse_number(a: str) -> Optional[tuple[Fraction, Callable[[Fraction], str],
     if _INT.fullmatch(a):
         return Fraction(int(a)), lambda v: _exact_decimal(v, 0), True
     if _GROUPED_INT.fullmatch(a):
-        return Fraction(int(a.replace(",", ""))), lambda v: f"{v.numerator:,}" if v.denominator == 1 else _exact_decimal(v, 0), True
+        def grouped(v: Fraction) -> str:
+            return f"{v.numerator:,}" if v.denominator == 1 else _exact_decimal(v, 0)
+
+        return Fraction(int(a.replace(",", ""))), grouped, True
     if _DEC.fullmatch(a):
         places = len(a.split(".")[1])
         return Fraction(Decimal(a)), lambda v: _exact_decimal(v, places), False

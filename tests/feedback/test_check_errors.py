@@ -107,7 +107,8 @@ def test_an_error_on_a_variant_earns_no_rejection_credit(sandbox, reward_cfg):
 
 def test_partial_errors_are_masked_summarised_and_saved(sandbox, reward_cfg, tmp_path):
     # raises on τ_1 (answer 8) only, and on its variant; accepts τ_0 and τ_0's variant
-    picky = "def check(trajectory):\n    if trajectory.final_answer == '8':\n        raise KeyError('8')\n    return True\n"
+    picky = ("def check(trajectory):\n    if trajectory.final_answer == '8':\n        raise KeyError('8')\n"
+             "    return True\n")
     record, r = _feedback(sandbox, reward_cfg, [picky])
     assert record.valid == [0] and record.runtime_invalid == {}  # one original accepted: still valid
     np.testing.assert_array_equal(record.z_orig, [[1, 0]])  # the error is 0 in Z, as the paper's junk
