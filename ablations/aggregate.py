@@ -351,6 +351,8 @@ def paper_benchmarks(domain: str) -> list[str]:
 def _titles(names: Sequence[str]) -> str:
     from eval.benchmarks import REGISTRY
 
+    order = {n: i for i, n in enumerate(REGISTRY)}  # the paper's column order
+    names = sorted(names, key=lambda n: (order.get(n, len(order)), n))
     return ", ".join(REGISTRY[n].title if n in REGISTRY else n for n in names) or "none"
 
 

@@ -121,7 +121,8 @@ def _best(rows, ncols: int) -> dict[str, list[Optional[float]]]:
     for g, members in groups.items():
         col = []
         for j in range(ncols + 1):
-            vals = [(r[2] + [r[3]])[j] for r in members]
+            # a partial AVG (over fewer benchmarks, marked *) does not compete with full ones
+            vals = [(r[2] + [r[3]])[j] for r in members if not (j == ncols and r[4])]
             vals = [v for v in vals if v is not None and not math.isnan(v)]
             col.append(max(vals) if vals and len(members) > 1 else None)
         best[g] = col
@@ -129,6 +130,8 @@ def _best(rows, ncols: int) -> dict[str, list[Optional[float]]]:
 
 
 def _is_best(best, row, j: int, v: Optional[float]) -> bool:
+    if j == len(row[2]) and row[4]:
+        return False
     b = best[(row[6] or "").rsplit("/", 1)[-1].lower()][j]
     return v is not None and b is not None and v == b
 
