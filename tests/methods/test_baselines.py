@@ -227,6 +227,15 @@ def test_one_tiny_outer_iteration(method, extra, tmp_path, teacher_url):
         assert rs.tolist() == expected.tolist()
     if method == "r_zero":  # no tools: one generation per trajectory, code never run
         assert all(n == 0 for rec in played for n in rec.meta["tool_calls"])
+    if method in ("agent0", "r_zero"):  # the Solver/Executor trains only on tasks inside its p̂ band
+        from unifiedplayers.methods import group_shape
+
+        ex_played = [r for r in played if r.meta["block"] == "execution"]
+        keep = [group_shape(cfg.method, "execution", fb([t.final_answer for t in r.trajectories])).keep
+                for r in ex_played]
+        assert metrics[1]["execution/kept_groups"] == sum(keep) / len(keep)
+        if not any(keep):
+            assert metrics[1]["execution/skipped"] == 1.0
     # the Evaluation player never moves; the Execution player did in its block
     ev_after = snaps["execution"]["evaluation"]
     assert start is None or all(torch.equal(ev_after[k], v) for k, v in start["evaluation"].items())
