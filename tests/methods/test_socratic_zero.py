@@ -156,6 +156,25 @@ def test_curriculum_queue():
         sz.SocraticCurriculum(0)
 
 
+def test_mix_tasks():
+    def cur(n):
+        c = sz.SocraticCurriculum()
+        c.add([sz.CurriculumItem(f"t{i}", "1", "s", "q", "y") for i in range(n)])
+        return c
+
+    gen = [PlanningTask("", f"g{i}", "1", True) for i in range(5)] + [PlanningTask("", None, None, False, "bad")]
+    # n = 4, share 0.5: round(2) Teacher problems (oldest first), then 2 of the Generator's
+    c = cur(3)
+    assert [t.question for t in sz.mix_tasks(c, gen, 4, 0.5)] == ["t0", "t1", "g0", "g1"] and len(c) == 1
+    # a short curriculum: the Generator fills in; a short Generator side: the curriculum fills in
+    assert [t.question for t in sz.mix_tasks(cur(1), gen, 4, 0.5)] == ["t0", "g0", "g1", "g2"]
+    assert [t.question for t in sz.mix_tasks(cur(6), gen[:1], 4, 0.5)] == ["t0", "t1", "t2", "g0"]
+    assert [t.question for t in sz.mix_tasks(cur(3), gen, 3, 0.0)] == ["g0", "g1", "g2"]
+    assert all(hasattr(t, "socratic") for t in sz.mix_tasks(cur(2), [], 4, 0.5))
+    with pytest.raises(ValueError):
+        sz.mix_tasks(cur(1), gen, 2, 1.5)
+
+
 def test_parse_refinement():
     item, why = sz.parse_refinement("Problem: What is 2+2?\nSolution: 2+2=4, \\boxed{4}", "q", "y")
     assert why == "" and (item.question, item.answer, item.source_question) == ("What is 2+2?", "4", "q")
@@ -187,7 +206,10 @@ def test_one_phase_against_the_stub_teacher(teacher_url):
     # and exp(−0.25/0.08) = exp(−3.125) = 0.043937
     assert [e.weight for e in fb.imitation] == pytest.approx([0.706648, 0.043937], abs=1e-6)
     assert fb.imitation[0].question == "What is 6 * 6?" and fb.imitation[0].target == item.generator_target()
-    # refinement: the first wrong solution of each failed task; the "broken" one comes back unparseable
+    # failures (q, y_fail): the first wrong solution of each task with one ("??" is ungraded, "3" is wrong)
+    assert fb.failed == [("What is 6 * 7?", "I think 41"), ("A broken problem?", "... so \\boxed{3}"),
+                         ("What is 6 * 7?", "... so \\boxed{40}")]
+    # refinement of each failure; the "broken" one comes back unparseable (recorded, not raised)
     assert [r.source_question for r in fb.refinements] == ["What is 6 * 7?", "What is 6 * 7?"]
     assert fb.refinements[0].failed_solution == "I think 41" and fb.refinements[0].answer == "48"
     assert len(fb.failures) == 2 and fb.failures[0].startswith("grade: teacher reply is neither")

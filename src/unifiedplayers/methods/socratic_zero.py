@@ -276,6 +276,17 @@ def curriculum_tasks(items: Sequence[CurriculumItem]) -> list[Any]:
     return out
 
 
+def mix_tasks(curriculum: SocraticCurriculum, generated: Sequence[Any], n: int, share: float) -> list[Any]:
+    """The ``n`` tasks of an Execution phase: up to round(share · n) Teacher problems taken from the
+    curriculum (oldest first), the rest the Generator's well-formed tasks in order; when either side runs
+    short, the other fills in. Curriculum tasks carry ``task.socratic``."""
+    if not 0.0 <= share <= 1.0:
+        raise ValueError(f"curriculum_share={share}: need 0..1")
+    generated = [t for t in generated if t.valid]
+    k = min(len(curriculum), max(round(share * n), n - len(generated)))
+    return curriculum_tasks(curriculum.take(k)) + list(generated[: n - k])
+
+
 # --------------------------------------------------------------------------------------------------
 # One phase
 
@@ -288,6 +299,7 @@ class SocraticFeedback:
     pairs: list[list[tuple[int, int]]]  # the Solver's preference pairs per task (REFERENCE: the Teacher's)
     references: list[Optional[str]]  # the reference solution a task's pairs may use (curriculum tasks)
     refinements: list[CurriculumItem] = field(default_factory=list)  # new Teacher problems for the next phase
+    failed: list[tuple[str, str]] = field(default_factory=list)  # (q, y_fail): each failed task's first wrong solution
     imitation: list[ImitationExample] = field(default_factory=list)  # the Generator's weighted SFT examples
     failures: list[str] = field(default_factory=list)  # Teacher replies that could not be parsed
 
@@ -306,7 +318,7 @@ def socratic_phase(teacher: TeacherClient, tasks: Sequence[Any], rollouts: Seque
     if len(tasks) != len(rollouts):
         raise ValueError(f"{len(tasks)} tasks but {len(rollouts)} rollout groups")
     n_failures = len(teacher.failures)
-    grades, pairs, references, imitation, to_refine = [], [], [], [], []
+    grades, pairs, references, imitation, failed = [], [], [], [], []
     for task, group in zip(tasks, rollouts):
         g = [teacher.grade(task.question, r.final_answer) for r in group]
         item = getattr(task, "socratic", None)
@@ -319,10 +331,10 @@ def socratic_phase(teacher: TeacherClient, tasks: Sequence[Any], rollouts: Seque
             imitation.append(ImitationExample(item.source_question, item.failed_solution, item.generator_target(),
                                               generator_utility(rate, mu, sigma)))
         wrong = [r for r, x in zip(group, g) if x == 0.0]
-        if wrong and len(to_refine) < refine_limit:
-            to_refine.append((task.question, wrong[0].text))
-    refinements = [it for it in (teacher.refine(q, y) for q, y in to_refine) if it is not None]
-    return SocraticFeedback(grades, pairs, references, refinements, imitation, teacher.failures[n_failures:])
+        if wrong:
+            failed.append((task.question, wrong[0].text))
+    refinements = [it for it in (teacher.refine(q, y) for q, y in failed[:refine_limit]) if it is not None]
+    return SocraticFeedback(grades, pairs, references, refinements, failed, imitation, teacher.failures[n_failures:])
 
 
 # --------------------------------------------------------------------------------------------------
