@@ -90,9 +90,19 @@ SWEEPS = {
     "table17": Sweep("table17", (
         ("ablation=table17", "reward=default,gold_heavy,adv_heavy,high_diversity,no_diversity", "seed=0"),)),
     "table1": Sweep("table1", (("ablation=table1", "method=unifiedplayers,agent0,r_zero,absolute_zero", "seed=0"),),
-                    eval_only_methods=("vanilla", "tool_augmented"),
-                    notes="socratic_zero joins when a teacher endpoint is configured (method.teacher_endpoint)"),
+                    eval_only_methods=("vanilla", "tool_augmented")),
 }
+# Table 1's Socratic-Zero member: its Teacher is an external model, so it joins only with an endpoint.
+SOCRATIC_ZERO_RUN = ("ablation=table1", "method=socratic_zero", "seed=0")
+
+
+def socratic_zero_run(endpoint: Optional[str], model: Optional[str]) -> Optional[tuple[str, ...]]:
+    """The Socratic-Zero multirun of Table 1 with its Teacher, or None (with why) when none is configured."""
+    if not endpoint and not model:
+        return None
+    if not endpoint or not model:
+        raise SystemExit("[sweep] Socratic-Zero needs both --teacher-endpoint and --teacher-model")
+    return (*SOCRATIC_ZERO_RUN, f"method.teacher_endpoint={endpoint}", f"method.teacher_model={model}")
 
 
 def sweep_dir(sweep: Sweep, scale: Scale, root: Path = REPO / "runs" / "ablations") -> Path:
@@ -159,6 +169,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--root", default=str(REPO / "runs" / "ablations"), help="sweeps go to ROOT/<experiment>/<sweep>")
     ap.add_argument("--retries", type=int, default=1, help="reruns of a failed training multirun (members resume)")
     ap.add_argument("--dry-run", action="store_true")
+    ap.add_argument("--teacher-endpoint", default=None,
+                    help="table1: an OpenAI-compatible endpoint for Socratic-Zero's Teacher (e.g. http://host:8000/v1)")
+    ap.add_argument("--teacher-model", default=None, help="table1: the Teacher's model name at that endpoint")
     ap.add_argument("overrides", nargs="*", help="extra training overrides for every member")
     args = ap.parse_intermixed_args(argv)
     sweep, scale = SWEEPS[args.sweep], SCALES[args.scale]
@@ -167,8 +180,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     t0 = time.time()
     if sweep.notes:
         print(f"[sweep] {sweep.name}: {sweep.notes}")
+    multiruns = sweep.multiruns(scale)
+    if sweep.name == "table1":
+        socratic = socratic_zero_run(args.teacher_endpoint, args.teacher_model)
+        if socratic is None:
+            print("[sweep] table1: Socratic-Zero is left out: no Teacher endpoint configured "
+                  "(ARGS=\"--teacher-endpoint URL --teacher-model NAME\")", flush=True)
+        else:
+            print(f"[sweep] table1: Socratic-Zero joins with the Teacher {args.teacher_model} at "
+                  f"{args.teacher_endpoint}", flush=True)
+            multiruns.append(list(socratic))
     if "train" in steps:
-        for mr in sweep.multiruns(scale):
+        for mr in multiruns:
             run(train_command(mr, scale, out, args.launcher, args.jobs, args.overrides), args.dry_run, args.retries)
         if sweep.eval_only_methods and not args.dry_run:
             write_eval_only_members(sweep, scale, out, args.overrides)

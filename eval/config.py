@@ -42,7 +42,9 @@ class PromptTemplates:
 
 @dataclass
 class ToolModeConfig:
-    """The ``tool`` mode's use of ``unifiedplayers.players.tool_loop``."""
+    """The ``tool`` mode's use of ``unifiedplayers.players.tool_loop``. Its token budget is not here: a
+    sample's turns share ``max_new_tokens`` (the entry's, else ``eval.max_new_tokens``), the same total a
+    vanilla completion gets (``eval.harness.TotalTokenBudget``)."""
 
     max_turns: int = 4
     observation_max_chars: int = 1024
@@ -58,7 +60,7 @@ class EvalConfig:
     benchmarks: dict[str, BenchmarkEntry] = field(default_factory=dict)
     run: list[str] = field(default_factory=list)  # benchmarks to run, in order (empty: all configured)
     modes: list[str] = field(default_factory=lambda: ["vanilla"])  # vanilla | tool
-    max_new_tokens: int = 1024
+    max_new_tokens: int = 1024  # per completion, all tool turns together (the same budget in both modes)
     batch_size: int = 16  # completions generated per engine call
     sample_temperature: float = 0.6  # mean@k sampling (greedy pass@1 elsewhere)
     sample_top_p: float = 0.95

@@ -1,5 +1,7 @@
 # Evaluation harness (eval/, issue 6). Included by the main Makefile, which defines PY and `setup`.
 #   make eval CKPT=runs/X BENCH=math500,gsm8k [MODES=vanilla,tool] [EVAL=paper] [ARGS=...]
+#     (a CKPT inside a training run takes the method label, mode and backbone from its config.yaml;
+#      MODES= overrides the mode)
 #   make eval-smoke        # embedded SmolLM2-135M on the offline subsets, both modes, < 10 min on 2 cores
 #   make eval-data         # download and convert the hub datasets into data/eval/ (needs the network)
 #   make eval-analysis RUN=runs/X   # all analyses of a training run directory

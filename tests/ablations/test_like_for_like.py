@@ -272,3 +272,23 @@ def test_table1_rows_keep_their_backbone(tmp_path):
     assert md[0].startswith("**Table 1: mathematical reasoning** (paper rows: Qwen3-4B-Base; our rows: ")
     # its AVG is over MATH alone: marked *, named in a note, and never bold against full averages
     assert md[i + 1].endswith("| 81.0* |") and any(ln.startswith("\\* R-Zero (ours): AVG over MATH only") for ln in md)
+
+
+def test_table1_socratic_zero_joins_only_with_a_teacher(tmp_path, capsys):
+    sweeps.main(["table1", "--dry-run", "--root", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "Socratic-Zero is left out: no Teacher endpoint" in out and "method=socratic_zero" not in out
+    sweeps.main(["table1", "--dry-run", "--root", str(tmp_path), "--teacher-endpoint", "http://127.0.0.1:9/v1",
+                 "--teacher-model", "teacher"])
+    out = capsys.readouterr().out
+    assert out.count("unifiedplayers.train -m") == 2 and "method=socratic_zero" in out
+    assert "method.teacher_endpoint=http://127.0.0.1:9/v1" in out and "Socratic-Zero joins" in out
+    cfg = compose([*sweeps.socratic_zero_run("http://127.0.0.1:9/v1", "teacher"), "experiment=ablation_smoke"])
+    assert cfg.method.name == "socratic_zero" and cfg.method.teacher_model == "teacher"
+    # the URL never names the member's directory
+    from unifiedplayers.config import CONF_DIR
+
+    excluded = OmegaConf.load(CONF_DIR / "ablation" / "table1.yaml").hydra.job.config.override_dirname.exclude_keys
+    assert {"method.teacher_endpoint", "method.teacher_model"} <= set(excluded)
+    with pytest.raises(SystemExit, match="both"):
+        sweeps.socratic_zero_run("http://x/v1", None)
