@@ -303,8 +303,8 @@ def test_dpo_and_weighted_sft_train_the_tiny_model():
     metrics = [trainer.update(batch) for _ in range(8)]
     assert metrics[0]["actor/loss"] == pytest.approx(math.log(2), abs=1e-5)  # z = 0 at π = π_ref
     assert metrics[0]["actor/dpo_margin"] == pytest.approx(0.0, abs=1e-5)
-    assert metrics[-1]["actor/dpo_margin"] > 0.05 and metrics[-1]["actor/dpo_accuracy"] == 1.0
-    assert metrics[-1]["actor/loss"] < metrics[0]["actor/loss"]
+    assert metrics[-1]["actor/dpo_margin"] > 1.0 and metrics[-1]["actor/dpo_accuracy"] == 1.0
+    assert metrics[-1]["actor/loss"] < metrics[0]["actor/loss"]  # measured: 0.693 -> 0.126, margin 2.65
 
     model, tok = tiny_model()
     sft = sz.imitation_samples(tok, cfg.player.planning, [
@@ -313,4 +313,4 @@ def test_dpo_and_weighted_sft_train_the_tiny_model():
     trainer.start_outer_iteration()
     trainer.start_block()
     nll = [trainer.update(sft)["actor/nll"] for _ in range(8)]
-    assert nll[-1] < nll[0] - 0.5, nll
+    assert nll[-1] < nll[0] - 1.0, nll  # measured: 5.56 -> 3.63 nats per token
