@@ -187,6 +187,10 @@ class RewardConfig:
     execution_reward_no_valid_verifier: float = 0.0
     # r_C of a verifier that does not parse/compile/define check: below the lowest valid r_C (−γ).
     invalid_verifier_reward: float = -1.0
+    # A check error (raises, times out, no verdict) on a variant is 0 in Z_adv: true (the paper, SPEC §5)
+    # counts it as a rejection in ρ_adv and V(q); false gives it no credit (an error is no evidence that the
+    # perturbation was caught). Errors are recorded apart from rejections either way (error_orig, error_adv).
+    variant_error_credit: bool = True
     # r_T of a Planning output that is not a well-formed task: below the lowest valid r_T (−w_rep).
     malformed_task_reward: float = -1.0
     # p̂ counts all K samples; False: a missing answer joins no cluster (it can never be the majority);

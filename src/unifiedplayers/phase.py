@@ -176,8 +176,16 @@ def unit_metrics(groups: Sequence[Sequence[Any]], tasks: Sequence[Any], rollouts
     m["evaluation/rho_gold"] = _mean([x for f in feedback for x in f.rewards.gold])
     m["evaluation/rho_adv"] = _mean([x for f in feedback for x in f.rewards.adv])
     m["evaluation/rho_red"] = _mean([x for f in feedback for x in f.rewards.red])
-    checks = sum(vm.z_orig.size + vm.z_adv.size for vm in verdicts)
-    m["evaluation/check_error_rate"] = (sum(len(vm.errors) for vm in verdicts) / checks) if checks else None
+    # Check errors (raises, timeouts, no verdict), kept apart from rejections: their share of the checks
+    # behind Z, and the share of verifiers made invalid by erroring on every original trajectory.
+    errors = [vm.error_summary() for vm in verdicts]
+    checks = sum(e["checks"] for e in errors)
+    m["evaluation/check_error_rate"] = (sum(e["errors_orig"] + e["errors_adv"] for e in errors) / checks
+                                        if checks else None)
+    m["evaluation/runtime_invalid_rate"] = (sum(e["runtime_invalid"] for e in errors) / generated
+                                            if generated else None)
+    for kind in ("raised", "timeout", "bad_return"):
+        m[f"evaluation/errors_{kind}"] = sum(e[f"errors/{kind}"] for e in errors)
     return m
 
 
@@ -218,7 +226,7 @@ def phase_records(groups: Sequence[Sequence[Any]], tasks: Sequence[Any], unused:
                     trajectory_detail=[r.detail for r in rollouts[i]],
                     tool_calls=[r.num_tool_calls for r in rollouts[i]],
                     verifier_outputs=[v.source for v in verifiers[i]],
-                    verifier_validity=[c.reason if not c.valid else "valid" for c in vm.compiled],
+                    verifier_validity=vm.validity,
                     check_errors=len(vm.errors),
                 )
                 rewards = {

@@ -561,8 +561,10 @@ class OuterLoop:
             with Sandbox(sandbox_cfg) as sandbox, writer as records:
                 self.sandbox = TimedSandbox(sandbox)
                 self.records = records
-                self.perturber = PerturbationEngine.from_config(self.cfg.perturbation, seed=self.cfg.seed,
-                                                                sandbox=self.sandbox)
+                # arg_mutation's re-executed outputs are shown exactly as the tool loop shows observations
+                self.perturber = PerturbationEngine.from_config(
+                    self.cfg.perturbation, seed=self.cfg.seed, sandbox=self.sandbox,
+                    observation_max_chars=self.player_cfg.observation_max_chars)
                 bar = progress(total=len(self.slots), desc="updates", enabled=show, initial=self.completed, position=0)
                 try:
                     while self.completed < len(self.slots):
@@ -776,7 +778,7 @@ class OuterLoop:
             vm = verdicts[i]
             answers = [r.final_answer for r in rollouts[i]]
             tr = task_rewards(vm.z_orig, vm.z_adv, vm.valid, vm.num_generated, vm.valid_sources, answers,
-                              task.question, history, cfg.reward, adv_mask=vm.adv_mask)
+                              task.question, history, cfg.reward, adv_mask=vm.adv_mask, adv_errors=vm.error_adv)
             fb = TaskFeedback(tr, answers, cfg.reward, tool_calls=[r.num_tool_calls for r in rollouts[i]],
                               expected_answer=task.expected_answer, question=task.question, method_cfg=cfg.method,
                               answer_check=task.check)

@@ -81,8 +81,11 @@ def test_crash_always_is_invalid_and_cannot_raise_v(sandbox, reward_cfg):
     assert r.evaluation[1] < r.evaluation[0]
 
 
-def test_an_error_on_a_variant_earns_no_rejection_credit(sandbox, reward_cfg):
-    record, r = _feedback(sandbox, reward_cfg, [HONEST, CRASHY])
+def test_an_error_on_a_variant_is_a_rejection_unless_variant_error_credit_is_off(sandbox, reward_cfg):
+    assert reward_cfg.variant_error_credit  # the default: the paper's Z, an error counts as a rejection
+    # reward.variant_error_credit = false: an error on a variant earns no rejection credit
+    strict = types.SimpleNamespace(**{**dict(reward_cfg), "variant_error_credit": False})
+    record, r = _feedback(sandbox, strict, [HONEST, CRASHY])
     # Z (the paper's): both accept the originals and have 0 on the bash variants
     np.testing.assert_array_equal(record.z_orig, [[1, 1], [1, 1]])
     np.testing.assert_array_equal(record.z_adv, [[[0], [0]], [[0], [0]]])
@@ -98,9 +101,8 @@ def test_an_error_on_a_variant_earns_no_rejection_credit(sandbox, reward_cfg):
     np.testing.assert_allclose(r.evaluation, [0.4 + 0.5 - 0.1 * r.red[0], 0.4 - 0.1 * r.red[0]])
     # V(q) = (1 + 0) / 2 = 0.5 (the paper-literal Eq. 11 would give (1 + 1) / 2 = 1)
     assert r.writability == pytest.approx(0.5)
-    # reward.variant_error_credit = true: the paper-literal ρ_adv (errors count as rejections)
-    literal = types.SimpleNamespace(**{**dict(reward_cfg), "variant_error_credit": True})
-    _, r_lit = _feedback(sandbox, literal, [HONEST, CRASHY])
+    # the default (reward.variant_error_credit = true): the paper-literal ρ_adv (errors count as rejections)
+    _, r_lit = _feedback(sandbox, reward_cfg, [HONEST, CRASHY])
     np.testing.assert_allclose(r_lit.adv, [1.0, 1.0])
     assert r_lit.writability == pytest.approx(1.0)
 

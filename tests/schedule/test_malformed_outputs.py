@@ -93,6 +93,12 @@ def test_malformed_outputs_are_recorded_failures(tmp_path):
     assert m["planning/valid_rate"] == 0.5 and m["planning/skipped"] == 0.0
     assert m["execution/turn_limit_rate"] == pytest.approx(0.2) and m["execution/error_rate"] == pytest.approx(0.2)
     assert m["evaluation/valid_rate"] == pytest.approx(1 / 3)
+    # the looping verifier: invalid at run time (1 of 3 generated), its 5 timeouts kept apart from rejections;
+    # the valid verifier's 5 checks (P = 0) returned verdicts, so no error is left in the checks behind Z
+    assert m["evaluation/runtime_invalid_rate"] == pytest.approx(1 / 3)
+    assert m["evaluation/errors_timeout"] == 5 and m["evaluation/errors_raised"] == 0
+    assert m["evaluation/check_error_rate"] == 0.0
+    assert "timeout" in validity[2]  # the record says why it is invalid
     # the Planning group (one valid task, one malformed) had different rewards: a real update happened
     assert m["planning/grad_norm"] > 0
 
