@@ -92,6 +92,9 @@ class RoleHyperparameters:
     # Evaluation M (player.num_verifiers).
     group_size: Optional[int] = None
     max_new_tokens: Optional[int] = None  # player.<role>_max_new_tokens
+    # trainer.policy_loss of this player (grpo.POLICY_LOSSES): Socratic-Zero's Solver learns by DPO on
+    # Teacher-judged pairs (dpo), its Generator by imitation of the Teacher's problems (weighted_sft).
+    policy_loss: Optional[str] = None
 
 
 @dataclass
@@ -349,6 +352,9 @@ class MethodConfig:
     # R-Zero, Agent0, Absolute Zero); every role's reward source must then be verdict-free.
     verifiers: bool = True
     tool_bonus: float = 0.0
+    # Absolute Zero: one set of weights proposes (Planning) and solves (Execution), as AZR has it; both
+    # blocks step the same model, optimizer and π_ref.
+    shared_model: bool = False
     teacher_endpoint: Optional[str] = None
     teacher_model: Optional[str] = None
     extra: dict[str, Any] = field(default_factory=dict)
@@ -389,7 +395,7 @@ def role_trainer_config(trainer_cfg: Any, role: str) -> Any:
     from omegaconf import OmegaConf
 
     over = _role_overrides(trainer_cfg, role)
-    keys = {k: getattr(over, k) for k in ("lr", "clip_eps", "kl_coef", "temperature")
+    keys = {k: getattr(over, k) for k in ("lr", "clip_eps", "kl_coef", "temperature", "policy_loss")
             if over is not None and getattr(over, k) is not None}
     return OmegaConf.merge(trainer_cfg, keys) if keys else trainer_cfg
 
