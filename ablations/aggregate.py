@@ -48,7 +48,6 @@ if _ROOT not in sys.path:  # `python ablations/aggregate.py` as well as `python 
     sys.path.insert(0, _ROOT)
 
 from ablations import paper_numbers as paper  # noqa: E402
-from eval.tables import METHOD_LABELS  # noqa: E402,F401 (conf/method name -> Table 1 row label)
 
 EVAL_DIR = "eval"
 RESULTS_FILE = "results.json"

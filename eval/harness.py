@@ -89,7 +89,8 @@ def generate_vanilla(engine: Any, prompts: list[str], k: int, max_new_tokens: in
             top_p=None if greedy else eval_cfg.sample_top_p,
             greedy=greedy, seed=eval_cfg.seed + start,
         )
-        out.extend([[Generation(c.text, finish_reason=c.finish_reason, generated_tokens=len(c.token_ids)) for c in row] for row in completions])
+        out.extend([[Generation(c.text, finish_reason=c.finish_reason, generated_tokens=len(c.token_ids))
+                     for c in row] for row in completions])
     return out
 
 

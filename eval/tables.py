@@ -196,7 +196,8 @@ def latex_table(kind: str, ours: Sequence[ScoreRow], backbone: Optional[str]) ->
     ]
     for row in rows:
         label, ticks, values, avg, partial, source, row_bb = row
-        cells = [_tex_escape(label) + ("" if source == "paper" else f" ({_tex_escape(_source_text(source, row_bb, backbone))})")]
+        tag = "" if source == "paper" else f" ({_tex_escape(_source_text(source, row_bb, backbone))})"
+        cells = [_tex_escape(label) + tag]
         cells += ["$\\checkmark$" if t else "$\\times$" for t in ticks]
         for j, v in enumerate(values + [avg]):
             s = _fmt(v).replace("–", "--") + ("$^*$" if j == len(values) and partial else "")
@@ -215,7 +216,8 @@ def offline_markdown(ours: Sequence[ScoreRow]) -> str:
              "| Method | " + " | ".join(titles) + " |", "|" + "---|" * (len(titles) + 1)]
     for r in ours:
         if r.offline:
-            lines.append(f"| {r.label} (ours{', ' + r.backbone if r.backbone else ''}) | " + " | ".join(_fmt(r.offline.get(t)) for t in titles) + " |")
+            tag = f"ours, {r.backbone}" if r.backbone else "ours"
+            lines.append(f"| {r.label} ({tag}) | " + " | ".join(_fmt(r.offline.get(t)) for t in titles) + " |")
     return "\n".join(lines) + "\n"
 
 
