@@ -63,12 +63,14 @@ TABLES = {
 
 
 def default_ticks(label: str, mode: str) -> tuple[int, int, int]:
-    """Tool / External teacher / Learned verifier ticks of a row: the paper's for a method it lists
-    (they do not depend on the backbone), else just whether tools were used."""
+    """Tool / External teacher / Learned verifier ticks of one of our rows. Tool: whether this evaluation
+    used the sandbox (its mode), so a row never claims a tool it did not have; the other two: the
+    paper's for a method it lists (they do not depend on the backbone), else none."""
+    tool = 1 if mode == "tool" else 0
     for name, ticks, _, _ in paper.TABLE1["Qwen3-4B-Base"]:
         if name == label:
-            return ticks
-    return (1 if mode == "tool" else 0, 0, 0)
+            return (tool, ticks[1], ticks[2])
+    return (tool, 0, 0)
 
 
 def _avg(values: Sequence[Optional[float]]) -> tuple[Optional[float], bool]:

@@ -250,3 +250,14 @@ def test_make_eval_ckpt_reads_the_runs_config_end_to_end(tmp_path):
         res = json.loads((out / "results.json").read_text())
         assert res["method"] == "R-Zero" and res["model"] == "tiny-random-llama" and list(res["modes"]) == modes
         assert res["modes"][modes[0]]["label"] == "R-Zero"
+
+
+def test_our_rows_tool_tick_follows_the_mode_they_ran_in():
+    from eval.tables import default_ticks
+
+    # the paper ticks Absolute Zero's Tool column; evaluated without the sandbox, our row must not claim it
+    assert default_ticks("Absolute Zero", "vanilla") == (0, 0, 0)
+    assert default_ticks("Absolute Zero", "tool") == (1, 0, 0)
+    assert default_ticks("UnifiedPlayers", "tool") == (1, 0, 1)  # learned verifier: the paper's tick
+    assert default_ticks("Socratic-Zero", "vanilla") == (0, 1, 0)  # external teacher
+    assert default_ticks("My method", "tool") == (1, 0, 0)
