@@ -240,6 +240,16 @@ def validate(cfg: Any, dist: DistContext = SINGLE) -> None:
             raise ValueError(f"player.{name}={getattr(p, name)}: need >= 1")
     if not p.planning.template or not p.execution.template or not p.evaluation.template:
         raise ValueError("player.<role>.template must be set for all three players (conf/player/)")
+    if getattr(cfg.method, "shared_model", False):
+        if not {"planning", "execution"} <= set(trained_roles(cfg)):
+            raise ValueError("method.shared_model=true joins the Planning and Execution players: both must be trained")
+        if s.feedback == "stale":
+            raise ValueError("method.shared_model=true with schedule.feedback=stale: one model cannot hold back its "
+                             "own updates from itself; use schedule.feedback=fresh")
+    if str((cfg.method.extra or {}).get("task_format", "math")) == "code_reasoning":
+        from unifiedplayers.methods.absolute_zero import check_task_types
+
+        check_task_types(p.topics)  # an unknown Absolute Zero task type fails here, not in the first phase
     if not cfg.method.use_tools and code_requests(p):
         raise ValueError(
             f"method {cfg.method.name} runs without tools, but the Execution prompt asks for code "
@@ -310,6 +320,8 @@ class OuterLoop:
         self.execution_steps = list(np.cumsum([s.role == "execution" for s in self.slots]).tolist())
         self.fixed_pool: Optional[FixedPool] = None
         self.trained = trained_roles(cfg)
+        # method.shared_model (Absolute Zero): the Planning and Execution roles are one model and trainer.
+        self.shared_roles = (["planning", "execution"] if getattr(cfg.method, "shared_model", False) else [])
         self.reward_sources = method_reward_sources(cfg.method)
         self.build_task = task_builder(cfg.method)  # Planning output -> task (math, or Absolute Zero's code tasks)
         # The player settings with the per-role group sizes and token budgets of trainer.roles set over them.
@@ -401,6 +413,10 @@ class OuterLoop:
     def _setup_players(self) -> None:
         model, self.tokenizer = self._load_backbone()
         for i, role in enumerate(BLOCK_ORDER):
+            if role in self.shared_roles[1:]:  # method.shared_model: the first shared role's model and trainer
+                first = self.players[self.shared_roles[0]]
+                self.players[role] = Player(role, first.model, trainer=first.trainer, version=first.version)
+                continue
             # All three players start from the same backbone, as separate parameters (SPEC §1).
             m = model if i == len(BLOCK_ORDER) - 1 else copy.deepcopy(model)
             m.eval()
@@ -457,10 +473,9 @@ class OuterLoop:
         return next(s.role for s in self.slots if s.iteration == iteration)
 
     def _resume_inside_iteration(self, iteration: int, state: dict[str, Any]) -> None:
-        for player in self.players.values():
-            if player.trainer is not None:
-                while player.trainer.outer_iteration < iteration:
-                    player.trainer.start_outer_iteration()
+        for trainer in self._trainers():
+            while trainer.outer_iteration < iteration:
+                trainer.start_outer_iteration()
         if self.cfg.schedule.feedback == "stale":
             for role, player in self.players.items():
                 if player.trainer is None:
@@ -489,10 +504,17 @@ class OuterLoop:
         return SamplingTemperature(engine, role_temperature(self.cfg, role)), ver
 
     # ------------------------------------------------------------------ events
-    def _start_iteration(self, iteration: int) -> None:
+    def _trainers(self) -> list[Any]:
+        """Each trainer once (a shared model's two roles have one)."""
+        out: list[Any] = []
         for player in self.players.values():
-            if player.trainer is not None:
-                player.trainer.start_outer_iteration()  # π_ref := weights at the start of this iteration
+            if player.trainer is not None and all(player.trainer is not t for t in out):
+                out.append(player.trainer)
+        return out
+
+    def _start_iteration(self, iteration: int) -> None:
+        for trainer in self._trainers():
+            trainer.start_outer_iteration()  # π_ref := weights at the start of this iteration
         if self.cfg.schedule.feedback == "stale":
             pub_dir = self.run_dir / "checkpoints" / "published"
             pub_dir.mkdir(parents=True, exist_ok=True)
@@ -512,8 +534,9 @@ class OuterLoop:
                 self.published[role] = str(path.relative_to(self.run_dir))
 
     def _start_block(self, slot: Slot) -> dict[str, Any]:
+        active = self.players[slot.role]
         for role, player in self.players.items():
-            if role != slot.role:
+            if role != slot.role and player.model is not active.model:
                 player.model.eval()
                 if player.trainer is not None:
                     player.trainer.offload_state()  # frozen in this block: no optimizer state in memory
@@ -669,7 +692,9 @@ class OuterLoop:
             current = self.checkpoints.get(slot.role) or ""
             rel = base / "resume" / f"{slot.role}-{'b' if current.endswith('-a') else 'a'}"
         trainer.save_checkpoint(self.run_dir / rel)  # on every rank: rank 0 writes, or every rank its shards
-        self.checkpoints[slot.role] = str(rel)
+        for role, player in self.players.items():  # a shared model's other role points at the same weights
+            if role == slot.role or (player.trainer is trainer and role in self.shared_roles):
+                self.checkpoints[role] = str(rel)
 
     def _drop_slots(self, role: str) -> None:
         if not self.dist.is_main:
@@ -863,7 +888,9 @@ class OuterLoop:
             active.model.train()
             trainer_metrics = active.trainer.update(batch)
             active.model.eval()
-            active.version = version(slot.role, slot.iteration, active.trainer.global_step)
+            for player in self.players.values():  # both roles of a shared model name the new weights
+                if player.model is active.model:
+                    player.version = version(slot.role, slot.iteration, active.trainer.global_step)
         update_s = time.perf_counter() - t
         self.timing["update_s"] += update_s
         if unit is None:

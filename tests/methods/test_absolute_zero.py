@@ -107,7 +107,7 @@ def test_the_solver_has_no_tools_and_copied_code_gets_no_answer(sandbox, tmp_pat
     from unifiedplayers.schedule import OuterLoop
 
     # room for the scripted replies in byte tokens (the tiny preset allows 16)
-    cfg = compose(["experiment=tiny", "method=absolute_zero", "player.execution_max_new_tokens=256"])
+    cfg = compose(["experiment=tiny", "method=absolute_zero", "player.execution_max_new_tokens=256", "player.topics=[deduction]"])
     assert not cfg.method.use_tools
     loop = OuterLoop(cfg, tmp_path)
     assert loop.execution_cfg.max_turns == 1  # one generation: code in it is never run
@@ -134,14 +134,50 @@ def test_the_solver_has_no_tools_and_copied_code_gets_no_answer(sandbox, tmp_pat
     assert reward_source("execution", "expected_answer")(f).tolist() == [0.0, 1.0]
 
 
-def test_shared_model_option():
+def test_shared_model_option(tmp_path):
     method = compose(["method=absolute_zero"]).method
     assert azr.shared_model(method) is False
-    on = compose(["method=absolute_zero", "method.extra.shared_model=true"]).method
+    on = compose(["method=absolute_zero", "method.shared_model=true"]).method
     assert azr.shared_model(on) is True and method_reward_sources(on)
-    assert azr.shared_model(SimpleNamespace(shared_model=True, extra={})) is True  # the typed field wins
     with pytest.raises(ValueError, match="true or false"):
-        azr.shared_model(SimpleNamespace(extra={"shared_model": "yes"}))
-    alone = compose(["method=absolute_zero", "method.extra.shared_model=true", "method.roles=[execution]"]).method
+        azr.shared_model(SimpleNamespace(shared_model="yes"))
+    alone = compose(["method=absolute_zero", "method.shared_model=true", "method.roles=[execution]"]).method
     with pytest.raises(ValueError, match="does not train both"):
         method_reward_sources(alone)
+    from unifiedplayers.schedule import OuterLoop
+
+    with pytest.raises(ValueError, match="schedule.feedback=stale"):
+        OuterLoop(compose(["experiment=tiny", "method=absolute_zero", "player.topics=[deduction]",
+                           "method.shared_model=true", "schedule.feedback=stale"]), tmp_path)
+
+def test_a_shared_model_is_one_set_of_weights_stepped_by_both_blocks(tmp_path):
+    """method.shared_model=true (AZR: one model proposes and solves): the Planning and Execution players are
+    one model with one trainer; the Planning block's 2 steps and the Execution block's 2 steps all move it,
+    both roles' checkpoints and versions name it, and a resumed run ends with the same weights."""
+    import torch
+
+    from unifiedplayers.schedule import OuterLoop
+
+    overrides = ["experiment=tiny", "method=absolute_zero", "method.shared_model=true", "player.topics=[deduction]",
+                 "schedule.planning_updates=2", "schedule.execution_updates=2",
+                 "player.planning.response_prefix='```python\ndef f(x):\n    return x * 3\n```\n```input\n4\n```\n'"]
+    loop = OuterLoop(compose(overrides), tmp_path / "a")
+    loop.run()
+    planning, execution = loop.players["planning"], loop.players["execution"]
+    assert planning.model is execution.model and planning.trainer is execution.trainer
+    assert planning.trainer.global_step == 4  # 2 Planning + 2 Execution optimizer steps on the same weights
+    assert planning.version == execution.version == {"player": "execution", "outer_iteration": 1, "step": 4}
+    saved = torch.load(tmp_path / "a" / "checkpoints" / "iter1" / "execution" / "model.pt", weights_only=True)
+    assert all(torch.equal(saved[k], v) for k, v in execution.model.state_dict().items())
+
+    def stop_after_planning(event, loop, slot):
+        if event == "block_end" and slot.role == "planning":
+            raise RuntimeError("stopped between the blocks")
+
+    with pytest.raises(RuntimeError):
+        OuterLoop(compose(overrides), tmp_path / "b", hooks=[stop_after_planning]).run()
+    resumed = OuterLoop(compose(overrides + ["resume=true"]), tmp_path / "b")
+    resumed.run()
+    a, b = execution.model.state_dict(), resumed.players["execution"].model.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert (tmp_path / "a" / "records.jsonl").read_text() == (tmp_path / "b" / "records.jsonl").read_text()

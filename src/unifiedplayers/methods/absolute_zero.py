@@ -339,11 +339,8 @@ register_task_builder("code_reasoning", build_code_task)
 
 
 def shared_model(method_cfg: Any) -> bool:
-    """``method.shared_model`` (AZR: one set of weights proposes and solves). Read from the typed field when
-    the schema has it, else from ``method.extra.shared_model``; default false (two players, as the engine)."""
-    value = getattr(method_cfg, "shared_model", None)
-    if value is None:
-        value = (getattr(method_cfg, "extra", None) or {}).get("shared_model", False)
+    """``method.shared_model`` (AZR: one set of weights proposes and solves); default false (two players)."""
+    value = getattr(method_cfg, "shared_model", False)
     if not isinstance(value, bool):
         raise ValueError(f"method.shared_model={value!r}: need true or false")
     return value
