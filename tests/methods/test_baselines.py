@@ -250,7 +250,7 @@ def test_use_tools_false_gives_one_generation_per_trajectory(tmp_path):
     from unifiedplayers.methods import TASK_BUILDERS
 
     assert with_tools.build_task is TASK_BUILDERS["math"]
-    assert OuterLoop(compose(["experiment=tiny", "method=absolute_zero"]), tmp_path / "c").build_task \
+    assert OuterLoop(compose(["experiment=tiny", "method=absolute_zero", "player.topics=[deduction]"]), tmp_path / "c").build_task \
         is TASK_BUILDERS["code_reasoning"]
     with pytest.raises(ValueError, match="task_format"):
         OuterLoop(compose(["experiment=tiny", "+method.extra.task_format=nope"]), tmp_path / "d")
