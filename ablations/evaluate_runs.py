@@ -13,8 +13,8 @@ For each run directory under the sweep (a directory with ``config.yaml``):
 For Table 15 (``--adv-reject``), a run with an Evaluation player of its own is also measured on the fixed
 held-out set of ``ablations.adv_reject`` (``<run>/eval/adv_reject.json``).
 
-The mode follows the method: ``tool`` for methods with ``use_tools`` (the sandbox at inference), else
-``vanilla``. The ``eval`` preset (``conf/eval/<name>.yaml``) fixes the benchmarks and generation lengths;
+The mode follows the method: ``method.eval_mode`` when set (Absolute Zero: tool, as the paper's Table 1),
+else ``tool`` for methods with ``use_tools`` (the sandbox at inference) and ``vanilla`` for the others. The ``eval`` preset (``conf/eval/<name>.yaml``) fixes the benchmarks and generation lengths;
 the run's W&B group and tags are reused, so the scores land in the sweep's group.
 """
 from __future__ import annotations

@@ -66,6 +66,16 @@ def find_run_config(ckpt: str, max_up: int = 5) -> Optional[Path]:
     return None
 
 
+def eval_mode_of(method: Any) -> str:
+    """The evaluation mode of a run's method: ``method.eval_mode``, else tool exactly when it trained with tools."""
+    mode = OmegaConf.select(method, "eval_mode") if OmegaConf.is_config(method) else getattr(method, "eval_mode", None)
+    if mode is None:
+        return "tool" if bool(method.use_tools) else "vanilla"
+    if mode not in ("tool", "vanilla"):
+        raise ValueError(f"method.eval_mode={mode!r}: tool | vanilla")
+    return str(mode)
+
+
 def apply_run_config(cfg: Any, run_cfg: Any, explicit: Sequence[str] = (), log=print) -> Any:
     """Take what a training run fixes from its own config (``run_cfg``): the method's row label, the mode
     (``tool`` when the method uses tools at inference, else ``vanilla``), the backbone (``model``) and
@@ -81,7 +91,7 @@ def apply_run_config(cfg: Any, run_cfg: Any, explicit: Sequence[str] = (), log=p
     if not given("eval.method"):
         cfg.eval.method = METHOD_LABELS.get(name, name)
     if not given("eval.modes"):
-        cfg.eval.modes = ["tool" if bool(method.use_tools) else "vanilla"]
+        cfg.eval.modes = [eval_mode_of(method)]
     if not given("model") and OmegaConf.select(run_cfg, "model") is not None:
         cfg.model = OmegaConf.merge(cfg.model, run_cfg.model)
     execution = OmegaConf.select(run_cfg, "player.execution")

@@ -348,6 +348,10 @@ class MethodConfig:
     planning_reward: str = "unifiedplayers"  # unifiedplayers (Eq. 2) | uncertainty_repetition (R-Zero-like)
     evaluation_reward: str = "verdict"  # verdict (Eq. 5)
     use_tools: bool = True
+    # How eval/ evaluates the trained Execution player: tool (the sandbox at inference) | vanilla; None:
+    # tool exactly when use_tools. Absolute Zero trains its solver without tools but the paper's Table 1
+    # ticks Tool for it, so its evaluation uses the sandbox.
+    eval_mode: Optional[str] = None
     # false: no verifiers are written and no verdict matrices built (methods whose rewards read no verdict:
     # R-Zero, Agent0, Absolute Zero); every role's reward source must then be verdict-free.
     verifiers: bool = True

@@ -219,11 +219,10 @@ def test_reproduce_table1_smoke_composes(tmp_path, capsys):
     assert "ablations.aggregate table1" in out
     scale = sweeps.SCALES["smoke"]
     expect = {"unifiedplayers": ("UnifiedPlayers", "tool"), "agent0": ("Agent0", "tool"),
-              "r_zero": ("R-Zero", "vanilla"), "absolute_zero": ("Absolute Zero", None)}
+              "r_zero": ("R-Zero", "vanilla"), "absolute_zero": ("Absolute Zero", "tool")}
     for method, (label, mode) in expect.items():
         run_cfg = compose(["ablation=table1", f"method={method}", f"experiment={scale.experiment}"])
         ecfg = evaluate_runs.eval_config(run_cfg, scale.eval)
-        mode = mode or ("tool" if run_cfg.method.use_tools else "vanilla")  # AZR's solver: its config decides
         assert (ecfg.eval.method, list(ecfg.eval.modes)) == (label, [mode])
         assert ecfg.model.name == run_cfg.model.name == "SmolLM2-135M-Instruct"
         assert ecfg.player.execution.system == run_cfg.player.execution.system  # the prompt it trained with

@@ -261,3 +261,15 @@ def test_our_rows_tool_tick_follows_the_mode_they_ran_in():
     assert default_ticks("UnifiedPlayers", "tool") == (1, 0, 1)  # learned verifier: the paper's tick
     assert default_ticks("Socratic-Zero", "vanilla") == (0, 1, 0)  # external teacher
     assert default_ticks("My method", "tool") == (1, 0, 0)
+
+
+def test_the_evaluation_mode_of_a_method():
+    from types import SimpleNamespace
+
+    from eval.run import eval_mode_of
+
+    assert eval_mode_of(SimpleNamespace(use_tools=True, eval_mode=None)) == "tool"
+    assert eval_mode_of(SimpleNamespace(use_tools=False, eval_mode=None)) == "vanilla"
+    assert eval_mode_of(SimpleNamespace(use_tools=False, eval_mode="tool")) == "tool"  # Absolute Zero
+    with pytest.raises(ValueError, match="tool \\| vanilla"):
+        eval_mode_of(SimpleNamespace(use_tools=True, eval_mode="both"))
