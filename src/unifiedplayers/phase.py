@@ -34,6 +34,8 @@ TRAINER_METRICS = {
     "actor/pg_clipfrac": "pg_clip_frac", "actor/ratio_mean": "ratio_mean", "actor/ratio_min": "ratio_min",
     "actor/ratio_max": "ratio_max", "entropy_bank/retention": "entropy_ratio", "actor/entropy": "entropy",
     "actor/loss": "loss", "actor/lr": "lr", "actor/num_tokens": "num_tokens", "perf/update_tflop": "update_tflop",
+    # the preference and imitation losses (Socratic-Zero's Solver and Generator)
+    "actor/dpo_margin": "dpo_margin", "actor/dpo_accuracy": "dpo_accuracy", "actor/nll": "nll",
 }
 
 

@@ -84,7 +84,8 @@ from unifiedplayers.entropy_bank import entropy_bank_texts
 from unifiedplayers.engines import PolicyPool, SamplingTemperature, TimedSandbox  # noqa: F401 (re-exported)
 from unifiedplayers.execution_pool import FixedPool, metrics_of
 from unifiedplayers.logging import RunLogger, progress, truncate_lines
-from unifiedplayers.methods import ROLES, TaskFeedback, group_shape, method_reward_sources, planning_rewards, task_builder
+from unifiedplayers.methods import ROLES, TaskFeedback, group_shape, method_loop, method_reward_sources, \
+    planning_rewards, task_builder
 from unifiedplayers.perturbation import PerturbationEngine
 from unifiedplayers.players.evaluation import evaluation_prompt, write_verifiers
 from unifiedplayers.players.execution import code_requests, execution_prompt, solve
@@ -324,6 +325,8 @@ class OuterLoop:
         self.shared_roles = (["planning", "execution"] if getattr(cfg.method, "shared_model", False) else [])
         self.reward_sources = method_reward_sources(cfg.method)
         self.build_task = task_builder(cfg.method)  # Planning output -> task (math, or Absolute Zero's code tasks)
+        # A baseline's own loop (Socratic-Zero: the Teacher's curriculum, DPO pairs, imitation); None for the others.
+        self.method_loop = method_loop(cfg)
         # The player settings with the per-role group sizes and token budgets of trainer.roles set over them.
         self.player_cfg = resolve_player_config(cfg)
         # A method without tools (R-Zero, Socratic-Zero): one generation per trajectory, its code never run.
@@ -369,6 +372,7 @@ class OuterLoop:
             "wandb_id": self.wandb_id,
             "world_size": self.dist.world_size,
             "timing": dict(self.timing),
+            "method_loop": self.method_loop.state_dict() if self.method_loop is not None else None,
             "config": result_config(self.cfg),
         }
 
@@ -468,6 +472,8 @@ class OuterLoop:
             nxt = self.slots[self.completed]
             if not (nxt.first_of_block and nxt.role == self._first_role_of(nxt.iteration)):
                 self._resume_inside_iteration(nxt.iteration, state)
+        if self.method_loop is not None and state.get("method_loop") is not None:
+            self.method_loop.load_state_dict(state["method_loop"])  # Socratic-Zero: curriculum, failures
 
     def _first_role_of(self, iteration: int) -> str:
         return next(s.role for s in self.slots if s.iteration == iteration)
@@ -721,11 +727,15 @@ class OuterLoop:
         unused: list[PlanningTask] = []
         attempts = 1 if slot.role == "planning" else p.task_attempts
         prompts, wanted = units * p.prompts_per_update, units * p.tasks_per_update
+        own_prompts = None
+        if self.method_loop is not None:  # the method's own Planning prompts (Socratic-Zero: the Solver's failures)
+            own_prompts = self.dist.broadcast(self.method_loop.planning_prompts(self.tokenizer, p, prompts)
+                                              if self.dist.is_main else None)
         for attempt in range(attempts):
             got = self.dist.sample_split(
                 p.tasks_per_prompt,
                 lambda n, rank: generate_tasks(engine, self.tokenizer, p, self.prompt_counter, prompts,
-                                               n, seed=self._seed(slot, 10 + attempt, rank)),
+                                               n, seed=self._seed(slot, 10 + attempt, rank), prompts=own_prompts),
                 prompts)
             # Rank 0 builds the tasks (Absolute Zero's run code in the sandbox); every rank then holds the same.
             got = self.dist.broadcast([[self.build_task(t, self.sandbox) for t in g] for g in got]
@@ -742,6 +752,9 @@ class OuterLoop:
                     unused.append(t)
             if slot.role == "planning" or len(used) >= wanted:
                 break
+        if self.method_loop is not None:  # the method picks the tasks played (Socratic-Zero: with its curriculum)
+            groups, used, unused = self.dist.broadcast(
+                self.method_loop.phase_tasks(slot.role, groups, used, unused, wanted) if self.dist.is_main else None)
         return groups, used, unused
 
     def _sample_phase(self, slot: Slot) -> Phase:
@@ -782,6 +795,9 @@ class OuterLoop:
         self.block_questions.extend(questions)
         if not self.dist.is_main:  # the other ranks take part in the updates only (rank 0 broadcasts each batch)
             return Phase(slot.phase, [], list(questions))
+        if self.method_loop is not None:  # the method's own feedback (Socratic-Zero: the Teacher grades, refines)
+            self._stage("method feedback")
+            self.method_loop.after_rollouts(slot.role, tasks, rollouts)
 
         # 3. perturbations, 4. verdict matrices
         self._stage("sandbox: perturbations and verdicts")
@@ -838,10 +854,15 @@ class OuterLoop:
             if slot.role != "planning":  # group g of the unit is its task g (a baseline may shape it)
                 shapes = {g: group_shape(cfg.method, slot.role, fb, clip_eps=trainer_cfg.clip_eps)
                           for g, fb in enumerate(sub(feedback))}
-            batch = training_batch(makers, rewards, gids, trainer_cfg, cfg.schedule.drop_zero_advantage_groups,
-                                   shapes)
+            # A method's own batch (Socratic-Zero: the Solver's DPO pairs, the Generator's imitation) replaces GRPO's.
+            own = (self.method_loop.unit_batch(slot.role, t_idx, self.tokenizer, p)
+                   if self.method_loop is not None else None)
+            batch = own if own is not None else training_batch(
+                makers, rewards, gids, trainer_cfg, cfg.schedule.drop_zero_advantage_groups, shapes)
             m = unit_metrics(u_groups, sub(tasks), sub(rollouts), sub(verdicts), sub(feedback), u_rewards,
                              slot.role, malformed)
+            if self.method_loop is not None:
+                m.update(self.method_loop.unit_metrics(slot.role, t_idx))
             if shapes is not None:
                 m[f"{slot.role}/kept_groups"] = (sum(sh.keep for sh in shapes.values()) / len(shapes)) if shapes else None
             phase_units.append(Unit(batch, m, slot.phase + u))
@@ -851,8 +872,11 @@ class OuterLoop:
 
         def meta_of_task(i: Optional[int]) -> dict[str, Any]:
             u = unit_of_task.get(i, 0) if i is not None else 0
-            return {"outer_iteration": slot.iteration, "block": slot.role, "phase": slot.phase,
+            meta = {"outer_iteration": slot.iteration, "block": slot.role, "phase": slot.phase,
                     "update": slot.update + u, "global_update": slot.phase + u, "checkpoints": ckpts}
+            if i is not None and self.method_loop is not None:  # e.g. the Teacher's grades, the failure
+                meta.update(self.method_loop.record_meta(i))
+            return meta
 
         records = phase_records(groups, tasks, unused, rollouts, verifiers, verdicts, variants_flat, feedback,
                                 role_rewards, self.perturber.rules, meta_of_task, malformed)

@@ -289,5 +289,67 @@ def method_extra(method_cfg: Any, key: str, default: Any) -> Any:
     return extra.get(key, default)
 
 
+# ------------------------------------------------------------------ a method's own loop
+
+
+class MethodLoop:
+    """A baseline whose loop is more than a reward and a group shape (Socratic-Zero: a Teacher's curriculum,
+    preference pairs, imitation). The outer loop calls it at a few marked points of a sampling phase:
+
+    - :meth:`planning_prompts` before the Planning player writes the phase's tasks (None: the topic prompts);
+    - :meth:`phase_tasks` after, to choose the tasks played (every rank gets rank 0's choice);
+    - :meth:`after_rollouts` (rank 0) once the Execution player's K solutions are in;
+    - :meth:`unit_batch` for each unit's training batch (None: the GRPO groups), :meth:`unit_metrics`
+      and :meth:`record_meta` for its metrics line and records;
+    - :meth:`state_dict` / :meth:`load_state_dict` with the run state (resume stays exact).
+
+    The defaults change nothing.
+    """
+
+    def planning_prompts(self, tokenizer: Any, player_cfg: Any, n: int) -> Optional[list[tuple[str, str]]]:
+        return None
+
+    def phase_tasks(self, role: str, groups: list, used: list, unused: list, n: int) -> tuple[list, list, list]:
+        return groups, used, unused
+
+    def after_rollouts(self, role: str, tasks: Sequence[Any], rollouts: Sequence[Sequence[Any]]) -> None:
+        pass
+
+    def unit_batch(self, role: str, task_indices: Sequence[int], tokenizer: Any, player_cfg: Any) -> Optional[list]:
+        return None
+
+    def unit_metrics(self, role: str, task_indices: Sequence[int]) -> dict[str, Any]:
+        return {}
+
+    def record_meta(self, task_index: int) -> dict[str, Any]:
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
+METHOD_LOOPS: dict[str, Callable[[Any], MethodLoop]] = {}  # method name -> factory(cfg)
+
+
+def register_method_loop(method_name: str):
+    """Register ``factory(cfg) -> MethodLoop`` for the method named ``method_name``."""
+
+    def deco(factory):
+        METHOD_LOOPS[method_name] = factory
+        return factory
+
+    return deco
+
+
+def method_loop(cfg: Any) -> Optional[MethodLoop]:
+    """The method's own loop for the run config ``cfg`` (its start-up checks run here); None for a method
+    that needs none."""
+    factory = METHOD_LOOPS.get(str(getattr(cfg.method, "name", "")))
+    return None if factory is None else factory(cfg)
+
+
 # The baselines' sources register themselves (imported last: they use the registry above).
 from unifiedplayers.methods import absolute_zero, agent0, r_zero, socratic_zero  # noqa: E402,F401

@@ -16,9 +16,18 @@
   played in the next Execution phase; a played one yields the Generator's imitation example.
 
 The functions here are pure (given a Teacher client, which the tests replace by a local stub server);
-:func:`socratic_phase` is the whole per-phase computation the outer loop calls. Until the outer loop wires
-the DPO and SFT batches, the plain reward sources below keep the method running on GRPO: ``teacher`` (the
-Solver's reward is its grade) and ``socratic_utility`` (the Generator's reward is U(s) of its own problem).
+:func:`socratic_phase` is the whole per-phase computation. :class:`SocraticLoop` is what the outer loop
+runs for ``method=socratic_zero`` (``methods.method_loop``):
+
+- an Execution phase plays the curriculum's oldest problems mixed with the Generator's
+  (``extra.curriculum_share``); the Teacher grades them, the Solver trains by DPO on the pairs, the failed
+  problems are refined into the curriculum, and the failures (q, y_fail) become the Generator's prompts;
+- a Planning phase prompts the Generator with recent failures (its problems are played and recorded, not
+  trained on), has the Solver play the refinements made since the last Planning phase — its graded success
+  rate s gives U(s) with the current Solver — and trains the Generator by weighted SFT on those refinements.
+
+The reward sources below (``teacher``: the grade; ``socratic_utility``: U(s) of a problem) fill the
+records' rewards; no GRPO step reads them under this loop.
 
 Without an endpoint the method stops at start-up (``requires`` below) with a message naming the setting.
 The API key, if the endpoint needs one, comes from the environment variable named by
@@ -39,7 +48,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from unifiedplayers.methods import TaskFeedback, register_reward_source, requires
+from unifiedplayers.methods import MethodLoop, TaskFeedback, register_method_loop, register_reward_source, requires
 
 GRADE_PROMPT = (
     "You are a strict math teacher. Problem:\n{question}\n\nA student's final answer: {answer}\n\n"
@@ -391,7 +400,180 @@ def imitation_samples(tokenizer: Any, planning_prompts: Any, examples: Sequence[
 
 
 # --------------------------------------------------------------------------------------------------
-# Reward sources (the GRPO stand-ins until the outer loop wires the batches above)
+# The loop: what the outer loop does for method=socratic_zero
+
+
+def check_loop_trainers(cfg: Any) -> None:
+    """Start-up: the Solver trains by DPO (β = its kl_coef > 0; each pair whole in one micro-batch, so the
+    micro-batch size is even and fixed), the Generator by weighted SFT."""
+    from unifiedplayers.config import role_trainer_config
+
+    roles = set(cfg.method.roles) if cfg.method.trainable else set()
+    if "execution" in roles:
+        t = role_trainer_config(cfg.trainer, "execution")
+        if t.policy_loss != "dpo":
+            raise ValueError(f"method=socratic_zero trains the Solver on preference pairs: needs "
+                             f"trainer.roles.execution.policy_loss=dpo (got {t.policy_loss!r})")
+        if not t.kl_coef > 0:
+            raise ValueError(f"method=socratic_zero: DPO's β is the Solver's kl_coef, which must be > 0 "
+                             f"(trainer.roles.execution.kl_coef / trainer.kl_coef = {t.kl_coef})")
+        if t.grad_accum_steps > 0 or t.micro_batch_size % 2:
+            raise ValueError(f"method=socratic_zero: DPO keeps each (chosen, rejected) pair in one micro-batch: needs "
+                             f"an even trainer.micro_batch_size and trainer.grad_accum_steps=0 (got "
+                             f"{t.micro_batch_size} and {t.grad_accum_steps})")
+    if "planning" in roles:
+        t = role_trainer_config(cfg.trainer, "planning")
+        if t.policy_loss != "weighted_sft":
+            raise ValueError(f"method=socratic_zero trains the Generator by imitating the Teacher: needs "
+                             f"trainer.roles.planning.policy_loss=weighted_sft (got {t.policy_loss!r})")
+
+
+def _mean(xs: Sequence[float]) -> Optional[float]:
+    return float(np.mean(xs)) if len(xs) else None
+
+
+class SocraticLoop(MethodLoop):
+    """Socratic-Zero's state across phases and its hooks into the outer loop (see the module docstring).
+
+    State (saved with the run state): the curriculum, the refinements the Generator has not imitated yet
+    (``fresh``), and the Solver's recent failures (the Generator's prompts). The last phase's Teacher
+    feedback serves its units' batches, metrics and records.
+    """
+
+    def __init__(self, cfg: Any) -> None:
+        m = cfg.method
+        check_teacher(m)
+        check_loop_trainers(cfg)
+        self.teacher = teacher_for(m)
+        self.share = _extra(m, "curriculum_share", 0.5)
+        if not 0.0 <= self.share <= 1.0:
+            raise ValueError(f"method.extra.curriculum_share={self.share}: need 0..1")
+        self.refine_limit = int(_extra(m, "refine_per_phase", 8))
+        self.imitation_limit = int(_extra(m, "imitation_per_phase", self.refine_limit))
+        self.failure_pool = int(_extra(m, "failure_pool", 64))
+        pairs = (m.extra or {}).get("max_pairs_per_task", 8)
+        self.max_pairs = None if pairs is None else int(pairs)
+        self.mu, self.sigma = _extra(m, "utility_mu", DEFAULT_MU), _extra(m, "utility_sigma", DEFAULT_SIGMA)
+        generator_utility(0.5, self.mu, self.sigma)  # fails now on sigma <= 0
+        if min(self.refine_limit, self.imitation_limit, self.failure_pool) < 0:
+            raise ValueError("method.extra: refine_per_phase, imitation_per_phase and failure_pool must be >= 0")
+        self.curriculum = SocraticCurriculum(int(_extra(m, "curriculum_size", 1024)))
+        self.fresh: list[CurriculumItem] = []
+        self.failures: list[tuple[str, str]] = []
+        self._phase: Optional[tuple[str, list, list, SocraticFeedback, dict[int, ImitationExample]]] = None
+
+    # -- before the phase's rollouts
+    def planning_prompts(self, tokenizer: Any, player_cfg: Any, n: int) -> Optional[list[tuple[str, str]]]:
+        """The Generator's prompts: the Teacher's input (q, y_fail) of the ``n`` most recent failures, cycled
+        when fewer; None (the topic prompts) before the first failure."""
+        if not self.failures or n < 1:
+            return None
+        recent = self.failures[-n:]
+        return [("failure", generator_prompt(tokenizer, player_cfg.planning, *recent[i % len(recent)]))
+                for i in range(n)]
+
+    def phase_tasks(self, role: str, groups: list, used: list, unused: list, n: int) -> tuple[list, list, list]:
+        """Execution: ``n`` tasks mixed from the curriculum and the Generator (mix_tasks; the Generator's
+        tasks left out are recorded as unused). Planning: the Generator's tasks plus the fresh refinements,
+        whose success rate gives the imitation weights. The Teacher's problems are one extra group."""
+        if role == "execution":
+            tasks = mix_tasks(self.curriculum, used, n, self.share)
+            chosen = {id(t) for t in tasks}
+            unused = list(unused) + [t for t in used if id(t) not in chosen]
+            teacher = [t for t in tasks if getattr(t, "socratic", None) is not None]
+        elif role == "planning":
+            take, self.fresh = self.fresh[: self.imitation_limit], self.fresh[self.imitation_limit:]
+            teacher = curriculum_tasks(take)
+            tasks = list(used) + teacher
+        else:
+            return groups, used, unused
+        for t in teacher:
+            t.prompt_index = len(groups)
+        return (list(groups) + [teacher] if teacher else list(groups)), tasks, unused
+
+    # -- after them (rank 0)
+    def after_rollouts(self, role: str, tasks: Sequence[Any], rollouts: Sequence[Sequence[Any]]) -> None:
+        """The Teacher grades the phase; an Execution phase's failures are refined into the curriculum (and
+        wait as fresh refinements for the Generator) and kept as the Generator's prompts."""
+        fb = socratic_phase(self.teacher, tasks, rollouts, self.refine_limit if role == "execution" else 0,
+                            self.max_pairs, self.mu, self.sigma)
+        if role == "execution":
+            self.curriculum.add(fb.refinements)
+            self.fresh = (self.fresh + fb.refinements)[-self.curriculum.max_size:]
+            self.failures = (self.failures + fb.failed)[-self.failure_pool:] if self.failure_pool else []
+        examples = iter(fb.imitation)  # socratic_phase made one per graded curriculum task, in task order
+        imitation = {i: next(examples) for i, t in enumerate(tasks)
+                     if getattr(t, "socratic", None) is not None and success_rate(fb.grades[i]) is not None}
+        self._phase = (role, list(tasks), [list(r) for r in rollouts], fb, imitation)
+
+    def _of(self, role: str) -> tuple[list, list, SocraticFeedback, dict[int, ImitationExample]]:
+        if self._phase is None or self._phase[0] != role:
+            raise RuntimeError(f"no Socratic-Zero feedback of a {role} phase: call after_rollouts first")
+        return self._phase[1:]
+
+    def unit_batch(self, role: str, task_indices: Sequence[int], tokenizer: Any, player_cfg: Any) -> Optional[list]:
+        """Execution: the Solver's DPO pairs of the unit's tasks. Planning: the Generator's weighted SFT
+        examples (the unit's refinements, weighted by U(s)). Evaluation: not trained by this method."""
+        if role == "evaluation":
+            return None
+        tasks, rollouts, fb, imitation = self._of(role)
+        if role == "execution":
+            sub = SocraticFeedback([fb.grades[i] for i in task_indices], [fb.pairs[i] for i in task_indices],
+                                   [fb.references[i] for i in task_indices])
+            return preference_samples(tokenizer, player_cfg, [tasks[i] for i in task_indices],
+                                      [rollouts[i] for i in task_indices], sub)
+        return imitation_samples(tokenizer, player_cfg.planning,
+                                 [imitation[i] for i in task_indices if i in imitation])
+
+    def unit_metrics(self, role: str, task_indices: Sequence[int]) -> dict[str, Any]:
+        """The unit's Teacher figures (the refinement and unparseable-reply counts are the phase's)."""
+        if role == "evaluation":
+            return {}
+        tasks, _, fb, imitation = self._of(role)
+        grades = [g for i in task_indices for g in fb.grades[i] if g is not None]
+        weights = [imitation[i].weight for i in task_indices if i in imitation]
+        return {
+            "socratic/solver_success": _mean(grades),
+            "socratic/pairs": sum(len(fb.pairs[i]) for i in task_indices),
+            "socratic/teacher_tasks": sum(getattr(tasks[i], "socratic", None) is not None for i in task_indices),
+            "socratic/imitation_examples": len(weights) if role == "planning" else 0,
+            "socratic/imitation_weight_mean": _mean(weights) if role == "planning" else None,
+            "socratic/refinements": len(fb.refinements),
+            "socratic/teacher_failures": len(fb.failures),
+            "socratic/curriculum_size": len(self.curriculum),
+        }
+
+    def record_meta(self, task_index: int) -> dict[str, Any]:
+        """What the record of played task ``task_index`` keeps: the Teacher's grades, the Solver's pairs,
+        its failure (the first wrong solution) and the Teacher's refinement of it, the imitation weight."""
+        role, tasks, rollouts, fb, imitation = self._phase
+        task, grades = tasks[task_index], fb.grades[task_index]
+        wrong = next((r.text for r, g in zip(rollouts[task_index], grades) if g == 0.0), None)
+        refined = [r.question for r in fb.refinements
+                   if wrong is not None and (r.source_question, r.failed_solution) == (task.question, wrong)]
+        item = getattr(task, "socratic", None)
+        return {"teacher_grades": list(grades), "preference_pairs": [list(p) for p in fb.pairs[task_index]],
+                "teacher_problem": item is not None, "refined_from": item.source_question if item else None,
+                "failed_solution": wrong, "refinement": refined[0] if refined else None,
+                "imitation_weight": imitation[task_index].weight if task_index in imitation else None}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"curriculum": self.curriculum.state_dict(), "fresh": [asdict(i) for i in self.fresh],
+                "failures": [list(f) for f in self.failures]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.curriculum.load_state_dict(state["curriculum"])
+        self.fresh = [CurriculumItem(**i) for i in state["fresh"]]
+        self.failures = [(q, y) for q, y in state["failures"]]
+
+
+@register_method_loop("socratic_zero")
+def _socratic_loop(cfg: Any) -> SocraticLoop:
+    return SocraticLoop(cfg)
+
+
+# --------------------------------------------------------------------------------------------------
+# Reward sources (the records' Teacher grades and utilities; SocraticLoop trains on pairs and imitation)
 
 
 def _extra(method_cfg: Any, key: str, default: float) -> float:

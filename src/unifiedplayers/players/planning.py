@@ -147,10 +147,23 @@ def generate_tasks(
     num_prompts: int,
     tasks_per_prompt: int,
     seed: Optional[int] = None,
+    prompts: Optional[Sequence[tuple[str, str]]] = None,
 ) -> list[list[PlanningTask]]:
-    """``out[p][g]``: task ``g`` of questioner prompt ``p`` (topic ``topic_at(first_prompt + p)``)."""
-    topics = [topic_at(player_cfg.topics, first_prompt + p) for p in range(num_prompts)]
-    prompts = [planning_prompt(tokenizer, player_cfg, t) for t in topics]
+    """``out[p][g]``: task ``g`` of questioner prompt ``p`` (topic ``topic_at(first_prompt + p)``).
+
+    ``prompts``: ``num_prompts`` (topic, rendered prompt) pairs in place of the topic prompts (a method's
+    own prompts, e.g. Socratic-Zero's Generator prompted with a failure); rendered without a response prefix.
+    """
+    if prompts is None:
+        topics = [topic_at(player_cfg.topics, first_prompt + p) for p in range(num_prompts)]
+        prompts = [planning_prompt(tokenizer, player_cfg, t) for t in topics]
+    else:
+        from omegaconf import OmegaConf
+
+        if len(prompts) != num_prompts:
+            raise ValueError(f"{len(prompts)} prompts given for num_prompts={num_prompts}")
+        topics, prompts = [t for t, _ in prompts], [text for _, text in prompts]
+        player_cfg = OmegaConf.merge(player_cfg, {"planning": {"response_prefix": ""}})
     stop = list(player_cfg.planning.stop) or None
     outs = engine.generate(
         prompts,
