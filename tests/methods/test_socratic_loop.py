@@ -291,3 +291,26 @@ def test_start_up_checks(extra, match, teacher_url, tmp_path):
                                                               "method.teacher_model=judge"]
     with pytest.raises(ValueError, match=re.escape(match)):
         OuterLoop(compose(["experiment=tiny", "method=socratic_zero", *endpoint, *extra]), tmp_path)
+
+
+def test_resume_inside_a_phase_of_two_units_equals_an_uninterrupted_run(teacher_url, tmp_path):
+    """S = 2: a phase samples two units at once (phase.pt); a stop after the first DPO step of it 2's
+    Execution phase resumes on the saved units, with the curriculum as it stood after the phase's sampling."""
+    s2 = ["schedule.planning_updates=2", "schedule.execution_updates=2", "schedule.evaluation_updates=0",
+          "schedule.steps_per_generation=2"]
+    ref = run(tmp_path / "ref", teacher_url, s2)
+
+    def stop(event, loop, slot):
+        if event == "update_end" and slot.iteration == 2 and slot.role == "execution" and slot.step_in_phase == 0:
+            raise StopRun
+
+    first = run(tmp_path / "b", teacher_url, s2, hooks=[stop])
+    assert first.completed == 7 and (tmp_path / "b" / "phase.pt").is_file()
+    run(tmp_path / "b", teacher_url, s2 + ["resume=true"])
+    assert records(tmp_path / "b") == records(tmp_path / "ref")
+    metrics = no_timing(tmp_path / "ref")
+    assert no_timing(tmp_path / "b") == metrics
+    # it 2's Execution phase: two curriculum problems (one per unit), each unit a DPO step on its two pairs
+    assert [m.get("socratic/pairs") for m in metrics[6:]] == [2, 2]
+    assert all("execution/dpo_margin" in m for m in metrics[6:])
+    assert ref.method_loop.state_dict() == torch.load(tmp_path / "b" / "state.pt", weights_only=False)["method_loop"]
