@@ -630,7 +630,7 @@ class OuterLoop:
                 self._start_iteration(slot.iteration)
             extra.update(self._start_block(slot))
         extra.update(self._pool_evaluation(slot, before=True))
-        if slot.first_of_phase or self.phase is None or self.phase.first != slot.phase:
+        if self.phase is None or self.phase.first != slot.phase:  # else: resumed inside this phase
             self.phase = self._sample_phase(slot)
         metrics = self._train_step(slot)
         metrics.update(extra)

@@ -145,7 +145,10 @@ def test_question_history_is_held_fixed_within_a_block(tmp_path):
     assert second and all(r["rewards"]["R"] == 0.0 for r in second)  # nothing to repeat within the block
 
 
-def test_resume_after_kill_9_inside_a_phase_equals_an_uninterrupted_run(s4_run, tmp_path):
+@pytest.mark.parametrize("killed_at", [5, 7])
+def test_resume_after_kill_9_inside_a_phase_equals_an_uninterrupted_run(s4_run, tmp_path, killed_at):
+    """Killed in the Execution phase's first update (5: just after the phase was sampled and saved) or its
+    third (7); the resumed run trains on the saved units and equals the uninterrupted one."""
     reference = s4_run[0]
     script = textwrap.dedent(f"""
         import os, signal, sys
@@ -158,7 +161,7 @@ def test_resume_after_kill_9_inside_a_phase_equals_an_uninterrupted_run(s4_run, 
         real, n = PlayerTrainer.update, [0]
         def update(self, batch):
             n[0] += 1
-            if n[0] == 7:  # the Execution block's third step (its phase's unit 2): killed mid-update
+            if n[0] == {killed_at}:  # an update of the Execution block's phase: killed mid-update
                 os.kill(os.getpid(), signal.SIGKILL)
             return real(self, batch)
         PlayerTrainer.update = update
@@ -168,7 +171,7 @@ def test_resume_after_kill_9_inside_a_phase_equals_an_uninterrupted_run(s4_run, 
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == -9, proc.stderr[-2000:]
     state = torch.load(tmp_path / "state.pt", weights_only=False)
-    assert state["completed"] == 6 and state["phase"] == 4  # inside the Execution block's phase
+    assert state["completed"] == killed_at - 1 and state["phase"] == 4  # inside the Execution block's phase
     loop = OuterLoop(compose(S4 + ["resume=true"]), tmp_path)
     sampled = []
     real_sample = loop._sample_phase
