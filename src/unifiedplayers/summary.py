@@ -4,10 +4,16 @@ It is rebuilt from the run directory alone (``metrics.jsonl``, ``records.jsonl``
 trajectories, time spent in generation, sandbox and updates, the Execution player's accuracy on the fixed
 diagnostic pool with its negative-step rate and maximum drop (SPEC §8), one sample task with a trajectory
 and a verifier, and the verdict matrix of that task.
+
+``summary.png`` beside them (:func:`write_summary_png`, matplotlib without a display) plots per update each
+player's mean reward, clip fraction, KL and grad-norm (SPEC §8 diagnostics, paper Appendix D.2), and, where
+they were run, the diagnostic pool's accuracy and the held-out probes of ``probes/iter<i>.json``
+(``eval/probes``, issue 15) per outer iteration.
 """
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Any, Optional
 
@@ -165,4 +171,100 @@ def write_summary(run_dir: Path, timing: Optional[dict] = None) -> tuple[dict[st
     tmp.write_text(json.dumps(summary, indent=2, default=lambda o: o.tolist() if isinstance(o, np.ndarray) else str(o)))
     tmp.replace(run_dir / "summary.json")
     (run_dir / "summary.md").write_text(text + "\n")
+    try:
+        write_summary_png(run_dir, metrics)
+    except Exception as exc:  # a plot must never fail a finished run; the text summary is written already
+        warnings.warn(f"summary.png not written: {type(exc).__name__}: {exc}", RuntimeWarning, stacklevel=2)
     return summary, text
+
+
+# Panels of summary.png: (title, metrics key suffix after "<role>/").
+PLOT_PANELS = (("mean reward", "reward_mean"), ("clip fraction", "clip_frac"), ("KL to the reference", "kl"),
+               ("grad-norm (before clipping)", "grad_norm"))
+PROBE_KEYS = ("planning/U", "planning/well_formed", "execution/accuracy", "execution/answered",
+              "evaluation/valid", "evaluation/adv_rejection", "evaluation/discrimination")
+
+
+def metric_series(metrics: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
+    """(update indices, values) of the metrics lines that hold a finite number under ``key``; the index is
+    ``global_update`` when logged, else the line number."""
+    xs, ys = [], []
+    for n, m in enumerate(metrics):
+        v = m.get(key)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v):
+            xs.append(int(m.get("global_update", n)))
+            ys.append(float(v))
+    return xs, ys
+
+
+def probe_results(run_dir: Path) -> dict[int, dict[str, Any]]:
+    """``{outer iteration: metrics}`` of the held-out probes written into ``run_dir/probes/`` (iteration 0:
+    the backbone); unreadable files are skipped."""
+    out: dict[int, dict[str, Any]] = {}
+    for path in sorted(Path(run_dir).glob("probes/iter*.json")):
+        try:
+            out[int(path.stem[4:])] = json.loads(path.read_text())["metrics"]
+        except (ValueError, KeyError, OSError):
+            continue
+    return dict(sorted(out.items()))
+
+
+def write_summary_png(run_dir: Path, metrics: Optional[list[dict[str, Any]]] = None) -> Optional[Path]:
+    """``summary.png``: one panel per :data:`PLOT_PANELS` entry (one line per player, dots where that player
+    was trained), plus the diagnostic pool's accuracy per update and the probes per outer iteration where
+    the run has them. ``None`` (nothing written) when there is no metrics line."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display on training machines
+    import matplotlib.pyplot as plt
+
+    run_dir = Path(run_dir)
+    if metrics is None:
+        metrics = read_metrics(run_dir) if (run_dir / "metrics.jsonl").exists() else []
+    if not metrics:
+        return None
+    pool = metric_series(metrics, "execution/pool_accuracy")
+    probes = probe_results(run_dir)
+    extra = [p for p in (("pool", pool) if pool[0] else None, ("probes", probes) if probes else None) if p]
+    n = len(PLOT_PANELS) + len(extra)
+    cols = 3 if n > 4 else 2
+    rows = -(-n // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.4 * rows), squeeze=False)
+    flat = list(axes.ravel())
+    for ax, (title, suffix) in zip(flat, PLOT_PANELS):
+        for c, role in enumerate(ROLES):
+            xs, ys = metric_series(metrics, f"{role}/{suffix}")
+            if xs:
+                ax.plot(xs, ys, "o-" if len(xs) < 40 else "-", ms=3, lw=1, color=f"C{c}", label=role)
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("update")
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    for ax, (kind, data) in zip(flat[len(PLOT_PANELS):], extra):
+        if kind == "pool":
+            ax.plot(data[0], [100 * y for y in data[1]], "o-", ms=3, color="C1")
+            ax.set_title("Execution accuracy on the diagnostic pool (%)", fontsize=10)
+            ax.set_xlabel("update")
+        else:
+            its = list(data)
+            for c, key in enumerate(PROBE_KEYS):
+                pts = [(i, data[i].get(key)) for i in its if isinstance(data[i].get(key), (int, float))]
+                if pts:
+                    ax.plot([p[0] for p in pts], [100 * p[1] for p in pts], "o-", ms=3, color=f"C{c}",
+                            label=key + (" (x100)" if key == "planning/U" else " (%)"))
+            ax.set_title("held-out probes (eval/probes)", fontsize=10)
+            ax.set_xlabel("outer iteration (0 = backbone)")
+            ax.set_xticks(its)
+            ax.legend(fontsize=6)
+        ax.grid(alpha=0.3)
+    for ax in flat[n:]:
+        ax.axis("off")
+    fig.suptitle(f"UnifiedPlayers run {run_dir.name}: {len(metrics)} updates", fontsize=11)
+    fig.tight_layout()
+    path = run_dir / "summary.png"
+    tmp = run_dir / ".summary.png.tmp"
+    fig.savefig(tmp, dpi=100, format="png")
+    plt.close(fig)
+    tmp.replace(path)
+    return path
