@@ -36,9 +36,12 @@ def test_summary_png_from_a_small_metrics_file(tmp_path):
     _metrics(tmp_path, LINES)
     (tmp_path / "probes").mkdir()
     (tmp_path / "probes" / "iter0.json").write_text(json.dumps({"metrics": {"execution/answered": 0.2}}))
-    (tmp_path / "probes" / "iter1.json").write_text(json.dumps({"metrics": {"execution/answered": 0.35}}))
+    (tmp_path / "probes" / "iter1.execution.json").write_text(json.dumps({"metrics": {"execution/answered": 0.35}}))
+    (tmp_path / "probes" / "iter1.planning.json").write_text(json.dumps({"metrics": {"planning/U": 0.2}}))
     (tmp_path / "probes" / "iterX.json").write_text("not json")  # skipped, not fatal
-    assert S.probe_results(tmp_path) == {0: {"execution/answered": 0.2}, 1: {"execution/answered": 0.35}}
+    # per-role files of one checkpoint are merged
+    assert S.probe_results(tmp_path) == {0: {"execution/answered": 0.2},
+                                         1: {"execution/answered": 0.35, "planning/U": 0.2}}
     path = S.write_summary_png(tmp_path)
     assert path == tmp_path / "summary.png" and path.read_bytes()[:8] == PNG_MAGIC
     assert not (tmp_path / ".summary.png.tmp").exists()

@@ -4,9 +4,10 @@
 
 For each paired seed s = 0 .. N−1 it trains one run (``python -m unifiedplayers.train experiment=<preset>
 seed=s run_dir=<root>/seed<s> resume=true``), then probes the backbone as iteration 0 and the end-of-iteration
-checkpoints ``checkpoints/iter<i>/<role>`` as iteration i (``python -m eval.probes``; one result file per
-checkpoint in ``<run>/probes/``). Up to ``--jobs`` processes run at once, one torch thread each: a probe of
-iteration i starts as soon as the run has moved past iteration i, so probing overlaps training. Everything
+checkpoints ``checkpoints/iter<i>/<role>`` as iteration i (``python -m eval.probes``, one job per checkpoint
+and role, ``<run>/probes/iter<i>.<role>.json``). Up to ``--jobs`` processes run at once, one torch thread
+each: a probe of iteration i starts as soon as the run has moved past iteration i, so probing overlaps
+training, and the last checkpoint's three probes share the cores. Everything
 is resumable: a finished run returns at once, a written probe file is not probed again.
 
 It writes ``figure1.json`` (the issue's schema: one value per iteration per series, the mean over seeds,
@@ -39,6 +40,7 @@ SCALES = {"smoke": "figure1_smoke", "paper": "paper_qwen3_4b"}
 SERIES = ("planning/U", "planning/well_formed", "execution/accuracy", "execution/answered",
           "evaluation/valid", "evaluation/adv_rejection", "evaluation/discrimination")
 POLL_S = 2.0
+PROBE_ROLES = ("execution", "evaluation", "planning")  # the order their jobs start in (longest first)
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -53,6 +55,7 @@ class Job:
     ready: Any  # () -> bool
     done: Any  # () -> bool (already done: skipped)
     seed: int
+    iteration: int = -1  # probes: the checkpoint's outer iteration; -1 for a training job
     proc: Optional[subprocess.Popen] = None
     rc: Optional[int] = None
     seconds: float = 0.0
@@ -114,8 +117,24 @@ def run_jobs(jobs: list[Job], max_jobs: int, env: dict[str, str], log: Any = pri
 # figure1.json
 
 
-def probe_file(run_dir: Path, iteration: int) -> Path:
-    return run_dir / "probes" / f"iter{iteration}.json"
+def probe_file(run_dir: Path, iteration: int, role: Optional[str] = None) -> Path:
+    """``probes/iter<i>.json`` (all roles in one file) or ``probes/iter<i>.<role>.json`` (one role's probe)."""
+    return run_dir / "probes" / (f"iter{iteration}.json" if role is None else f"iter{iteration}.{role}.json")
+
+
+def read_probes(run_dir: Path, iteration: int) -> Optional[dict[str, Any]]:
+    """The probes of one checkpoint, merged from its whole-checkpoint file and its per-role files; None if none."""
+    from eval.probes.probes import ROLES
+
+    merged: dict[str, Any] = {"metrics": {}, "sources": {}}
+    found = False
+    for path in [probe_file(run_dir, iteration)] + [probe_file(run_dir, iteration, r) for r in ROLES]:
+        if path.exists():
+            data = json.loads(path.read_text())
+            merged["metrics"].update(data.get("metrics", {}))
+            merged["sources"].update(data.get("sources", {}))
+            found = True
+    return merged if found else None
 
 
 def collect(root: Path, seeds: Sequence[int], iterations: Sequence[int]) -> dict[str, Any]:
@@ -127,8 +146,7 @@ def collect(root: Path, seeds: Sequence[int], iterations: Sequence[int]) -> dict
         run_dir = root / f"seed{s}"
         rows = []
         for i in iterations:
-            p = probe_file(run_dir, i)
-            rows.append(json.loads(p.read_text()) if p.exists() else None)
+            rows.append(read_probes(run_dir, i))
         per_seed[str(s)] = {k: [r["metrics"].get(k) if r else None for r in rows] for k in SERIES}
         probe_se[str(s)] = {k: [r["metrics"].get(f"{k}_se") if r else None for r in rows] for k in SERIES}
         sources[str(s)] = [r["sources"] if r else None for r in rows]
@@ -270,12 +288,13 @@ def build_jobs(root: Path, experiment: str, seeds: Sequence[int], overrides: Seq
                     return (rd / "config.yaml").exists()
                 return tr.rc == 0 or _metrics_iteration(rd) > i
 
-            probes.append(Job(f"probe seed {s} iteration {i}",
-                              [py, "-m", "eval.probes", target, "--run", str(run_dir), "--out",
-                               str(probe_file(run_dir, i)), *probe_args],
-                              root / "logs" / f"probe-seed{s}-iter{i}.log", ready=ready,
-                              done=lambda p=probe_file(run_dir, i): p.exists(), seed=s))
-    probes.sort(key=lambda j: (int(j.name.rsplit(" ", 1)[1]), j.seed))
+            for role in PROBE_ROLES:  # one job per role: the last checkpoint's probes share the cores
+                probes.append(Job(f"probe seed {s} iteration {i} {role}",
+                                  [py, "-m", "eval.probes", target, "--run", str(run_dir), "--roles", role,
+                                   "--out", str(probe_file(run_dir, i, role)), *probe_args],
+                                  root / "logs" / f"probe-seed{s}-iter{i}-{role}.log", ready=ready,
+                                  done=lambda p=probe_file(run_dir, i, role): p.exists(), seed=s, iteration=i))
+    probes.sort(key=lambda j: (j.iteration, j.seed))  # stable: execution (the longest) first within a checkpoint
     return trains + probes
 
 

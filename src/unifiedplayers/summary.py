@@ -199,12 +199,14 @@ def metric_series(metrics: list[dict[str, Any]], key: str) -> tuple[list[int], l
 
 def probe_results(run_dir: Path) -> dict[int, dict[str, Any]]:
     """``{outer iteration: metrics}`` of the held-out probes written into ``run_dir/probes/`` (iteration 0:
-    the backbone); unreadable files are skipped."""
+    the backbone): ``iter<i>.json`` and the per-role ``iter<i>.<role>.json`` merged; unreadable files are
+    skipped."""
     out: dict[int, dict[str, Any]] = {}
     for path in sorted(Path(run_dir).glob("probes/iter*.json")):
         try:
-            out[int(path.stem[4:])] = json.loads(path.read_text())["metrics"]
-        except (ValueError, KeyError, OSError):
+            it = int(path.name.split(".")[0][4:])
+            out.setdefault(it, {}).update(json.loads(path.read_text())["metrics"])
+        except (ValueError, KeyError, OSError, TypeError):
             continue
     return dict(sorted(out.items()))
 
