@@ -3,8 +3,6 @@ the tiny real model."""
 from __future__ import annotations
 
 import json
-import math
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
