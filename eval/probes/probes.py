@@ -89,11 +89,13 @@ def load_execution_set(path: Path = DATA_DIR / "execution.jsonl", limit: Optiona
     rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
     questions = [PoolQuestion(r["domain"], r["benchmark"], Problem(r["id"], r["question"], r["reference"], r.get("options")))
                  for r in rows]
-    if limit is None or limit >= len(questions):
-        return questions
-    by_domain = {d: [q for q in questions if q.domain == d] for d in ("math", "general")}
-    half = limit // 2
-    return by_domain["math"][:limit - half] + by_domain["general"][:half]
+    if limit is not None and limit < len(questions):
+        by_domain = {d: [q for q in questions if q.domain == d] for d in ("math", "general")}
+        half = limit // 2
+        questions = by_domain["math"][:limit - half] + by_domain["general"][:half]
+    # Shortest first: the rollout batches then hold prompts of similar length (less padding to prefill);
+    # greedy answers do not depend on the order.
+    return sorted(questions, key=lambda q: len(q.problem.question) + sum(len(o) for o in q.problem.options or []))
 
 
 @dataclass
