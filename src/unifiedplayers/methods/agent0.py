@@ -12,7 +12,14 @@ Curriculum (``agent0_curriculum``, a batch source: the repetition penalty needs 
 
   The format gate R_format is 0 for an output that is not a task (no question or no \\boxed{} answer): such
   an output never reaches this source and gets ``reward.malformed_task_reward`` (0 in conf/method/agent0.yaml;
-  Agent0's code gives −1).
+  Agent0's code gives −1 − |C|/B + its tool term).
+
+  Where the originals differ from this: the paper (Eq. 3, 5) counts ```output markers in "a complete
+  prediction y" of the Executor and weights the tool term by λ_tool = 0.6 (§4.1; γ unstated), while Agent0's
+  code (curriculum_reward.py) counts ```output markers in the Curriculum's own response with weight 0.05 and
+  cap 4 and no λ_tool; ours averages γ·min(n_k, C) over the Executor's K samples with the code's constants.
+  In the code form, Agent0's server (start_vllm_server_tool.py) also sets p̂ to 0 unless the Executor's
+  majority answer matches the Curriculum's \\boxed{} answer and p̂ > 0.1; ours does not.
 
 Executor: majority-vote pseudo-labels (``majority_vote``); trained only on tasks near its capability frontier,
 p̂ ∈ [0.3, 0.8] (``method.extra.frontier_band``; Agent0's data curation, ``upload.py --min_score 0.3
@@ -22,7 +29,11 @@ p̂ ∈ [0.3, 0.8] (``method.extra.frontier_band``; Agent0's data curation, ``up
   ε_high(p̂) = ε + Δε·clip((p_hi − p̂)/(p_hi − p_lo), 0, 1)                per-sample upper clip, Δε = 0.1
 
   with p_lo = 0.3, p_hi = 0.8 (``method.extra.adpo``): ambiguous tasks (low p̂, noisy pseudo-labels) get
-  smaller advantages but more room to raise a token's probability; the lower clip stays 1 − ε.
+  smaller advantages but more room to raise a token's probability; the lower clip stays 1 − ε. s multiplies
+  the group-normalised advantage, as in Agent0's code. s_min = 0.6 is train_qwen3_4b_adpo.sh's value (the
+  function's default there is 0.5). Agent0 takes p̂ and the pseudo-label from the curation pass (before
+  training, 9 answers without tools) and trains on 16 fresh rollouts; ours takes both from the K rollouts
+  it trains on.
 """
 from __future__ import annotations
 

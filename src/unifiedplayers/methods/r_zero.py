@@ -2,7 +2,11 @@
 Execution role) from one base, no tools.
 
 - Solver: majority-vote pseudo-labels (``majority_vote``), trained only on questions whose self-consistency
-  p̂ lies in R-Zero's band [0.3, 0.7] (:func:`solver_band_shape`; ``method.extra.solver_band``).
+  p̂ lies in ``method.extra.solver_band`` (:func:`solver_band_shape`), default [0.3, 0.7]: the paper keeps
+  |p̂ − 1/2| ≤ δ = 0.25 with m = 10 answers, i.e. 3–7 of 10 agreeing (= [0.3, 0.7] at m = 10, [0.25, 0.75]
+  read literally: the two differ at K = 8, where 2/8 and 6/8 are kept only by the literal reading). R-Zero's
+  code runs ``upload.py --min_score 0.3 --max_score 0.8`` (scripts/solver_train.sh; 0.7 is only upload.py's
+  argparse default), i.e. [0.3, 0.8].
 - Challenger (``r_zero_challenger``, a batch source: the penalty needs the whole batch):
 
   r_unc(x)  = 1 − 2·|p̂(x) − 1/2|                             (R-Zero paper, uncertainty reward)
@@ -12,13 +16,17 @@ Execution role) from one base, no tools.
 
   C(x) is the cluster of x among the B questions of the current batch, clustered agglomeratively with
   average linkage on the BLEU distance d_ij = 1 − BLEU(x_i, x_j), merging while the linkage distance is
-  below 0.5. λ = ``method.extra.repetition_weight`` (1, the weight R-Zero's code uses). A question that
-  fails the format (no question or no answer) is not a task here: it gets ``reward.malformed_task_reward``
-  (R-Zero's paper: 0, its code: −1).
+  below 0.5. λ = ``method.extra.repetition_weight`` (1, the weight R-Zero's code uses). B here counts the
+  batch's well-formed questions; R-Zero's code clusters every Challenger output of the step, malformed ones
+  as empty questions (BLEU 0, singletons), so its B is the full batch. A question that fails the format
+  (no question or no answer) is not a task here: it gets ``reward.malformed_task_reward`` (R-Zero's paper:
+  0, its code: −1 − |C|/B).
 
 BLEU is sacrebleu's sentence BLEU (13a tokens, exponential smoothing, effective order)/100 of the earlier
-question against the later one as reference, as R-Zero's code orders them (it uses NLTK with smoothing
-method 1 on whitespace tokens).
+question against the later one as reference, as R-Zero's code orders them (it uses NLTK's sentence_bleu with
+SmoothingFunction().method1 on whitespace tokens, which replaces a zero n-gram count by 0.1). The two differ
+most on short near-duplicates: "a b c d" against "a b c e" is 0.595 here (distance 0.405, clustered) and
+(3/4·2/3·1/2·0.1)^(1/4) = 0.398 under NLTK method 1 (distance 0.602, not clustered).
 """
 from __future__ import annotations
 
@@ -30,7 +38,7 @@ from unifiedplayers.methods import (GroupShape, TaskFeedback, method_extra, regi
                                     register_group_shape, self_consistency)
 
 BLEU_DISTANCE_THRESHOLD = 0.5  # R-Zero: distance_threshold=0.5, linkage="average"
-SOLVER_BAND = (0.3, 0.7)  # R-Zero's question_evaluate/upload.py: min_score 0.3, max_score 0.7
+SOLVER_BAND = (0.3, 0.7)  # R-Zero paper: 3-7 of m = 10 agree (|p̂ - 1/2| <= 0.25); its scripts use [0.3, 0.8]
 
 
 def bleu_distance_matrix(questions: Sequence[str]) -> np.ndarray:
