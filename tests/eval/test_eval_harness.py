@@ -6,31 +6,17 @@ import re
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 
 from eval.benchmarks import REGISTRY, MissingDataset, load_benchmark
-from eval.config import register_eval_configs
 from eval.humaneval import run_unit_tests
 from eval.metrics import mean_at_k, score
 from eval.tables import ScoreRow, latex_table, markdown_table
 from unifiedplayers.models import build_byte_tokenizer
 from unifiedplayers.rollout.types import Completion, find_stop
-from unifiedplayers.sandbox import Sandbox, SandboxConfig
+
+from eval_compose import compose_eval
 
 pytestmark = pytest.mark.cpu
-CONF = str(Path(__file__).resolve().parents[2] / "conf")
-register_eval_configs()
-
-
-def compose_eval(overrides):
-    with initialize_config_dir(config_dir=CONF, version_base=None):
-        return compose("evaluate", overrides=overrides)
-
-
-@pytest.fixture(scope="module")
-def sandbox():
-    with Sandbox(SandboxConfig(timeout_s=10)) as sb:
-        yield sb
 
 
 def test_all_humaneval_canonical_solutions_pass_and_empty_bodies_fail(sandbox):

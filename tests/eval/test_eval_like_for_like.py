@@ -7,31 +7,17 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from hydra import compose, initialize_config_dir
 
 from eval.benchmarks import REGISTRY, Problem, load_benchmark
-from eval.config import register_eval_configs
 from eval.harness import TotalTokenBudget, generate_tool, generate_vanilla
 from eval.humaneval import run_unit_tests
 from eval.prompts import build_prompt, user_message
 from unifiedplayers.models import build_byte_tokenizer
 from unifiedplayers.rollout.types import Completion, find_stop
-from unifiedplayers.sandbox import Sandbox, SandboxConfig
+
+from eval_compose import compose_eval
 
 pytestmark = pytest.mark.cpu
-CONF = str(Path(__file__).resolve().parents[2] / "conf")
-register_eval_configs()
-
-
-def compose_eval(overrides):
-    with initialize_config_dir(config_dir=CONF, version_base=None):
-        return compose("evaluate", overrides=overrides)
-
-
-@pytest.fixture(scope="module")
-def sandbox():
-    with Sandbox(SandboxConfig(timeout_s=10)) as sb:
-        yield sb
 
 
 # --------------------------------------------------------------------------------------------------

@@ -2,9 +2,6 @@
 Socratic-Zero's start-up check and Teacher client, and one tiny outer iteration of each trainable method."""
 from __future__ import annotations
 
-import json
-import threading
-from http.server import BaseHTTPRequestHandler, HTTPServer
 from types import SimpleNamespace
 
 import numpy as np
@@ -19,6 +16,8 @@ from unifiedplayers.methods import socratic_zero
 from unifiedplayers.records import load_records
 from unifiedplayers.sandbox import Sandbox, SandboxConfig
 from unifiedplayers.schedule import OuterLoop, trained_roles
+
+from stub_teacher import serve_teacher
 
 pytestmark = pytest.mark.cpu
 
@@ -127,44 +126,30 @@ def test_parse_grade():
         socratic_zero.parse_grade("maybe")
 
 
-class _Teacher(BaseHTTPRequestHandler):
+def teacher_reply(prompt: str) -> str:
     """An OpenAI-compatible endpoint that says CORRECT exactly for the answer 42."""
-
-    seen: list = []
-
-    def do_POST(self):  # noqa: N802
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        prompt = body["messages"][0]["content"]
-        _Teacher.seen.append((self.path, body["model"], self.headers.get("Authorization")))
-        verdict = "CORRECT" if "final answer: 42\n" in prompt else "INCORRECT"
-        data = json.dumps({"choices": [{"message": {"role": "assistant", "content": verdict}}]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *a):
-        pass
+    return "CORRECT" if "final answer: 42\n" in prompt else "INCORRECT"
 
 
 @pytest.fixture()
-def teacher_url():
-    server = HTTPServer(("127.0.0.1", 0), _Teacher)
-    t = threading.Thread(target=server.serve_forever, daemon=True)
-    t.start()
-    yield f"http://127.0.0.1:{server.server_port}/v1"
-    server.shutdown()
+def stub():
+    with serve_teacher(teacher_reply) as teacher:
+        yield teacher
 
 
-def test_teacher_grades_through_the_endpoint(teacher_url, monkeypatch):
+@pytest.fixture()
+def teacher_url(stub):
+    return stub.url
+
+
+def test_teacher_grades_through_the_endpoint(stub, teacher_url, monkeypatch):
     monkeypatch.setenv("TEST_TEACHER_KEY", "secret")
     method = SimpleNamespace(name="socratic_zero", teacher_endpoint=teacher_url, teacher_model="judge",
                              extra={"api_key_env": "TEST_TEACHER_KEY"})
     got = reward_source("execution", "teacher")(fb(["42", "41", None], method=method, question="6*7?"))
     assert got.tolist() == [1.0, 0.0, 0.0]
-    assert _Teacher.seen[-1] == ("/v1/chat/completions", "judge", "Bearer secret")
-    assert len(_Teacher.seen) >= 2  # the missing answer was not sent
+    assert stub.seen[-1][:3] == ("/v1/chat/completions", "judge", "Bearer secret")
+    assert len(stub.seen) >= 2  # the missing answer was not sent
 
 
 # ------------------------------------------------------------------ compositions on the engine

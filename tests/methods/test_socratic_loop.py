@@ -21,8 +21,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import threading
-from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -39,6 +37,8 @@ from unifiedplayers.rollout.types import Segment
 from unifiedplayers.schedule import OuterLoop, StopRun
 from unifiedplayers.trainer import player_trainer
 
+from stub_teacher import serve_teacher
+
 pytestmark = pytest.mark.cpu
 
 REFERENCE = "6 * 8 = 48, so \\boxed{48}."
@@ -49,32 +49,17 @@ def refined(q: str) -> str:
     return f"Practice after '{q}': what is 6 * 8?"
 
 
-class _Teacher(BaseHTTPRequestHandler):
-    def do_POST(self):  # noqa: N802
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        prompt = body["messages"][0]["content"]
-        if "got this problem wrong" in prompt:
-            q = re.search(r"Problem:\n(.*?)\n\nThe student's solution", prompt, re.DOTALL).group(1)
-            reply = f"Problem: {refined(q)}\nSolution: {REFERENCE}"
-        else:
-            reply = "CORRECT" if re.search(r"final answer: (.*)\n", prompt).group(1) == "48" else "INCORRECT"
-        data = json.dumps({"choices": [{"message": {"role": "assistant", "content": reply}}]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *a):
-        pass
+def teacher_reply(prompt: str) -> str:
+    if "got this problem wrong" in prompt:
+        q = re.search(r"Problem:\n(.*?)\n\nThe student's solution", prompt, re.DOTALL).group(1)
+        return f"Problem: {refined(q)}\nSolution: {REFERENCE}"
+    return "CORRECT" if re.search(r"final answer: (.*)\n", prompt).group(1) == "48" else "INCORRECT"
 
 
 @pytest.fixture(scope="module")
 def teacher_url():
-    server = HTTPServer(("127.0.0.1", 0), _Teacher)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_port}/v1"
-    server.shutdown()
+    with serve_teacher(teacher_reply) as teacher:
+        yield teacher.url
 
 
 def overrides(url: str) -> list[str]:

@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import threading
-from http.server import BaseHTTPRequestHandler, HTTPServer
 from types import SimpleNamespace
 
 import pytest
@@ -21,43 +19,31 @@ from unifiedplayers.models import build_byte_tokenizer
 from unifiedplayers.players.planning import PlanningTask
 from unifiedplayers.rollout.types import Segment
 
+from stub_teacher import serve_teacher
+
 pytestmark = pytest.mark.cpu
 
 
-class _Teacher(BaseHTTPRequestHandler):
+def teacher_reply(prompt: str) -> str:
     """A stub Teacher. Grades: CORRECT exactly for the answer 42, an unparseable reply for "??". Refinement:
     a new problem for any failure, except a reply without a boxed answer for a problem about "broken"."""
-
-    seen: list = []
-
-    def do_POST(self):  # noqa: N802
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        prompt = body["messages"][0]["content"]
-        _Teacher.seen.append((self.path, body["model"], self.headers.get("Authorization"), prompt))
-        if "got this problem wrong" in prompt:
-            q = re.search(r"Problem:\n(.*?)\n\nThe student's solution", prompt, re.DOTALL).group(1)
-            reply = ("Problem: no answer here\nSolution: I forgot." if "broken" in q else
-                     f"Problem: Harder than '{q}': what is 6 * 8?\nSolution: 6 * 8 = 48, so \\boxed{{48}}.")
-        else:
-            answer = re.search(r"final answer: (.*)\n", prompt).group(1)
-            reply = {"42": "CORRECT", "??": "I am not sure."}.get(answer, "INCORRECT")
-        data = json.dumps({"choices": [{"message": {"role": "assistant", "content": reply}}]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *a):
-        pass
+    if "got this problem wrong" in prompt:
+        q = re.search(r"Problem:\n(.*?)\n\nThe student's solution", prompt, re.DOTALL).group(1)
+        return ("Problem: no answer here\nSolution: I forgot." if "broken" in q else
+                f"Problem: Harder than '{q}': what is 6 * 8?\nSolution: 6 * 8 = 48, so \\boxed{{48}}.")
+    answer = re.search(r"final answer: (.*)\n", prompt).group(1)
+    return {"42": "CORRECT", "??": "I am not sure."}.get(answer, "INCORRECT")
 
 
 @pytest.fixture(scope="module")
-def teacher_url():
-    server = HTTPServer(("127.0.0.1", 0), _Teacher)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_port}/v1"
-    server.shutdown()
+def stub():
+    with serve_teacher(teacher_reply) as teacher:
+        yield teacher
+
+
+@pytest.fixture(scope="module")
+def teacher_url(stub):
+    return stub.url
 
 
 def rollout(answer, text=None, ids=(1, 2)):
@@ -185,7 +171,7 @@ def test_parse_refinement():
 # ------------------------------------------------------------------ against the stub Teacher
 
 
-def test_one_phase_against_the_stub_teacher(teacher_url):
+def test_one_phase_against_the_stub_teacher(teacher_url, stub):
     teacher = sz.TeacherClient(teacher_url, "judge")
     item = sz.CurriculumItem("What is 6 * 7?", "42", "6 * 7 = 42, \\boxed{42}", "What is 6 * 6?", "6 * 6 = 35")
     cur_task, = sz.curriculum_tasks([item])
@@ -215,8 +201,8 @@ def test_one_phase_against_the_stub_teacher(teacher_url):
     assert len(fb.failures) == 2 and fb.failures[0].startswith("grade: teacher reply is neither")
     assert fb.failures[1].startswith("refine: the solution has no \\boxed{} answer")
     # the grades are cached: grading the phase again asks nothing new
-    asked = len(_Teacher.seen)
-    assert teacher.grade("What is 6 * 7?", "41") == 0.0 and len(_Teacher.seen) == asked
+    asked = len(stub.seen)
+    assert teacher.grade("What is 6 * 7?", "41") == 0.0 and len(stub.seen) == asked
     # refine_limit caps the Teacher's refinement calls
     assert len(sz.socratic_phase(teacher, tasks, rollouts, refine_limit=1).refinements) == 1
 

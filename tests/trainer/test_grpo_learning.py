@@ -25,11 +25,12 @@ SAMPLES = 8  # group size per prompt
 NEW_TOKENS = 8
 
 
-def test_grpo_raises_mean_reward_on_emit_letters():
+def toy_grpo_setup():
+    """Seed 0, the tiny random Llama, its ``hf`` rollout and a GRPO trainer (no KL) inside a block: returns
+    the 26 lowercase-letter token ids, the rollout, the trainer and the tokenized PROMPTS."""
     torch.manual_seed(0)
     model, tokenizer = tiny_model()
     letters = set(tokenizer("abcdefghijklmnopqrstuvwxyz", add_special_tokens=False)["input_ids"])
-    assert len(letters) == 26
     rollout = build_rollout(RolloutConfig(max_new_tokens=NEW_TOKENS, temperature=1.0), model, tokenizer)
     trainer = build_trainer(
         trainer_config(lr=3e-3, kl_coef=0.0, micro_batch_size=SAMPLES, clip_eps=0.2), model, role="toy"
@@ -37,6 +38,12 @@ def test_grpo_raises_mean_reward_on_emit_letters():
     trainer.start_outer_iteration()
     trainer.start_block()
     prompt_ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
+    return letters, rollout, trainer, prompt_ids
+
+
+def test_grpo_raises_mean_reward_on_emit_letters():
+    letters, rollout, trainer, prompt_ids = toy_grpo_setup()
+    assert len(letters) == 26
 
     mean_rewards = []
     for step in range(UPDATES):
@@ -64,16 +71,7 @@ def test_grpo_with_four_steps_per_generation_moves_the_ratio_and_still_learns():
     disjoint mini-batches against the behaviour log-probs of the sampling. The ratio leaves 1 after the
     phase's first step, the clip of Eq. 19 binds on some tokens, and the toy reward still rises."""
     steps_per_generation, phases = 4, 10
-    torch.manual_seed(0)
-    model, tokenizer = tiny_model()
-    letters = set(tokenizer("abcdefghijklmnopqrstuvwxyz", add_special_tokens=False)["input_ids"])
-    rollout = build_rollout(RolloutConfig(max_new_tokens=NEW_TOKENS, temperature=1.0), model, tokenizer)
-    trainer = build_trainer(
-        trainer_config(lr=3e-3, kl_coef=0.0, micro_batch_size=SAMPLES, clip_eps=0.2), model, role="toy"
-    )
-    trainer.start_outer_iteration()
-    trainer.start_block()
-    prompt_ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
+    letters, rollout, trainer, prompt_ids = toy_grpo_setup()
 
     mean_rewards, first_ratios, later_ratios, later_clip = [], [], [], []
     for phase in range(phases):
