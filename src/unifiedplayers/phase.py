@@ -59,27 +59,24 @@ class Unit:
 
     batch: list[Any]  # TrainSample (empty: the step is skipped)
     metrics: dict[str, Any]  # sampling and feedback metrics of its tasks (no trainer metrics)
-    slot_index: int  # the global update of its first optimizer step (its records name it)
 
 
 @dataclass
 class Phase:
-    """A sampled phase: its first update, its units, and the questions it drew (they join R(q)'s history
-    at the end of the block)."""
+    """A sampled phase: its first update and its units (empty on ranks other than 0, which receive each
+    step's batch by broadcast)."""
 
     first: int
     units: list[Unit]
-    questions: list[str] = field(default_factory=list)
     timing: dict[str, float] = field(default_factory=dict)  # generation_s, sandbox_s, feedback_s of the phase
 
     def to_state(self) -> dict[str, Any]:
-        return {"first": self.first, "questions": list(self.questions), "timing": dict(self.timing),
-                "units": [{"batch": u.batch, "metrics": u.metrics, "slot_index": u.slot_index} for u in self.units]}
+        return {"first": self.first, "timing": dict(self.timing),
+                "units": [{"batch": u.batch, "metrics": u.metrics} for u in self.units]}
 
     @classmethod
     def from_state(cls, d: dict[str, Any]) -> "Phase":
-        return cls(d["first"], [Unit(u["batch"], u["metrics"], u["slot_index"]) for u in d["units"]],
-                   list(d["questions"]), dict(d["timing"]))
+        return cls(d["first"], [Unit(u["batch"], u["metrics"]) for u in d["units"]], dict(d["timing"]))
 
 
 def group_samples(role: str, groups: Sequence[Sequence[Any]], tasks: Sequence[Any], rollouts: Sequence[Sequence[Any]],
@@ -203,20 +200,21 @@ def trainer_metrics_line(role: str, trainer_metrics: dict[str, float], global_st
 def phase_records(groups: Sequence[Sequence[Any]], tasks: Sequence[Any], unused: Sequence[Any],
                   rollouts: Sequence[Sequence[Any]], verifiers: Sequence[Sequence[Any]], verdicts: Sequence[Any],
                   variants_flat: Sequence[Any], feedback: Sequence[Any], role_rewards: dict[str, list[Any]],
-                  rules: Sequence[str], meta_of_task: Callable[[Optional[int]], dict[str, Any]],
+                  rules: Sequence[str], meta_of_task: Callable[[Optional[int], int], dict[str, Any]],
                   malformed_reward: float) -> list[InteractionRecord]:
     """One interaction record ξ(q) per Planning output of the phase, malformed and unused ones included.
 
-    ``meta_of_task(i)`` gives the metadata of played task ``i`` (its phase, the update that trains on it,
-    the checkpoints that produced it), and of a task that was not played when ``i`` is None.
+    ``meta_of_task(i, g)`` gives the metadata of the output of group (questioner prompt) ``g`` that is
+    played task ``i``, or not played when ``i`` is None: its phase, the update that trains on it, the
+    checkpoints that produced it.
     """
     out: list[InteractionRecord] = []
     played = {id(t): i for i, t in enumerate(tasks)}
     unused_ids = {id(t) for t in unused}
-    for group in groups:
+    for g, group in enumerate(groups):
         for task in group:
             i = played.get(id(task))
-            meta = dict(meta_of_task(i), topic=task.topic, prompt_index=task.prompt_index,
+            meta = dict(meta_of_task(i, g), topic=task.topic, prompt_index=task.prompt_index,
                         planning_output=task.text)
             task_id = f"u{meta['global_update']:06d}-t{len(out):03d}"
             if i is not None:
@@ -229,7 +227,10 @@ def phase_records(groups: Sequence[Sequence[Any]], tasks: Sequence[Any], unused:
                     tool_calls=[r.num_tool_calls for r in rollouts[i]],
                     verifier_outputs=[v.source for v in verifiers[i]],
                     verifier_validity=vm.validity,
-                    check_errors=len(vm.errors),
+                    # every check that raised, timed out or gave no verdict (invalid verifiers' included), as
+                    # unifiedplayers.feedback records them; the counts behind Z are record.error_summary()
+                    check_errors=[{"verifier": c.verifier, "trajectory": c.trajectory, "variant": c.variant,
+                                   "kind": c.outcome.kind, "reason": c.outcome.reason} for c in vm.errors],
                 )
                 rewards = {
                     "execution": role_rewards["execution"][i], "evaluation": role_rewards["evaluation"][i],

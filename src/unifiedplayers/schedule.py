@@ -229,6 +229,18 @@ def validate(cfg: Any, dist: DistContext = SINGLE) -> None:
     for role in BLOCK_ORDER:
         if role_temperature(cfg, role) <= 0:
             raise ValueError(f"the sampling temperature of {role} must be > 0")
+    # Eq. 18 compares π_θ with the behaviour log-probs recorded at sampling: the trainer must score tokens
+    # under the distribution they were drawn from (same temperature, no top-p truncation).
+    for role in trained_roles(cfg):
+        sampled, scored = role_temperature(cfg, role), float(role_trainer_config(cfg.trainer, role).temperature)
+        if sampled != scored:
+            raise ValueError(
+                f"{role} samples at temperature {sampled} (rollout.temperature or trainer.roles.{role}.temperature) "
+                f"but its trainer scores tokens at {scored} (trainer.temperature): the ratio of Eq. 18 would be off 1 "
+                "before any update. Set them equal (trainer.roles.<role>.temperature sets both)")
+    if trained_roles(cfg) and cfg.rollout.top_p != 1.0:
+        raise ValueError(f"rollout.top_p={cfg.rollout.top_p}: the trainer recomputes log-probs without top-p "
+                         "truncation, so training needs rollout.top_p=1.0 (the ratio of Eq. 18 would be off 1)")
     if s.feedback not in FEEDBACK_MODES:
         raise ValueError(f"schedule.feedback={s.feedback!r}: fresh | stale")
     if s.checkpoint_retention not in RETENTION_MODES:
@@ -659,15 +671,16 @@ class OuterLoop:
     def _pool_evaluation(self, slot: Slot, before: bool = False) -> dict[str, Any]:
         """The fixed diagnostic pool after this update (SPEC §8), when one is due; its metrics keys.
 
-        ``before``: the initial checkpoint (update 0, Appendix D.2), evaluated before the run's first
-        Execution update. Rank 0 evaluates; the other ranks swap the Execution weights into their engines
-        with it, since that swap can be a collective (ZeRO-3) and their engines must hold what rank 0's holds.
+        ``before``: the initial checkpoint (update 0, Appendix D.2), evaluated before the run's first update
+        (whatever its block: with method.shared_model a Planning update already moves the Execution weights).
+        Rank 0 evaluates; the other ranks swap the Execution weights into their engines with it, since that
+        swap can be a collective (ZeRO-3) and their engines must hold what rank 0's holds.
         """
-        if slot.role != "execution" or "execution" not in self.trained:
+        if "execution" not in self.trained or (slot.role != "execution" and not before):
             return {}
-        step = self.execution_steps[slot.index] - (1 if before else 0)
-        if before and step != 0:
+        if before and slot.index != 0:
             return {}
+        step = 0 if before else self.execution_steps[slot.index]
         due = self.dist.broadcast(self.fixed_pool is not None and self.fixed_pool.due(step))
         if not due:
             return {}
@@ -794,7 +807,7 @@ class OuterLoop:
         generation_s = time.perf_counter() - t_start - sandbox_in_generation
         self.block_questions.extend(questions)
         if not self.dist.is_main:  # the other ranks take part in the updates only (rank 0 broadcasts each batch)
-            return Phase(slot.phase, [], list(questions))
+            return Phase(slot.phase, [])
         if self.method_loop is not None:  # the method's own feedback (Socratic-Zero: the Teacher grades, refines)
             self._stage("method feedback")
             self.method_loop.after_rollouts(slot.role, tasks, rollouts)
@@ -865,13 +878,17 @@ class OuterLoop:
                 m.update(self.method_loop.unit_metrics(slot.role, t_idx))
             if shapes is not None:
                 m[f"{slot.role}/kept_groups"] = (sum(sh.keep for sh in shapes.values()) / len(shapes)) if shapes else None
-            phase_units.append(Unit(batch, m, slot.phase + u))
+            phase_units.append(Unit(batch, m))
 
         # 7. the phase's records (one per Planning output), written once; then the phase is saved
         ckpts = {"planning": plan_ver, "execution": exec_ver, "evaluation": eval_ver}
 
-        def meta_of_task(i: Optional[int]) -> dict[str, Any]:
-            u = unit_of_task.get(i, 0) if i is not None else 0
+        unit_of_group = {g: u for u, idx in enumerate(group_units) for g in idx}
+
+        def meta_of_task(i: Optional[int], g: int) -> dict[str, Any]:
+            # Planning: a prompt's outputs, malformed ones included, train in its unit; else the task's unit
+            # (a Planning output not played in another block: the phase's first update).
+            u = unit_of_group[g] if slot.role == "planning" else (unit_of_task.get(i, 0) if i is not None else 0)
             meta = {"outer_iteration": slot.iteration, "block": slot.role, "phase": slot.phase,
                     "update": slot.update + u, "global_update": slot.phase + u, "checkpoints": ckpts}
             if i is not None and self.method_loop is not None:  # e.g. the Teacher's grades, the failure
@@ -883,7 +900,7 @@ class OuterLoop:
         for rec in records:
             self.records.append(rec)
         self.records_count += len(records)
-        phase = Phase(slot.phase, phase_units, list(questions),
+        phase = Phase(slot.phase, phase_units,
                       {"generation_s": generation_s, "sandbox_s": sandbox_s,
                        "feedback_s": time.perf_counter() - t_start - generation_s - sandbox_s,
                        "total_s": time.perf_counter() - t_start})
@@ -919,7 +936,8 @@ class OuterLoop:
         self.timing["update_s"] += update_s
         if unit is None:
             return {}
-        metrics: dict[str, Any] = dict(unit.metrics)
+        # A unit's sampling and feedback figures go on its first pass's line only (each sample counted once).
+        metrics: dict[str, Any] = dict(unit.metrics) if n_pass == 0 else {}
         metrics[f"{slot.role}/skipped"] = float(not trainer_metrics)
         metrics.update(trainer_metrics_line(slot.role, trainer_metrics, active.trainer.global_step))
         sampled_here = slot.first_of_phase  # the phase's sampling and feedback are timed on its first step

@@ -85,7 +85,8 @@ def test_malformed_outputs_are_recorded_failures(tmp_path):
     validity = played.meta["verifier_validity"]
     assert validity[0] == "valid" and validity[1].startswith("does not compile")
     assert played.z_orig.tolist() == [[0, 0, 0, 1, 0]]
-    assert played.meta["check_errors"] > 0
+    assert len(played.meta["check_errors"]) == 5  # the looping verifier's five timeouts, with their kind
+    assert {e["kind"] for e in played.meta["check_errors"]} == {"timeout"}
     assert np.allclose(played.rewards["execution"], [0, 0, 0, 1, 0])
     assert played.rewards["evaluation"][1] == played.rewards["evaluation"][2] == cfg.reward.invalid_verifier_reward
 

@@ -119,8 +119,8 @@ def test_mu_two_passes_over_the_units(tmp_path):
     metrics = read_metrics(tmp_path)
     assert [(m["phase_pass"], m["phase_unit"]) for m in metrics] == [(0, 0), (0, 1), (1, 0), (1, 1)]
     assert [m["timing/generation_s"] > 0 for m in metrics] == [True, False, False, False]
-    # The second pass sees the same unit's sampling metrics, and a policy that has moved on.
-    assert metrics[2]["execution/reward_mean"] == metrics[0]["execution/reward_mean"]
+    # A unit's sampling figures are on its first pass's line only; the second pass trains a moved policy.
+    assert "execution/reward_mean" in metrics[0] and "execution/reward_mean" not in metrics[2]
     trained = [m for m in metrics[2:] if not m["execution/skipped"]]
     assert all(abs(m["execution/ratio_max"] - 1) > 1e-4 or abs(m["execution/ratio_min"] - 1) > 1e-4 for m in trained)
 
@@ -142,13 +142,17 @@ def test_question_history_is_held_fixed_within_a_block(tmp_path):
     recs = [json.loads(x) for x in (tmp_path / "records.jsonl").read_text().splitlines()]
     second = [r for r in recs if r["meta"]["block"] == "planning" and r["meta"]["update"] == 1
               and r["meta"]["status"] == "played"]
-    assert second and all(r["rewards"]["R"] == 0.0 for r in second)  # nothing to repeat within the block
+    # The tiny preset's Planning prefix gives every task the same question: a history updated after each
+    # update would give the second update R = 1; held fixed (empty) within the block it is 0.
+    assert second and all(r["rewards"]["R"] == 0.0 for r in second)
+    executed = [r for r in recs if r["meta"]["block"] == "execution" and r["meta"]["status"] == "played"]
+    assert executed and all(r["rewards"]["R"] == 1.0 for r in executed)  # the Planning block's questions
 
 
-@pytest.mark.parametrize("killed_at", [5, 7])
+@pytest.mark.parametrize("killed_at", [5, 7, 8])
 def test_resume_after_kill_9_inside_a_phase_equals_an_uninterrupted_run(s4_run, tmp_path, killed_at):
-    """Killed in the Execution phase's first update (5: just after the phase was sampled and saved) or its
-    third (7); the resumed run trains on the saved units and equals the uninterrupted one."""
+    """Killed in the Execution phase's first update (5: just after the phase was sampled and saved), its
+    third (7) or its last (8); the resumed run trains on the saved units and equals the uninterrupted one."""
     reference = s4_run[0]
     script = textwrap.dedent(f"""
         import os, signal, sys

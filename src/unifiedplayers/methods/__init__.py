@@ -214,7 +214,8 @@ def register_batch_planning_source(name: str, per_task_fallback: Optional[Callab
 
 
 def planning_rewards(method_cfg: Any, feedback: Sequence[TaskFeedback]) -> list[float]:
-    """The Planning reward of each well-formed task of one update (``feedback`` in task order).
+    """The Planning reward of each well-formed task of one sampling phase (``feedback`` in task order):
+    a batch source's "batch" (R-Zero's and Agent0's within-batch repetition penalty) is the phase's tasks.
 
     A batch source (R-Zero, Agent0) gets the whole list; any other source is called task by task.
     """
