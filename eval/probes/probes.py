@@ -93,9 +93,7 @@ def load_execution_set(path: Path = DATA_DIR / "execution.jsonl", limit: Optiona
         by_domain = {d: [q for q in questions if q.domain == d] for d in ("math", "general")}
         half = limit // 2
         questions = by_domain["math"][:limit - half] + by_domain["general"][:half]
-    # Shortest first: the rollout batches then hold prompts of similar length (less padding to prefill);
-    # greedy answers do not depend on the order.
-    return sorted(questions, key=lambda q: len(q.problem.question) + sum(len(o) for o in q.problem.options or []))
+    return questions
 
 
 @dataclass

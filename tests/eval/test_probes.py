@@ -133,10 +133,8 @@ def test_probe_sets_are_the_scripts_and_well_formed():
 
 def test_load_execution_set_limit_is_balanced():
     qs = P.load_execution_set(limit=6)
-    assert sorted(q.domain for q in qs) == ["general"] * 3 + ["math"] * 3
-    lengths = [len(q.problem.question) + sum(map(len, q.problem.options or [])) for q in qs]
-    assert lengths == sorted(lengths)  # shortest first (less padding in a batch)
-    assert {q.answer_type for q in qs if q.domain == "general"} == {"option"}
+    assert [q.domain for q in qs] == ["math"] * 3 + ["general"] * 3
+    assert qs[3].answer_type == "option" and qs[0].answer_type == "math"
 
 
 class ScriptedEngine:
