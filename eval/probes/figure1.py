@@ -238,7 +238,8 @@ def plot(fig: dict[str, Any], path: Path, title: str = "") -> Path:
             twin = ax.twinx()
             draw(twin, extra[0][0], 100.0, extra[0][1], "^:", "C2")
             twin.set_ylim(0, 105)
-            twin.legend(loc="lower right", fontsize=7)
+            if twin.get_legend_handles_labels()[0]:
+                twin.legend(loc="lower right", fontsize=7)
             ax.set_ylim(0, 0.52)  # U = min(p, 1 - p) <= 0.5
         else:
             for (k, lab), c in zip(extra, ("C2", "C1")):
