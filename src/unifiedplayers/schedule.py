@@ -259,11 +259,13 @@ def validate(cfg: Any, dist: DistContext = SINGLE) -> None:
         if s.feedback == "stale":
             raise ValueError("method.shared_model=true with schedule.feedback=stale: one model cannot hold back its "
                              "own updates from itself; use schedule.feedback=fresh")
-    if str((cfg.method.extra or {}).get("task_format", "math")) == "code_reasoning":
+    code_tasks = str((cfg.method.extra or {}).get("task_format", "math")) == "code_reasoning"
+    if code_tasks:
         from unifiedplayers.methods.absolute_zero import check_task_types
 
         check_task_types(p.topics)  # an unknown Absolute Zero task type fails here, not in the first phase
-    if not cfg.method.use_tools and code_requests(p):
+    # (Absolute Zero's solver prompt shows programs to reason about: code in its prompt is the task itself.)
+    if not cfg.method.use_tools and not code_tasks and code_requests(p):
         raise ValueError(
             f"method {cfg.method.name} runs without tools, but the Execution prompt asks for code "
             f"({', '.join(code_requests(p))}): every sample that obeyed would end unanswered. Give it a "
