@@ -363,7 +363,7 @@ def run_probes(cfg: Any, ckpt: Checkpoint, roles: Sequence[str] = ROLES, sizes: 
     from unifiedplayers.models import load_model
     from unifiedplayers.rollout import build_rollout
     from unifiedplayers.sandbox import Sandbox
-    from unifiedplayers.schedule import SamplingTemperature
+    from unifiedplayers.engines import SamplingTemperature
 
     unknown = [r for r in roles if r not in ROLES]
     if unknown:
@@ -442,7 +442,7 @@ def run_probes(cfg: Any, ckpt: Checkpoint, roles: Sequence[str] = ROLES, sizes: 
 def policy_backbone(engine: Any, model: Any, cfg: Any) -> Any:
     """The engine with the backbone's weights, at the Execution player's temperature (the fixed U(q) solver)."""
     from unifiedplayers.config import role_temperature
-    from unifiedplayers.schedule import SamplingTemperature
+    from unifiedplayers.engines import SamplingTemperature
 
     engine.update_weights(model)
     return SamplingTemperature(engine, role_temperature(cfg, "execution"))
