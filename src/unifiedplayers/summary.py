@@ -237,12 +237,19 @@ def write_summary_png(run_dir: Path, metrics: Optional[list[dict[str, Any]]] = N
         for c, role in enumerate(ROLES):
             xs, ys = metric_series(metrics, f"{role}/{suffix}")
             if xs:
-                ax.plot(xs, ys, "o-" if len(xs) < 40 else "-", ms=3, lw=1, color=f"C{c}", label=role)
+                # One line per run of consecutive updates (a block): no line across the other players' blocks.
+                breaks = [0] + [i for i in range(1, len(xs)) if xs[i] != xs[i - 1] + 1] + [len(xs)]
+                for j, (a, b) in enumerate(zip(breaks, breaks[1:])):
+                    ax.plot(xs[a:b], ys[a:b], "o-" if len(xs) < 40 else "-", ms=3, lw=1, color=f"C{c}",
+                            label=role if j == 0 else None)
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("update")
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
+        else:  # e.g. the KL panel of a run without a KL term (β = 0)
+            ax.text(0.5, 0.5, f"no {suffix} in this run's metrics", ha="center", va="center",
+                    transform=ax.transAxes, fontsize=9, color="0.4")
     for ax, (kind, data) in zip(flat[len(PLOT_PANELS):], extra):
         if kind == "pool":
             ax.plot(data[0], [100 * y for y in data[1]], "o-", ms=3, color="C1")
