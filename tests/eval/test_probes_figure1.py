@@ -3,7 +3,6 @@ whole pipeline (train, probe each iteration, json, png) on the tiny model."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -45,7 +44,6 @@ def test_collect_means_over_seeds_by_hand(tmp_path):
 
 
 def test_figure1_end_to_end_on_the_tiny_model(tmp_path, capsys):
-    t0 = time.time()
     rc = F.main(["--experiment", "tiny", "--root", str(tmp_path / "fig"), "--seeds", "1", "--jobs", "2",
                  "--probe-args", "--execution 2 --evaluation 2 --verifiers 1 --topics 1 --tasks-per-topic 2 "
                                  "--u-tasks 1 --u-samples 2",
@@ -71,4 +69,3 @@ def test_figure1_end_to_end_on_the_tiny_model(tmp_path, capsys):
                  "schedule.outer_iterations=1"])
     again = capsys.readouterr().out
     assert rc == 0 and again.count("already done") == 1 + 2 * 3  # the run, then 2 checkpoints x 3 roles
-    assert time.time() - t0 < 90
