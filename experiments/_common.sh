@@ -12,3 +12,14 @@ need_model_path() {  # $1: the hub id, for the message
     exit 2
   fi
 }
+
+paper_run() {  # $1: the conf/experiment preset, $2: the backbone's hub id, $3: runs/<name>; then overrides
+  local experiment="$1" hub_id="$2" name="$3"
+  shift 3
+  need_model_path "$hub_id"
+  NGPU="${NGPU:-8}" SEED="${SEED:-0}"
+  RUN_DIR="${RUN_DIR:-runs/$name/seed$SEED}"
+  mkdir -p "$RUN_DIR"
+  "${PY%python}torchrun" --nproc_per_node="$NGPU" -m unifiedplayers.train experiment="$experiment" \
+    model.path="$MODEL_PATH" seed="$SEED" run_dir="$RUN_DIR" resume=true "$@" 2>&1 | tee -a "$RUN_DIR/launch.log"
+}
