@@ -29,12 +29,8 @@ class Slot:
     role: str
     update: int
     block_size: int
-    phase_first: int = -1  # -1: the slot is its own phase (S = μ = 1)
+    phase: int  # the global index of its phase's first update (the slot itself when S = μ = 1)
     step_in_phase: int = 0
-
-    @property
-    def phase(self) -> int:
-        return self.index if self.phase_first < 0 else self.phase_first
 
     @property
     def first_of_phase(self) -> bool:
@@ -74,7 +70,7 @@ def plan_updates(cfg: Any) -> list[Slot]:
             n = sizes[role] if role in roles else 0
             for u in range(n):
                 first = len(slots) - u % per_phase
-                slots.append(Slot(len(slots), it, role, u, n, phase_first=first, step_in_phase=u % per_phase))
+                slots.append(Slot(len(slots), it, role, u, n, phase=first, step_in_phase=u % per_phase))
     return slots
 
 
