@@ -5,7 +5,8 @@
 For each paired seed s = 0 .. N−1 it trains one run (``python -m unifiedplayers.train experiment=<preset>
 seed=s run_dir=<root>/seed<s> resume=true``), then probes the backbone as iteration 0 and the end-of-iteration
 checkpoints ``checkpoints/iter<i>/<role>`` as iteration i (``python -m eval.probes``, one job per checkpoint
-and role, ``<run>/probes/iter<i>.<role>.json``). Up to ``--jobs`` processes run at once, one torch thread
+and role, ``<run>/probes/iter<i>.<role>.json``; the backbone once, for the first seed, its files copied into
+the other seeds' runs: the probes' draws do not depend on the training seed). Up to ``--jobs`` processes run at once, one torch thread
 each: a probe of iteration i starts as soon as the run has moved past iteration i, so probing overlaps
 training, and the last checkpoint's three probes share the cores. Everything
 is resumable: a finished run returns at once, a written probe file is not probed again.
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -280,6 +282,8 @@ def build_jobs(root: Path, experiment: str, seeds: Sequence[int], overrides: Seq
                     done=lambda rd=run_dir: (rd / "summary.json").exists() and _finished_state(rd), seed=s)
         trains.append(train)
         for i in range(iterations + 1):
+            if i == 0 and s != seeds[0]:
+                continue  # the backbone is probed once, for the first seed (share_backbone_probes)
             target = "backbone" if i == 0 else str(run_dir / "checkpoints" / f"iter{i}")
 
             def ready(i=i, rd=run_dir, tr=train) -> bool:
@@ -297,6 +301,24 @@ def build_jobs(root: Path, experiment: str, seeds: Sequence[int], overrides: Seq
                                   done=lambda p=probe_file(run_dir, i, role): p.exists(), seed=s, iteration=i))
     probes.sort(key=lambda j: (j.iteration, j.seed))  # stable: execution (the longest) first within a checkpoint
     return trains + probes
+
+
+def share_backbone_probes(root: Path, seeds: Sequence[int]) -> list[Path]:
+    """Copy the first seed's iteration-0 (backbone) probe files into the other seeds' runs where absent.
+
+    The probes sample with their own fixed seed (``PROBE_SEED``), never the training seed, and the backbone
+    is the same for every seed of a preset: its probe is one measurement, shared, not N equal ones (each is
+    about a quarter of a seed's probe time). Returns the files written."""
+    first = root / f"seed{seeds[0]}"
+    written = []
+    for s in seeds[1:]:
+        for src in sorted((first / "probes").glob("iter0*.json")):
+            dst = root / f"seed{s}" / "probes" / src.name
+            if not dst.exists():
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(src, dst)
+                written.append(dst)
+    return written
 
 
 def _finished_state(run_dir: Path) -> bool:
@@ -323,6 +345,7 @@ def reproduce(root: Path, experiment: str, seeds: Sequence[int], jobs: int = 2, 
                PYTHONPATH=os.pathsep.join([str(_ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
     job_list = build_jobs(root, experiment, seeds, overrides, probe_args, iterations)
     run_jobs(job_list, jobs, env, log)
+    share_backbone_probes(root, seeds)
     its = list(range(iterations + 1))
     fig = collect(root, seeds, its)
     fig["experiment"], fig["overrides"], fig["wall_s"] = experiment, list(overrides), time.time() - t0

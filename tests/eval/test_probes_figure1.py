@@ -69,3 +69,19 @@ def test_figure1_end_to_end_on_the_tiny_model(tmp_path, capsys):
                  "schedule.outer_iterations=1"])
     again = capsys.readouterr().out
     assert rc == 0 and again.count("already done") == 1 + 2 * 3  # the run, then 2 checkpoints x 3 roles
+
+
+def test_the_backbone_is_probed_once_and_shared_by_every_seed(tmp_path):
+    jobs = F.build_jobs(tmp_path, "tiny", [0, 1, 2], [], [], iterations=2)
+    probes = [j for j in jobs if j.iteration >= 0]
+    # the backbone: one job per role, for the first seed only; checkpoints: every seed x iteration x role
+    assert sorted((j.seed, j.iteration) for j in probes if j.iteration == 0) == [(0, 0)] * 3
+    assert len(probes) == 3 + 3 * 2 * 3
+    assert all("backbone" in j.argv for j in probes if j.iteration == 0)
+    _write_probe(F.probe_file(tmp_path / "seed0", 0, "execution"), {"execution/answered": 0.51})
+    _write_probe(F.probe_file(tmp_path / "seed2", 0, "execution"), {"execution/answered": 0.99})  # kept as is
+    written = F.share_backbone_probes(tmp_path, [0, 1, 2])
+    assert written == [F.probe_file(tmp_path / "seed1", 0, "execution")]
+    fig = F.collect(tmp_path, [0, 1, 2], [0])
+    assert fig["per_seed"]["1"]["execution/answered"] == [0.51]
+    assert fig["per_seed"]["2"]["execution/answered"] == [0.99]
