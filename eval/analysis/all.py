@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from typing import Optional, Sequence
 
-from eval.analysis import compute, curves, diagnostics, discrimination, reward_variance
+from eval.analysis import compute, curves, diagnostics, discrimination, reward_variance, verifier_kinds
 from eval.analysis.rundir import load_run, write_outputs
 
 
@@ -15,7 +15,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     run = load_run(args.run_dir)
     done = {}
     if run.played_records():
-        for mod, name in ((discrimination, "discrimination"), (reward_variance, "reward_variance")):
+        for mod, name in ((discrimination, "discrimination"), (reward_variance, "reward_variance"),
+                          (verifier_kinds, "verifier_kinds")):
             result = mod.analyse(run)
             out = write_outputs(run, name, result, mod.to_markdown(result))
             done[name] = result

@@ -157,7 +157,7 @@ def test_all_and_missing_inputs(tmp_path):
     run = write_run(tmp_path, records=[REC_A, REC_C], metrics=[{"outer_iteration": 1, "block": "execution",
                                                                "execution/grad_norm": 1.0, "timing/total_s": 10.0}])
     done = all_analyses.main([str(run)])
-    assert set(done) == {"discrimination", "reward_variance", "curves", "diagnostics", "compute"}
+    assert set(done) == {"discrimination", "reward_variance", "verifier_kinds", "curves", "diagnostics", "compute"}
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(FileNotFoundError, match="records.jsonl"):

@@ -1,0 +1,120 @@
+"""What kinds of verifier the Evaluation reward favours: ``python -m eval.analysis.verifier_kinds RUN_DIR``.
+
+Every generated verifier of every played record is put in one of four kinds by its verdicts Z on that
+record (as the reward saw them: a check error is a 0), over the K originals and their applied variants:
+
+- ``invalid``: not in V(q) (does not compile, no ``check``, or errored on every original);
+- ``rejects all``: valid, Z = 0 on every original and every variant;
+- ``accepts all``: valid, Z = 1 on every original and every variant;
+- ``splits``: valid, anything else (it tells some trajectories from others, rightly or not).
+
+Per kind: how many, the mean Evaluation reward r_C (§3.2: α ρ_gold + β ρ_adv − γ ρ_red; invalid verifiers get
+``reward.invalid_verifier_reward``), and the mean GRPO advantage within the record's group of M verifiers
+(Eq. 17, :func:`unifiedplayers.grpo.group_advantages`): a kind with a positive mean advantage is what the
+Evaluation player's updates make more likely. Given for all records, for those the Evaluation player trained
+on (its own blocks), and per outer iteration; beside them, the share of originals with a final answer.
+
+Why it matters: ρ_gold rewards accepting the originals whether or not they are right (the paper, Appendix
+B.2: "gold does not imply independently verified correctness"). With an Execution player that is mostly
+wrong or unanswered, a verifier that rejects everything loses little of α ρ_gold and gains all of β ρ_adv,
+so it can out-score one that tells originals from variants.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from eval.analysis.rundir import RunData, single_run_main
+
+KINDS = ("invalid", "rejects all", "accepts all", "splits")
+
+
+def verifier_kind(valid_row: Optional[int], z_orig: np.ndarray, z_adv: np.ndarray, adv_mask: np.ndarray) -> str:
+    """The kind of one generated verifier: ``valid_row`` is its row in Z (None: not valid)."""
+    if valid_row is None:
+        return "invalid"
+    verdicts = np.concatenate([np.asarray(z_orig)[valid_row].ravel(),
+                               np.asarray(z_adv)[valid_row][np.asarray(adv_mask, dtype=bool)].ravel()])
+    if not verdicts.any():
+        return "rejects all"
+    if verdicts.all():
+        return "accepts all"
+    return "splits"
+
+
+def _empty() -> dict[str, list[float]]:
+    return {k: [] for k in ("reward", "advantage")}
+
+
+def _table(acc: dict[str, dict[str, list[float]]]) -> dict[str, Any]:
+    n_all = sum(len(acc[k]["reward"]) for k in KINDS)
+    out = {}
+    for k in KINDS:
+        r, a = acc[k]["reward"], acc[k]["advantage"]
+        out[k] = {"n": len(r), "share": (len(r) / n_all) if n_all else None,
+                  "mean_reward": float(np.mean(r)) if r else None, "mean_advantage": float(np.mean(a)) if a else None}
+    return out
+
+
+def verifier_kinds(records: Sequence[Any], eps: float = 1e-6) -> dict[str, Any]:
+    """Kinds, rewards and advantages of the generated verifiers of ``records`` (see the module docstring)."""
+    import torch
+
+    from unifiedplayers.grpo import group_advantages
+
+    scopes: dict[str, dict[str, dict[str, list[float]]]] = {}
+    answered: dict[str, list[float]] = {}
+    for rec in records:
+        rewards = (rec.rewards or {}).get("evaluation")
+        if not rewards or rec.num_generated == 0 or len(rewards) != rec.num_generated:
+            continue  # a verdict-free method, or a record without Evaluation rewards
+        r = torch.tensor(rewards, dtype=torch.float64)
+        adv = group_advantages(r, torch.zeros(len(rewards), dtype=torch.long), eps=eps).tolist()
+        row_of = {int(v): i for i, v in enumerate(rec.valid)}
+        block = (rec.meta or {}).get("block")
+        names = ["all", f"iteration {rec.iteration}"] + (["trained (evaluation blocks)"] if block == "evaluation" else [])
+        share = float(np.mean([t.final_answer is not None for t in rec.trajectories])) if rec.trajectories else None
+        for i in range(rec.num_generated):
+            kind = verifier_kind(row_of.get(i), rec.z_orig, rec.z_adv, rec.adv_mask)
+            for name in names:
+                acc = scopes.setdefault(name, {k: _empty() for k in KINDS})
+                acc[kind]["reward"].append(float(rewards[i]))
+                acc[kind]["advantage"].append(float(adv[i]))
+        if share is not None:
+            for name in names:
+                answered.setdefault(name, []).append(share)
+    order = sorted(scopes, key=lambda n: (n != "all", not n.startswith("trained"), n))  # all, trained, iterations
+    return {name: {"kinds": _table(scopes[name]),
+                   "originals_answered": float(np.mean(answered[name])) if answered.get(name) else None}
+            for name in order}
+
+
+def _f(x: Optional[float], pct: bool = False) -> str:
+    if x is None:
+        return "–"
+    return f"{100 * x:.0f}%" if pct else f"{x:+.2f}"
+
+
+def to_markdown(result: dict[str, Any]) -> str:
+    lines = ["**Verifier kinds** (what the Evaluation reward favours; advantage: mean GRPO advantage within "
+             "the record's M verifiers)", "",
+             "| records | originals answered | " + " | ".join(f"{k}: share, r_C, advantage" for k in KINDS) + " |",
+             "|" + "---|" * (len(KINDS) + 2)]
+    for name, row in result.items():
+        cells = [f"{_f(v['share'], True)}, {_f(v['mean_reward'])}, {_f(v['mean_advantage'])}" for v in row["kinds"].values()]
+        lines.append(f"| {name} | {_f(row['originals_answered'], True)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def analyse(run: RunData) -> dict[str, Any]:
+    return verifier_kinds(run.played_records())
+
+
+def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
+    return single_run_main(argv, "Kinds of verifier and what the Evaluation reward gives each", "verifier_kinds",
+                           analyse, to_markdown, need_records=True)
+
+
+if __name__ == "__main__":
+    main()
