@@ -73,7 +73,9 @@ def verifier_kinds(records: Sequence[Any], eps: float = 1e-6) -> dict[str, Any]:
         adv = group_advantages(r, torch.zeros(len(rewards), dtype=torch.long), eps=eps).tolist()
         row_of = {int(v): i for i, v in enumerate(rec.valid)}
         block = (rec.meta or {}).get("block")
-        names = ["all", f"iteration {rec.iteration}"] + (["trained (evaluation blocks)"] if block == "evaluation" else [])
+        names = ["all", f"iteration {rec.iteration}"]
+        if block == "evaluation":
+            names.append("trained (evaluation blocks)")
         share = float(np.mean([t.final_answer is not None for t in rec.trajectories])) if rec.trajectories else None
         for i in range(rec.num_generated):
             kind = verifier_kind(row_of.get(i), rec.z_orig, rec.z_adv, rec.adv_mask)
@@ -102,7 +104,8 @@ def to_markdown(result: dict[str, Any]) -> str:
              "| records | originals answered | " + " | ".join(f"{k}: share, r_C, advantage" for k in KINDS) + " |",
              "|" + "---|" * (len(KINDS) + 2)]
     for name, row in result.items():
-        cells = [f"{_f(v['share'], True)}, {_f(v['mean_reward'])}, {_f(v['mean_advantage'])}" for v in row["kinds"].values()]
+        cells = [f"{_f(v['share'], True)}, {_f(v['mean_reward'])}, {_f(v['mean_advantage'])}"
+                 for v in row["kinds"].values()]
         lines.append(f"| {name} | {_f(row['originals_answered'], True)} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

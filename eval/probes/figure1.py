@@ -6,10 +6,9 @@ For each paired seed s = 0 .. N−1 it trains one run (``python -m unifiedplayer
 seed=s run_dir=<root>/seed<s> resume=true``), then probes the backbone as iteration 0 and the end-of-iteration
 checkpoints ``checkpoints/iter<i>/<role>`` as iteration i (``python -m eval.probes``, one job per checkpoint
 and role, ``<run>/probes/iter<i>.<role>.json``; the backbone once, for the first seed, its files copied into
-the other seeds' runs: the probes' draws do not depend on the training seed). Up to ``--jobs`` processes run at once, one torch thread
-each: a probe of iteration i starts as soon as the run has moved past iteration i, so probing overlaps
-training, and the last checkpoint's three probes share the cores. Everything
-is resumable: a finished run returns at once, a written probe file is not probed again.
+the other seeds' runs: the probes' draws do not depend on the training seed). Up to ``--jobs`` processes run
+at once, one torch thread each: a probe of iteration i starts as soon as the run has moved past iteration i,
+so probing overlaps training, and the last checkpoint's three probes share the cores. Everything is resumable: a finished run returns at once, a written probe file is not probed again.
 
 It writes ``figure1.json`` (the issue's schema: one value per iteration per series, the mean over seeds,
 and a ``per_seed`` table) and ``figure1.png`` (three panels as the paper's Figure 1a: Planning U(q),

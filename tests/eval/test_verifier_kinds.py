@@ -59,6 +59,7 @@ def test_kinds_rewards_and_advantages_by_hand(tmp_path):
     # rejects-all advantages: .45 / sd_a (A) and 1.125 / sd_b (B)
     assert every["rejects all"]["mean_advantage"] == pytest.approx((0.45 / sd_a + 1.125 / sd_b) / 2, rel=1e-5)
     assert every["invalid"]["mean_advantage"] == pytest.approx((-1.05 / sd_a - 3 * 0.375 / sd_b) / 4, rel=1e-5)
-    assert res["iteration 2"]["kinds"]["splits"]["n"] == 0 and res["iteration 2"]["kinds"]["splits"]["mean_reward"] is None
+    it2 = res["iteration 2"]["kinds"]["splits"]
+    assert it2["n"] == 0 and it2["mean_reward"] is None
     assert res["all"]["originals_answered"] == pytest.approx((0.5 + 1.0) / 2)
     assert "rejects all" in (run / "analysis" / "verifier_kinds.md").read_text()
