@@ -54,7 +54,7 @@ def main() -> None:
     t0 = time.perf_counter()
     cpu0 = time.process_time()
     from unifiedplayers.config import compose
-    from unifiedplayers.schedule import OuterLoop
+    from unifiedplayers.loop import OuterLoop
 
     run_dir = Path(tempfile.mkdtemp(prefix="up-smoke-bench-"))
     cfg = compose(["experiment=smoke", f"run_dir={run_dir}", "resume=false", "schedule.print_summary=false"]
@@ -65,7 +65,7 @@ def main() -> None:
     loop = OuterLoop(cfg, run_dir)
     loop.run()
     wall = time.perf_counter() - t0
-    report(run_dir, wall, loop.timing)
+    report(run_dir, wall, loop.state.timing)
     print(f"  process CPU time {time.process_time() - cpu0:.1f} s; load average at end {os.getloadavg()}")
 
 

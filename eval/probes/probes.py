@@ -37,7 +37,7 @@ import numpy as np
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 PROBE_SEED = 0  # the sampling seed of every probe (not the training seed)
-ROLES = ("planning", "execution", "evaluation")
+from unifiedplayers.roles import ROLES
 
 
 # ------------------------------------------------------------------------------------------------------

@@ -337,11 +337,15 @@ class LoggerConfig:
 class MethodConfig:
     """Which players exist and which reward source feeds each (``unifiedplayers.methods``); SPEC §11.
 
-    The reward sources are looked up by name in ``unifiedplayers.methods`` (``REWARD_SOURCES``), so a
-    baseline is a composition of names here, not a copy of the loop.
+    ``name`` picks the registered :class:`unifiedplayers.methods.Method` (or ``_target_`` names its class);
+    the reward sources are looked up by name (``unifiedplayers.methods.REWARD_SOURCES``); ``extra`` holds the
+    method's own settings, parsed into its typed ``Settings`` dataclass at start-up.
     """
 
     name: str = "unifiedplayers"
+    # The Method class, as "module.Class", for a method defined outside the package (examples/custom_method/);
+    # None: the class registered as ``name`` (unifiedplayers.methods.register_method).
+    _target_: Optional[str] = None
     trainable: bool = True
     roles: list[str] = field(default_factory=lambda: ["planning", "execution", "evaluation"])
     execution_reward: str = "verdict"  # verdict (Eq. 4) | majority_vote (pseudo-label agreement)

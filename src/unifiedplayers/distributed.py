@@ -228,3 +228,13 @@ def destroy(ctx: DistContext) -> None:
                 return
             dist.destroy_process_group()
         _OBJECT_GROUP = None
+
+
+def sandbox_config(sandbox_cfg: Any, dist: "DistContext") -> Any:
+    """The sandbox settings of one rank: with ``sandbox.workers=0`` (one per core) the ranks of a node share its
+    cores."""
+    if dist.enabled and sandbox_cfg.workers == 0:
+        from omegaconf import OmegaConf
+
+        return OmegaConf.merge(sandbox_cfg, {"workers": max(2, 2 * (os.cpu_count() or 1) // dist.world_size)})
+    return sandbox_cfg

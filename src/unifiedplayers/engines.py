@@ -1,5 +1,7 @@
-"""The players' rollout engines and the timed sandbox, as the outer loop uses them (the edges of
-:mod:`unifiedplayers.schedule`)."""
+"""The players' rollout engines (:class:`RolloutEngines`, one per set of weights, or one whose weights are
+swapped) and the timed sandbox, as the outer loop uses them (the edges of :mod:`unifiedplayers.loop`;
+:mod:`unifiedplayers.team` asks for them). "Engine" here is always a rollout engine; "pool" in this project is
+the Execution player's fixed diagnostic pool (:mod:`unifiedplayers.execution_pool`)."""
 from __future__ import annotations
 
 import contextlib
@@ -34,7 +36,7 @@ class TimedSandbox:
         return self._timed("call_many", *a, **k)
 
 
-class PolicyPool:
+class RolloutEngines:
     """Rollout engines for the players' weights.
 
     ``hf``: one engine per model object (it samples from the module itself). Other backends (vLLM): one

@@ -20,7 +20,7 @@ import json
 from importlib import resources
 from typing import Any
 
-ROLES = ("planning", "execution", "evaluation")
+from unifiedplayers.roles import ROLES
 BANK_FILE = "entropy_bank.json"
 
 

@@ -313,49 +313,70 @@ def policy_loss(
     log_ratio = logprobs - old_logprobs.to(logprobs.dtype)  # Eq. 18
     ratio = torch.exp(log_ratio)
     adv = advantages.to(logprobs.dtype)[:, None]
-    if clip_high is not None:  # NaN: a sample without its own upper clip
-        clip_high = clip_high.to(logprobs.device, torch.float32)
-        clip_high = torch.where(torch.isnan(clip_high), torch.full_like(clip_high, clip_eps), clip_high)
+    clip_high = _resolve_clip_high(clip_high, clip_eps, logprobs.device)
     surrogate, clipped_active = clipped_surrogate(ratio, adv, clip_eps, clip_high)  # Eq. 19
 
     pg_loss = -(token_weights * surrogate).sum()
-    loss = pg_loss
-    kl_value = 0.0
-    if kl_coef != 0.0:  # Eq. 20; skipped entirely (no π_ref needed) when β_p = 0
-        if ref_logprobs is None:
-            raise ValueError("kl_coef != 0 needs ref_logprobs")
-        kl = get_kl_estimator(kl_estimator)(logprobs, ref_logprobs.to(logprobs.dtype))
-        kl_loss = (token_weights * kl).sum()
-        loss = pg_loss + kl_coef * kl_loss
-    elif ref_logprobs is not None:
-        kl = get_kl_estimator(kl_estimator)(logprobs.detach(), ref_logprobs.to(logprobs.dtype))
-    else:
-        kl = None
+    loss, kl = _kl_penalty(pg_loss, logprobs, ref_logprobs, token_weights, kl_coef, kl_estimator)  # Eq. 20
 
     with torch.no_grad():
-        n_tok = int(valid.sum().item())
-        denom = max(n_tok, 1)
-        r = ratio.detach()[valid]
-        upper = 1.0 + (clip_eps if clip_high is None else clip_high[:, None].expand_as(ratio)[valid])
-        outside = (r < 1.0 - clip_eps) | (r > upper)
-        metrics: dict[str, float] = {
-            "actor/loss": float(loss.detach()),
-            "actor/pg_loss": float(pg_loss.detach()),
-            "actor/pg_clipfrac": float(clipped_active[valid].sum()) / denom,
-            "actor/ratio_outside_clip_frac": float(outside.sum()) / denom,
-            "actor/ratio_mean": float(r.mean()) if n_tok else 1.0,
-            "actor/ratio_min": float(r.min()) if n_tok else 1.0,
-            "actor/ratio_max": float(r.max()) if n_tok else 1.0,
-            "actor/num_tokens": float(n_tok),
-        }
+        metrics = _clip_metrics(loss, pg_loss, ratio, clipped_active, valid, clip_eps, clip_high)
+        denom = max(int(metrics["actor/num_tokens"]), 1)
         if kl is not None:
-            kl_value = float((kl.detach() * maskf).sum()) / denom
-            metrics["actor/kl"] = kl_value
+            metrics["actor/kl"] = float((kl.detach() * maskf).sum()) / denom
         if entropy is None and logits is not None:
             entropy = entropy_from_logits(logits.detach())
         if entropy is not None:
             metrics["actor/entropy"] = float((entropy.detach().float() * maskf).sum()) / denom
     return loss, metrics
+
+
+def _resolve_clip_high(clip_high: Optional[Tensor], clip_eps: float, device: torch.device) -> Optional[Tensor]:
+    """Per-sample upper clip ε_high (N,) of Eq. 19, float32 on ``device``; NaN entries (a sample without its
+    own upper clip) become ``clip_eps``. None stays None (ε on both sides)."""
+    if clip_high is None:
+        return None
+    clip_high = clip_high.to(device, torch.float32)
+    return torch.where(torch.isnan(clip_high), torch.full_like(clip_high, clip_eps), clip_high)
+
+
+def _kl_penalty(pg_loss: Tensor, logprobs: Tensor, ref_logprobs: Optional[Tensor], token_weights: Tensor,
+                kl_coef: float, kl_estimator: str) -> tuple[Tensor, Optional[Tensor]]:
+    """Eq. 20: loss = pg_loss + β_p · Σ w · KL_t(π_θ ‖ π_ref); returns (loss, per-token KL or None).
+
+    Skipped entirely (no π_ref needed) when β_p = 0; the KL is then still measured, without gradient, if
+    ``ref_logprobs`` is given.
+    """
+    if kl_coef != 0.0:
+        if ref_logprobs is None:
+            raise ValueError("kl_coef != 0 needs ref_logprobs")
+        kl = get_kl_estimator(kl_estimator)(logprobs, ref_logprobs.to(logprobs.dtype))
+        kl_loss = (token_weights * kl).sum()
+        return pg_loss + kl_coef * kl_loss, kl
+    if ref_logprobs is not None:
+        return pg_loss, get_kl_estimator(kl_estimator)(logprobs.detach(), ref_logprobs.to(logprobs.dtype))
+    return pg_loss, None
+
+
+def _clip_metrics(loss: Tensor, pg_loss: Tensor, ratio: Tensor, clipped_active: Tensor, valid: Tensor,
+                  clip_eps: float, clip_high: Optional[Tensor]) -> dict[str, float]:
+    """Loss, Eq. 18 ratio and Eq. 19 clip statistics over the trainable tokens (``valid``); call under
+    ``torch.no_grad()``."""
+    n_tok = int(valid.sum().item())
+    denom = max(n_tok, 1)
+    r = ratio.detach()[valid]
+    upper = 1.0 + (clip_eps if clip_high is None else clip_high[:, None].expand_as(ratio)[valid])
+    outside = (r < 1.0 - clip_eps) | (r > upper)
+    return {
+        "actor/loss": float(loss.detach()),
+        "actor/pg_loss": float(pg_loss.detach()),
+        "actor/pg_clipfrac": float(clipped_active[valid].sum()) / denom,
+        "actor/ratio_outside_clip_frac": float(outside.sum()) / denom,
+        "actor/ratio_mean": float(r.mean()) if n_tok else 1.0,
+        "actor/ratio_min": float(r.min()) if n_tok else 1.0,
+        "actor/ratio_max": float(r.max()) if n_tok else 1.0,
+        "actor/num_tokens": float(n_tok),
+    }
 
 
 # --------------------------------------------------------------------------------------------------

@@ -9,8 +9,9 @@ recorded at sampling (sg[D_p^(b)]): π_θ moves away from π_old inside the phas
 moves off 1 and the clip of Eq. 19 can bind.
 
 This module holds the pure parts of a phase: how steps map to units, how tasks are split into units,
-the active player's groups and advantages (Eq. 17), the interaction records and the metrics of a unit.
-The outer loop (:mod:`unifiedplayers.schedule`) does the sampling, which needs the models and the sandbox.
+the active player's groups and advantages (Eq. 17) (:func:`build_units`), the interaction records and the
+metrics of a unit. The outer loop (:mod:`unifiedplayers.loop`) runs it after sampling
+(:mod:`unifiedplayers.sampling`) and feedback (:mod:`unifiedplayers.feedback`).
 """
 from __future__ import annotations
 
@@ -22,21 +23,18 @@ import numpy as np
 import torch
 
 from unifiedplayers import grpo
+from unifiedplayers.config import role_trainer_config
 from unifiedplayers.methods import GroupShape, shape_advantages
 from unifiedplayers.records import InteractionRecord
 from unifiedplayers.trainer import sample_from_completion, sample_from_segments
 
 PHASE_FILE = "phase.pt"
 
-# Trainer metrics logged per update, under the active role (``<role>/<name>``).
-TRAINER_METRICS = {
-    "actor/grad_norm": "grad_norm", "actor/kl": "kl", "actor/ratio_outside_clip_frac": "clip_frac",
-    "actor/pg_clipfrac": "pg_clip_frac", "actor/ratio_mean": "ratio_mean", "actor/ratio_min": "ratio_min",
-    "actor/ratio_max": "ratio_max", "entropy_bank/retention": "entropy_ratio", "actor/entropy": "entropy",
-    "actor/loss": "loss", "actor/lr": "lr", "actor/num_tokens": "num_tokens", "perf/update_tflop": "update_tflop",
-    # the preference and imitation losses (Socratic-Zero's Solver and Generator)
-    "actor/dpo_margin": "dpo_margin", "actor/dpo_accuracy": "dpo_accuracy", "actor/nll": "nll",
-}
+# A trainer metric ``<namespace>/<name>`` is logged as ``<role>/<name>`` (any metric a loss returns reaches
+# metrics.jsonl); these keep the names the metrics files have always had, and ``perf/*`` timings go with the
+# other timings (``timing/*``).
+RENAMED_METRICS = {"actor/ratio_outside_clip_frac": "clip_frac", "actor/pg_clipfrac": "pg_clip_frac",
+                   "entropy_bank/retention": "entropy_ratio", "perf/update_tflop": "update_tflop"}
 
 
 def unit_of_step(step_in_phase: int, steps_per_generation: int) -> tuple[int, int]:
@@ -119,7 +117,7 @@ def training_batch(makers: Sequence[Callable[[float], Any]], rewards: Sequence[f
                    shapes: Optional[dict[int, GroupShape]] = None) -> list[Any]:
     """The unit's samples with their group-relative advantages (Eq. 17); zero-advantage groups dropped when asked.
 
-    ``shapes``: a baseline's shape of each group (:func:`unifiedplayers.methods.group_shape`: groups left
+    ``shapes``: a baseline's shape of each group (:meth:`unifiedplayers.methods.Method.group_shape`: groups left
     out, advantages scaled, a per-sample upper clip; Agent0's ADPO, R-Zero's band). Plain GRPO without.
     """
     if not makers:
@@ -190,17 +188,68 @@ def unit_metrics(groups: Sequence[Sequence[Any]], tasks: Sequence[Any], rollouts
 
 def trainer_metrics_line(role: str, trainer_metrics: dict[str, float], global_step: int) -> dict[str, Any]:
     """The trainer's metrics of one optimizer step under ``<role>/...`` (ratio, clip fraction, KL, grad-norm)."""
-    m = {f"{role}/{dst}": trainer_metrics[src] for src, dst in TRAINER_METRICS.items() if src in trainer_metrics}
-    if "perf/update_tflop_per_s" in trainer_metrics:  # a rate: varies between runs, so with the timings
-        m["timing/update_tflop_per_s"] = trainer_metrics["perf/update_tflop_per_s"]
+    m: dict[str, Any] = {}
+    for key, value in trainer_metrics.items():
+        namespace, _, name = key.rpartition("/")
+        if key in RENAMED_METRICS:
+            m[f"{role}/{RENAMED_METRICS[key]}"] = value
+        elif namespace == "perf":  # wall times and rates vary between runs: with the timings
+            m[f"timing/{name}" if name == "update_tflop_per_s" else f"timing/{role}_{name}"] = value
+        elif namespace == "actor" or not namespace:
+            m[f"{role}/{name}"] = value
+        else:
+            m[f"{role}/{namespace}_{name}"] = value
     m[f"{role}/step"] = global_step
     return m
 
 
+def build_units(role: str, groups: Sequence[Sequence[Any]], tasks: Sequence[Any], rollouts: Sequence[Sequence[Any]],
+                verifiers: Sequence[Sequence[Any]], feedback: Sequence[Any], role_rewards: dict[str, list[Any]],
+                units: int, cfg: Any, method: Any, tokenizer: Any, player_cfg: Any
+                ) -> tuple[list[Unit], list[list[int]], list[list[int]]]:
+    """The phase's S units: disjoint mini-batches of the active player's groups, advantages within each group
+    (Eq. 17, shaped by the method). Returns (units, the groups of each unit, the tasks of each unit).
+
+    Planning: a unit is a share of the questioner prompts, with their tasks. Other roles: a share of the tasks
+    (the Planning outputs are phase-wide figures).
+    """
+    malformed = float(cfg.reward.malformed_task_reward)
+    task_index = {id(t): i for i, t in enumerate(tasks)}
+    if role == "planning":
+        group_units = split_units(len(groups), units)
+        task_units = [[task_index[id(t)] for g in idx for t in groups[g] if id(t) in task_index]
+                      for idx in group_units]
+    else:
+        task_units = split_units(len(tasks), units)
+        group_units = [list(range(len(groups)))] * units
+    trainer_cfg = role_trainer_config(cfg.trainer, role)
+    out: list[Unit] = []
+    for g_idx, t_idx in zip(group_units, task_units):
+        sub = lambda xs: [xs[i] for i in t_idx]  # noqa: E731
+        u_groups = [groups[g] for g in g_idx]
+        u_rewards = {r: sub(v) for r, v in role_rewards.items()}
+        makers, rewards, gids = group_samples(role, u_groups, sub(tasks), sub(rollouts), sub(verifiers), u_rewards,
+                                              malformed)
+        shapes = None
+        if role != "planning":  # group g of the unit is its task g (a method may shape it)
+            shapes = {g: method.group_shape(role, fb, float(trainer_cfg.clip_eps)) for g, fb in enumerate(sub(feedback))}
+        # A method's own batch (Socratic-Zero: the Solver's DPO pairs, the Generator's imitation) replaces GRPO's.
+        own = method.unit_batch(role, t_idx, tokenizer, player_cfg)
+        batch = own if own is not None else training_batch(
+            makers, rewards, gids, trainer_cfg, cfg.schedule.drop_zero_advantage_groups, shapes)
+        m = unit_metrics(u_groups, sub(tasks), sub(rollouts), [fb.verdicts for fb in sub(feedback)], sub(feedback),
+                         u_rewards, role, malformed)
+        m.update(method.unit_metrics(role, t_idx))
+        if shapes is not None:
+            m[f"{role}/kept_groups"] = (sum(sh.keep for sh in shapes.values()) / len(shapes)) if shapes else None
+        out.append(Unit(batch, m))
+    return out, group_units, task_units
+
+
 def phase_records(groups: Sequence[Sequence[Any]], tasks: Sequence[Any], unused: Sequence[Any],
-                  rollouts: Sequence[Sequence[Any]], verifiers: Sequence[Sequence[Any]], verdicts: Sequence[Any],
-                  variants_flat: Sequence[Any], feedback: Sequence[Any], role_rewards: dict[str, list[Any]],
-                  rules: Sequence[str], meta_of_task: Callable[[Optional[int], int], dict[str, Any]],
+                  rollouts: Sequence[Sequence[Any]], verifiers: Sequence[Sequence[Any]], feedback: Sequence[Any],
+                  role_rewards: dict[str, list[Any]], rules: Sequence[str],
+                  meta_of_task: Callable[[Optional[int], int], dict[str, Any]],
                   malformed_reward: float) -> list[InteractionRecord]:
     """One interaction record ξ(q) per Planning output of the phase, malformed and unused ones included.
 
@@ -218,7 +267,8 @@ def phase_records(groups: Sequence[Sequence[Any]], tasks: Sequence[Any], unused:
                         planning_output=task.text)
             task_id = f"u{meta['global_update']:06d}-t{len(out):03d}"
             if i is not None:
-                vm, fb = verdicts[i], feedback[i]
+                fb = feedback[i]
+                vm = fb.verdicts
                 tr = fb.rewards
                 meta.update(
                     status="played",
@@ -237,9 +287,8 @@ def phase_records(groups: Sequence[Sequence[Any]], tasks: Sequence[Any], unused:
                     "planning": role_rewards["planning"][i], "U": tr.uncertainty, "V": tr.writability,
                     "R": tr.repetition, "rho_gold": tr.gold, "rho_adv": tr.adv, "rho_red": tr.red,
                 }
-                k = len(rollouts[i])
                 out.append(InteractionRecord.from_verdict(
-                    task.question, [r.trajectory for r in rollouts[i]], variants_flat[i * k:(i + 1) * k], vm, tr.red,
+                    task.question, [r.trajectory for r in rollouts[i]], list(fb.variants), vm, tr.red,
                     list(rules), task_id=task_id, iteration=meta["outer_iteration"],
                     expected_answer=task.expected_answer, rewards=rewards, meta=meta,
                 ))
@@ -254,3 +303,58 @@ def phase_records(groups: Sequence[Sequence[Any]], tasks: Sequence[Any], unused:
                     rewards=rewards, meta=meta,
                 ))
     return out
+
+
+def record_meta_of(slot: Any, versions: dict[str, Any], group_units: Sequence[Sequence[int]],
+                   task_units: Sequence[Sequence[int]], method: Any) -> Callable[[Optional[int], int], dict[str, Any]]:
+    """``meta_of_task(i, g)`` for :func:`phase_records`: the phase, the update that trains on the output (Planning:
+    a prompt's outputs, malformed ones included, train in its unit; else the task's unit; an output not played in
+    another block: the phase's first update), the checkpoints that produced it, and the method's own fields."""
+    unit_of_group = {g: u for u, idx in enumerate(group_units) for g in idx}
+    unit_of_task = {i: u for u, idx in enumerate(task_units) for i in idx}
+
+    def meta_of_task(i: Optional[int], g: int) -> dict[str, Any]:
+        u = unit_of_group[g] if slot.role == "planning" else (unit_of_task.get(i, 0) if i is not None else 0)
+        meta = {"outer_iteration": slot.iteration, "block": slot.role, "phase": slot.phase,
+                "update": slot.update + u, "global_update": slot.phase + u, "checkpoints": versions}
+        if i is not None:  # e.g. Socratic-Zero's Teacher grades, the failure
+            meta.update(method.record_meta(i))
+        return meta
+
+    return meta_of_task
+
+
+def update_metrics(slot: Any, phase: Phase, unit: Unit, n_pass: int, unit_index: int,
+                   trainer_metrics: dict[str, float], global_step: int, update_s: float) -> dict[str, Any]:
+    """The metrics line of one update: its unit's sampling and feedback figures (on the unit's first pass only:
+    each sample counted once), the trainer's figures, its place in the run, and its timings (the phase's
+    sampling and feedback are timed on the phase's first step)."""
+    metrics: dict[str, Any] = dict(unit.metrics) if n_pass == 0 else {}
+    metrics[f"{slot.role}/skipped"] = float(not trainer_metrics)
+    metrics.update(trainer_metrics_line(slot.role, trainer_metrics, global_step))
+    sampled_here = slot.first_of_phase
+    metrics.update({
+        "outer_iteration": slot.iteration, "block": slot.role, "update": slot.update, "global_update": slot.index,
+        "phase": slot.phase, "phase_step": slot.step_in_phase, "phase_pass": n_pass, "phase_unit": unit_index,
+        "timing/generation_s": phase.timing["generation_s"] if sampled_here else 0.0,
+        "timing/sandbox_s": phase.timing["sandbox_s"] if sampled_here else 0.0,
+        "timing/update_s": update_s,
+        "timing/total_s": update_s + (phase.timing["total_s"] if sampled_here else 0.0),
+    })
+    return metrics
+
+
+def train_step(slot: Any, phase: Phase, team: Any, dist: Any, steps_per_generation: int, per_phase: int,
+               stage: Callable[[str], None]) -> tuple[dict[str, Any], float]:
+    """One optimizer step of the active player on its unit of the phase (rank 0 broadcasts the batch; the update
+    is data-parallel): (the step's metrics line, empty on other ranks; the update's seconds)."""
+    n_pass, u = unit_of_step(slot.step_in_phase, steps_per_generation)
+    unit = phase.units[u] if dist.is_main else None
+    stage(f"GRPO update of {slot.role} (phase step {slot.step_in_phase + 1}/{per_phase})")
+    batch = dist.broadcast(unit.batch if unit is not None else None)
+    trainer_metrics, update_s = team.update(slot.role, slot.iteration, batch)
+    if unit is None:
+        return {}, update_s
+    stage("records, checkpoint")
+    return update_metrics(slot, phase, unit, n_pass, u, trainer_metrics, team.players[slot.role].trainer.global_step,
+                          update_s), update_s

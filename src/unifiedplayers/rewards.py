@@ -482,6 +482,10 @@ class QuestionHistory:
     def add(self, question: str) -> None:
         self._q.append(question)
 
+    def extend(self, questions: Sequence[str]) -> None:
+        for q in questions:
+            self.add(q)
+
     def __len__(self) -> int:
         return len(self._q)
 

@@ -1,10 +1,11 @@
-"""A run's state on disk (:mod:`unifiedplayers.schedule`): atomic writes, and the config a resumed run must
-share with the run it continues."""
+"""A run's state on disk (:mod:`unifiedplayers.loop`): :class:`RunState` to and from ``state.pt``, atomic
+writes, and the config a resumed run must share with the run it continues (:func:`check_resumable`)."""
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional, Sequence
 
 import torch
 from omegaconf import OmegaConf
@@ -50,3 +51,137 @@ def is_schema_default(key: str, value: Any) -> bool:
     if OmegaConf.is_config(default):
         default = OmegaConf.to_container(default, resolve=False)
     return default is not None and default == value
+
+
+STATE_FILE = "state.pt"
+CONFIG_FILE = "config.yaml"
+
+
+@dataclass
+class RunState:
+    """Where a run stands after its last completed update (saved to ``state.pt`` after every update).
+
+    ``records`` and ``metrics`` count the lines of records.jsonl and metrics.jsonl that belong to completed
+    updates (a resumed run cuts the rest); ``checkpoints[role]`` is the player's last checkpoint (relative to
+    the run directory) and ``published[role]`` its stale-feedback copy; ``phase`` is the first update of a
+    phase in progress (its units are in phase.pt).
+    """
+
+    completed: int = 0
+    records: int = 0
+    metrics: int = 0
+    checkpoints: dict[str, Optional[str]] = field(default_factory=dict)
+    published: dict[str, Optional[str]] = field(default_factory=dict)
+    question_history: list[str] = field(default_factory=list)
+    block_questions: list[str] = field(default_factory=list)
+    phase: Optional[int] = None
+    prompt_counter: int = 0
+    finished: bool = False
+    wandb_id: Optional[str] = None
+    timing: dict[str, float] = field(default_factory=lambda: {
+        "generation_s": 0.0, "sandbox_s": 0.0, "update_s": 0.0, "checkpoint_s": 0.0, "model_load_s": 0.0,
+        "pool_s": 0.0})
+
+    def to_dict(self, versions: dict[str, Any], published_versions: dict[str, Any], method_state: Any,
+                total_updates: int, world_size: int, cfg: Any) -> dict[str, Any]:
+        """The state as ``state.pt`` holds it (with the RNG states, the players' versions and the config)."""
+        from unifiedplayers.trainer import capture_rng_state
+
+        return {
+            "completed": self.completed, "records": self.records, "metrics": self.metrics,
+            "checkpoints": dict(self.checkpoints), "published": dict(self.published), "versions": versions,
+            "published_versions": published_versions, "question_history": list(self.question_history),
+            "block_questions": list(self.block_questions), "phase": self.phase,
+            "prompt_counter": self.prompt_counter, "rng": capture_rng_state(), "finished": self.finished,
+            "total_updates": total_updates, "wandb_id": self.wandb_id, "world_size": world_size,
+            "timing": dict(self.timing), "method_loop": method_state, "config": result_config(cfg),
+        }
+
+    @classmethod
+    def from_dict(cls, state: dict[str, Any]) -> "RunState":
+        """The state saved by :meth:`to_dict` (also by the runs of earlier versions; model load time is not carried)."""
+        out = cls(completed=state["completed"], records=state["records"], metrics=state["metrics"],
+                  checkpoints=dict(state["checkpoints"]), published=dict(state["published"]),
+                  question_history=list(state["question_history"]),
+                  block_questions=list(state.get("block_questions", [])), phase=state.get("phase"),
+                  prompt_counter=state["prompt_counter"], finished=state["finished"], wandb_id=state.get("wandb_id"))
+        out.timing.update({k: v for k, v in state.get("timing", {}).items() if k != "model_load_s"})
+        return out
+
+
+def check_resumable(state: dict[str, Any], cfg: Any, run_dir: Path, world_size: int) -> None:
+    """Refuse to resume a run written by another rank count or with another config (the run-control keys aside)."""
+    if state.get("world_size", 1) != world_size:
+        raise ValueError(
+            f"{run_dir} holds a run of {state.get('world_size', 1)} rank(s); resume it with as many "
+            f"(this process has {world_size}): each rank's sampling seeds depend on the rank count")
+    now, then = result_config(cfg), state["config"]
+    diff = sorted(k for k in set(now) | set(then) if now.get(k) != then.get(k)
+                  and not (k not in then and is_schema_default(k, now[k])))
+    if diff:
+        shown = ", ".join(f"{k}: {then.get(k)!r} -> {now.get(k)!r}" for k in diff[:8])
+        raise ValueError(
+            f"{run_dir} holds a run with a different config ({shown}{' ...' if len(diff) > 8 else ''}); "
+            "resume it with the same settings, or start a fresh run in another run_dir"
+        )
+
+
+def saved_state(run_dir: Path, cfg: Any, world_size: int) -> Optional[dict[str, Any]]:
+    """The run state saved in ``run_dir`` (None for a new run). A run there is never overwritten: without
+    ``resume=true`` it is an error; a finished run must match the config (its summary is shown again)."""
+    path = run_dir / STATE_FILE
+    state = torch.load(path, weights_only=False) if path.exists() else None
+    if state is not None and not cfg.resume:
+        raise FileExistsError(
+            f"{run_dir} already holds a run ({state['completed']}/{state['total_updates']} updates). "
+            "Pass resume=true to continue it, or choose another run_dir (or delete it) to start fresh.")
+    if state is not None and state["finished"]:
+        check_resumable(state, cfg, run_dir, world_size)
+    return state
+
+
+def restore(state: dict[str, Any], cfg: Any, run_dir: Path, dist: Any, team: Any, method: Any, slots: Sequence[Any],
+            current: RunState) -> tuple[RunState, Any]:
+    """Bring a fresh process to the state after update ``state['completed']``: records and metrics cut to the
+    completed updates, the phase in progress read back, every player's checkpoint, the RNG states, the reference
+    and published weights of the current outer iteration, the method's state. Returns (run state, phase)."""
+    from unifiedplayers.logging import truncate_lines
+    from unifiedplayers.phase import PHASE_FILE, Phase
+    from unifiedplayers.records import RECORDS_FILENAME
+    from unifiedplayers.trainer import restore_rng_state
+
+    check_resumable(state, cfg, run_dir, dist.world_size)
+    dropped_r = dropped_m = 0
+    if dist.is_main:  # the other ranks never touch the run's files
+        dropped_r = truncate_lines(run_dir / RECORDS_FILENAME, state["records"])
+        dropped_m = truncate_lines(run_dir / "metrics.jsonl", state["metrics"])
+    if dropped_r or dropped_m:
+        print(f"[resume] dropped {dropped_r} record(s) and {dropped_m} metrics line(s) of an unfinished update")
+    run = RunState.from_dict(state)
+    run.checkpoints = {**current.checkpoints, **run.checkpoints}
+    run.published = {**current.published, **run.published}
+    run.timing["model_load_s"] = current.timing["model_load_s"]
+    phase = None
+    if state.get("phase") is not None:  # stopped inside a phase: its sampled units, as saved
+        saved = torch.load(run_dir / PHASE_FILE, weights_only=False) if dist.is_main else None
+        if saved is not None and saved["first"] != state["phase"]:
+            raise RuntimeError(f"{run_dir / PHASE_FILE} holds phase {saved['first']}, the state names "
+                               f"phase {state['phase']}")
+        phase = Phase.from_state(saved) if saved is not None else Phase(state["phase"], [])
+    team.restore(run_dir, state["versions"], run.checkpoints)
+    restore_rng_state(state["rng"])
+    if run.completed < len(slots):
+        nxt = slots[run.completed]
+        if not (nxt.first_of_block and nxt.role == next(s.role for s in slots if s.iteration == nxt.iteration)):
+            team.resume_iteration(nxt.iteration, run_dir, state["published_versions"], run.published)
+    if state.get("method_loop") is not None:
+        method.load_state_dict(state["method_loop"])  # Socratic-Zero: curriculum, failures
+    print(f"[resume] continuing {run_dir} after update {run.completed}/{len(slots)}")
+    return run, phase
+
+
+def write_state(state: RunState, path: Path, team: Any, method: Any, total_updates: int, dist: Any, cfg: Any) -> None:
+    """``state.pt``, atomically, with the players' versions, the method's state and the RNG states."""
+    atomic_torch_save(state.to_dict({r: p.version for r, p in team.players.items()},
+                                    {r: p.published_version for r, p in team.players.items()}, method.state_dict(),
+                                    total_updates, dist.world_size, cfg), path)

@@ -24,7 +24,7 @@ from unifiedplayers.logging import read_metrics
 from unifiedplayers.records import RECORDS_FILENAME, iter_records
 from unifiedplayers.trajectory import render
 
-ROLES = ("planning", "execution", "evaluation")
+from unifiedplayers.roles import ROLES
 
 
 def _fmt(x: Any) -> str:

@@ -31,7 +31,7 @@ def run(cfg: DictConfig, run_dir: str | None = None, dist=None) -> dict:
     import torch
 
     from unifiedplayers.distributed import SINGLE
-    from unifiedplayers.schedule import OuterLoop
+    from unifiedplayers.loop import OuterLoop
 
     if cfg.trainer.num_threads > 0:
         torch.set_num_threads(cfg.trainer.num_threads)

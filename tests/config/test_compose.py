@@ -112,7 +112,7 @@ def test_every_method_on_every_experiment_passes_the_start_up_checks(method, exp
     """What a sweep composes (method × preset) is accepted by the outer loop's start-up checks, so that no
     member of `make reproduce-table1` fails only when its turn comes (e.g. a preset's topics that are no
     Absolute Zero task types, or a plain-text method whose prompt asks for code)."""
-    from unifiedplayers.schedule import validate
+    from unifiedplayers.checks import validate
 
     overrides = [f"method={method}", f"experiment={experiment}"]
     if method == "socratic_zero":  # it stops at start-up without a Teacher, by design

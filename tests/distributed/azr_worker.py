@@ -1,6 +1,6 @@
 """One rank of the Absolute Zero broadcast test (launched by tests/distributed/test_absolute_zero_torchrun.py
 under torchrun): rank 0 builds code tasks in its sandbox and broadcasts them exactly as the outer loop does
-(``OuterLoop._tasks``); every rank then grades the same answers with the tasks it holds and writes a JSON."""
+(``sampling.PhaseSampler``: ``method.build_task`` on rank 0, then ``dist.broadcast``); every rank then grades the same answers with the tasks it holds and writes a JSON."""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,7 @@ import sys
 
 from unifiedplayers.config import compose
 from unifiedplayers.distributed import destroy, init_distributed
-from unifiedplayers.methods import task_builder
+from unifiedplayers.methods import build_method
 from unifiedplayers.players.planning import PlanningTask
 from unifiedplayers.sandbox import Sandbox, SandboxConfig
 
@@ -21,7 +21,7 @@ ANSWERS = {"deduction": ["12", "13"], "abduction": ["4", "5"],
 def main(out: str) -> None:
     dist = init_distributed(backend="gloo")
     try:
-        build = task_builder(compose(["method=absolute_zero"]).method)
+        build = build_method(compose(["method=absolute_zero"])).build_task
         with Sandbox(SandboxConfig(timeout_s=5.0)) as sandbox:
             raw = [PlanningTask(PROPOSAL, None, None, False, "", topic=t) for t in ANSWERS]
             tasks = dist.broadcast([build(t, sandbox) for t in raw] if dist.is_main else None)

@@ -14,7 +14,7 @@ from unifiedplayers.config import compose
 from unifiedplayers.distributed import DistContext, share
 from unifiedplayers.logging import read_metrics
 from unifiedplayers.records import load_records
-from unifiedplayers.schedule import OuterLoop
+from unifiedplayers.loop import OuterLoop
 
 sys.path.insert(0, str(Path(__file__).parent))
 from launch import same  # noqa: E402

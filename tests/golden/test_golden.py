@@ -134,8 +134,9 @@ def _strip(obj):
     return obj
 
 
-def assert_same(got, want, path="$"):
-    """Text, integers, booleans and None exactly; floats to rtol 1e-6 (NaN equals NaN)."""
+def assert_same(got, want, path="$", new_keys_allowed=False):
+    """Text, integers, booleans and None exactly; floats to rtol 1e-6 (NaN equals NaN). ``new_keys_allowed``:
+    a top-level dict may have keys the golden lacks (a new metric needs no regeneration; a lost one fails)."""
     if isinstance(want, float) or isinstance(got, float):
         assert isinstance(got, (int, float)) and isinstance(want, (int, float)) and not isinstance(got, bool), \
             f"{path}: {got!r} != {want!r}"
@@ -146,15 +147,15 @@ def assert_same(got, want, path="$"):
         return
     if isinstance(want, dict):
         assert isinstance(got, dict), f"{path}: {type(got).__name__} != dict"
-        assert sorted(got) == sorted(want), (f"{path}: keys differ: only got {sorted(set(got) - set(want))}, "
-                                             f"only golden {sorted(set(want) - set(got))}")
+        missing, new = sorted(set(want) - set(got)), sorted(set(got) - set(want))
+        assert not missing and (new_keys_allowed or not new), f"{path}: keys differ: only got {new}, only golden {missing}"
         for k in want:
             assert_same(got[k], want[k], f"{path}.{k}")
         return
     if isinstance(want, list):
         assert isinstance(got, list) and len(got) == len(want), f"{path}: length {len(got)} != {len(want)}"
         for i, (g, w) in enumerate(zip(got, want)):
-            assert_same(g, w, f"{path}[{i}]")
+            assert_same(g, w, f"{path}[{i}]", new_keys_allowed)
         return
     assert type(got) is type(want) and got == want, f"{path}: {got!r} != {want!r}"
 
@@ -172,7 +173,7 @@ def check_against_golden(method: str, run_dir: Path) -> tuple[list, list]:
             (golden / name).write_text("".join(json.dumps(x, sort_keys=True) + "\n" for x in lines))
     assert golden.is_dir(), f"no golden files for {method}: run with UPDATE_GOLDEN=1 once"
     assert_same(records, read_lines(golden / "records.jsonl"), f"{method}/records")
-    assert_same(metrics, read_lines(golden / "metrics.jsonl"), f"{method}/metrics")
+    assert_same(metrics, read_lines(golden / "metrics.jsonl"), f"{method}/metrics", new_keys_allowed=True)
     return records, metrics
 
 
@@ -187,7 +188,7 @@ def assert_every_stage_ran(records, metrics, roles, verifiers: bool) -> None:
 
 
 def run_loop(overrides, run_dir: Path, respond=None):
-    from unifiedplayers.schedule import OuterLoop
+    from unifiedplayers.loop import OuterLoop
 
     torch.set_num_threads(1)
     factory = None if respond is None else (lambda rc, model, tok: IndexedEngine(tok, respond))

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from unifiedplayers.config import compose
-from unifiedplayers.methods import TaskFeedback, method_reward_sources, reward_source
+from unifiedplayers.feedback import TaskFeedback
+from unifiedplayers.methods import build_method, reward_source
 from unifiedplayers.methods import absolute_zero as azr
 from unifiedplayers.players.planning import PlanningTask
 from unifiedplayers.sandbox import Sandbox, SandboxConfig
@@ -104,7 +105,7 @@ def test_answer_checks_pickle_without_their_sandbox(sandbox):
 def test_the_solver_has_no_tools_and_copied_code_gets_no_answer(sandbox, tmp_path):
     from unifiedplayers.models import build_byte_tokenizer
     from unifiedplayers.players.execution import execution_prompt, solve
-    from unifiedplayers.schedule import OuterLoop
+    from unifiedplayers.loop import OuterLoop
 
     # room for the scripted replies in byte tokens (the tiny preset allows 16)
     cfg = compose(["experiment=tiny", "method=absolute_zero", "player.execution_max_new_tokens=256", "player.topics=[deduction]"])
@@ -137,14 +138,15 @@ def test_the_solver_has_no_tools_and_copied_code_gets_no_answer(sandbox, tmp_pat
 def test_shared_model_option(tmp_path):
     method = compose(["method=absolute_zero"]).method
     assert azr.shared_model(method) is False
-    on = compose(["method=absolute_zero", "method.shared_model=true"]).method
-    assert azr.shared_model(on) is True and method_reward_sources(on)
+    assert build_method(compose(["method=absolute_zero"])).shared_model is False
+    on = compose(["method=absolute_zero", "method.shared_model=true"])
+    assert azr.shared_model(on.method) is True and build_method(on).shared_model is True
     with pytest.raises(ValueError, match="true or false"):
         azr.shared_model(SimpleNamespace(shared_model="yes"))
-    alone = compose(["method=absolute_zero", "method.shared_model=true", "method.roles=[execution]"]).method
+    alone = compose(["method=absolute_zero", "method.shared_model=true", "method.roles=[execution]"])
     with pytest.raises(ValueError, match="does not train both"):
-        method_reward_sources(alone)
-    from unifiedplayers.schedule import OuterLoop
+        build_method(alone)
+    from unifiedplayers.loop import OuterLoop
 
     with pytest.raises(ValueError, match="schedule.feedback=stale"):
         OuterLoop(compose(["experiment=tiny", "method=absolute_zero", "player.topics=[deduction]",
@@ -156,7 +158,7 @@ def test_a_shared_model_is_one_set_of_weights_stepped_by_both_blocks(tmp_path):
     both roles' checkpoints and versions name it, and a resumed run ends with the same weights."""
     import torch
 
-    from unifiedplayers.schedule import OuterLoop
+    from unifiedplayers.loop import OuterLoop
 
     overrides = ["experiment=tiny", "method=absolute_zero", "method.shared_model=true", "player.topics=[deduction]",
                  "schedule.planning_updates=2", "schedule.execution_updates=2",

@@ -10,7 +10,8 @@ import torch
 
 from unifiedplayers import grpo
 from unifiedplayers.config import compose
-from unifiedplayers.methods import GroupShape, TaskFeedback, group_shape, planning_rewards
+from unifiedplayers.feedback import TaskFeedback
+from unifiedplayers.methods import GroupShape, build_method
 from unifiedplayers.methods import agent0
 from unifiedplayers.trainer.player_trainer import TrainSample, _collate
 
@@ -24,9 +25,14 @@ def cfg():
     return compose(["method=agent0"])
 
 
-def feedback(answers=(), *, question="q", method=None, p_hat=None, tool_calls=(), reward_cfg=None):
+@pytest.fixture(scope="module")
+def method(cfg):
+    return build_method(cfg)
+
+
+def feedback(answers=(), *, question="q", method=None, p_hat=None, tool_calls=(), reward_cfg=None, settings=None):
     return TaskFeedback(SimpleNamespace(repetition=0.0), list(answers), reward_cfg, tool_calls=list(tool_calls),
-                        question=question, method_cfg=method, p_hat=p_hat)
+                        question=question, method_cfg=method, p_hat=p_hat, settings=settings)
 
 
 def test_tool_reward_by_hand():
@@ -51,11 +57,12 @@ def test_curriculum_reward_paper_and_code_forms_by_hand():
         agent0.curriculum_rewards(p, tools[:2], QUESTIONS)
 
 
-def test_planning_rewards_of_a_batch(cfg):
+def test_planning_rewards_of_a_batch(cfg, method):
     tool_calls = [[0, 2, 6, 4], [0, 0, 0, 0], [4, 4, 4, 4], [1, 1, 1, 1]]  # R_tool 0.125, 0, 0.2, 0.05
-    fbs = [feedback(p_hat=p, question=q, tool_calls=t, method=cfg.method)
+    fbs = [feedback(p_hat=p, question=q, tool_calls=t, method=cfg.method, settings=method.settings)
            for p, q, t in zip([0.5, 0.25, 0.5, 1.0], QUESTIONS, tool_calls)]
-    assert planning_rewards(cfg.method, fbs) == pytest.approx([0.375, 0.0, 0.95, 0.0])
+    assert isinstance(method, agent0.Agent0)
+    assert method.rewards("planning", fbs) == pytest.approx([0.375, 0.0, 0.95, 0.0])
 
 
 def test_adpo_scale_and_upper_clip_by_hand():
@@ -67,20 +74,19 @@ def test_adpo_scale_and_upper_clip_by_hand():
         agent0.adpo_advantage_scale(0.5, p_low=0.8, p_high=0.3)
 
 
-def test_executor_group_shape(cfg):
-    m = cfg.method
+def test_executor_group_shape(method):
+    m = method
     # p̂ = 0.55: inside [0.3, 0.8]; scale 0.8; ε_high = 0.25 with the trainer's ε = 0.2 (0.35 with ε = 0.3)
-    got = group_shape(m, "execution", feedback(p_hat=0.55), clip_eps=0.2)
+    got = m.group_shape("execution", feedback(p_hat=0.55), clip_eps=0.2)
     assert got.keep and got.adv_scale == pytest.approx(0.8) and got.clip_high == pytest.approx(0.25)
-    assert group_shape(m, "execution", feedback(p_hat=0.55), clip_eps=0.3).clip_high == pytest.approx(0.35)
-    assert group_shape(m, "execution", feedback(p_hat=0.3)).keep  # the band's ends are inside
-    assert group_shape(m, "execution", feedback(p_hat=0.8)).keep
-    assert not group_shape(m, "execution", feedback(p_hat=0.9)).keep  # too easy
-    assert not group_shape(m, "execution", feedback(p_hat=0.2)).keep  # too hard: the majority is unreliable
-    assert group_shape(m, "planning", feedback(p_hat=0.9)) == GroupShape()
-    bad = compose(["method=agent0", "+method.extra.adpo.typo=1"]).method
-    with pytest.raises(ValueError, match="typo"):
-        group_shape(bad, "execution", feedback(p_hat=0.5))
+    assert m.group_shape("execution", feedback(p_hat=0.55), clip_eps=0.3).clip_high == pytest.approx(0.35)
+    assert m.group_shape("execution", feedback(p_hat=0.3), 0.2).keep  # the band's ends are inside
+    assert m.group_shape("execution", feedback(p_hat=0.8), 0.2).keep
+    assert not m.group_shape("execution", feedback(p_hat=0.9), 0.2).keep  # too easy
+    assert not m.group_shape("execution", feedback(p_hat=0.2), 0.2).keep  # too hard: the majority is unreliable
+    assert m.group_shape("planning", feedback(p_hat=0.9), 0.2) == GroupShape()
+    with pytest.raises(ValueError, match="typo"):  # an unknown ADPO setting fails at start-up
+        build_method(compose(["method=agent0", "+method.extra.adpo.typo=1"]))
 
 
 def test_config_sets_what_agent0_needs(cfg):

@@ -10,22 +10,24 @@ import torch
 
 from unifiedplayers.config import compose
 from unifiedplayers.logging import read_metrics
-from unifiedplayers.methods import TaskFeedback, method_reward_sources, reward_source
+from unifiedplayers.feedback import TaskFeedback
+from unifiedplayers.methods import build_method, reward_source
 from unifiedplayers.methods import absolute_zero as azr
 from unifiedplayers.methods import socratic_zero
 from unifiedplayers.records import load_records
 from unifiedplayers.sandbox import Sandbox, SandboxConfig
-from unifiedplayers.schedule import OuterLoop, trained_roles
+from unifiedplayers.loop import OuterLoop
+from unifiedplayers.schedule import trained_roles
 
 from stub_teacher import serve_teacher
 
 pytestmark = pytest.mark.cpu
 
 
-def fb(answers, *, u=0.0, rep=0.0, tool_calls=(), expected=None, method=None, question="q"):
+def fb(answers, *, u=0.0, rep=0.0, tool_calls=(), expected=None, method=None, question="q", settings=None):
     rewards = SimpleNamespace(uncertainty=u, repetition=rep)
     return TaskFeedback(rewards, answers, SimpleNamespace(w_unc=1.0, w_rep=0.5), tool_calls=tool_calls,
-                        expected_answer=expected, question=question, method_cfg=method)
+                        expected_answer=expected, question=question, method_cfg=method, settings=settings)
 
 
 # ------------------------------------------------------------------ Absolute Zero
@@ -114,9 +116,9 @@ def test_code_tasks_from_proposals(sandbox):
 def test_socratic_zero_stops_at_start_up_without_a_teacher():
     cfg = compose(["method=socratic_zero"])
     with pytest.raises(ValueError, match="method.teacher_endpoint"):
-        method_reward_sources(cfg.method)
+        build_method(cfg)
     # nothing else is affected: the default method still starts
-    assert method_reward_sources(compose([]).method)
+    assert build_method(compose([]))
 
 
 def test_parse_grade():
@@ -144,9 +146,10 @@ def teacher_url(stub):
 
 def test_teacher_grades_through_the_endpoint(stub, teacher_url, monkeypatch):
     monkeypatch.setenv("TEST_TEACHER_KEY", "secret")
-    method = SimpleNamespace(name="socratic_zero", teacher_endpoint=teacher_url, teacher_model="judge",
-                             extra={"api_key_env": "TEST_TEACHER_KEY"})
-    got = reward_source("execution", "teacher")(fb(["42", "41", None], method=method, question="6*7?"))
+    method = SimpleNamespace(name="socratic_zero", teacher_endpoint=teacher_url, teacher_model="judge")
+    settings = socratic_zero.SocraticSettings(api_key_env="TEST_TEACHER_KEY")
+    got = reward_source("execution", "teacher")(fb(["42", "41", None], method=method, question="6*7?",
+                                                   settings=settings))
     assert got.tolist() == [1.0, 0.0, 0.0]
     assert stub.seen[-1][:3] == ("/v1/chat/completions", "judge", "Bearer secret")
     assert len(stub.seen) >= 2  # the missing answer was not sent
@@ -213,10 +216,8 @@ def test_one_tiny_outer_iteration(method, extra, tmp_path, teacher_url):
     if method == "r_zero":  # no tools: one generation per trajectory, code never run
         assert all(n == 0 for rec in played for n in rec.meta["tool_calls"])
     if method in ("agent0", "r_zero"):  # the Solver/Executor trains only on tasks inside its p̂ band
-        from unifiedplayers.methods import group_shape
-
         ex_played = [r for r in played if r.meta["block"] == "execution"]
-        keep = [group_shape(cfg.method, "execution", fb([t.final_answer for t in r.trajectories])).keep
+        keep = [loop.method.group_shape("execution", fb([t.final_answer for t in r.trajectories]), 0.2).keep
                 for r in ex_played]
         assert metrics[1]["execution/kept_groups"] == sum(keep) / len(keep)
         if not any(keep):
@@ -232,18 +233,24 @@ def test_use_tools_false_gives_one_generation_per_trajectory(tmp_path):
     without = OuterLoop(compose(["experiment=tiny", "method=r_zero"]), tmp_path / "b")
     assert with_tools.execution_cfg.max_turns == 2 and without.execution_cfg.max_turns == 1
     assert without.cfg.player.max_turns == 2  # the config itself is left as composed
-    from unifiedplayers.methods import TASK_BUILDERS
+    from unifiedplayers.players.planning import PlanningTask
 
-    assert with_tools.build_task is TASK_BUILDERS["math"]
-    assert OuterLoop(compose(["experiment=tiny", "method=absolute_zero", "player.topics=[deduction]"]), tmp_path / "c").build_task \
-        is TASK_BUILDERS["code_reasoning"]
+    # Agent0 keeps the Planning player's math task as it is; Absolute Zero turns the proposal into a code task
+    proposal = PlanningTask("no code here", "q?", "1", True, "", topic="deduction")
+    assert with_tools.method.build_task(proposal, None) is proposal
+    azr_loop = OuterLoop(compose(["experiment=tiny", "method=absolute_zero", "player.topics=[deduction]"]),
+                         tmp_path / "c")
+    assert isinstance(azr_loop.method, azr.AbsoluteZero) and azr_loop.method.settings.task_format == "code_reasoning"
+    built = azr_loop.method.build_task(proposal, None)
+    assert not built.valid and built.reason == "no ```python block with f"
     with pytest.raises(ValueError, match="task_format"):
         OuterLoop(compose(["experiment=tiny", "+method.extra.task_format=nope"]), tmp_path / "d")
+    with pytest.raises(ValueError, match="task_format"):
+        OuterLoop(compose(["experiment=tiny", "method=absolute_zero", "player.topics=[deduction]",
+                           "method.extra.task_format=nope"]), tmp_path / "e")
 
 
 def test_a_verdict_free_method_cannot_train_on_verdicts():
-    from unifiedplayers.methods import method_reward_sources
-
     with pytest.raises(ValueError, match="execution_reward=verdict"):
-        method_reward_sources(compose(["method=r_zero", "method.execution_reward=verdict"]).method)
-    assert method_reward_sources(compose(["method=r_zero"]).method)  # its own composition is fine
+        build_method(compose(["method=r_zero", "method.execution_reward=verdict"]))
+    assert build_method(compose(["method=r_zero"]))  # its own composition is fine

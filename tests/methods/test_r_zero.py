@@ -2,15 +2,14 @@
 self-consistency band, against numbers worked out by hand."""
 from __future__ import annotations
 
-import logging
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from unifiedplayers.config import compose
-from unifiedplayers.methods import (GroupShape, TaskFeedback, group_shape, planning_rewards, reward_source,
-                                    self_consistency)
+from unifiedplayers.feedback import TaskFeedback
+from unifiedplayers.methods import GroupShape, build_method, reward_source, self_consistency
 from unifiedplayers.methods import r_zero
 
 pytestmark = pytest.mark.cpu
@@ -21,9 +20,15 @@ def cfg():
     return compose(["method=r_zero"])
 
 
-def feedback(answers=(), *, question="q", method=None, p_hat=None, reward_cfg=None, repetition=0.0):
+@pytest.fixture(scope="module")
+def method(cfg):
+    return build_method(cfg)
+
+
+def feedback(answers=(), *, question="q", method=None, p_hat=None, reward_cfg=None, repetition=0.0, settings=None):
     rewards = SimpleNamespace(uncertainty=None, repetition=repetition)
-    return TaskFeedback(rewards, list(answers), reward_cfg, question=question, method_cfg=method, p_hat=p_hat)
+    return TaskFeedback(rewards, list(answers), reward_cfg, question=question, method_cfg=method, p_hat=p_hat,
+                        settings=settings)
 
 
 def test_average_linkage_on_a_hand_made_distance_matrix():
@@ -84,41 +89,42 @@ def test_challenger_reward_paper_and_code_forms_by_hand():
         r_zero.uncertainty_reward(1.5)
 
 
-def test_planning_rewards_of_a_batch_from_real_answers(cfg):
+def test_planning_rewards_of_a_batch_from_real_answers(cfg, method):
     # K = 4 answers per task; p̂ = largest answer cluster / 4 (math-verify: 1/2 ≡ 0.5), missing answers count in K:
     # 0.5, 0.25, 0.5, 1.0 (the hand-worked batch above)
     answers = [["0.5", "\\frac{1}{2}", "3", "4"], ["1", "2", "3", None], ["7", "7", "8", "8"], ["5", "5", "5", "5"]]
-    fbs = [feedback(a, question=q, method=cfg.method, reward_cfg=cfg.reward) for a, q in zip(answers, QUESTIONS)]
-    assert planning_rewards(cfg.method, fbs) == pytest.approx([0.25, 0.0, 0.75, 0.0])
+    fbs = [feedback(a, question=q, method=cfg.method, reward_cfg=cfg.reward, settings=method.settings)
+           for a, q in zip(answers, QUESTIONS)]
+    assert isinstance(method, r_zero.RZero) and reward_source("planning", "r_zero_challenger").batch
+    assert method.rewards("planning", fbs) == pytest.approx([0.25, 0.0, 0.75, 0.0])
     assert [fb.p_hat for fb in fbs] == [0.5, 0.25, 0.5, 1.0]  # kept for the group shape
-    assert planning_rewards(cfg.method, []) == []
+    assert method.rewards("planning", []) == []
+    # the settings travel on the feedback: λ = 0.5 gives the λ = 0.5 row of the hand-worked batch above
+    half = r_zero.RZeroSettings(repetition_weight=0.5)
+    fbs = [feedback(a, question=q, reward_cfg=cfg.reward, settings=half) for a, q in zip(answers, QUESTIONS)]
+    assert reward_source("planning", "r_zero_challenger").over(fbs) == pytest.approx([0.625, 0.125, 0.875, 0.0])
 
 
-def test_task_by_task_fallback_warns_and_uses_the_history(cfg, caplog):
-    # an outer loop that calls the source per task: R(q) against the history (0.25 here), with a warning
-    fb = feedback(method=cfg.method, p_hat=0.5, repetition=0.25, reward_cfg=cfg.reward)
-    with caplog.at_level(logging.WARNING):
-        assert reward_source("planning", "r_zero_challenger")(fb) == pytest.approx(1.0 - 0.25)
-    assert "planning_rewards" in caplog.text
-
-
-def test_solver_trains_only_inside_the_band(cfg):
-    m = cfg.method
-    assert list(m.extra["solver_band"]) == [0.3, 0.7]
+def test_solver_trains_only_inside_the_band(cfg, method):
+    m = method
+    assert list(cfg.method.extra["solver_band"]) == [0.3, 0.7] and list(m.settings.solver_band) == [0.3, 0.7]
     for p, keep in [(0.3, True), (0.5, True), (0.7, True), (0.25, False), (0.75, False), (1.0, False), (0.0, False)]:
-        assert group_shape(m, "execution", feedback(p_hat=p)) == GroupShape(keep=keep), p
+        assert m.group_shape("execution", feedback(p_hat=p), 0.2) == GroupShape(keep=keep), p
     # the Challenger's groups are never dropped; plain GRPO otherwise
-    assert group_shape(m, "planning", feedback(p_hat=1.0)) == GroupShape()
-    assert group_shape(compose([]).method, "execution", feedback(p_hat=1.0)) == GroupShape()
+    assert m.group_shape("planning", feedback(p_hat=1.0), 0.2) == GroupShape()
+    assert build_method(compose([])).group_shape("execution", feedback(p_hat=1.0), 0.2) == GroupShape()
     # p̂ from ten answers: 3 of 10 agree -> 0.3, inside; 2 of 10 -> 0.2, outside
     three = feedback(["4", "4", "4", "1", "2", "3", "5", "6", "7", "8"], reward_cfg=cfg.reward)
-    assert self_consistency(three) == 0.3 and group_shape(m, "execution", three).keep
+    assert self_consistency(three) == 0.3 and m.group_shape("execution", three, 0.2).keep
     two = feedback(["4", "4", "9", "1", "2", "3", "5", "6", "7", "8"], reward_cfg=cfg.reward)
-    assert self_consistency(two) == 0.2 and not group_shape(m, "execution", two).keep
+    assert self_consistency(two) == 0.2 and not m.group_shape("execution", two, 0.2).keep
     with pytest.raises(ValueError, match="band"):
         r_zero.in_band(0.5, [0.7, 0.3])
+    # a malformed band fails at start-up, not at the first group
+    with pytest.raises(ValueError, match="band"):
+        build_method(compose(["method=r_zero", "method.extra.solver_band=[0.7,0.3]"]))
     with pytest.raises(ValueError, match="unknown role"):
-        group_shape(m, "judge", feedback(p_hat=0.5))
+        build_method(compose(["method=r_zero", "method.roles=[judge]"]))
 
 
 def test_config_sets_what_r_zero_needs(cfg):
@@ -131,12 +137,13 @@ def test_config_sets_what_r_zero_needs(cfg):
 def test_planning_rewards_maps_a_per_task_source_and_checks_a_batch_source(monkeypatch):
     from unifiedplayers import methods
 
-    up = compose([]).method  # UnifiedPlayers: Eq. 2 per task, read from the task's rewards
+    up = build_method(compose([]))  # UnifiedPlayers: Eq. 2 per task, read from the task's rewards
     fbs = [TaskFeedback(SimpleNamespace(planning=r), [], None) for r in (0.5, -0.25)]
-    assert planning_rewards(up, fbs) == [0.5, -0.25]
-    monkeypatch.setitem(methods.BATCH_PLANNING_SOURCES, "short", lambda feedback: [0.0])
+    assert up.rewards("planning", fbs) == [0.5, -0.25]
+    monkeypatch.setitem(methods.REWARD_SOURCES["planning"], "short",
+                        methods.RewardSource(lambda feedback: [0.0], batch=True))
     with pytest.raises(ValueError, match="1 rewards for 2 tasks"):
-        planning_rewards(SimpleNamespace(planning_reward="short"), fbs)
+        build_method(compose(["method.planning_reward=short"])).rewards("planning", fbs)
 
 
 def _naive_average_linkage(d, threshold):

@@ -1,4 +1,4 @@
-"""Socratic-Zero's loop wired into the outer loop (methods/socratic_zero.py ``SocraticLoop``; issue 14).
+"""Socratic-Zero's loop wired into the outer loop (methods/socratic_zero.py ``SocraticZero``; issue 14).
 
 The Teacher is a local OpenAI-compatible stub server started here: it grades CORRECT exactly for the answer
 48 and refines any failed problem q into "Practice after '<q>': what is 6 * 8?" with the reference solution
@@ -29,12 +29,12 @@ import torch
 
 from unifiedplayers.config import compose
 from unifiedplayers.logging import read_metrics
-from unifiedplayers.methods import method_loop
+from unifiedplayers.methods import build_method
 from unifiedplayers.methods import socratic_zero as sz
 from unifiedplayers.models import build_byte_tokenizer
 from unifiedplayers.players.planning import PlanningTask
 from unifiedplayers.rollout.types import Segment
-from unifiedplayers.schedule import OuterLoop, StopRun
+from unifiedplayers.loop import OuterLoop, StopRun
 from unifiedplayers.trainer import player_trainer
 
 from stub_teacher import serve_teacher
@@ -101,7 +101,7 @@ def reference(teacher_url, tmp_path_factory):
 
     def hook(event, loop, slot):
         if event == "block_end":
-            ml = loop.method_loop
+            ml = loop.method
             blocks.append((slot.iteration, slot.role, len(ml.curriculum), len(ml.fresh), list(ml.failures)))
 
     d = tmp_path_factory.mktemp("socratic")
@@ -141,7 +141,7 @@ def test_the_curriculum_grows_with_the_teachers_refinements(reference):
     (item,) = state["curriculum"]["items"]
     assert item["question"] == refined(refined(rec["question"])) and item["answer"] == "48"
     assert item["solution"] == REFERENCE
-    assert state == reference.loop.method_loop.state_dict()
+    assert state == reference.loop.method.state_dict()
 
 
 def test_the_generator_imitates_the_teachers_problem_by_weighted_sft(reference):
@@ -203,7 +203,7 @@ def test_resume_after_a_stop_between_the_blocks_equals_an_uninterrupted_run(refe
             raise StopRun
 
     first = run(tmp_path, teacher_url, hooks=[stop])
-    assert first.completed == 3 and not first.finished
+    assert first.state.completed == 3 and not first.finished
     saved = torch.load(tmp_path / "state.pt", weights_only=False)["method_loop"]
     assert len(saved["curriculum"]["items"]) == 1 and saved["fresh"] == [] and len(saved["failures"]) == 1
     loop = run(tmp_path, teacher_url, ["resume=true"])
@@ -229,9 +229,13 @@ def rollout(answer, text):
 def test_socratic_loop_pieces_by_hand(teacher_url):
     cfg = compose(["method=socratic_zero", f"method.teacher_endpoint={teacher_url}", "method.teacher_model=judge",
                    "method.extra.failure_pool=2", "method.extra.imitation_per_phase=1"])
-    ml = method_loop(cfg)
-    assert isinstance(ml, sz.SocraticLoop) and method_loop(compose(["method=r_zero"])) is None
+    ml = build_method(cfg)
+    assert isinstance(ml, sz.SocraticZero)
     tok = build_byte_tokenizer()
+    # a method without a loop of its own (R-Zero): no state, no prompts of its own, the GRPO batch
+    rz = build_method(compose(["method=r_zero"]))
+    assert not isinstance(rz, sz.SocraticZero) and rz.state_dict() is None
+    assert rz.planning_prompts(tok, cfg.player, 2) is None and rz.unit_batch("execution", [0], tok, cfg.player) is None
     assert ml.planning_prompts(tok, cfg.player, 2) is None  # no failure yet: the topic prompts
     gen = [PlanningTask("", f"g{i}?", "1", True) for i in range(3)]
     groups, tasks, unused = ml.phase_tasks("execution", [gen], gen, [], 2)
@@ -258,7 +262,7 @@ def test_socratic_loop_pieces_by_hand(teacher_url):
     (sft,) = ml.unit_batch("planning", [0, 1], tok, cfg.player)
     assert sft.advantage == 1.0 and ml.unit_metrics("planning", [0, 1])["socratic/imitation_weight_mean"] == 1.0
     # the state round-trips through plain JSON
-    again = method_loop(cfg)
+    again = build_method(cfg)
     again.load_state_dict(json.loads(json.dumps(ml.state_dict())))
     assert again.state_dict() == ml.state_dict() and again.failures == ml.failures
 
@@ -290,7 +294,7 @@ def test_resume_inside_a_phase_of_two_units_equals_an_uninterrupted_run(teacher_
             raise StopRun
 
     first = run(tmp_path / "b", teacher_url, s2, hooks=[stop])
-    assert first.completed == 7 and (tmp_path / "b" / "phase.pt").is_file()
+    assert first.state.completed == 7 and (tmp_path / "b" / "phase.pt").is_file()
     run(tmp_path / "b", teacher_url, s2 + ["resume=true"])
     assert records(tmp_path / "b") == records(tmp_path / "ref")
     metrics = no_timing(tmp_path / "ref")
@@ -298,4 +302,4 @@ def test_resume_inside_a_phase_of_two_units_equals_an_uninterrupted_run(teacher_
     # it 2's Execution phase: two curriculum problems (one per unit), each unit a DPO step on its two pairs
     assert [m.get("socratic/pairs") for m in metrics[6:]] == [2, 2]
     assert all("execution/dpo_margin" in m for m in metrics[6:])
-    assert ref.method_loop.state_dict() == torch.load(tmp_path / "b" / "state.pt", weights_only=False)["method_loop"]
+    assert ref.method.state_dict() == torch.load(tmp_path / "b" / "state.pt", weights_only=False)["method_loop"]

@@ -13,7 +13,8 @@ import torch
 
 from unifiedplayers import grpo
 from unifiedplayers.config import compose
-from unifiedplayers.methods import TaskFeedback, method_reward_sources, reward_source
+from unifiedplayers.feedback import TaskFeedback
+from unifiedplayers.methods import build_method, reward_source
 from unifiedplayers.methods import socratic_zero as sz
 from unifiedplayers.models import build_byte_tokenizer
 from unifiedplayers.players.planning import PlanningTask
@@ -231,14 +232,18 @@ def test_training_samples_for_dpo_and_sft(teacher_url):
 
 def test_reward_sources_and_start_up(teacher_url):
     with pytest.raises(ValueError, match="method.teacher_endpoint"):
-        method_reward_sources(compose(["method=socratic_zero"]).method)
-    method = compose(["method=socratic_zero", f"method.teacher_endpoint={teacher_url}",
-                      "method.teacher_model=judge"]).method
-    assert method_reward_sources(method)
-    fb = TaskFeedback(SimpleNamespace(), ["42", "41", "??", None], None, question="6*7?", method_cfg=method)
+        build_method(compose(["method=socratic_zero"]))
+    cfg = compose(["method=socratic_zero", f"method.teacher_endpoint={teacher_url}", "method.teacher_model=judge"])
+    built = build_method(cfg)
+    assert isinstance(built, sz.SocraticZero)
+    fb = TaskFeedback(SimpleNamespace(), ["42", "41", "??", None], None, question="6*7?", method_cfg=cfg.method,
+                      settings=built.settings)
     assert reward_source("execution", "teacher")(fb).tolist() == [1.0, 0.0, 0.0, 0.0]
     # success rate over the graded three (None for "??" left out): 1/3 -> U = 0.706648
     assert reward_source("planning", "socratic_utility")(fb) == pytest.approx(math.exp(-(1 / 6) ** 2 / 0.08))
+    # μ and σ come from the method's settings on the feedback: μ = 1/3 puts the peak at that success rate
+    fb.settings = sz.SocraticSettings(utility_mu=1 / 3)
+    assert reward_source("planning", "socratic_utility")(fb) == pytest.approx(1.0)
 
 
 def test_an_unreachable_teacher_is_a_clear_error():

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from unifiedplayers.config import compose
-from unifiedplayers.methods import REWARD_SOURCES, TaskFeedback, method_reward_sources, reward_source
+from unifiedplayers.feedback import TaskFeedback
+from unifiedplayers.methods import REWARD_SOURCES, build_method, reward_source
 from unifiedplayers.models import build_byte_tokenizer
 from unifiedplayers.players import (
     evaluation_prompt,
@@ -158,10 +159,14 @@ def _feedback(answers):
 
 def test_reward_sources_by_method_name():
     fb = _feedback(["4", "4.0", "5"])
-    src = method_reward_sources(compose([]).method)
-    assert np.allclose(src["execution"](fb), [0.5, 1.0, 0.0])
-    assert np.allclose(src["evaluation"](fb), [0.3, -1.0])
-    assert src["planning"](fb) == pytest.approx(0.7)
+    method = build_method(compose([]))
+    assert np.allclose(method.rewards("execution", [fb])[0], [0.5, 1.0, 0.0])
+    assert np.allclose(method.rewards("evaluation", [fb])[0], [0.3, -1.0])
+    assert method.rewards("planning", [fb])[0] == pytest.approx(0.7)
+    got = method.phase_rewards([fb, fb])  # every player's rewards of a phase, task by task
+    assert [r.tolist() for r in got["execution"]] == [[0.5, 1.0, 0.0]] * 2
+    assert [r.tolist() for r in got["evaluation"]] == [pytest.approx([0.3, -1.0])] * 2
+    assert got["planning"] == pytest.approx([0.7, 0.7])
     assert np.allclose(reward_source("execution", "majority_vote")(fb), [1.0, 1.0, 0.0])
     assert np.allclose(reward_source("execution", "majority_vote")(_feedback([None, None, None])), [0, 0, 0])
     assert reward_source("planning", "uncertainty_repetition")(fb) == pytest.approx(1.0 * 0.4 - 0.5 * 0.2)
@@ -170,4 +175,4 @@ def test_reward_sources_by_method_name():
 
 def test_an_unknown_reward_source_fails_at_start_up():
     with pytest.raises(ValueError, match="unknown execution reward source 'oracle'"):
-        method_reward_sources(compose(["method.execution_reward=oracle"]).method)
+        build_method(compose(["method.execution_reward=oracle"]))

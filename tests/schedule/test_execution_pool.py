@@ -14,7 +14,8 @@ import unifiedplayers.execution_pool as execution_pool
 from unifiedplayers.config import compose
 from unifiedplayers.execution_pool import POOL_FILENAME, build_pool, evaluate_pool, negative_steps
 from unifiedplayers.logging import read_metrics
-from unifiedplayers.schedule import OuterLoop
+import unifiedplayers.loop as loop_module
+from unifiedplayers.loop import OuterLoop
 
 pytestmark = pytest.mark.cpu
 
@@ -86,18 +87,18 @@ def test_resume_neither_repeats_nor_loses_an_evaluation(pool_run, tmp_path, monk
     monkeypatch.setattr(execution_pool, "evaluate_pool", lambda *a, **k: calls.append(1) or real(*a, **k))
 
     # Killed during slot 3 after its pool evaluation and its metrics line, before its checkpoint and state.
-    def save_then_die(self, slot):
+    def save_then_die(team, slot, *args):
         if slot.index == 3:
             raise KeyboardInterrupt("killed")
-        return real_save(self, slot)
+        return real_save(team, slot, *args)
 
-    real_save = OuterLoop._save_active
-    monkeypatch.setattr(OuterLoop, "_save_active", save_then_die)
+    real_save = loop_module.save_active
+    monkeypatch.setattr(loop_module, "save_active", save_then_die)
     with pytest.raises(KeyboardInterrupt):
         run(tmp_path, POOL_ON)
     assert len(calls) == 3  # e = 0, 2 and 4
     assert len(read_metrics(tmp_path)) == 4  # slot 3's line was written, its state was not
-    monkeypatch.setattr(OuterLoop, "_save_active", real_save)
+    monkeypatch.setattr(loop_module, "save_active", real_save)
     run(tmp_path, POOL_ON + ["resume=true"])
     assert len(calls) == 4  # slot 3 was redone with its logged evaluation; only e = 6 was decoded
     assert without_timing(tmp_path) == without_timing(reference)

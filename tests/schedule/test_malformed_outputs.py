@@ -10,7 +10,7 @@ import pytest
 from unifiedplayers.config import compose
 from unifiedplayers.logging import read_metrics
 from unifiedplayers.records import load_records
-from unifiedplayers.schedule import OuterLoop
+from unifiedplayers.loop import OuterLoop
 from scripted import ScriptedEngine
 
 pytestmark = pytest.mark.cpu

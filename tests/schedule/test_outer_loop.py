@@ -11,7 +11,8 @@ import torch
 from unifiedplayers.config import compose
 from unifiedplayers.logging import read_metrics
 from unifiedplayers.records import load_records
-from unifiedplayers.schedule import OuterLoop, StopRun, plan_updates, seed_for
+from unifiedplayers.loop import OuterLoop, StopRun
+from unifiedplayers.schedule import plan_updates, seed_for
 
 pytestmark = pytest.mark.cpu
 
@@ -279,7 +280,7 @@ def test_a_finished_run_keeps_what_checkpoint_retention_says(tmp_path):
 def test_retention_of_a_deepspeed_checkpoint_keeps_its_model_pt_only(tmp_path):
     # A DeepSpeed checkpoint holds model.pt (full weights) beside deepspeed/ (engine state with the
     # optimizer partitions): "weights" keeps model.pt and drops the rest.
-    from types import SimpleNamespace
+    from unifiedplayers.checkpoints import prune
 
     ckpt = tmp_path / "checkpoints" / "iter1" / "planning"
     (ckpt / "deepspeed" / "state").mkdir(parents=True)
@@ -287,8 +288,7 @@ def test_retention_of_a_deepspeed_checkpoint_keeps_its_model_pt_only(tmp_path):
         (ckpt / name).write_bytes(b"x")
     no_weights = tmp_path / "checkpoints" / "iter1" / "evaluation"  # no model.pt: its engine state is kept
     (no_weights / "deepspeed").mkdir(parents=True)
-    cfg = SimpleNamespace(schedule=SimpleNamespace(checkpoint_retention="weights"))
-    OuterLoop._prune_checkpoints(SimpleNamespace(cfg=cfg, run_dir=tmp_path, finished=True))
+    prune(tmp_path, "weights")
     assert sorted(p.name for p in ckpt.iterdir()) == ["model.pt", "trainer_state.pt"]
     assert (no_weights / "deepspeed").is_dir()
 

@@ -17,7 +17,9 @@ import torch
 from unifiedplayers.config import compose, resolve_player_config, role_temperature, role_trainer_config
 from unifiedplayers.logging import read_metrics
 from unifiedplayers.phase import split_units, unit_of_step
-from unifiedplayers.schedule import OuterLoop, SamplingTemperature, plan_updates
+from unifiedplayers.engines import SamplingTemperature
+from unifiedplayers.loop import OuterLoop
+from unifiedplayers.schedule import plan_updates
 
 pytestmark = pytest.mark.cpu
 
@@ -67,17 +69,18 @@ def test_a_block_that_is_not_a_multiple_of_the_phase_fails_at_start_up(tmp_path)
 @pytest.fixture(scope="module")
 def s4_run(tmp_path_factory):
     d = tmp_path_factory.mktemp("s4")
-    toy_reward.install()
-    loop = OuterLoop(compose(S4), d)
-    calls = {"planning": 0, "execution": 0, "evaluation": 0}
-    real = loop._engine
+    with pytest.MonkeyPatch.context() as mp:
+        toy_reward.install(mp)
+        loop = OuterLoop(compose(S4), d)
+        calls = {"planning": 0, "execution": 0, "evaluation": 0}
+        real = loop.team.engine
 
-    def counting(role, active):  # every generation stage asks for its player's engine once
-        calls[role] += 1
-        return real(role, active)
+        def counting(role, active):  # every generation stage asks for its player's engine once
+            calls[role] += 1
+            return real(role, active)
 
-    loop._engine = counting
-    loop.run()
+        loop.team.engine = counting
+        loop.run()
     return d, loop, calls
 
 
@@ -110,8 +113,8 @@ def test_one_generation_per_four_updates_and_the_ratio_moves_off_one(s4_run):
     assert [r["meta"]["global_update"] for r in played] == [4, 5, 6, 7]  # one task per unit, in order
 
 
-def test_mu_two_passes_over_the_units(tmp_path):
-    toy_reward.install()
+def test_mu_two_passes_over_the_units(tmp_path, monkeypatch):
+    toy_reward.install(monkeypatch)
     cfg = ["experiment=tiny", "schedule.planning_updates=0", "schedule.evaluation_updates=0",
            "schedule.execution_updates=4", "schedule.steps_per_generation=2", "trainer.num_iterations=2",
            "trainer.lr=3e-2", "trainer.kl_coef=0.0"]
@@ -132,7 +135,7 @@ def test_question_history_is_held_fixed_within_a_block(tmp_path):
 
     def hook(event, loop, slot):
         if event == "update_end":
-            seen.append((slot.role, slot.update, len(loop.history), len(loop.block_questions)))
+            seen.append((slot.role, slot.update, len(loop.history), len(loop.state.block_questions)))
 
     cfg = compose(["experiment=tiny", "schedule.planning_updates=2", "schedule.execution_updates=2",
                    "schedule.evaluation_updates=0"])
@@ -159,10 +162,11 @@ def test_resume_after_kill_9_inside_a_phase_equals_an_uninterrupted_run(s4_run, 
     script = textwrap.dedent(f"""
         import os, signal, sys
         sys.path.insert(0, {str(Path(__file__).parent)!r})
+        import pytest
         import toy_reward
-        toy_reward.install()
+        toy_reward.install(pytest.MonkeyPatch())
         from unifiedplayers.config import compose
-        from unifiedplayers.schedule import OuterLoop
+        from unifiedplayers.loop import OuterLoop
         from unifiedplayers.trainer.player_trainer import PlayerTrainer
         real, n = PlayerTrainer.update, [0]
         def update(self, batch):
@@ -210,11 +214,11 @@ def test_role_overrides_set_each_players_own_values(tmp_path):
     assert (p.tasks_per_prompt, p.num_trajectories, p.num_verifiers, p.execution_max_new_tokens) == (5, 6, 3, 20)
     assert p.planning_max_new_tokens == cfg.player.planning_max_new_tokens
     loop = OuterLoop(cfg, tmp_path)
-    loop._setup_players()
+    loop.team.setup(*loop.team.load_backbone(None, loop.state.timing))
     assert loop.players["evaluation"].trainer.cfg.lr == 0.5
     assert loop.players["planning"].trainer.cfg.clip_eps == 0.3
     assert loop.players["execution"].trainer.cfg.lr == cfg.trainer.lr
-    engine, _ = loop._engine("execution", "planning")
+    engine, _ = loop.team.engine("execution", "planning")
     assert isinstance(engine, SamplingTemperature) and engine.temperature == 0.7
 
 
@@ -253,10 +257,10 @@ def test_each_trainer_gets_the_shipped_held_out_bank_of_its_role(tmp_path):
     from unifiedplayers.players.evaluation import evaluation_prompt
 
     loop = OuterLoop(compose(["experiment=tiny", "trainer.entropy_bank_size=3"]), tmp_path)
-    loop._setup_players()
+    loop.team.setup(*loop.team.load_backbone(None, loop.state.timing))
     bank = loop.players["evaluation"].trainer.entropy_bank
     assert len(bank) == 3
-    first = evaluation_prompt(loop.tokenizer, loop.player_cfg, entropy_bank_texts("evaluation", 3)[0])
-    assert bank[0].tolist() == loop.tokenizer(first, add_special_tokens=False)["input_ids"]
+    first = evaluation_prompt(loop.team.tokenizer, loop.player_cfg, entropy_bank_texts("evaluation", 3)[0])
+    assert bank[0].tolist() == loop.team.tokenizer(first, add_special_tokens=False)["input_ids"]
     with pytest.raises(ValueError, match="holds 256"):  # never a silent cap
-        OuterLoop(compose(["experiment=tiny", "trainer.entropy_bank_size=300"]), tmp_path / "big")._setup_players()
+        (big := OuterLoop(compose(["experiment=tiny", "trainer.entropy_bank_size=300"]), tmp_path / "big")).team.setup(*big.team.load_backbone(None, big.state.timing))

@@ -36,7 +36,8 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from unifiedplayers.methods import TaskFeedback, register_reward_source, register_task_builder, requires
+from unifiedplayers.methods.base import Method, register_method
+from unifiedplayers.methods.sources import register_reward_source
 
 TASK_TYPES = ("deduction", "abduction", "induction")
 # Modules whose use makes a program's output depend on more than its input.
@@ -161,7 +162,7 @@ def execution_expected_answer(fb: TaskFeedback) -> np.ndarray:
     return solve_flags(fb.answers, fb.expected_answer, fb.answer_check)
 
 
-@register_reward_source("planning", "learnability")
+@register_reward_source("planning", "learnability", check=lambda m: check_shared_model(m))
 def planning_learnability(fb: TaskFeedback) -> float:
     """AZR Eq. 4 over the K solver samples of the task."""
     if (fb.expected_answer is None and fb.answer_check is None) or not len(fb.answers):
@@ -331,9 +332,6 @@ def build_code_task(task: Any, sandbox: Any, max_induction_inputs: int = MAX_IND
     return out
 
 
-register_task_builder("code_reasoning", build_code_task)
-
-
 # --------------------------------------------------------------------------------------------------
 # One model for proposer and solver (``method.shared_model``)
 
@@ -353,4 +351,40 @@ def check_shared_model(method_cfg: Any) -> None:
                          f"{list(method_cfg.roles)} does not train both")
 
 
-requires("learnability", check_shared_model)
+
+TASK_FORMATS = ("code_reasoning", "math")
+
+
+@dataclass
+class AbsoluteZeroSettings:
+    """``method.extra`` of Absolute Zero."""
+
+    task_format: str = "code_reasoning"  # code_reasoning (AZR's code puzzles) | math (the Planning player's tasks)
+
+
+@register_method("absolute_zero")
+class AbsoluteZero(Method):
+    """Absolute Zero: the proposer's programs become code-reasoning tasks, validated and answered in the sandbox."""
+
+    Settings = AbsoluteZeroSettings
+
+    @property
+    def code_tasks(self) -> bool:
+        return self.settings.task_format == "code_reasoning"
+
+    @property
+    def prompt_shows_code(self) -> bool:  # the solver's prompt shows programs to reason about: the task itself
+        return self.code_tasks
+
+    def check(self) -> None:
+        if self.settings.task_format not in TASK_FORMATS:
+            raise ValueError(f"method.extra.task_format={self.settings.task_format!r}: known {list(TASK_FORMATS)}")
+        shared_model(self.method_cfg)
+        if self.code_tasks:
+            from unifiedplayers.config import resolve_player_config
+
+            check_task_types(resolve_player_config(self.cfg).topics)  # fails here, not in the first phase
+        super().check()
+
+    def build_task(self, task: Any, sandbox: Any) -> Any:
+        return build_code_task(task, sandbox) if self.code_tasks else task

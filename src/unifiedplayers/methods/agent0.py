@@ -37,13 +37,18 @@ p̂ ∈ [0.3, 0.8] (``method.extra.frontier_band``; Agent0's data curation, ``up
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from unifiedplayers.methods import (GroupShape, TaskFeedback, method_extra, register_batch_planning_source,
-                                    register_group_shape, self_consistency)
-from unifiedplayers.methods.r_zero import BLEU_DISTANCE_THRESHOLD, cluster_shares, in_band, uncertainty_reward
+from unifiedplayers.methods.base import GroupShape, Method, register_method
+from unifiedplayers.methods.r_zero import (BLEU_DISTANCE_THRESHOLD, ChallengerSettings, cluster_shares, in_band,
+                                           uncertainty_reward)
+from unifiedplayers.methods.sources import register_reward_source, self_consistency
+
+if TYPE_CHECKING:
+    from unifiedplayers.feedback import TaskFeedback
 
 DEFAULT_TOOL_WEIGHT = 0.05  # γ of Agent0's calculate_tool_reward
 DEFAULT_TOOL_CALL_CAP = 4  # C
@@ -78,27 +83,40 @@ def curriculum_rewards(p_hats: Sequence[float], tool_rewards: Sequence[float], q
     raise ValueError(f"method.extra.reward_form={form!r}: paper | code")
 
 
+@dataclass
+class AdpoSettings:
+    """ADPO's constants (Agent0's train_qwen3_4b_adpo.sh)."""
+
+    p_low: float = ADPO_DEFAULTS["p_low"]  # min_score_for_scaling
+    p_high: float = ADPO_DEFAULTS["p_high"]  # max_score_for_scaling
+    min_scale: float = ADPO_DEFAULTS["min_scale"]  # min_advantage_scale
+    max_epsilon_bonus: float = ADPO_DEFAULTS["max_epsilon_bonus"]
+
+
+@dataclass
+class Agent0Settings(ChallengerSettings):
+    """``method.extra`` of Agent0: the Curriculum's tool term and penalty, the Executor's frontier and ADPO."""
+
+    tool_call_cap: int = DEFAULT_TOOL_CALL_CAP  # C
+    frontier_band: list[float] = field(default_factory=lambda: list(FRONTIER_BAND))
+    adpo: AdpoSettings = field(default_factory=AdpoSettings)
+
+
 def _tool_reward_of(fb: TaskFeedback) -> float:
     m = fb.method_cfg
     weight = float(getattr(m, "tool_bonus", DEFAULT_TOOL_WEIGHT)) if m is not None else DEFAULT_TOOL_WEIGHT
-    return tool_reward(fb.tool_calls, weight, int(method_extra(m, "tool_call_cap", DEFAULT_TOOL_CALL_CAP)))
+    cap = fb.settings.tool_call_cap if isinstance(fb.settings, Agent0Settings) else DEFAULT_TOOL_CALL_CAP
+    return tool_reward(fb.tool_calls, weight, int(cap))
 
 
-def _history_fallback(fb: TaskFeedback) -> float:
-    """Task-by-task fallback (an outer loop that does not pass the batch): R(q) against the history."""
-    return max(0.0, uncertainty_reward(self_consistency(fb)) + _tool_reward_of(fb)
-               - float(method_extra(fb.method_cfg, "repetition_weight", 1.0)) * float(fb.rewards.repetition))
-
-
-@register_batch_planning_source("agent0_curriculum", per_task_fallback=_history_fallback)
+@register_reward_source("planning", "agent0_curriculum", batch=True)
 def agent0_curriculum(feedback: Sequence[TaskFeedback]) -> list[float]:
     if not feedback:
         return []
-    m = feedback[0].method_cfg
+    s = feedback[0].settings if isinstance(feedback[0].settings, ChallengerSettings) else ChallengerSettings()
     return curriculum_rewards([self_consistency(fb) for fb in feedback], [_tool_reward_of(fb) for fb in feedback],
-                              [fb.question for fb in feedback], form=str(method_extra(m, "reward_form", "paper")),
-                              weight=float(method_extra(m, "repetition_weight", 1.0)),
-                              threshold=float(method_extra(m, "bleu_distance_threshold", BLEU_DISTANCE_THRESHOLD)))
+                              [fb.question for fb in feedback], form=str(s.reward_form),
+                              weight=float(s.repetition_weight), threshold=float(s.bleu_distance_threshold))
 
 
 def _ramp(x: float, lo: float, hi: float) -> float:
@@ -118,18 +136,25 @@ def adpo_clip_high(p_hat: float, clip_eps: float, p_low: float = 0.3, p_high: fl
     return clip_eps + max_epsilon_bonus * (1.0 - _ramp(p_hat, p_low, p_high))
 
 
-@register_group_shape("agent0")
-def executor_shape(method_cfg: Any, role: str, fb: TaskFeedback, clip_eps: float) -> GroupShape:
-    """Executor groups: kept near the frontier, advantages scaled and upper clip widened by ADPO."""
-    if role != "execution":
-        return GroupShape()
-    p = self_consistency(fb)
-    adpo = {**ADPO_DEFAULTS, **dict(method_extra(method_cfg, "adpo", {}) or {})}
-    unknown = set(adpo) - set(ADPO_DEFAULTS)
-    if unknown:
-        raise ValueError(f"method.extra.adpo: unknown keys {sorted(unknown)}; known {sorted(ADPO_DEFAULTS)}")
-    return GroupShape(
-        keep=in_band(p, method_extra(method_cfg, "frontier_band", FRONTIER_BAND)),
-        adv_scale=adpo_advantage_scale(p, adpo["p_low"], adpo["p_high"], adpo["min_scale"]),
-        clip_high=adpo_clip_high(p, clip_eps, adpo["p_low"], adpo["p_high"], adpo["max_epsilon_bonus"]),
-    )
+@register_method("agent0")
+class Agent0(Method):
+    """Agent0: the Executor's groups are kept near the frontier, advantages scaled and upper clip widened by ADPO."""
+
+    Settings = Agent0Settings
+
+    def check(self) -> None:
+        super().check()
+        in_band(0.5, self.settings.frontier_band)
+        _ramp(0.5, self.settings.adpo.p_low, self.settings.adpo.p_high)
+        if int(self.settings.tool_call_cap) < 1:
+            raise ValueError(f"method.extra.tool_call_cap={self.settings.tool_call_cap}: need >= 1")
+
+    def group_shape(self, role: str, fb: TaskFeedback, clip_eps: float) -> GroupShape:
+        if role != "execution":
+            return GroupShape()
+        p, adpo = self_consistency(fb), self.settings.adpo
+        return GroupShape(
+            keep=in_band(p, self.settings.frontier_band),
+            adv_scale=adpo_advantage_scale(p, adpo.p_low, adpo.p_high, adpo.min_scale),
+            clip_high=adpo_clip_high(p, clip_eps, adpo.p_low, adpo.p_high, adpo.max_epsilon_bonus),
+        )

@@ -30,12 +30,16 @@ most on short near-duplicates: "a b c d" against "a b c e" is 0.595 here (distan
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from unifiedplayers.methods import (GroupShape, TaskFeedback, method_extra, register_batch_planning_source,
-                                    register_group_shape, self_consistency)
+from unifiedplayers.methods.base import GroupShape, Method, register_method
+from unifiedplayers.methods.sources import register_reward_source, self_consistency
+
+if TYPE_CHECKING:
+    from unifiedplayers.feedback import TaskFeedback
 
 BLEU_DISTANCE_THRESHOLD = 0.5  # R-Zero: distance_threshold=0.5, linkage="average"
 SOLVER_BAND = (0.3, 0.7)  # R-Zero paper: 3-7 of m = 10 agree (|p̂ - 1/2| <= 0.25); its scripts use [0.3, 0.8]
@@ -118,24 +122,35 @@ def challenger_rewards(p_hats: Sequence[float], questions: Sequence[str], form: 
     raise ValueError(f"method.extra.reward_form={form!r}: paper | code")
 
 
-def _history_fallback(fb: TaskFeedback) -> float:
-    """Task-by-task fallback (an outer loop that does not pass the batch): R(q) against the history."""
-    m = fb.method_cfg
-    p, rep = self_consistency(fb), float(method_extra(m, "repetition_weight", 1.0)) * float(fb.rewards.repetition)
-    if method_extra(m, "reward_form", "paper") == "paper":
-        return max(0.0, uncertainty_reward(p) - rep)
-    return min(p, 1.0 - p) - rep
+@dataclass
+class ChallengerSettings:
+    """The questioner's within-batch repetition penalty and reward form (R-Zero; Agent0 extends it)."""
+
+    reward_form: str = "paper"  # paper | code (the module docstring's formulas)
+    repetition_weight: float = 1.0  # λ of |C|/B (R-Zero's code: 1)
+    bleu_distance_threshold: float = BLEU_DISTANCE_THRESHOLD
 
 
-@register_batch_planning_source("r_zero_challenger", per_task_fallback=_history_fallback)
+@dataclass
+class RZeroSettings(ChallengerSettings):
+    """``method.extra`` of R-Zero."""
+
+    solver_band: list[float] = field(default_factory=lambda: list(SOLVER_BAND))
+
+
+def challenger_settings(fb: TaskFeedback) -> ChallengerSettings:
+    """The running method's Challenger settings (the defaults under a method without them)."""
+    return fb.settings if isinstance(fb.settings, ChallengerSettings) else ChallengerSettings()
+
+
+@register_reward_source("planning", "r_zero_challenger", batch=True)
 def r_zero_challenger(feedback: Sequence[TaskFeedback]) -> list[float]:
     if not feedback:
         return []
-    m = feedback[0].method_cfg
+    s = challenger_settings(feedback[0])
     return challenger_rewards([self_consistency(fb) for fb in feedback], [fb.question for fb in feedback],
-                              form=str(method_extra(m, "reward_form", "paper")),
-                              weight=float(method_extra(m, "repetition_weight", 1.0)),
-                              threshold=float(method_extra(m, "bleu_distance_threshold", BLEU_DISTANCE_THRESHOLD)))
+                              form=str(s.reward_form), weight=float(s.repetition_weight),
+                              threshold=float(s.bleu_distance_threshold))
 
 
 def in_band(p_hat: float, band: Sequence[float]) -> bool:
@@ -145,9 +160,17 @@ def in_band(p_hat: float, band: Sequence[float]) -> bool:
     return lo <= p_hat <= hi
 
 
-@register_group_shape("r_zero")
-def solver_band_shape(method_cfg: Any, role: str, fb: TaskFeedback, clip_eps: float) -> GroupShape:
-    """The Solver trains only on tasks with p̂ in ``method.extra.solver_band`` (R-Zero: [0.3, 0.7])."""
-    if role != "execution":
-        return GroupShape()
-    return GroupShape(keep=in_band(self_consistency(fb), method_extra(method_cfg, "solver_band", SOLVER_BAND)))
+@register_method("r_zero")
+class RZero(Method):
+    """R-Zero: the Solver trains only on tasks with p̂ in ``method.extra.solver_band`` (R-Zero: [0.3, 0.7])."""
+
+    Settings = RZeroSettings
+
+    def check(self) -> None:
+        super().check()
+        in_band(0.5, self.settings.solver_band)  # a malformed band fails at start-up
+
+    def group_shape(self, role: str, fb: TaskFeedback, clip_eps: float) -> GroupShape:
+        if role != "execution":
+            return GroupShape()
+        return GroupShape(keep=in_band(self_consistency(fb), self.settings.solver_band))

@@ -16,8 +16,8 @@
   played in the next Execution phase; a played one yields the Generator's imitation example.
 
 The functions here are pure (given a Teacher client, which the tests replace by a local stub server);
-:func:`socratic_phase` is the whole per-phase computation. :class:`SocraticLoop` is what the outer loop
-runs for ``method=socratic_zero`` (``methods.method_loop``):
+:func:`socratic_phase` is the whole per-phase computation. :class:`SocraticZero` is what the outer loop
+runs for ``method=socratic_zero`` (the method class :class:`SocraticZero`):
 
 - an Execution phase plays the curriculum's oldest problems mixed with the Generator's
   (``extra.curriculum_share``); the Teacher grades them, the Solver trains by DPO on the pairs, the failed
@@ -29,7 +29,7 @@ runs for ``method=socratic_zero`` (``methods.method_loop``):
 The reward sources below (``teacher``: the grade; ``socratic_utility``: U(s) of a problem) fill the
 records' rewards; no GRPO step reads them under this loop.
 
-Without an endpoint the method stops at start-up (``requires`` below) with a message naming the setting.
+Without an endpoint the method stops at start-up (its reward sources' ``check``) with a message naming the setting.
 The API key, if the endpoint needs one, comes from the environment variable named by
 ``method.extra.api_key_env`` (default ``OPENAI_API_KEY``), never from the config. A Teacher reply that
 cannot be parsed is recorded (``TeacherClient.failures``) and counts as no grade / no refinement; an
@@ -44,11 +44,15 @@ import re
 import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass, field
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import numpy as np
 
-from unifiedplayers.methods import MethodLoop, TaskFeedback, register_method_loop, register_reward_source, requires
+from unifiedplayers.methods.base import Method, register_method
+from unifiedplayers.methods.sources import register_reward_source
+
+if TYPE_CHECKING:
+    from unifiedplayers.feedback import TaskFeedback
 
 GRADE_PROMPT = (
     "You are a strict math teacher. Problem:\n{question}\n\nA student's final answer: {answer}\n\n"
@@ -168,13 +172,28 @@ class TeacherClient:
 _CLIENTS: dict[tuple, TeacherClient] = {}
 
 
-def teacher_for(method_cfg: Any) -> TeacherClient:
-    extra = dict(method_cfg.extra or {})
+@dataclass
+class SocraticSettings:
+    """``method.extra`` of Socratic-Zero (conf/method/socratic_zero.yaml says what each does)."""
+
+    api_key_env: str = "OPENAI_API_KEY"  # the environment variable holding the endpoint's API key, if any
+    teacher_timeout_s: float = 60.0
+    utility_mu: float = 0.5  # U(s) peaks where the Solver succeeds half the time
+    utility_sigma: float = 0.2
+    refine_per_phase: int = 8  # failures sent to the Teacher for refinement per Execution phase
+    max_pairs_per_task: Optional[int] = 8  # the Solver's preference pairs per problem (None: all)
+    curriculum_size: int = 1024  # refined problems waiting for the Solver (oldest dropped)
+    curriculum_share: float = 0.5  # share of an Execution phase's tasks drawn from the curriculum
+    imitation_per_phase: Optional[int] = None  # fresh refinements a Planning phase imitates (None: refine_per_phase)
+    failure_pool: int = 64  # recent Solver failures (q, y_fail) the Generator is prompted with
+
+
+def teacher_for(method_cfg: Any, settings: Optional[SocraticSettings] = None) -> TeacherClient:
+    s = settings if isinstance(settings, SocraticSettings) else SocraticSettings()
     key = (method_cfg.teacher_endpoint, method_cfg.teacher_model)
     if key not in _CLIENTS:
         _CLIENTS[key] = TeacherClient(method_cfg.teacher_endpoint, method_cfg.teacher_model,
-                                      os.environ.get(extra.get("api_key_env", "OPENAI_API_KEY")),
-                                      float(extra.get("teacher_timeout_s", 60.0)))
+                                      os.environ.get(s.api_key_env), float(s.teacher_timeout_s))
     return _CLIENTS[key]
 
 
@@ -185,10 +204,6 @@ def check_teacher(method_cfg: Any) -> None:
             "set method.teacher_endpoint=http://HOST:PORT/v1 and method.teacher_model=NAME "
             "(none is configured, so this method cannot run)"
         )
-
-
-requires("teacher", check_teacher)
-requires("socratic_utility", check_teacher)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -432,7 +447,8 @@ def _mean(xs: Sequence[float]) -> Optional[float]:
     return float(np.mean(xs)) if len(xs) else None
 
 
-class SocraticLoop(MethodLoop):
+@register_method("socratic_zero")
+class SocraticZero(Method):
     """Socratic-Zero's state across phases and its hooks into the outer loop (see the module docstring).
 
     State (saved with the run state): the curriculum, the refinements the Generator has not imitated yet
@@ -440,24 +456,26 @@ class SocraticLoop(MethodLoop):
     feedback serves its units' batches, metrics and records.
     """
 
+    Settings = SocraticSettings
+
     def __init__(self, cfg: Any) -> None:
-        m = cfg.method
-        check_teacher(m)
+        super().__init__(cfg)
+        s = self.settings
+        check_teacher(self.method_cfg)
         check_loop_trainers(cfg)
-        self.teacher = teacher_for(m)
-        self.share = _extra(m, "curriculum_share", 0.5)
+        self.teacher = teacher_for(self.method_cfg, s)
+        self.share = float(s.curriculum_share)
         if not 0.0 <= self.share <= 1.0:
             raise ValueError(f"method.extra.curriculum_share={self.share}: need 0..1")
-        self.refine_limit = int(_extra(m, "refine_per_phase", 8))
-        self.imitation_limit = int(_extra(m, "imitation_per_phase", self.refine_limit))
-        self.failure_pool = int(_extra(m, "failure_pool", 64))
-        pairs = (m.extra or {}).get("max_pairs_per_task", 8)
-        self.max_pairs = None if pairs is None else int(pairs)
-        self.mu, self.sigma = _extra(m, "utility_mu", DEFAULT_MU), _extra(m, "utility_sigma", DEFAULT_SIGMA)
+        self.refine_limit = int(s.refine_per_phase)
+        self.imitation_limit = int(self.refine_limit if s.imitation_per_phase is None else s.imitation_per_phase)
+        self.failure_pool = int(s.failure_pool)
+        self.max_pairs = None if s.max_pairs_per_task is None else int(s.max_pairs_per_task)
+        self.mu, self.sigma = float(s.utility_mu), float(s.utility_sigma)
         generator_utility(0.5, self.mu, self.sigma)  # fails now on sigma <= 0
         if min(self.refine_limit, self.imitation_limit, self.failure_pool) < 0:
             raise ValueError("method.extra: refine_per_phase, imitation_per_phase and failure_pool must be >= 0")
-        self.curriculum = SocraticCurriculum(int(_extra(m, "curriculum_size", 1024)))
+        self.curriculum = SocraticCurriculum(int(s.curriculum_size))
         self.fresh: list[CurriculumItem] = []
         self.failures: list[tuple[str, str]] = []
         self._phase: Optional[tuple[str, list, list, SocraticFeedback, dict[int, ImitationExample]]] = None
@@ -567,33 +585,25 @@ class SocraticLoop(MethodLoop):
         self.failures = [(q, y) for q, y in state["failures"]]
 
 
-@register_method_loop("socratic_zero")
-def _socratic_loop(cfg: Any) -> SocraticLoop:
-    return SocraticLoop(cfg)
-
 
 # --------------------------------------------------------------------------------------------------
-# Reward sources (the records' Teacher grades and utilities; SocraticLoop trains on pairs and imitation)
+# Reward sources (the records' Teacher grades and utilities; SocraticZero trains on pairs and imitation)
 
 
-def _extra(method_cfg: Any, key: str, default: float) -> float:
-    return float((getattr(method_cfg, "extra", None) or {}).get(key, default))
-
-
-@register_reward_source("execution", "teacher")
+@register_reward_source("execution", "teacher", check=check_teacher)
 def execution_teacher(fb: TaskFeedback) -> np.ndarray:
     """The Teacher's grade of each of the K final answers (1 correct, 0 incorrect, missing or ungraded). (K,)"""
     check_teacher(fb.method_cfg)
-    client = teacher_for(fb.method_cfg)
+    client = teacher_for(fb.method_cfg, fb.settings)
     return np.array([client.grade(fb.question, a) or 0.0 for a in fb.answers], dtype=np.float64)
 
 
-@register_reward_source("planning", "socratic_utility")
+@register_reward_source("planning", "socratic_utility", check=check_teacher)
 def planning_socratic_utility(fb: TaskFeedback) -> float:
     """U(s) of the Generator's problem, s the Solver's graded success rate on it (0 when nothing was graded)."""
     check_teacher(fb.method_cfg)
-    rate = success_rate([teacher_for(fb.method_cfg).grade(fb.question, a) for a in fb.answers])
+    s = fb.settings if isinstance(fb.settings, SocraticSettings) else SocraticSettings()
+    rate = success_rate([teacher_for(fb.method_cfg, s).grade(fb.question, a) for a in fb.answers])
     if rate is None:
         return 0.0
-    return generator_utility(rate, _extra(fb.method_cfg, "utility_mu", DEFAULT_MU),
-                             _extra(fb.method_cfg, "utility_sigma", DEFAULT_SIGMA))
+    return generator_utility(rate, float(s.utility_mu), float(s.utility_sigma))

@@ -13,7 +13,7 @@ from unifiedplayers.players.execution import execution_prompt, solve
 from unifiedplayers.players.planning import PlanningTask, generate_tasks, parse_task, planning_prompt, topic_at
 from unifiedplayers.players.prompts import chat_messages, fill, render_prompt
 
-ROLES = ("planning", "execution", "evaluation")
+from unifiedplayers.roles import ROLES  # noqa: E402 (defined once)
 
 __all__ = [
     "ROLES",

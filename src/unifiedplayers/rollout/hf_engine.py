@@ -238,6 +238,35 @@ class HFRollout(RolloutEngine):
         ignore_eos: bool,
         device: torch.device,
     ) -> list[Completion]:
+        budgets = self._budgets(prompts, max_new_tokens)
+        eos = set() if ignore_eos else self._eos_ids()
+        batch, width, steps = len(prompts), max(len(p) for p in prompts), max(budgets)
+        padded = any(len(p) != width for p in prompts)
+        cache, logits, positions, attention = self._prefill(prompts, width, steps, padded, device)
+        next_pos = positions[:, -1:] + 1
+        if padded:  # the attention mask of every step, filled in advance: pads 0, everything after them 1
+            full_attention = attention.new_ones((batch, width + steps))
+            full_attention[:, :width] = attention
+        rows = _Rows(batch, budgets, eos, stop, self.tokenizer)
+
+        for step in range(steps):
+            nxt, lp = sample_next(logits.float(), temperature, top_p, greedy, generator)
+            if rows.record(nxt.tolist(), lp.tolist()):
+                break
+            step_ids = torch.tensor(rows.last_tokens(), dtype=torch.long, device=device)[:, None]
+            out = self.model(
+                input_ids=step_ids,
+                attention_mask=full_attention[:, : width + step + 1] if padded else None,
+                position_ids=next_pos,
+                use_cache=True,
+                **{self._cache_arg: cache},
+            )
+            cache, logits, next_pos = returned_cache(out), out.logits[:, -1, :], next_pos + 1
+        return rows.completions(prompts)
+
+    def _budgets(self, prompts: list[list[int]], max_new_tokens: int) -> list[int]:
+        """Each row's number of new tokens: ``max_new_tokens``, or less where the model's context ends first
+        (a prompt that fills the context is an error)."""
         max_pos = getattr(self.model.config, "max_position_embeddings", None)
         budgets = []
         for ids in prompts:
@@ -247,11 +276,18 @@ class HFRollout(RolloutEngine):
                     raise ValueError(f"a prompt of {len(ids)} tokens leaves no room in the model's context of {max_pos}")
                 budget = min(budget, max_pos - len(ids))
             budgets.append(budget)
-        eos = set() if ignore_eos else self._eos_ids()
+        return budgets
+
+    def _prefill(
+        self, prompts: list[list[int]], width: int, steps: int, padded: bool, device: torch.device
+    ) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The forward pass over the batch's prompts, left-padded to ``width``: one row per distinct prompt
+        (the n samples of a prompt share it) where the cache can be expanded afterwards, else one per row.
+
+        Returns ``(cache, logits (B, V), position ids (B, width), attention (B, width))``, one row per
+        row of the batch, the cache with room for ``width + steps`` positions where it is preallocated.
+        """
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        batch, width, steps = len(prompts), max(len(p) for p in prompts), max(budgets)
-        padded = any(len(p) != width for p in prompts)
-        # One prefill per distinct prompt (the n samples of a prompt share it), then one row per sample.
         distinct: dict[tuple[int, ...], int] = {}
         row_of = [distinct.setdefault(tuple(ids), len(distinct)) for ids in prompts]
         share = DynamicLayer is not None
@@ -277,64 +313,67 @@ class HFRollout(RolloutEngine):
             if not expand_prefill_cache(cache, rows, width + steps):
                 cache.batch_select_indices(rows)
             logits, positions, attention = (t.index_select(0, rows) for t in (logits, positions, attention))
-        next_pos = positions[:, -1:] + 1
-        if padded:  # the attention mask of every step, filled in advance: pads 0, everything after them 1
-            full_attention = attention.new_ones((batch, width + steps))
-            full_attention[:, :width] = attention
-        tokens: list[list[int]] = [[] for _ in range(batch)]
-        logps: list[list[float]] = [[] for _ in range(batch)]
-        texts = [""] * batch
-        finish: list[Optional[str]] = [None] * batch
-        stop_at: list[Optional[tuple[int, str]]] = [None] * batch
-        longest_stop = max((len(s) for s in stop), default=0)
+        return cache, logits, positions, attention
 
-        for step in range(steps):
-            nxt, lp = sample_next(logits.float(), temperature, top_p, greedy, generator)
-            nxt_list, lp_list = nxt.tolist(), lp.tolist()
-            for b in range(batch):
-                if finish[b] is not None:
-                    continue
-                tokens[b].append(nxt_list[b])
-                logps[b].append(lp_list[b])
-                if nxt_list[b] in eos:
-                    finish[b] = "stop"
-                    continue
-                if stop:
-                    text = self.tokenizer.decode(tokens[b], skip_special_tokens=True)
-                    # Earlier characters can change only where an incomplete UTF-8 sequence completes.
-                    hit = find_stop(text, stop, max(0, len(texts[b]) - longest_stop - 4))
-                    texts[b] = text
-                    if hit is not None:
-                        finish[b], stop_at[b] = "stop", hit
-                        continue
-                if len(tokens[b]) >= budgets[b]:
-                    finish[b] = "length"
-            if all(f is not None for f in finish):
-                break
-            step_ids = torch.tensor([t[-1] for t in tokens], dtype=torch.long, device=device)[:, None]
-            out = self.model(
-                input_ids=step_ids,
-                attention_mask=full_attention[:, : width + step + 1] if padded else None,
-                position_ids=next_pos,
-                use_cache=True,
-                **{self._cache_arg: cache},
-            )
-            cache, logits, next_pos = returned_cache(out), out.logits[:, -1, :], next_pos + 1
 
+class _Rows:
+    """What each row of a batch has produced so far: its tokens and their log-probs, its decoded text
+    (kept only when there are stop strings), where a stop string ended it, and why it ended (None while
+    it runs)."""
+
+    def __init__(self, batch: int, budgets: list[int], eos: set[int], stop: list[str], tokenizer: Any) -> None:
+        self.budgets, self.eos, self.stop, self.tokenizer = budgets, eos, stop, tokenizer
+        self.tokens: list[list[int]] = [[] for _ in range(batch)]
+        self.logps: list[list[float]] = [[] for _ in range(batch)]
+        self.texts = [""] * batch
+        self.finish: list[Optional[str]] = [None] * batch
+        self.stop_at: list[Optional[tuple[int, str]]] = [None] * batch
+        self.longest_stop = max((len(s) for s in stop), default=0)
+
+    def record(self, nxt_list: list[int], lp_list: list[float]) -> bool:
+        """Append one step's token and log-prob to every running row and end the rows it ends (eos, a stop
+        string, the row's budget). True when every row has ended."""
+        tokens, logps, texts, finish, stop = self.tokens, self.logps, self.texts, self.finish, self.stop
+        for b in range(len(tokens)):
+            if finish[b] is not None:
+                continue
+            tokens[b].append(nxt_list[b])
+            logps[b].append(lp_list[b])
+            if nxt_list[b] in self.eos:
+                finish[b] = "stop"
+                continue
+            if stop:
+                text = self.tokenizer.decode(tokens[b], skip_special_tokens=True)
+                # Earlier characters can change only where an incomplete UTF-8 sequence completes.
+                hit = find_stop(text, stop, max(0, len(texts[b]) - self.longest_stop - 4))
+                texts[b] = text
+                if hit is not None:
+                    finish[b], self.stop_at[b] = "stop", hit
+                    continue
+            if len(tokens[b]) >= self.budgets[b]:
+                finish[b] = "length"
+        return all(f is not None for f in finish)
+
+    def last_tokens(self) -> list[int]:
+        """The last token of every row (ended rows included: the batch keeps its shape)."""
+        return [t[-1] for t in self.tokens]
+
+    def completions(self, prompts: list[list[int]]) -> list[Completion]:
+        """One :class:`Completion` per row, its text cut right after the stop string that ended it."""
         results = []
-        for b in range(batch):
-            if stop_at[b] is not None:
-                end, s = stop_at[b]
-                text = texts[b][:end]
+        for b in range(len(self.tokens)):
+            if self.stop_at[b] is not None:
+                end, s = self.stop_at[b]
+                text = self.texts[b][:end]
             else:
-                s, text = None, self.tokenizer.decode(tokens[b], skip_special_tokens=True)
+                s, text = None, self.tokenizer.decode(self.tokens[b], skip_special_tokens=True)
             results.append(
                 Completion(
                     prompt_ids=list(prompts[b]),
-                    token_ids=tokens[b],
+                    token_ids=self.tokens[b],
                     text=text,
-                    logprobs=logps[b],
-                    finish_reason=finish[b] or "length",
+                    logprobs=self.logps[b],
+                    finish_reason=self.finish[b] or "length",
                     stop_str=s,
                 )
             )

@@ -426,7 +426,7 @@ def _call_process(kind, text, code, function, payload, timeout, cfg, workdir, ou
         os.setsid()  # its own session and process group
         if not cfg["_uid_isolation"]:
             # Under a uid of its own the call dies with its forker by the forker's sweep (see
-            # _slot_main); without one, by this signal. (Each ctypes call costs a fork ~0.1 ms of
+            # _take_slot_uid); without one, by this signal. (Each ctypes call costs a fork ~0.1 ms of
             # copy-on-write faults here, so the calls make as few as they can.)
             _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         os.dup2(out_w, 1)
@@ -789,76 +789,99 @@ def _build_result(req, limit, value_limit, out, err, res, out_total, err_total, 
     return result
 
 
+def _keep_only(fds, ruleset):
+    """Close every inherited descriptor but the slot's pipes and its Landlock ruleset; those of 0-2 that
+    are not kept point at /dev/null."""
+    keep = sorted(set(fds) | ({ruleset} if ruleset is not None else set()))
+    lo = 0
+    for fd in keep:
+        os.closerange(lo, fd)
+        lo = fd + 1
+    os.closerange(lo, 1 << 16)
+    null = os.open("/dev/null", os.O_RDWR)
+    for fd in (0, 1, 2):
+        if fd not in keep:
+            os.dup2(null, fd)
+
+
+def _take_slot_uid(cfg, iso, slot):
+    """With uid isolation, become the slot's own uid (RLIMIT_NPROC on it) and kill whatever that uid left
+    running; then arrange to hear of the server's death: with a uid, SIGTERM, on which the forker kills
+    every process of its uid, its calls included, and exits; without, SIGKILL."""
+    if iso["uid"]:
+        uid = iso["uid_base"] + slot
+        os.setgroups([])
+        os.setgid(uid)
+        os.setuid(uid)
+        # The forker counts too; a call may run max_processes processes at once.
+        _set_rlimit(resource.RLIMIT_NPROC, int(cfg["max_processes"]) + 1)
+        try:
+            os.kill(-1, signal.SIGKILL)  # leftovers of an earlier server
+        except OSError:
+            pass
+        # When the server dies this forker is told (after setuid, which clears the setting) and
+        # kills every process of its uid, its calls included, before it exits.
+        forker_pid = os.getpid()
+
+        def on_server_death(signum, frame):
+            if os.getpid() != forker_pid:  # inherited by a call: behave as the default action
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+            try:
+                os.kill(-1, signal.SIGKILL)
+            finally:
+                os._exit(0)
+
+        signal.signal(signal.SIGTERM, on_server_death)
+        _libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    else:
+        _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def _calls_interpreter(iso):
+    """The interpreter state every call inherits: ``sys.path`` limited to the standard library mirror,
+    SIGXFSZ and SIGPIPE ignored, and text streams on fds 0-2 (which each call points at the slot's pipes)."""
+    sys.path[:] = iso["sys_path"]
+    sys.path_importer_cache.clear()
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an oversized write fails with EFBIG instead
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    sys.argv = ["<sandbox>"]
+    # Streams for the calls, bound to fds 0-2, which each call points at the slot's pipes.
+    sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
+    sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8",
+                                  errors="backslashreplace")
+    sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8",
+                                  errors="backslashreplace", line_buffering=True)
+
+
+def _calls_rlimits(cfg):
+    """The calls' memory, file-size and descriptor limits, taken once by the forker and inherited by each
+    call (the forker itself needs far less)."""
+    mem = int(cfg["memory_mb"]) << 20
+    _set_rlimit(resource.RLIMIT_AS, mem)
+    _set_rlimit(resource.RLIMIT_DATA, mem)
+    _set_rlimit(resource.RLIMIT_FSIZE, int(cfg["max_file_mb"]) << 20)
+    _set_rlimit(resource.RLIMIT_NOFILE, 256)
+
+
 def _slot_main(cfg, iso, slot, slot_dir, ruleset, fds):
     """Take the per-slot isolation layers, then fork calls. Never returns."""
     st = fds[1]
     try:
         os.setsid()
-        keep = sorted(set(fds) | ({ruleset} if ruleset is not None else set()))
-        lo = 0
-        for fd in keep:
-            os.closerange(lo, fd)
-            lo = fd + 1
-        os.closerange(lo, 1 << 16)
-        null = os.open("/dev/null", os.O_RDWR)
-        for fd in (0, 1, 2):
-            if fd not in keep:
-                os.dup2(null, fd)
+        _keep_only(fds, ruleset)
         os.chdir(slot_dir)
         os.environ.clear()
         os.environ.update({"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"})  # HOME, TMPDIR: see Forker
-        if iso["uid"]:
-            uid = iso["uid_base"] + slot
-            os.setgroups([])
-            os.setgid(uid)
-            os.setuid(uid)
-            # The forker counts too; a call may run max_processes processes at once.
-            _set_rlimit(resource.RLIMIT_NPROC, int(cfg["max_processes"]) + 1)
-            try:
-                os.kill(-1, signal.SIGKILL)  # leftovers of an earlier server
-            except OSError:
-                pass
-            # When the server dies this forker is told (after setuid, which clears the setting) and
-            # kills every process of its uid, its calls included, before it exits.
-            forker_pid = os.getpid()
-
-            def on_server_death(signum, frame):
-                if os.getpid() != forker_pid:  # inherited by a call: behave as the default action
-                    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-                    os.kill(os.getpid(), signal.SIGTERM)
-                    return
-                try:
-                    os.kill(-1, signal.SIGKILL)
-                finally:
-                    os._exit(0)
-
-            signal.signal(signal.SIGTERM, on_server_death)
-            _libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-        else:
-            _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        _take_slot_uid(cfg, iso, slot)
         _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # no ptrace by the calls (same uid)
         if ruleset is not None:
             Landlock.restrict(ruleset)
         _set_rlimit(resource.RLIMIT_CORE, 0)
-        sys.path[:] = iso["sys_path"]
-        sys.path_importer_cache.clear()
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an oversized write fails with EFBIG instead
-        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-        sys.argv = ["<sandbox>"]
-        # Streams for the calls, bound to fds 0-2, which each call points at the slot's pipes.
-        sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
-        sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8",
-                                      errors="backslashreplace")
-        sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8",
-                                      errors="backslashreplace", line_buffering=True)
+        _calls_interpreter(iso)
         forker = Forker(cfg, iso, slot_dir, ruleset, fds)
-        # The calls' memory, file-size and descriptor limits, taken once here and inherited by each call
-        # (the forker itself needs far less).
-        mem = int(cfg["memory_mb"]) << 20
-        _set_rlimit(resource.RLIMIT_AS, mem)
-        _set_rlimit(resource.RLIMIT_DATA, mem)
-        _set_rlimit(resource.RLIMIT_FSIZE, int(cfg["max_file_mb"]) << 20)
-        _set_rlimit(resource.RLIMIT_NOFILE, 256)
+        _calls_rlimits(cfg)
         # Everything alive now is shared copy-on-write with every call: keep the collector from
         # walking (and so copying) it in each call.
         gc.collect()

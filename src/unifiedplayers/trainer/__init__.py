@@ -9,13 +9,15 @@ Public interface::
     trainer.save_checkpoint(path); trainer.load_checkpoint(path)
     trainer.offload_state()              # drop optimizer state when the block ends
     trainer.block_diagnostics()          # grad-norm median / CV, entropy retention
+
+Modules: ``base`` (the interface: samples, optimizer, backend registry, :class:`BaseTrainer` with the
+shared update), ``batching`` (micro-batches), ``player_trainer`` (torch backend, :class:`PlayerTrainer`),
+``deepspeed_backend`` (ZeRO-2/3, imported when built), ``logprobs``, ``checkpoint``, ``diagnostics``,
+``flops``. Backends import ``base``, never each other.
 """
-from unifiedplayers.trainer.checkpoint import atomic_directory, capture_rng_state, restore_rng_state
-from unifiedplayers.trainer.diagnostics import EntropyRetention, grad_norm_block_stats
-from unifiedplayers.trainer.logprobs import mean_token_entropy, selected_token_logprobs
-from unifiedplayers.trainer.player_trainer import (
+from unifiedplayers.trainer.base import (
     TRAINER_BACKENDS,
-    PlayerTrainer,
+    BaseTrainer,
     TrainSample,
     as_sample,
     build_trainer,
@@ -25,9 +27,14 @@ from unifiedplayers.trainer.player_trainer import (
     sample_from_completion,
     sample_from_segments,
 )
+from unifiedplayers.trainer.checkpoint import atomic_directory, capture_rng_state, restore_rng_state
+from unifiedplayers.trainer.diagnostics import EntropyRetention, grad_norm_block_stats
+from unifiedplayers.trainer.logprobs import mean_token_entropy, selected_token_logprobs
+from unifiedplayers.trainer.player_trainer import PlayerTrainer  # the torch backend; registers "torch"
 
 __all__ = [
     "TRAINER_BACKENDS",
+    "BaseTrainer",
     "EntropyRetention",
     "PlayerTrainer",
     "TrainSample",

@@ -1,10 +1,12 @@
-"""DeepSpeed ZeRO-2 / ZeRO-3 backends of :class:`~unifiedplayers.trainer.player_trainer.PlayerTrainer`.
+"""DeepSpeed ZeRO-2 / ZeRO-3 backends of :class:`~unifiedplayers.trainer.base.BaseTrainer`.
 
-Same update as the torch backend; DeepSpeed owns backward, gradient clipping, the optimizer step and
-checkpoint files. DeepSpeed's gradient accumulation count stays 1; we call ``backward`` once per
-micro-batch without its 1/gas scaling (our Eq. 21 weights already sum to 1 over the batch), mark only the
-last micro-batch as the accumulation boundary (``set_gradient_accumulation_boundary``) and call ``step``
-once per update, whatever the number of micro-batches. The engine wraps
+Same update as the torch backend (:mod:`unifiedplayers.trainer.player_trainer`; the two import only the
+interface, :mod:`unifiedplayers.trainer.base`, never each other); DeepSpeed owns backward, gradient
+clipping, the optimizer step and checkpoint files. DeepSpeed's gradient accumulation count stays 1; we
+call ``backward`` once per micro-batch without its 1/gas scaling (our Eq. 21 weights already sum to 1 over
+the batch), mark only the last micro-batch as the accumulation boundary
+(``set_gradient_accumulation_boundary``) and call ``step`` once per update, whatever the number of
+micro-batches. The engine wraps
 :class:`~unifiedplayers.trainer.logprobs.TokenLogprobModel`, so every forward goes through
 ``engine.forward``: ZeRO-3 advances its micro-step counter there, and without it each micro-batch's
 gradient would overwrite the previous one instead of accumulating.
@@ -35,13 +37,8 @@ from typing import Any, ContextManager, Mapping
 import torch
 from torch import nn
 
+from unifiedplayers.trainer.base import BaseTrainer, make_optimizer, make_scheduler, register_trainer_backend
 from unifiedplayers.trainer.logprobs import TokenLogprobModel
-from unifiedplayers.trainer.player_trainer import (
-    PlayerTrainer,
-    make_optimizer,
-    make_scheduler,
-    register_trainer_backend,
-)
 
 Tensor = torch.Tensor
 
@@ -91,8 +88,8 @@ def deepspeed_config(cfg, stage: int) -> dict[str, Any]:
     return _merge(ds, cfg.ds_config or {})
 
 
-class DeepSpeedTrainer(PlayerTrainer):
-    """ZeRO-``stage`` trainer; see :class:`PlayerTrainer` for the interface."""
+class DeepSpeedTrainer(BaseTrainer):
+    """ZeRO-``stage`` trainer; see :class:`~unifiedplayers.trainer.base.BaseTrainer` for the interface."""
 
     stage = 2
     lockstep_micro_batches = True

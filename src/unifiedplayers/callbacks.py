@@ -1,0 +1,128 @@
+"""The outer loop's side effects, kept out of it (rank 0 writes every file; other ranks get no-ops):
+
+- :class:`RunFiles`: records.jsonl (one interaction record ξ(q) per Planning output), metrics.jsonl and W&B
+  (one line per update), and the progress bar;
+- :class:`DiagnosticPool`: the fixed diagnostic pool (SPEC §8, ``schedule.execution_pool``): after every
+  ``every``-th Execution update the Execution player answers it greedily; its accuracies go into that update's
+  metrics line and execution_pool.jsonl. It leaves the RNG states as it found them, so a run with the pool on
+  trains exactly as one without it;
+- :func:`finish`: the end-of-run summary and the checkpoint retention.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from omegaconf import OmegaConf
+
+from unifiedplayers.checkpoints import prune
+from unifiedplayers.execution_pool import FixedPool, metrics_of
+from unifiedplayers.logging import RunLogger, progress
+from unifiedplayers.records import RECORDS_FILENAME, RecordWriter
+from unifiedplayers.schedule import Slot
+from unifiedplayers.trainer import capture_rng_state, restore_rng_state
+
+
+class RunFiles:
+    """records.jsonl, metrics.jsonl (and W&B), and the progress bar of one process of a run."""
+
+    def __init__(self, cfg: Any, run_dir: Path, is_main: bool, total: int, completed: int, run_id: str) -> None:
+        self.is_main = is_main
+        self.logger = RunLogger(run_dir, cfg.logger, OmegaConf.to_container(cfg, resolve=True),
+                                run_id=run_id) if is_main else None
+        self.writer = RecordWriter(run_dir / RECORDS_FILENAME) if is_main else None
+        self.bar = progress(total=total, desc="updates", enabled=bool(cfg.logger.progress) and is_main,
+                            initial=completed, position=0)
+
+    def __enter__(self) -> "RunFiles":
+        if self.writer is not None:
+            self.writer.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.bar.close()
+        if self.writer is not None:
+            self.writer.__exit__(*exc)
+        if self.logger is not None:
+            self.logger.close()
+
+    def stage(self, name: str) -> None:
+        """Show what the current update is doing."""
+        self.bar.set_postfix_str(name)
+
+    def start_update(self, slot: Slot) -> None:
+        self.bar.set_description_str(f"it {slot.iteration} {slot.role} {slot.update + 1}/{slot.block_size}")
+
+    def records(self, records: Sequence[Any]) -> None:
+        if self.writer is not None:
+            for rec in records:
+                self.writer.append(rec)
+
+    def metrics(self, metrics: dict[str, Any], step: int) -> None:
+        if self.logger is not None:
+            self.logger.log(metrics, step=step)
+
+    def end_update(self) -> None:
+        self.bar.update(1)
+
+
+class DiagnosticPool:
+    """The fixed diagnostic pool of the Execution player (see the module docstring)."""
+
+    def __init__(self, cfg: Any, run_dir: Path, trained: Sequence[str], slots: Sequence[Slot], dist: Any) -> None:
+        self.dist = dist
+        self.on = "execution" in trained
+        self.pool = FixedPool(cfg.schedule.execution_pool, run_dir) if (
+            cfg.schedule.execution_pool.every > 0 and self.on and dist.is_main) else None  # rank 0 evaluates it
+        # Execution updates done once slot i is complete (the pool's checkpoint index).
+        self.execution_steps, n = [], 0
+        for s in slots:
+            n += s.role == "execution"
+            self.execution_steps.append(n)
+
+    def metrics(self, slot: Slot, team: Any, sandbox: Any, execution_cfg: Any, timing: dict[str, float],
+                stage: Any = None, before: bool = False) -> dict[str, Any]:
+        """The pool's metrics after update ``slot``, when an evaluation is due; {} otherwise.
+
+        ``before``: the initial checkpoint (update 0, Appendix D.2), evaluated before the run's first update
+        (whatever its block: with a shared model a Planning update already moves the Execution weights), on
+        the first line under ``execution/pool0_*``. Rank 0 evaluates; the other ranks swap the Execution
+        weights into their engines with it, since that swap can be a collective (ZeRO-3).
+        """
+        if not self.on or (slot.role != "execution" and not before) or (before and slot.index != 0):
+            return {}
+        step = 0 if before else self.execution_steps[slot.index]
+        if not self.dist.broadcast(self.pool is not None and self.pool.due(step)):
+            return {}
+        if not self.dist.is_main:
+            team.engine("execution", "execution")
+            return {}
+        if stage is not None:
+            stage(f"execution pool ({len(self.pool.questions)} questions)")
+        rng = capture_rng_state()  # greedy decoding; the run's RNG streams must not notice the evaluation
+        engine, ver = team.engine("execution", "execution")
+        entry = self.pool.evaluate(
+            step, {"global_update": slot.index - (1 if before else 0), "outer_iteration": slot.iteration,
+                   "checkpoint": ver}, engine, sandbox, team.tokenizer, execution_cfg)
+        restore_rng_state(rng)
+        timing["pool_s"] += entry.get("seconds", 0.0)
+        out = metrics_of(entry)
+        return {k.replace("execution/pool_", "execution/pool0_") if before else k: v for k, v in out.items()
+                if not (before and k.startswith("timing/"))}
+
+
+def finish(cfg: Any, run_dir: Path, dist: Any, completed: int, finished: bool,
+           timing: Optional[dict[str, float]]) -> dict[str, Any]:
+    """The end of a process: the summary (rank 0; printed when ``schedule.print_summary``) and, for a finished
+    run, ``schedule.checkpoint_retention``. ``timing`` None: the summary of an already finished run."""
+    from unifiedplayers.summary import write_summary
+
+    if not dist.is_main:
+        return {"completed": completed, "finished": finished, "rank": dist.rank}
+    summary, text = write_summary(run_dir, timing=timing)
+    if finished:
+        prune(run_dir, cfg.schedule.checkpoint_retention)
+    if cfg.schedule.print_summary:
+        print(text)
+    return summary
+

@@ -1,0 +1,62 @@
+"""The run's checkpoints (``checkpoints/`` of the run directory).
+
+- ``iter<t>/<role>/``: the trained player's checkpoint at the end of each of its blocks (``model.pt``, what
+  eval/ reads; the optimizer state; π_ref; RNG).
+- ``resume/<role>-a`` and ``resume/<role>-b``: the active player's in-block checkpoint, written to the copy the
+  run state does not point at, so that the state always names a complete checkpoint.
+- ``published/<role>.pt``: stale feedback's copies (:mod:`unifiedplayers.team`).
+
+``schedule.checkpoint_retention`` thins a finished run's checkpoints (:func:`prune`).
+"""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any, Optional
+
+from unifiedplayers.schedule import Slot
+
+
+def save_active(team: Any, slot: Slot, run_dir: Path, checkpoints: dict[str, Optional[str]],
+                every_block: bool) -> None:
+    """The active player's checkpoint after update ``slot``: named at a block end, else the resume copy the
+    state does not use; ``checkpoints`` (role -> path) names it for the player and a shared model's other role."""
+    trainer = team.players[slot.role].trainer
+    base = Path("checkpoints")
+    if slot.last_of_block and every_block:
+        rel = base / f"iter{slot.iteration}" / slot.role
+    else:
+        current = checkpoints.get(slot.role) or ""
+        rel = base / "resume" / f"{slot.role}-{'b' if current.endswith('-a') else 'a'}"
+    trainer.save_checkpoint(run_dir / rel)  # on every rank: rank 0 writes, or every rank its shards
+    for role, player in team.players.items():  # a shared model's other role points at the same weights
+        if role == slot.role or (player.trainer is trainer and role in team.shared_roles):
+            checkpoints[role] = str(rel)
+
+
+def drop_resume_copies(run_dir: Path, role: str, checkpoints: dict[str, Optional[str]]) -> None:
+    """At a block end: the role's in-block copies the state no longer points at."""
+    for name in ("a", "b"):
+        rel = f"checkpoints/resume/{role}-{name}"
+        if checkpoints.get(role) != rel:
+            shutil.rmtree(run_dir / rel, ignore_errors=True)
+
+
+def prune(run_dir: Path, keep: str) -> None:
+    """Apply ``schedule.checkpoint_retention`` (``keep``) to a finished run's checkpoints (idempotent)."""
+    root = run_dir / "checkpoints"
+    if keep == "all" or not root.is_dir():
+        return
+    for group in sorted(p for p in root.iterdir() if p.is_dir()):
+        if group.name == "published":  # stale feedback's copies: used while the run goes on only
+            shutil.rmtree(group, ignore_errors=True)
+            continue
+        for ckpt in sorted(p for p in group.iterdir() if p.is_dir()):
+            role = ckpt.name.split("-")[0]  # iter<N>/<role> or resume/<role>-a|b
+            if keep == "execution_weights" and role != "execution":
+                shutil.rmtree(ckpt, ignore_errors=True)
+                continue
+            for name in ("optimizer.pt", "reference.pt"):
+                (ckpt / name).unlink(missing_ok=True)
+            if (ckpt / "model.pt").is_file():  # a DeepSpeed checkpoint's resume state (its optimizer
+                shutil.rmtree(ckpt / "deepspeed", ignore_errors=True)  # partitions); model.pt stays

@@ -1,0 +1,198 @@
+"""The outer loop of UnifiedPlayers (§3.3, Appendix B.4): Planning → Execution → Evaluation blocks of
+``schedule.<role>_updates`` GRPO updates of one player each (``schedule``), cut into sampling phases of S × μ
+updates. Each update runs these stages in order:
+
+1. at a block's start: π_ref reset and stale copies published (a new iteration), the others frozen (``team``);
+2. at a phase's start, with the policies as they stand: **sample** tasks, K trajectories and M verifiers
+   (``sampling``); **feedback**: perturb, verdict matrices, rewards (``feedback.phase_feedback``, then the method's
+   reward sources); **GRPO units** with advantages (Eq. 17; ``phase.build_units``); the phase's records;
+3. **train**: one optimizer step on the active player's unit, against the behaviour log-probs (Eq. 18-19);
+4. the metrics line, the **checkpoint** and the **run state**, in that order, so a killed run resumes exactly.
+   R(q)'s question history is fixed within a block; the block's questions join it at its end.
+
+Side effects are callbacks (``callbacks``). Several ranks run this loop in lockstep (``distributed``).
+"""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+from omegaconf import OmegaConf
+
+from unifiedplayers.callbacks import DiagnosticPool, RunFiles, finish
+from unifiedplayers.checkpoints import drop_resume_copies, save_active
+from unifiedplayers.checks import validate
+from unifiedplayers.config import resolve_player_config
+from unifiedplayers.distributed import SINGLE, DistContext, sandbox_config
+from unifiedplayers.engines import TimedSandbox
+from unifiedplayers.perturbation import PerturbationEngine
+from unifiedplayers.phase import PHASE_FILE, Phase, build_units, phase_records, record_meta_of, train_step
+from unifiedplayers.rewards import QuestionHistory
+from unifiedplayers.roles import ROLES
+from unifiedplayers.run_state import CONFIG_FILE, STATE_FILE, RunState, atomic_torch_save, restore, saved_state, \
+    write_state
+from unifiedplayers.sampling import PhaseSampler, execution_config
+from unifiedplayers.schedule import Slot, phase_steps, plan_updates, trained_roles
+from unifiedplayers.team import Team
+
+class StopRun(Exception):
+    """Raised by a hook to end the process cleanly after a completed update (the run stays resumable)."""
+
+
+class OuterLoop:
+    """Runs (or resumes) one run in ``run_dir``. ``hooks``: ``hook(event, loop, slot)`` at ``"update_end"`` and
+    ``"block_end"`` (raise :class:`StopRun` to stop); ``backbone``: a loaded ``(model, tokenizer)``;
+    ``rollout_factory``: ``(rollout_cfg, model, tokenizer) -> engine`` (tests); ``dist``: this process's rank."""
+
+    def __init__(self, cfg: Any, run_dir: str | os.PathLike, hooks: Sequence[Callable[..., None]] = (),
+                 backbone: Optional[tuple[Any, Any]] = None, rollout_factory: Optional[Callable[..., Any]] = None,
+                 dist: DistContext = SINGLE) -> None:
+        self.method = validate(cfg, dist)
+        self.cfg, self.run_dir, self.hooks, self.dist, self._backbone = cfg, Path(run_dir), list(hooks), dist, backbone
+        self.slots, self.trained = plan_updates(cfg), trained_roles(cfg)
+        self.player_cfg = resolve_player_config(cfg)  # with trainer.roles' group sizes and token budgets
+        self.execution_cfg = execution_config(self.player_cfg, self.method.use_tools)
+        self.team = Team(cfg, self.player_cfg, self.trained, self.method.shared_model, dist, rollout_factory)
+        self.state = RunState(checkpoints=dict.fromkeys(ROLES), published=dict.fromkeys(ROLES))
+        self.history = QuestionHistory(cfg.reward.repetition_history)  # R(q)'s, fixed within a block
+        self.phase: Optional[Phase] = None  # the sampling phase in progress
+
+    players = property(lambda self: self.team.players)
+    finished = property(lambda self: self.state.finished)
+
+    # ------------------------------------------------------------------ the run
+    def run(self) -> dict[str, Any]:
+        """Run (or resume) to the end, or until ``schedule.max_updates`` updates or a :class:`StopRun`."""
+        from unifiedplayers.sandbox import Sandbox
+
+        self.run_dir.mkdir(parents=True, exist_ok=True)  # a run there is resumed with resume=true, never overwritten
+        saved = saved_state(self.run_dir, self.cfg, self.dist.world_size)
+        if saved is not None and saved["finished"]:
+            print(f"[resume] the run in {self.run_dir} is already complete ({saved['completed']} updates)")
+            self.state.finished, self.state.completed = True, saved["completed"]
+            return finish(self.cfg, self.run_dir, self.dist, self.state.completed, True, None)
+        if self.dist.is_main:
+            OmegaConf.save(self.cfg, self.run_dir / CONFIG_FILE, resolve=True)
+        self.team.setup(*self.team.load_backbone(self._backbone, self.state.timing))
+        self.pool = DiagnosticPool(self.cfg, self.run_dir, self.trained, self.slots, self.dist)
+        if saved is not None:
+            self.state, self.phase = restore(saved, self.cfg, self.run_dir, self.dist, self.team, self.method,
+                                             self.slots, self.state)
+            self.history = QuestionHistory(self.cfg.reward.repetition_history, self.state.question_history)
+        self.state.wandb_id = self.state.wandb_id or f"up-{os.urandom(4).hex()}"
+        files = RunFiles(self.cfg, self.run_dir, self.dist.is_main, len(self.slots), self.state.completed,
+                         self.state.wandb_id)
+        with Sandbox(sandbox_config(self.cfg.sandbox, self.dist)) as sandbox, files:
+            self.files, self.sandbox = files, TimedSandbox(sandbox)
+            self.sampler = PhaseSampler(self.cfg, self.player_cfg, self.execution_cfg, self.method, self.team,
+                                        self.sandbox, self.dist, files.stage, self.state.prompt_counter)
+            self.perturber = PerturbationEngine.from_config(  # arg_mutation shows outputs as the tool loop does
+                self.cfg.perturbation, seed=self.cfg.seed, sandbox=self.sandbox,
+                observation_max_chars=self.player_cfg.observation_max_chars)
+            self._updates()
+        if self.state.completed >= len(self.slots) and not self.state.finished:
+            self.state.finished = True
+            self._write_state()
+        if not self.state.finished:
+            return {"completed": self.state.completed, "finished": False}
+        return finish(self.cfg, self.run_dir, self.dist, self.state.completed, True, self.state.timing)
+
+    def _updates(self) -> None:
+        budget, done_here = self.cfg.schedule.max_updates, 0
+        while self.state.completed < len(self.slots):
+            if budget is not None and done_here >= budget:
+                print(f"[stop] schedule.max_updates={budget} reached; resume=true continues the run")
+                return
+            slot = self.slots[self.state.completed]
+            self.files.start_update(slot)
+            self._update(slot)
+            done_here += 1
+            self.files.end_update()
+            try:
+                for hook in self.hooks:
+                    hook("update_end", self, slot)
+                    if slot.last_of_block:
+                        hook("block_end", self, slot)
+            except StopRun:
+                print(f"[stop] stopped after update {self.state.completed}; resume=true continues the run")
+                return
+
+    def _update(self, slot: Slot) -> None:
+        """One update: the stages in order (the module docstring)."""
+        extra: dict[str, Any] = {}
+        if slot.first_of_block:
+            if slot.role == next(s.role for s in self.slots if s.iteration == slot.iteration):
+                self.team.start_iteration(self.run_dir, self.state.published)
+            extra.update(self.team.start_block(slot.role))
+        extra.update(self.pool.metrics(slot, self.team, self.sandbox, self.execution_cfg, self.state.timing,
+                                       self.files.stage, before=True))
+        if self.phase is None or self.phase.first != slot.phase:  # else: resumed inside this phase
+            self.phase = self._sample_phase(slot)
+        metrics, update_s = train_step(slot, self.phase, self.team, self.dist,
+                                       int(self.cfg.schedule.steps_per_generation), phase_steps(self.cfg), self.files.stage)
+        self.state.timing["update_s"] += update_s
+        metrics.update(extra)
+        metrics.update(self.pool.metrics(slot, self.team, self.sandbox, self.execution_cfg, self.state.timing,
+                                         self.files.stage))
+        t = time.perf_counter()
+        if slot.last_of_block:
+            metrics.update(self.team.block_diagnostics(slot.role))
+        self.files.metrics(metrics, slot.index)
+        self.state.metrics += 1
+        save_active(self.team, slot, self.run_dir, self.state.checkpoints, self.cfg.schedule.checkpoint_every_block)
+        self.state.completed = slot.index + 1
+        if self.state.completed == slot.phase + phase_steps(self.cfg):
+            self.phase = None  # the phase is over: the state no longer points at it
+        if slot.last_of_block:  # the block's questions join R(q)'s history for the next block
+            self.history.extend(self.state.block_questions)
+            self.state.block_questions = []
+        self._write_state()
+        if slot.last_of_block:
+            self.team.end_block(slot.role)
+            if self.dist.is_main:
+                drop_resume_copies(self.run_dir, slot.role, self.state.checkpoints)
+        self.state.timing["checkpoint_s"] += time.perf_counter() - t
+
+    def _sample_phase(self, slot: Slot) -> Phase:
+        """Sample one phase, build its feedback and units once, write its records, and save it."""
+        units, t_start = int(self.cfg.schedule.steps_per_generation), time.perf_counter()
+        sandbox_before = self.sandbox.seconds
+        sample = self.sampler.sample(slot, units)
+        self.state.prompt_counter = self.sampler.prompt_counter
+        self.state.block_questions.extend(sample.questions)
+        if not self.dist.is_main:  # the other ranks take part in the updates only (rank 0 broadcasts each batch)
+            return Phase(slot.phase, [])
+        self.files.stage("method feedback")  # the method's own (Socratic-Zero: the Teacher grades, refines)
+        self.method.after_rollouts(slot.role, sample.tasks, sample.rollouts)
+        self.files.stage("sandbox: perturbations and verdicts")
+        feedback = sample.feedback(self.method, self.perturber, self.sandbox, self.cfg.reward, list(self.history),
+                                   bool(self.cfg.logger.progress))
+        role_rewards = self.method.phase_rewards(feedback)  # R(q) against the history at the block's start
+        sandbox_s = self.sandbox.seconds - sandbox_before
+        phase_units, group_units, task_units = build_units(
+            slot.role, sample.groups, sample.tasks, sample.rollouts, sample.verifiers, feedback, role_rewards, units,
+            self.cfg, self.method, self.team.tokenizer, self.player_cfg)
+        records = phase_records(sample.groups, sample.tasks, sample.unused, sample.rollouts, sample.verifiers, feedback,
+                                role_rewards, self.perturber.rules,
+                                record_meta_of(slot, sample.versions, group_units, task_units, self.method),
+                                float(self.cfg.reward.malformed_task_reward))
+        self.files.records(records)
+        self.state.records += len(records)
+        gen_s, total = sample.timing["generation_s"], time.perf_counter() - t_start
+        self.state.timing["generation_s"] += gen_s
+        self.state.timing["sandbox_s"] += sandbox_s
+        self.phase = phase = Phase(slot.phase, phase_units, {"generation_s": gen_s, "sandbox_s": sandbox_s,
+                                                             "feedback_s": total - gen_s - sandbox_s, "total_s": total})
+        if phase_steps(self.cfg) > 1:  # a stop inside the phase resumes on these units, not on a new sample
+            atomic_torch_save(phase.to_state(), self.run_dir / PHASE_FILE)
+            self._write_state()
+        return phase
+
+    def _write_state(self) -> None:
+        self.state.phase = self.phase.first if self.phase is not None else None
+        self.state.question_history = list(self.history)
+        if self.dist.is_main:
+            write_state(self.state, self.run_dir / STATE_FILE, self.team, self.method, len(self.slots), self.dist,
+                        self.cfg)

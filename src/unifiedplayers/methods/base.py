@@ -1,0 +1,258 @@
+"""One interface for a method: UnifiedPlayers itself, and every baseline (§5.1, Appendix F; SPEC §11).
+
+A method is a :class:`Method` subclass, registered by name with :func:`register_method`, and a
+``conf/method/<name>.yaml``. Every hook has a default that is UnifiedPlayers' behaviour, so a method
+overrides only what differs::
+
+    @register_method("my_method")
+    class MyMethod(Method):
+        @dataclass
+        class Settings:                      # the typed form of method.extra (unknown keys fail at start-up)
+            bonus: float = 0.1
+
+        def rewards(self, role, feedback):   # one player's rewards, for all the tasks of a phase
+            out = super().rewards(role, feedback)
+            return [r + self.settings.bonus for r in out] if role == "planning" else out
+
+The outer loop reads the method's properties (:attr:`Method.shared_model`, :attr:`Method.use_tools`,
+:attr:`Method.writes_verifiers`) and calls its hooks; it never branches on a method's name. A method defined
+outside the package names its class in its YAML (``method._target_: my_module.MyMethod``).
+
+Hooks, in the order a sampling phase calls them:
+
+- :meth:`Method.check` at start-up (a setting the method cannot honour fails before any model loads);
+- :meth:`Method.planning_prompts` before the Planning player writes the phase's tasks (None: topic prompts);
+- :meth:`Method.build_task` turns each Planning output into a task (Absolute Zero: a code puzzle);
+- :meth:`Method.phase_tasks` chooses the tasks played (Socratic-Zero: with its curriculum);
+- :meth:`Method.after_rollouts` once the K solutions are in (Socratic-Zero: the Teacher grades);
+- :meth:`Method.rewards` gives each player's rewards from the phase's feedback (Eq. 2, 4, 5 by default);
+- :meth:`Method.group_shape` shapes each task's GRPO group (R-Zero's band, Agent0's ADPO);
+- :meth:`Method.unit_batch` may replace a unit's GRPO batch (Socratic-Zero: DPO pairs, imitation);
+- :meth:`Method.unit_metrics` and :meth:`Method.record_meta` add to the metrics line and the records;
+- :meth:`Method.state_dict` / :meth:`Method.load_state_dict` travel with the run state.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from dataclasses import dataclass
+from typing import Any, ClassVar, Optional, Sequence
+
+import numpy as np
+
+from unifiedplayers.methods.sources import reward_source
+from unifiedplayers.roles import ROLES
+
+
+@dataclass
+class GroupShape:
+    """How a method trains one task's group (the K trajectories of a task, or the M verifiers)."""
+
+    keep: bool = True  # False: the group is not trained on (R-Zero's band, Agent0's frontier)
+    adv_scale: float = 1.0  # multiplies the group's GRPO advantages (Agent0's ADPO)
+    clip_high: Optional[float] = None  # per-sample upper clip ε_high (Agent0's ADPO); None: trainer.clip_eps
+
+
+@dataclass
+class NoSettings:
+    """A method without settings of its own: ``method.extra`` must be empty."""
+
+
+def parse_settings(settings_class: type, extra: Any, method_name: str) -> Any:
+    """``method.extra`` as an instance of the method's ``Settings`` dataclass; an unknown key or a value of
+    the wrong type fails here, naming the key and the known ones."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    given = OmegaConf.to_container(extra, resolve=True) if OmegaConf.is_config(extra) else dict(extra or {})
+    known = [f.name for f in dataclasses.fields(settings_class)]
+    unknown = sorted(set(given) - set(known))
+    if unknown:
+        raise ValueError(f"method.extra: unknown key(s) {unknown} for method {method_name!r}; "
+                         f"its settings: {known or 'none'}")
+    try:
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(settings_class), given))
+    except OmegaConfBaseException as e:
+        raise ValueError(f"method.extra of method {method_name!r}: {e}") from None
+
+
+class Method:
+    """UnifiedPlayers (Eq. 2, 4, 5 from the verdict matrix); the base of every baseline. See the module
+    docstring for the hooks; every default changes nothing."""
+
+    Settings: ClassVar[type] = NoSettings
+
+    def __init__(self, cfg: Any) -> None:
+        self.cfg = cfg  # the run config (a method may read the trainer or player settings at start-up)
+        self.method_cfg = cfg.method
+        self.name = str(cfg.method.name)
+        self.settings = parse_settings(self.Settings, cfg.method.extra, self.name)
+
+    # ------------------------------------------------------------------ properties the loop reads
+    @property
+    def shared_model(self) -> bool:
+        """One set of weights for the Planning and Execution players (Absolute Zero)."""
+        return bool(getattr(self.method_cfg, "shared_model", False))
+
+    @property
+    def use_tools(self) -> bool:
+        """False: one generation per trajectory, its code never run (R-Zero, Socratic-Zero)."""
+        return bool(self.method_cfg.use_tools)
+
+    @property
+    def writes_verifiers(self) -> bool:
+        """False: no verifiers are written and no verdict matrices built (no reward reads a verdict)."""
+        return bool(self.method_cfg.verifiers)
+
+    # ------------------------------------------------------------------ start-up
+    def check(self) -> None:
+        """Fail at start-up on settings the method cannot honour (each reward source's own checks too)."""
+        unknown = [r for r in self.method_cfg.roles if r not in ROLES]
+        if unknown:
+            raise ValueError(f"method.roles: unknown roles {unknown}; roles: {ROLES}")
+        sources = {role: reward_source(role, self.source_name(role)) for role in ROLES}
+        if not self.writes_verifiers:
+            needing = [f"{role}_reward={self.source_name(role)}" for role in self.method_cfg.roles
+                       if sources[role].reads_verdicts]
+            if needing:
+                raise ValueError(f"method.verifiers=false, but the trained roles' rewards read verdicts: "
+                                 f"{', '.join(needing)}")
+        for source in sources.values():
+            if source.check is not None:
+                source.check(self.method_cfg)
+        self.check_prompts()
+
+    @property
+    def prompt_shows_code(self) -> bool:
+        """True where code in the Execution prompt is the task itself (Absolute Zero's programs), not a tool."""
+        return False
+
+    def check_prompts(self) -> None:
+        """A method without tools must not ask for code: every sample that obeyed would end unanswered."""
+        from unifiedplayers.config import resolve_player_config
+        from unifiedplayers.players.execution import code_requests
+
+        asks = code_requests(resolve_player_config(self.cfg))
+        if not self.use_tools and not self.prompt_shows_code and asks:
+            raise ValueError(
+                f"method {self.name} runs without tools, but the Execution prompt asks for code ({', '.join(asks)}): "
+                "every sample that obeyed would end unanswered. Give it a plain-text player.execution prompt "
+                "(system, template, few_shot), as conf/method/r_zero.yaml does")
+
+    def source_name(self, role: str) -> str:
+        """The reward source the config names for ``role`` (``method.<role>_reward``)."""
+        return str(getattr(self.method_cfg, f"{role}_reward"))
+
+    # ------------------------------------------------------------------ rewards
+    def rewards(self, role: str, feedback: Sequence[Any]) -> list[Any]:
+        """``role``'s rewards for every well-formed task of a phase (``feedback`` in task order): a float per
+        task for Planning, an array per task (one per trajectory / verifier) for the others. By default the
+        reward source named by ``method.<role>_reward``; a batch source sees the whole phase."""
+        return reward_source(role, self.source_name(role)).over(feedback)
+
+    def phase_rewards(self, feedback: Sequence[Any]) -> dict[str, list[Any]]:
+        """Every player's rewards for the phase's tasks: (K,) and (M,) float64 arrays per task for Execution and
+        Evaluation, a float per task for Planning (:meth:`rewards` of each role, in this order)."""
+        return {"execution": [np.asarray(r, dtype=np.float64) for r in self.rewards("execution", feedback)],
+                "evaluation": [np.asarray(r, dtype=np.float64) for r in self.rewards("evaluation", feedback)],
+                "planning": [float(r) for r in self.rewards("planning", feedback)]}
+
+    def group_shape(self, role: str, fb: Any, clip_eps: float) -> GroupShape:
+        """How one task's group of ``role`` trains (plain GRPO by default); ``clip_eps`` is the role's ε."""
+        return GroupShape()
+
+    # ------------------------------------------------------------------ tasks
+    def build_task(self, task: Any, sandbox: Any) -> Any:
+        """A Planning output as a task (math by default: the parsed question and boxed answer)."""
+        return task
+
+    def planning_prompts(self, tokenizer: Any, player_cfg: Any, n: int) -> Optional[list[tuple[str, str]]]:
+        return None
+
+    def phase_tasks(self, role: str, groups: list, used: list, unused: list, n: int) -> tuple[list, list, list]:
+        return groups, used, unused
+
+    def after_rollouts(self, role: str, tasks: Sequence[Any], rollouts: Sequence[Sequence[Any]]) -> None:
+        pass
+
+    # ------------------------------------------------------------------ a unit's batch, metrics and records
+    def unit_batch(self, role: str, task_indices: Sequence[int], tokenizer: Any, player_cfg: Any) -> Optional[list]:
+        """A batch that replaces the unit's GRPO batch (None: GRPO)."""
+        return None
+
+    def unit_metrics(self, role: str, task_indices: Sequence[int]) -> dict[str, Any]:
+        return {}
+
+    def record_meta(self, task_index: int) -> dict[str, Any]:
+        return {}
+
+    # ------------------------------------------------------------------ run state
+    def state_dict(self) -> Optional[dict[str, Any]]:
+        return None
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
+# --------------------------------------------------------------------------------------------------
+# The registry
+
+METHODS: dict[str, type[Method]] = {"unifiedplayers": Method, "vanilla": Method, "tool_augmented": Method}
+# Baselines in this package, imported on first use (they import this module; it never imports them).
+BUILTIN_MODULES = {name: f"unifiedplayers.methods.{name}"
+                   for name in ("r_zero", "agent0", "absolute_zero", "socratic_zero")}
+
+
+def register_method(name: str):
+    """Register a :class:`Method` subclass under ``name`` (``method.name`` in the config)."""
+
+    def deco(cls: type[Method]) -> type[Method]:
+        if not (isinstance(cls, type) and issubclass(cls, Method)):
+            raise TypeError(f"register_method({name!r}): {cls!r} is not a Method subclass")
+        METHODS[name] = cls
+        return cls
+
+    return deco
+
+
+def import_builtin_methods() -> None:
+    """Import every baseline of the package (their reward sources register with them)."""
+    for module in BUILTIN_MODULES.values():
+        importlib.import_module(module)
+
+
+def _import_target(target: str) -> type[Method]:
+    module, _, attr = target.replace(":", ".").rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError, ValueError) as e:
+        raise ValueError(f"method._target_={target!r} cannot be imported ({e}); is its folder on PYTHONPATH?") from None
+    if not (isinstance(cls, type) and issubclass(cls, Method)):
+        raise ValueError(f"method._target_={target!r} is not a unifiedplayers.methods.Method subclass")
+    return cls
+
+
+def method_class(method_cfg: Any) -> type[Method]:
+    """The class of ``method_cfg``: its ``_target_`` when set, else the one registered as ``method.name``."""
+    target = getattr(method_cfg, "_target_", None)
+    if target:
+        return _import_target(str(target))
+    name = str(method_cfg.name)
+    if name not in METHODS and name in BUILTIN_MODULES:
+        importlib.import_module(BUILTIN_MODULES[name])
+    if name not in METHODS:
+        import_builtin_methods()
+        raise ValueError(f"method.name={name!r} is not a registered method; known: {sorted(METHODS)} "
+                         "(a method outside the package sets method._target_ to its class)")
+    return METHODS[name]
+
+
+def build_method(cfg: Any) -> Method:
+    """The run's method, built from the run config ``cfg`` and checked (fails at start-up with a message)."""
+    method = method_class(cfg.method)(cfg)
+    method.check()
+    return method
+
+
+__all__ = ["GroupShape", "METHODS", "Method", "NoSettings", "build_method", "import_builtin_methods", "method_class",
+           "parse_settings", "register_method"]

@@ -1,0 +1,130 @@
+"""Reward sources: the named reward functions a method's config picks for each player (``method.<role>_reward``).
+
+UnifiedPlayers uses ``verdict`` (Eq. 4 for Execution, Eq. 5 for Evaluation) and ``unifiedplayers`` (Eq. 2 for
+Planning); the baselines add theirs in their own modules (``majority_vote`` is here, shared by R-Zero and
+Agent0). A source reads one task's :class:`unifiedplayers.feedback.TaskFeedback`, or, registered with
+``batch=True``, the list of all the phase's tasks (R-Zero's and Agent0's within-batch repetition penalty)::
+
+    @register_reward_source("planning", "my_curriculum")
+    def my_curriculum(fb: TaskFeedback) -> float: ...
+
+``reads_verdicts=True`` marks a source that reads the verdict matrix (a method with ``verifiers: false``
+may not train with it); ``check(method_cfg)`` runs at start-up when the source is chosen.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+
+from unifiedplayers.rewards import answer_clusters, majority_share
+from unifiedplayers.roles import ROLES
+
+
+@dataclass(frozen=True)
+class RewardSource:
+    """One named reward function of one role."""
+
+    fn: Callable[[Any], Any]
+    batch: bool = False  # fn(list of TaskFeedback) -> one reward per task
+    reads_verdicts: bool = False
+    check: Optional[Callable[[Any], None]] = None  # check(method_cfg) at start-up
+
+    def __call__(self, feedback: Any) -> Any:
+        return self.fn(feedback)
+
+    def over(self, feedback: Sequence[Any]) -> list[Any]:
+        """The rewards of every task of a phase, in task order."""
+        feedback = list(feedback)
+        if not self.batch:
+            return [self.fn(fb) for fb in feedback]
+        out = list(self.fn(feedback))
+        if len(out) != len(feedback):
+            raise ValueError(f"reward source {self.fn.__name__} returned {len(out)} rewards for {len(feedback)} tasks")
+        return out
+
+
+REWARD_SOURCES: dict[str, dict[str, RewardSource]] = {role: {} for role in ROLES}
+
+
+def register_reward_source(role: str, name: str, *, batch: bool = False, reads_verdicts: bool = False,
+                           check: Optional[Callable[[Any], None]] = None):
+    """Register ``fn`` as ``role``'s reward source ``name`` (see the module docstring)."""
+    if role not in REWARD_SOURCES:
+        raise ValueError(f"unknown role {role!r}; roles: {ROLES}")
+
+    def deco(fn):
+        REWARD_SOURCES[role][name] = RewardSource(fn, batch, reads_verdicts, check)
+        return fn
+
+    return deco
+
+
+def reward_source(role: str, name: str) -> RewardSource:
+    """``role``'s source ``name``; an unknown name fails naming the known ones (the baselines' included)."""
+    if role not in REWARD_SOURCES:
+        raise ValueError(f"unknown role {role!r}; roles: {ROLES}")
+    if name not in REWARD_SOURCES[role]:  # a baseline's source registers when its module is imported
+        for module in ("r_zero", "agent0", "absolute_zero", "socratic_zero"):
+            importlib.import_module(f"unifiedplayers.methods.{module}")
+    try:
+        return REWARD_SOURCES[role][name]
+    except KeyError:
+        raise ValueError(
+            f"method: unknown {role} reward source {name!r}; known: {sorted(REWARD_SOURCES[role])}") from None
+
+
+def self_consistency(fb: Any) -> float:
+    """p̂: share of the K samples that give the majority answer (R-Zero / Agent0), K counting every sample.
+
+    Computed once per task (answer matching runs math-verify) and kept on ``fb``; the clustering options
+    (missing answers, time limit) are the reward config's, so p̂ agrees with the U(q) of the record.
+    """
+    if fb.p_hat is None:
+        c = fb.reward_cfg
+        fb.p_hat = float(majority_share(list(fb.answers), bool(getattr(c, "missing_answer_in_majority", False)),
+                                        getattr(c, "answer_match_timeout_s", 10.0)))
+    return fb.p_hat
+
+
+# --------------------------------------------------------------------------------------------------
+# UnifiedPlayers' sources, and the pseudo-label reward shared by R-Zero and Agent0
+
+
+@register_reward_source("execution", "verdict", reads_verdicts=True)
+def execution_verdict(fb: Any) -> np.ndarray:
+    """Eq. 4: r_S(τ_k) = share of the valid verifiers that accept τ_k. Shape (K,)."""
+    return np.asarray(fb.rewards.execution, dtype=np.float64)
+
+
+@register_reward_source("execution", "majority_vote")
+def execution_majority_vote(fb: Any) -> np.ndarray:
+    """Pseudo-label reward (R-Zero / Agent0 Executor): 1 for answers in the largest answer cluster, else 0.
+    Ties go to the cluster met first; no answer at all gives zeros."""
+    clusters = answer_clusters(list(fb.answers))
+    out = np.zeros(len(fb.answers))
+    if clusters:
+        out[max(clusters, key=len)] = 1.0
+    return out
+
+
+@register_reward_source("planning", "unifiedplayers", reads_verdicts=True)
+def planning_unifiedplayers(fb: Any) -> float:
+    """Eq. 2: r_T(q) = w_unc U(q) + w_ver V(q) − w_rep R(q)."""
+    return float(fb.rewards.planning)
+
+
+@register_reward_source("planning", "uncertainty_repetition")
+def planning_uncertainty_repetition(fb: Any) -> float:
+    """w_unc U(q) − w_rep R(q), R(q) against the history (no verifier term; R-Zero's own reward, with the
+    within-batch penalty, is ``r_zero_challenger``)."""
+    c = fb.reward_cfg
+    return float(c.w_unc * fb.rewards.uncertainty - c.w_rep * fb.rewards.repetition)
+
+
+@register_reward_source("evaluation", "verdict", reads_verdicts=True)
+def evaluation_verdict(fb: Any) -> np.ndarray:
+    """Eq. 5 for the valid verifiers, ``invalid_verifier_reward`` for the others. Shape (M,)."""
+    return np.asarray(fb.rewards.evaluation, dtype=np.float64)

@@ -1,0 +1,150 @@
+"""Sampling a phase (§3.1, §3.3): tasks from the Planning player, K trajectories per task from the Execution
+player (tool loop) and M verifiers per task from the Evaluation player, with the policies as they stand at the
+phase's start (:class:`PhaseSampler`). Every generation is seeded from (seed, the phase's first update, stage),
+so a resumed run samples what an uninterrupted one does.
+
+Several ranks: each generation call is split over the ranks (each draws its share of the samples per prompt,
+seeded with its rank) and gathered in rank order on rank 0; rank 0 builds the tasks and every rank gets them.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from unifiedplayers.config import role_temperature
+from unifiedplayers.feedback import phase_feedback
+from unifiedplayers.players.evaluation import write_verifiers
+from unifiedplayers.players.execution import solve
+from unifiedplayers.players.planning import PlanningTask, generate_tasks
+from unifiedplayers.schedule import Slot, seed_for
+
+# Generation stages of a phase (the seed of stage s of rank r is seed_for(seed, phase, s + 1000 r)).
+TASK_STAGE, TRAJECTORY_STAGE, VERIFIER_STAGE = 10, 20, 30
+
+
+def execution_config(player_cfg: Any, use_tools: bool) -> Any:
+    """The Execution player's settings: a method without tools (R-Zero, Socratic-Zero) gets one generation per
+    trajectory, its code never run."""
+    from omegaconf import OmegaConf
+
+    return player_cfg if use_tools else OmegaConf.merge(player_cfg, {"max_turns": 1})
+
+
+@dataclass
+class PhaseSample:
+    """What a phase sampled. ``groups``: every Planning output, by questioner prompt; ``tasks``: the
+    well-formed ones played; ``unused``: well-formed ones beyond the phase's need (recorded, not played).
+    ``rollouts[i]`` and ``verifiers[i]`` belong to ``tasks[i]`` (rank 0 only; None elsewhere)."""
+
+    groups: list[list[PlanningTask]]
+    tasks: list[PlanningTask]
+    unused: list[PlanningTask]
+    rollouts: Optional[list[list[Any]]]
+    verifiers: Optional[list[list[Any]]]
+    versions: dict[str, dict[str, Any]]  # the checkpoint each player sampled with
+    timing: dict[str, float] = field(default_factory=dict)  # generation_s (sandbox time left out)
+
+    @property
+    def questions(self) -> list[str]:
+        return [t.question for t in self.tasks]
+
+    def feedback(self, method: Any, perturber: Any, sandbox: Any, reward_cfg: Any, history: list[str],
+                 show_progress: bool = False) -> list[Any]:
+        """The phase's executable feedback (:func:`unifiedplayers.feedback.phase_feedback`), one per task."""
+        return phase_feedback(
+            self.questions, [[r.trajectory for r in rs] for rs in self.rollouts],
+            [[v.source for v in vs] for vs in self.verifiers] if method.writes_verifiers else None,
+            perturber, sandbox, reward_cfg, history, expected_answers=[t.expected_answer for t in self.tasks],
+            tool_calls=[[r.num_tool_calls for r in rs] for rs in self.rollouts],
+            answer_checks=[t.check for t in self.tasks], method_cfg=method.method_cfg, settings=method.settings,
+            show_progress=show_progress)
+
+
+class PhaseSampler:
+    """Samples the phases of a run. ``team.engine(role, active) -> (engine, version)`` gives the engine a
+    player samples with while ``active`` trains (:class:`unifiedplayers.team.Team`); ``stage(name)`` shows
+    progress. ``prompt_counter`` (the questioner prompts used so far: it rotates the topics) is run state."""
+
+    def __init__(self, cfg: Any, player_cfg: Any, execution_cfg: Any, method: Any, team: Any, sandbox: Any,
+                 dist: Any, stage: Callable[[str], None] = lambda name: None, prompt_counter: int = 0) -> None:
+        self.cfg, self.player_cfg, self.execution_cfg = cfg, player_cfg, execution_cfg
+        self.method, self.team, self.tokenizer, self.sandbox = method, team, team.tokenizer, sandbox
+        self.dist, self.stage = dist, stage
+        self.prompt_counter = prompt_counter
+
+    def engine(self, role: str, active: str) -> tuple[Any, dict[str, Any]]:
+        return self.team.engine(role, active)
+
+    def seed(self, slot: Slot, stage: int, rank: int) -> int:
+        """The seed of one rank's share of one generation stage of a phase (rank 0: the single-process seed)."""
+        return seed_for(self.cfg.seed, slot.phase, stage + 1000 * rank)
+
+    def sample(self, slot: Slot, units: int) -> PhaseSample:
+        """Tasks, then K trajectories and M verifiers per task, for a phase of ``units`` updates."""
+        p, cfg = self.player_cfg, self.cfg
+        t_start, sandbox_before = time.perf_counter(), self.sandbox.seconds
+        self.stage("planning: tasks")
+        groups, tasks, unused = self.tasks(slot, units)
+        _, plan_ver = self.team.sampler("planning", slot.role)
+        questions = [task.question for task in tasks]
+        self.stage(f"execution: {len(tasks)} x {p.num_trajectories} trajectories")
+        exec_engine, exec_ver = self.engine("execution", slot.role)
+        rollouts = self.dist.sample_split(
+            p.num_trajectories,
+            lambda n, rank: solve(exec_engine, self.sandbox, self.tokenizer, self.execution_cfg, questions, n,
+                                  seed=self.seed(slot, TRAJECTORY_STAGE, rank),
+                                  temperature=role_temperature(cfg, "execution"), top_p=cfg.rollout.top_p),
+            len(questions), to_all=False)
+        eval_engine, eval_ver = self.engine("evaluation", slot.role)
+        if self.method.writes_verifiers:
+            self.stage(f"evaluation: {len(tasks)} x {p.num_verifiers} verifiers")
+            verifiers = self.dist.sample_split(
+                p.num_verifiers,
+                lambda n, rank: write_verifiers(eval_engine, self.tokenizer, p, questions, n,
+                                                seed=self.seed(slot, VERIFIER_STAGE, rank)),
+                len(questions), to_all=False)
+        else:  # a verdict-free method: no Evaluation samples (M = 0)
+            verifiers = [[] for _ in questions] if self.dist.is_main else None
+        generation_s = time.perf_counter() - t_start - (self.sandbox.seconds - sandbox_before)
+        return PhaseSample(groups, tasks, unused, rollouts, verifiers,
+                           {"planning": plan_ver, "execution": exec_ver, "evaluation": eval_ver},
+                           {"generation_s": generation_s})
+
+    def tasks(self, slot: Slot, units: int) -> tuple[list[list[PlanningTask]], list[PlanningTask], list[PlanningTask]]:
+        """(groups, used, unused): the Planning outputs of a phase of ``units`` updates, the well-formed tasks
+        played, and the well-formed ones beyond ``units × tasks_per_update`` (recorded, not played)."""
+        p = self.player_cfg
+        engine, _ = self.engine("planning", slot.role)
+        groups: list[list[PlanningTask]] = []
+        used: list[PlanningTask] = []
+        unused: list[PlanningTask] = []
+        attempts = 1 if slot.role == "planning" else p.task_attempts
+        prompts, wanted = units * p.prompts_per_update, units * p.tasks_per_update
+        # the method's own Planning prompts (Socratic-Zero: the Solver's failures); None: the topic prompts
+        own_prompts = self.dist.broadcast(self.method.planning_prompts(self.tokenizer, p, prompts)
+                                          if self.dist.is_main else None)
+        for attempt in range(attempts):
+            got = self.dist.sample_split(
+                p.tasks_per_prompt,
+                lambda n, rank: generate_tasks(engine, self.tokenizer, p, self.prompt_counter, prompts, n,
+                                               seed=self.seed(slot, TASK_STAGE + attempt, rank), prompts=own_prompts),
+                prompts)
+            # Rank 0 builds the tasks (Absolute Zero's run code in the sandbox); every rank then holds the same.
+            got = self.dist.broadcast([[self.method.build_task(t, self.sandbox) for t in g] for g in got]
+                                      if self.dist.is_main else None)
+            for g in got:
+                for t in g:
+                    t.prompt_index += len(groups)
+            self.prompt_counter += prompts
+            groups.extend(got)
+            for t in (t for g in got for t in g if t.valid):
+                if slot.role == "planning" or len(used) < wanted:
+                    used.append(t)
+                else:
+                    unused.append(t)
+            if slot.role == "planning" or len(used) >= wanted:
+                break
+        # the method picks the tasks played (Socratic-Zero: with its curriculum); every rank gets rank 0's choice
+        return self.dist.broadcast(self.method.phase_tasks(slot.role, groups, used, unused, wanted)
+                                   if self.dist.is_main else None)

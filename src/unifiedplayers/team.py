@@ -1,0 +1,207 @@
+"""The players of a run (§3): their weights, trainers and checkpoint names, and the engines they sample with.
+
+All three players start from the same backbone, as separate parameters (a method with a shared model, Absolute
+Zero, joins Planning and Execution into one model and trainer). Feedback (``schedule.feedback``): *fresh*, a
+co-player samples with its latest weights; *stale*, with its weights at the start of the outer iteration (its
+*published* copy). The active player samples with its weights at the start of the phase (π_old). Every
+trainer's π_ref is reset at the start of every outer iteration.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+
+from unifiedplayers.config import role_temperature, role_trainer_config
+from unifiedplayers.engines import RolloutEngines, SamplingTemperature
+from unifiedplayers.entropy_bank import entropy_bank_texts
+from unifiedplayers.players.evaluation import evaluation_prompt
+from unifiedplayers.players.execution import execution_prompt
+from unifiedplayers.players.planning import planning_prompt
+from unifiedplayers.roles import ROLES
+from unifiedplayers.run_state import atomic_torch_save
+from unifiedplayers.trainer import build_trainer
+
+
+def version(role: str, outer_iteration: int, step: int) -> dict[str, Any]:
+    """The name of a player's checkpoint: (player, outer iteration that produced it, update step)."""
+    return {"player": role, "outer_iteration": int(outer_iteration), "step": int(step)}
+
+
+@dataclass
+class Player:
+    """One player's weights, its trainer (None when frozen) and the name of its current checkpoint."""
+
+    role: str
+    model: Any
+    trainer: Any = None
+    version: Optional[dict[str, Any]] = None
+    published_model: Any = None  # stale feedback: the weights at the start of the outer iteration
+    published_version: Optional[dict[str, Any]] = None
+
+
+class Team:
+    """The run's players (``players[role]``) and the engines they sample with (:meth:`engine`)."""
+
+    def __init__(self, cfg: Any, player_cfg: Any, trained: list[str], shared_model: bool, dist: Any,
+                 rollout_factory: Optional[Callable[..., Any]] = None) -> None:
+        self.cfg, self.player_cfg, self.trained, self.dist = cfg, player_cfg, trained, dist
+        self.shared_roles = ["planning", "execution"] if shared_model else []
+        self.rollout_factory = rollout_factory
+        self.players: dict[str, Player] = {}
+        self.tokenizer: Any = None
+
+    # ------------------------------------------------------------------ set-up
+    def load_backbone(self, backbone: Optional[tuple[Any, Any]], timing: dict[str, float]) -> tuple[Any, Any]:
+        """``backbone`` when given (tests), else ``load_model(cfg.model)``, timed into ``timing["model_load_s"]``."""
+        if backbone is not None:
+            return backbone
+        from unifiedplayers.models import load_model
+
+        t = time.perf_counter()
+        out = load_model(self.cfg.model)
+        timing["model_load_s"] += time.perf_counter() - t
+        return out
+
+    def entropy_bank(self, role: str) -> list[list[int]]:
+        """The role's first ``entropy_bank_size`` held-out contexts (SPEC §8), rendered with its own prompt."""
+        size = int(role_trainer_config(self.cfg.trainer, role).entropy_bank_size)
+        render = {"planning": planning_prompt, "execution": execution_prompt, "evaluation": evaluation_prompt}[role]
+        texts = [render(self.tokenizer, self.player_cfg, item) for item in entropy_bank_texts(role, size)]
+        return [self.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+
+    def setup(self, model: Any, tokenizer: Any) -> None:
+        """Three players from one backbone; a trainer for each trained one."""
+        self.tokenizer = tokenizer
+        for i, role in enumerate(ROLES):
+            if role in self.shared_roles[1:]:  # a shared model: the first shared role's model and trainer
+                first = self.players[self.shared_roles[0]]
+                self.players[role] = Player(role, first.model, trainer=first.trainer, version=first.version)
+                continue
+            m = model if i == len(ROLES) - 1 else copy.deepcopy(model)
+            m.eval()
+            player = Player(role, m, version=version(role, 0, 0))
+            if role in self.trained:
+                player.trainer = build_trainer(
+                    role_trainer_config(self.cfg.trainer, role), m, role=role,
+                    entropy_bank=self.entropy_bank(role) or None, pad_token_id=tokenizer.pad_token_id or 0,
+                    dist=self.dist)
+                player.model = player.trainer.model
+                player.model.eval()
+            self.players[role] = player
+        self.engines = RolloutEngines(self.cfg.rollout, tokenizer, self.rollout_factory)
+
+    def trainers(self) -> list[Any]:
+        """Each trainer once (a shared model's two roles have one)."""
+        out: list[Any] = []
+        for player in self.players.values():
+            if player.trainer is not None and all(player.trainer is not t for t in out):
+                out.append(player.trainer)
+        return out
+
+    # ------------------------------------------------------------------ sampling
+    def sampler(self, role: str, active: str) -> tuple[Any, dict[str, Any]]:
+        """(model, checkpoint name) a player samples with while ``active`` is being trained."""
+        p = self.players[role]
+        if role != active and self.cfg.schedule.feedback == "stale" and p.published_model is not None:
+            return p.published_model, p.published_version
+        return p.model, p.version
+
+    def engine(self, role: str, active: str) -> tuple[Any, dict[str, Any]]:
+        """The rollout engine ``role`` samples with while ``active`` trains, at ``role``'s temperature."""
+        model, ver = self.sampler(role, active)
+        player = self.players[role]
+        key = (ver["player"], ver["outer_iteration"], ver["step"], model is player.published_model)
+        own = player.trainer is not None and model is player.model
+        engine = self.engines.engine(model, key, player.trainer.gathered_weights if own else contextlib.nullcontext)
+        return SamplingTemperature(engine, role_temperature(self.cfg, role)), ver
+
+    # ------------------------------------------------------------------ iterations, blocks, updates
+    def start_iteration(self, run_dir: Path, published: dict[str, Optional[str]]) -> None:
+        """π_ref := the current weights; stale feedback publishes every trained player's weights."""
+        for trainer in self.trainers():
+            trainer.start_outer_iteration()
+        if self.cfg.schedule.feedback != "stale":
+            return
+        pub_dir = run_dir / "checkpoints" / "published"
+        pub_dir.mkdir(parents=True, exist_ok=True)
+        for role, player in self.players.items():
+            if player.trainer is None:
+                continue  # a frozen player never changes: its current weights are the published ones
+            if player.published_model is None:
+                player.published_model = copy.deepcopy(player.model).eval()
+            else:  # same object, new weights: its rollout engine stays valid (hf) or is re-synced (vllm)
+                with torch.no_grad():
+                    player.published_model.load_state_dict(player.model.state_dict())
+            player.published_version = dict(player.version)
+            path = pub_dir / f"{role}.pt"
+            weights = player.trainer.full_state_dict()  # a collective under ZeRO-3: on every rank
+            if self.dist.is_main:
+                atomic_torch_save(weights, path)
+            published[role] = str(path.relative_to(run_dir))
+
+    def start_block(self, role: str) -> dict[str, Any]:
+        """The other players are frozen in this block: eval mode, no optimizer state in memory."""
+        active = self.players[role]
+        for other, player in self.players.items():
+            if other != role and player.model is not active.model:
+                player.model.eval()
+                if player.trainer is not None:
+                    player.trainer.offload_state()
+        return {f"{role}/{k}": v for k, v in active.trainer.start_block().items()}
+
+    def update(self, role: str, iteration: int, batch: list[Any]) -> tuple[dict[str, float], float]:
+        """One optimizer step of ``role`` on ``batch`` (skipped when empty); (trainer metrics, seconds)."""
+        t = time.perf_counter()
+        metrics: dict[str, float] = {}
+        active = self.players[role]
+        if batch:
+            active.model.train()
+            metrics = active.trainer.update(batch)
+            active.model.eval()
+            for player in self.players.values():  # both roles of a shared model name the new weights
+                if player.model is active.model:
+                    player.version = version(role, iteration, active.trainer.global_step)
+        return metrics, time.perf_counter() - t
+
+    def block_diagnostics(self, role: str) -> dict[str, Any]:
+        """The trainer's figures over the block just ended (grad-norm median and CV, entropy retention)."""
+        return {f"{role}/{k}": v for k, v in self.players[role].trainer.block_diagnostics().items()}
+
+    def end_block(self, role: str) -> None:
+        active = self.players[role]
+        active.trainer.offload_state()
+        active.model.eval()
+
+    # ------------------------------------------------------------------ resume
+    def restore(self, run_dir: Path, versions: dict[str, Any], checkpoints: dict[str, Optional[str]]) -> None:
+        """Every trained player's weights, optimizer and π_ref from its last checkpoint."""
+        for role, player in self.players.items():
+            player.version = versions[role]
+            path = checkpoints.get(role)
+            if path and player.trainer is not None:
+                player.trainer.load_checkpoint(run_dir / path, restore_rng=False)
+                player.trainer.offload_state()
+                player.model.eval()
+
+    def resume_iteration(self, iteration: int, run_dir: Path, published_versions: dict[str, Any],
+                         published: dict[str, Optional[str]]) -> None:
+        """Resumed inside outer iteration ``iteration``: its reference policies and published weights."""
+        for trainer in self.trainers():
+            while trainer.outer_iteration < iteration:
+                trainer.start_outer_iteration()
+        if self.cfg.schedule.feedback != "stale":
+            return
+        for role, player in self.players.items():
+            if player.trainer is None:
+                continue
+            player.published_version = published_versions[role]
+            player.published_model = copy.deepcopy(player.model).eval()
+            src = published.get(role)
+            if src:
+                player.published_model.load_state_dict(torch.load(run_dir / src, map_location="cpu", weights_only=True))

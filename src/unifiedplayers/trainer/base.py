@@ -1,0 +1,558 @@
+"""The trainer interface (SPEC §6): samples, optimizer, backend registry and the shared GRPO update.
+
+Built like verl's engine base and registry: this module is the interface every backend imports, and
+backends never import each other.
+
+- :class:`TrainSample` and its constructors (:func:`sample_from_segments`, :func:`sample_from_completion`,
+  :func:`as_sample`): what an update trains on.
+- :func:`make_optimizer`, :func:`make_scheduler`: AdamW and the warm-up schedule every backend uses.
+- :class:`BaseTrainer`: the backend-independent logic of one player's trainer (reference policy, the
+  update, diagnostics, checkpoints). A backend subclass supplies optimizer, backward, step and checkpoint
+  I/O through the ``_backend`` hooks (:class:`TrainerHooks`): plain torch in
+  :mod:`unifiedplayers.trainer.player_trainer`, DeepSpeed ZeRO-2/3 in
+  :mod:`unifiedplayers.trainer.deepspeed_backend`.
+- :data:`TRAINER_BACKENDS`, :func:`register_trainer_backend`, :func:`build_trainer`: backends by name
+  (``trainer.backend``). The built-in ones are listed as ``"module:Class"`` and imported on first use, so
+  this module imports no backend.
+
+The maths lives in :mod:`unifiedplayers.grpo`; this module only feeds it. One :meth:`BaseTrainer.update` =
+one optimizer step over a batch of samples (one block update):
+
+1. Eq. 21 aggregation weights are computed over the *whole* batch, so micro-batches with gradient
+   accumulation give exactly the loss and gradient of the full batch.
+2. Each micro-batch is right-padded, run through the model once, and the log-probs of its trainable
+   tokens only are computed (:func:`~unifiedplayers.trainer.logprobs.selected_token_logprobs`).
+3. The ratio uses the behaviour log-probs recorded at sampling time, never recomputed.
+4. π_ref log-probs come from a frozen copy taken at :meth:`~BaseTrainer.start_outer_iteration`
+   (``ref_mode: copy``) or from swapping the saved reference weights in once per batch
+   (``ref_mode: precompute``); neither is needed when β = 0 or when the policy still equals the reference
+   (first update of an iteration).
+5. AdamW step with gradient clipping; the global grad norm before clipping is logged.
+
+Data-parallel ranks (``dist``, :mod:`unifiedplayers.distributed`): every rank receives the whole batch,
+runs the micro-batches ``i`` with ``i mod N = rank`` (weights from the whole batch, step 1), and the
+gradients are summed over the ranks before the step, so every rank takes the step of the whole batch.
+A backend whose forward and backward are collectives (DeepSpeed: ZeRO-3 gathers parameters in each
+forward, ZeRO-2 reduces in backward hooks) sets ``lockstep_micro_batches``: a rank with one micro-batch
+fewer than the others runs a zero-weight copy of the first one, so no rank waits for a call that never
+comes. Checkpoints are written by rank 0 alone, or by every rank into one directory where the backend
+shards its state (``collective_checkpoint``).
+"""
+from __future__ import annotations
+
+import copy
+import importlib
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, ContextManager, Iterable, Mapping, Optional, Sequence, Union
+
+import torch
+from torch import nn
+
+from unifiedplayers import grpo
+from unifiedplayers.distributed import SINGLE, DistContext
+from unifiedplayers.trainer.batching import (
+    MicroBatchPlan,
+    _as_tensor,
+    _combine_metrics,
+    _MicroBatch,
+    plan_micro_batches,
+)
+from unifiedplayers.trainer.checkpoint import RNG_FILE, atomic_directory, capture_rng_state, restore_rng_state
+from unifiedplayers.trainer.diagnostics import EntropyRetention, grad_norm_block_stats
+from unifiedplayers.trainer.logprobs import TokenLogprobModel, TokenLogprobs, mean_token_entropy
+
+Tensor = torch.Tensor
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+# ---------------------------------------------------------------------------------------------- samples
+@dataclass
+class TrainSample:
+    """One candidate of a group, as the rollout flattens it.
+
+    ``old_logprobs[t]`` is the behaviour log-prob of ``token_ids[t]`` (any value where ``loss_mask[t] == 0``);
+    ``loss_mask[t] = 1`` marks a trainable completion token (prompt, padding and tool-observation tokens
+    are 0).
+    """
+
+    token_ids: Sequence[int] | Tensor
+    loss_mask: Sequence[int] | Tensor
+    old_logprobs: Sequence[float] | Tensor
+    advantage: float
+    group: int
+    clip_high: Optional[float] = None  # per-sample upper clip ε_high (Agent0's ADPO); None: trainer.clip_eps
+
+
+def sample_from_segments(segments: Sequence[Any], advantage: float, group: int) -> TrainSample:
+    """A :class:`TrainSample` from a rollout's segment list (prompt, generated turns, tool observations)."""
+    from unifiedplayers.rollout.types import flatten_segments
+
+    token_ids, loss_mask, old_logprobs = flatten_segments(segments)
+    return TrainSample(token_ids, loss_mask, old_logprobs, advantage, group)
+
+
+def sample_from_completion(completion: Any, advantage: float, group: int) -> TrainSample:
+    """A :class:`TrainSample` from a single-turn rollout ``Completion`` (prompt tokens are not trained)."""
+    prompt, generated = list(completion.prompt_ids), list(completion.token_ids)
+    return TrainSample(
+        prompt + generated,
+        [0] * len(prompt) + [1] * len(generated),
+        [0.0] * len(prompt) + [float(x) for x in completion.logprobs],
+        advantage,
+        group,
+    )
+
+
+def as_sample(item: Any) -> TrainSample:
+    """Accept a :class:`TrainSample`, a mapping or any object with the same field names."""
+    if isinstance(item, TrainSample):
+        return item
+    get = item.__getitem__ if isinstance(item, Mapping) else lambda k: getattr(item, k)
+    return TrainSample(get("token_ids"), get("loss_mask"), get("old_logprobs"), get("advantage"), get("group"))
+
+
+# ---------------------------------------------------------------------------------------------- optimizer
+def make_optimizer(cfg, model: nn.Module) -> torch.optim.Optimizer:
+    """AdamW (SPEC §6: β = (0.9, 0.95), weight decay 0.01); no decay on biases and norm gains (1-D)."""
+    decay, no_decay = [], []
+    for p in model.parameters():
+        if p.requires_grad:
+            (decay if p.ndim >= 2 else no_decay).append(p)
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}]
+    if no_decay:
+        groups.append({"params": no_decay, "weight_decay": 0.0})
+    # The fused kernel makes one pass over parameters and state instead of a dozen foreach passes
+    # (135M parameters on CPU: 0.13 s per step instead of 0.85 s); same update rule.
+    fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in decay + no_decay)
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.adam_eps, fused=fused or None)
+
+
+def make_scheduler(cfg, optimizer: torch.optim.Optimizer):
+    """Linear warm-up over ``lr_warmup_steps`` optimizer steps, then constant."""
+    warmup = int(cfg.lr_warmup_steps)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, _Warmup(warmup))
+
+
+class _Warmup:
+    """Picklable LR multiplier (a lambda would be dropped from the scheduler's state dict)."""
+
+    def __init__(self, steps: int) -> None:
+        self.steps = steps
+
+    def __call__(self, step: int) -> float:
+        return 1.0 if self.steps <= 0 else min(1.0, (step + 1) / self.steps)
+
+
+# ---------------------------------------------------------------------------------------------- backend hooks
+class TrainerHooks:
+    """What a backend supplies to :class:`BaseTrainer`: the model wrapper, optimizer, backward, step and
+    checkpoint I/O. Class attributes: ``backend`` (its name in checkpoints), ``lockstep_micro_batches``
+    (every rank must make the same number of forward/backward calls) and ``collective_checkpoint`` (every
+    rank writes its part of a checkpoint, else rank 0 writes it all)."""
+
+    backend = "base"
+    lockstep_micro_batches = False
+    collective_checkpoint = False
+
+    def _setup(self, model: nn.Module) -> None:
+        """Wrap ``model``; set ``device``, ``optimizer`` and ``scheduler`` (None until created)."""
+        raise NotImplementedError
+
+    @property
+    def model(self) -> nn.Module:
+        """The policy as a plain transformers module (for generation or export)."""
+        raise NotImplementedError
+
+    def _forward_module(self) -> nn.Module:
+        """Callable ``(input_ids, attention_mask, select, with_entropy) -> TokenLogprobs``."""
+        raise NotImplementedError
+
+    def _ensure_optimizer(self) -> None:
+        """Make the optimizer state present (create it lazily, or bring it back after an offload)."""
+        raise NotImplementedError
+
+    def _zero_grad(self) -> None:
+        raise NotImplementedError
+
+    def _backward(self, loss: Tensor) -> None:
+        raise NotImplementedError
+
+    def _set_accumulation_boundary(self, is_last_micro_batch: bool) -> None:
+        """Tell a backend that reduces gradients at the accumulation boundary where it is."""
+        raise NotImplementedError
+
+    def _reduce_gradients(self) -> None:
+        """Data-parallel ranks: sum the gradients over the ranks."""
+        raise NotImplementedError
+
+    def _step(self) -> float:
+        """Clip, step, return the global grad norm before clipping."""
+        raise NotImplementedError
+
+    def current_lr(self) -> float:
+        raise NotImplementedError
+
+    def gathered_weights(self) -> ContextManager[None]:
+        """A context in which :attr:`model` holds its full weights (to read them: export, a rollout engine's
+        copy); a collective under a sharding backend."""
+        raise NotImplementedError
+
+    def _load_policy_weights(self, state: Mapping[str, Tensor]) -> None:
+        raise NotImplementedError
+
+    def _save_backend(self, directory: Path) -> None:
+        """Write the policy weights (``model.pt``) and the optimizer state into ``directory``."""
+        raise NotImplementedError
+
+    def _load_backend(self, directory: Path) -> None:
+        raise NotImplementedError
+
+    def offload_state(self) -> None:
+        """Free the optimizer state's memory (brought back, bit-exactly, by the next update)."""
+        raise NotImplementedError
+
+    @property
+    def has_optimizer_state(self) -> bool:
+        raise NotImplementedError
+
+
+# ---------------------------------------------------------------------------------------------- the trainer
+class BaseTrainer(TrainerHooks):
+    """GRPO trainer of one player, whatever the backend.
+
+    Build with :func:`build_trainer`. Typical use inside a block::
+
+        trainer.start_outer_iteration()        # once per outer iteration: π_ref := current weights
+        trainer.start_block()                  # resets block diagnostics, records initial bank entropy
+        metrics = trainer.update(samples)      # one optimizer step
+        trainer.save_checkpoint(run_dir / "checkpoints" / "execution")
+        trainer.offload_state()                # block over: free the optimizer state
+    """
+
+    def __init__(
+        self,
+        cfg,
+        model: nn.Module,
+        *,
+        role: str = "player",
+        entropy_bank: Optional[Sequence[Sequence[int] | Tensor]] = None,
+        pad_token_id: int = 0,
+        dist: DistContext = SINGLE,
+    ) -> None:
+        if cfg.ref_mode not in ("copy", "precompute"):
+            raise ValueError(f"trainer.ref_mode must be 'copy' or 'precompute', got {cfg.ref_mode!r}")
+        grpo.get_policy_loss(cfg.policy_loss)  # fail at start-up on an unknown name
+        grpo.get_aggregation(cfg.aggregation)
+        grpo.get_kl_estimator(cfg.kl_estimator)
+        self.cfg = cfg
+        self.role = role
+        self.pad_token_id = pad_token_id
+        self.dist = dist
+        if cfg.num_threads > 0:
+            torch.set_num_threads(cfg.num_threads)
+        dtype = _DTYPES[cfg.dtype]
+        if next(model.parameters()).dtype != dtype:
+            model = model.to(dtype)
+        if cfg.gradient_checkpointing:
+            model.gradient_checkpointing_enable()
+            model.config.use_cache = False
+        model.train()
+        self.global_step = 0
+        self.outer_iteration = 0
+        self._policy_is_reference = False
+        self._ref_model: Optional[nn.Module] = None
+        self._ref_state: Optional[dict[str, Tensor]] = None
+        self.entropy_bank: list[Tensor] = []
+        self.entropy = EntropyRetention()
+        self.block_grad_norms: list[float] = []
+        self._has_reference = False
+        if cfg.kl_coef != 0.0 and cfg.ref_mode == "copy":
+            # Copied before any backend wraps or shards the model; loaded at start_outer_iteration.
+            self._ref_model = copy.deepcopy(model).requires_grad_(False).eval()
+        self._setup(model)
+        if entropy_bank is not None:
+            self.set_entropy_bank(entropy_bank)
+
+    def full_state_dict(self) -> dict[str, Tensor]:
+        """Full (unsharded) policy weights, detached clones. Under a sharding backend this is a collective:
+        every rank calls it at the same point."""
+        with self.gathered_weights():
+            return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+    def reload_state(self) -> None:
+        """Bring offloaded optimizer state back now (``update`` also does it lazily)."""
+        self._ensure_optimizer()
+
+    # ------------------------------------------------------------------ reference policy
+    def start_outer_iteration(self) -> None:
+        """π_ref := the current weights (SPEC §6: the player's parameters at the start of the outer iteration)."""
+        self.outer_iteration += 1
+        self._policy_is_reference = True
+        if self.cfg.kl_coef == 0.0:
+            return
+        self._set_reference(self.full_state_dict())
+
+    def _set_reference(self, state: Mapping[str, Tensor]) -> None:
+        if self.cfg.ref_mode == "copy":
+            with torch.no_grad():
+                self._ref_model.load_state_dict(state)
+            self._ref_model.to(self.device)
+        else:  # precompute: keep the weights on the host, swap them in once per batch
+            self._ref_state = {k: v.to("cpu", copy=True) for k, v in state.items()}
+        self._has_reference = True
+
+    @torch.no_grad()
+    def _reference_logprobs(self, micro: list[_MicroBatch]) -> list[Optional[TokenLogprobs]]:
+        if self.cfg.kl_coef == 0.0 or self._policy_is_reference:
+            return [None] * len(micro)  # β = 0: not needed; π_θ = π_ref: taken from the policy pass
+        if not self._has_reference:
+            raise RuntimeError("kl_coef > 0 needs a reference policy: call start_outer_iteration() first")
+        if self.cfg.ref_mode == "copy":
+            ref = TokenLogprobModel(self._ref_model, self.cfg.temperature, self.cfg.logprob_chunk_rows)
+            return [self._ref_pass(ref, mb) for mb in micro]
+        current = {k: v.to("cpu", copy=True) for k, v in self.full_state_dict().items()}
+        self._load_policy_weights(self._ref_state)
+        try:
+            return [self._ref_pass(self._forward_module(), mb) for mb in micro]
+        finally:
+            self._load_policy_weights(current)
+
+    def _ref_pass(self, module: nn.Module, mb: _MicroBatch) -> TokenLogprobs:
+        was = module.training
+        module.eval()
+        try:
+            return module(mb.input_ids, mb.attention_mask, mb.loss_mask)
+        finally:
+            module.train(was)
+
+    # ------------------------------------------------------------------ the update
+    def update(self, batch: Iterable[Any]) -> dict[str, float]:
+        """One GRPO optimizer step over ``batch`` (a list of :class:`TrainSample`-like items)."""
+        samples = [as_sample(s) for s in batch]
+        if not samples:
+            raise ValueError("empty batch")
+        t0 = time.perf_counter()
+        plan = plan_micro_batches(samples, self.cfg, rank=self.dist.rank, world_size=self.dist.world_size,
+                                  lockstep=self.lockstep_micro_batches, device=self.device,
+                                  pad_id=self.pad_token_id)
+        refs = self._reference_logprobs(plan.micro)
+        timings = {"perf/time_ref": time.perf_counter() - t0}
+        parts = self._accumulate_gradients(plan, refs, timings)
+        t4 = time.perf_counter()
+        if self.dist.enabled:
+            self._reduce_gradients()
+            parts = [m for rank_parts in self.dist.all_gather(parts) for m in rank_parts]
+        lr = self.current_lr()
+        grad_norm = self._step()
+        timings["perf/time_optimizer"] = time.perf_counter() - t4
+        self.global_step += 1
+        self._policy_is_reference = False
+        self.block_grad_norms.append(grad_norm)
+
+        metrics = _combine_metrics(parts)
+        seconds = time.perf_counter() - t0
+        metrics["perf/update_tflop_per_s"] = metrics["perf/update_tflop"] / seconds if seconds > 0 else 0.0
+        metrics.update(
+            {
+                "actor/grad_norm": grad_norm,
+                "actor/lr": lr,
+                "actor/num_samples": float(len(samples)),
+                "actor/num_micro_batches": float(plan.num_micro),
+                "actor/global_step": float(self.global_step),
+                "perf/time_ref": timings["perf/time_ref"],
+                "perf/time_forward": timings["perf/time_forward"],
+                "perf/time_backward": timings["perf/time_backward"],
+                "perf/time_optimizer": timings["perf/time_optimizer"],
+            }
+        )
+        self._record_bank_entropy(metrics)
+        return metrics
+
+    def _accumulate_gradients(self, plan: MicroBatchPlan, refs: list[Optional[TokenLogprobs]],
+                              timings: dict[str, float]) -> list[dict[str, float]]:
+        """Forward and backward of every micro-batch of ``plan``, gradients accumulating; returns the
+        metrics of the micro-batches that hold tokens of the batch and adds forward/backward times to
+        ``timings``."""
+        cfg = self.cfg
+        loss_fn = grpo.get_policy_loss(cfg.policy_loss)
+        module = self._forward_module()
+        self._zero_grad()
+        t_fwd = t_bwd = 0.0
+        parts: list[dict[str, float]] = []
+        for index, (mb, ref) in enumerate(zip(plan.micro, refs)):
+            self._set_accumulation_boundary(index == len(plan.micro) - 1)
+            t1 = time.perf_counter()
+            out = module(mb.input_ids, mb.attention_mask, mb.loss_mask, with_entropy=cfg.compute_entropy)
+            loss, metrics = self._micro_batch_loss(loss_fn, out, mb, ref)
+            t2 = time.perf_counter()
+            self._backward(loss)
+            t3 = time.perf_counter()
+            t_fwd += t2 - t1
+            t_bwd += t3 - t2
+            if index < plan.real:  # a padding micro-batch has no tokens of the batch
+                # Model FLOPs: forward and backward (3× the forward), plus the reference's forward.
+                metrics["perf/update_tflop"] = (3 * out.flops + (ref.flops if ref is not None else 0)) * 1e-12
+                parts.append(metrics)
+        timings["perf/time_forward"] = t_fwd
+        timings["perf/time_backward"] = t_bwd
+        return parts
+
+    def _micro_batch_loss(self, loss_fn: Callable, out: TokenLogprobs, mb: _MicroBatch,
+                          ref: Optional[TokenLogprobs]) -> tuple[Tensor, dict[str, float]]:
+        """The policy loss (Eqs. 18–21, :mod:`unifiedplayers.grpo`) of one micro-batch and its metrics."""
+        cfg = self.cfg
+        if ref is not None:
+            ref_logprobs = ref.logprobs
+        else:  # β = 0: not used; else π_θ = π_ref before the iteration's first step
+            ref_logprobs = out.logprobs.detach() if cfg.kl_coef != 0.0 else None
+        return loss_fn(
+            out.logprobs,
+            mb.old_logprobs,
+            ref_logprobs,
+            mb.advantages,
+            mb.loss_mask,
+            mb.groups,
+            clip_eps=cfg.clip_eps,
+            kl_coef=cfg.kl_coef,
+            kl_estimator=cfg.kl_estimator,
+            aggregation=cfg.aggregation,
+            sample_weights=mb.weights,
+            entropy=out.entropy,
+            **({} if mb.clip_high is None else {"clip_high": mb.clip_high}),
+        )
+
+    def _record_bank_entropy(self, metrics: dict[str, float]) -> None:
+        """Every ``entropy_every`` steps: the bank entropy and its retention (SPEC §8) into ``metrics``."""
+        cfg = self.cfg
+        if self.entropy_bank and cfg.entropy_every > 0 and self.global_step % cfg.entropy_every == 0:
+            t5 = time.perf_counter()
+            self.entropy.record(self.bank_entropy())
+            metrics["entropy_bank/mean"] = self.entropy.final
+            metrics["entropy_bank/retention"] = self.entropy.ratio
+            metrics["perf/time_entropy_bank"] = time.perf_counter() - t5
+
+    # ------------------------------------------------------------------ diagnostics (SPEC §8)
+    def set_entropy_bank(self, contexts: Sequence[Sequence[int] | Tensor]) -> None:
+        """Fix the held-out role contexts (the first ``entropy_bank_size`` are kept)."""
+        self.entropy_bank = [_as_tensor(c, torch.long) for c in list(contexts)[: self.cfg.entropy_bank_size]]
+
+    def bank_entropy(self) -> float:
+        """Mean token entropy of the current policy on the entropy bank."""
+        if not self.entropy_bank:
+            raise RuntimeError("no entropy bank: pass entropy_bank= to build_trainer or call set_entropy_bank")
+        return mean_token_entropy(self.model, self.entropy_bank)
+
+    def start_block(self) -> dict[str, float]:
+        """Reset block diagnostics; record the initial bank entropy if a bank is set."""
+        self.block_grad_norms = []
+        self.entropy.reset()
+        if self.entropy_bank:
+            self.entropy.record(self.bank_entropy())
+            return {"entropy_bank/initial": self.entropy.initial}
+        return {}
+
+    def block_diagnostics(self) -> dict[str, float]:
+        """Grad-norm median and CV of the block, and entropy retention (final / initial)."""
+        out = grad_norm_block_stats(self.block_grad_norms)
+        if self.entropy.ratio is not None:
+            out["entropy_bank/initial"] = self.entropy.initial
+            out["entropy_bank/final"] = self.entropy.final
+            out["entropy_bank/retention"] = self.entropy.ratio
+        return out
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_checkpoint(self, path: str | os.PathLike) -> Path:
+        """Write weights, optimizer, scheduler, reference, RNG and trainer state atomically to ``path``.
+
+        Called on every rank. The ranks' weights and optimizer states are identical (data-parallel step),
+        so rank 0 writes everything, except the shards of a ``collective_checkpoint`` backend, which every
+        rank writes into the same directory.
+        """
+        if not self.dist.is_main and not self.collective_checkpoint:
+            return Path(path)
+        with atomic_directory(path, self.dist if self.collective_checkpoint else SINGLE) as tmp:
+            self._save_backend(tmp)
+            if self.dist.is_main:
+                self._save_trainer_state(tmp)
+        return Path(path)
+
+    def _save_trainer_state(self, directory: Path) -> None:
+        if self._has_reference:
+            ref = self._ref_model.state_dict() if self.cfg.ref_mode == "copy" else self._ref_state
+            torch.save(ref, directory / "reference.pt")
+        torch.save(
+            {
+                "backend": self.backend,
+                "role": self.role,
+                "global_step": self.global_step,
+                "outer_iteration": self.outer_iteration,
+                "policy_is_reference": self._policy_is_reference,
+                "entropy_history": list(self.entropy.history),
+                "block_grad_norms": list(self.block_grad_norms),
+            },
+            directory / "trainer_state.pt",
+        )
+        torch.save(capture_rng_state(), directory / RNG_FILE)
+
+    def load_checkpoint(self, path: str | os.PathLike, restore_rng: bool = True) -> None:
+        """Restore everything :meth:`save_checkpoint` wrote; continuing equals an uninterrupted run."""
+        directory = Path(path)
+        state = torch.load(directory / "trainer_state.pt", weights_only=False)
+        if state["backend"] != self.backend:
+            raise ValueError(f"checkpoint {directory} was written by backend {state['backend']!r}, not {self.backend!r}")
+        self._load_backend(directory)
+        self.global_step = state["global_step"]
+        self.outer_iteration = state["outer_iteration"]
+        self._policy_is_reference = state["policy_is_reference"]
+        self.entropy.history = list(state["entropy_history"])
+        self.block_grad_norms = list(state["block_grad_norms"])
+        self._has_reference = False
+        if (directory / "reference.pt").exists() and self.cfg.kl_coef != 0.0:
+            self._set_reference(torch.load(directory / "reference.pt", map_location="cpu", weights_only=True))
+        if restore_rng:
+            restore_rng_state(torch.load(directory / RNG_FILE, weights_only=False))
+
+
+# ---------------------------------------------------------------------------------------------- registry
+# name -> factory(cfg, model, **kwargs), or "module:Class" imported on first use (the built-in backends:
+# importing a backend module registers its classes here, replacing the strings).
+TRAINER_BACKENDS: dict[str, Union[Callable[..., BaseTrainer], str]] = {
+    "torch": "unifiedplayers.trainer.player_trainer:PlayerTrainer",
+    "deepspeed_zero2": "unifiedplayers.trainer.deepspeed_backend:DeepSpeedZero2Trainer",
+    "deepspeed_zero3": "unifiedplayers.trainer.deepspeed_backend:DeepSpeedZero3Trainer",
+}
+
+
+def register_trainer_backend(name: str):
+    """Class or factory decorator: build it for ``trainer.backend: name``."""
+
+    def deco(factory):
+        TRAINER_BACKENDS[name] = factory
+        return factory
+
+    return deco
+
+
+def _resolve_backend(name: str) -> Callable[..., BaseTrainer]:
+    try:
+        factory = TRAINER_BACKENDS[name]
+    except KeyError:
+        raise ValueError(f"unknown trainer.backend {name!r}; known: {sorted(TRAINER_BACKENDS)}") from None
+    if isinstance(factory, str):
+        module, _, attr = factory.partition(":")
+        factory = getattr(importlib.import_module(module), attr)
+        TRAINER_BACKENDS[name] = factory
+    return factory
+
+
+def build_trainer(cfg, model: nn.Module, **kwargs) -> BaseTrainer:
+    """Build the trainer of one player for ``cfg.backend`` (torch | deepspeed_zero2 | deepspeed_zero3).
+
+    Keyword arguments: ``role`` (name used in file names and logs), ``entropy_bank`` (held-out role
+    contexts as token-id lists), ``pad_token_id``, ``dist`` (data-parallel ranks; one process by default).
+    """
+    return _resolve_backend(cfg.backend)(cfg, model, **kwargs)
