@@ -5,7 +5,8 @@ Each probe runs a player on a fixed set of ``eval/probes/data/`` (made once by
 errors, SE = sqrt(p (1 − p) / n), so that a change between two checkpoints can be read against its noise.
 
 - **Execution** (:func:`probe_execution`): greedy answers in the player's own tool loop to GSM8K and MMLU
-  problems with gold answers, through the SPEC §8 pool's code (:func:`unifiedplayers.execution_pool.evaluate_pool`):
+  problems with gold answers, through the code of the fixed diagnostic pool of Appendix D.2
+  (:func:`unifiedplayers.execution_pool.evaluate_pool`):
   accuracy, and the answered rate (the loop ended with a final answer within its turn and token budget).
 - **Evaluation** (:func:`probe_evaluation`): the player writes M verifiers per probe question (fixed seed);
   each runs in the sandbox on the question's correct trajectory and its five perturbations

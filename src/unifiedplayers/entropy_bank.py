@@ -1,4 +1,4 @@
-"""The fixed bank of held-out role contexts for entropy retention (SPEC §8; paper Appendix D.2: token
+"""The fixed bank of held-out role contexts for entropy retention (Appendix D.2: token
 entropy on 256 held-out contexts per role, final/initial ratio).
 
 Shipped as package data (``unifiedplayers/data/entropy_bank.json``), written once by

@@ -1,4 +1,4 @@
-"""One sampling phase of a block (§3.3, Appendix B.3; SPEC §6): fixed records, several optimizer steps.
+"""One sampling phase of a block (§3.3, Appendix B.3): fixed records, several optimizer steps.
 
 A block of ``<role>_updates`` optimizer steps is cut into phases of S × μ steps (S =
 ``schedule.steps_per_generation``, μ = ``trainer.num_iterations``). A phase samples the data of S steps at
@@ -82,7 +82,7 @@ def group_samples(role: str, groups: Sequence[Sequence[Any]], tasks: Sequence[An
                   malformed_reward: float) -> tuple[list[Callable[[float], Any]], list[float], list[int]]:
     """(sample makers, rewards, group ids) of the active player, one maker per candidate.
 
-    Groups (SPEC §1): Planning, the G_T tasks of one questioner prompt (a malformed task gets
+    Groups (Appendix B.3, Eq. 16): Planning, the G_T tasks of one questioner prompt (a malformed task gets
     ``malformed_reward``); Execution, the K trajectories of a task; Evaluation, the M verifiers of a task.
     ``tasks``, ``rollouts``, ``verifiers`` and ``role_rewards`` are aligned (index i is task i).
     """
@@ -246,6 +246,24 @@ def build_units(role: str, groups: Sequence[Sequence[Any]], tasks: Sequence[Any]
     return out, group_units, task_units
 
 
+def feedback_record(fb: Any, trajectories: Sequence[Any], verifier_sources: Sequence[str], rules: Sequence[str],
+                    player_rewards: dict[str, Any], meta: dict[str, Any], **fields: Any) -> InteractionRecord:
+    """The interaction record ξ(q) of one played task from its feedback (:func:`unifiedplayers.feedback.phase_feedback`):
+    Z, the variants, the verifiers and their validity, every check error, the players' rewards
+    (``player_rewards``: the method's, by role) and the terms of Eq. 2-5. ``fields``: task_id, iteration,
+    expected_answer."""
+    vm, tr = fb.verdicts, fb.rewards
+    meta = dict(meta, verifier_outputs=list(verifier_sources), verifier_validity=vm.validity,
+                # every check that raised, timed out or gave no verdict (invalid verifiers' included); the counts
+                # behind Z are record.error_summary()
+                check_errors=[{"verifier": c.verifier, "trajectory": c.trajectory, "variant": c.variant,
+                               "kind": c.outcome.kind, "reason": c.outcome.reason} for c in vm.errors])
+    rewards = {**player_rewards, "U": tr.uncertainty, "V": tr.writability, "R": tr.repetition, "rho_gold": tr.gold,
+               "rho_adv": tr.adv, "rho_red": tr.red}
+    return InteractionRecord.from_verdict(fb.question, list(trajectories), list(fb.variants), vm, tr.red, list(rules),
+                                          rewards=rewards, meta=meta, **fields)
+
+
 def phase_records(groups: Sequence[Sequence[Any]], tasks: Sequence[Any], unused: Sequence[Any],
                   rollouts: Sequence[Sequence[Any]], verifiers: Sequence[Sequence[Any]], feedback: Sequence[Any],
                   role_rewards: dict[str, list[Any]], rules: Sequence[str],
@@ -267,31 +285,13 @@ def phase_records(groups: Sequence[Sequence[Any]], tasks: Sequence[Any], unused:
                         planning_output=task.text)
             task_id = f"u{meta['global_update']:06d}-t{len(out):03d}"
             if i is not None:
-                fb = feedback[i]
-                vm = fb.verdicts
-                tr = fb.rewards
-                meta.update(
-                    status="played",
-                    trajectory_status=[r.status for r in rollouts[i]],
-                    trajectory_detail=[r.detail for r in rollouts[i]],
-                    tool_calls=[r.num_tool_calls for r in rollouts[i]],
-                    verifier_outputs=[v.source for v in verifiers[i]],
-                    verifier_validity=vm.validity,
-                    # every check that raised, timed out or gave no verdict (invalid verifiers' included), as
-                    # unifiedplayers.feedback records them; the counts behind Z are record.error_summary()
-                    check_errors=[{"verifier": c.verifier, "trajectory": c.trajectory, "variant": c.variant,
-                                   "kind": c.outcome.kind, "reason": c.outcome.reason} for c in vm.errors],
-                )
-                rewards = {
-                    "execution": role_rewards["execution"][i], "evaluation": role_rewards["evaluation"][i],
-                    "planning": role_rewards["planning"][i], "U": tr.uncertainty, "V": tr.writability,
-                    "R": tr.repetition, "rho_gold": tr.gold, "rho_adv": tr.adv, "rho_red": tr.red,
-                }
-                out.append(InteractionRecord.from_verdict(
-                    task.question, [r.trajectory for r in rollouts[i]], list(fb.variants), vm, tr.red,
-                    list(rules), task_id=task_id, iteration=meta["outer_iteration"],
-                    expected_answer=task.expected_answer, rewards=rewards, meta=meta,
-                ))
+                meta.update(status="played", trajectory_status=[r.status for r in rollouts[i]],
+                            trajectory_detail=[r.detail for r in rollouts[i]],
+                            tool_calls=[r.num_tool_calls for r in rollouts[i]])
+                out.append(feedback_record(
+                    feedback[i], [r.trajectory for r in rollouts[i]], [v.source for v in verifiers[i]], rules,
+                    {role: role_rewards[role][i] for role in ("execution", "evaluation", "planning")}, meta,
+                    task_id=task_id, iteration=meta["outer_iteration"], expected_answer=task.expected_answer))
             else:
                 status = "unused" if id(task) in unused_ids else "malformed_task"
                 meta.update(status=status, reason=task.reason or "well-formed; beyond tasks_per_update")

@@ -2,11 +2,11 @@
 
 It is rebuilt from the run directory alone (``metrics.jsonl``, ``records.jsonl``): per-player reward
 trajectories, time spent in generation, sandbox and updates, the Execution player's accuracy on the fixed
-diagnostic pool with its negative-step rate and maximum drop (SPEC §8), one sample task with a trajectory
+diagnostic pool with its negative-step rate and maximum drop (Appendix D.2), one sample task with a trajectory
 and a verifier, and the verdict matrix of that task.
 
 ``summary.png`` beside them (:func:`write_summary_png`, matplotlib without a display) plots per update each
-player's mean reward, clip fraction, KL and grad-norm (SPEC §8 diagnostics, paper Appendix D.2), and, where
+player's mean reward, clip fraction, KL and grad-norm (the diagnostics of Appendix D.2), and, where
 they were run, the diagnostic pool's accuracy and the held-out probes of ``probes/iter<i>.json``
 (``eval/probes``, issue 15) per outer iteration.
 """
@@ -119,7 +119,7 @@ def render_summary(summary: dict[str, Any], sample: Optional[Any]) -> str:
     out.append("")
     pool = summary.get("execution_pool")
     if pool:
-        out.append("## Execution accuracy on the fixed diagnostic pool (SPEC §8)")
+        out.append("## Execution accuracy on the fixed diagnostic pool (§4.4, Appendix D.2)")
         pct = lambda x: "  -  " if x is None else f"{100 * x:5.1f}"  # noqa: E731
         out.append("execution update " + " ".join(f"{s:>6d}" for s in pool["steps"]))
         for name in ("accuracy", "accuracy_math", "accuracy_general"):

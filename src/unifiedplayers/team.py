@@ -69,7 +69,7 @@ class Team:
         return out
 
     def entropy_bank(self, role: str) -> list[list[int]]:
-        """The role's first ``entropy_bank_size`` held-out contexts (SPEC §8), rendered with its own prompt."""
+        """The role's first ``entropy_bank_size`` held-out contexts (Appendix D.2), rendered with its own prompt."""
         size = int(role_trainer_config(self.cfg.trainer, role).entropy_bank_size)
         render = {"planning": planning_prompt, "execution": execution_prompt, "evaluation": evaluation_prompt}[role]
         texts = [render(self.tokenizer, self.player_cfg, item) for item in entropy_bank_texts(role, size)]

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from loop_feedback import feedback_and_record
 from paper_examples import fenced
 
 from unifiedplayers import rewards
-from unifiedplayers.feedback import task_feedback
 from unifiedplayers.perturbation import PerturbationEngine
 from unifiedplayers.records import InteractionRecord, RecordWriter, load_records, records_dataframe
 from unifiedplayers.trajectory import Trajectory, code_step, output_step, reason_step
@@ -43,9 +43,10 @@ def reward_cfg():
     return cfg
 
 
+
 def _feedback(sandbox, reward_cfg, verifiers):
     engine = PerturbationEngine(["tool_substitute"], seed=0)  # P = 1: the python step becomes bash
-    return task_feedback(Q, [T0, T1], [fenced(v) for v in verifiers], engine, sandbox, reward_cfg)
+    return feedback_and_record(Q, [T0, T1], [fenced(v) for v in verifiers], engine, sandbox, reward_cfg)
 
 
 def test_paper_literal_z_lets_crash_always_beat_accept_all():
@@ -66,7 +67,8 @@ def test_crash_always_is_invalid_and_cannot_raise_v(sandbox, reward_cfg):
     # the crash-always verifier errored on both originals -> invalid: no row, not in M_q
     assert record.valid == [0] and record.num_generated == 2 and list(record.runtime_invalid) == [1]
     assert "raised" in record.runtime_invalid[1] and "ValueError" in record.runtime_invalid[1]
-    assert record.meta["invalid_verifiers"] == {"1": record.runtime_invalid[1]}
+    validity = record.meta["verifier_validity"]
+    assert validity[0] == "valid" and validity[1] == record.runtime_invalid[1]
     # r_C: accept-all alone (ρ_red = 0): 0.4·1 + 0.5·0 − 0.1·0 = 0.4; crash-always: invalid_verifier_reward
     np.testing.assert_allclose(r.evaluation, [0.4, -1.0])
     # r_S over M_q = 1: both trajectories accepted by accept-all

@@ -5,15 +5,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from loop_feedback import feedback_and_record
 from paper_examples import TRAJ1, VERIFIER_1_1, VERIFIER_1_2, fenced
 
-from unifiedplayers.feedback import task_feedback
 from unifiedplayers.perturbation import PerturbationEngine
 from unifiedplayers.records import RecordWriter, load_records, records_dataframe
 from unifiedplayers.trajectory import Trajectory, code_step, output_step, reason_step
 
 CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
 WRONG = Trajectory(TRAJ1.question, [reason_step("Count them."), code_step("print(8)"), output_step("8")], "8")
+
 
 
 def test_task_feedback_on_trajectory_1(sandbox, tmp_path):
@@ -26,8 +27,8 @@ def test_task_feedback_on_trajectory_1(sandbox, tmp_path):
         cfg = compose("config", overrides=["perturbation=global", "reward=default"])
     engine = PerturbationEngine.from_config(cfg.perturbation, seed=0, sandbox=sandbox)
     outputs = [fenced(VERIFIER_1_1), "no code", fenced(VERIFIER_1_2)]
-    record, r = task_feedback(TRAJ1.question, [TRAJ1, WRONG], outputs, engine, sandbox, cfg.reward,
-                              history=[TRAJ1.question], task_id="q0", iteration=0)
+    record, r = feedback_and_record(TRAJ1.question, [TRAJ1, WRONG], outputs, engine, sandbox, cfg.reward,
+                                    history=[TRAJ1.question], task_id="q0", iteration=0)
     # Z_orig: 1.1 accepts τ_0 only, 1.2 accepts both (output == answer in each)
     np.testing.assert_array_equal(record.z_orig, [[1, 0], [1, 1]])
     # r_S = column means = [1, 1/2]
@@ -48,12 +49,12 @@ def test_task_feedback_on_trajectory_1(sandbox, tmp_path):
     assert r.writability == pytest.approx(rho_adv.sum() / 3)
     assert r.planning == pytest.approx(0.5 + rho_adv.sum() / 3 - 0.5)
     # "no code" has no fence, so it is read as bare code, which does not parse
-    assert list(record.meta["invalid_verifiers"]) == ["1"]
-    assert record.meta["invalid_verifiers"]["1"].startswith("does not compile")
+    validity = record.meta["verifier_validity"]
+    assert [i for i, v in enumerate(validity) if v != "valid"] == [1] and validity[1].startswith("does not compile")
     with RecordWriter(tmp_path / "records.jsonl") as w:
         w.append(record)
     (back,) = load_records(tmp_path / "records.jsonl")
     np.testing.assert_array_equal(back.z, record.z)
     assert back.rewards["planning"] == pytest.approx(r.planning)
     df = records_dataframe(tmp_path / "records.jsonl")
-    assert df.iloc[0]["reward/uncertainty"] == 0.5 and df.iloc[0].M_q == 2
+    assert df.iloc[0]["reward/U"] == 0.5 and df.iloc[0].M_q == 2

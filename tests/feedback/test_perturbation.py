@@ -1,4 +1,4 @@
-"""The perturbation engine (SPEC §3): each rule on the paper's Appendix I.2 trajectories."""
+"""The perturbation engine (Appendix F.1): each rule on the paper's Appendix I.2 trajectories."""
 from __future__ import annotations
 
 import contextlib

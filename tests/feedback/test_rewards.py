@@ -1,4 +1,4 @@
-"""Rewards (SPEC §5): every equation on a small Z worked out by hand, and the conf/reward presets."""
+"""Rewards (§3.2, Appendix B.1): every equation on a small Z worked out by hand, and the conf/reward presets."""
 from __future__ import annotations
 
 import copy
@@ -211,7 +211,7 @@ def test_redundancy_edge_cases():
         R.redundancy([V_A, V_B], "cosine")
 
 
-# ---- conf/reward presets and the open choices of SPEC §5 ---------------------------------------------
+# ---- conf/reward presets and the choices the paper leaves open (§3.2, Appendix B.1) ---------------------------------------------
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,4 +1,4 @@
-"""Trajectory schema (SPEC §2): JSON round trip, transcript parsing, rendering."""
+"""Trajectory schema (Appendix E.3, I.3): JSON round trip, transcript parsing, rendering."""
 from __future__ import annotations
 
 import json

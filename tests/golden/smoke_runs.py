@@ -51,11 +51,16 @@ def _lines(path: Path) -> list:
 
 
 def compare(a: Path, b: Path) -> int:
-    sys.path.insert(0, str(Path(__file__).parent))
+    here = Path(__file__).parent
+    sys.path[:0] = [str(here), str(here.parent / "players"), str(here.parent / "methods")]
     from test_golden import assert_same
 
     bad = 0
     for name in METHODS:
+        if not ((a / name / "summary.json").exists() and (b / name / "summary.json").exists()):
+            print(f"{name}: not run on both sides")
+            bad += 1
+            continue
         for f in ("records.jsonl", "metrics.jsonl"):
             try:
                 assert_same(_lines(b / name / f), _lines(a / name / f), f"{name}/{f}", new_keys_allowed=f == "metrics.jsonl")

@@ -16,7 +16,7 @@ steps on the same unit (S = 1, μ = 2), so phase.pt holds the batch after the bl
 decay 0 and lr 3e-4 (see OVERRIDES). The scripted engine reports the real behaviour log-probs of the model
 that samples (not a constant), so the first step's ratio is 1 and the clip does not silence the
 negative-advantage candidates. "Before" an update is the backbone (``unifiedplayers.models.load_model``):
-each player's first block starts from it (SPEC §1), which the test checks against the recorded behaviour
+each player's first block starts from it (§3.2, Appendix E), which the test checks against the recorded behaviour
 log-probs.
 
 Only the loop's stable surface is used: OuterLoop(cfg, run_dir, rollout_factory=..., hooks=[...]), run(),
@@ -266,7 +266,7 @@ def run(tmp_path_factory):
 
     loop = OuterLoop(cfg, run_dir, rollout_factory=factory, hooks=[hook])
     loop.run()
-    backbone, _ = load_model(cfg.model)  # every player's weights before its first update (SPEC §1)
+    backbone, _ = load_model(cfg.model)  # every player's weights before its first update (§3.2, Appendix E)
     for role in seen:
         for c in seen[role]["candidates"].values():
             c["before"] = float(token_logprobs(backbone, c["ids"])[c["mask"]].sum())

@@ -1,4 +1,4 @@
-"""Socratic-Zero (SPEC §11; Wang et al. 2025, arXiv 2509.24726): a fixed Teacher and two trained players.
+"""Socratic-Zero (Appendix G.1; Wang et al. 2025, arXiv 2509.24726): a fixed Teacher and two trained players.
 
 - **Teacher** (not trained): an external model behind an OpenAI-compatible endpoint (``method.teacher_endpoint``,
   ``method.teacher_model``). It has two functions: V(q, y) ∈ {0, 1}, the grade of a solution

@@ -1,4 +1,4 @@
-"""The three players (SPEC §1): prompts, parsing of their outputs, and the Execution tool loop.
+"""The three players (§3.1, §3.2, Appendix E): prompts, parsing of their outputs, and the Execution tool loop.
 
 - :mod:`~unifiedplayers.players.planning`: questioner prompt with rotating topics -> :class:`PlanningTask`
   (question + expected answer, or a malformed output with its reason).

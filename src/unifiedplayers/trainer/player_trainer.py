@@ -1,4 +1,4 @@
-"""The plain torch backend of one player's GRPO trainer (SPEC §6): single process, CPU or one GPU.
+"""The plain torch backend of one player's GRPO trainer (Appendix B.3): single process, CPU or one GPU.
 
 :class:`PlayerTrainer` supplies the ``_backend`` hooks of :class:`~unifiedplayers.trainer.base.BaseTrainer`
 (which holds the update, the reference policy, diagnostics and checkpoints) with plain torch: a
