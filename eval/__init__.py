@@ -1,4 +1,4 @@
-"""Evaluation harness for the paper's twelve benchmarks (Tables 1 and 2) and its analyses (SPEC §9).
+"""Evaluation harness for the paper's twelve benchmarks (Tables 1 and 2) and its analyses (§4.5, Appendix G.2).
 
 Layout:
 - ``benchmarks``: the registry (what each benchmark is) and the loaders (where its file is).

@@ -1,7 +1,7 @@
-"""The benchmark registry and its loaders (SPEC §9, Tables 1, 2 and 11).
+"""The benchmark registry and its loaders (§4.1, Appendix G.2; Tables 1, 2 and 11).
 
 The implementation lives in the package, :mod:`unifiedplayers.problems`, because the Execution player's
-fixed diagnostic pool (SPEC §8) loads the same offline subsets during training and the package never
+fixed diagnostic pool (Appendix D.2) loads the same offline subsets during training and the package never
 imports ``eval/``. This module re-exports it under the harness's name.
 """
 from unifiedplayers.problems import (  # noqa: F401

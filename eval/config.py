@@ -93,6 +93,8 @@ class EvaluateConfig:
     # training run directory (its latest checkpoints/iter<N>/execution/model.pt).
     ckpt: Optional[str] = None
     out_dir: Optional[str] = None  # default: Hydra's run directory
+    # Write into an out_dir that already holds a results.json (its scores are replaced); false: refuse
+    overwrite: bool = False
 
 
 def register_eval_configs() -> None:

@@ -1,4 +1,4 @@
-"""Answer extraction from model text (SPEC §9): ``\\boxed{}`` with nested braces, the final option
+"""Answer extraction from model text (Appendix G.2): ``\\boxed{}`` with nested braces, the final option
 letter of a multiple-choice answer, and the program of a HumanEval completion.
 
 All functions are pure and return ``None`` when nothing can be extracted, so a malformed completion

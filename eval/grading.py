@@ -1,7 +1,7 @@
-"""Grading of extracted answers against references, per answer type (SPEC §9).
+"""Grading of extracted answers against references, per answer type (Appendix G.2).
 
 The implementation lives in the package, :mod:`unifiedplayers.grading` (math-verify for math, exact
-letters for options, normalised strings), so that training's fixed diagnostic pool (SPEC §8) grades
+letters for options, normalised strings), so that training's fixed diagnostic pool (Appendix D.2) grades
 exactly as the harness does; the package never imports ``eval/``. Programs are graded by unit tests
 (``eval.humaneval``).
 """

@@ -1,4 +1,4 @@
-"""Generation and grading of one benchmark in one mode, under the one protocol of SPEC §9.
+"""Generation and grading of one benchmark in one mode, under the one protocol of §4.1 and Appendix G.
 
 ``evaluate_benchmark(...)`` loads the problems, renders the prompts, generates (``vanilla``: one
 engine call per batch; ``tool``: the Execution player's tool loop with the sandbox), extracts and

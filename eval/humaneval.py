@@ -1,4 +1,5 @@
-"""HumanEval unit-test execution in the project's sandbox (SPEC §9: "run against its unit tests").
+"""HumanEval unit-test execution in the project's sandbox (Appendix G.2: "running the produced code against
+the held-out unit tests").
 
 A program passes only when HumanEval's ``check(entry_point)`` *returns*. An exit status is not enough:
 ``sys.exit(0)`` at the top level of the solution, or ``os._exit(0)`` inside the function, ends the

@@ -1,5 +1,5 @@
 """Write ``src/unifiedplayers/data/entropy_bank.json``: the fixed held-out contexts on which the trainer
-measures token entropy (entropy retention, SPEC §8; paper Appendix D.2: 256 held-out contexts per role).
+measures token entropy (entropy retention, Appendix D.2: 256 held-out contexts per role).
 
     python -m eval.make_entropy_bank            # rewrites the shipped file (deterministic)
     python -m eval.make_entropy_bank --check    # exits 1 if the shipped file differs from a fresh build

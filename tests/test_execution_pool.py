@@ -1,4 +1,4 @@
-"""The Execution player's fixed diagnostic pool (SPEC §8): statistics, pool building, grading, the log."""
+"""The Execution player's fixed diagnostic pool (§4.4, Appendix D.2): statistics, pool building, grading, the log."""
 from __future__ import annotations
 
 import json

@@ -1,4 +1,4 @@
-"""Hand-worked checks of the GRPO maths (SPEC §6; Eqs. 17–21 of Appendix B.3)."""
+"""Hand-worked checks of the GRPO maths (Eqs. 17–21, Appendix B.3)."""
 from __future__ import annotations
 
 import math

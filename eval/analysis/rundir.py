@@ -23,7 +23,7 @@ KEYS = {
     "block": "block",
     "step": "update",
     "mean_U": "planning/U",
-    # The fixed 128 math + 128 general pool every 50 updates (SPEC §8, schedule.execution_pool) when the run
+    # The fixed 128 math + 128 general pool every 50 updates (Appendix D.2, schedule.execution_pool) when the run
     # has it on; else the per-update accuracy against the verifier pool (strict majority of the valid verifiers).
     "execution_accuracy": ("execution/pool_accuracy", "execution/accuracy", "execution/accuracy_vs_pool"),
     "adversarial_rejection": "evaluation/rho_adv",

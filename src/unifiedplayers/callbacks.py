@@ -2,7 +2,7 @@
 
 - :class:`RunFiles`: records.jsonl (one interaction record ξ(q) per Planning output), metrics.jsonl and W&B
   (one line per update), and the progress bar;
-- :class:`DiagnosticPool`: the fixed diagnostic pool (SPEC §8, ``schedule.execution_pool``): after every
+- :class:`DiagnosticPool`: the fixed diagnostic pool (Appendix D.2, ``schedule.execution_pool``): after every
   ``every``-th Execution update the Execution player answers it greedily; its accuracies go into that update's
   metrics line and execution_pool.jsonl. It leaves the RNG states as it found them, so a run with the pool on
   trains exactly as one without it;

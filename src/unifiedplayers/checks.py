@@ -6,7 +6,8 @@ import dataclasses
 from typing import Any
 
 from unifiedplayers import grpo
-from unifiedplayers.config import RoleHyperparameters, resolve_player_config, role_temperature, role_trainer_config
+from unifiedplayers.config import (RoleHyperparameters, did_you_mean, resolve_player_config, role_temperature,
+                                   role_trainer_config)
 from unifiedplayers.distributed import SINGLE, DistContext
 from unifiedplayers.methods import Method, build_method
 from unifiedplayers.schedule import BLOCK_ORDER, phase_steps, trained_roles
@@ -17,7 +18,9 @@ RETENTION_MODES = ("all", "weights", "execution_weights")
 
 def validate(cfg: Any, dist: DistContext = SINGLE) -> Method:
     """Fail at start-up on settings the loop cannot honour; the run's method, built and checked."""
+    check_known_keys(cfg)
     check_ranks(cfg, dist)
+    check_ranges(cfg)
     check_schedule(cfg)
     check_trainer_roles(cfg)
     check_sampling(cfg)
@@ -26,6 +29,50 @@ def validate(cfg: Any, dist: DistContext = SINGLE) -> Method:
     check_shared_model(cfg, method)
     grpo.get_adv_estimator(cfg.trainer.adv_estimator)
     return method
+
+
+def check_known_keys(cfg: Any) -> None:
+    """Every key of the config is one of the typed schema's (Hydra's ``+key=value`` appends past the schema)."""
+    from omegaconf import DictConfig, OmegaConf
+
+    from unifiedplayers.config import Config
+
+    def walk(node: Any, schema: Any, prefix: str) -> None:
+        if not isinstance(node, DictConfig) or not isinstance(schema, DictConfig):
+            return
+        if not dataclasses.is_dataclass(OmegaConf.get_type(schema)):
+            return  # a free-form mapping (method.extra, trainer.roles): checked where it is read
+        for key in node.keys():
+            name = f"{prefix}{key}"
+            if key not in schema.keys():
+                raise ValueError(f"{name}: unknown key{did_you_mean(str(key), [str(k) for k in schema.keys()])}; "
+                                 f"the keys of {prefix[:-1] or 'the config'}: {sorted(str(k) for k in schema.keys())}")
+            walk(node._get_node(key), schema._get_node(key), name + ".")
+
+    walk(cfg, OmegaConf.structured(Config), "")
+
+
+def check_ranges(cfg: Any) -> None:
+    """Values that are accepted by type but give meaningless runs (every verifier invalid, a clip that always
+    binds, an ascent instead of a descent, no micro-batch)."""
+    sb = cfg.sandbox
+    if not sb.timeout_s > 0:
+        raise ValueError(f"sandbox.timeout_s={sb.timeout_s}: need > 0 (seconds per sandbox call; default 10)")
+    if sb.memory_mb < 32:
+        raise ValueError(f"sandbox.memory_mb={sb.memory_mb}: need >= 32 (the interpreter of a call needs about "
+                         "32 MB; default 512)")
+    if sb.max_processes < 1:
+        raise ValueError(f"sandbox.max_processes={sb.max_processes}: need >= 1")
+    for role in trained_roles(cfg):
+        t = role_trainer_config(cfg.trainer, role)
+        if not t.lr >= 0:
+            raise ValueError(f"trainer.lr (or trainer.roles.{role}.lr)={t.lr}: need >= 0 (a negative rate ascends the loss)")
+        if not t.clip_eps > 0:
+            raise ValueError(f"trainer.clip_eps (or trainer.roles.{role}.clip_eps)={t.clip_eps}: need > 0 (ε_clip of Eq. 19; default 0.2)")
+        if t.micro_batch_size < 1:
+            raise ValueError(f"trainer.micro_batch_size (or trainer.roles.{role}.micro_batch_size)={t.micro_batch_size}: need >= 1")
+        if t.grad_accum_steps < 0:
+            raise ValueError(f"trainer.grad_accum_steps (or trainer.roles.{role}.grad_accum_steps)={t.grad_accum_steps}: need >= 0")
 
 
 def check_ranks(cfg: Any, dist: DistContext) -> None:

@@ -9,6 +9,7 @@ than redefining it elsewhere.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -108,15 +109,15 @@ class RoleOverrides:
 
 @dataclass
 class TrainerConfig:
-    """Optimizer, backend and checkpoints (``unifiedplayers.trainer``); SPEC §6."""
+    """Optimizer, backend and checkpoints (``unifiedplayers.trainer``); Appendix B.3, D.1."""
 
     backend: str = "torch"  # torch | deepspeed_zero2 | deepspeed_zero3
     # Table 6's learning rate is missing from the paper's extraction; 1e-6 is the usual GRPO value at 4B-7B.
     lr: float = 1.0e-6
-    betas: tuple[float, float] = (0.9, 0.95)  # AdamW β1, β2 (SPEC §6)
+    betas: tuple[float, float] = (0.9, 0.95)  # AdamW β1, β2 (Appendix D.1)
     adam_eps: float = 1.0e-8
-    weight_decay: float = 0.01  # SPEC §6; biases and norm gains are not decayed
-    grad_clip: float = 1.0  # max global L2 norm (SPEC §6); the norm before clipping is logged
+    weight_decay: float = 0.01  # Appendix D.1; biases and norm gains are not decayed
+    grad_clip: float = 1.0  # max global L2 norm (Appendix D.1); the norm before clipping is logged
     # One update = one optimizer step over the whole batch, split into micro-batches of this size
     # (gradient accumulation; Eq. 21 weights are computed over the whole batch, so the split is exact).
     micro_batch_size: int = 4
@@ -130,7 +131,7 @@ class TrainerConfig:
     aggregation: str = "seq_group_mean"  # Eq. 21; or seq_mean | token_mean
     ref_mode: str = "copy"  # copy: frozen reference model; precompute: ref weights on host, swapped in once per batch
     lr_warmup_steps: int = 0
-    entropy_bank_size: int = 256  # held-out role contexts for entropy retention (SPEC §8)
+    entropy_bank_size: int = 256  # held-out role contexts for entropy retention (Appendix D.2)
     entropy_every: int = 1  # measure bank entropy after every n-th update (0: never)
     compute_entropy: bool = True  # actor/entropy of the sampled tokens in each update
     # π_θ log-probs use logits / temperature: set it to the rollout temperature so that the ratio of Eq. 18
@@ -154,7 +155,7 @@ class TrainerConfig:
 
 @dataclass
 class PerturbationConfig:
-    """Which rules of SPEC §3 the engine applies (``unifiedplayers.perturbation``); P = len(rules).
+    """Which rules of Appendix F.1 the engine applies (``unifiedplayers.perturbation``); P = len(rules).
 
     Presets (Table 15): all (5 rules), local (arg_mutation, step_drop, step_swap), global
     (early_terminate, tool_substitute), none (P = 0: no variants, ρ_adv = V(q) = 0).
@@ -171,7 +172,7 @@ class PerturbationConfig:
 
 @dataclass
 class RewardConfig:
-    """Reward weights and the choices SPEC §5 leaves open (``unifiedplayers.rewards``).
+    """Reward weights and the choices the paper leaves open (§3.2, Appendix B.1) (``unifiedplayers.rewards``).
 
     Presets (Table 17, (α, β, γ)): default (.4,.5,.1), gold_heavy (.6,.3,.1), adv_heavy (.2,.7,.1),
     high_diversity (.4,.5,.3), no_diversity (.4,.5,0).
@@ -185,12 +186,12 @@ class RewardConfig:
     w_ver: float = 1.0  # Eq. 2
     w_rep: float = 0.5  # Eq. 2
     use_verifiability: bool = True  # False: the "w/o V(q)" ablation (V(q) term dropped from Eq. 2)
-    # Open choices (SPEC §5):
+    # Choices the paper leaves open (§3.2, Appendix B.1):
     # r_S when M_q = 0: the same value for all K trajectories, so their group advantage is zero.
     execution_reward_no_valid_verifier: float = 0.0
     # r_C of a verifier that does not parse/compile/define check: below the lowest valid r_C (−γ).
     invalid_verifier_reward: float = -1.0
-    # A check error (raises, times out, no verdict) on a variant is 0 in Z_adv: true (the paper, SPEC §5)
+    # A check error (raises, times out, no verdict) on a variant is 0 in Z_adv: true (the paper, Eq. 11)
     # counts it as a rejection in ρ_adv and V(q); false gives it no credit (an error is no evidence that the
     # perturbation was caught). Errors are recorded apart from rejections either way (error_orig, error_adv).
     variant_error_credit: bool = True
@@ -230,7 +231,7 @@ class PlayerPrompts:
 
 @dataclass
 class PlayerConfig:
-    """Prompts and sampling sizes of the three players (``unifiedplayers.players``); SPEC §1."""
+    """Prompts and sampling sizes of the three players (``unifiedplayers.players``); §3.2, Appendix E."""
 
     planning: PlayerPrompts = field(default_factory=lambda: PlayerPrompts(template=""))
     execution: PlayerPrompts = field(default_factory=lambda: PlayerPrompts(template=""))
@@ -260,7 +261,7 @@ class PlayerConfig:
 
 @dataclass
 class ExecutionPoolConfig:
-    """The Execution player's fixed diagnostic pool (``unifiedplayers.execution_pool``); SPEC §8.
+    """The Execution player's fixed diagnostic pool (``unifiedplayers.execution_pool``); Appendix D.2.
 
     Every ``every`` Execution updates (paper: 50) the Execution player answers the pool greedily with its
     own tool loop and prompt; the summary reports the negative-step rate and the maximum drop.
@@ -287,7 +288,7 @@ class ExecutionPoolConfig:
 
 @dataclass
 class ScheduleConfig:
-    """The outer loop (``unifiedplayers.schedule``); SPEC §7."""
+    """The outer loop (``unifiedplayers.schedule``); §3.3, Appendix B.4."""
 
     outer_iterations: int = 3
     planning_updates: int = 200
@@ -298,7 +299,7 @@ class ScheduleConfig:
     feedback: str = "fresh"  # fresh | stale
     train_planning: bool = True  # Table 3 factorial switches; a frozen player keeps its initial weights
     train_evaluation: bool = True
-    # S: optimizer steps fed by one sampling phase (§3.3: fixed records sg[D_p^(b)]; SPEC §6). A phase samples
+    # S: optimizer steps fed by one sampling phase (§3.3: fixed records sg[D_p^(b)]; Appendix B.3). A phase samples
     # the data of S updates at once with the phase-start policies (S × prompts_per_update questioner prompts
     # in a Planning block, S × tasks_per_update tasks otherwise), builds perturbations, verdicts and rewards
     # once, and splits the groups into S disjoint mini-batches; the trainer then takes S × trainer.num_iterations
@@ -317,7 +318,7 @@ class ScheduleConfig:
     max_updates: Optional[int] = None
     # Print the readable summary (reward trajectories, a sample task/trajectory/verifier, a verdict matrix).
     print_summary: bool = True
-    execution_pool: ExecutionPoolConfig = field(default_factory=ExecutionPoolConfig)  # SPEC §8 diagnostic
+    execution_pool: ExecutionPoolConfig = field(default_factory=ExecutionPoolConfig)  # Appendix D.2 diagnostic
 
 
 @dataclass
@@ -331,11 +332,13 @@ class LoggerConfig:
     group: Optional[str] = None
     tags: list[str] = field(default_factory=list)
     progress: bool = True  # progress bars for blocks, updates and sandbox work
+    # online mode: seconds to wait for W&B's servers before falling back to offline (WANDB_INIT_TIMEOUT wins)
+    init_timeout_s: float = 15.0
 
 
 @dataclass
 class MethodConfig:
-    """Which players exist and which reward source feeds each (``unifiedplayers.methods``); SPEC §11.
+    """Which players exist and which reward source feeds each (``unifiedplayers.methods``); §4.1, Appendix G.1.
 
     ``name`` picks the registered :class:`unifiedplayers.methods.Method` (or ``_target_`` names its class);
     the reward sources are looked up by name (``unifiedplayers.methods.REWARD_SOURCES``); ``extra`` holds the
@@ -459,6 +462,38 @@ def compose(
     from hydra.core.global_hydra import GlobalHydra
 
     register_configs()
+    if config_name == "config":
+        check_override_keys(overrides)
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(config_dir or CONF_DIR), version_base="1.3"):
         return hydra_compose(config_name=config_name, overrides=list(overrides))
+
+
+def check_override_keys(overrides: Sequence[str]) -> None:
+    """Command-line overrides ``a.b=v`` name keys of the typed schema; a misspelled one fails with the closest
+    key (Hydra itself only says it cannot override it). ``+``/``~`` overrides and ``hydra.*`` are left to Hydra
+    and :func:`check_known_keys`."""
+    from omegaconf import DictConfig, OmegaConf
+
+    schema = OmegaConf.structured(Config)
+    for override in overrides:
+        key = override.split("=", 1)[0].strip()
+        if "=" not in override or key.startswith(("+", "~", "hydra.", "hydra/")) or "@" in key:
+            continue
+        node, prefix = schema, ""
+        for part in key.replace("/", ".").split("."):
+            if not isinstance(node, DictConfig) or not dataclasses.is_dataclass(OmegaConf.get_type(node)):
+                break  # a free-form mapping: its keys are checked where they are read
+            if part not in node.keys():
+                known = [str(k) for k in node.keys()]
+                raise ValueError(f"{key}: unknown key{did_you_mean(part, known)}; the keys of "
+                                 f"{prefix[:-1] or 'the config'}: {sorted(known)}")
+            node, prefix = node._get_node(part), f"{prefix}{part}."
+
+
+def did_you_mean(key: str, known: list[str]) -> str:
+    """`` (did you mean `x`?)`` for the closest known key, or nothing."""
+    import difflib
+
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    return f" (did you mean `{close[0]}`?)" if close else ""

@@ -1,4 +1,4 @@
-"""The Execution player's fixed diagnostic pool (SPEC §8, Appendix D.2).
+"""The Execution player's fixed diagnostic pool (§4.4, Appendix D.2).
 
 Every ``schedule.execution_pool.every`` Execution updates (paper: 50) the Execution player answers a fixed
 pool of math and general questions (paper: 128 + 128), greedily, with its own tool loop and prompt (the
@@ -38,7 +38,7 @@ TEXT_TAIL_CHARS = 1000  # the end of each transcript is kept (the answer is ther
 
 
 def negative_steps(accuracy: Sequence[Optional[float]]) -> tuple[Optional[float], Optional[float]]:
-    """(negative-step rate, maximum drop) of a sequence of checkpoint accuracies (SPEC §8).
+    """(negative-step rate, maximum drop) of a sequence of checkpoint accuracies (Appendix D.2).
 
     negative-step rate = #{i : a_{i+1} < a_i} / (n − 1) over the n checkpoints in order;
     maximum drop = max(0, max_i (a_i − a_{i+1})), in the units of ``accuracy``.

@@ -1,7 +1,7 @@
-"""Answer extraction and grading against references, per answer type (SPEC §9).
+"""Answer extraction and grading against references, per answer type (Appendix G.2).
 
 One implementation for the whole project: the evaluation harness (``eval/``) and the Execution
-player's fixed diagnostic pool (:mod:`unifiedplayers.execution_pool`, SPEC §8) both grade with it.
+player's fixed diagnostic pool (:mod:`unifiedplayers.execution_pool`, Appendix D.2) both grade with it.
 
 - answers: ``\\boxed{}`` (:func:`unifiedplayers.trajectory.extract_boxed`) and the final option letter
   of a multiple-choice answer (:func:`extract_option_letter`), ``None`` when nothing can be extracted;

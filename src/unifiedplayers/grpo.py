@@ -1,4 +1,4 @@
-"""GRPO for one player (SPEC §6, Appendix B.3): pure torch maths, no model, no optimizer.
+"""GRPO for one player (§3.3, Appendix B.3): pure torch maths, no model, no optimizer.
 
 Equation numbers follow the paper's Appendix B.3:
 

@@ -2,7 +2,10 @@
 
 W&B runs offline by default (``WANDB_MODE=offline``, files under ``<run_dir>/wandb``), online with
 ``logger=wandb_online`` and not at all with ``logger=none``. A W&B failure (not installed, no network)
-is a warning, never a crash: ``metrics.jsonl`` is the record of the run. Progress bars (tqdm) go to
+is a warning, never a crash: ``metrics.jsonl`` is the record of the run. Online, ``wandb.init`` waits at
+most ``wandb_init_timeout()`` seconds for the server (``WANDB_INIT_TIMEOUT``, default 15 s, not wandb's
+90 s); past that, or on any other online failure, the run goes on in offline mode with a warning, so the
+metrics still reach W&B's offline files (``wandb sync`` uploads them later). Progress bars (tqdm) go to
 stderr and can be turned off with ``logger.progress=false``.
 """
 from __future__ import annotations
@@ -10,11 +13,53 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 import warnings
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
 METRICS_FILENAME = "metrics.jsonl"
+# Seconds wandb.init may wait for the W&B server in online mode before the run falls back to offline
+# (wandb's own default, 90 s, is what a machine without a network used to stall for at every start).
+WANDB_INIT_TIMEOUT_S = 15.0
+
+
+def wandb_init_timeout(cfg: Any = None) -> float:
+    """How long an online ``wandb.init`` may wait: ``$WANDB_INIT_TIMEOUT`` (wandb's own variable), else
+    ``cfg.init_timeout_s`` where the logger config has that key, else ``WANDB_INIT_TIMEOUT_S``."""
+    env = os.environ.get("WANDB_INIT_TIMEOUT")
+    if env:
+        return float(env)
+    value = getattr(cfg, "init_timeout_s", None) if cfg is not None else None
+    return float(value) if value is not None else WANDB_INIT_TIMEOUT_S
+
+
+def init_wandb(mode: str, timeout_s: Optional[float] = None, **kwargs: Any) -> Any:
+    """``wandb.init(mode=mode, **kwargs)``. Online, the wait for the server is bounded by ``timeout_s``
+    (``wandb.Settings(init_timeout=...)``; default :func:`wandb_init_timeout`); when it fails (no network, a
+    server that does not answer, a rejected key) the run is started offline instead, with a RuntimeWarning
+    and a printed line. Errors of the offline init itself propagate (the callers turn them into a warning)."""
+    import wandb
+
+    if mode != "online":
+        return wandb.init(mode=mode, **kwargs)
+    timeout_s = wandb_init_timeout() if timeout_s is None else float(timeout_s)
+    t0 = time.monotonic()
+    try:
+        return wandb.init(mode="online", settings=wandb.Settings(init_timeout=timeout_s), **kwargs)
+    except Exception as exc:  # noqa: BLE001 - any online failure: offline keeps the metrics
+        reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+        where = Path(kwargs.get("dir") or ".") / "wandb"
+        msg = (f"W&B online init failed after {time.monotonic() - t0:.0f} s (timeout {timeout_s:g} s; {reason}); "
+               f"falling back to offline mode: the run is logged under {where}/offline-run-* (`wandb sync` "
+               f"uploads it later). Set WANDB_INIT_TIMEOUT=<seconds> to wait longer, or logger=wandb_offline.")
+    warnings.warn(msg, RuntimeWarning, stacklevel=2)
+    print(f"[logger] {msg}", flush=True)
+    try:  # the service still holds the failed run (its id "in use"): start a fresh one for the offline run
+        wandb.teardown()
+    except Exception:  # noqa: BLE001
+        pass
+    return wandb.init(mode="offline", **kwargs)
 
 
 def _clean(value: Any) -> Any:
@@ -62,6 +107,7 @@ class RunLogger:
         self._f = open(self.path, "ab")
         self.cfg = cfg
         self.wandb = None
+        self.wandb_mode: Optional[str] = None  # the mode W&B runs in: cfg.mode, or offline after a fallback
         if cfg.backend == "wandb" and cfg.mode != "disabled":
             self.wandb = self._init_wandb(Path(run_dir), config, run_id)
         elif cfg.backend not in ("wandb", "none"):
@@ -69,20 +115,21 @@ class RunLogger:
 
     def _init_wandb(self, run_dir: Path, config: Optional[dict], run_id: Optional[str]):
         try:
-            import wandb
-
             os.environ.setdefault("WANDB_SILENT", "true")
-            return wandb.init(
+            run = init_wandb(
+                self.cfg.mode,
+                timeout_s=wandb_init_timeout(self.cfg),
                 project=self.cfg.project,
                 entity=self.cfg.entity,
                 group=self.cfg.group,
                 tags=list(self.cfg.tags) or None,
-                mode=self.cfg.mode,
                 dir=str(run_dir),
                 config=config,
                 id=run_id,
                 resume="allow" if run_id else None,
             )
+            self.wandb_mode = getattr(getattr(run, "settings", None), "mode", None) or str(self.cfg.mode)
+            return run
         except Exception as exc:  # W&B is a mirror; the run goes on without it
             warnings.warn(f"W&B disabled: {type(exc).__name__}: {exc}", RuntimeWarning, stacklevel=2)
             return None

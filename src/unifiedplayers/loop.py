@@ -68,7 +68,7 @@ class OuterLoop:
         from unifiedplayers.sandbox import Sandbox
 
         self.run_dir.mkdir(parents=True, exist_ok=True)  # a run there is resumed with resume=true, never overwritten
-        saved = saved_state(self.run_dir, self.cfg, self.dist.world_size)
+        saved = saved_state(self.run_dir, self.cfg, self.dist.world_size, self.dist.is_main)
         if saved is not None and saved["finished"]:
             print(f"[resume] the run in {self.run_dir} is already complete ({saved['completed']} updates)")
             self.state.finished, self.state.completed = True, saved["completed"]

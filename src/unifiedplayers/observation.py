@@ -1,5 +1,5 @@
-"""The observation text of one executed code block, exactly as the Execution player sees it (SPEC §1,
-§4; paper Appendix D.3: stdout, stderr and exit status come back as the next observation).
+"""The observation text of one executed code block, exactly as the Execution player sees it (§2 and
+Appendix D.3: stdout, stderr and exit status come back as the next observation).
 
 One formatter for two users: the Execution tool loop (``players/tool_loop.py``), which writes the
 original trajectories' output steps, and the perturbation engine's arg_mutation, which re-executes

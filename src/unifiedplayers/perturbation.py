@@ -1,4 +1,4 @@
-"""The fixed perturbation engine (SPEC §3; paper Appendix F.1): P adversarial variants per trajectory.
+"""The fixed perturbation engine (Appendix F.1, Table 9): P adversarial variants per trajectory.
 
 Five rules, one variant each. A rule returns a new :class:`Trajectory` (the input is never modified)
 or ``None`` where it cannot apply; the verdict matrix masks those entries out (``adv_mask``).

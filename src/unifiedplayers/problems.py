@@ -1,7 +1,7 @@
-"""The benchmark registry and its loaders (SPEC §9, Tables 1, 2 and 11).
+"""The benchmark registry and its loaders (§4.1, Appendix G.2; Tables 1, 2 and 11).
 
 Used by the evaluation harness (``eval/``, which re-exports it as ``eval.benchmarks``) and by the
-Execution player's fixed diagnostic pool (:mod:`unifiedplayers.execution_pool`, SPEC §8).
+Execution player's fixed diagnostic pool (:mod:`unifiedplayers.execution_pool`, Appendix D.2).
 
 The registry says *what* a benchmark is: its column in the paper's tables, its answer type, its
 metric, the field mapping of its public hub schema and where ``eval/prepare_data.py`` gets it.

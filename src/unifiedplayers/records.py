@@ -1,4 +1,4 @@
-"""The interaction record ξ(q) = (q, T(q), V(q), T_adv(q), Z(q), ρ_red(q)) (SPEC §5; paper Eq. 1).
+"""The interaction record ξ(q) = (q, T(q), V(q), T_adv(q), Z(q), ρ_red(q)) (§3.1, Eq. 1; Appendix B.1).
 
 One :class:`InteractionRecord` per task, appended as one JSON line to the run's record file
 (``<run_dir>/records.jsonl``). Crash safety: each append is one ``write`` of a complete line, then

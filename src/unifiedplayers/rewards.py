@@ -1,4 +1,4 @@
-"""Role-specific rewards from the verdict matrix (SPEC §5; paper Eq. 2-5, 11, 12). Pure numpy.
+"""Role-specific rewards from the verdict matrix (§3.2, Eq. 2-5; Appendix B.1, Eq. 11, 12). Pure numpy.
 
 Shapes: z_orig (M_q, K), z_adv (M_q, K, P), adv_mask (K, P) or None (all variants present).
 
@@ -43,7 +43,7 @@ import numpy as np
 def execution_rewards(z_orig: np.ndarray, no_valid_value: float = 0.0) -> np.ndarray:
     """Eq. 4: r_S(τ_k) = (1/M_q) Σ_{i ∈ I_valid} Z_orig[i, k]. Shape (K,).
 
-    With M_q = 0 every trajectory gets ``no_valid_value`` (an open choice of SPEC §5).
+    With M_q = 0 every trajectory gets ``no_valid_value`` (a choice the paper leaves open: Eq. 4 divides by M_q).
     """
     z = np.asarray(z_orig, dtype=np.float64)
     if z.ndim != 2:
@@ -420,7 +420,7 @@ def majority_share(
 def uncertainty(
     answers: Sequence[Optional[str]], missing_in_majority: bool = False, timeout_s: Optional[float] = 10.0
 ) -> float:
-    """U(q) = min(p̂, 1 − p̂) (SPEC §5; paper §3.2 below Eq. 2). ``timeout_s``: see :func:`answer_clusters`."""
+    """U(q) = min(p̂, 1 − p̂) (§3.2, below Eq. 2). ``timeout_s``: see :func:`answer_clusters`."""
     p_hat = majority_share(answers, missing_in_majority, timeout_s)
     return float(min(p_hat, 1.0 - p_hat))
 

@@ -126,18 +126,54 @@ def check_resumable(state: dict[str, Any], cfg: Any, run_dir: Path, world_size: 
         )
 
 
-def saved_state(run_dir: Path, cfg: Any, world_size: int) -> Optional[dict[str, Any]]:
-    """The run state saved in ``run_dir`` (None for a new run). A run there is never overwritten: without
-    ``resume=true`` it is an error; a finished run must match the config (its summary is shown again)."""
+def load_state(path: Path) -> dict[str, Any]:
+    """``state.pt``; a file that does not read is an error that names it and says how to recover."""
+    try:
+        state = torch.load(path, weights_only=False)
+        if not isinstance(state, dict) or "completed" not in state:
+            raise ValueError("not a run state")
+        return state
+    except Exception as err:  # noqa: BLE001 - an empty, truncated or foreign file
+        raise RuntimeError(
+            f"{path} cannot be read ({type(err).__name__}: {err}). It is the run state of {path.parent}; to restart "
+            f"that run from its first update, delete it (rm {path}) and run again with resume=true (its records are "
+            "cut and rewritten), or start a new run in another run_dir") from None
+
+
+def saved_state(run_dir: Path, cfg: Any, world_size: int, is_main: bool = True) -> Optional[dict[str, Any]]:
+    """The run state saved in ``run_dir`` (None for a new run), checked before anything is written or loaded.
+
+    A run there is never overwritten: without ``resume=true`` it is an error; with it the config must match
+    (:func:`check_resumable`). A run that stopped before its first completed update (records but no state) is
+    restarted from its first update with ``resume=true``: its records and metrics lines are cut, so none is
+    written twice.
+    """
+    from unifiedplayers.logging import METRICS_FILENAME, count_lines, truncate_lines
+    from unifiedplayers.records import RECORDS_FILENAME
+
     path = run_dir / STATE_FILE
-    state = torch.load(path, weights_only=False) if path.exists() else None
+    state = load_state(path) if path.exists() else None
     if state is not None and not cfg.resume:
         raise FileExistsError(
             f"{run_dir} already holds a run ({state['completed']}/{state['total_updates']} updates). "
             "Pass resume=true to continue it, or choose another run_dir (or delete it) to start fresh.")
-    if state is not None and state["finished"]:
+    if state is not None:
         check_resumable(state, cfg, run_dir, world_size)
-    return state
+        return state
+    begun = {name: count_lines(run_dir / name) for name in (RECORDS_FILENAME, METRICS_FILENAME)}
+    if any((run_dir / name).exists() and (run_dir / name).stat().st_size for name in begun):
+        if not cfg.resume:
+            raise FileExistsError(
+                f"{run_dir} already holds a run that stopped before its first completed update ({begun[RECORDS_FILENAME]} "
+                "record(s), no state.pt). Pass resume=true to restart it from its first update, or choose another "
+                "run_dir (or delete it) to start fresh.")
+        if is_main:
+            for name in begun:
+                truncate_lines(run_dir / name, 0)
+            (run_dir / "phase.pt").unlink(missing_ok=True)
+            print(f"[resume] {run_dir} stopped before its first completed update: restarting it from the first "
+                  f"update (dropped {begun[RECORDS_FILENAME]} record(s) and {begun[METRICS_FILENAME]} metrics line(s))")
+    return None
 
 
 def restore(state: dict[str, Any], cfg: Any, run_dir: Path, dist: Any, team: Any, method: Any, slots: Sequence[Any],
@@ -150,7 +186,6 @@ def restore(state: dict[str, Any], cfg: Any, run_dir: Path, dist: Any, team: Any
     from unifiedplayers.records import RECORDS_FILENAME
     from unifiedplayers.trainer import restore_rng_state
 
-    check_resumable(state, cfg, run_dir, dist.world_size)
     dropped_r = dropped_m = 0
     if dist.is_main:  # the other ranks never touch the run's files
         dropped_r = truncate_lines(run_dir / RECORDS_FILENAME, state["records"])

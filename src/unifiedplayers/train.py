@@ -41,12 +41,27 @@ def run(cfg: DictConfig, run_dir: str | None = None, dist=None) -> dict:
     return OuterLoop(cfg, target, dist=dist or SINGLE).run()
 
 
+def refuse_paper_schedule_on_cpu(task_overrides: list[str]) -> None:
+    """A bare ``python -m unifiedplayers.train`` is the paper's schedule (2,100 updates of a 4B model): on a
+    machine without a GPU it stops at once, naming the presets. An explicit ``experiment=...`` always runs."""
+    import torch
+
+    if any(o.split("=", 1)[0].lstrip("+") == "experiment" for o in task_overrides) or torch.cuda.is_available():
+        return
+    raise SystemExit(
+        "unifiedplayers.train: no experiment= given, and this machine has no GPU: the default is the paper's "
+        "schedule (2,100 updates). On a CPU run `python -m unifiedplayers.train experiment=smoke` (what `make run` "
+        "runs) or experiment=tiny; the paper presets are experiment=paper_qwen3_4b and experiment=paper_mimo_7b "
+        "(GPUs). `--help` lists the common keys.")
+
+
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
     from unifiedplayers.distributed import destroy, init_distributed
 
+    refuse_paper_schedule_on_cpu(list(HydraConfig.get().overrides.task))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     dist = init_distributed()  # one process (no-op) unless a launcher set WORLD_SIZE > 1
     try:
@@ -57,5 +72,39 @@ def main(cfg: DictConfig) -> None:
         destroy(dist)
 
 
+def preflight(overrides: list[str]) -> None:
+    """What must fail before Hydra writes anything into the run directory (its .hydra/config.yaml): a misspelled
+    key (with the closest one), the paper schedule on a CPU, and a run directory whose run this config cannot
+    continue (no resume=true, or another config)."""
+    from pathlib import Path
+
+    from unifiedplayers.config import check_override_keys, compose
+    from unifiedplayers.run_state import saved_state
+
+    check_override_keys(overrides)
+    refuse_paper_schedule_on_cpu(overrides)
+    try:  # hydra.searchpath (a config group outside the package) must reach the composition
+        cfg = compose([o for o in overrides
+                       if not o.lstrip("+~").startswith("hydra") or o.startswith("hydra.searchpath")])
+    except ValueError:
+        raise
+    except Exception:  # noqa: BLE001 - a composition error: Hydra reports it in its own words next
+        return
+    if cfg.run_dir:
+        saved_state(Path(cfg.run_dir), cfg, int(os.environ.get("WORLD_SIZE", "1")), is_main=False)
+
+
+def cli() -> None:
+    """The command line: ``preflight``, then the Hydra app (Hydra's own modes, ``--help``, ``--cfg``, ``-m``, go
+    straight to it)."""
+    args = sys.argv[1:]
+    if not any(a.startswith("-") for a in args):
+        try:
+            preflight(args)
+        except (ValueError, FileExistsError, RuntimeError) as err:
+            sys.exit(f"unifiedplayers.train: {err}")
+    main()
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli())

@@ -1,4 +1,4 @@
-"""Execution trajectories: the schema verifiers read (SPEC §2), transcript parsing and rendering.
+"""Execution trajectories: the schema verifiers read (Appendix E.3, I.3), transcript parsing and rendering.
 
 A :class:`Trajectory` has a ``question``, a list of :class:`Step` and a ``final_answer`` (the content
 of the last ``\\boxed{...}``, a string, or ``None`` when the Execution player never answered). Each step
@@ -63,7 +63,7 @@ Only the Python standard library is available."""
 
 @dataclass
 class Step:
-    """One step of a trajectory (SPEC §2). Only the fields of its ``type`` are set."""
+    """One step of a trajectory (Appendix F.1, I.3). Only the fields of its ``type`` are set."""
 
     type: str
     text: Optional[str] = None  # reason
@@ -103,7 +103,7 @@ def output_step(result: str) -> Step:
 
 @dataclass
 class Trajectory:
-    """An Execution trajectory τ: question, steps and final answer (SPEC §2)."""
+    """An Execution trajectory τ: question, steps and final answer (Appendix E.3, I.3)."""
 
     question: str
     steps: list[Step] = field(default_factory=list)

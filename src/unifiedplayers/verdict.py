@@ -1,4 +1,4 @@
-"""The verdict matrix Z(q) = [Z_orig | Z_adv] of one task (SPEC §5; paper Eq. 9-10).
+"""The verdict matrix Z(q) = [Z_orig | Z_adv] of one task (Appendix B.1, Eq. 9-10).
 
 ``verdict_matrix`` compiles the M verifier outputs, then runs every valid verifier on the K originals
 and their K·P variants as ONE parallel sandbox batch (``sandbox.call_many``): M_q·K·(1+P) checks, fewer
@@ -7,7 +7,7 @@ where a rule could not apply (those variants are ``None`` and masked out, never 
 Check errors (issue 13, fidelity item 5). A check that raises, times out or returns something other
 than a verdict (``verifier.ERROR_KINDS``) is an *error*, kept apart from a rejection:
 
-- Z keeps the paper's values: an error is 0 in Z_orig and Z_adv (SPEC §5: junk counts as rejection),
+- Z keeps the paper's values: an error is 0 in Z_orig and Z_adv (§3.1, Eq. 10: Z is binary, one denotes acceptance),
   and the masks ``error_orig`` (M_q, K) and ``error_adv`` (M_q, K, P) say which zeros are errors.
 - A verifier whose check errors on EVERY original trajectory is invalid, like one that does not
   compile (our addition to the paper's static validity, §3.2 / Appendix E.3): it gets no row in Z,

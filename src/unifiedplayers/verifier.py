@@ -1,4 +1,4 @@
-"""Executable verifiers written by the Evaluation player (SPEC §1, §5; paper Appendix E.3, I.3).
+"""Executable verifiers written by the Evaluation player (§3.2; Appendix B.1, E.3, I.3).
 
 1. :func:`compile_verifier` takes the player's output, keeps the last fenced python block and decides
    validity *without running it*: the block parses, compiles, and defines a top-level ``check`` that
@@ -10,8 +10,8 @@
 3. :func:`outcome_of` reads the sandbox's ``CallResult``: only ``True`` or a tuple whose first element
    is ``True`` accepts; ``False`` or a tuple whose first element is ``False`` rejects. A raise, a
    timeout, or any other value (``1``, ``"True"``, ``[True]``, ``None``) is an *error*
-   (:data:`ERROR_KINDS`): 0 in the verdict matrix like a rejection (SPEC §5), but recorded apart from
-   one (``CheckOutcome.is_error``; see ``verdict`` for what an error costs the verifier).
+   (:data:`ERROR_KINDS`): 0 in the verdict matrix like a rejection (§3.1, Eq. 10: only an acceptance is 1),
+   but recorded apart from one (``CheckOutcome.is_error``; see ``verdict`` for what an error costs the verifier).
 """
 from __future__ import annotations
 

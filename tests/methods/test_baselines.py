@@ -1,4 +1,4 @@
-"""Baselines as compositions (SPEC §11): their reward functions by hand, Absolute Zero's sandbox validation,
+"""Baselines as compositions (§4.1, Appendix G.1): their reward functions by hand, Absolute Zero's sandbox validation,
 Socratic-Zero's start-up check and Teacher client, and one tiny outer iteration of each trainable method."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The fixed diagnostic pool inside the outer loop (SPEC §8) on the tiny random model: entries at the right
+"""The fixed diagnostic pool inside the outer loop (§4.4, Appendix D.2) on the tiny random model: entries at the right
 Execution updates, in metrics.jsonl, execution_pool.jsonl and the summary; no effect on training; resume
 neither repeats nor loses an evaluation; the pool is answered and graded end to end (scripted engine)."""
 from __future__ import annotations

@@ -44,3 +44,44 @@ def test_wandb_offline_mirror(tmp_path, monkeypatch):
     log.close()
     assert any(p.name.startswith("offline-run") for p in (tmp_path / "wandb").iterdir())
     assert read_metrics(tmp_path)[0]["execution/reward_mean"] == 0.25
+
+
+def test_wandb_online_without_network_falls_back_to_offline(tmp_path, monkeypatch, capsys):
+    """logger=wandb_online with the W&B server unreachable: a short wait, then offline with a warning (not an
+    85 s stall and then nothing); metrics still go to the offline W&B run and to metrics.jsonl."""
+    import time
+    from pathlib import Path
+
+    conf = Path(__file__).resolve().parents[2] / "conf" / "logger" / "wandb_online.yaml"
+    cfg = OmegaConf.merge(OmegaConf.structured(LoggerConfig), OmegaConf.load(conf))
+    assert cfg.mode == "online"
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")  # the discard port: nothing listens
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)  # a key, so that wandb gets as far as the network
+    monkeypatch.setenv("WANDB_INIT_TIMEOUT", "2")
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    import wandb
+
+    wandb.teardown()  # W&B reads its environment once per process: forget an earlier test's
+    t0 = time.monotonic()
+    with pytest.warns(RuntimeWarning, match="offline"):
+        log = RunLogger(tmp_path, cfg, config={"seed": 0}, run_id="up-online-test")
+    took = time.monotonic() - t0
+    assert took < 30, f"W&B online init took {took:.0f} s"
+    assert log.wandb is not None and log.wandb_mode == "offline"
+    assert "falling back to offline" in capsys.readouterr().out
+    log.log({"update": 0, "execution/reward_mean": 0.5}, step=0)
+    log.close()
+    assert any(p.name.startswith("offline-run") for p in (tmp_path / "wandb").iterdir())
+    assert read_metrics(tmp_path)[0]["execution/reward_mean"] == 0.5
+
+
+def test_wandb_init_timeout_is_short_by_default(monkeypatch):
+    from unifiedplayers.logging import wandb_init_timeout
+
+    monkeypatch.delenv("WANDB_INIT_TIMEOUT", raising=False)
+    cfg = OmegaConf.structured(LoggerConfig(backend="wandb", mode="online"))
+    assert 0 < wandb_init_timeout(cfg) <= 20  # wandb's own default is 90 s
+    monkeypatch.setenv("WANDB_INIT_TIMEOUT", "45")
+    assert wandb_init_timeout(cfg) == 45.0

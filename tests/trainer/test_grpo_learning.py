@@ -1,4 +1,4 @@
-"""A real learning run: GRPO on the tiny random Llama raises a toy reward (SPEC §6 end to end).
+"""A real learning run: GRPO on the tiny random Llama raises a toy reward (§3.3, Appendix B.3 end to end).
 
 Sampling goes through the project's ``hf`` rollout (behaviour log-probs recorded at sampling time),
 advantages through Eq. 17, the update through the torch trainer. Reward of a completion = share of its
@@ -67,7 +67,7 @@ def test_grpo_raises_mean_reward_on_emit_letters():
 
 
 def test_grpo_with_four_steps_per_generation_moves_the_ratio_and_still_learns():
-    """S = 4 (SPEC §6, §3.3): each phase samples 4 × the batch once, then takes 4 optimizer steps on its
+    """S = 4 (§3.3, Appendix B.3): each phase samples 4 × the batch once, then takes 4 optimizer steps on its
     disjoint mini-batches against the behaviour log-probs of the sampling. The ratio leaves 1 after the
     phase's first step, the clip of Eq. 19 binds on some tokens, and the toy reward still rises."""
     steps_per_generation, phases = 4, 10

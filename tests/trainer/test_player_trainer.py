@@ -1,4 +1,4 @@
-"""The torch backend of the per-player GRPO trainer (SPEC §6, §8) on the tiny random Llama."""
+"""The torch backend of the per-player GRPO trainer (§3.3, Appendix B.3, D.2) on the tiny random Llama."""
 from __future__ import annotations
 
 import math
@@ -294,7 +294,7 @@ def test_checkpoint_of_another_backend_is_refused(tmp_path):
         trainer.load_checkpoint(tmp_path / "ck")
 
 
-# ------------------------------------------------------------------ diagnostics (SPEC §8)
+# ------------------------------------------------------------------ diagnostics (§4.4, Appendix D.2)
 def test_grad_norm_block_stats_by_hand():
     # [1, 2, 3, 4, nan]: nan dropped; median 2.5; mean 2.5; population std sqrt(1.25) = 1.118034;
     # CV = 1.118034 / 2.5 = 0.447214.

@@ -1,4 +1,4 @@
-"""Methods: UnifiedPlayers and its baselines (§5.1, Appendix F; SPEC §11) behind one interface.
+"""Methods: UnifiedPlayers and its baselines (§4.1, Appendix G.1) behind one interface.
 
 A method is one :class:`Method` subclass in one Python file, registered with :func:`register_method`, and one
 ``conf/method/<name>.yaml`` (``method.name``, the players it trains, the reward source of each player, and

@@ -1,4 +1,4 @@
-"""Absolute Zero (SPEC §11; ``paper/absolute_zero_*.txt``): one model proposes and solves code-reasoning
+"""Absolute Zero (Appendix G.1; Zhao et al. 2025, arXiv 2505.03335): one model proposes and solves code-reasoning
 tasks; the proposed programs are validated and answered by executing them in *our* sandbox.
 
 A proposal is a Python program defining ``f`` and one or more inputs (Python literals). It is valid when

@@ -1,4 +1,4 @@
-"""Agent0 (Xia et al., arXiv 2511.16043; SPEC §11): a Curriculum player (the Planning role) and an Executor
+"""Agent0 (Xia et al., arXiv 2511.16043; Appendix G.1): a Curriculum player (the Planning role) and an Executor
 (the Execution role, multi-turn tool use) trained by GRPO in turns, no Evaluation player.
 
 Curriculum (``agent0_curriculum``, a batch source: the repetition penalty needs the whole batch):

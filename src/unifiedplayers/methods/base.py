@@ -1,4 +1,4 @@
-"""One interface for a method: UnifiedPlayers itself, and every baseline (§5.1, Appendix F; SPEC §11).
+"""One interface for a method: UnifiedPlayers itself, and every baseline (§4.1, Appendix G.1).
 
 A method is a :class:`Method` subclass, registered by name with :func:`register_method`, and a
 ``conf/method/<name>.yaml``. Every hook has a default that is UnifiedPlayers' behaviour, so a method

@@ -1,4 +1,4 @@
-"""R-Zero (Huang et al., arXiv 2508.05004; SPEC §11): a Challenger (the Planning role) and a Solver (the
+"""R-Zero (Huang et al., arXiv 2508.05004; Appendix G.1): a Challenger (the Planning role) and a Solver (the
 Execution role) from one base, no tools.
 
 - Solver: majority-vote pseudo-labels (``majority_vote``), trained only on questions whose self-consistency

@@ -1,4 +1,4 @@
-"""The Evaluation player (Critic-Coder, π_C; SPEC §1): M candidate verifiers ``check(trajectory)`` per task.
+"""The Evaluation player (Critic-Coder, π_C; §3.2, Appendix E.3): M verifiers ``check(trajectory)`` per task.
 
 The prompt holds the task and :data:`unifiedplayers.trajectory.TRAJECTORY_SCHEMA`, never the expected
 answer. The default ``response_prefix`` starts the reply with ````python\\ndef check(trajectory):`` (a

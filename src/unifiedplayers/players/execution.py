@@ -1,4 +1,4 @@
-"""The Execution player (Solver, π_S; SPEC §1): K tool-integrated trajectories per task.
+"""The Execution player (Solver, π_S; §3.2, Appendix E.2): K tool-integrated trajectories per task.
 
 The prompt is the task alone (``conf/player/`` ``execution``: a system text and a worked example that
 shows the fence format; a method without tools sets a plain-text one in ``conf/method/``, checked by
@@ -15,8 +15,8 @@ from unifiedplayers.players.prompts import chat_messages, render_prompt
 from unifiedplayers.players.tool_loop import ToolLoopConfig, ToolRollout, run_tool_loop
 
 
-# What a prompt of a method without tools must not contain (SPEC §11): a sample that obeys a request for code
-# gets one generation and no tool run, so it ends unanswered.
+# What a prompt of a method without tools must not contain (Appendix G.1: Vanilla runs without tool use): a
+# sample that obeys a request for code gets one generation and no tool run, so it ends unanswered.
 _CODE_REQUEST = re.compile(r"python|```", re.IGNORECASE)
 
 

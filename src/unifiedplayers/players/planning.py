@@ -1,4 +1,4 @@
-"""The Planning player (Task-Setter, π_T; SPEC §1): a fixed questioner prompt with rotating topics.
+"""The Planning player (Task-Setter, π_T; §3.2, Appendix E.1): a fixed questioner prompt with rotating topics.
 
 Each output should be a multi-step math problem followed by its answer in ``\\boxed{}``.
 :func:`parse_task` splits it into the question (shown to the other players) and the expected answer

@@ -1,4 +1,4 @@
-"""The Execution player's multi-turn tool loop (SPEC §1, Execution row; Appendix D.3).
+"""The Execution player's multi-turn tool loop (§3.2, Execution Player; Appendix D.3, E.2).
 
 Shared by training (the Execution block samples K trajectories per task with it) and by the
 evaluation harness's ``tool`` mode. One call runs every sample of a batch together::

@@ -1,4 +1,4 @@
-"""Safe, warm, parallel execution of model-written Python (SPEC §4).
+"""Safe, warm, parallel execution of model-written Python (Appendix D.3).
 
 This package knows nothing of the rest of UnifiedPlayers: it runs programs and functions and returns
 results. Values cross the boundary as JSON, never pickle.

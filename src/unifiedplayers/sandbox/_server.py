@@ -14,7 +14,8 @@ one short process per call, so a call pays for a fork and a few system calls onl
   domain (so it cannot signal its forker), and RLIMIT_AS/DATA (memory), CPU, FSIZE and NOFILE.
 
 The forker enforces the wall clock and afterwards kills every process of its uid but itself
-(``kill(-1)``), so nothing a call started outlives it. The server does the rest of the bookkeeping, so
+(``kill(-1)``) and, as their subreaper, reaps them all before the next call, so nothing a call started
+outlives it or holds the uid's process bound. The server does the rest of the bookkeeping, so
 that the forker, whose every written page costs a copy-on-write fault after each fork, writes few: it
 dispatches requests to free slots, reads each call's stdout, stderr and result from the slot's pipes,
 truncates them and stops floods, builds the results, watches the forkers (a dead or stuck one is killed,
@@ -108,6 +109,7 @@ MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 1 << 14, 1 << 18
 PR_SET_PDEATHSIG = 1
 PR_SET_DUMPABLE = 4
 PR_SET_NO_NEW_PRIVS = 38
+PR_SET_CHILD_SUBREAPER = 36
 
 # Landlock (linux/landlock.h). The syscall numbers are the same on every architecture.
 SYS_LANDLOCK_CREATE_RULESET = 444
@@ -641,6 +643,21 @@ class Forker:
         except OSError:
             pass
 
+    def reap(self, pgid):
+        """After a call: kill what it left running and, under the slot's own uid, wait until no process
+        of that uid but this forker is left: killed and reaped (the forker is their subreaper, so every
+        orphan of a call is its child). A process counts against the uid's RLIMIT_NPROC until it is
+        reaped, so a fork bomb's leftovers would otherwise make the next calls' forks fail."""
+        self.sweep(pgid)
+        while self.iso["uid"]:
+            try:
+                while os.waitpid(-1, os.WNOHANG)[0]:
+                    pass
+            except ChildProcessError:  # none left: the slot is clean
+                return
+            time.sleep(0.001)  # some are still dying
+            self.sweep(pgid)  # or were forked after the last kill
+
     def fork_call(self):
         for attempt in range(2):
             try:
@@ -714,7 +731,7 @@ class Forker:
         _, status = os.waitpid(pid, 0)
         duration = time.monotonic() - start
         os.close(pidfd)
-        self.sweep(pid)  # whatever it left running (daemons, setsid'd children) dies now
+        self.reap(pid)  # whatever it left running (daemons, setsid'd children) dies now
         try:
             os.rmdir(workdir)  # most calls write nothing: one system call
         except OSError:
@@ -815,10 +832,8 @@ def _take_slot_uid(cfg, iso, slot):
         os.setuid(uid)
         # The forker counts too; a call may run max_processes processes at once.
         _set_rlimit(resource.RLIMIT_NPROC, int(cfg["max_processes"]) + 1)
-        try:
-            os.kill(-1, signal.SIGKILL)  # leftovers of an earlier server
-        except OSError:
-            pass
+        _await_uid_empty(uid, os.getpid())  # leftovers of an earlier server or forker of this slot
+        _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # a call's orphans become this forker's children
         # When the server dies this forker is told (after setuid, which clears the setting) and
         # kills every process of its uid, its calls included, before it exits.
         forker_pid = os.getpid()
@@ -844,6 +859,15 @@ def _calls_interpreter(iso):
     SIGXFSZ and SIGPIPE ignored, and text streams on fds 0-2 (which each call points at the slot's pipes)."""
     sys.path[:] = iso["sys_path"]
     sys.path_importer_cache.clear()
+    # The packages loaded before (encodings, json, re, collections, ctypes) look for their submodules in
+    # their ``__path__``: the standard library's own directory, which a slot's uid cannot read. Point it
+    # at the mirror, or ``import encodings.idna`` fails, and with it every codec not loaded yet (a
+    # hostname lookup raised "LookupError: unknown encoding: idna" instead of a network error).
+    old, new = os.path.join(STDLIB, ""), os.path.join(iso["sys_path"][0], "")
+    for module in list(sys.modules.values()) if old != new else ():
+        path = getattr(module, "__path__", None)
+        if type(path) is list:  # the same list as the module's spec.submodule_search_locations
+            path[:] = [new + p[len(old):] if p.startswith(old) else p for p in path]
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an oversized write fails with EFBIG instead
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     sys.argv = ["<sandbox>"]
@@ -894,6 +918,53 @@ def _slot_main(cfg, iso, slot, slot_dir, ruleset, fds):
             os._exit(70)
     forker.serve()
     os._exit(0)
+
+
+def _uid_pids(uid, exclude=0):
+    """Pids of the processes of real uid ``uid`` (zombies included), but ``exclude``."""
+    pids = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == exclude:
+            continue
+        try:
+            with open("/proc/%s/status" % name, "rb") as f:
+                status = f.read()
+            if int(status.split(b"\nUid:", 1)[1].split(None, 1)[0]) == uid:
+                pids.append(int(name))
+        except (OSError, IndexError, ValueError):  # gone meanwhile
+            pass
+    return pids
+
+
+def _await_uid_empty(uid, me, timeout=2.0):
+    """In a new forker (as ``uid``): kill every other process of ``uid`` and wait until none is left
+    (their parent or init reaps them), for at most ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            os.kill(-1, signal.SIGKILL)
+        except OSError:
+            pass
+        if not _uid_pids(uid, me) or time.monotonic() > deadline:
+            return
+        time.sleep(0.002)
+
+
+def _clean_uid(uid, timeout=5.0):
+    """In the server, after a slot's forker died: kill every process of ``uid`` and wait until none is
+    left. The forker's orphans are the server's children (it is their subreaper): reaped here."""
+    deadline = time.monotonic() + timeout
+    while True:
+        _sweep_uid(uid)
+        left = _uid_pids(uid)
+        for pid in left:
+            try:
+                os.waitpid(pid, os.WNOHANG)  # ours (an orphan of the dead forker) or not ours
+            except ChildProcessError:
+                pass
+        if not left or time.monotonic() > deadline:
+            return
+        time.sleep(0.002)
 
 
 def _sweep_uid(uid):
@@ -1040,7 +1111,7 @@ class Server:
         except ChildProcessError:
             pass
         if self.iso["uid"]:
-            _sweep_uid(self.iso["uid_base"] + s.index)
+            _clean_uid(self.iso["uid_base"] + s.index)
         for fd in (s.pidfd, s.ctl, s.st, s.out, s.err, s.res):
             os.close(fd)
         for name in os.listdir(self.slot_dirs[s.index]):
@@ -1236,6 +1307,8 @@ def main():
             _send({"ready": False, "error": "isolation layers unavailable: %s (%s)"
                    % (", ".join(missing), "; ".join(server.iso["notes"]))})
             return
+    if server.iso["uid"]:  # a dead forker's orphans come to the server, which reaps them (_clean_uid)
+        _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     gc.collect()
     gc.freeze()  # what start-up built lasts as long as the server: the collector need not walk it again
     server.serve()

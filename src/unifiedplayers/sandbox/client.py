@@ -66,10 +66,41 @@ class _Request:
     payload: str = "null"
     timeout_s: Optional[float] = None
     extra: dict = field(default_factory=dict)
+    error: Optional[str] = None  # why this request cannot be sent: it fails as such, without running
+
+
+def _unsendable(**texts: str) -> Optional[str]:
+    """Why one of ``texts`` cannot cross to the sandbox (as UTF-8, surrogate escapes allowed), or None.
+    A lone surrogate such as ``"\\ud800"`` cannot, and sent as it is it would stop the server."""
+    for name, text in texts.items():
+        if not text.isascii():
+            try:
+                text.encode("utf-8", errors="surrogateescape")
+            except UnicodeEncodeError as exc:
+                return f"the {name.replace('_', ' ')} cannot be sent to the sandbox: {exc}"
+    return None
+
+
+def _run_request(code: Any, timeout_s: Optional[float]) -> _Request:
+    code = str(code)
+    return _Request("run", code=code, timeout_s=timeout_s, error=_unsendable(code=code))
+
+
+def _call_request(source: Any, function: Any, payload: Any, timeout_s: Optional[float]) -> _Request:
+    """A call's request; one whose argument JSON cannot hold (a set, bytes, an object, a circular or too
+    deep structure) is a request that fails as such, never an exception here."""
+    source, function = str(source), str(function)
+    try:
+        text = json.dumps(payload)
+    except Exception as exc:  # noqa: BLE001 - TypeError, ValueError, RecursionError, or a container's own
+        return _Request("call", source=source, function=function, timeout_s=timeout_s,
+                        error=f"argument is not JSON-serializable: {exc}")
+    return _Request("call", source=source, function=function, payload=text, timeout_s=timeout_s,
+                    error=_unsendable(source=source, function_name=function))
 
 
 class Sandbox:
-    """Runs untrusted Python under the isolation of SPEC §4, warm and in parallel.
+    """Runs untrusted Python under the isolation of Appendix D.3, warm and in parallel.
 
     >>> with Sandbox(SandboxConfig(timeout_s=10, memory_mb=512)) as sb:
     ...     sb.run("print(1+1)").stdout
@@ -192,6 +223,13 @@ class Sandbox:
 
     # -- calls ---------------------------------------------------------------------------------
     def _submit(self, requests: Sequence[_Request]) -> list[dict]:
+        """The answers to ``requests``, in order; those that cannot be sent fail without running."""
+        answers = iter(self._send(r for r in requests if r.error is None))
+        return [next(answers) if r.error is None else
+                {"exit_code": -9, "ok": False, "stdout": "", "stderr": "", "error": r.error} for r in requests]
+
+    def _send(self, requests: Iterable[_Request]) -> list[dict]:
+        requests = list(requests)
         if not requests:
             return []
         with self._lock:
@@ -271,7 +309,7 @@ class Sandbox:
 
     def run_many(self, codes: Iterable[str], timeout_s: Optional[float] = None) -> list[ExecResult]:
         """Run programs in parallel over the machine's cores; results in input order."""
-        reqs = [_Request("run", code=str(c), timeout_s=timeout_s) for c in codes]
+        reqs = [_run_request(c, timeout_s) for c in codes]
         return [self._exec_result(m) for m in self._submit(reqs)]
 
     def call(self, source: str, function: str, payload: Any = None, timeout_s: Optional[float] = None) -> CallResult:
@@ -280,10 +318,7 @@ class Sandbox:
 
     def call_many(self, items: Iterable[tuple[str, str, Any]], timeout_s: Optional[float] = None) -> list[CallResult]:
         """Parallel ``call`` over ``(source, function, payload)`` triples; results in input order."""
-        reqs = [
-            _Request("call", source=str(s), function=str(f), payload=json.dumps(p), timeout_s=timeout_s)
-            for s, f, p in items
-        ]
+        reqs = [_call_request(s, f, p, timeout_s) for s, f, p in items]
         return [self._call_result(m) for m in self._submit(reqs)]
 
 

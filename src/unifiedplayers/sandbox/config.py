@@ -7,7 +7,7 @@ from typing import Optional
 
 @dataclass
 class SandboxConfig:
-    """Limits and isolation of one sandboxed call (SPEC §4)."""
+    """Limits and isolation of one sandboxed call (Appendix D.3)."""
 
     timeout_s: float = 10.0  # wall clock per call; every process the call started is killed after it
     memory_mb: int = 512  # address-space cap per call (RLIMIT_AS)

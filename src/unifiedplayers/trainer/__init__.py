@@ -1,4 +1,4 @@
-"""Per-player GRPO trainers (SPEC §6, §8): torch and DeepSpeed ZeRO-2/3 backends, checkpoints, diagnostics.
+"""Per-player GRPO trainers (Appendix B.3, D.2): torch and DeepSpeed ZeRO-2/3 backends, checkpoints, diagnostics.
 
 Public interface::
 

@@ -1,4 +1,4 @@
-"""The trainer interface (SPEC §6): samples, optimizer, backend registry and the shared GRPO update.
+"""The trainer interface (§3.3, Appendix B.3, D.1): samples, optimizer, backend registry and the shared GRPO update.
 
 Built like verl's engine base and registry: this module is the interface every backend imports, and
 backends never import each other.
@@ -117,7 +117,7 @@ def as_sample(item: Any) -> TrainSample:
 
 # ---------------------------------------------------------------------------------------------- optimizer
 def make_optimizer(cfg, model: nn.Module) -> torch.optim.Optimizer:
-    """AdamW (SPEC §6: β = (0.9, 0.95), weight decay 0.01); no decay on biases and norm gains (1-D)."""
+    """AdamW (Appendix D.1: β = (0.9, 0.95), weight decay 0.01); no decay on biases and norm gains (1-D)."""
     decay, no_decay = [], []
     for p in model.parameters():
         if p.requires_grad:
@@ -289,7 +289,7 @@ class BaseTrainer(TrainerHooks):
 
     # ------------------------------------------------------------------ reference policy
     def start_outer_iteration(self) -> None:
-        """π_ref := the current weights (SPEC §6: the player's parameters at the start of the outer iteration)."""
+        """π_ref := the current weights (Appendix B.3: the player's parameters at the start of the outer iteration)."""
         self.outer_iteration += 1
         self._policy_is_reference = True
         if self.cfg.kl_coef == 0.0:
@@ -426,7 +426,7 @@ class BaseTrainer(TrainerHooks):
         )
 
     def _record_bank_entropy(self, metrics: dict[str, float]) -> None:
-        """Every ``entropy_every`` steps: the bank entropy and its retention (SPEC §8) into ``metrics``."""
+        """Every ``entropy_every`` steps: the bank entropy and its retention (Appendix D.2) into ``metrics``."""
         cfg = self.cfg
         if self.entropy_bank and cfg.entropy_every > 0 and self.global_step % cfg.entropy_every == 0:
             t5 = time.perf_counter()
@@ -435,7 +435,7 @@ class BaseTrainer(TrainerHooks):
             metrics["entropy_bank/retention"] = self.entropy.ratio
             metrics["perf/time_entropy_bank"] = time.perf_counter() - t5
 
-    # ------------------------------------------------------------------ diagnostics (SPEC §8)
+    # ------------------------------------------------------------------ diagnostics (Appendix D.2)
     def set_entropy_bank(self, contexts: Sequence[Sequence[int] | Tensor]) -> None:
         """Fix the held-out role contexts (the first ``entropy_bank_size`` are kept)."""
         self.entropy_bank = [_as_tensor(c, torch.long) for c in list(contexts)[: self.cfg.entropy_bank_size]]

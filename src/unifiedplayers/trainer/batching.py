@@ -1,4 +1,4 @@
-"""Micro-batches of one update (SPEC §6): the split of a batch, right-padded collation, metric merging.
+"""Micro-batches of one update (Appendix B.3, Eq. 21): the split of a batch, right-padded collation, metric merging.
 
 Pure data handling, no model and no optimizer; :class:`~unifiedplayers.trainer.base.BaseTrainer` calls it.
 Samples are :class:`~unifiedplayers.trainer.base.TrainSample`-like (``token_ids``, ``loss_mask``,
@@ -79,7 +79,7 @@ def plan_micro_batches(
     device: torch.device,
     pad_id: int,
 ) -> MicroBatchPlan:
-    """Split ``samples`` into micro-batches and collate this rank's share (SPEC §6).
+    """Split ``samples`` into micro-batches and collate this rank's share (Appendix B.3).
 
     The Eq. 21 aggregation weights are computed over the *whole* batch, so micro-batches with gradient
     accumulation give exactly the loss and gradient of the full batch. Rank ``r`` of ``world_size`` runs

@@ -1,4 +1,4 @@
-"""Optimisation diagnostics of SPEC §8 (Appendix D.2, Tables 4, 7, 8).
+"""Optimisation diagnostics (§4.4, Appendix D.2; Tables 4, 7, 8).
 
 - :func:`grad_norm_block_stats`: median and coefficient of variation of the pre-clipping global gradient
   norms of one block.
@@ -54,7 +54,7 @@ class EntropyRetention:
 
     @property
     def ratio(self) -> Optional[float]:
-        """final / initial mean token entropy (SPEC §8); None before the block's first measurement."""
+        """final / initial mean token entropy (Appendix D.2); None before the block's first measurement."""
         if not self.history or self.history[0] == 0:
             return None
         return self.history[-1] / self.history[0]

@@ -411,7 +411,7 @@ class TokenLogprobModel(nn.Module):
 def mean_token_entropy(model: nn.Module, contexts: list[Tensor], batch_size: int = 16) -> float:
     """Mean entropy of the next-token distribution over all positions of held-out contexts.
 
-    Used for SPEC §8's entropy retention: the same fixed bank is scored at block start and after each
+    Used for entropy retention (Appendix D.2): the same fixed bank is scored at block start and after each
     update. Every position of each context contributes one token entropy.
     """
     body, head = split_causal_lm(model)
