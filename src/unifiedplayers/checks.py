@@ -18,11 +18,11 @@ RETENTION_MODES = ("all", "weights", "execution_weights")
 
 def validate(cfg: Any, dist: DistContext = SINGLE) -> Method:
     """Fail at start-up on settings the loop cannot honour; the run's method, built and checked."""
+    check_trainer_roles(cfg)  # first: an unknown role is named as a role
     check_known_keys(cfg)
     check_ranks(cfg, dist)
     check_ranges(cfg)
     check_schedule(cfg)
-    check_trainer_roles(cfg)
     check_sampling(cfg)
     check_players(cfg)
     method = build_method(cfg)

@@ -82,9 +82,9 @@ class OuterLoop:
                                              self.slots, self.state)
             self.history = QuestionHistory(self.cfg.reward.repetition_history, self.state.question_history)
         self.state.wandb_id = self.state.wandb_id or f"up-{os.urandom(4).hex()}"
-        files = RunFiles(self.cfg, self.run_dir, self.dist.is_main, len(self.slots), self.state.completed,
-                         self.state.wandb_id)
-        with Sandbox(sandbox_config(self.cfg.sandbox, self.dist)) as sandbox, files:
+        with Sandbox(sandbox_config(self.cfg.sandbox, self.dist)) as sandbox, RunFiles(  # closed whatever happens
+                self.cfg, self.run_dir, self.dist.is_main, len(self.slots), self.state.completed, self.state.wandb_id
+        ) as files:
             self.files, self.sandbox = files, TimedSandbox(sandbox)
             self.sampler = PhaseSampler(self.cfg, self.player_cfg, self.execution_cfg, self.method, self.team,
                                         self.sandbox, self.dist, files.stage, self.state.prompt_counter)

@@ -359,7 +359,9 @@ TASK_FORMATS = ("code_reasoning", "math")
 class AbsoluteZeroSettings:
     """``method.extra`` of Absolute Zero."""
 
-    task_format: str = "code_reasoning"  # code_reasoning (AZR's code puzzles) | math (the Planning player's tasks)
+    # code_reasoning (AZR's code puzzles; conf/method/absolute_zero.yaml) | math (the Planning player's tasks, the
+    # default when the key is absent, as before the typed settings)
+    task_format: str = "math"
 
 
 @register_method("absolute_zero")
