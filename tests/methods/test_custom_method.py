@@ -11,8 +11,6 @@ from types import SimpleNamespace
 
 import pytest
 
-from unifiedplayers.config import CONF_DIR
-
 pytestmark = pytest.mark.cpu
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "custom_method"
@@ -28,15 +26,9 @@ def copy(tmp_path, monkeypatch):
 
 
 def compose_with(copy, overrides):
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
+    from unifiedplayers.config import compose
 
-    from unifiedplayers.config import register_configs
-
-    register_configs()
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose("config", overrides=[f"hydra.searchpath=[file://{copy}/conf]", *overrides])
+    return compose([f"hydra.searchpath=[file://{copy}/conf]", *overrides])
 
 
 def test_the_example_method_changes_the_planning_reward_only(copy):

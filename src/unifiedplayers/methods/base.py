@@ -40,7 +40,7 @@ from typing import Any, ClassVar, Optional, Sequence
 
 import numpy as np
 
-from unifiedplayers.methods.sources import reward_source
+from unifiedplayers.methods.sources import BUILTIN_MODULES, reward_source
 from unifiedplayers.roles import ROLES
 
 
@@ -198,9 +198,6 @@ class Method:
 # The registry
 
 METHODS: dict[str, type[Method]] = {"unifiedplayers": Method, "vanilla": Method, "tool_augmented": Method}
-# Baselines in this package, imported on first use (they import this module; it never imports them).
-BUILTIN_MODULES = {name: f"unifiedplayers.methods.{name}"
-                   for name in ("r_zero", "agent0", "absolute_zero", "socratic_zero")}
 
 
 def register_method(name: str):

@@ -47,6 +47,9 @@ class RewardSource:
 
 
 REWARD_SOURCES: dict[str, dict[str, RewardSource]] = {role: {} for role in ROLES}
+# The baselines in this package, imported on first use (they import this package; it never imports them).
+BUILTIN_MODULES = {name: f"unifiedplayers.methods.{name}" for name in ("r_zero", "agent0", "absolute_zero",
+                                                                        "socratic_zero")}
 
 
 def register_reward_source(role: str, name: str, *, batch: bool = False, reads_verdicts: bool = False,
@@ -67,8 +70,8 @@ def reward_source(role: str, name: str) -> RewardSource:
     if role not in REWARD_SOURCES:
         raise ValueError(f"unknown role {role!r}; roles: {ROLES}")
     if name not in REWARD_SOURCES[role]:  # a baseline's source registers when its module is imported
-        for module in ("r_zero", "agent0", "absolute_zero", "socratic_zero"):
-            importlib.import_module(f"unifiedplayers.methods.{module}")
+        for module in BUILTIN_MODULES.values():
+            importlib.import_module(module)
     try:
         return REWARD_SOURCES[role][name]
     except KeyError:
