@@ -14,7 +14,7 @@ export TOKENIZERS_PARALLELISM ?= false
 PYTEST_ARGS ?=
 ARGS ?=
 
-.PHONY: setup run test bench clean-venv help
+.PHONY: setup run test bench gpu-check clean-venv help
 
 help:
 	@echo "Setup, training and tests (Makefile):"
@@ -23,6 +23,7 @@ help:
 	@echo "  make run                set up, then train the embedded SmolLM2-135M on CPU (experiment=smoke; ARGS=overrides)"
 	@echo "  make test               set up, then run the test suite (pytest -q; PYTEST_ARGS=... adds pytest options)"
 	@echo "  make bench              set up, then run the sandbox throughput benchmark (benchmarks/sandbox_throughput.py)"
+	@echo "  make gpu-check          on a lent GPU machine: Qwen3-4B shape, random weights (experiments/gpu_check.sh; ARGS=...)"
 	@echo "  make clean-venv         remove .venv"
 	@echo "Evaluation (mk/eval.mk):"
 	@echo "  make eval               evaluate CKPT=<checkpoint or run dir> with eval/ (BENCH=a,b MODES=vanilla,tool EVAL=paper)"
@@ -62,6 +63,9 @@ test: setup
 
 bench: setup
 	$(PY) benchmarks/sandbox_throughput.py
+
+gpu-check:
+	experiments/gpu_check.sh run $(ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

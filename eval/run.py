@@ -304,6 +304,7 @@ def build_engine(cfg: Any, log=print) -> Any:
 
     from unifiedplayers.models import load_model
     from unifiedplayers.rollout import build_rollout
+    from unifiedplayers.rollout.prefix_cache import for_evaluation
 
     model_cfg = cfg.model
     state_file = None
@@ -318,7 +319,7 @@ def build_engine(cfg: Any, log=print) -> Any:
         state = torch.load(state_file, map_location=next(model.parameters()).device, weights_only=True)
         model.load_state_dict(state)  # strict: a checkpoint of another backbone fails here, loudly
         log(f"[eval] loaded weights from {state_file}")
-    return build_rollout(cfg.rollout, model, tokenizer)
+    return build_rollout(for_evaluation(cfg.rollout), model, tokenizer)  # prefix cache on unless set
 
 
 @hydra.main(version_base=None, config_path="../conf", config_name="evaluate")

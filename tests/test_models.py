@@ -121,7 +121,7 @@ def test_paper_backbone_offline_and_absent_names_the_download(monkeypatch, tmp_p
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path))  # an empty hub cache
     cfg = ModelConfig(**compose([f"model={preset}"]).model)
-    assert cfg.path == hub_id and cfg.dtype == "bfloat16"
+    assert cfg.path == hub_id and cfg.dtype == "auto"  # bf16 on a bf16 GPU (unifiedplayers.precision)
     cfg.device = "cpu"
     with pytest.raises(ModelNotFoundError, match=rf"hf download {hub_id} --local-dir"):
         load_model(cfg)

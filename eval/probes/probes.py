@@ -363,6 +363,7 @@ def run_probes(cfg: Any, ckpt: Checkpoint, roles: Sequence[str] = ROLES, sizes: 
     from unifiedplayers.config import role_temperature
     from unifiedplayers.models import load_model
     from unifiedplayers.rollout import build_rollout
+    from unifiedplayers.rollout.prefix_cache import for_evaluation
     from unifiedplayers.sandbox import Sandbox
     from unifiedplayers.engines import SamplingTemperature
 
@@ -374,7 +375,7 @@ def run_probes(cfg: Any, ckpt: Checkpoint, roles: Sequence[str] = ROLES, sizes: 
     model, tokenizer = backbone if backbone is not None else load_model(cfg.model)
     model.eval()
     seconds: dict[str, float] = {"load": time.perf_counter() - t0}
-    engine = build_rollout(cfg.rollout, model, tokenizer)
+    engine = build_rollout(for_evaluation(cfg.rollout), model, tokenizer)  # prefix cache on unless set
     work: dict[str, Any] = {"model": None}
 
     def policy(role: str) -> Any:

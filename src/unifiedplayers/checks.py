@@ -22,6 +22,7 @@ def validate(cfg: Any, dist: DistContext = SINGLE) -> Method:
     check_known_keys(cfg)
     check_ranks(cfg, dist)
     check_ranges(cfg)
+    check_precision(cfg, dist)
     check_schedule(cfg)
     check_sampling(cfg)
     check_players(cfg)
@@ -50,6 +51,23 @@ def check_known_keys(cfg: Any) -> None:
             walk(node._get_node(key), schema._get_node(key), name + ".")
 
     walk(cfg, OmegaConf.structured(Config), "")
+
+
+def check_precision(cfg: Any, dist: DistContext) -> None:
+    """Dtype settings (``auto`` or a dtype), and the combinations the trainer cannot honour: float16 without
+    DeepSpeed's loss scaling, recomputed π_old log-probs over several ranks."""
+    from unifiedplayers.precision import check_setting
+
+    check_setting("model.dtype", cfg.model.dtype)
+    check_setting("trainer.dtype", cfg.trainer.dtype)
+    if cfg.trainer.dtype == "float16" and cfg.trainer.backend == "torch":
+        raise ValueError("trainer.dtype=float16 with trainer.backend=torch: float16 training needs loss scaling, which "
+                         "only the DeepSpeed backends do; use trainer.dtype=bfloat16 (or auto)")
+    if str(cfg.rollout.prefix_cache).lower() not in ("auto", "true", "false"):
+        raise ValueError(f"rollout.prefix_cache={cfg.rollout.prefix_cache!r}: need auto, true or false")
+    if cfg.trainer.recompute_old_logprobs and dist.world_size > 1:
+        raise ValueError("trainer.recompute_old_logprobs=true runs on one rank only for now (rank 0 holds the phase's "
+                         "samples); set it false for a data-parallel run")
 
 
 def check_ranges(cfg: Any) -> None:

@@ -34,7 +34,10 @@ class ModelConfig:
     package: Optional[str] = None  # python package holding the GGUF file (source=gguf_wheel)
     gguf_file: Optional[str] = None
     tokenizer: Optional[str] = None  # defaults to ``path``
-    dtype: str = "float32"  # float32 | bfloat16 | float16
+    # auto | float32 | bfloat16 | float16: the dtype the model samples in (rollouts, probes, frozen players).
+    # auto: bfloat16 where the hardware multiplies it natively (AMX or AVX512-BF16 CPU, a bf16 GPU), else
+    # float32; resolved once at a run's start and stored in its config.yaml (unifiedplayers.precision).
+    dtype: str = "float32"
     device: str = "auto"  # auto (cuda if available) | cpu | cuda | cuda:N
     attn_implementation: Optional[str] = None  # None: transformers' default (sdpa); or eager | flash_attention_2
     # GGUF only: cache the dequantized weights + tokenizer as safetensors after the first load.
@@ -75,6 +78,10 @@ class RolloutConfig:
     # Directory vLLM loads its initial weights from; None: the model's own directory when it has one,
     # else a temporary save_pretrained snapshot. update_weights then makes the engine match the model.
     model_path: Optional[str] = None
+    # hf only: the prompt prefix shared by every row of a batch (system prompt, few-shot examples) is prefilled
+    # once and its KV cache reused across rows and turns while the weights are unchanged. auto: on when the
+    # model samples in bf16/fp16, off in float32 (float32 keeps its arithmetic bit for bit); true | false.
+    prefix_cache: str = "auto"
 
 
 @dataclass
@@ -143,7 +150,14 @@ class TrainerConfig:
     gradient_checkpointing: bool = False
     offload_optimizer: bool = False  # DeepSpeed backends: ZeRO-Offload of the optimizer state to CPU
     offload_dir: Optional[str] = None  # torch backend: where offload_state() parks optimizer state (default: temp dir)
-    dtype: str = "float32"  # float32 | bfloat16 (DeepSpeed keeps fp32 master weights for bf16)
+    # auto | float32 | bfloat16 | float16: the compute dtype of the trainer's forward and backward. Master
+    # weights and the optimizer state stay float32 (torch backend: a bf16 copy of the weights is refreshed after
+    # each optimizer step; DeepSpeed keeps its own fp32 master); log-probs, ratios, KL and the loss are float32.
+    # auto: as model.dtype's auto, resolved once at a run's start. float16 needs DeepSpeed's loss scaling.
+    dtype: str = "float32"
+    # π_old of Eq. 18: false, the behaviour log-probs recorded at sampling; true, the trainer's own forward
+    # over the phase's samples at the phase's start (verl's default), which removes the train/rollout mismatch.
+    recompute_old_logprobs: bool = False
     num_threads: int = 0  # torch.set_num_threads when > 0 (CPU)
     ds_config: dict[str, Any] = field(default_factory=dict)  # merged over the generated DeepSpeed config
     # μ: passes over each sampling phase's records (§3.3, B.3: the records and their behaviour log-probs stay
@@ -390,6 +404,9 @@ class Config:
     seed: int = 0
     resume: bool = False
     run_dir: Optional[str] = None  # defaults to Hydra's output directory
+    # Written at a run's start when model.dtype or trainer.dtype is auto: what it resolved to, and why
+    # (unifiedplayers.precision). Not a setting.
+    precision_reason: Optional[str] = None
 
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"

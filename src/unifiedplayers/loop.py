@@ -28,6 +28,7 @@ from unifiedplayers.config import resolve_player_config
 from unifiedplayers.distributed import SINGLE, DistContext, sandbox_config
 from unifiedplayers.engines import TimedSandbox
 from unifiedplayers.perturbation import PerturbationEngine
+from unifiedplayers.precision import resolve_run_precision
 from unifiedplayers.phase import PHASE_FILE, Phase, build_units, phase_records, record_meta_of, train_step
 from unifiedplayers.rewards import QuestionHistory
 from unifiedplayers.roles import ROLES
@@ -73,6 +74,7 @@ class OuterLoop:
             print(f"[resume] the run in {self.run_dir} is already complete ({saved['completed']} updates)")
             self.state.finished, self.state.completed = True, saved["completed"]
             return finish(self.cfg, self.run_dir, self.dist, self.state.completed, True, None)
+        resolve_run_precision(self.cfg, saved["config"] if saved else None)  # auto: once; a resume keeps it
         if self.dist.is_main:
             OmegaConf.save(self.cfg, self.run_dir / CONFIG_FILE, resolve=True)
         self.team.setup(*self.team.load_backbone(self._backbone, self.state.timing))
@@ -158,8 +160,7 @@ class OuterLoop:
     def _sample_phase(self, slot: Slot) -> Phase:
         """Sample one phase, build its feedback and units once, write its records, and save it."""
         units, t_start = int(self.cfg.schedule.steps_per_generation), time.perf_counter()
-        sandbox_before = self.sandbox.seconds
-        sample = self.sampler.sample(slot, units)
+        sandbox_before, sample = self.sandbox.seconds, self.sampler.sample(slot, units)
         self.state.prompt_counter = self.sampler.prompt_counter
         self.state.block_questions.extend(sample.questions)
         if not self.dist.is_main:  # the other ranks take part in the updates only (rank 0 broadcasts each batch)
@@ -174,6 +175,7 @@ class OuterLoop:
         phase_units, group_units, task_units = build_units(
             slot.role, sample.groups, sample.tasks, sample.rollouts, sample.verifiers, feedback, role_rewards, units,
             self.cfg, self.method, self.team.tokenizer, self.player_cfg)
+        self.team.recompute_old_logprobs(slot.role, [u.batch for u in phase_units])  # trainer.recompute_old_logprobs
         records = phase_records(sample.groups, sample.tasks, sample.unused, sample.rollouts, sample.verifiers, feedback,
                                 role_rewards, self.perturber.rules,
                                 record_meta_of(slot, sample.versions, group_units, task_units, self.method),

@@ -56,12 +56,17 @@ class ModelNotFoundError(FileNotFoundError):
     """The configured model is not on this machine; the message says how to get it."""
 
 
-def resolve_dtype(name: str) -> torch.dtype:
-    """``"float32" | "bfloat16" | "float16"`` -> the torch dtype."""
+def resolve_dtype(name: str, device: str = "auto") -> torch.dtype:
+    """``"auto" | "float32" | "bfloat16" | "float16"`` -> the torch dtype (``auto``: bf16 where ``device``
+    multiplies it natively, else float32; :mod:`unifiedplayers.precision`)."""
+    if name == "auto":
+        from unifiedplayers.precision import torch_dtype
+
+        return torch_dtype(name, device)
     try:
         return _DTYPES[name]
     except KeyError:
-        raise ValueError(f"model.dtype={name!r} is not one of {sorted(_DTYPES)}") from None
+        raise ValueError(f"model.dtype={name!r} is not one of {sorted(_DTYPES) + ['auto']}") from None
 
 
 def resolve_device(name: str) -> torch.device:
@@ -121,7 +126,7 @@ def load_model(cfg: ModelConfig) -> tuple[Any, Any]:
     """
     if cfg.source not in _SOURCES:
         raise ValueError(f"model.source={cfg.source!r} is not one of {_SOURCES}")
-    dtype = resolve_dtype(cfg.dtype)
+    dtype = resolve_dtype(cfg.dtype, str(cfg.device))
     device = resolve_device(cfg.device)
     if cfg.source == "tiny_random":
         model, tokenizer = build_tiny_random(cfg)

@@ -352,7 +352,7 @@ def train_step(slot: Any, phase: Phase, team: Any, dist: Any, steps_per_generati
     unit = phase.units[u] if dist.is_main else None
     stage(f"GRPO update of {slot.role} (phase step {slot.step_in_phase + 1}/{per_phase})")
     batch = dist.broadcast(unit.batch if unit is not None else None)
-    trainer_metrics, update_s = team.update(slot.role, slot.iteration, batch)
+    trainer_metrics, update_s = team.update(slot.role, slot.iteration, batch, on_policy=slot.step_in_phase == 0)
     if unit is None:
         return {}, update_s
     stage("records, checkpoint")

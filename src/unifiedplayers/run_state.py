@@ -10,9 +10,11 @@ from typing import Any, Optional, Sequence
 import torch
 from omegaconf import OmegaConf
 
+from unifiedplayers.precision import matches_stored
+
 # Config keys that may change between a run and its resumption (they steer this process, not the result).
 RUN_CONTROL_KEYS = ("resume", "run_dir", "logger", "schedule.max_updates", "schedule.print_summary",
-                    "schedule.checkpoint_retention")
+                    "schedule.checkpoint_retention", "precision_reason")
 
 
 def atomic_torch_save(obj: Any, path: Path) -> None:
@@ -117,7 +119,8 @@ def check_resumable(state: dict[str, Any], cfg: Any, run_dir: Path, world_size: 
             f"(this process has {world_size}): each rank's sampling seeds depend on the rank count")
     now, then = result_config(cfg), state["config"]
     diff = sorted(k for k in set(now) | set(then) if now.get(k) != then.get(k)
-                  and not (k not in then and is_schema_default(k, now[k])))
+                  and not (k not in then and is_schema_default(k, now[k]))
+                  and not matches_stored(k, now.get(k), then.get(k)))  # dtype auto: the run keeps its dtype
     if diff:
         shown = ", ".join(f"{k}: {then.get(k)!r} -> {now.get(k)!r}" for k in diff[:8])
         raise ValueError(

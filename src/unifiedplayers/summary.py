@@ -94,8 +94,30 @@ def build_summary(run_dir: Path, timing: Optional[dict] = None) -> tuple[dict[st
         "timing": timing,
         "last": {k: v for k, v in (metrics[-1] if metrics else {}).items()},
         "execution_pool": pool_summary(metrics, run_dir),
+        "precision": precision_summary(run_dir, metrics),
     }
     return summary, pick_sample(records)
+
+
+def precision_summary(run_dir: Path, metrics: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run's dtypes (``config.yaml``: as ``auto`` resolved at its start, and why) and, per player, the
+    train/rollout log-prob mismatch: mean |log π_train − log π_behaviour| at each phase's on-policy step."""
+    out: dict[str, Any] = {}
+    config = run_dir / "config.yaml"
+    if config.exists():
+        from omegaconf import OmegaConf
+
+        cfg = OmegaConf.load(config)
+        out.update({"model.dtype": OmegaConf.select(cfg, "model.dtype"),
+                    "trainer.dtype": OmegaConf.select(cfg, "trainer.dtype"),
+                    "reason": OmegaConf.select(cfg, "precision_reason")})
+    mismatch = {}
+    for role in ROLES:
+        values = [m[f"{role}/logprob_mismatch"] for m in metrics if m.get(f"{role}/logprob_mismatch") is not None]
+        if values:
+            mismatch[role] = {"mean": float(np.mean(values)), "max": float(np.max(values)), "phases": len(values)}
+    out["logprob_mismatch"] = mismatch
+    return out
 
 
 def render_summary(summary: dict[str, Any], sample: Optional[Any]) -> str:
@@ -116,6 +138,14 @@ def render_summary(summary: dict[str, Any], sample: Optional[Any]) -> str:
     if summary.get("timing") and summary["timing"].get("model_load_s"):
         out.append(f"model load {summary['timing']['model_load_s']:.1f} s; checkpoints and state "
                    f"{summary['timing'].get('checkpoint_s', 0.0):.1f} s")
+    prec = summary.get("precision") or {}
+    if prec.get("model.dtype"):
+        out.append(f"precision: model.dtype {prec['model.dtype']} (rollouts), trainer.dtype {prec['trainer.dtype']}"
+                   + (f" ({prec['reason']})" if prec.get("reason") else ""))
+    if prec.get("logprob_mismatch"):
+        out.append("train/rollout log-prob mismatch, mean |log π_train − log π_behaviour| at each phase's on-policy "
+                   "step: " + ", ".join(f"{role} {v['mean']:.2e} (max {v['max']:.2e}, {v['phases']} phases)"
+                                        for role, v in prec["logprob_mismatch"].items()))
     out.append("")
     pool = summary.get("execution_pool")
     if pool:

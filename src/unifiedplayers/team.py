@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 import torch
+from omegaconf import OmegaConf
 
 from unifiedplayers.config import role_temperature, role_trainer_config
 from unifiedplayers.engines import RolloutEngines, SamplingTemperature
@@ -26,6 +27,7 @@ from unifiedplayers.players.planning import planning_prompt
 from unifiedplayers.roles import ROLES
 from unifiedplayers.run_state import atomic_torch_save
 from unifiedplayers.trainer import build_trainer
+from unifiedplayers.trainer.precision import cast_parameters
 
 
 def version(role: str, outer_iteration: int, step: int) -> dict[str, Any]:
@@ -64,7 +66,11 @@ class Team:
         from unifiedplayers.models import load_model
 
         t = time.perf_counter()
-        out = load_model(self.cfg.model)
+        model_cfg = self.cfg.model
+        if self.trained and self.cfg.trainer.backend == "torch" and model_cfg.dtype != "float32":
+            # The torch trainer's master weights are float32: load them so, not rounded through model.dtype.
+            model_cfg = OmegaConf.merge(model_cfg, {"dtype": "float32"})
+        out = load_model(model_cfg)
         timing["model_load_s"] += time.perf_counter() - t
         return out
 
@@ -91,10 +97,19 @@ class Team:
                     role_trainer_config(self.cfg.trainer, role), m, role=role,
                     entropy_bank=self.entropy_bank(role) or None, pad_token_id=tokenizer.pad_token_id or 0,
                     dist=self.dist)
-                player.model = player.trainer.model
-                player.model.eval()
+                player.model = player.trainer.sampling_model(self.sampling_dtype)  # rollouts: in model.dtype
+            else:
+                player.model = cast_parameters(m, self.sampling_dtype)
+            player.model.eval()
             self.players[role] = player
         self.engines = RolloutEngines(self.cfg.rollout, tokenizer, self.rollout_factory)
+
+    @property
+    def sampling_dtype(self) -> torch.dtype:
+        """The dtype players sample in (``model.dtype``, resolved at the run's start)."""
+        from unifiedplayers.models import resolve_dtype
+
+        return resolve_dtype(self.cfg.model.dtype, str(self.cfg.model.device))
 
     def trainers(self) -> list[Any]:
         """Each trainer once (a shared model's two roles have one)."""
@@ -155,19 +170,25 @@ class Team:
                     player.trainer.offload_state()
         return {f"{role}/{k}": v for k, v in active.trainer.start_block().items()}
 
-    def update(self, role: str, iteration: int, batch: list[Any]) -> tuple[dict[str, float], float]:
-        """One optimizer step of ``role`` on ``batch`` (skipped when empty); (trainer metrics, seconds)."""
+    def update(self, role: str, iteration: int, batch: list[Any], on_policy: bool = False) -> tuple[dict[str, float], float]:
+        """One optimizer step of ``role`` on ``batch`` (skipped when empty); (trainer metrics, seconds). ``on_policy``:
+        the phase's first step (the trainer reports the train/rollout log-prob mismatch)."""
         t = time.perf_counter()
         metrics: dict[str, float] = {}
         active = self.players[role]
         if batch:
             active.model.train()
-            metrics = active.trainer.update(batch)
+            metrics = active.trainer.update(batch, on_policy=on_policy)
             active.model.eval()
             for player in self.players.values():  # both roles of a shared model name the new weights
                 if player.model is active.model:
                     player.version = version(role, iteration, active.trainer.global_step)
         return metrics, time.perf_counter() - t
+
+    def recompute_old_logprobs(self, role: str, batches: list[list[Any]]) -> None:
+        """π_old of the phase's samples := the trainer's own forward (``trainer.recompute_old_logprobs``)."""
+        if self.cfg.trainer.recompute_old_logprobs:
+            self.players[role].trainer.recompute_old_logprobs([s for batch in batches for s in batch])
 
     def block_diagnostics(self, role: str) -> dict[str, Any]:
         """The trainer's figures over the block just ended (grad-norm median and CV, entropy retention)."""

@@ -83,8 +83,8 @@ class Spy:
     def install(self, monkeypatch):
         update = player_trainer.PlayerTrainer.update
 
-        def spy(trainer, batch):
-            out = update(trainer, batch)
+        def spy(trainer, batch, **kwargs):
+            out = update(trainer, batch, **kwargs)
             self.updates.append((trainer.role, trainer.cfg.policy_loss, list(batch), out))
             return out
 

@@ -58,7 +58,7 @@ def _run_killed_in_first_update(run_dir: Path) -> None:
         from unifiedplayers.config import compose
         from unifiedplayers.loop import OuterLoop
         from unifiedplayers.trainer.player_trainer import PlayerTrainer
-        def update(self, batch):  # the first update: records are written, state.pt is not yet
+        def update(self, batch, **kwargs):  # the first update: records are written, state.pt is not yet
             os.kill(os.getpid(), signal.SIGKILL)
         PlayerTrainer.update = update
         OuterLoop(compose(["experiment=tiny"]), {str(run_dir)!r}).run()

@@ -169,11 +169,11 @@ def test_resume_after_kill_9_inside_a_phase_equals_an_uninterrupted_run(s4_run, 
         from unifiedplayers.loop import OuterLoop
         from unifiedplayers.trainer.player_trainer import PlayerTrainer
         real, n = PlayerTrainer.update, [0]
-        def update(self, batch):
+        def update(self, batch, **kwargs):
             n[0] += 1
             if n[0] == {killed_at}:  # an update of the Execution block's phase: killed mid-update
                 os.kill(os.getpid(), signal.SIGKILL)
-            return real(self, batch)
+            return real(self, batch, **kwargs)
         PlayerTrainer.update = update
         OuterLoop(compose({S4!r}), {str(tmp_path)!r}).run()
     """)

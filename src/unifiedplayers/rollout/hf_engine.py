@@ -19,7 +19,14 @@ What makes it at least as fast as ``model.generate`` on CPU:
 - no attention mask at all when the rows of a batch have no padding (one prompt's n samples);
 - on CPU, the linear layers of a batch of few rows (every decoding step) compute ``(W xᵀ)ᵀ`` instead of
   ``x Wᵀ`` (:func:`skinny_linears`): the same products, and BLAS streams the weight matrix well in that
-  orientation (here about 1.5× faster per decoding step of 8 rows, 2× for the 49k-row LM head).
+  orientation (here about 1.5× faster per decoding step of 8 rows, 2× for the 49k-row LM head);
+- rows that have ended leave the batch (:data:`COMPACT_FINISHED`): a batch whose rows end at very different
+  lengths costs what its running rows cost, not 8 rows until the longest ends. Each step still draws one
+  uniform per row of the whole batch, so every row's samples are those of the full-batch loop (up to the float
+  rounding of a smaller batch, which can move a draw that falls on a boundary of the CDF);
+- with ``rollout.prefix_cache`` (:mod:`unifiedplayers.rollout.prefix_cache`), the prefix shared by a batch's
+  prompts (system prompt, few-shot examples) is prefilled once, and its KV kept for later calls and turns
+  while the weights are unchanged. Off by default in float32, whose prefill it would change by rounding.
 """
 from __future__ import annotations
 
@@ -34,10 +41,16 @@ from unifiedplayers.models import cache_keyword, forward_overridden, returned_ca
 from unifiedplayers.rollout.base import RolloutEngine
 from unifiedplayers.rollout.types import Completion, find_stop
 
+from unifiedplayers.rollout.prefix_cache import MIN_PREFIX, PrefixStore, common_prefix_length, prefix_setting
+
 try:  # transformers >= 4.56: caches are lists of per-layer objects
-    from transformers.cache_utils import DynamicLayer
+    from transformers.cache_utils import DynamicCache, DynamicLayer
 except ImportError:  # older transformers: every row is prefilled and the returned cache grows by concatenation
-    DynamicLayer = None
+    DynamicCache = DynamicLayer = None
+
+# Ended rows leave the batch (their KV cache rows, position ids and masks) at the step after they end, so a
+# batch costs what its running rows cost. False keeps every row to the end, as before (tests compare both).
+COMPACT_FINISHED = True
 
 
 def top_p_mask(logits: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -52,21 +65,32 @@ def top_p_mask(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     return torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
 
 
-def draw(probs: torch.Tensor, generator: Optional[torch.Generator]) -> torch.Tensor:
-    """One token per row of ``probs`` (B, V) by inverting the CDF with a single uniform per row.
+def draw_uniforms(batch: int, generator: Optional[torch.Generator], device: torch.device,
+                  dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The ``(batch, 1)`` uniforms of one sampling step, one per row."""
+    return torch.rand((batch, 1), generator=generator, device=device, dtype=dtype)
+
+
+def draw(probs: torch.Tensor, generator: Optional[torch.Generator], uniforms: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """One token per row of ``probs`` (B, V) by inverting the CDF with a single uniform per row
+    (``uniforms`` (B, 1), else drawn here from ``generator``).
 
     Same distribution as ``torch.multinomial(probs, 1)``, a fraction of its cost over a 50k vocabulary;
     tokens of probability zero (outside the nucleus) are never drawn.
     """
     cdf = probs.cumsum(dim=-1)
-    u = torch.rand((probs.shape[0], 1), generator=generator, device=probs.device, dtype=cdf.dtype) * cdf[:, -1:]
+    if uniforms is None:
+        uniforms = draw_uniforms(probs.shape[0], generator, probs.device, cdf.dtype)
+    u = uniforms.to(cdf.dtype) * cdf[:, -1:]
     return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
 
 
 def sample_next(
-    logits: torch.Tensor, temperature: float, top_p: float, greedy: bool, generator: Optional[torch.Generator]
+    logits: torch.Tensor, temperature: float, top_p: float, greedy: bool, generator: Optional[torch.Generator],
+    uniforms: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pick the next token of each row and its behaviour log-prob. ``logits``: (B, V) float32.
+    """Pick the next token of each row and its behaviour log-prob. ``logits``: (B, V) float32; ``uniforms``:
+    the rows' draws (:func:`draw`).
 
     Returns ``(tokens (B,), logprobs (B,))``; the log-prob is under the distribution sampled from
     (temperature and top-p applied; for greedy, the model's own softmax).
@@ -76,7 +100,7 @@ def sample_next(
         tokens = logits.argmax(dim=-1)
     else:
         logp = torch.log_softmax(top_p_mask(logits / temperature, top_p), dim=-1)
-        tokens = draw(logp.exp(), generator)
+        tokens = draw(logp.exp(), generator, uniforms)
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
 
 
@@ -152,6 +176,40 @@ if DynamicLayer is not None:
         def get_seq_length(self) -> int:
             return self.length
 
+        def keep_rows(self, rows: torch.Tensor) -> None:
+            """Keep the batch rows ``rows`` (row ``j`` becomes old row ``rows[j]``) in the same buffers, the room
+            to grow included: only the rows that change place are copied, and only their filled positions."""
+            count, end = rows.numel(), self.length
+            here = torch.arange(count, device=rows.device)
+            moved = rows != here
+            dst, src = here[moved], rows[moved]
+            for name in ("_keys", "_values"):
+                buf = getattr(self, name)
+                if dst.numel():
+                    buf[dst, :, :end] = buf[src, :, :end]
+                setattr(self, name, buf[:count])
+            self.keys, self.values = self._keys[:, :, :end], self._values[:, :, :end]
+
+
+def _preallocated(cache: Any) -> bool:
+    layers = getattr(cache, "layers", None)
+    return DynamicLayer is not None and bool(layers) and all(isinstance(layer, PreallocatedLayer) for layer in layers)
+
+
+def select_cache_rows(cache: Any, rows: torch.Tensor) -> None:
+    """Keep only the batch rows ``rows`` of a KV cache (row ``j`` becomes old row ``rows[j]``):
+    :class:`PreallocatedLayer` s in place, other transformers caches by their ``batch_select_indices``."""
+    if _preallocated(cache):
+        for layer in cache.layers:
+            layer.keep_rows(rows)
+    else:
+        cache.batch_select_indices(rows)
+
+
+def rows_selectable(cache: Any) -> bool:
+    """Whether :func:`select_cache_rows` can shrink ``cache`` (legacy tuple caches cannot)."""
+    return _preallocated(cache) or callable(getattr(cache, "batch_select_indices", None))
+
 
 def expand_prefill_cache(cache: Any, rows: torch.Tensor, limit: int) -> bool:
     """Turn the cache of a prefill over distinct prompts into the cache of the batch's rows (row ``b`` continues
@@ -174,6 +232,8 @@ class HFRollout(RolloutEngine):
         super().__init__(cfg, model, tokenizer)
         if cfg.batch_size < 0:
             raise ValueError(f"rollout.batch_size={cfg.batch_size}: need >= 0 (0 = all rows in one batch)")
+        self._prefix_setting = prefix_setting(getattr(cfg, "prefix_cache", "auto"))
+        self._prefixes = PrefixStore()
         self._cache_arg, self._prefill_kw = _forward_keywords(model)
 
     def update_weights(self, model: Any) -> None:
@@ -181,6 +241,8 @@ class HFRollout(RolloutEngine):
         # when it is the same object; a different object (e.g. a reloaded checkpoint) replaces it.
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"the hf engine samples from a module; got {type(model).__name__}")
+        if model is not self.model:
+            self._prefixes.clear()
         self.model = model
         self._cache_arg, self._prefill_kw = _forward_keywords(model)
 
@@ -198,12 +260,25 @@ class HFRollout(RolloutEngine):
             ids.update(int(t) for t in gen_eos)
         return ids
 
+    def prefix_cache_on(self) -> bool:
+        """Whether calls share prompt prefixes (``rollout.prefix_cache``; auto: when the model does not sample in
+        float32, whose arithmetic then stays exactly that of a whole-prompt prefill)."""
+        on = self._prefix_setting
+        if on is None:
+            on = next(self.model.parameters()).dtype != torch.float32
+        # Older transformers, sliding windows: no cache of the model's own kind to build from stored tensors.
+        return on and DynamicLayer is not None and _plain_cache(self.model)
+
     def _generate_ids(self, prompt_ids, n, max_new_tokens, temperature, top_p, stop, greedy, seed, ignore_eos):
         device = next(self.model.parameters()).device
         generator = None
         if seed is not None and not greedy:
             generator = torch.Generator(device=device)
             generator.manual_seed(int(seed))
+        prefixes = None
+        if self.prefix_cache_on():
+            self._prefixes.check(self.model)  # once per call: the weights do not change during one
+            prefixes = self._prefixes
         # One row per (prompt, sample); rows of similar length share a batch to limit padding.
         rows = [(p, ids) for p, ids in enumerate(prompt_ids) for _ in range(n)]
         order = sorted(range(len(rows)), key=lambda r: len(rows[r][1]))
@@ -217,7 +292,7 @@ class HFRollout(RolloutEngine):
                     idx = order[start : start + chunk]
                     outs = self._sample_batch(
                         [rows[r][1] for r in idx], max_new_tokens, temperature, top_p, stop, greedy, generator,
-                        ignore_eos, device,
+                        ignore_eos, device, prefixes,
                     )
                     for r, c in zip(idx, outs):
                         results[r] = c
@@ -237,31 +312,40 @@ class HFRollout(RolloutEngine):
         generator: Optional[torch.Generator],
         ignore_eos: bool,
         device: torch.device,
+        prefixes: Optional[PrefixStore] = None,
     ) -> list[Completion]:
         budgets = self._budgets(prompts, max_new_tokens)
         eos = set() if ignore_eos else self._eos_ids()
         batch, width, steps = len(prompts), max(len(p) for p in prompts), max(budgets)
         padded = any(len(p) != width for p in prompts)
-        cache, logits, positions, attention = self._prefill(prompts, width, steps, padded, device)
-        next_pos = positions[:, -1:] + 1
+        cache, logits, positions, attention = self._prefill(prompts, width, steps, padded, device, prefixes)
+        full_attention = None
         if padded:  # the attention mask of every step, filled in advance: pads 0, everything after them 1
             full_attention = attention.new_ones((batch, width + steps))
             full_attention[:, :width] = attention
+        running = _Running(batch, positions[:, -1:] + 1, full_attention)
+        compact = COMPACT_FINISHED and rows_selectable(cache)
         rows = _Rows(batch, budgets, eos, stop, self.tokenizer)
 
         for step in range(steps):
-            nxt, lp = sample_next(logits.float(), temperature, top_p, greedy, generator)
-            if rows.record(nxt.tolist(), lp.tolist()):
+            # One uniform per row of the whole batch at every step, each running row taking its own: a row's
+            # draws do not depend on when its batch-mates end.
+            uniforms = None if greedy else running.mine(draw_uniforms(batch, generator, device))
+            nxt, lp = sample_next(logits.float(), temperature, top_p, greedy, generator, uniforms)
+            if rows.record(running.rows, nxt.tolist(), lp.tolist()):
                 break
-            step_ids = torch.tensor(rows.last_tokens(), dtype=torch.long, device=device)[:, None]
+            if compact:
+                running.drop_ended(rows.finish, cache)
+            step_ids = torch.tensor(rows.last_tokens(running.rows), dtype=torch.long, device=device)[:, None]
             out = self.model(
                 input_ids=step_ids,
-                attention_mask=full_attention[:, : width + step + 1] if padded else None,
-                position_ids=next_pos,
+                attention_mask=running.attention[:, : width + step + 1] if padded else None,
+                position_ids=running.next_pos,
                 use_cache=True,
                 **{self._cache_arg: cache},
             )
-            cache, logits, next_pos = returned_cache(out), out.logits[:, -1, :], next_pos + 1
+            cache, logits = returned_cache(out), out.logits[:, -1, :]
+            running.next_pos = running.next_pos + 1
         return rows.completions(prompts)
 
     def _budgets(self, prompts: list[list[int]], max_new_tokens: int) -> list[int]:
@@ -279,10 +363,15 @@ class HFRollout(RolloutEngine):
         return budgets
 
     def _prefill(
-        self, prompts: list[list[int]], width: int, steps: int, padded: bool, device: torch.device
+        self, prompts: list[list[int]], width: int, steps: int, padded: bool, device: torch.device,
+        prefixes: Optional[PrefixStore] = None,
     ) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
         """The forward pass over the batch's prompts, left-padded to ``width``: one row per distinct prompt
         (the n samples of a prompt share it) where the cache can be expanded afterwards, else one per row.
+
+        With ``prefixes`` (the prefix cache on), the distinct prompts' common prefix, when long enough, is
+        prefilled once (or taken from ``prefixes``) and only the rest of each prompt on top of it; a row then
+        reads ``[prefix | pads | own tokens]``, the pads masked and not counted in the position ids.
 
         Returns ``(cache, logits (B, V), position ids (B, width), attention (B, width))``, one row per
         row of the batch, the cache with room for ``width + steps`` positions where it is preallocated.
@@ -292,19 +381,19 @@ class HFRollout(RolloutEngine):
         row_of = [distinct.setdefault(tuple(ids), len(distinct)) for ids in prompts]
         share = DynamicLayer is not None
         prefill = [list(ids) for ids in distinct] if share else prompts
-        input_ids = torch.full((len(prefill), width), pad, dtype=torch.long)
-        attention = torch.zeros((len(prefill), width), dtype=torch.long)
-        for b, ids in enumerate(prefill):
-            input_ids[b, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
-            attention[b, width - len(ids) :] = 1
+        shared = common_prefix_length(prefill) if share and prefixes is not None else 0
+        past = self._prefix_cache(prefixes, prefill[0][:shared], len(prefill), device) if shared >= MIN_PREFIX else None
+        shared = shared if past is not None else 0
+        input_ids, attention = _pad_rows(prefill, width, pad, shared)
         input_ids, attention = input_ids.to(device), attention.to(device)
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
 
         out = self.model(
-            input_ids=input_ids,
+            input_ids=input_ids[:, shared:],
             attention_mask=attention if padded else None,  # no padding: plain causal attention
-            position_ids=positions,
+            position_ids=positions[:, shared:],
             use_cache=True,
+            **({self._cache_arg: past} if past is not None else {}),
             **self._prefill_kw,
         )
         cache, logits = returned_cache(out), out.logits[:, -1, :]
@@ -314,6 +403,93 @@ class HFRollout(RolloutEngine):
                 cache.batch_select_indices(rows)
             logits, positions, attention = (t.index_select(0, rows) for t in (logits, positions, attention))
         return cache, logits, positions, attention
+
+    def _prefix_cache(self, prefixes: PrefixStore, tokens: list[int], rows: int, device: torch.device) -> Any:
+        """A KV cache of ``rows`` rows holding ``tokens``' keys and values, computed past their longest match in
+        ``prefixes`` and kept there; None where the model's cache is not made of plain dynamic layers (sliding
+        windows): those prompts are prefilled whole."""
+        have, kv = prefixes.lookup(tokens)
+        if have < len(tokens):
+            out = self.model(
+                input_ids=torch.tensor([tokens[have:]], dtype=torch.long, device=device),
+                position_ids=torch.arange(have, len(tokens), device=device)[None],
+                use_cache=True,
+                **({self._cache_arg: _dynamic_cache(kv, 1)} if have else {}),
+                **self._prefill_kw,
+            )
+            layers = getattr(returned_cache(out), "layers", None)
+            if not layers or any(type(layer) is not DynamicLayer for layer in layers):
+                return None
+            kv = [(layer.keys, layer.values) for layer in layers]
+            prefixes.put(tokens, kv)
+        return _dynamic_cache(kv, rows)
+
+
+def _plain_cache(model: Any) -> bool:
+    """Whether the model's own KV cache is made of plain dynamic layers (no sliding windows), the kind
+    :func:`_dynamic_cache` builds."""
+    try:
+        layers = DynamicCache(config=model.config).layers
+    except TypeError:  # a transformers whose DynamicCache takes no config: layers are created plain, on use
+        return True
+    return all(type(layer) is DynamicLayer for layer in layers)
+
+
+def _dynamic_cache(kv: list[tuple[torch.Tensor, torch.Tensor]], rows: int) -> Any:
+    """A transformers DynamicCache holding one row's ``kv`` (per layer) repeated over ``rows`` rows."""
+    cache = DynamicCache()
+    for i, (keys, values) in enumerate(kv):
+        cache.update(keys.expand(rows, -1, -1, -1), values.expand(rows, -1, -1, -1), i)
+    return cache
+
+
+def _pad_rows(prompts: list[list[int]], width: int, pad: int, shared: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(input_ids, attention)`` (rows, width) of ``prompts`` laid out ``[first shared tokens | pads | rest]``
+    (``shared=0``: plain left padding), the attention 0 on pads."""
+    input_ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    attention = torch.zeros((len(prompts), width), dtype=torch.long)
+    for b, ids in enumerate(prompts):
+        own = len(ids) - shared
+        input_ids[b, :shared] = torch.tensor(ids[:shared], dtype=torch.long)
+        input_ids[b, width - own :] = torch.tensor(ids[shared:], dtype=torch.long)
+        attention[b, :shared] = 1
+        attention[b, width - own :] = 1
+    return input_ids, attention
+
+
+class _Running:
+    """The rows of a batch still decoding, in the order of the batch's tensors (``rows``: their indices in the
+    original batch), with their next position ids and attention masks. :meth:`drop_ended` shrinks the batch, so
+    that ended rows stop costing work at the next step (:data:`COMPACT_FINISHED`)."""
+
+    def __init__(self, batch: int, next_pos: torch.Tensor, attention: Optional[torch.Tensor]) -> None:
+        self.rows = list(range(batch))
+        self.index: Optional[torch.Tensor] = None  # ``rows`` as a tensor once the batch has shrunk
+        self.next_pos, self.attention = next_pos, attention
+
+    def mine(self, per_row: torch.Tensor) -> torch.Tensor:
+        """The running rows' part of a tensor over the original batch."""
+        return per_row if self.index is None else per_row.index_select(0, self.index)
+
+    def drop_ended(self, finish: list[Optional[str]], cache: Any) -> None:
+        """Remove the rows that ``finish`` says have ended from this state and from ``cache``. The running rows
+        past the new end of the batch fill the places of the ended rows before it, so that only those rows'
+        KV cache is copied (a row's place in the batch does not change its results)."""
+        ended = [i for i, b in enumerate(self.rows) if finish[b] is not None]
+        if not ended:
+            return
+        count = len(self.rows) - len(ended)
+        keep = list(range(count))
+        tail = [i for i in range(count, len(self.rows)) if finish[self.rows[i]] is None]
+        for hole, row in zip((i for i in ended if i < count), tail):
+            keep[hole] = row
+        kept = torch.tensor(keep, dtype=torch.long, device=self.next_pos.device)
+        select_cache_rows(cache, kept)
+        self.next_pos = self.next_pos.index_select(0, kept)
+        if self.attention is not None:
+            self.attention = self.attention.index_select(0, kept)
+        self.rows = [self.rows[i] for i in keep]
+        self.index = torch.tensor(self.rows, dtype=torch.long, device=self.next_pos.device)
 
 
 class _Rows:
@@ -330,16 +506,17 @@ class _Rows:
         self.stop_at: list[Optional[tuple[int, str]]] = [None] * batch
         self.longest_stop = max((len(s) for s in stop), default=0)
 
-    def record(self, nxt_list: list[int], lp_list: list[float]) -> bool:
-        """Append one step's token and log-prob to every running row and end the rows it ends (eos, a stop
-        string, the row's budget). True when every row has ended."""
+    def record(self, rows: list[int], nxt_list: list[int], lp_list: list[float]) -> bool:
+        """Append one step's token and log-prob to the running rows among ``rows`` (the rows the step's
+        tensors hold, in their order) and end the rows it ends (eos, a stop string, the row's budget). True
+        when every row has ended."""
         tokens, logps, texts, finish, stop = self.tokens, self.logps, self.texts, self.finish, self.stop
-        for b in range(len(tokens)):
+        for b, token, logp in zip(rows, nxt_list, lp_list):
             if finish[b] is not None:
                 continue
-            tokens[b].append(nxt_list[b])
-            logps[b].append(lp_list[b])
-            if nxt_list[b] in self.eos:
+            tokens[b].append(token)
+            logps[b].append(logp)
+            if token in self.eos:
                 finish[b] = "stop"
                 continue
             if stop:
@@ -354,9 +531,9 @@ class _Rows:
                 finish[b] = "length"
         return all(f is not None for f in finish)
 
-    def last_tokens(self) -> list[int]:
-        """The last token of every row (ended rows included: the batch keeps its shape)."""
-        return [t[-1] for t in self.tokens]
+    def last_tokens(self, rows: list[int]) -> list[int]:
+        """The last token of each of ``rows`` (ended ones included while the batch keeps its shape)."""
+        return [self.tokens[b][-1] for b in rows]
 
     def completions(self, prompts: list[list[int]]) -> list[Completion]:
         """One :class:`Completion` per row, its text cut right after the stop string that ended it."""

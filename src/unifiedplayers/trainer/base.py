@@ -63,6 +63,7 @@ from unifiedplayers.trainer.batching import (
 from unifiedplayers.trainer.checkpoint import RNG_FILE, atomic_directory, capture_rng_state, restore_rng_state
 from unifiedplayers.trainer.diagnostics import EntropyRetention, grad_norm_block_stats
 from unifiedplayers.trainer.logprobs import TokenLogprobModel, TokenLogprobs, mean_token_entropy
+from unifiedplayers.trainer.precision import cast_parameters, logprob_mismatch, resolve_setting
 
 Tensor = torch.Tensor
 
@@ -85,6 +86,9 @@ class TrainSample:
     advantage: float
     group: int
     clip_high: Optional[float] = None  # per-sample upper clip ε_high (Agent0's ADPO); None: trainer.clip_eps
+    # The log-probs recorded at sampling when ``old_logprobs`` were recomputed by the trainer
+    # (``trainer.recompute_old_logprobs``); None: ``old_logprobs`` are the behaviour log-probs.
+    behaviour_logprobs: Optional[Sequence[float] | Tensor] = None
 
 
 def sample_from_segments(segments: Sequence[Any], advantage: float, group: int) -> TrainSample:
@@ -158,14 +162,29 @@ class TrainerHooks:
     lockstep_micro_batches = False
     collective_checkpoint = False
 
+    def _prepare_model(self, model: nn.Module) -> nn.Module:
+        """The module the trainer holds, from the one it is given. Default: in ``compute_dtype`` (a backend with
+        its own float32 master weights, such as DeepSpeed's bf16 mode)."""
+        return model if next(model.parameters()).dtype == self.compute_dtype else model.to(self.compute_dtype)
+
     def _setup(self, model: nn.Module) -> None:
         """Wrap ``model``; set ``device``, ``optimizer`` and ``scheduler`` (None until created)."""
         raise NotImplementedError
 
     @property
     def model(self) -> nn.Module:
-        """The policy as a plain transformers module (for generation or export)."""
+        """The policy as a plain transformers module (for export and checkpoints: the master weights)."""
         raise NotImplementedError
+
+    @property
+    def compute_model(self) -> nn.Module:
+        """The module the trainer's forward and backward run through (default: :attr:`model`)."""
+        return self.model
+
+    def sampling_model(self, dtype: torch.dtype) -> nn.Module:
+        """A module for rollouts in ``dtype``, equal to the policy after every optimizer step (default: :attr:`model`,
+        whatever its dtype: a backend that cannot keep copies samples from its own module)."""
+        return self.model
 
     def _forward_module(self) -> nn.Module:
         """Callable ``(input_ids, attention_mask, select, with_entropy) -> TokenLogprobs``."""
@@ -254,9 +273,8 @@ class BaseTrainer(TrainerHooks):
         self.dist = dist
         if cfg.num_threads > 0:
             torch.set_num_threads(cfg.num_threads)
-        dtype = _DTYPES[cfg.dtype]
-        if next(model.parameters()).dtype != dtype:
-            model = model.to(dtype)
+        self.compute_dtype = _DTYPES[resolve_setting(cfg.dtype, next(model.parameters()).device)]
+        model = self._prepare_model(model)
         if cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable()
             model.config.use_cache = False
@@ -272,7 +290,8 @@ class BaseTrainer(TrainerHooks):
         self._has_reference = False
         if cfg.kl_coef != 0.0 and cfg.ref_mode == "copy":
             # Copied before any backend wraps or shards the model; loaded at start_outer_iteration.
-            self._ref_model = copy.deepcopy(model).requires_grad_(False).eval()
+            # In the compute dtype: the reference pass is a forward like the policy's.
+            self._ref_model = cast_parameters(copy.deepcopy(model), self.compute_dtype).requires_grad_(False).eval()
         self._setup(model)
         if entropy_bank is not None:
             self.set_entropy_bank(entropy_bank)
@@ -330,8 +349,10 @@ class BaseTrainer(TrainerHooks):
             module.train(was)
 
     # ------------------------------------------------------------------ the update
-    def update(self, batch: Iterable[Any]) -> dict[str, float]:
-        """One GRPO optimizer step over ``batch`` (a list of :class:`TrainSample`-like items)."""
+    def update(self, batch: Iterable[Any], on_policy: bool = False) -> dict[str, float]:
+        """One GRPO optimizer step over ``batch`` (a list of :class:`TrainSample`-like items). ``on_policy``: the
+        weights are those the batch was sampled with (a phase's first step): ``actor/logprob_mismatch`` reports
+        the mean |log π_train − log π_behaviour| over its trained tokens."""
         samples = [as_sample(s) for s in batch]
         if not samples:
             raise ValueError("empty batch")
@@ -341,7 +362,7 @@ class BaseTrainer(TrainerHooks):
                                   pad_id=self.pad_token_id)
         refs = self._reference_logprobs(plan.micro)
         timings = {"perf/time_ref": time.perf_counter() - t0}
-        parts = self._accumulate_gradients(plan, refs, timings)
+        parts = self._accumulate_gradients(plan, refs, timings, on_policy)
         t4 = time.perf_counter()
         if self.dist.enabled:
             self._reduce_gradients()
@@ -349,6 +370,9 @@ class BaseTrainer(TrainerHooks):
         lr = self.current_lr()
         grad_norm = self._step()
         timings["perf/time_optimizer"] = time.perf_counter() - t4
+        t5 = time.perf_counter()
+        self._sync_copies()
+        timings["perf/time_weight_sync"] = time.perf_counter() - t5
         self.global_step += 1
         self._policy_is_reference = False
         self.block_grad_norms.append(grad_norm)
@@ -367,13 +391,14 @@ class BaseTrainer(TrainerHooks):
                 "perf/time_forward": timings["perf/time_forward"],
                 "perf/time_backward": timings["perf/time_backward"],
                 "perf/time_optimizer": timings["perf/time_optimizer"],
+                "perf/time_weight_sync": timings["perf/time_weight_sync"],
             }
         )
         self._record_bank_entropy(metrics)
         return metrics
 
     def _accumulate_gradients(self, plan: MicroBatchPlan, refs: list[Optional[TokenLogprobs]],
-                              timings: dict[str, float]) -> list[dict[str, float]]:
+                              timings: dict[str, float], on_policy: bool = False) -> list[dict[str, float]]:
         """Forward and backward of every micro-batch of ``plan``, gradients accumulating; returns the
         metrics of the micro-batches that hold tokens of the batch and adds forward/backward times to
         ``timings``."""
@@ -388,6 +413,8 @@ class BaseTrainer(TrainerHooks):
             t1 = time.perf_counter()
             out = module(mb.input_ids, mb.attention_mask, mb.loss_mask, with_entropy=cfg.compute_entropy)
             loss, metrics = self._micro_batch_loss(loss_fn, out, mb, ref)
+            if on_policy:
+                metrics["actor/logprob_mismatch"] = logprob_mismatch(out.logprobs, mb.behaviour_logprobs, mb.loss_mask)
             t2 = time.perf_counter()
             self._backward(loss)
             t3 = time.perf_counter()
@@ -425,6 +452,27 @@ class BaseTrainer(TrainerHooks):
             **({} if mb.clip_high is None else {"clip_high": mb.clip_high}),
         )
 
+    @torch.no_grad()
+    def recompute_old_logprobs(self, samples: Sequence[TrainSample]) -> None:
+        """π_old := this trainer's own forward over ``samples`` (``trainer.recompute_old_logprobs``; verl's default),
+        before the phase's first step. Each sample keeps what it was sampled with in ``behaviour_logprobs``."""
+        samples = list(samples)
+        if not samples:
+            return
+        plan = plan_micro_batches(samples, self.cfg, rank=0, world_size=1, lockstep=False, device=self.device,
+                                  pad_id=self.pad_token_id)
+        size = plan.size
+        module = self._forward_module()
+        for index, mb in enumerate(plan.micro):
+            logprobs = self._ref_pass(module, mb).logprobs.float().cpu()
+            for row, sample in enumerate(samples[index * size : (index + 1) * size]):
+                if sample.behaviour_logprobs is None:
+                    sample.behaviour_logprobs = sample.old_logprobs
+                sample.old_logprobs = logprobs[row, : len(sample.token_ids)].clone()
+
+    def _sync_copies(self) -> None:
+        """Bring the lower-precision copies of the weights (compute, rollouts) up to the master weights."""
+
     def _record_bank_entropy(self, metrics: dict[str, float]) -> None:
         """Every ``entropy_every`` steps: the bank entropy and its retention (Appendix D.2) into ``metrics``."""
         cfg = self.cfg
@@ -444,7 +492,7 @@ class BaseTrainer(TrainerHooks):
         """Mean token entropy of the current policy on the entropy bank."""
         if not self.entropy_bank:
             raise RuntimeError("no entropy bank: pass entropy_bank= to build_trainer or call set_entropy_bank")
-        return mean_token_entropy(self.model, self.entropy_bank)
+        return mean_token_entropy(self.compute_model, self.entropy_bank)
 
     def start_block(self) -> dict[str, float]:
         """Reset block diagnostics; record the initial bank entropy if a bank is set."""

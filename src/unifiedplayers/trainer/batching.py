@@ -31,6 +31,7 @@ class _MicroBatch:
     groups: Tensor  # (B,)
     weights: Tensor  # (B,) Eq. 21 weights from the whole batch
     clip_high: Optional[Tensor] = None  # (B,) per-sample upper clip, NaN = trainer.clip_eps; None: none set
+    behaviour_logprobs: Optional[Tensor] = None  # (B, L) the log-probs recorded at sampling (default: old_logprobs)
 
 
 def _collate(samples: list[Any], weights: Tensor, device: torch.device, pad_id: int) -> _MicroBatch:
@@ -47,6 +48,13 @@ def _collate(samples: list[Any], weights: Tensor, device: torch.device, pad_id: 
         mask[i, :n] = _as_tensor(s.loss_mask, torch.bool)
         old[i, :n] = _as_tensor(s.old_logprobs, torch.float32)
     old = old.masked_fill(~mask, 0.0)
+    behaviour = old
+    if any(getattr(s, "behaviour_logprobs", None) is not None for s in samples):  # π_old was recomputed
+        behaviour = torch.zeros(b, length, dtype=torch.float32)
+        for i, s in enumerate(samples):
+            source = s.old_logprobs if s.behaviour_logprobs is None else s.behaviour_logprobs
+            behaviour[i, : len(s.token_ids)] = _as_tensor(source, torch.float32)
+        behaviour = behaviour.masked_fill(~mask, 0.0)
     return _MicroBatch(
         ids.to(device),
         att.to(device),
@@ -57,6 +65,7 @@ def _collate(samples: list[Any], weights: Tensor, device: torch.device, pad_id: 
         weights.to(device),
         None if all(getattr(s, "clip_high", None) is None for s in samples) else torch.tensor(
             [float("nan") if s.clip_high is None else float(s.clip_high) for s in samples], device=device),
+        behaviour.to(device),
     )
 
 
@@ -67,6 +76,7 @@ class MicroBatchPlan:
     micro: list[_MicroBatch]  # this rank's share, plus a zero-weight lockstep copy where needed
     num_micro: int  # micro-batches of the whole batch, over all ranks
     real: int  # leading entries of ``micro`` that hold tokens of the batch (the rest are lockstep padding)
+    size: int = 0  # samples per micro-batch (the last may hold fewer)
 
 
 def plan_micro_batches(
@@ -99,7 +109,7 @@ def plan_micro_batches(
     if lockstep and real < math.ceil(num_micro / world_size):
         # Zero Eq. 21 weights: no loss, no gradient, but the same collectives as the other ranks.
         micro.append(_collate(samples[:size], torch.zeros(min(size, len(samples))), device, pad_id))
-    return MicroBatchPlan(micro, num_micro, real)
+    return MicroBatchPlan(micro, num_micro, real, size)
 
 
 def _combine_metrics(parts: list[dict[str, float]]) -> dict[str, float]:

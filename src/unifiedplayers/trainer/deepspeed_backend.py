@@ -39,6 +39,7 @@ from torch import nn
 
 from unifiedplayers.trainer.base import BaseTrainer, make_optimizer, make_scheduler, register_trainer_backend
 from unifiedplayers.trainer.logprobs import TokenLogprobModel
+from unifiedplayers.trainer.precision import resolve_setting
 
 Tensor = torch.Tensor
 
@@ -79,9 +80,10 @@ def deepspeed_config(cfg, stage: int) -> dict[str, Any]:
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
     }
-    if cfg.dtype == "bfloat16":
+    dtype = resolve_setting(cfg.dtype, "cuda" if torch.cuda.is_available() else "cpu")
+    if dtype == "bfloat16":
         ds["bf16"] = {"enabled": True}
-    elif cfg.dtype == "float16":
+    elif dtype == "float16":
         ds["fp16"] = {"enabled": True}
     if cfg.offload_optimizer:
         ds["zero_optimization"]["offload_optimizer"] = {"device": "cpu"}

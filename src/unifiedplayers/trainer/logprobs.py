@@ -318,6 +318,14 @@ def _softmax_stats_(z: Tensor, targets: Tensor, lse: Tensor, chosen: Tensor, ent
             torch.div(e, total, out=t)
 
 
+def _weight_grad(dz: Tensor, hidden: Tensor, dtype: torch.dtype) -> Tensor:
+    """d W = d zᵀ h: in float32 for float32 rows; under mixed precision, the matmul in the rows' dtype (bf16), as
+    every other matmul of the backward."""
+    if hidden.dtype == torch.float32:
+        return (dz.t() @ hidden).to(dtype)
+    return (dz.to(hidden.dtype).t() @ hidden).to(dtype)
+
+
 class HeadLogprob(torch.autograd.Function):
     """log softmax(h W^T / T)[target] (and optionally the entropy) for rows of h, without autograd's
     (M, V) temporaries.
@@ -359,7 +367,7 @@ class HeadLogprob(torch.autograd.Function):
             # autograd sees the saved tensor modified).
             dz = saved.mul_(-g[:, None]).scatter_add_(-1, targets[:, None], g[:, None])
             grad_hidden = dz.to(hidden.dtype) @ weight if need_h else None
-            grad_weight = (dz.t() @ hidden.float()).to(weight.dtype) if need_w else None
+            grad_weight = _weight_grad(dz, hidden, weight.dtype) if need_w else None
             return grad_hidden, grad_weight, None, None, None, None, None
         lse = saved
         grad_hidden = torch.empty_like(hidden) if need_h else None
@@ -374,7 +382,10 @@ class HeadLogprob(torch.autograd.Function):
             if grad_hidden is not None:
                 grad_hidden[s : s + ctx.chunk] = dz.to(hidden.dtype) @ weight
             if grad_weight is not None:
-                grad_weight.addmm_(dz.t(), h.float())
+                if h.dtype == torch.float32:
+                    grad_weight.addmm_(dz.t(), h)
+                else:  # the matmul in the compute dtype, the sum over chunks in float32
+                    grad_weight.add_(dz.to(h.dtype).t() @ h)
         if grad_weight is not None:
             grad_weight = grad_weight.to(weight.dtype)
         return grad_hidden, grad_weight, None, None, None, None, None

@@ -12,6 +12,7 @@ that imports them from this module.
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import shutil
 import tempfile
@@ -36,6 +37,7 @@ from unifiedplayers.trainer.base import (  # noqa: F401  (re-exported)
 )
 from unifiedplayers.trainer.batching import _as_tensor, _collate, _combine_metrics, _MicroBatch  # noqa: F401
 from unifiedplayers.trainer.logprobs import TokenLogprobModel
+from unifiedplayers.trainer.precision import cast_parameters, copy_weights, floating_dtype, move_gradients
 
 Tensor = torch.Tensor
 
@@ -56,9 +58,14 @@ class PlayerTrainer(BaseTrainer):
     lockstep_micro_batches = False  # every rank must make the same number of forward/backward calls
     collective_checkpoint = False  # every rank writes its part of a checkpoint (else rank 0 writes it all)
 
+    def _prepare_model(self, model: nn.Module) -> nn.Module:
+        """Master weights in float32, whatever the compute dtype: AdamW never steps bf16 weights."""
+        return model if floating_dtype(model) == torch.float32 else model.float()
+
     def _setup(self, model: nn.Module) -> None:
         self._model = model
-        self._logprob_model = TokenLogprobModel(model, self.cfg.temperature, self.cfg.logprob_chunk_rows)
+        self._copies: dict[torch.dtype, nn.Module] = {}  # the weights in lower precisions, refreshed after each step
+        self._logprob_model = TokenLogprobModel(self.compute_model, self.cfg.temperature, self.cfg.logprob_chunk_rows)
         self.device = next(model.parameters()).device
         self.optimizer: Optional[torch.optim.Optimizer] = None
         self.scheduler = None
@@ -66,8 +73,27 @@ class PlayerTrainer(BaseTrainer):
 
     @property
     def model(self) -> nn.Module:
-        """The policy as a plain transformers module (for generation or export)."""
+        """The policy's master weights (float32) as a plain transformers module (for export and checkpoints)."""
         return self._model
+
+    @property
+    def compute_model(self) -> nn.Module:
+        """The master weights in float32; under mixed precision, their copy in ``trainer.dtype``."""
+        return self.sampling_model(self.compute_dtype)
+
+    def sampling_model(self, dtype: torch.dtype) -> nn.Module:
+        """The policy in ``dtype``: the master weights for float32, else a copy refreshed after each optimizer step
+        (the compute copy when the dtypes agree: one bf16 copy serves training and rollouts)."""
+        if dtype == torch.float32:
+            return self._model
+        if dtype not in self._copies:
+            grads = dtype == self.compute_dtype
+            self._copies[dtype] = cast_parameters(copy.deepcopy(self._model), dtype).requires_grad_(grads)
+        return self._copies[dtype]
+
+    def _sync_copies(self) -> None:
+        for module in self._copies.values():
+            copy_weights(self._model, module)
 
     def _forward_module(self) -> nn.Module:
         """Callable ``(input_ids, attention_mask, select, with_entropy) -> TokenLogprobs``."""
@@ -91,6 +117,8 @@ class PlayerTrainer(BaseTrainer):
 
     def _backward(self, loss: Tensor) -> None:
         loss.backward()
+        if self.compute_dtype != torch.float32:  # the copy's gradients join the float32 master's
+            move_gradients(self.compute_model, self._model)
 
     def _set_accumulation_boundary(self, is_last_micro_batch: bool) -> None:
         """Tell a backend that reduces gradients at the accumulation boundary where it is (torch: no-op)."""
@@ -118,6 +146,7 @@ class PlayerTrainer(BaseTrainer):
     def _load_policy_weights(self, state: Mapping[str, Tensor]) -> None:
         with torch.no_grad():
             self._model.load_state_dict(state)
+        self._sync_copies()
 
     def _save_backend(self, directory: Path) -> None:
         torch.save(self._model.state_dict(), directory / "model.pt")

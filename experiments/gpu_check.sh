@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# The GPU check (benchmarks/gpu_check.py) on a lent GPU machine: Qwen3-4B-Base's shape with random weights,
+# the byte tokenizer, hf rollouts, the sandbox, and a few GRPO steps per player with the torch backend and
+# DeepSpeed ZeRO-2, plus an exact-resume check. vLLM is reported as not run (its CUDA wheel alone is far
+# over what such a machine can be sent).
+#
+# Such a machine has torch and transformers (and numpy) but no Hydra, DeepSpeed or vLLM, cannot reach any
+# network, and receives the working tree plus at most 64 MiB of extra files. Two steps:
+#
+#   experiments/gpu_check.sh prepare      here, with the network: build .gpu_wheels/ (the packages such a
+#                                          machine lacks, as wheels) and print its size
+#   experiments/gpu_check.sh run [ARGS]    there: install .gpu_wheels/ into a temporary folder (nothing is
+#                                          fetched) and run the check (timeout 480 s); ARGS go to the script
+#
+# The remote Python version is not known in advance: the wheels with compiled code (pydantic-core, msgpack)
+# are downloaded for CPython 3.10-3.13 on manylinux x86_64 (GPU_PY_VERSIONS to change), everything else is a
+# pure-Python wheel; `run` installs the one matching its interpreter. DeepSpeed and antlr4 4.9.3 have no
+# wheel on PyPI: `prepare` builds them here from their sdists (DeepSpeed without building any op: pure
+# Python, its ops would be JIT-built where used; ZeRO-2 with a torch optimizer uses none).
+# `make gpu-check` is `experiments/gpu_check.sh run $(ARGS)`.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+WHEELS="${GPU_WHEELS:-.gpu_wheels}"
+LIMIT_MIB=64  # the working tree and everything sent with it
+# Pure-Python packages (one py3-none-any wheel serves every interpreter) and compiled ones (one per version).
+PURE="hydra-core omegaconf antlr4-python3-runtime deepspeed hjson py-cpuinfo einops pydantic annotated-types
+      typing-inspection typing-extensions"
+COMPILED="pydantic-core msgpack psutil"
+
+prepare() {
+  local py="${PY:-.venv/bin/python}" v pkgs=() bin=()
+  version() { "$py" -c "import importlib.metadata as m, sys; print(m.version(sys.argv[1]))" "$1"; }
+  rm -rf "$WHEELS" && mkdir -p "$WHEELS"
+  # The versions this project is tested with (its .venv), so the remote gets the same code.
+  for p in $PURE; do pkgs+=("$p==$(version "$p")"); done
+  for p in $COMPILED; do bin+=("$p==$(version "$p")"); done
+  # No build isolation: DeepSpeed's setup.py imports torch (this venv's CPU build; DS_BUILD_OPS=0: no ops).
+  DS_BUILD_OPS=0 "$py" -m pip wheel -q --no-deps --no-build-isolation -w "$WHEELS" "${pkgs[@]}"
+  for v in ${GPU_PY_VERSIONS:-3.10 3.11 3.12 3.13}; do
+    "$py" -m pip download -q --no-deps --only-binary=:all: -d "$WHEELS" --implementation cp \
+      --python-version "$v" --abi "cp${v/./}" --abi abi3 --abi none \
+      --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 "${bin[@]}"
+  done
+  ls -1 "$WHEELS"
+  local wheels_kib tree_kib
+  wheels_kib=$(du -sk "$WHEELS" | cut -f1)
+  tree_kib=$(git ls-files -co --exclude-standard -z | xargs -0 du -ck 2>/dev/null | tail -1 | cut -f1)
+  echo "wheelhouse $WHEELS: $((wheels_kib / 1024)) MiB ($wheels_kib KiB); working tree $((tree_kib / 1024)) MiB;" \
+       "together $(((wheels_kib + tree_kib) / 1024)) MiB of the $LIMIT_MIB MiB a lent machine takes"
+  if ((wheels_kib + tree_kib > LIMIT_MIB * 1024)); then echo "over the limit" >&2; exit 1; fi
+  echo "send it with the working tree (carry: $WHEELS), then run: experiments/gpu_check.sh run"
+}
+
+install_wheels() {  # $1: python, $2: target folder
+  local py="$1" site="$2"
+  rm -rf "$site" && mkdir -p "$site"
+  if [ ! -d "$WHEELS" ]; then
+    echo "no $WHEELS/: nothing installed (run 'experiments/gpu_check.sh prepare' where there is a network)" >&2
+    return 0
+  fi
+  local names
+  names=$(ls "$WHEELS" | grep '\.whl$' | sed 's/-.*//' | sort -u | tr '\n' ' ')
+  if "$py" -m pip --version > /dev/null 2>&1; then
+    "$py" -m pip install -q --no-index --no-deps --disable-pip-version-check --find-links "$WHEELS" \
+      --target "$site" $names
+  else  # no pip there: a wheel is a zip archive; unpack the best match of each package for this interpreter
+    "$py" - "$WHEELS" "$site" << 'EOF'
+import sys, zipfile, pathlib
+from packaging.tags import sys_tags
+from packaging.utils import parse_wheel_filename
+rank = {tag: i for i, tag in enumerate(sys_tags())}
+best = {}
+for wheel in pathlib.Path(sys.argv[1]).glob("*.whl"):
+    name, _, _, tags = parse_wheel_filename(wheel.name)
+    r = min((rank[t] for t in tags if t in rank), default=None)
+    if r is not None and (name not in best or r < best[name][0]):
+        best[name] = (r, wheel)
+for _, wheel in best.values():
+    zipfile.ZipFile(wheel).extractall(sys.argv[2])
+EOF
+  fi
+  echo "installed from $WHEELS into $site: $names"
+}
+
+run() {
+  local py="${PYTHON:-python3}" site="${GPU_SITE:-${TMPDIR:-/tmp}/unifiedplayers-gpu-site}"
+  local out="${OUT:-runs/gpu_check}"
+  mkdir -p "$out"
+  install_wheels "$py" "$site"
+  export PYTHONPATH="$site:$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+  # cuBLAS's deterministic workspace (the exact-resume check); must be set before CUDA starts.
+  export CUBLAS_WORKSPACE_CONFIG="${CUBLAS_WORKSPACE_CONFIG:-:4096:8}"
+  export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false WANDB_MODE=offline
+  "$py" -c "import sys, torch, transformers; print('python', sys.version.split()[0], 'torch', torch.__version__,
+      'cuda', torch.version.cuda, 'transformers', transformers.__version__)"
+  timeout 480 "$py" benchmarks/gpu_check.py --device cuda --shape qwen3_4b --steps 2 \
+    --backends torch,deepspeed_zero2 --budget-s 420 --out "$out" "$@" 2>&1 | tee "$out/gpu_check.log"
+}
+
+case "${1:-}" in
+  prepare) prepare ;;
+  run) shift; run "$@" ;;
+  *) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+esac

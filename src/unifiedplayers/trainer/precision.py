@@ -1,0 +1,69 @@
+"""Mixed precision of the trainer: float32 master weights, a copy in the compute dtype, float32 log-probs.
+
+Under ``trainer.dtype=bfloat16`` the torch backend keeps the master weights, their gradients and AdamW's state
+in float32 and runs the forward and backward through a bf16 copy of the weights, refreshed after each
+optimizer step (:func:`copy_weights`): the weights are cast once per step, not at every forward as autocast
+would. The LM head's log-softmax and everything after it (log-probs, ratios, advantages, KL, the loss
+reductions) stay float32 (:mod:`unifiedplayers.trainer.logprobs`, :mod:`unifiedplayers.grpo`).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+
+Tensor = torch.Tensor
+
+
+def resolve_setting(name: str, device: torch.device | str) -> str:
+    """A ``trainer.dtype`` setting as a dtype name (``auto`` resolved on ``device``; a run resolves it at its
+    start, so here it only meets ``auto`` when a trainer is built outside a run)."""
+    from unifiedplayers.precision import auto_dtype, check_setting
+
+    if check_setting("trainer.dtype", name) != "auto":
+        return name
+    return auto_dtype(torch.device(device).type)[0]
+
+
+def cast_parameters(module: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """``module`` with its floating-point parameters in ``dtype``, in place. Buffers keep their dtype (the rotary
+    ``inv_freq`` stays float32, as the model computes its angles in float32); tied parameters stay tied."""
+    for p in module.parameters():
+        if p.is_floating_point() and p.dtype != dtype:
+            p.data = p.data.to(dtype)
+    return module
+
+
+@torch.no_grad()
+def copy_weights(master: nn.Module, copy: nn.Module) -> None:
+    """``copy``'s parameters := ``master``'s, cast to ``copy``'s dtypes (same module structure)."""
+    for dst, src in zip(copy.parameters(), master.parameters()):
+        dst.copy_(src)
+
+
+def move_gradients(copy: nn.Module, master: nn.Module) -> None:
+    """Add the gradients of ``copy`` (compute dtype) into ``master``'s (float32) and free them: the micro-batches of
+    an update accumulate in float32, never in bf16."""
+    for src, dst in zip(copy.parameters(), master.parameters()):
+        if src.grad is None:
+            continue
+        if dst.grad is None:
+            dst.grad = src.grad.to(dst.dtype)
+        else:
+            dst.grad.add_(src.grad)
+        src.grad = None
+
+
+def logprob_mismatch(train: Tensor, behaviour: Tensor, mask: Tensor) -> float:
+    """Mean |log π_train − log π_behaviour| over the trained tokens (``mask``), float32."""
+    m = mask.bool()
+    count = int(m.sum())
+    if count == 0:
+        return 0.0
+    return float((train.detach().float() - behaviour.float()).abs()[m].sum() / count)
+
+
+def floating_dtype(module: nn.Module) -> Optional[torch.dtype]:
+    """The dtype of ``module``'s first floating-point parameter (None when it has none)."""
+    return next((p.dtype for p in module.parameters() if p.is_floating_point()), None)

@@ -1,0 +1,232 @@
+"""The hf engine's decoding economies against the plain loop, on the tiny random Llama in float32:
+ended rows leaving the batch (hf_engine.COMPACT_FINISHED) and the shared-prefix KV cache
+(rollout.prefix_cache)."""
+from __future__ import annotations
+
+import copy
+import os
+
+import pytest
+import torch
+
+from unifiedplayers.config import ModelConfig, RolloutConfig
+from unifiedplayers.models import load_model
+from unifiedplayers.rollout import Segment, build_rollout
+from unifiedplayers.rollout import hf_engine
+from unifiedplayers.rollout.prefix_cache import MIN_PREFIX, common_prefix_length, prefix_setting
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+pytestmark = pytest.mark.skipif(hf_engine.DynamicLayer is None, reason="transformers without per-layer caches")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_model(ModelConfig(name="tiny", source="tiny_random", device="cpu", seed=0))
+
+
+def ids_of(outs):
+    return [[c.token_ids for c in row] for row in outs]
+
+
+def assert_same(a, b, atol=1e-5):
+    """Equal tokens, finish reasons and texts; log-probs equal up to float rounding."""
+    assert ids_of(a) == ids_of(b)
+    for row_a, row_b in zip(a, b):
+        for x, y in zip(row_a, row_b):
+            assert (x.finish_reason, x.stop_str, x.text) == (y.finish_reason, y.stop_str, y.text)
+            assert torch.allclose(torch.tensor(x.logprobs), torch.tensor(y.logprobs), atol=atol, rtol=0)
+
+
+def generate_both_ways(monkeypatch, engine, *args, **kw):
+    """``engine.generate`` with the batch compacted as rows end, then with every row kept to the end (the
+    loop before compaction); also how many times the batch shrank."""
+    shrinks = []
+    select = hf_engine.select_cache_rows
+    monkeypatch.setattr(hf_engine, "select_cache_rows", lambda cache, rows: (shrinks.append(rows.numel()), select(cache, rows)))
+    compacted = engine.generate(*args, **kw)
+    monkeypatch.setattr(hf_engine, "COMPACT_FINISHED", False)
+    kept = engine.generate(*args, **kw)
+    monkeypatch.setattr(hf_engine, "COMPACT_FINISHED", True)
+    return compacted, kept, shrinks
+
+
+# ----------------------------------------------------------------------------- ended rows leave the batch
+
+
+@pytest.fixture(scope="module")
+def short_context(tiny):
+    """The tiny model told its context ends at 160 positions: rows run into it after few tokens, cheaply."""
+    model, tok = tiny
+    model = copy.deepcopy(model)
+    model.config.max_position_embeddings = 160
+    return model, tok
+
+
+def ragged_prompts(tok, max_pos: int) -> list[list[int]]:
+    """Prompts whose budgets differ a lot: the longer ones run into the model's context end after a few tokens."""
+    base = tok("tell me something long", add_special_tokens=False)["input_ids"]
+    room = [6, 40, 17, 64]  # new tokens left before the context ends (with max_new_tokens=64)
+    return [(base * max_pos)[: max_pos - r] for r in room] + [base, base[:5]]
+
+
+def test_compacted_sampling_equals_the_full_batch_loop(short_context, monkeypatch):
+    model, tok = short_context
+    engine = build_rollout(RolloutConfig(batch_size=8), model, tok)  # 12 rows: two batches share the generator
+    prompts = ragged_prompts(tok, model.config.max_position_embeddings)
+    kw = dict(n=2, max_new_tokens=64, temperature=1.0, seed=3, stop=["q", "x", "7"])
+    compacted, kept, shrinks = generate_both_ways(monkeypatch, engine, prompts, **kw)
+    lengths = [len(c.token_ids) for row in kept for c in row]
+    assert min(lengths) <= 8 and max(lengths) >= 40, lengths  # rows end at very different steps
+    assert {c.finish_reason for row in kept for c in row} == {"stop", "length"}
+    assert shrinks and len(shrinks) >= 3, shrinks  # the batch did shrink, several times
+    assert_same(compacted, kept)
+
+
+def test_compacted_greedy_equals_the_full_batch_loop(short_context, monkeypatch):
+    model, tok = short_context
+    engine = build_rollout(RolloutConfig(batch_size=0), model, tok)
+    prompts = ragged_prompts(tok, model.config.max_position_embeddings)
+    compacted, kept, shrinks = generate_both_ways(monkeypatch, engine, prompts, n=1, max_new_tokens=64, greedy=True)
+    assert sorted({len(row[0].token_ids) for row in kept}) == [6, 17, 40, 64]
+    assert shrinks == [5, 4, 3]  # after each row budget (6, 17, 40) ends, the two unpadded prompts run on
+    assert_same(compacted, kept)
+
+
+def test_keep_rows_moves_the_kept_rows_to_the_front_and_keeps_room():
+    from unifiedplayers.rollout.hf_engine import PreallocatedLayer
+
+    g = torch.Generator().manual_seed(0)
+    keys, values = torch.randn(4, 2, 5, 3, generator=g), torch.randn(4, 2, 5, 3, generator=g)
+    layer = PreallocatedLayer(keys.clone(), values.clone(), limit=16, room=4)
+    layer.keep_rows(torch.tensor([3, 1]))
+    assert torch.equal(layer.keys, keys[[3, 1]]) and torch.equal(layer.values, values[[3, 1]])
+    k, v = torch.randn(2, 2, 2, 3, generator=g), torch.randn(2, 2, 2, 3, generator=g)
+    out_k, out_v = layer.update(k, v)  # the room to grow is still there
+    assert torch.equal(out_k, torch.cat([keys[[3, 1]], k], 2)) and torch.equal(out_v, torch.cat([values[[3, 1]], v], 2))
+
+
+# ----------------------------------------------------------------------------- shared-prefix KV cache
+
+
+def shared_prompts(tok) -> list[list[int]]:
+    """Prompts sharing a long few-shot prefix, with own parts of different lengths (one of a single token)."""
+    shots = tok("Q: what is 2+3? A: 5. Q: what is 7*6? A: 42. Q: and 10-4? A: 6. ", add_special_tokens=False)["input_ids"]
+    prefix = shots * 2
+    assert len(prefix) >= 2 * MIN_PREFIX
+    own = ["Q: 9+9?", "Q: what is the square of eleven, please? A:", "Q: 1?", "?"]
+    return [prefix + tok(s, add_special_tokens=False)["input_ids"] for s in own]
+
+
+def engines(model, tok, **cfg):
+    return (build_rollout(RolloutConfig(prefix_cache="true", **cfg), model, tok),
+            build_rollout(RolloutConfig(prefix_cache="false", **cfg), model, tok))
+
+
+def forward_shapes(model):
+    """The input shapes of the model's forward calls, while the returned list is being filled."""
+    shapes: list[tuple[int, ...]] = []
+    hook = model.register_forward_pre_hook(lambda m, a, kw: shapes.append(tuple(kw["input_ids"].shape)), with_kwargs=True)
+    return shapes, hook
+
+
+def test_prefix_cache_gives_the_outputs_of_whole_prompt_prefills(tiny):
+    model, tok = tiny
+    cached, plain = engines(model, tok, batch_size=0)
+    prompts = shared_prompts(tok)
+    prefix_len = common_prefix_length(prompts)
+    shapes, hook = forward_shapes(model)
+    try:
+        first = cached.generate(prompts, n=3, max_new_tokens=12, greedy=True)
+    finally:
+        hook.remove()
+    # The prefix once (one row), then the four prompts' own parts on top of it, then 12 rows a step.
+    assert shapes[0] == (1, prefix_len) and shapes[1] == (4, max(map(len, prompts)) - prefix_len)
+    assert shapes[2] == (12, 1)
+    assert_same(first, plain.generate(prompts, n=3, max_new_tokens=12, greedy=True))
+
+    # A second call with other samples reuses the stored prefix: no prefill of it, the same outputs as without.
+    hits = cached._prefixes.hits
+    kw = dict(n=2, max_new_tokens=12, temperature=1.0, seed=5, ignore_eos=True)
+    shapes, hook = forward_shapes(model)
+    try:
+        second = cached.generate(prompts[::-1], **kw)
+    finally:
+        hook.remove()
+    assert cached._prefixes.hits == hits + prefix_len and shapes[0][0] == 4
+    assert_same(second, plain.generate(prompts[::-1], **kw))
+
+
+def test_prefix_cache_serves_the_next_turn_of_a_transcript(tiny):
+    model, tok = tiny
+    cached, plain = engines(model, tok)
+    ctx = [Segment.inserted(shared_prompts(tok)[1])]
+    for turn in range(3):
+        kw = dict(n=2, max_new_tokens=8, temperature=1.0, seed=turn, ignore_eos=True)
+        hits = cached._prefixes.hits
+        a, b = cached.continue_segments([ctx], **kw), plain.continue_segments([ctx], **kw)
+        assert_same(a, b)
+        if turn:  # everything but the last token of the previous turn's prompt came from the store
+            assert cached._prefixes.hits - hits == previous
+        previous = len(a[0][0].prompt_ids) - 1
+        ctx = ctx + [a[0][0].as_segment(), Segment.inserted(tok(" ok.", add_special_tokens=False)["input_ids"])]
+
+
+def test_prefix_cache_is_not_reused_after_the_weights_change(tiny):
+    model, tok = tiny
+    model = copy.deepcopy(model)
+    cached, plain = engines(model, tok)
+    prompts = shared_prompts(tok)[:2]
+    kw = dict(n=1, max_new_tokens=6, greedy=True)
+    cached.generate(prompts, **kw)
+    weight = model.model.layers[0].self_attn.k_proj.weight
+    for change in (lambda: weight.mul_(1.5), lambda: weight.data.mul_(0.5)):  # in place; through .data, unversioned
+        hits = cached._prefixes.hits
+        with torch.no_grad():
+            change()
+        assert_same(cached.generate(prompts, **kw), plain.generate(prompts, **kw))
+        assert cached._prefixes.hits == hits  # the stored prefix of the old weights was dropped
+    cached.generate(prompts, **kw)
+    assert cached._prefixes.hits > hits  # unchanged weights: reused
+
+
+def test_prefix_cache_setting(tiny):
+    model, tok = tiny
+    assert [prefix_setting(v) for v in ("auto", "true", "false", True, False, "True")] == [None, True, False, True, False, True]
+    with pytest.raises(ValueError, match="prefix_cache"):
+        prefix_setting("sometimes")
+    auto = build_rollout(RolloutConfig(), model, tok)
+    assert not auto.prefix_cache_on()  # float32: the whole-prompt prefill, bit for bit
+    shapes, hook = forward_shapes(model)
+    try:
+        auto.generate(shared_prompts(tok), max_new_tokens=2, greedy=True)
+    finally:
+        hook.remove()
+    assert shapes[0][0] == 4 and not auto._prefixes.entries
+    half = build_rollout(RolloutConfig(), copy.deepcopy(model).to(torch.bfloat16), tok)
+    assert half.prefix_cache_on()
+    assert not build_rollout(RolloutConfig(prefix_cache=False), half.model, tok).prefix_cache_on()
+
+
+def test_evaluation_turns_auto_into_true_and_keeps_an_explicit_setting():
+    from omegaconf import OmegaConf
+
+    from unifiedplayers.rollout.prefix_cache import for_evaluation
+
+    auto = RolloutConfig()
+    assert for_evaluation(auto).prefix_cache == "true" and auto.prefix_cache == "auto"  # a copy
+    off = RolloutConfig(prefix_cache="false")
+    assert for_evaluation(off) is off
+    yaml = OmegaConf.create({"backend": "hf", "batch_size": 8})  # a run's config.yaml from before the setting
+    OmegaConf.set_struct(yaml, True)
+    assert for_evaluation(yaml).prefix_cache == "true" and "prefix_cache" not in yaml
+    typed = OmegaConf.structured(RolloutConfig(prefix_cache=False))  # Hydra's bool, kept as the str "False"
+    assert for_evaluation(typed) is typed

@@ -1,0 +1,146 @@
+"""Precision ``auto`` in a run: resolved once at the start, stored with its reason, kept on resume; bf16 runs sample
+from the bf16 copy; the on-policy mismatch reaches metrics.jsonl; ``trainer.recompute_old_logprobs`` both ways.
+
+The CPU flags are patched (``unifiedplayers.precision.cpu_flags``), so the tests hold on any machine.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from unifiedplayers import precision
+from unifiedplayers.config import compose
+from unifiedplayers.loop import OuterLoop, StopRun
+from unifiedplayers.run_state import check_resumable
+
+pytestmark = pytest.mark.cpu
+
+AMX = frozenset({"avx2", "amx_bf16", "amx_tile"})
+AVX2 = frozenset({"avx2", "fma"})
+
+
+def _flags(monkeypatch, flags):
+    monkeypatch.setattr(precision, "cpu_flags", lambda path="/proc/cpuinfo": flags)
+
+
+@pytest.mark.parametrize("flags, dtype, words", [
+    (AMX, "bfloat16", "amx_bf16"),
+    (frozenset({"avx512_bf16"}), "bfloat16", "avx512_bf16"),
+    (AVX2, "float32", "emulated"),
+])
+def test_auto_picks_bf16_only_where_the_cpu_multiplies_it(monkeypatch, flags, dtype, words):
+    _flags(monkeypatch, flags)
+    chosen, why = precision.auto_dtype("cpu")
+    assert chosen == dtype and words in why
+
+
+def test_cpu_flags_read_from_cpuinfo(tmp_path):
+    (tmp_path / "cpuinfo").write_text("processor : 0\nflags\t\t: fpu avx2 amx_bf16\n\nprocessor : 1\n")
+    assert precision.cpu_flags(str(tmp_path / "cpuinfo")) == {"fpu", "avx2", "amx_bf16"}
+    assert precision.cpu_flags(str(tmp_path / "missing")) == frozenset()
+
+
+def test_the_presets_say_auto_and_tiny_random_stays_float32():
+    assert compose(["experiment=smoke"]).model.dtype == "auto"
+    assert compose(["experiment=smoke"]).trainer.dtype == "auto"
+    assert compose(["experiment=tiny"]).model.dtype == "float32"
+    assert compose(["experiment=tiny"]).trainer.dtype == "float32"
+    for preset in ("paper_qwen3_4b", "paper_mimo_7b"):
+        cfg = compose([f"experiment={preset}"])
+        assert (cfg.model.dtype, cfg.trainer.dtype) == ("auto", "auto"), preset
+
+
+def test_resolution_writes_the_reason_and_a_resume_keeps_the_stored_dtype(monkeypatch):
+    _flags(monkeypatch, AMX)
+    cfg = compose(["experiment=tiny", "model.dtype=auto", "trainer.dtype=auto"])
+    reason = precision.resolve_run_precision(cfg)
+    assert (cfg.model.dtype, cfg.trainer.dtype) == ("bfloat16", "bfloat16")
+    assert "model.dtype=auto -> bfloat16: CPU has amx_bf16" in reason and cfg.precision_reason == reason
+    stored = {"model.dtype": "float32", "trainer.dtype": "float32", "precision_reason": "CPU has neither"}
+    again = compose(["experiment=tiny", "model.dtype=auto", "trainer.dtype=auto"])
+    precision.resolve_run_precision(again, stored)  # another machine: the run keeps its float32
+    assert (again.model.dtype, again.trainer.dtype) == ("float32", "float32")
+    assert "resumed run" in again.precision_reason
+
+
+def test_unknown_dtype_and_float16_on_the_torch_backend_fail_at_start_up(tmp_path):
+    with pytest.raises(ValueError, match="model.dtype='bf16' is not one of"):
+        OuterLoop(compose(["experiment=tiny", "model.dtype=bf16"]), tmp_path)
+    with pytest.raises(ValueError, match="float16 training needs loss scaling"):
+        OuterLoop(compose(["experiment=tiny", "trainer.dtype=float16"]), tmp_path)
+    assert not any(tmp_path.iterdir())
+
+
+def _stop_after(n):
+    def hook(event, loop, slot):
+        if event == "update_end" and loop.state.completed >= n:
+            raise StopRun
+    return hook
+
+
+def test_auto_run_stores_its_dtype_and_resumes_with_it_on_a_bf16_machine(monkeypatch, tmp_path):
+    _flags(monkeypatch, AVX2)
+    overrides = ["experiment=tiny", "model.dtype=auto", "trainer.dtype=auto", "resume=true"]
+    OuterLoop(compose(overrides), tmp_path, hooks=[_stop_after(1)]).run()
+    stored = OmegaConf.load(tmp_path / "config.yaml")
+    assert (stored.model.dtype, stored.trainer.dtype) == ("float32", "float32")
+    assert "CPU has neither amx_bf16 nor avx512_bf16" in stored.precision_reason
+    _flags(monkeypatch, AMX)  # "another machine": auto would now say bf16, the run keeps float32
+    loop = OuterLoop(compose(overrides), tmp_path)
+    loop.run()
+    assert loop.finished and (loop.cfg.model.dtype, loop.cfg.trainer.dtype) == ("float32", "float32")
+    assert all(p.dtype == torch.float32 for p in loop.players["planning"].model.parameters())
+
+
+def test_a_bf16_run_samples_from_the_bf16_copy_and_reports_the_mismatch(tmp_path):
+    loop = OuterLoop(compose(["experiment=tiny", "model.dtype=bfloat16", "trainer.dtype=bfloat16"]), tmp_path)
+    loop.run()
+    for role, player in loop.players.items():
+        assert all(p.dtype == torch.bfloat16 for p in player.model.parameters()), role
+        if player.trainer is not None:
+            assert player.model is player.trainer.compute_model  # rollouts and training share one bf16 copy
+            assert all(p.dtype == torch.float32 for p in player.trainer.model.parameters())
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    first = [m for m in lines if m["phase_step"] == 0 and not m[f"{m['block']}/skipped"]]
+    assert first and all(0.0 <= m[f"{m['block']}/logprob_mismatch"] < 1.0 for m in first)
+    summary = json.loads((tmp_path / "summary.json").read_text())["precision"]  # reported in the summary
+    assert (summary["model.dtype"], summary["trainer.dtype"]) == ("bfloat16", "bfloat16")
+    assert set(summary["logprob_mismatch"]) == {m["block"] for m in first}
+    assert "log-prob mismatch" in (tmp_path / "summary.md").read_text()
+
+
+def _first_update(tmp_path, recompute):
+    run_dir = tmp_path / f"recompute_{recompute}"
+    cfg = compose(["experiment=tiny", "schedule.steps_per_generation=1", "trainer.num_iterations=2",
+                   "schedule.planning_updates=2", "schedule.execution_updates=0", "schedule.evaluation_updates=0",
+                   f"trainer.recompute_old_logprobs={str(recompute).lower()}", "trainer.clip_eps=0.001"])
+    OuterLoop(cfg, run_dir, hooks=[_stop_after(2)]).run()
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return lines[0], torch.load(run_dir / "phase.pt", weights_only=False)
+
+
+def test_recompute_old_logprobs_both_settings(tmp_path):
+    """Same seed, same samples: with recompute the first step's π_old is the trainer's own forward (ratio 1:
+    nothing outside a clip of 0.001) and phase.pt keeps the behaviour log-probs beside it; the reported
+    mismatch compares with the behaviour log-probs under both settings, so it is the same figure."""
+    plain, plain_phase = _first_update(tmp_path, False)
+    redone, phase = _first_update(tmp_path, True)
+    role = plain["block"]
+    assert redone[f"{role}/logprob_mismatch"] == pytest.approx(plain[f"{role}/logprob_mismatch"], rel=1e-4, abs=1e-6)
+    assert redone[f"{role}/clip_frac"] == 0.0
+    samples = [s for u in phase["units"] for s in u["batch"]]
+    assert samples and all(s.behaviour_logprobs is not None for s in samples)
+    assert all(s.behaviour_logprobs is None for u in plain_phase["units"] for s in u["batch"])
+
+
+def test_resumable_check_accepts_auto_against_a_stored_dtype(tmp_path):
+    cfg = compose(["experiment=tiny", "model.dtype=auto"])
+    from unifiedplayers.run_state import result_config
+
+    then = dict(result_config(compose(["experiment=tiny"])))
+    check_resumable({"config": then}, cfg, tmp_path, 1)  # auto continues a float32 run
+    with pytest.raises(ValueError, match="model.dtype"):
+        check_resumable({"config": then}, compose(["experiment=tiny", "model.dtype=bfloat16"]), tmp_path, 1)
