@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from eval.benchmarks import REGISTRY, Benchmark, Problem, load_benchmark
-from eval.extract import extract_option_letter, humaneval_program, last_boxed
+from eval.extract import humaneval_program
 from eval.grading import grade
+from unifiedplayers.grading import extract_answer as grading_extract_answer
 from eval.humaneval import run_unit_tests
 from eval.metrics import score
 from eval.prompts import build_prompt
@@ -51,20 +52,19 @@ class BenchmarkResult:
     generated_tokens_mean: float = 0.0
 
 
-def extract_answer(bench: Benchmark, problem: Problem, text: str) -> Optional[str]:
-    """The answer of a completion, per answer type (the program for HumanEval)."""
-    if bench.answer_type == "math":
-        return last_boxed(text)
-    if bench.answer_type == "option":
-        return extract_option_letter(text, len(problem.options or []))
-    if bench.answer_type == "string":
-        boxed = last_boxed(text)
-        if boxed is not None:
-            return boxed
-        lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
-        return lines[-1] if lines else None
+def extract_answer(bench: Benchmark, problem: Problem, text: str, mode: str = "vanilla") -> Optional[str]:
+    """The answer of a completion, per answer type (the program for HumanEval).
+
+    ``vanilla``: the last ``\\boxed{}`` of the whole text (and the option / last-line rules). ``tool``: the
+    trajectory's own final answer, as training parses it (:func:`unifiedplayers.grading.extract_answer`):
+    a ``\\boxed{}`` printed by code, or inside a code block, is no answer.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode {mode!r} is not one of {MODES}")
     if bench.answer_type == "program":
         return humaneval_program(problem.meta["prompt"], text, problem.meta["entry_point"])
+    if bench.answer_type in ("math", "option", "string"):
+        return grading_extract_answer(bench.answer_type, text, len(problem.options or []), tool=mode == "tool")
     raise ValueError(f"unknown answer type {bench.answer_type!r}")
 
 
@@ -187,9 +187,11 @@ def generate_tool(engine: Any, sandbox: Any, prompts: list[str], questions: list
 
 
 def grade_generations(bench: Benchmark, problems: list[Problem], gens: list[list[Generation]], sandbox: Any,
-                      unit_test_timeout_s: float) -> tuple[list[list[Optional[str]]], list[list[bool]], list[list[str]]]:
-    """Extracted answers, verdicts and (HumanEval) test details, aligned to ``gens``."""
-    extracted = [[extract_answer(bench, p, g.text) for g in row] for p, row in zip(problems, gens)]
+                      unit_test_timeout_s: float, *, mode: str
+                      ) -> tuple[list[list[Optional[str]]], list[list[bool]], list[list[str]]]:
+    """Extracted answers (per ``mode``: :func:`extract_answer`), verdicts and (HumanEval) test details,
+    aligned to ``gens``."""
+    extracted = [[extract_answer(bench, p, g.text, mode) for g in row] for p, row in zip(problems, gens)]
     details = [["" for _ in row] for row in gens]
     if bench.answer_type == "program":
         flat = [(i, j) for i, row in enumerate(gens) for j in range(len(row))]
@@ -226,7 +228,8 @@ def evaluate_benchmark(name: str, entry: Any, mode: str, engine: Any, sandbox: A
         gens = generate_vanilla(engine, prompts, k, max_new, eval_cfg)
     else:
         gens = generate_tool(engine, sandbox, prompts, [p.question for p in problems], k, max_new, eval_cfg)
-    extracted, verdicts, details = grade_generations(bench, problems, gens, sandbox, eval_cfg.unit_test_timeout_s)
+    extracted, verdicts, details = grade_generations(bench, problems, gens, sandbox, eval_cfg.unit_test_timeout_s,
+                                                     mode=mode)
     seconds = time.time() - t0
 
     out_dir.mkdir(parents=True, exist_ok=True)

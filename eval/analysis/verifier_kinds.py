@@ -9,15 +9,24 @@ record (as the reward saw them: a check error is a 0), over the K originals and 
 - ``splits``: valid, anything else (it tells some trajectories from others, rightly or not).
 
 Per kind: how many, the mean Evaluation reward r_C (§3.2: α ρ_gold + β ρ_adv − γ ρ_red; invalid verifiers get
-``reward.invalid_verifier_reward``), and the mean GRPO advantage within the record's group of M verifiers
-(Eq. 17, :func:`unifiedplayers.grpo.group_advantages`): a kind with a positive mean advantage is what the
-Evaluation player's updates make more likely. Given for all records, for those the Evaluation player trained
+``reward.invalid_verifier_reward``), the mean ρ_red of its valid verifiers, and the mean GRPO advantage
+within the record's group of M verifiers (Eq. 17, :func:`unifiedplayers.grpo.group_advantages`): a kind
+with a positive mean advantage is what the Evaluation player's updates make more likely. Given for all records, for those the Evaluation player trained
 on (its own blocks), and per outer iteration; beside them, the share of originals with a final answer.
 
-Why it matters: ρ_gold rewards accepting the originals whether or not they are right (the paper, Appendix
-B.2: "gold does not imply independently verified correctness"). With an Execution player that is mostly
-wrong or unanswered, a verifier that rejects everything loses little of α ρ_gold and gains all of β ρ_adv,
-so it can out-score one that tells originals from variants.
+Why it matters: under Eq. 5, for any valid verifier v (ρ_red aside),
+
+    r_C(v) − r_C(rejects all) = α·accept(originals) − β·accept(variants),
+
+so v out-scores rejecting everything only if it accepts originals at least β/α = 1.25 times as often as
+variants (α, β = 0.4, 0.5). Four of the five rules keep the final answer (only early_terminate changes
+it), so a perfect answer checker accepts variants at 0.8 times its rate on originals and only ties
+"rejects all" (0.4·a − 0.5·0.8·a = 0); the best score, α + β = 0.9, goes to a tamper detector that accepts
+every original, right or wrong, and rejects every variant. ρ_gold rewards accepting originals whether or
+not they are right (the paper, Appendix B.1: "gold does not imply independently verified correctness").
+With a response prefix that writes the first part of ``check()`` for every verifier (the smoke presets'
+``player.evaluation.response_prefix``), all verifiers of a task share those tokens and ρ_red is about 0.8
+for every kind, so γ ρ_red takes about the same 0.08 off each kind's mean r_C.
 """
 from __future__ import annotations
 
@@ -44,16 +53,17 @@ def verifier_kind(valid_row: Optional[int], z_orig: np.ndarray, z_adv: np.ndarra
 
 
 def _empty() -> dict[str, list[float]]:
-    return {k: [] for k in ("reward", "advantage")}
+    return {k: [] for k in ("reward", "advantage", "rho_red")}
 
 
 def _table(acc: dict[str, dict[str, list[float]]]) -> dict[str, Any]:
     n_all = sum(len(acc[k]["reward"]) for k in KINDS)
     out = {}
     for k in KINDS:
-        r, a = acc[k]["reward"], acc[k]["advantage"]
+        r, a, red = acc[k]["reward"], acc[k]["advantage"], acc[k]["rho_red"]
         out[k] = {"n": len(r), "share": (len(r) / n_all) if n_all else None,
-                  "mean_reward": float(np.mean(r)) if r else None, "mean_advantage": float(np.mean(a)) if a else None}
+                  "mean_reward": float(np.mean(r)) if r else None, "mean_advantage": float(np.mean(a)) if a else None,
+                  "mean_rho_red": float(np.mean(red)) if red else None}  # valid verifiers only
     return out
 
 
@@ -78,11 +88,14 @@ def verifier_kinds(records: Sequence[Any], eps: float = 1e-6) -> dict[str, Any]:
             names.append("trained (evaluation blocks)")
         share = float(np.mean([t.final_answer is not None for t in rec.trajectories])) if rec.trajectories else None
         for i in range(rec.num_generated):
-            kind = verifier_kind(row_of.get(i), rec.z_orig, rec.z_adv, rec.adv_mask)
+            row = row_of.get(i)
+            kind = verifier_kind(row, rec.z_orig, rec.z_adv, rec.adv_mask)
             for name in names:
                 acc = scopes.setdefault(name, {k: _empty() for k in KINDS})
                 acc[kind]["reward"].append(float(rewards[i]))
                 acc[kind]["advantage"].append(float(adv[i]))
+                if row is not None:
+                    acc[kind]["rho_red"].append(float(np.asarray(rec.redundancy)[row]))
         if share is not None:
             for name in names:
                 answered.setdefault(name, []).append(share)
@@ -100,13 +113,18 @@ def _f(x: Optional[float], pct: bool = False) -> str:
 
 def to_markdown(result: dict[str, Any]) -> str:
     lines = ["**Verifier kinds** (what the Evaluation reward favours; advantage: mean GRPO advantage within "
-             "the record's M verifiers)", "",
-             "| records | originals answered | " + " | ".join(f"{k}: share, r_C, advantage" for k in KINDS) + " |",
+             "the record's M verifiers; ρ_red: mean redundancy of the kind's valid verifiers)", "",
+             "| records | originals answered | " + " | ".join(f"{k}: share, r_C, advantage, ρ_red" for k in KINDS)
+             + " |",
              "|" + "---|" * (len(KINDS) + 2)]
     for name, row in result.items():
-        cells = [f"{_f(v['share'], True)}, {_f(v['mean_reward'])}, {_f(v['mean_advantage'])}"
+        cells = [f"{_f(v['share'], True)}, {_f(v['mean_reward'])}, {_f(v['mean_advantage'])}, "
+                 f"{'–' if v['mean_rho_red'] is None else format(v['mean_rho_red'], '.2f')}"
                  for v in row["kinds"].values()]
         lines.append(f"| {name} | {_f(row['originals_answered'], True)} | " + " | ".join(cells) + " |")
+    lines += ["", "A response prefix that writes part of `check()` for every verifier (the smoke presets' "
+              "`player.evaluation.response_prefix` writes about half of it) makes all verifiers of a task share "
+              "those tokens: ρ_red is then about 0.8 for every kind, and γ ρ_red takes about the same off each."]
     return "\n".join(lines) + "\n"
 
 

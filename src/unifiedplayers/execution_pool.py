@@ -112,13 +112,12 @@ def user_message(q: PoolQuestion, pool_cfg: Any) -> str:
 
 
 def grade_text(q: PoolQuestion, text: str) -> tuple[Optional[str], bool]:
-    """(extracted answer, correct) of one transcript, as the evaluation harness grades it."""
-    from unifiedplayers.grading import extract_option_letter, grade, last_boxed
+    """(extracted answer, correct) of one tool-loop transcript, as the evaluation harness grades its tool
+    mode: the trajectory's own final answer as training parses it (a ``\\boxed{}`` printed by code is no
+    answer; :func:`unifiedplayers.grading.extract_answer`)."""
+    from unifiedplayers.grading import extract_answer, grade
 
-    if q.answer_type == "option":
-        answer = extract_option_letter(text, len(q.problem.options or []))
-    else:
-        answer = last_boxed(text)
+    answer = extract_answer(q.answer_type, text, len(q.problem.options or []), tool=True)
     return answer, bool(grade(q.answer_type, answer, q.problem.reference))
 
 

@@ -5,6 +5,9 @@ player's fixed diagnostic pool (:mod:`unifiedplayers.execution_pool`, Appendix D
 
 - answers: ``\\boxed{}`` (:func:`unifiedplayers.trajectory.extract_boxed`) and the final option letter
   of a multiple-choice answer (:func:`extract_option_letter`), ``None`` when nothing can be extracted;
+  :func:`extract_answer` per answer type and mode. A tool-mode transcript is graded on the trajectory's
+  own final answer as training parses it (boxes in the reasoning text only, none printed by code); a
+  vanilla completion on the last box of its whole text;
 - ``math``: math-verify (``parse`` + ``verify``), so ``0.5``, ``1/2`` and ``\\frac{1}{2}`` agree and
   intervals compare with their brackets. Its own timeouts use ``signal.alarm``, which fails off the
   main thread, so they are switched off (``parsing_timeout=None, timeout_seconds=None``) and replaced
@@ -23,7 +26,7 @@ import threading
 from contextlib import contextmanager
 from typing import Iterator, Optional
 
-from unifiedplayers.trajectory import extract_boxed
+from unifiedplayers.trajectory import extract_boxed, parse_transcript, reasoning_text
 
 # math-verify logs a warning on every call when its timeouts are disabled; we guard it ourselves.
 logging.getLogger("math_verify").setLevel(logging.ERROR)
@@ -132,10 +135,15 @@ def extract_option_letter(text: str, num_options: int = 4) -> Optional[str]:
     a letter standing alone on the last line that has one (``(C)``, ``C.``, ``C``).
     Letters outside ``A..`` the option count are not answers.
     """
+    return _option_letter(last_boxed(text), text, num_options)
+
+
+def _option_letter(boxed: Optional[str], text: str, num_options: int) -> Optional[str]:
+    """:func:`extract_option_letter` given the box content to read first (``boxed``) and the text of the
+    phrase and last-line fallbacks."""
     letters = option_letters(num_options)
     if not letters:
         return None
-    boxed = last_boxed(text)
     if boxed is not None:
         inner = re.sub(r"\\text\s*\{([^{}]*)\}", r"\1", boxed).strip()
         m = re.fullmatch(rf"\(?([{letters}])\)?(?:[.:)\s].*)?", inner, flags=re.S)
@@ -159,6 +167,34 @@ def extract_option_letter(text: str, num_options: int = 4) -> Optional[str]:
         if m:
             return m.group(1)
     return None
+
+
+def extract_answer(answer_type: str, text: str, num_options: int = 0, *, tool: bool = False) -> Optional[str]:
+    """The answer of one completion for ``answer_type`` math, option or string (``None``: no answer).
+
+    Vanilla (``tool=False``): read from the whole text: the last ``\\boxed{}``; for option, the letter
+    rules of :func:`extract_option_letter`; for string, the box or else the last non-empty line.
+
+    Tool mode (``tool=True``): the trajectory's own final answer, exactly as training parses it
+    (:func:`unifiedplayers.trajectory.parse_transcript`: the last ``\\boxed{}`` of the reasoning text;
+    a box inside a code block or printed in its output is no answer), and the option-letter and
+    last-line fallbacks read only the reasoning text (:func:`unifiedplayers.trajectory.reasoning_text`),
+    never what a program printed.
+    """
+    if tool:
+        boxed, prose = parse_transcript("", text).final_answer, reasoning_text(text)
+    else:
+        boxed, prose = last_boxed(text), text
+    if answer_type == "math":
+        return boxed
+    if answer_type == "option":
+        return _option_letter(boxed, prose, num_options)
+    if answer_type == "string":
+        if boxed is not None:
+            return boxed
+        lines = [ln.strip() for ln in prose.strip().splitlines() if ln.strip()]
+        return lines[-1] if lines else None
+    raise ValueError(f"no answer extraction for answer type {answer_type!r}; known: math, option, string")
 
 
 # ---- grading -------------------------------------------------------------------------------------

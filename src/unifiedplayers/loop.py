@@ -179,7 +179,7 @@ class OuterLoop:
         records = phase_records(sample.groups, sample.tasks, sample.unused, sample.rollouts, sample.verifiers, feedback,
                                 role_rewards, self.perturber.rules,
                                 record_meta_of(slot, sample.versions, group_units, task_units, self.method),
-                                float(self.cfg.reward.malformed_task_reward))
+                                self.method.malformed_task_reward)
         self.files.records(records)
         self.state.records += len(records)
         gen_s, total = sample.timing["generation_s"], time.perf_counter() - t_start

@@ -14,10 +14,18 @@ or ``None`` where it cannot apply; the verdict matrix masks those entries out (`
 - step_swap (local): swaps two adjacent units, chosen uniformly; a code step and the output right
   after it form one unit. None with fewer than two units or when every adjacent pair is identical.
 - early_terminate (global): keeps the steps before a random cut (a unit boundary at or before the
-  step that states the final answer), drops the rest and sets a fabricated final answer drawn
-  uniformly from :func:`distractor_pool`: off-by-one neighbours, the answer rounded to tens, ±10 %
-  and zero, written in the answer's own style and never equal to it in value (a non-numeric or
-  missing answer: zero; one that means zero or nothing: one). Always applies.
+  step that states the final answer), drops the rest and ends in an injected reasoning step that
+  states a fabricated final answer as ``\\boxed{distractor}`` (Appendix I.4: the answer step is
+  "replaced by injected \\boxed{8}"), which is also the variant's ``final_answer``. The step reads
+  "So the answer is \\boxed{d}.", as Execution trajectories end; where the cut leaves a
+  reasoning step last, the sentence joins that step, as a transcript's text between fences is one
+  step (:func:`unifiedplayers.trajectory.state_answer`): the variant has the form of a trajectory
+  that states its answer in its last reasoning step, and a verifier must read its content to tell it.
+  (An original whose answer stood alone after its last output, "\\boxed{9}" with no sentence, has no
+  such step; its variant still gets one.) The distractor is drawn uniformly from
+  :func:`distractor_pool`: off-by-one neighbours, the answer rounded to tens, ±10 % and zero, written
+  in the answer's own style and never equal to it in value (a non-numeric or missing answer: zero; one
+  that means zero or nothing: one). Always applies.
 - tool_substitute (global): one python code step, chosen uniformly, gets lang "bash"; code and
   recorded output unchanged. None when there is no python code step.
 
@@ -41,7 +49,7 @@ from fractions import Fraction
 from typing import Any, Callable, Optional, Sequence
 
 from unifiedplayers.observation import DEFAULT_OBSERVATION_MAX_CHARS, observation_body
-from unifiedplayers.trajectory import Step, Trajectory, extract_boxed, output_step
+from unifiedplayers.trajectory import Step, Trajectory, extract_boxed, output_step, state_answer
 
 LOCAL_RULES = ("arg_mutation", "step_drop", "step_swap")
 GLOBAL_RULES = ("early_terminate", "tool_substitute")
@@ -317,7 +325,9 @@ def early_terminate(traj: Trajectory, rng: random.Random, params: RuleParams) ->
 
     Cut points are unit boundaries (a code step keeps its output) at or before the step that states the
     final answer (the last reason step whose \\boxed{} is the answer; without one, the end of the steps),
-    keeping at least one step when there is one before the answer.
+    keeping at least one step when there is one before the answer. The fabricated answer is stated by the
+    variant's last step, a reasoning step that boxes it (``state_answer``): a variant that only set
+    ``final_answer``, with no step boxing it, would be told apart by its form, not its content.
     """
     pool = distractor_pool(traj.final_answer)
     answer_at = len(traj.steps)
@@ -331,7 +341,7 @@ def early_terminate(traj: Trajectory, rng: random.Random, params: RuleParams) ->
     cut = rng.choice(cuts)
     out = traj.copy()
     del out.steps[cut:]
-    out.final_answer = rng.choice(pool)
+    state_answer(out, rng.choice(pool))
     return out
 
 

@@ -79,11 +79,12 @@ class Phase:
 
 def group_samples(role: str, groups: Sequence[Sequence[Any]], tasks: Sequence[Any], rollouts: Sequence[Sequence[Any]],
                   verifiers: Sequence[Sequence[Any]], role_rewards: dict[str, list[Any]],
-                  malformed_reward: float) -> tuple[list[Callable[[float], Any]], list[float], list[int]]:
+                  malformed_reward: Callable[[Any], float]) -> tuple[list[Callable[[float], Any]], list[float], list[int]]:
     """(sample makers, rewards, group ids) of the active player, one maker per candidate.
 
     Groups (Appendix B.3, Eq. 16): Planning, the G_T tasks of one questioner prompt (a malformed task gets
-    ``malformed_reward``); Execution, the K trajectories of a task; Evaluation, the M verifiers of a task.
+    ``malformed_reward(task)``: the method's ``malformed_task_reward``); Execution, the K trajectories of a
+    task; Evaluation, the M verifiers of a task.
     ``tasks``, ``rollouts``, ``verifiers`` and ``role_rewards`` are aligned (index i is task i).
     """
     makers: list[Callable[[float], Any]] = []
@@ -93,7 +94,7 @@ def group_samples(role: str, groups: Sequence[Sequence[Any]], tasks: Sequence[An
         reward_of = {id(task): r for task, r in zip(tasks, role_rewards["planning"])}
         for g, group in enumerate(groups):
             for task in group:
-                r = reward_of[id(task)] if task.valid else malformed_reward
+                r = reward_of[id(task)] if task.valid else malformed_reward(task)
                 makers.append(lambda a, c=task.completion, g=g: sample_from_completion(c, a, g))
                 rewards.append(float(r))
                 gids.append(g)
@@ -144,13 +145,13 @@ def _mean(xs: Sequence[float]) -> Optional[float]:
 
 def unit_metrics(groups: Sequence[Sequence[Any]], tasks: Sequence[Any], rollouts: Sequence[Sequence[Any]],
                  verdicts: Sequence[Any], feedback: Sequence[Any], role_rewards: dict[str, list[Any]],
-                 role: str, malformed_reward: float) -> dict[str, Any]:
+                 role: str, malformed_reward: Callable[[Any], float]) -> dict[str, Any]:
     """The sampling and feedback metrics of one unit's tasks (rewards, formats, verdict statistics)."""
     m: dict[str, Any] = {}
     all_tasks = [t for g in groups for t in g]
     plan_r = list(role_rewards["planning"])
     if role == "planning":
-        plan_r = plan_r + [malformed_reward] * sum(1 for t in all_tasks if not t.valid)
+        plan_r = plan_r + [malformed_reward(t) for t in all_tasks if not t.valid]
     m["planning/reward_mean"] = _mean(plan_r)
     m["planning/valid_rate"] = sum(t.valid for t in all_tasks) / max(len(all_tasks), 1)
     m["planning/num_tasks"] = len(tasks)
@@ -213,7 +214,7 @@ def build_units(role: str, groups: Sequence[Sequence[Any]], tasks: Sequence[Any]
     Planning: a unit is a share of the questioner prompts, with their tasks. Other roles: a share of the tasks
     (the Planning outputs are phase-wide figures).
     """
-    malformed = float(cfg.reward.malformed_task_reward)
+    malformed = method.malformed_task_reward  # task -> reward of a malformed Planning output
     task_index = {id(t): i for i, t in enumerate(tasks)}
     if role == "planning":
         group_units = split_units(len(groups), units)
@@ -268,7 +269,7 @@ def phase_records(groups: Sequence[Sequence[Any]], tasks: Sequence[Any], unused:
                   rollouts: Sequence[Sequence[Any]], verifiers: Sequence[Sequence[Any]], feedback: Sequence[Any],
                   role_rewards: dict[str, list[Any]], rules: Sequence[str],
                   meta_of_task: Callable[[Optional[int], int], dict[str, Any]],
-                  malformed_reward: float) -> list[InteractionRecord]:
+                  malformed_reward: Callable[[Any], float]) -> list[InteractionRecord]:
     """One interaction record ξ(q) per Planning output of the phase, malformed and unused ones included.
 
     ``meta_of_task(i, g)`` gives the metadata of the output of group (questioner prompt) ``g`` that is
@@ -295,7 +296,7 @@ def phase_records(groups: Sequence[Sequence[Any]], tasks: Sequence[Any], unused:
             else:
                 status = "unused" if id(task) in unused_ids else "malformed_task"
                 meta.update(status=status, reason=task.reason or "well-formed; beyond tasks_per_update")
-                rewards = {"planning": float(malformed_reward)} if status == "malformed_task" else {}
+                rewards = {"planning": float(malformed_reward(task))} if status == "malformed_task" else {}
                 out.append(InteractionRecord(
                     question=task.question or "", trajectories=[], verifiers=[], variants=[], z_orig=[],
                     z_adv=[], adv_mask=[], redundancy=[], rules=list(rules), valid=[], num_generated=0,

@@ -135,6 +135,28 @@ class Trajectory:
         return render(self, include_question=include_question)
 
 
+def answer_sentence(answer: str) -> str:
+    """A plain sentence that states ``answer`` the way Execution trajectories end ("So the answer is
+    \\boxed{52}."; the player's few-shot ends "... The answer is \\boxed{22}."): a reasoning sentence, not
+    an answer-only segment, so it parses as (part of) a reasoning step."""
+    return f"So the answer is \\boxed{{{answer}}}."
+
+
+def state_answer(traj: Trajectory, answer: str) -> None:
+    """End ``traj`` (in place) with a reasoning step that states ``answer`` as ``\\boxed{answer}``, and make
+    ``answer`` its final answer: a step ``answer_sentence(answer)`` after a code or output step, or that
+    sentence appended to the last step when it is a reasoning step (a parsed transcript never holds two
+    reasoning steps in a row: the text between two fences is one step). Either way
+    ``parse_transcript(traj.question, render(traj)) == traj`` afterwards when it held before."""
+    sentence = answer_sentence(answer)
+    last = traj.steps[-1] if traj.steps else None
+    if last is not None and last.type == "reason" and (last.text or "").strip():
+        last.text = f"{last.text}\n\n{sentence}"
+    else:
+        traj.steps.append(reason_step(sentence))
+    traj.final_answer = answer
+
+
 # ---------------------------------------------------------------------------------------------------
 # \boxed{...} extraction
 
@@ -205,6 +227,25 @@ def parse_transcript(question: str, text: str) -> Trajectory:
     Never raises on model text: anything that is not a well-formed fence is reasoning (``None``, a
     failed generation, is an empty transcript).
     """
+    steps, reason_segments = _scan(text)
+    final_answer = None
+    for seg in reversed(reason_segments):
+        final_answer = extract_boxed(seg)
+        if final_answer is not None:
+            break
+    return Trajectory(question=question, steps=steps, final_answer=final_answer)
+
+
+def reasoning_text(text: str) -> str:
+    """The reasoning of a transcript, as :func:`parse_transcript` splits it: its text outside code and
+    output fences (the reason steps and the answer-only tail), segments joined by blank lines. What an
+    answer may be read from in tool mode: nothing a program printed is in it."""
+    return "\n\n".join(_scan(text)[1])
+
+
+def _scan(text: str) -> tuple[list[Step], list[str]]:
+    """(steps, reasoning segments in order) of a transcript: the one scan behind :func:`parse_transcript`
+    and :func:`reasoning_text`."""
     text = "" if text is None else str(text)
     steps: list[Step] = []
     reason_segments: list[str] = []
@@ -242,13 +283,7 @@ def parse_transcript(question: str, text: str) -> Trajectory:
         reason_segments.append(tail)  # holds the answer but is not a reasoning step
     else:
         add_reason(tail)
-
-    final_answer = None
-    for seg in reversed(reason_segments):
-        final_answer = extract_boxed(seg)
-        if final_answer is not None:
-            break
-    return Trajectory(question=question, steps=steps, final_answer=final_answer)
+    return steps, reason_segments
 
 
 # ---------------------------------------------------------------------------------------------------

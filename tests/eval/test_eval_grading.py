@@ -3,6 +3,8 @@ import pytest
 
 from eval.extract import extract_option_letter, humaneval_program, last_boxed
 from eval.grading import grade, grade_math, grade_option, grade_string
+from unifiedplayers.grading import extract_answer
+from unifiedplayers.trajectory import parse_transcript
 
 pytestmark = pytest.mark.cpu
 
@@ -87,3 +89,30 @@ def test_humaneval_program_from_block_and_from_body():
     body = "    return sum(xs)\n\nprint('junk at top level')\n"
     prog = humaneval_program(prompt, body, "f")
     assert prog.startswith(prompt) and "return sum(xs)" in prog and "junk" not in prog
+
+
+# ---- tool mode: the trajectory's own final answer (issue: evaluation and training extract alike) ------
+
+PRINTS_BOX = "Let me compute.\n```python\nprint(r'\\boxed{5}')\n```\n```output\n\\boxed{5}\n```\nDone."
+BOX_THEN_CODE = ("So the answer is \\boxed{18}.\n```python\nprint(r'\\boxed{3}')\n```\n"
+                 "```output\n\\boxed{3}\n```")
+PRINTS_LETTER = "```python\nprint('The answer is (C)')\n```\n```output\nThe answer is (C)\n```\n"
+
+
+def test_tool_mode_reads_the_final_answer_as_training_parses_it():
+    # the only box is printed by the program: training parses no answer, and tool mode grades none
+    assert parse_transcript("q", PRINTS_BOX).final_answer is None
+    assert extract_answer("math", PRINTS_BOX, tool=True) is None
+    assert extract_answer("math", PRINTS_BOX) == "5"  # vanilla reads the whole text (it has no code)
+    # the reasoning boxes 18, a later program prints \boxed{3}: graded on 18, the trajectory's answer
+    assert parse_transcript("q", BOX_THEN_CODE).final_answer == "18"
+    assert extract_answer("math", BOX_THEN_CODE, tool=True) == "18"
+    assert extract_answer("math", BOX_THEN_CODE) == "3"
+    # option and string fallbacks read the reasoning only, never the program's output
+    assert extract_answer("option", PRINTS_LETTER, 4, tool=True) is None
+    assert extract_answer("option", PRINTS_LETTER, 4) == "C"
+    assert extract_answer("option", PRINTS_LETTER + "So the answer is (B).", 4, tool=True) == "B"
+    assert extract_answer("string", PRINTS_BOX, tool=True) == "Done."  # the last line of the reasoning
+    assert extract_answer("string", BOX_THEN_CODE, tool=True) == "18"
+    with pytest.raises(ValueError):
+        extract_answer("program", "x")

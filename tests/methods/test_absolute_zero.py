@@ -1,6 +1,6 @@
 """Absolute Zero's defining mechanisms, each against numbers worked out by hand (AZR, paper/absolute_zero_*):
-the learnability reward (Eq. 4), induction with held-out pairs, a solver without tools, picklable answer
-checks, unknown task types, and the shared-model option."""
+the learnability reward (Eq. 4), the composite format-aware reward of both roles, induction with held-out
+pairs, a solver without tools, picklable answer checks, unknown task types, and the shared model."""
 from __future__ import annotations
 
 import pickle
@@ -57,6 +57,80 @@ def test_learnability_reward_against_azr_eq4(sandbox):
     # AZR compares by Python value equality: 12.0 == 12, but the string '12' is not the integer 12
     assert azr.outputs_equal("12", "12.0") and not azr.outputs_equal("12", "'12'")
     assert [azr.learnability_reward(s) for s in (0.0, 0.125, 0.5, 1.0)] == [0.0, 0.875, 0.5, 0.0]
+
+
+def test_composite_reward_of_the_solver_by_hand(sandbox):
+    # AZR's composite reward: r_role if well formatted and passable, -0.5 if well formatted but wrong, -1 on a
+    # format error. Solver: r_solve = 1 when correct; no \boxed{} answer (final_answer None) is the format error.
+    assert [azr.composite_reward(1.0, True, True), azr.composite_reward(1.0, True, False),
+            azr.composite_reward(1.0, False, False)] == [1.0, -0.5, -1.0]
+    ded = build("deduction", sandbox)  # f(4) = 12
+    f = feedback(["12", "11", None, "12.0"], ded)
+    #   "12" right: 1;  "11" answered, wrong: -0.5;  None, no answer: -1;  "12.0" right (12.0 == 12): 1
+    assert reward_source("execution", "azr_composite")(f).tolist() == [1.0, -0.5, -1.0, 1.0]
+    assert reward_source("execution", "expected_answer")(f).tolist() == [1.0, 0.0, 0.0, 1.0]  # r_solve alone
+    # the proposer's learnability reads correctness only (2 of 4 solved: 1 - 0.5), never the penalties
+    assert reward_source("planning", "learnability")(f) == pytest.approx(0.5)
+    # induction, checked by execution on every pair: a lookup table is an answer (-0.5), "12" too (no f in it)
+    ind = build("induction", sandbox)
+    f = feedback(["lambda x: 3 * x", "lambda x: {4: 12, 5: 15}[x]", "12", None], ind)
+    assert reward_source("execution", "azr_composite")(f).tolist() == [1.0, -0.5, -0.5, -1.0]
+    # GRPO sees the three levels: mean 0 over (1, -0.5, -0.5, -1) -> no-answer below wrong below right
+    rewards = reward_source("execution", "azr_composite")(f)
+    assert rewards.mean() == pytest.approx(-0.25)
+
+
+# Proposer outputs, by what the composite reward makes of them (topic deduction unless said):
+NO_BLOCK = "I cannot think of a function."  # nothing parses: format error
+NO_INPUT = "```python\ndef f(x):\n    return x\n```\n"  # a program but no ```input block: format error
+UNCLOSED = "```python\ndef f(x):\n    return x\n```\n```input\n4\n"  # the input fence never closes
+SYNTAX = "```python\ndef f(x) return x\n```\n```input\n4\n```"  # parses as a proposal; fails validation
+RANDOM = "```python\nimport random\ndef f(x):\n    return random.random()\n```\n```input\n4\n```"
+NOT_LITERAL = "```python\ndef f(x):\n    return x\n```\n```input\nfour\n```"
+RAISES = "```python\ndef f(x):\n    return 1 // 0\n```\n```input\n4\n```"
+VALID = "```python\ndef f(x):\n    return x * 3\n```\n```input\n4\n```"
+
+
+@pytest.mark.parametrize("text, topic, reward", [
+    (NO_BLOCK, "deduction", -1.0), (NO_INPUT, "deduction", -1.0), (UNCLOSED, "abduction", -1.0),
+    (SYNTAX, "deduction", -0.5), (RANDOM, "deduction", -0.5), (NOT_LITERAL, "abduction", -0.5),
+    (RAISES, "deduction", -0.5),
+    ("```python\ndef f(x):\n    return x\n```\n```input\n1\n```\n```input\n1\n```", "induction", -0.5),
+])
+def test_composite_reward_of_a_malformed_proposal_by_hand(sandbox, text, topic, reward):
+    # format error (no proposal can be read: reason NO_PROGRAM or NO_INPUT) -1; parsed but invalid -0.5
+    task = build(topic, sandbox, text)
+    assert not task.valid
+    assert (task.reason in azr.FORMAT_ERROR_REASONS) is (reward == -1.0)
+    assert azr.proposal_reward(task) == reward
+    method = build_method(compose(["method=absolute_zero"]))
+    assert method.malformed_task_reward(task) == reward  # the hook the phase reads for unplayed outputs
+
+
+def test_composite_reward_of_a_valid_proposal_is_its_learnability(sandbox):
+    task = build("deduction", sandbox, VALID)
+    assert task.valid
+    # K = 4 solver answers to f(4) = 12: one right -> r_solve mean 0.25 -> r_propose = 0.75
+    f = feedback(["12", "13", None, "4"], task)
+    r_propose = reward_source("planning", "learnability")(f)
+    assert r_propose == pytest.approx(0.75) and azr.proposal_reward(task, r_propose) == pytest.approx(0.75)
+    # all four right: learnability 0, and a well-formatted passable proposal keeps it (0, not a penalty)
+    assert azr.proposal_reward(task, reward_source("planning", "learnability")(feedback(["12"] * 4, task))) == 0.0
+    with pytest.raises(ValueError, match="learnability"):
+        azr.proposal_reward(task)
+
+
+def test_the_preset_trains_both_roles_on_the_composite_reward():
+    cfg = compose(["method=absolute_zero"])
+    assert cfg.method.execution_reward == "azr_composite" and cfg.method.planning_reward == "learnability"
+    assert cfg.method.shared_model is True
+    # a math-format run (Planning tasks with a boxed answer) keeps the configured malformed reward
+    math = azr.AbsoluteZero(compose(["method=absolute_zero", "method.extra.task_format=math",
+                                     "reward.malformed_task_reward=-0.25"]))
+    assert math.malformed_task_reward(PlanningTask("x", None, None, False, "no \\boxed{} answer")) == -0.25
+    # and so does every other method (the default hook)
+    up = build_method(compose(["reward.malformed_task_reward=-0.75"]))
+    assert up.malformed_task_reward(PlanningTask("x", None, None, False, "no \\boxed{} answer")) == -0.75
 
 
 def test_induction_shows_half_and_checks_all_so_a_lookup_table_fails(sandbox):
@@ -136,21 +210,23 @@ def test_the_solver_has_no_tools_and_copied_code_gets_no_answer(sandbox, tmp_pat
 
 
 def test_shared_model_option(tmp_path):
+    # one model for both roles by default (both papers); two players from the same backbone as an option
     method = compose(["method=absolute_zero"]).method
-    assert azr.shared_model(method) is False
-    assert build_method(compose(["method=absolute_zero"])).shared_model is False
-    on = compose(["method=absolute_zero", "method.shared_model=true"])
-    assert azr.shared_model(on.method) is True and build_method(on).shared_model is True
+    assert azr.shared_model(method) is True
+    assert build_method(compose(["method=absolute_zero"])).shared_model is True
+    off = compose(["method=absolute_zero", "method.shared_model=false"])
+    assert azr.shared_model(off.method) is False and build_method(off).shared_model is False
     with pytest.raises(ValueError, match="true or false"):
         azr.shared_model(SimpleNamespace(shared_model="yes"))
-    alone = compose(["method=absolute_zero", "method.shared_model=true", "method.roles=[execution]"])
+    alone = compose(["method=absolute_zero", "method.roles=[execution]"])  # shared by default
     with pytest.raises(ValueError, match="does not train both"):
         build_method(alone)
+    build_method(compose(["method=absolute_zero", "method.shared_model=false", "method.roles=[execution]"]))
     from unifiedplayers.loop import OuterLoop
 
     with pytest.raises(ValueError, match="schedule.feedback=stale"):
         OuterLoop(compose(["experiment=tiny", "method=absolute_zero", "player.topics=[deduction]",
-                           "method.shared_model=true", "schedule.feedback=stale"]), tmp_path)
+                           "schedule.feedback=stale"]), tmp_path)
 
 def test_a_shared_model_is_one_set_of_weights_stepped_by_both_blocks(tmp_path):
     """method.shared_model=true (AZR: one model proposes and solves): the Planning and Execution players are
@@ -183,3 +259,38 @@ def test_a_shared_model_is_one_set_of_weights_stepped_by_both_blocks(tmp_path):
     a, b = execution.model.state_dict(), resumed.players["execution"].model.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert (tmp_path / "a" / "records.jsonl").read_text() == (tmp_path / "b" / "records.jsonl").read_text()
+
+
+def test_the_loop_trains_the_proposer_on_the_composite_reward(tmp_path):
+    """One tiny Planning block of three scripted proposals (G_T = 3) and K = 2 scripted solutions: the
+    Planning group's rewards are the composite reward of each output, in the GRPO batch's group and in the
+    records. Valid f(x) = 3x on 4: the solver answers 12 (right) and 13 (wrong): r̄_solve = 0.5, r_propose =
+    1 − 0.5 = 0.5. No ```python block: format error, −1. A syntax error: parsed but invalid, −0.5."""
+    import itertools
+
+    from unifiedplayers.logging import read_metrics
+    from unifiedplayers.loop import OuterLoop
+    from unifiedplayers.records import load_records
+
+    proposals = [VALID, NO_BLOCK, SYNTAX]
+    solutions = itertools.cycle(["f(4) = 4 * 3 = 12. \\boxed{12}", "f(4) = 13. \\boxed{13}"])
+
+    def respond(ctx, j):
+        turn = ctx.rsplit("<|im_start|>user", 1)[-1]
+        if "Write a function f and inputs" in turn:
+            return proposals[j % 3]  # the G_T samples of one prompt: j = 0, 1, 2
+        if "What does f return" in turn:
+            return next(solutions)  # the K samples come one context at a time (n = 1): right, wrong, ...
+        raise AssertionError(f"unexpected context {turn!r}")
+
+    cfg = compose(["experiment=tiny", "method=absolute_zero", "player.topics=[deduction]",
+                   "player.tasks_per_prompt=3", "player.planning_max_new_tokens=200",
+                   "player.execution_max_new_tokens=200"])
+    loop = OuterLoop(cfg, tmp_path, rollout_factory=lambda rc, model, tok: ScriptedEngine(tok, respond))
+    loop.run()
+    planning = [r for r in load_records(tmp_path / "records.jsonl") if r.meta["block"] == "planning"]
+    got = {r.meta["planning_output"]: r.rewards for r in planning}
+    assert got[VALID]["planning"] == pytest.approx(0.5) and got[VALID]["execution"] == [1.0, -0.5]
+    assert got[NO_BLOCK]["planning"] == -1.0 and got[SYNTAX]["planning"] == -0.5
+    first = next(m for m in read_metrics(tmp_path) if m["block"] == "planning")
+    assert first["planning/reward_mean"] == pytest.approx((0.5 - 1.0 - 0.5) / 3)

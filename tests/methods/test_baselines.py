@@ -209,7 +209,9 @@ def test_one_tiny_outer_iteration(method, extra, tmp_path, teacher_url):
             expected = np.asarray(reward_source("execution", "majority_vote")(fb(answers)))
         elif method == "absolute_zero":  # proposals validated in the sandbox: f(4) = 12 (deduction first)
             assert rec.expected_answer == "12" and "What does f return" in rec.question
-            expected = np.array([float(azr.outputs_equal(a, "12")) for a in answers])
+            # AZR's composite reward (azr_composite): 1 right, -0.5 answered but wrong, -1 no \boxed{} answer
+            expected = np.array([1.0 if azr.outputs_equal(a, "12") else (-1.0 if a is None else -0.5)
+                                 for a in answers])
         else:  # the Teacher says CORRECT only for 42
             expected = np.array([float(a == "42") for a in answers])
         assert rs.tolist() == expected.tolist()

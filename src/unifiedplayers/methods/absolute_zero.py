@@ -17,11 +17,32 @@ The solver reasons about the program; it never runs it (AZR's solver has no code
 without tools (``method.use_tools=false``, one generation per trajectory, a plain-text prompt), so a
 "copy the code and print f(x)" answer gets no output and no reward. Only the *checks* execute code.
 
-Rewards (AZR Eq. 4-5): the proposer's learnability reward r_propose = 1 − r̄_solve when 0 < r̄_solve < 1,
-else 0 (a task every sample solves, or none does, teaches nothing); the solver's reward is binary
-correctness. On the engine these are the ``learnability`` (Planning role) and ``expected_answer``
-(Execution role) reward sources: the expected answer of a task is the one the sandbox computed, never
-the proposer's claim, and comparisons parse both sides as Python literals when they can.
+Rewards (AZR Eq. 4-6). The role rewards: the proposer's learnability r_propose = 1 − r̄_solve when
+0 < r̄_solve < 1, else 0 (a task every sample solves, or none does, teaches nothing; r̄_solve is the share of
+the K solver samples that are correct); the solver's r_solve is binary correctness. Both roles are trained
+on AZR's composite, format-aware reward (its §3.1, "inspired by" DeepSeek-R1's format reward)::
+
+    R(y) = r_role   if the response is well formatted and passable
+           −0.5     if it is well formatted but wrong (solver) or invalid (proposer)
+           −1       if it has a format error
+
+What the three cases are here:
+
+- proposer (the Planning role): a **format error** is an output from which no proposal can be read:
+  no closed ```python block, or no ```input block (:func:`parse_proposal` finds nothing); it is a malformed
+  task with reason ``NO_PROGRAM`` or ``NO_INPUT``: −1. An output that parses but fails validation (AZR: "only
+  responses that produce valid triplets and pass the filtering stage" are correct) is **invalid**: a
+  syntax error, no top-level ``f``, a nondeterministic import, an input that is not a Python literal, a
+  run that fails or times out, two runs that print different outputs, fewer than 2 distinct inputs for an
+  induction task: −0.5. A valid proposal is a task, played, and gets r_propose (``learnability`` source).
+  The two malformed kinds reach GRPO through :meth:`AbsoluteZero.malformed_task_reward` (no reward source
+  sees an output that is not played).
+- solver (the Execution role; ``azr_composite`` source): **format error** = no extractable answer (no
+  ``\\boxed{}`` in the response, the trajectory's ``final_answer`` is None): −1; answered but wrong: −0.5;
+  correct: r_solve = 1. ``expected_answer`` is the binary r_solve alone (AZR Eq. 5).
+
+The expected answer of a task is the one the sandbox computed, never the proposer's claim, and
+comparisons parse both sides as Python literals when they can.
 
 A task's answer check is an :class:`AnswerCheck` (plain data, picklable), not a closure: the outer loop
 broadcasts built tasks to every rank under ``torchrun``. The sandbox it runs in is bound on the rank that
@@ -154,6 +175,20 @@ def solve_flags(answers: Sequence[Optional[str]], expected: Optional[str], check
     return np.array([float(outputs_equal(a, expected)) for a in answers], dtype=np.float64)
 
 
+# AZR's composite reward (§3.1): the penalties of a well-formatted but wrong or invalid response and of a
+# format error.
+WRONG_OR_INVALID_REWARD = -0.5
+FORMAT_ERROR_REWARD = -1.0
+
+
+def composite_reward(role_reward: float, well_formatted: bool, passable: bool) -> float:
+    """AZR's composite reward: ``role_reward`` when the response is well formatted and passable, −0.5 when
+    it is well formatted but not passable (a wrong answer, an invalid proposal), −1 on a format error."""
+    if not well_formatted:
+        return FORMAT_ERROR_REWARD
+    return float(role_reward) if passable else WRONG_OR_INVALID_REWARD
+
+
 @register_reward_source("execution", "expected_answer")
 def execution_expected_answer(fb: TaskFeedback) -> np.ndarray:
     """Binary correctness against the task's trusted answer (AZR Eq. 5). Shape (K,)."""
@@ -168,6 +203,15 @@ def planning_learnability(fb: TaskFeedback) -> float:
     if (fb.expected_answer is None and fb.answer_check is None) or not len(fb.answers):
         return 0.0
     return learnability_reward(float(solve_flags(fb.answers, fb.expected_answer, fb.answer_check).mean()))
+
+
+@register_reward_source("execution", "azr_composite")
+def execution_azr_composite(fb: TaskFeedback) -> np.ndarray:
+    """The solver's composite reward: 1 when correct (r_solve), −0.5 when answered but wrong, −1 with no
+    answer (no ``\\boxed{}``: the format error). Shape (K,)."""
+    solved = execution_expected_answer(fb)
+    return np.array([composite_reward(1.0, a is not None, bool(s)) for a, s in zip(fb.answers, solved)],
+                    dtype=np.float64)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -248,6 +292,22 @@ QUESTIONS = {
 }
 
 
+# The malformed reasons that are format errors (nothing to validate); every other reason of an invalid
+# proposal is a validation failure.
+NO_PROGRAM = "no ```python block with f"
+NO_INPUT = "no ```input block"
+FORMAT_ERROR_REASONS = (NO_PROGRAM, NO_INPUT)
+
+
+def proposal_reward(task: Any, learnability: Optional[float] = None) -> float:
+    """The proposer's composite reward of one Planning output: ``learnability`` (r_propose) for a valid task,
+    −0.5 for one that parsed but failed validation, −1 for a format error (``FORMAT_ERROR_REASONS``)."""
+    if task.valid and learnability is None:
+        raise ValueError("a valid proposal's reward is its learnability: give it")
+    well_formatted = task.valid or task.reason not in FORMAT_ERROR_REASONS
+    return composite_reward(learnability if task.valid else 0.0, well_formatted, task.valid)
+
+
 def parse_proposal(text: str) -> tuple[Optional[str], list[str]]:
     """(program, inputs) from a proposer output: the first ```python block and every ```input block."""
     program, inputs = None, []
@@ -300,10 +360,10 @@ def build_code_task(task: Any, sandbox: Any, max_induction_inputs: int = MAX_IND
     def malformed(reason: str) -> Any:
         return PlanningTask(task.text, None, None, False, reason, task.prompt_index, task.topic, task.completion)
 
-    if program is None:
-        return malformed("no ```python block with f")
+    if program is None:  # a format error (the composite reward's −1); every later reason is invalid (−0.5)
+        return malformed(NO_PROGRAM)
     if not inputs:
-        return malformed("no ```input block")
+        return malformed(NO_INPUT)
     inputs = _distinct(inputs)[: (max_induction_inputs if kind == "induction" else 1)]
     if kind == "induction" and len(inputs) < 2:
         return malformed("induction needs at least 2 distinct ```input blocks (half shown, all checked)")
@@ -390,3 +450,8 @@ class AbsoluteZero(Method):
 
     def build_task(self, task: Any, sandbox: Any) -> Any:
         return build_code_task(task, sandbox) if self.code_tasks else task
+
+    def malformed_task_reward(self, task: Any) -> float:
+        """The composite reward of a proposal that is no task: −1 for a format error, −0.5 for one that parsed
+        but failed validation (code tasks; a math-format run keeps ``reward.malformed_task_reward``)."""
+        return proposal_reward(task) if self.code_tasks else super().malformed_task_reward(task)

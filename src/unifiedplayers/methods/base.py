@@ -26,6 +26,9 @@ Hooks, in the order a sampling phase calls them:
 - :meth:`Method.phase_tasks` chooses the tasks played (Socratic-Zero: with its curriculum);
 - :meth:`Method.after_rollouts` once the K solutions are in (Socratic-Zero: the Teacher grades);
 - :meth:`Method.rewards` gives each player's rewards from the phase's feedback (Eq. 2, 4, 5 by default);
+- :meth:`Method.malformed_task_reward` gives the Planning reward of each malformed Planning output (not
+  played, so no reward source sees it; ``reward.malformed_task_reward`` by default, Absolute Zero's
+  composite reward tells a format error from an invalid proposal);
 - :meth:`Method.group_shape` shapes each task's GRPO group (R-Zero's band, Agent0's ADPO);
 - :meth:`Method.unit_batch` may replace a unit's GRPO batch (Socratic-Zero: DPO pairs, imitation);
 - :meth:`Method.unit_metrics` and :meth:`Method.record_meta` add to the metrics line and the records;
@@ -149,6 +152,12 @@ class Method:
         task for Planning, an array per task (one per trajectory / verifier) for the others. By default the
         reward source named by ``method.<role>_reward``; a batch source sees the whole phase."""
         return reward_source(role, self.source_name(role)).over(feedback)
+
+    def malformed_task_reward(self, task: Any) -> float:
+        """The Planning reward of a malformed Planning output ``task`` (``task.valid`` is false, ``task.reason``
+        says why): it is never played, so no reward source reads it. ``reward.malformed_task_reward`` by
+        default; a method whose reward tells kinds of malformed outputs apart overrides this."""
+        return float(self.cfg.reward.malformed_task_reward)
 
     def phase_rewards(self, feedback: Sequence[Any]) -> dict[str, list[Any]]:
         """Every player's rewards for the phase's tasks: (K,) and (M,) float64 arrays per task for Execution and
