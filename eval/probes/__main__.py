@@ -24,6 +24,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     d = ProbeSizes()
     ap.add_argument("--execution", type=int, default=d.execution, help="Execution problems (default: all 100)")
+    ap.add_argument("--tool", type=int, default=d.execution_tool,
+                    help="Execution tool-probe problems, run with the Execution probe (default: all 50)")
     ap.add_argument("--evaluation", type=int, default=d.evaluation, help="Evaluation questions (default: all 50)")
     ap.add_argument("--verifiers", type=int, default=d.evaluation_verifiers, help="M verifiers per question")
     ap.add_argument("--topics", type=int, default=d.planning_topics, help="Planning topic prompts (default: all 25)")
@@ -40,8 +42,9 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
 
     torch.set_num_threads(max(1, args.threads))
     roles = [r.strip() for r in args.roles.split(",") if r.strip()]
-    sizes = ProbeSizes(args.execution, args.evaluation, args.verifiers, args.topics, args.tasks_per_topic,
-                       args.u_tasks, args.u_samples)
+    sizes = ProbeSizes(execution=args.execution, evaluation=args.evaluation, evaluation_verifiers=args.verifiers,
+                       planning_topics=args.topics, planning_tasks_per_topic=args.tasks_per_topic,
+                       planning_u_tasks=args.u_tasks, planning_u_samples=args.u_samples, execution_tool=args.tool)
     result = probe(args.target, roles, args.run, args.overrides, sizes, args.out)
     print(f"[probe] {args.target}: {result['seconds']['total']:.0f} s in all")
     if args.out:

@@ -8,12 +8,15 @@ checkpoints ``checkpoints/iter<i>/<role>`` as iteration i (``python -m eval.prob
 and role, ``<run>/probes/iter<i>.<role>.json``; the backbone once, for the first seed, its files copied into
 the other seeds' runs: the probes' draws do not depend on the training seed). Up to ``--jobs`` processes run
 at once, one torch thread each: a probe of iteration i starts as soon as the run has moved past iteration i,
-so probing overlaps training, and the last checkpoint's three probes share the cores. Everything is resumable: a finished run returns at once, a written probe file is not probed again.
+so probing overlaps training, and the last checkpoint's three probes share the cores. Everything is resumable:
+a finished run returns at once, a written probe file is not probed again (except an Execution probe file
+written before the tool probe existed, which is probed again to add it).
 
 It writes ``figure1.json`` (the issue's schema: one value per iteration per series, the mean over seeds,
-and a ``per_seed`` table) and ``figure1.png`` (three panels as the paper's Figure 1a: Planning U(q),
-Execution accuracy, Evaluation adversarial rejection, with the paper's Qwen3-4B-Base endpoints of §4.5
-beside ours, labelled as the paper's) into ``--root``, a single-seed ``figure1.json`` into each run
+and a ``per_seed`` table; :data:`SERIES`) and ``figure1.png`` (three panels as the paper's Figure 1a: Planning
+U(q), Execution accuracy with the tool probe's ``execution/accuracy_tool`` beside it, Evaluation adversarial
+rejection with ``evaluation/originals_accepted``, and the paper's Qwen3-4B-Base endpoints of §4.5 beside ours,
+labelled as the paper's) into ``--root``, a single-seed ``figure1.json`` into each run
 directory, and prints the path of the root's ``figure1.json`` on its last line.
 
 Presets: ``--scale smoke`` trains ``experiment=figure1_smoke`` (SmolLM2-135M on CPU); ``--scale paper``
@@ -38,8 +41,15 @@ if str(_ROOT) not in sys.path:
 
 SCALES = {"smoke": "figure1_smoke", "paper": "paper_qwen3_4b"}
 # The series of figure1.json (issue 15), in the order of the panels.
+# execution/accuracy_tool: the tool probe (arithmetic where tools decide correctness), beside GSM8K + MMLU;
+# evaluation/originals_accepted: the valid verifiers' acceptance of the original (correct) trajectories.
 SERIES = ("planning/U", "planning/well_formed", "execution/accuracy", "execution/answered",
-          "evaluation/valid", "evaluation/adv_rejection", "evaluation/discrimination")
+          "execution/accuracy_tool", "evaluation/valid", "evaluation/originals_accepted",
+          "evaluation/adv_rejection", "evaluation/discrimination")
+# A series read under an older metric name where a probe file predates its own (same quantity).
+SERIES_FALLBACK = {"evaluation/originals_accepted": "evaluation/original_acceptance"}
+# A probe file of the Execution role without this key was written before the tool probe existed: probed again.
+TOOL_KEY = "execution/accuracy_tool"
 POLL_S = 2.0
 PROBE_ROLES = ("execution", "evaluation", "planning")  # the order their jobs start in (longest first)
 
@@ -138,6 +148,30 @@ def read_probes(run_dir: Path, iteration: int) -> Optional[dict[str, Any]]:
     return merged if found else None
 
 
+def _metric(row: Optional[dict[str, Any]], key: str) -> Optional[float]:
+    """One metric of a checkpoint's merged probes (under its older name where the file predates the new one)."""
+    if row is None:
+        return None
+    metrics = row["metrics"]
+    if key in metrics:
+        return metrics[key]
+    se = key.endswith("_se")
+    old = SERIES_FALLBACK.get(key[:-3] if se else key)
+    return None if old is None else metrics.get(f"{old}_se" if se else old)
+
+
+def probe_done(path: Path, role: str) -> bool:
+    """Whether a probe file is finished: it exists and, for the Execution role, holds the tool probe too."""
+    if not path.exists():
+        return False
+    if role != "execution":
+        return True
+    try:
+        return TOOL_KEY in json.loads(path.read_text()).get("metrics", {})
+    except (ValueError, OSError):
+        return False
+
+
 def collect(root: Path, seeds: Sequence[int], iterations: Sequence[int]) -> dict[str, Any]:
     """figure1.json from the probe files: per series the mean over the seeds that have a value."""
     per_seed: dict[str, dict[str, list[Optional[float]]]] = {}
@@ -148,8 +182,8 @@ def collect(root: Path, seeds: Sequence[int], iterations: Sequence[int]) -> dict
         rows = []
         for i in iterations:
             rows.append(read_probes(run_dir, i))
-        per_seed[str(s)] = {k: [r["metrics"].get(k) if r else None for r in rows] for k in SERIES}
-        probe_se[str(s)] = {k: [r["metrics"].get(f"{k}_se") if r else None for r in rows] for k in SERIES}
+        per_seed[str(s)] = {k: [_metric(r, k) for r in rows] for k in SERIES}
+        probe_se[str(s)] = {k: [_metric(r, f"{k}_se") for r in rows] for k in SERIES}
         sources[str(s)] = [r["sources"] if r else None for r in rows]
     series, spread = {}, {}
     for k in SERIES:
@@ -208,9 +242,11 @@ def plot(fig: dict[str, Any], path: Path, title: str = "") -> Path:
     seeds = [str(s) for s in fig["seeds"]]
     panels = [
         ("Planning: uncertainty U(q)", "planning/U", 1.0, [("planning/well_formed", "well-formed tasks (right axis, %)")]),
-        ("Execution: accuracy (%)", "execution/accuracy", 100.0, [("execution/answered", "answered")]),
+        ("Execution: accuracy (%)", "execution/accuracy", 100.0,
+         [("execution/answered", "answered"), ("execution/accuracy_tool", "tool probe: execution/accuracy_tool")]),
         ("Evaluation: adversarial rejection (%)", "evaluation/adv_rejection", 100.0,
-         [("evaluation/valid", "valid verifiers"), ("evaluation/discrimination", "discrimination (§4.5)")]),
+         [("evaluation/valid", "valid verifiers"), ("evaluation/discrimination", "discrimination (§4.5)"),
+          ("evaluation/originals_accepted", "evaluation/originals_accepted")]),
     ]
     figure, axes = plt.subplots(1, 3, figsize=(15, 4.2))
 
@@ -243,7 +279,7 @@ def plot(fig: dict[str, Any], path: Path, title: str = "") -> Path:
                 twin.legend(loc="lower right", fontsize=7)
             ax.set_ylim(0, 0.52)  # U = min(p, 1 - p) <= 0.5
         else:
-            for (k, lab), c in zip(extra, ("C2", "C1")):
+            for (k, lab), c in zip(extra, ("C2", "C1", "C4")):
                 draw(ax, k, scale, lab, "^:", c)
             ax.set_ylim(0, 105)
         ax.set_title(name, fontsize=10)
@@ -297,7 +333,8 @@ def build_jobs(root: Path, experiment: str, seeds: Sequence[int], overrides: Seq
                                   [py, "-m", "eval.probes", target, "--run", str(run_dir), "--roles", role,
                                    "--out", str(probe_file(run_dir, i, role)), *probe_args],
                                   root / "logs" / f"probe-seed{s}-iter{i}-{role}.log", ready=ready,
-                                  done=lambda p=probe_file(run_dir, i, role): p.exists(), seed=s, iteration=i))
+                                  done=lambda p=probe_file(run_dir, i, role), r=role: probe_done(p, r), seed=s,
+                                  iteration=i))
     probes.sort(key=lambda j: (j.iteration, j.seed))  # stable: execution (the longest) first within a checkpoint
     return trains + probes
 
@@ -308,12 +345,19 @@ def share_backbone_probes(root: Path, seeds: Sequence[int]) -> list[Path]:
     The probes sample with their own fixed seed (``PROBE_SEED``), never the training seed, and the backbone
     is the same for every seed of a preset: its probe is one measurement, shared, not N equal ones (each is
     about a quarter of a seed's probe time). Returns the files written."""
-    first = root / f"seed{seeds[0]}"
+    return copy_backbone_probes(root / f"seed{seeds[0]}", [root / f"seed{s}" for s in seeds[1:]])
+
+
+def copy_backbone_probes(first: Path, runs: Sequence[Path]) -> list[Path]:
+    """Copy the iteration-0 probe files of the run ``first`` into each of ``runs`` where absent, or where the
+    copy there predates the tool probe and the source has it. Returns the files written."""
     written = []
-    for s in seeds[1:]:
+    for run_dir in runs:
         for src in sorted((first / "probes").glob("iter0*.json")):
-            dst = root / f"seed{s}" / "probes" / src.name
-            if not dst.exists():
+            dst = run_dir / "probes" / src.name
+            stale = dst.exists() and src.name.endswith(".execution.json") and probe_done(src, "execution") \
+                and not probe_done(dst, "execution")
+            if not dst.exists() or stale:
                 dst.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(src, dst)
                 written.append(dst)

@@ -17,6 +17,8 @@ these sets is ever trained on: training questions come from the Planning player,
   perturbation engine (``unifiedplayers.perturbation``, all rules, seed :data:`SEED`); ``null`` where a rule
   cannot apply.
 - ``planning.json``: the fixed topic prompts of the Planning probe.
+- ``execution_tool.jsonl``: the Execution tool probe's arithmetic word problems, written by
+  :mod:`eval.probes.make_tool_set` (its own seed; also runnable on its own).
 """
 from __future__ import annotations
 
@@ -214,7 +216,10 @@ def make_sets(out_dir: Path = DATA_DIR) -> dict[str, Any]:
         "sha256": {f: sha256(out_dir / f) for f in files},
     }
     (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
-    return manifest
+    from eval.probes.make_tool_set import write_tool_set
+
+    write_tool_set(out_dir)  # adds its file's sha256 to the manifest
+    return json.loads((out_dir / "manifest.json").read_text())
 
 
 def main(argv: Any = None) -> None:

@@ -8,6 +8,11 @@ errors, SE = sqrt(p (1 − p) / n), so that a change between two checkpoints can
   problems with gold answers, through the code of the fixed diagnostic pool of Appendix D.2
   (:func:`unifiedplayers.execution_pool.evaluate_pool`):
   accuracy, and the answered rate (the loop ended with a final answer within its turn and token budget).
+  Beside them, the **tool probe** (:func:`probe_execution_tool`): the same player, loop and grading on
+  arithmetic word problems of three to five operations on three- to five-digit integers with exact
+  answers (``execution_tool.jsonl``, :mod:`eval.probes.make_tool_set`), where computing in Python beats
+  guessing: ``execution/accuracy_tool``. Graded in tool mode as the other Execution probes: the
+  trajectory's own final answer (a box that only code printed is no answer).
 - **Evaluation** (:func:`probe_evaluation`): the player writes M verifiers per probe question (fixed seed);
   each runs in the sandbox on the question's correct trajectory and its five perturbations
   (:func:`unifiedplayers.verdict.verdict_matrix`). Reported: the valid-verifier rate; acceptance of the
@@ -38,6 +43,7 @@ import numpy as np
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 PROBE_SEED = 0  # the sampling seed of every probe (not the training seed)
+from unifiedplayers.execution_pool import PoolQuestion
 from unifiedplayers.roles import ROLES
 
 
@@ -75,6 +81,7 @@ class ProbeSizes:
     planning_tasks_per_topic: Optional[int] = None  # None: the set's (4)
     planning_u_tasks: int = 16  # well-formed tasks whose U(q) is measured
     planning_u_samples: int = 4  # K trajectories per such task
+    execution_tool: Optional[int] = None  # tool-probe problems (the set holds 50), run with the Execution probe
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -95,6 +102,26 @@ def load_execution_set(path: Path = DATA_DIR / "execution.jsonl", limit: Optiona
         half = limit // 2
         questions = by_domain["math"][:limit - half] + by_domain["general"][:half]
     return questions
+
+
+TOOL_BENCHMARK = "execution_tool"  # the tool probe's name in its items (not a benchmark of the harness)
+
+
+class ToolProbeQuestion(PoolQuestion):
+    """A tool-probe problem: graded as math (an exact integer) by the pool's own grading."""
+
+    @property
+    def answer_type(self) -> str:
+        return "math"
+
+
+def load_execution_tool_set(path: Path = DATA_DIR / "execution_tool.jsonl", limit: Optional[int] = None) -> list[Any]:
+    """The tool probe's problems (the first ``limit``) as the diagnostic pool's questions (domain math)."""
+    from unifiedplayers.problems import Problem
+
+    rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    rows = rows if limit is None else rows[:limit]
+    return [ToolProbeQuestion("math", TOOL_BENCHMARK, Problem(r["id"], r["question"], r["answer"], None)) for r in rows]
 
 
 @dataclass
@@ -161,6 +188,13 @@ def probe_execution(engine: Any, sandbox: Any, tokenizer: Any, cfg: Any, questio
     out["items"] = [{k: i[k] for k in ("id", "domain", "extracted", "reference", "correct", "status", "tool_calls")}
                     for i in result["items"]]
     return out
+
+
+def probe_execution_tool(engine: Any, sandbox: Any, tokenizer: Any, cfg: Any, questions: Sequence[Any]) -> dict[str, Any]:
+    """The tool probe: :func:`probe_execution` on the arithmetic problems (its accuracy is ``accuracy_tool``)."""
+    if not questions:
+        return {"n": 0, "accuracy": None, "accuracy_se": None, "answered": None, "answered_se": None, "items": []}
+    return probe_execution(engine, sandbox, tokenizer, cfg, questions)
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -407,6 +441,15 @@ def run_probes(cfg: Any, ckpt: Checkpoint, roles: Sequence[str] = ROLES, sizes: 
                 metrics[f"execution/{k}"], metrics[f"execution/{k}_se"] = res[k], res[f"{k}_se"]
             log(f"[probe] execution: accuracy {_pct(res['accuracy'], res['accuracy_se'])}, answered "
                 f"{_pct(res['answered'], res['answered_se'])} (n={res['n']}, {seconds['execution']:.0f} s)")
+            t = time.perf_counter()
+            tool_questions = load_execution_tool_set(Path(data_dir) / "execution_tool.jsonl", sizes.execution_tool)
+            res = probe_execution_tool(policy("execution"), sandbox, tokenizer, cfg, tool_questions)
+            seconds["execution_tool"] = time.perf_counter() - t
+            result["execution_tool"] = res
+            for k in ("accuracy", "answered"):  # always written (None for an empty set): figure1's resume reads it
+                metrics[f"execution/{k}_tool"], metrics[f"execution/{k}_tool_se"] = res[k], res[f"{k}_se"]
+            log(f"[probe] execution tool probe: accuracy {_pct(res['accuracy'], res['accuracy_se'])}, answered "
+                f"{_pct(res['answered'], res['answered_se'])} (n={res['n']}, {seconds['execution_tool']:.0f} s)")
         if "evaluation" in roles:
             t = time.perf_counter()
             items = load_evaluation_set(Path(data_dir) / "evaluation.jsonl", sizes.evaluation)
@@ -415,6 +458,9 @@ def run_probes(cfg: Any, ckpt: Checkpoint, roles: Sequence[str] = ROLES, sizes: 
             result["evaluation"] = res
             for k in ("valid", "adv_rejection", "discrimination", "original_acceptance", "writability"):
                 metrics[f"evaluation/{k}"], metrics[f"evaluation/{k}_se"] = res[k], res[f"{k}_se"]
+            # figure1.json's name of the originals' acceptance (the key above is kept for older readers)
+            metrics["evaluation/originals_accepted"] = res["original_acceptance"]
+            metrics["evaluation/originals_accepted_se"] = res["original_acceptance_se"]
             log(f"[probe] evaluation: valid {_pct(res['valid'], res['valid_se'])} (n={res['verifiers']}), originals "
                 f"accepted {_pct(res['original_acceptance'], res['original_acceptance_se'])}, variants rejected "
                 f"{_pct(res['adv_rejection'], res['adv_rejection_se'])}, discrimination "

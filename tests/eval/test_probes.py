@@ -194,7 +194,7 @@ def test_probes_on_the_tiny_model(tiny, tmp_path):
     import torch
 
     cfg, backbone = tiny
-    sizes = P.ProbeSizes(execution=4, evaluation=2, evaluation_verifiers=2, planning_topics=2,
+    sizes = P.ProbeSizes(execution=4, execution_tool=2, evaluation=2, evaluation_verifiers=2, planning_topics=2,
                          planning_tasks_per_topic=2, planning_u_tasks=2, planning_u_samples=2)
     base = P.run_probes(cfg, P.resolve_checkpoint("backbone"), sizes=sizes, backbone=backbone, log=lambda *_: None)
     m = base["metrics"]

@@ -1,0 +1,185 @@
+"""``make reproduce-figure1-ablation``: Figure 1 with and without the perturbation engine, on the same probes.
+
+    python -m eval.probes.figure1_ablation --scale smoke --seeds 1 --root runs/figure1_ablation/smoke [--jobs 2]
+
+Trains the Figure-1 preset twice per paired seed s = 0 .. N−1, as two arms:
+
+- ``full``: the preset as it is (what ``make reproduce-figure1`` trains);
+- ``no_perturbation``: Table 5's "w/o Perturbation Engine", the override ``perturbation=none`` (the member of
+  ``ablations/sweeps.py``'s table5 sweep; conf/perturbation/none.yaml: no rule, P = 0, so no verifier can
+  reject a variant during training and ρ_adv = V(q) = 0).
+
+Each arm is a reproduce-figure1 root of its own, ``<root>/<arm>/seed<s>`` (run, probes, logs), built and probed
+by the functions of :mod:`eval.probes.figure1` (:func:`~eval.probes.figure1.build_jobs`,
+:func:`~eval.probes.figure1.run_jobs`, :func:`~eval.probes.figure1.collect`): the backbone (iteration 0) and every
+iteration's end checkpoints on the same held-out probes. The backbone is the same model under both arms' configs
+(the probes read no perturbation setting: the Evaluation probe's variants are those shipped in its file), so it is
+probed once, for the first seed of ``full``, and its files copied into every other run.
+
+The full arm does not share its runs with ``make reproduce-figure1`` (``runs/figure1/<scale>``): a finished run
+is skipped without its config being compared, so a shared directory could silently join runs trained with other
+ARGS, and the two targets take different SEEDS. Everything is resumable: a finished run and a written probe file
+are skipped ("already done"), a partial run resumes (``resume=true``).
+
+It writes ``figure1_ablation.json`` (``{"iterations", "seeds", "arms": {arm: {"series", "per_seed", ...}}}``,
+the series and the per_seed shape of figure1.json), ``figure1_ablation.png`` (both arms: adversarial rejection,
+originals accepted, discrimination, tool-probe accuracy), each arm's own ``figure1.json``, and prints the path of
+``figure1_ablation.json`` on its last line.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+_ROOT = Path(__file__).resolve().parents[2]
+if str(_ROOT) not in sys.path:
+    sys.path.insert(0, str(_ROOT))
+
+from eval.probes import figure1 as F  # noqa: E402
+
+# arm -> its training overrides on top of the preset's (Table 5's member, ablations/sweeps.py)
+ARMS: dict[str, tuple[str, ...]] = {"full": (), "no_perturbation": ("perturbation=none",)}
+# The panels of figure1_ablation.png: (title, series, scale)
+PANELS = (
+    ("Evaluation: adversarial rejection (%)", "evaluation/adv_rejection", 100.0),
+    ("Evaluation: originals accepted (%)", "evaluation/originals_accepted", 100.0),
+    ("Evaluation: discrimination (%)", "evaluation/discrimination", 100.0),
+    ("Execution: tool-probe accuracy (%)", "execution/accuracy_tool", 100.0),
+)
+ARM_STYLE = {"full": ("o-", "C0"), "no_perturbation": ("s--", "C3")}
+
+
+def arm_jobs(root: Path, experiment: str, seeds: Sequence[int], overrides: Sequence[str],
+             probe_args: Sequence[str], iterations: int) -> list[F.Job]:
+    """Every arm's jobs: all trainings first, then the probes in iteration order (both arms side by side); the
+    backbone probes of the first arm only (copied into the other runs afterwards). Job names carry the arm."""
+    trains, probes = [], []
+    for index, (arm, extra) in enumerate(ARMS.items()):
+        for job in F.build_jobs(root / arm, experiment, seeds, [*overrides, *extra], probe_args, iterations):
+            job.name = f"{arm}: {job.name}"
+            if job.iteration < 0:
+                trains.append(job)
+            elif job.iteration > 0 or index == 0:
+                probes.append(job)
+    probes.sort(key=lambda j: j.iteration)  # stable: within an iteration, the first arm, then the second
+    return trains + probes
+
+
+def summarise(fig: dict[str, Any]) -> dict[str, Any]:
+    """An arm's entry of figure1_ablation.json: collect()'s figure1.json without the paper's endpoints."""
+    return {k: v for k, v in fig.items() if k not in ("iterations", "seeds", "paper_qwen3_4b")}
+
+
+def reproduce_ablation(root: Path, experiment: str, seeds: Sequence[int], jobs: int = 2,
+                       overrides: Sequence[str] = (), probe_args: Sequence[str] = (),
+                       log: Any = print) -> tuple[Path, bool]:
+    """Train and probe both arms, write figure1_ablation.json/png; returns (path of the json, all succeeded)."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    iterations = F.outer_iterations(experiment, overrides)
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
+               PYTHONPATH=os.pathsep.join([str(_ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+    job_list = arm_jobs(root, experiment, seeds, overrides, probe_args, iterations)
+    F.run_jobs(job_list, jobs, env, log)
+    arms = list(ARMS)
+    first = root / arms[0] / f"seed{seeds[0]}"
+    F.copy_backbone_probes(first, [root / a / f"seed{s}" for a in arms for s in seeds
+                                   if (root / a / f"seed{s}") != first])
+    its = list(range(iterations + 1))
+    out: dict[str, Any] = {"iterations": its, "seeds": list(seeds), "arms": {}}
+    for arm in arms:
+        fig = F.collect(root / arm, seeds, its)
+        fig["overrides"] = [*overrides, *ARMS[arm]]
+        fig["change_first_to_last"] = F.rises(fig)
+        (root / arm / "figure1.json").write_text(json.dumps(fig, indent=1))
+        out["arms"][arm] = summarise(fig)
+    out["experiment"], out["overrides"] = experiment, list(overrides)
+    out["arm_overrides"] = {a: list(o) for a, o in ARMS.items()}
+    out["wall_s"] = time.time() - t0
+    out["jobs"] = {j.name: {"rc": j.rc, "seconds": round(j.seconds, 1), "log": str(j.log)} for j in job_list}
+    path = root / "figure1_ablation.json"
+    path.write_text(json.dumps(out, indent=1))
+    plot_ablation(out, root / "figure1_ablation.png",
+                  f"Figure 1 with and without the perturbation engine ({experiment}, seeds {list(seeds)})")
+    ok = all(j.rc == 0 for j in job_list)
+    for _, key, scale in PANELS:
+        for arm in arms:
+            values = out["arms"][arm]["series"][key]
+            log(f"[figure1-ablation] {arm} {key}: "
+                + " -> ".join("-" if v is None else f"{v * scale:.1f}" for v in values))
+    log(f"[figure1-ablation] {'done' if ok else 'INCOMPLETE (see the failed jobs above)'} in "
+        f"{out['wall_s'] / 60:.1f} min; {root / 'figure1_ablation.png'}")
+    return path, ok
+
+
+def plot_ablation(data: dict[str, Any], path: Path, title: str = "") -> Path:
+    """Four panels (:data:`PANELS`), both arms in each: the mean over seeds (thin lines: each seed; bars: the
+    probe's SE for one seed, the SD over seeds for several)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    its = data["iterations"]
+    seeds = [str(s) for s in data["seeds"]]
+    figure, axes = plt.subplots(1, len(PANELS), figsize=(4.2 * len(PANELS), 4.2))
+    for ax, (name, key, scale) in zip(axes, PANELS):
+        for arm, fig in data["arms"].items():
+            style, color = ARM_STYLE.get(arm, ("^:", None))
+            bars: list[Optional[float]] = (fig["sd_over_seeds"][key] if len(seeds) > 1
+                                           else fig["probe_se"][seeds[0]][key])
+            pts = [(x, y * scale, (e or 0.0) * scale) for x, y, e in zip(its, fig["series"][key], bars)
+                   if y is not None]
+            if pts:
+                ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], fmt=style,
+                            capsize=3, color=color, label=arm)
+            if len(seeds) > 1:
+                for s in seeds:
+                    sp = [(x, y * scale) for x, y in zip(its, fig["per_seed"][s][key]) if y is not None]
+                    ax.plot([p[0] for p in sp], [p[1] for p in sp], "-", lw=0.6, alpha=0.35, color=color)
+        ax.set_title(f"{name}\n{key}", fontsize=9)
+        ax.set_ylim(0, 105)
+        ax.set_xlabel("outer iteration (0 = backbone)")
+        ax.set_xticks(its)
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(loc="upper left", fontsize=7)
+    figure.suptitle(title or f"Figure 1 ablation: seeds {data['seeds']}", fontsize=11)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m eval.probes.figure1_ablation", description=__doc__.split("\n")[0])
+    ap.add_argument("overrides", nargs="*", help="training overrides key=value (both arms)")
+    ap.add_argument("--scale", choices=sorted(F.SCALES), default="smoke")
+    ap.add_argument("--experiment", help="a conf/experiment preset instead of the scale's")
+    ap.add_argument("--seeds", type=int, default=1, help="paired seeds 0 .. N-1 (each trained once per arm)")
+    ap.add_argument("--root", type=Path, help="default runs/figure1_ablation/<scale>")
+    ap.add_argument("--jobs", type=int, default=2, help="processes at once (one torch thread each)")
+    ap.add_argument("--probe-args", default="", help="extra arguments of python -m eval.probes (sizes)")
+    args = ap.parse_args(argv)
+    if args.seeds < 1:
+        ap.error("--seeds must be at least 1")
+    bad = [o for o in args.overrides if o.split("=", 1)[0].lstrip("+~") == "perturbation"]
+    if bad:
+        ap.error(f"{bad}: the arms set the perturbation engine themselves ({ARMS})")
+    experiment = args.experiment or F.SCALES[args.scale]
+    root = args.root or Path("runs") / "figure1_ablation" / args.scale
+    path, ok = reproduce_ablation(root, experiment, list(range(args.seeds)), max(1, args.jobs), args.overrides,
+                                  args.probe_args.split())
+    print(path)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
