@@ -61,8 +61,8 @@ from unifiedplayers.trainer.batching import (
     plan_micro_batches,
 )
 from unifiedplayers.trainer.checkpoint import RNG_FILE, atomic_directory, capture_rng_state, restore_rng_state
-from unifiedplayers.trainer.diagnostics import EntropyRetention, grad_norm_block_stats
-from unifiedplayers.trainer.logprobs import TokenLogprobModel, TokenLogprobs, mean_token_entropy
+from unifiedplayers.trainer.diagnostics import BlockDiagnostics, EntropyRetention
+from unifiedplayers.trainer.logprobs import TokenLogprobModel, TokenLogprobs
 from unifiedplayers.trainer.precision import cast_parameters, logprob_mismatch, resolve_setting
 
 Tensor = torch.Tensor
@@ -240,7 +240,7 @@ class TrainerHooks:
 
 
 # ---------------------------------------------------------------------------------------------- the trainer
-class BaseTrainer(TrainerHooks):
+class BaseTrainer(BlockDiagnostics, TrainerHooks):
     """GRPO trainer of one player, whatever the backend.
 
     Build with :func:`build_trainer`. Typical use inside a block::
@@ -472,45 +472,6 @@ class BaseTrainer(TrainerHooks):
 
     def _sync_copies(self) -> None:
         """Bring the lower-precision copies of the weights (compute, rollouts) up to the master weights."""
-
-    def _record_bank_entropy(self, metrics: dict[str, float]) -> None:
-        """Every ``entropy_every`` steps: the bank entropy and its retention (Appendix D.2) into ``metrics``."""
-        cfg = self.cfg
-        if self.entropy_bank and cfg.entropy_every > 0 and self.global_step % cfg.entropy_every == 0:
-            t5 = time.perf_counter()
-            self.entropy.record(self.bank_entropy())
-            metrics["entropy_bank/mean"] = self.entropy.final
-            metrics["entropy_bank/retention"] = self.entropy.ratio
-            metrics["perf/time_entropy_bank"] = time.perf_counter() - t5
-
-    # ------------------------------------------------------------------ diagnostics (Appendix D.2)
-    def set_entropy_bank(self, contexts: Sequence[Sequence[int] | Tensor]) -> None:
-        """Fix the held-out role contexts (the first ``entropy_bank_size`` are kept)."""
-        self.entropy_bank = [_as_tensor(c, torch.long) for c in list(contexts)[: self.cfg.entropy_bank_size]]
-
-    def bank_entropy(self) -> float:
-        """Mean token entropy of the current policy on the entropy bank."""
-        if not self.entropy_bank:
-            raise RuntimeError("no entropy bank: pass entropy_bank= to build_trainer or call set_entropy_bank")
-        return mean_token_entropy(self.compute_model, self.entropy_bank)
-
-    def start_block(self) -> dict[str, float]:
-        """Reset block diagnostics; record the initial bank entropy if a bank is set."""
-        self.block_grad_norms = []
-        self.entropy.reset()
-        if self.entropy_bank:
-            self.entropy.record(self.bank_entropy())
-            return {"entropy_bank/initial": self.entropy.initial}
-        return {}
-
-    def block_diagnostics(self) -> dict[str, float]:
-        """Grad-norm median and CV of the block, and entropy retention (final / initial)."""
-        out = grad_norm_block_stats(self.block_grad_norms)
-        if self.entropy.ratio is not None:
-            out["entropy_bank/initial"] = self.entropy.initial
-            out["entropy_bank/final"] = self.entropy.final
-            out["entropy_bank/retention"] = self.entropy.ratio
-        return out
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, path: str | os.PathLike) -> Path:
