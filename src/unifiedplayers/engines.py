@@ -52,6 +52,7 @@ class RolloutEngines:
         self.cfg = rollout_cfg
         self.tokenizer = tokenizer
         self._engines: dict[int, Any] = {}
+        self._keys: dict[int, Any] = {}  # hf: the checkpoint name each module's engine last sampled
         self._shared: Any = None
         self._loaded: Any = None
 
@@ -60,7 +61,11 @@ class RolloutEngines:
         if self.cfg.backend == "hf":
             if id(model) not in self._engines:
                 self._engines[id(model)] = self._build(self.cfg, model, self.tokenizer)
-            return self._engines[id(model)]
+            engine = self._engines[id(model)]
+            if self._keys.get(id(model)) != key:  # new weights in the same module: no stored prompt prefix holds
+                self._keys[id(model)] = key
+                getattr(engine, "forget_prefixes", lambda: None)()
+            return engine
         if self._shared is None:
             with gather():
                 self._shared = self._build(self.cfg, model, self.tokenizer)

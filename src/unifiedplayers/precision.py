@@ -99,5 +99,7 @@ def resolve_run_precision(cfg: Any, stored: Optional[Mapping[str, Any]] = None) 
 
 def matches_stored(key: str, now: Any, then: Any) -> bool:
     """Whether a resume with ``now`` continues a run stored with ``then`` for a precision key: ``auto`` takes the
-    stored dtype (:func:`resolve_run_precision`)."""
+    stored dtype (:func:`resolve_run_precision`), and ``precision_reason`` is the run's own record."""
+    if key == "precision_reason":  # a record of the run's start, not a setting: kept in its state for the resume
+        return True
     return key in PRECISION_KEYS and now == "auto" and then in DTYPE_NAMES

@@ -14,7 +14,7 @@ from unifiedplayers.precision import matches_stored
 
 # Config keys that may change between a run and its resumption (they steer this process, not the result).
 RUN_CONTROL_KEYS = ("resume", "run_dir", "logger", "schedule.max_updates", "schedule.print_summary",
-                    "schedule.checkpoint_retention", "precision_reason")
+                    "schedule.checkpoint_retention")
 
 
 def atomic_torch_save(obj: Any, path: Path) -> None:

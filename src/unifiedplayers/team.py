@@ -188,7 +188,8 @@ class Team:
     def recompute_old_logprobs(self, role: str, batches: list[list[Any]]) -> None:
         """π_old of the phase's samples := the trainer's own forward (``trainer.recompute_old_logprobs``)."""
         if self.cfg.trainer.recompute_old_logprobs:
-            self.players[role].trainer.recompute_old_logprobs([s for batch in batches for s in batch])
+            for batch in batches:  # unit by unit: the micro-batches the unit's update will make
+                self.players[role].trainer.recompute_old_logprobs(batch)
 
     def block_diagnostics(self, role: str) -> dict[str, Any]:
         """The trainer's figures over the block just ended (grad-norm median and CV, entropy retention)."""

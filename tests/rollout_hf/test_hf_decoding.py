@@ -230,3 +230,25 @@ def test_evaluation_turns_auto_into_true_and_keeps_an_explicit_setting():
     assert for_evaluation(yaml).prefix_cache == "true" and "prefix_cache" not in yaml
     typed = OmegaConf.structured(RolloutConfig(prefix_cache=False))  # Hydra's bool, kept as the str "False"
     assert for_evaluation(typed) is typed
+
+
+def test_a_new_checkpoint_name_drops_the_stored_prefixes():
+    """The loop's engines tell an hf engine when the weights it samples changed (a new checkpoint name for the
+    same module), so no stored prefix KV outlives them even where a backend writes weights without bumping the
+    parameters' version counters."""
+    from types import SimpleNamespace
+
+    from unifiedplayers.engines import RolloutEngines
+
+    class Engine:
+        forgotten = 0
+
+        def forget_prefixes(self):
+            self.forgotten += 1
+
+    engines = RolloutEngines(SimpleNamespace(backend="hf"), tokenizer=None, build=lambda cfg, model, tok: Engine())
+    model = object()
+    first = engines.engine(model, ("execution", 1, 0, False))
+    assert engines.engine(model, ("execution", 1, 0, False)) is first and first.forgotten == 1
+    engines.engine(model, ("execution", 1, 1, False))
+    assert first.forgotten == 2

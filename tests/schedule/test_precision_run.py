@@ -93,6 +93,8 @@ def test_auto_run_stores_its_dtype_and_resumes_with_it_on_a_bf16_machine(monkeyp
     loop.run()
     assert loop.finished and (loop.cfg.model.dtype, loop.cfg.trainer.dtype) == ("float32", "float32")
     assert all(p.dtype == torch.float32 for p in loop.players["planning"].model.parameters())
+    resumed = OmegaConf.load(tmp_path / "config.yaml")  # the resume keeps the start's reason beside its own words
+    assert "resumed run" in resumed.precision_reason and "CPU has neither amx_bf16" in resumed.precision_reason
 
 
 def test_a_bf16_run_samples_from_the_bf16_copy_and_reports_the_mismatch(tmp_path):

@@ -246,6 +246,11 @@ class HFRollout(RolloutEngine):
         self.model = model
         self._cache_arg, self._prefill_kw = _forward_keywords(model)
 
+    def forget_prefixes(self) -> None:
+        """Drop the stored prompt prefixes: the caller knows the weights changed (a new checkpoint name), which
+        a backend that writes weights without touching the parameters' version counters (ZeRO) would hide."""
+        self._prefixes.clear()
+
     def _vocab_size(self) -> int:
         return int(self.model.get_output_embeddings().weight.shape[0])
 

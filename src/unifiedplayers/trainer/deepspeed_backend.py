@@ -68,8 +68,9 @@ def _merge(base: dict, extra: Mapping) -> dict:
     return out
 
 
-def deepspeed_config(cfg, stage: int) -> dict[str, Any]:
-    """The DeepSpeed config generated from :class:`~unifiedplayers.config.TrainerConfig`."""
+def deepspeed_config(cfg, stage: int, dtype: str | None = None) -> dict[str, Any]:
+    """The DeepSpeed config generated from :class:`~unifiedplayers.config.TrainerConfig`; ``dtype``: the trainer's
+    resolved compute dtype (default: ``cfg.dtype``, ``auto`` resolved on this machine's device)."""
     micro = cfg.micro_batch_size if cfg.grad_accum_steps <= 0 else 1
     ds: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": micro,
@@ -80,7 +81,7 @@ def deepspeed_config(cfg, stage: int) -> dict[str, Any]:
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
     }
-    dtype = resolve_setting(cfg.dtype, "cuda" if torch.cuda.is_available() else "cpu")
+    dtype = dtype or resolve_setting(cfg.dtype, "cuda" if torch.cuda.is_available() else "cpu")
     if dtype == "bfloat16":
         ds["bf16"] = {"enabled": True}
     elif dtype == "float16":
@@ -112,7 +113,7 @@ class DeepSpeedTrainer(BaseTrainer):
             model=TokenLogprobModel(model, self.cfg.temperature, self.cfg.logprob_chunk_rows),
             optimizer=optimizer,
             lr_scheduler=lambda opt: make_scheduler(self.cfg, opt),
-            config=deepspeed_config(self.cfg, self.stage),
+            config=deepspeed_config(self.cfg, self.stage, str(self.compute_dtype).removeprefix("torch.")),
         )
         self.device = self.engine.device
         self._offloaded = False

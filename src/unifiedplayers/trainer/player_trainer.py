@@ -37,7 +37,7 @@ from unifiedplayers.trainer.base import (  # noqa: F401  (re-exported)
 )
 from unifiedplayers.trainer.batching import _as_tensor, _collate, _combine_metrics, _MicroBatch  # noqa: F401
 from unifiedplayers.trainer.logprobs import TokenLogprobModel
-from unifiedplayers.trainer.precision import cast_parameters, copy_weights, floating_dtype, move_gradients
+from unifiedplayers.trainer.precision import cast_parameters, copy_weights, move_gradients
 
 Tensor = torch.Tensor
 
@@ -60,7 +60,8 @@ class PlayerTrainer(BaseTrainer):
 
     def _prepare_model(self, model: nn.Module) -> nn.Module:
         """Master weights in float32, whatever the compute dtype: AdamW never steps bf16 weights."""
-        return model if floating_dtype(model) == torch.float32 else model.float()
+        floats = [p.dtype for p in model.parameters() if p.is_floating_point()]
+        return model if all(d == torch.float32 for d in floats) else model.float()
 
     def _setup(self, model: nn.Module) -> None:
         self._model = model

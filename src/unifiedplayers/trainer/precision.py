@@ -8,8 +8,6 @@ reductions) stay float32 (:mod:`unifiedplayers.trainer.logprobs`, :mod:`unifiedp
 """
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 from torch import nn
 
@@ -62,8 +60,3 @@ def logprob_mismatch(train: Tensor, behaviour: Tensor, mask: Tensor) -> float:
     if count == 0:
         return 0.0
     return float((train.detach().float() - behaviour.float()).abs()[m].sum() / count)
-
-
-def floating_dtype(module: nn.Module) -> Optional[torch.dtype]:
-    """The dtype of ``module``'s first floating-point parameter (None when it has none)."""
-    return next((p.dtype for p in module.parameters() if p.is_floating_point()), None)
