@@ -22,7 +22,8 @@ ARGS, and the two targets take different SEEDS. Everything is resumable: a finis
 are skipped ("already done"), a partial run resumes (``resume=true``).
 
 It writes ``figure1_ablation.json`` (``{"iterations", "seeds", "arms": {arm: {"series", "per_seed", ...}}}``,
-the series and the per_seed shape of figure1.json), ``figure1_ablation.png`` (both arms: adversarial rejection,
+the series and the per_seed shape of figure1.json; ``full_minus_no_perturbation_last``: each series' paired
+difference between the arms at the last iteration, per seed, with its mean and SD), ``figure1_ablation.png`` (both arms: adversarial rejection,
 originals accepted, discrimination, tool-probe accuracy), each arm's own ``figure1.json``, and prints the path of
 ``figure1_ablation.json`` on its last line.
 """
@@ -75,6 +76,27 @@ def summarise(fig: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in fig.items() if k not in ("iterations", "seeds", "paper_qwen3_4b")}
 
 
+def paired_differences(data: dict[str, Any], treated: str = "full", control: str = "no_perturbation"
+                       ) -> dict[str, dict[str, Any]]:
+    """Per series, the paired difference treated − control at the last iteration, seed by seed (in points; U in
+    its own units), with its mean and SD over the seeds that have both values: the engine's effect, each seed's
+    arms sharing the seed. A seed that lacks either value is None and left out of the mean."""
+    out: dict[str, dict[str, Any]] = {}
+    seeds = [str(s) for s in data["seeds"]]
+    for key in F.SERIES:
+        scale = 1.0 if key == "planning/U" else 100.0
+        diffs: list[Optional[float]] = []
+        for s in seeds:
+            a = data["arms"][treated]["per_seed"][s][key][-1]
+            b = data["arms"][control]["per_seed"][s][key][-1]
+            diffs.append(None if a is None or b is None else (a - b) * scale)
+        vals = [d for d in diffs if d is not None]
+        mean = sum(vals) / len(vals) if vals else None
+        sd = (sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)) ** 0.5 if len(vals) > 1 else None
+        out[key] = {"per_seed": diffs, "mean": mean, "sd": sd}
+    return out
+
+
 def reproduce_ablation(root: Path, experiment: str, seeds: Sequence[int], jobs: int = 2,
                        overrides: Sequence[str] = (), probe_args: Sequence[str] = (),
                        log: Any = print) -> tuple[Path, bool]:
@@ -101,6 +123,7 @@ def reproduce_ablation(root: Path, experiment: str, seeds: Sequence[int], jobs: 
         out["arms"][arm] = summarise(fig)
     out["experiment"], out["overrides"] = experiment, list(overrides)
     out["arm_overrides"] = {a: list(o) for a, o in ARMS.items()}
+    out["full_minus_no_perturbation_last"] = paired_differences(out)
     out["wall_s"] = time.time() - t0
     out["jobs"] = {j.name: {"rc": j.rc, "seconds": round(j.seconds, 1), "log": str(j.log)} for j in job_list}
     path = root / "figure1_ablation.json"
@@ -113,6 +136,11 @@ def reproduce_ablation(root: Path, experiment: str, seeds: Sequence[int], jobs: 
             values = out["arms"][arm]["series"][key]
             log(f"[figure1-ablation] {arm} {key}: "
                 + " -> ".join("-" if v is None else f"{v * scale:.1f}" for v in values))
+    for key, d in out["full_minus_no_perturbation_last"].items():
+        if d["mean"] is not None:
+            log(f"[figure1-ablation] full - no_perturbation at the last iteration, {key}: mean {d['mean']:+.1f}"
+                + ("" if d["sd"] is None else f" (SD {d['sd']:.1f})") + " per seed "
+                + " / ".join("-" if v is None else f"{v:+.1f}" for v in d["per_seed"]))
     log(f"[figure1-ablation] {'done' if ok else 'INCOMPLETE (see the failed jobs above)'} in "
         f"{out['wall_s'] / 60:.1f} min; {root / 'figure1_ablation.png'}")
     return path, ok
