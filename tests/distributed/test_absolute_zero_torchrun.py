@@ -14,10 +14,24 @@ from launch import torchrun  # noqa: E402
 pytestmark = [pytest.mark.cpu]
 
 WORKER = Path(__file__).with_name("azr_worker.py")
+RUN_TEST = "test_an_absolute_zero_run_over_two_ranks"
 
 
-def test_two_ranks_broadcast_built_code_tasks(tmp_path):
-    torchrun(WORKER, str(tmp_path / "out"), timeout=120)
+@pytest.fixture(scope="module")
+def launch(request, tmp_path_factory):
+    """One two-rank launch for the module: the broadcast check, then, when the whole-run test is selected, the
+    Absolute Zero outer loop on the same ranks (a launch's start-up costs more than the check itself)."""
+    root = tmp_path_factory.mktemp("azr")
+    proposal = "```python\ndef f(x):\n    return x * 3\n```\n```input\n4\n```\n"
+    loop = [str(root / "run"), str(root / "weights"), "method=absolute_zero", "player.topics=[deduction]",
+            f"player.planning.response_prefix='{proposal}'", "trainer.micro_batch_size=1"]
+    with_run = any(item.name == RUN_TEST for item in request.session.items)
+    torchrun(WORKER, str(root / "out"), *(loop if with_run else []), timeout=360 if with_run else 120)
+    return root
+
+
+def test_two_ranks_broadcast_built_code_tasks(launch):
+    tmp_path = launch
     r0, r1 = (json.loads((tmp_path / f"out.rank{r}.json").read_text()) for r in (0, 1))
     # f(x) = 3x on inputs 4..7: deduction 12 is right, 13 wrong; abduction 4 gives 12, 5 gives 15; the
     # lookup table {4: 12, 5: 15} covers only the two shown pairs and fails on the hidden 6 and 7.
@@ -31,9 +45,10 @@ def test_two_ranks_broadcast_built_code_tasks(tmp_path):
 
 
 @pytest.mark.slow
-def test_an_absolute_zero_run_over_two_ranks(tmp_path):
+def test_an_absolute_zero_run_over_two_ranks(launch):
     """The whole outer loop with method=absolute_zero over two gloo ranks (tasks built on rank 0 and
-    broadcast, rewards on rank 0, updates on both): it finishes and both ranks end with the same weights."""
+    broadcast, rewards on rank 0, updates on both; run by the module's launch after the broadcast check):
+    it finishes and both ranks end with the same weights."""
     import torch
 
     from launch import same  # noqa: E402
@@ -41,11 +56,7 @@ def test_an_absolute_zero_run_over_two_ranks(tmp_path):
     from unifiedplayers.logging import read_metrics
     from unifiedplayers.records import load_records
 
-    proposal = "```python\ndef f(x):\n    return x * 3\n```\n```input\n4\n```\n"
-    run_dir, dump = tmp_path / "run", tmp_path / "weights"
-    torchrun(WORKER.with_name("dp_worker.py"), str(run_dir), str(dump), "method=absolute_zero",
-             "player.topics=[deduction]", f"player.planning.response_prefix='{proposal}'",
-             "trainer.micro_batch_size=1", timeout=240)
+    run_dir, dump = launch / "run", launch / "weights"
     assert [m["block"] for m in read_metrics(run_dir)] == ["planning", "execution"]
     played = [r for r in load_records(run_dir / "records.jsonl") if r.trajectories]
     assert played and all(r.expected_answer == "12" for r in played)  # f(4) = 12, computed in the sandbox

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -42,9 +43,33 @@ WORKER = Path(__file__).with_name("ds_worker.py")
 LOOP = ["trainer.micro_batch_size=1", "schedule.planning_updates=2"]
 
 
-def torchrun(*args: str) -> None:
+def torchrun(*jobs: list[str]) -> None:
+    """One two-rank launch of the worker running ``jobs`` in order (each rank, DeepSpeed and the process group
+    start once for all of them)."""
+    args = [a for job in jobs for a in ["--", *job]][1:]
     torchrun_worker(WORKER, *args, env={"TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR",
                                                                               str(DEFAULT_EXTENSIONS_DIR))})
+
+
+@pytest.fixture(scope="module")
+def launches(tmp_path_factory):
+    """Two launches serve the three two-rank tests: the first runs the trainer-level steps, the ZeRO-2 outer loop
+    up to its stop after the Planning block and the whole ZeRO-3 outer loop; the second resumes the ZeRO-2 run in
+    a fresh job (a resume is a new launch). Each job has its own directory."""
+    root = tmp_path_factory.mktemp("ds")
+    d = {name: root / name for name in ("trainer", "zero2", "zero3")}
+    for path in d.values():
+        path.mkdir()
+    zero2 = ["loop", str(d["zero2"] / "run"), str(d["zero2"] / "weights"), *LOOP, "trainer=deepspeed_zero2"]
+    torchrun(["trainer", str(d["trainer"] / "trainer")],
+             zero2 + ["schedule.max_updates=2"],
+             ["loop", str(d["zero3"] / "run"), str(d["zero3"] / "weights"), *LOOP, "trainer=deepspeed_zero3",
+              "trainer.dtype=float32", "rollout=vllm", "schedule.execution_pool.every=1",
+              "schedule.execution_pool.math_size=1", "schedule.execution_pool.general_size=1"])
+    zero2_first = ranks(d["zero2"] / "weights")
+    zero2_first_metrics = read_metrics(d["zero2"] / "run")
+    torchrun(zero2 + ["resume=true"])
+    return SimpleNamespace(dirs=d, zero2_first=zero2_first, zero2_first_metrics=zero2_first_metrics)
 
 
 def ranks(dump: Path) -> list[dict]:
@@ -68,10 +93,9 @@ def single_process_run():
         torch.set_num_threads(before)
 
 
-def test_zero_stages_over_two_ranks_take_the_single_process_step(tmp_path):
-    dump = tmp_path / "trainer"
-    torchrun("trainer", str(dump))
-    out = ranks(dump)
+def test_zero_stages_over_two_ranks_take_the_single_process_step(launches):
+    tmp_path = launches.dirs["trainer"]
+    out = ranks(tmp_path / "trainer")
     metrics, weights = single_process_run()
     initial = tiny_model()[0].state_dict()
     assert max(float((weights[k] - initial[k]).abs().max()) for k in weights) > 1e-4  # training moved them
@@ -95,12 +119,10 @@ def test_zero_stages_over_two_ranks_take_the_single_process_step(tmp_path):
     assert not list(tmp_path.glob("**/.*.tmp-*"))
 
 
-def test_zero2_outer_loop_over_two_ranks_writes_once_and_resumes(tmp_path):
-    run_dir, dump = tmp_path / "run", tmp_path / "weights"
-    torchrun("loop", str(run_dir), str(dump), *LOOP, "trainer=deepspeed_zero2", "schedule.max_updates=2")
-    first = ranks(dump)
-    assert len(read_metrics(run_dir)) == 2
-    torchrun("loop", str(run_dir), str(dump), *LOOP, "trainer=deepspeed_zero2", "resume=true")
+def test_zero2_outer_loop_over_two_ranks_writes_once_and_resumes(launches):
+    run_dir, dump = launches.dirs["zero2"] / "run", launches.dirs["zero2"] / "weights"
+    first = launches.zero2_first  # stopped after the Planning block, then resumed by a second launch
+    assert len(launches.zero2_first_metrics) == 2
     final = ranks(dump)
     for role in ("planning", "execution", "evaluation"):
         assert same(first[0][role], first[1][role]) and same(final[0][role], final[1][role]), role
@@ -118,11 +140,8 @@ def test_zero2_outer_loop_over_two_ranks_writes_once_and_resumes(tmp_path):
     assert not list(run_dir.glob("**/.*.tmp-*"))
 
 
-def test_zero3_outer_loop_with_an_engine_per_rank(tmp_path):
-    run_dir, dump = tmp_path / "run", tmp_path / "weights"
-    torchrun("loop", str(run_dir), str(dump), *LOOP, "trainer=deepspeed_zero3", "trainer.dtype=float32", "rollout=vllm",
-             "schedule.execution_pool.every=1", "schedule.execution_pool.math_size=1",
-             "schedule.execution_pool.general_size=1")
+def test_zero3_outer_loop_with_an_engine_per_rank(launches):
+    run_dir, dump = launches.dirs["zero3"] / "run", launches.dirs["zero3"] / "weights"
     final = ranks(dump)
     for role in ("planning", "execution", "evaluation"):
         assert same(final[0][role], final[1][role]), role

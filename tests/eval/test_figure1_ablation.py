@@ -1,7 +1,12 @@
 """`make reproduce-figure1-ablation` (eval/probes/figure1_ablation.py): both arms trained and probed on the tiny
-model, figure1_ablation.json's shape, the plot, the path printed last, and a rerun that trains nothing."""
+model, figure1_ablation.json's shape, the plot, the path printed last, and a rerun that trains nothing. An arm is
+a `make reproduce-figure1` root of its own, so the same end-to-end run also checks eval/probes/figure1.py's
+pipeline (train, probe each iteration, figure1.json, png; tests/eval/test_probes_figure1.py tests its parts):
+one tiny training per arm serves both targets, which keeps the suite's CPU time down."""
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 from pathlib import Path
 
@@ -32,19 +37,47 @@ def test_the_arms_jobs(tmp_path):
     assert [j.iteration for j in probes] == sorted(j.iteration for j in probes)
 
 
+def test_paired_differences_by_hand():
+    def arm(per_seed):
+        return {"per_seed": {s: {k: v for k, v in d.items()} for s, d in per_seed.items()}}
+
+    base = {k: [0.5, 0.5] for k in F.SERIES}
+    full = {"0": dict(base, **{"evaluation/adv_rejection": [0.2, 0.45], "planning/U": [0.1, 0.3]}),
+            "1": dict(base, **{"evaluation/adv_rejection": [0.2, 0.30], "planning/U": [0.1, None]})}
+    none = {"0": dict(base, **{"evaluation/adv_rejection": [0.2, 0.25], "planning/U": [0.1, 0.2]}),
+            "1": dict(base, **{"evaluation/adv_rejection": [0.2, 0.20], "planning/U": [0.1, 0.2]})}
+    d = A.paired_differences({"seeds": [0, 1], "arms": {"full": arm(full), "no_perturbation": arm(none)}})
+    rej = d["evaluation/adv_rejection"]
+    # seed 0: 45 − 25 = +20 points; seed 1: 30 − 20 = +10; mean 15, SD sqrt(((5)^2 + (5)^2) / 1) = 7.07
+    assert rej["per_seed"] == pytest.approx([20.0, 10.0]) and rej["mean"] == pytest.approx(15.0)
+    assert rej["sd"] == pytest.approx(50 ** 0.5)
+    # U in its own units; seed 1 lacks the full arm's value, so only seed 0 counts and there is no SD
+    assert d["planning/U"]["per_seed"][0] == pytest.approx(0.1) and d["planning/U"]["per_seed"][1] is None
+    assert d["planning/U"]["mean"] == pytest.approx(0.1) and d["planning/U"]["sd"] is None
+    assert d["execution/answered"] == {"per_seed": [0.0, 0.0], "mean": 0.0, "sd": 0.0}
+
+
 def test_an_override_of_the_perturbation_engine_is_refused(capsys):
     with pytest.raises(SystemExit):
         A.main(["--experiment", "tiny", "perturbation=local"])
     assert "the arms set the perturbation engine" in capsys.readouterr().err
 
 
-def test_figure1_ablation_end_to_end_on_the_tiny_model(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(F, "POLL_S", 0.2)
-    root = tmp_path / "abl"
+@pytest.fixture(scope="module")
+def ablation(tmp_path_factory):
+    """One end-to-end ablation on the tiny model (both arms, one seed, one iteration): its root, argv and output."""
+    root = tmp_path_factory.mktemp("figure1_ablation") / "abl"
     argv = ["--experiment", "tiny", "--root", str(root), "--seeds", "1", "--jobs", "2", "--probe-args", PROBE_ARGS,
             "schedule.outer_iterations=1"]
-    rc = A.main(argv)
-    out = capsys.readouterr().out.strip().splitlines()
+    out = io.StringIO()
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(out):
+        mp.setattr(F, "POLL_S", 0.2)  # notice a finished job (and start the next) at once, not up to 2 s late
+        rc = A.main(argv)
+    return root, argv, rc, out.getvalue().strip().splitlines()
+
+
+def test_figure1_ablation_end_to_end_on_the_tiny_model(ablation, capsys):
+    root, argv, rc, out = ablation
     assert rc == 0, "\n".join(out)
     path = Path(out[-1])  # the path of figure1_ablation.json is the last line
     assert path == root / "figure1_ablation.json"
@@ -68,6 +101,7 @@ def test_figure1_ablation_end_to_end_on_the_tiny_model(tmp_path, capsys, monkeyp
         assert full["series"][key][0] == ablated["series"][key][0], key
     assert ablated["sources"]["0"][0]["execution"] == "backbone"
     assert data["arm_overrides"] == {"full": [], "no_perturbation": ["perturbation=none"]}
+    assert data["full_minus_no_perturbation_last"] == A.paired_differences(data)
     # the arms differ by the perturbation engine only (conf/perturbation/none.yaml: no rule)
     from omegaconf import OmegaConf
 
@@ -83,29 +117,32 @@ def test_figure1_ablation_end_to_end_on_the_tiny_model(tmp_path, capsys, monkeyp
     assert json.loads(path.read_text())["arms"]["full"]["series"] == full["series"]
 
 
-ROOT = Path(__file__).resolve().parents[2]
+
+def test_an_arm_is_a_figure1_root_that_figure1_finds_done(ablation, capsys):
+    """`make reproduce-figure1` on the full arm's root: the run and every probe are already there (the same jobs,
+    built by eval/probes/figure1.py), so it trains and probes nothing and writes the arm's figure1.json again."""
+    root, _, rc, _ = ablation
+    assert rc == 0
+    fig_root = root / "full"
+    before = json.loads((fig_root / "figure1.json").read_text())
+    rc = F.main(["--experiment", "tiny", "--root", str(fig_root), "--seeds", "1", "--probe-args", PROBE_ARGS,
+                 "schedule.outer_iterations=1"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert out.count("already done") == 1 + 2 * 3 and "started" not in out  # the run, then 2 checkpoints x 3 roles
+    path = Path(out.strip().splitlines()[-1])  # the path of figure1.json is the last line
+    assert path == fig_root / "figure1.json"
+    fig = json.loads(path.read_text())
+    assert fig["series"] == before["series"] and fig["iterations"] == [0, 1] and fig["seeds"] == [0]
+    assert list(fig["series"]) == list(F.SERIES)
+    for key, values in fig["series"].items():
+        assert len(values) == 2 and values == fig["per_seed"]["0"][key], key
+    assert fig["series"]["planning/well_formed"] == [1.0, 1.0]  # the tiny preset's response prefix
+    # iteration 0 is the backbone, iteration i the run's checkpoints/iter<i> (one probe job per role)
+    assert fig["sources"]["0"][0]["execution"] == "backbone"
+    assert fig["sources"]["0"][1]["execution"].endswith("checkpoints/iter1/execution/model.pt")
+    assert fig["sources"]["0"][1]["planning"].endswith("checkpoints/iter1/planning/model.pt")
+    assert (fig_root / "figure1.png").read_bytes()[:8] == PNG_MAGIC
+    assert json.loads((fig_root / "seed0" / "figure1.json").read_text())["series"] == fig["series"]
 
 
-def test_the_make_target_and_the_launch_script(tmp_path):
-    import os
-    import subprocess
-
-    env = {k: v for k, v in os.environ.items() if k not in ("MODEL_PATH", "MAKEFLAGS", "MFLAGS")}
-    made = subprocess.run(["make", "-n", "--no-print-directory", "reproduce-figure1-ablation", "SEEDS=2"], cwd=ROOT,
-                          capture_output=True, text=True, env=env, timeout=60)
-    assert made.returncode == 0, made.stderr
-    cmd = " ".join(made.stdout.replace("\\\n", " ").split())
-    assert "-m eval.probes.figure1_ablation --scale smoke --seeds 2 --jobs 2 --root runs/figure1_ablation/smoke" in cmd
-    helped = subprocess.run(["make", "--no-print-directory", "-s", "help"], cwd=ROOT, capture_output=True, text=True,
-                            env=env, timeout=60)
-    assert "make reproduce-figure1-ablation" in helped.stdout
-    script = ROOT / "experiments" / "figure1_ablation.sh"
-    assert os.access(script, os.X_OK) and subprocess.run(["bash", "-n", str(script)]).returncode == 0
-    (tmp_path / "model").mkdir()
-    r = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60, env=dict(env, PY="echo"))
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.split() == ["-m", "eval.probes.figure1_ablation", "--scale", "smoke", "--seeds", "1", "--jobs", "2",
-                                "--root", "runs/figure1_ablation/smoke"]
-    r = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60,
-                       env=dict(env, PY="echo", SCALE="paper", MODEL_PATH=str(tmp_path / "model")))
-    assert "--scale paper --seeds 1 --jobs 1" in r.stdout and f"model.path={tmp_path / 'model'}" in r.stdout

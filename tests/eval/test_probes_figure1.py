@@ -1,5 +1,6 @@
 """`make reproduce-figure1` (eval/probes/figure1.py): figure1.json from probe files by hand, the plot, and the
-whole pipeline (train, probe each iteration, json, png) on the tiny model."""
+shared backbone. The whole pipeline (train, probe each iteration, json, png, a rerun that does nothing) runs on
+the tiny model in tests/eval/test_figure1_ablation.py, whose arms are reproduce-figure1 roots."""
 from __future__ import annotations
 
 import json
@@ -41,34 +42,6 @@ def test_collect_means_over_seeds_by_hand(tmp_path):
     assert fig["paper_qwen3_4b"]["execution/accuracy"] == [0.525, 0.633]
     png = F.plot(fig, tmp_path / "figure1.png")
     assert png.read_bytes()[:8] == PNG_MAGIC
-
-
-def test_figure1_end_to_end_on_the_tiny_model(tmp_path, capsys):
-    rc = F.main(["--experiment", "tiny", "--root", str(tmp_path / "fig"), "--seeds", "1", "--jobs", "2",
-                 "--probe-args", "--execution 2 --evaluation 2 --verifiers 1 --topics 1 --tasks-per-topic 2 "
-                                 "--u-tasks 1 --u-samples 2",
-                 "schedule.outer_iterations=1"])
-    out = capsys.readouterr().out.strip().splitlines()
-    assert rc == 0, "\n".join(out)
-    path = Path(out[-1])  # the path of figure1.json is the last line
-    assert path == tmp_path / "fig" / "figure1.json"
-    fig = json.loads(path.read_text())
-    assert fig["iterations"] == [0, 1] and fig["seeds"] == [0]
-    assert list(fig["series"]) == list(F.SERIES)
-    for key, values in fig["series"].items():
-        assert len(values) == 2 and values == fig["per_seed"]["0"][key], key
-    assert fig["series"]["planning/well_formed"] == [1.0, 1.0]  # the tiny preset's response prefix
-    # iteration 0 is the backbone, iteration i the run's checkpoints/iter<i> (one probe job per role)
-    assert fig["sources"]["0"][0]["execution"] == "backbone"
-    assert fig["sources"]["0"][1]["execution"].endswith("checkpoints/iter1/execution/model.pt")
-    assert fig["sources"]["0"][1]["planning"].endswith("checkpoints/iter1/planning/model.pt")
-    assert (tmp_path / "fig" / "figure1.png").read_bytes()[:8] == PNG_MAGIC
-    assert json.loads((tmp_path / "fig" / "seed0" / "figure1.json").read_text())["series"] == fig["series"]
-    # Run again: everything is done already (resumable), nothing is trained or probed again.
-    rc = F.main(["--experiment", "tiny", "--root", str(tmp_path / "fig"), "--seeds", "1",
-                 "schedule.outer_iterations=1"])
-    again = capsys.readouterr().out
-    assert rc == 0 and again.count("already done") == 1 + 2 * 3  # the run, then 2 checkpoints x 3 roles
 
 
 def test_the_backbone_is_probed_once_and_shared_by_every_seed(tmp_path):

@@ -22,12 +22,13 @@ def _compose(method, preset):
 @pytest.mark.parametrize("preset", PRESETS)
 def test_no_prompt_of_a_method_without_tools_asks_for_code(preset):
     tok = build_byte_tokenizer()
+    cfgs = {m: _compose(m, preset) for m in METHODS}  # one composition per method (Hydra's compose is slow)
     # Absolute Zero's tasks are programs: its prompt shows code to reason about, so only math-task methods count.
-    without = [m for m in METHODS if not _compose(m, preset).method.use_tools
-               and (_compose(m, preset).method.extra or {}).get("task_format", "math") == "math"]
+    without = [m for m in METHODS if not cfgs[m].method.use_tools
+               and (cfgs[m].method.extra or {}).get("task_format", "math") == "math"]
     assert {"r_zero", "socratic_zero", "vanilla"} <= set(without)
     for method in without:
-        cfg = _compose(method, preset)
+        cfg = cfgs[method]
         text = execution_prompt(tok, cfg.player, "What is 6 * 7?")
         assert "What is 6 * 7?" in text
         for banned in ("python", "Python", "```"):

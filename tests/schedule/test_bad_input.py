@@ -30,24 +30,36 @@ PRESETS = {  # experiment -> (resume, seed, run_dir): what each preset must comp
 }
 
 
-def test_every_preset_composes_its_own_resume_seed_and_run_dir():
+@pytest.fixture(scope="module")
+def preset_cfgs():
+    """Each preset composed once, for the tests that read or validate them."""
+    return {name: compose([f"experiment={name}"]) for name in PRESETS}
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """A finished ``experiment=tiny`` run: started again by one test, the uninterrupted reference of another."""
+    d = tmp_path_factory.mktemp("tiny")
+    OuterLoop(compose(["experiment=tiny"]), d).run()
+    return d
+
+
+def test_every_preset_composes_its_own_resume_seed_and_run_dir(preset_cfgs):
     presets = {p.stem for p in (Path(__file__).parents[2] / "conf" / "experiment").glob("*.yaml")}
     assert presets == set(PRESETS)
     for name, want in PRESETS.items():
-        cfg = compose([f"experiment={name}"])
+        cfg = preset_cfgs[name]
         assert (cfg.resume, cfg.seed, cfg.run_dir) == want, name  # the root config never wins over a preset
     assert compose(["experiment=smoke", "resume=false"]).resume is False  # the command line wins over both
 
 
-def test_a_finished_run_started_again_prints_its_summary_and_adds_nothing(tmp_path, capsys):
-    overrides = ["experiment=tiny", "resume=true", "schedule.evaluation_updates=0", "schedule.print_summary=true"]
-    OuterLoop(compose(overrides), tmp_path).run()
-    records = (tmp_path / "records.jsonl").read_text()
+def test_a_finished_run_started_again_prints_its_summary_and_adds_nothing(tiny_run, capsys):
+    records = (tiny_run / "records.jsonl").read_text()
     capsys.readouterr()
-    OuterLoop(compose(overrides), tmp_path).run()
+    OuterLoop(compose(["experiment=tiny", "resume=true", "schedule.print_summary=true"]), tiny_run).run()
     out = capsys.readouterr().out
     assert "already complete" in out and "reward" in out.lower()  # the summary, printed again
-    assert (tmp_path / "records.jsonl").read_text() == records
+    assert (tiny_run / "records.jsonl").read_text() == records
 
 
 # ---------------------------------------------------------------- a crash before the first completed update
@@ -68,9 +80,8 @@ def _run_killed_in_first_update(run_dir: Path) -> None:
     assert (run_dir / "records.jsonl").read_text() and not (run_dir / "state.pt").exists()
 
 
-def test_kill_9_before_the_first_completed_update_resumes_without_duplicates(tmp_path):
-    reference = tmp_path / "reference"
-    OuterLoop(compose(["experiment=tiny"]), reference).run()
+def test_kill_9_before_the_first_completed_update_resumes_without_duplicates(tiny_run, tmp_path):
+    reference = tiny_run
     killed = tmp_path / "killed"
     _run_killed_in_first_update(killed)
     with pytest.raises(FileExistsError, match="before its first completed update"):
@@ -82,13 +93,14 @@ def test_kill_9_before_the_first_completed_update_resumes_without_duplicates(tmp
 
 def test_a_refused_resume_leaves_the_run_and_its_config_untouched(tmp_path):
     run_dir = tmp_path / "run"
-    base = [sys.executable, "-m", "unifiedplayers.train", "experiment=tiny", f"run_dir={run_dir}"]
-    subprocess.run(base + ["schedule.max_updates=1"], check=True, capture_output=True, env=ENV, timeout=600)
-    before = {p: (run_dir / p).read_text() for p in ("config.yaml", ".hydra/config.yaml", "records.jsonl")}
-    proc = subprocess.run(base + ["resume=true", "trainer.lr=0.5"], capture_output=True, text=True, env=ENV,
-                          timeout=600)
+    # The run to resume is made in this process; the command under test is the refused resume.
+    OuterLoop(compose(["experiment=tiny", f"run_dir={run_dir}", "schedule.max_updates=1"]), run_dir).run()
+    before = {p: (run_dir / p).read_text() for p in ("config.yaml", "records.jsonl", "metrics.jsonl")}
+    proc = subprocess.run([sys.executable, "-m", "unifiedplayers.train", "experiment=tiny", f"run_dir={run_dir}",
+                           "resume=true", "trainer.lr=0.5"], capture_output=True, text=True, env=ENV, timeout=600)
     assert proc.returncode != 0 and "different config (trainer.lr: 0.001 -> 0.5)" in proc.stderr
     assert {p: (run_dir / p).read_text() for p in before} == before
+    assert not (run_dir / ".hydra").exists()  # refused before Hydra writes its copy of the config there
 
 
 # ---------------------------------------------------------------- settings that give garbage
@@ -155,6 +167,6 @@ def test_a_damaged_model_file_is_named(tmp_path):
         load_model(cfg)
 
 
-def test_validate_accepts_every_preset():
+def test_validate_accepts_every_preset(preset_cfgs):
     for name in PRESETS:
-        validate(compose([f"experiment={name}"]))
+        validate(preset_cfgs[name])

@@ -1,0 +1,50 @@
+"""Suite-wide set-up.
+
+- The environment ``make test`` exports (Makefile), set here too when absent, so that a bare ``pytest`` runs the
+  suite as CI does: without HF_HUB_OFFLINE the paper-backbone tests of tests/test_models.py wait ~45 s each on
+  the hub (huggingface_hub reads the variable once, when it is first imported, before those tests set it).
+- Under pytest-xdist (``make test`` runs TEST_WORKERS=2 processes) each worker takes one torch thread: two
+  workers with two OpenMP threads each on two cores spin for each other (one thread beats two on a
+  busy machine, as conf/experiment/smoke.yaml measured). Tests that need another count set it themselves, as before.
+- Each distinct configuration of conf/ is composed once per session. ``unifiedplayers.config.compose`` takes
+  0.3-1 s (Hydra reads and merges every file), and the tests ask for the same few configurations hundreds of
+  times (``experiment=tiny`` alone a dozen). Every caller gets its own deep copy of the composed config (callers
+  may change theirs), a composition that fails is not kept (it fails again, with the same error, each time),
+  and another config directory or a ``hydra.*`` override (a search path into a temporary copy) is composed
+  every time. Subprocesses (the CLI tests) compose for themselves, as always.
+"""
+from __future__ import annotations
+
+import copy
+import os
+
+for _key, _value in {"WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}.items():
+    os.environ.setdefault(_key, _value)
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    import torch
+
+    torch.set_num_threads(1)
+
+import unifiedplayers.config as _config  # noqa: E402
+
+_compose = _config.compose
+_composed: dict = {}
+
+
+def _compose_once(overrides=(), config_dir=None, config_name="config"):
+    overrides = list(overrides)
+    if config_dir is not None or any(o.lstrip("+~").startswith("hydra") for o in overrides):
+        return _compose(overrides, config_dir, config_name)
+    key = (tuple(overrides), config_name)
+    if key not in _composed:
+        _composed[key] = _compose(overrides, config_dir, config_name)
+    else:
+        from hydra.core.global_hydra import GlobalHydra
+
+        GlobalHydra.instance().clear()  # as a composition leaves it
+    return copy.deepcopy(_composed[key])
+
+
+_compose_once.__doc__ = _compose.__doc__
+_config.compose = _compose_once
