@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import os
 import shutil
 import tempfile
-import weakref
 from pathlib import Path
 from typing import Any, ContextManager, Mapping, Optional
 
@@ -42,11 +40,12 @@ from unifiedplayers.trainer.precision import cast_parameters, copy_weights, move
 Tensor = torch.Tensor
 
 
-def _remove_file(path: Any) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
+def _offload_file(directory: Path) -> Any:
+    """A file without a name in ``directory`` (O_TMPFILE, or unlinked at once): its space returns to the disk when
+    it is closed or its process ends, however it ends. A named file outlived a killed run (kill -9, a timeout)
+    and left a model-sized optimizer state per player in the temp directory."""
+    directory.mkdir(parents=True, exist_ok=True)
+    return tempfile.TemporaryFile(prefix="up-optim-", suffix=".pt", dir=directory)
 
 
 @register_trainer_backend("torch")
@@ -70,7 +69,7 @@ class PlayerTrainer(BaseTrainer):
         self.device = next(model.parameters()).device
         self.optimizer: Optional[torch.optim.Optimizer] = None
         self.scheduler = None
-        self._offloaded_to: Optional[Path] = None
+        self._offloaded_to: Optional[Any] = None  # the unnamed file of offload_state()
 
     @property
     def model(self) -> nn.Module:
@@ -106,10 +105,11 @@ class PlayerTrainer(BaseTrainer):
             self.optimizer = make_optimizer(self.cfg, self._model)
             self.scheduler = make_scheduler(self.cfg, self.optimizer)
             if self._offloaded_to is not None:
+                self._offloaded_to.seek(0)
                 state = torch.load(self._offloaded_to, map_location=self.device, weights_only=False)
                 self.optimizer.load_state_dict(state["optimizer"])
                 self.scheduler.load_state_dict(state["scheduler"])
-                self._offloaded_to.unlink()
+                self._offloaded_to.close()
                 self._offloaded_to = None
 
     def _zero_grad(self) -> None:
@@ -152,7 +152,9 @@ class PlayerTrainer(BaseTrainer):
     def _save_backend(self, directory: Path) -> None:
         torch.save(self._model.state_dict(), directory / "model.pt")
         if self._offloaded_to is not None:  # offloaded: same file format, copy it and keep memory free
-            shutil.copyfile(self._offloaded_to, directory / "optimizer.pt")
+            self._offloaded_to.seek(0)
+            with open(directory / "optimizer.pt", "wb") as out:
+                shutil.copyfileobj(self._offloaded_to, out)
         elif self.optimizer is not None:
             torch.save(
                 {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()},
@@ -163,7 +165,7 @@ class PlayerTrainer(BaseTrainer):
         state = torch.load(directory / "model.pt", map_location=self.device, weights_only=True)
         self._load_policy_weights(state)
         if self._offloaded_to is not None:
-            _remove_file(self._offloaded_to)
+            self._offloaded_to.close()
         self.optimizer, self.scheduler, self._offloaded_to = None, None, None
         if (directory / "optimizer.pt").exists():
             self._ensure_optimizer()
@@ -172,20 +174,16 @@ class PlayerTrainer(BaseTrainer):
             self.scheduler.load_state_dict(opt["scheduler"])
 
     def offload_state(self) -> None:
-        """Drop the optimizer state from memory (it is written to a temporary file and reloaded on the
-        next :meth:`update`, bit-exactly). Call when this player's block ends."""
+        """Drop the optimizer state from memory (it is written to an unnamed temporary file in
+        ``trainer.offload_dir``, default the temp directory, and reloaded on the next :meth:`update`, bit-exactly).
+        Call when this player's block ends. The file goes with the trainer, or with the process if it is killed."""
         if self.optimizer is None:
             return
-        directory = Path(self.cfg.offload_dir or tempfile.gettempdir())
-        directory.mkdir(parents=True, exist_ok=True)
-        fd, name = tempfile.mkstemp(prefix=f"up-{self.role}-optim-", suffix=".pt", dir=directory)
-        os.close(fd)
-        # Removed when reloaded, or with this trainer (at the latest when the process exits): a run that
-        # ends with a player offloaded must not leave a model-sized file behind in the temp directory.
-        weakref.finalize(self, _remove_file, name)
-        torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}, name)
+        fh = _offload_file(Path(self.cfg.offload_dir or tempfile.gettempdir()))
+        torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}, fh)
+        fh.flush()
         self.optimizer, self.scheduler = None, None
-        self._offloaded_to = Path(name)
+        self._offloaded_to = fh
 
     @property
     def has_optimizer_state(self) -> bool:
