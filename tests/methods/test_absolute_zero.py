@@ -93,15 +93,15 @@ VALID = "```python\ndef f(x):\n    return x * 3\n```\n```input\n4\n```"
 
 @pytest.mark.parametrize("text, topic, reward", [
     (NO_BLOCK, "deduction", -1.0), (NO_INPUT, "deduction", -1.0), (UNCLOSED, "abduction", -1.0),
-    (SYNTAX, "deduction", -0.5), (RANDOM, "deduction", -0.5), (NOT_LITERAL, "abduction", -0.5),
-    (RAISES, "deduction", -0.5),
-    ("```python\ndef f(x):\n    return x\n```\n```input\n1\n```\n```input\n1\n```", "induction", -0.5),
+    (SYNTAX, "deduction", -1.0), (RANDOM, "deduction", -1.0), (NOT_LITERAL, "abduction", -1.0),
+    (RAISES, "deduction", -1.0),
+    ("```python\ndef f(x):\n    return x\n```\n```input\n1\n```\n```input\n1\n```", "induction", -1.0),
 ])
 def test_composite_reward_of_a_malformed_proposal_by_hand(sandbox, text, topic, reward):
-    # format error (no proposal can be read: reason NO_PROGRAM or NO_INPUT) -1; parsed but invalid -0.5
+    # AZR §3.1: only valid triplets that pass the filtering stage are correctly formatted, so every invalid
+    # proposal is a format error, -1: unreadable (no program or input) and read but failing validation alike
     task = build(topic, sandbox, text)
     assert not task.valid
-    assert (task.reason in azr.FORMAT_ERROR_REASONS) is (reward == -1.0)
     assert azr.proposal_reward(task) == reward
     method = build_method(compose(["method=absolute_zero"]))
     assert method.malformed_task_reward(task) == reward  # the hook the phase reads for unplayed outputs
@@ -114,15 +114,20 @@ def test_composite_reward_of_a_valid_proposal_is_its_learnability(sandbox):
     f = feedback(["12", "13", None, "4"], task)
     r_propose = reward_source("planning", "learnability")(f)
     assert r_propose == pytest.approx(0.75) and azr.proposal_reward(task, r_propose) == pytest.approx(0.75)
-    # all four right: learnability 0, and a well-formatted passable proposal keeps it (0, not a penalty)
-    assert azr.proposal_reward(task, reward_source("planning", "learnability")(feedback(["12"] * 4, task))) == 0.0
+    assert reward_source("planning", "azr_composite")(f) == pytest.approx(0.75)
+    # all four right (learnability 0) or none: well formatted, not passable, -0.5 (AZR's reward manager:
+    # format ok and accuracy reward 0 -> -0.5)
+    for answers in (["12"] * 4, ["13", None, "4", "11"]):
+        fb = feedback(answers, task)
+        assert reward_source("planning", "learnability")(fb) == 0.0
+        assert reward_source("planning", "azr_composite")(fb) == -0.5 and azr.proposal_reward(task, 0.0) == -0.5
     with pytest.raises(ValueError, match="learnability"):
         azr.proposal_reward(task)
 
 
 def test_the_preset_trains_both_roles_on_the_composite_reward():
     cfg = compose(["method=absolute_zero"])
-    assert cfg.method.execution_reward == "azr_composite" and cfg.method.planning_reward == "learnability"
+    assert cfg.method.execution_reward == "azr_composite" and cfg.method.planning_reward == "azr_composite"
     assert cfg.method.shared_model is True
     # a math-format run (Planning tasks with a boxed answer) keeps the configured malformed reward
     math = azr.AbsoluteZero(compose(["method=absolute_zero", "method.extra.task_format=math",
@@ -265,14 +270,16 @@ def test_the_loop_trains_the_proposer_on_the_composite_reward(tmp_path):
     """One tiny Planning block of three scripted proposals (G_T = 3) and K = 2 scripted solutions: the
     Planning group's rewards are the composite reward of each output, in the GRPO batch's group and in the
     records. Valid f(x) = 3x on 4: the solver answers 12 (right) and 13 (wrong): r̄_solve = 0.5, r_propose =
-    1 − 0.5 = 0.5. No ```python block: format error, −1. A syntax error: parsed but invalid, −0.5."""
+    1 − 0.5 = 0.5. A syntax error: an invalid proposal, a format error for AZR's proposer, −1. Valid
+    f(x) = x + 1 on 4 (= 5): the solver answers 12 and 13, both wrong: learnability 0, so −0.5."""
     import itertools
 
     from unifiedplayers.logging import read_metrics
     from unifiedplayers.loop import OuterLoop
     from unifiedplayers.records import load_records
 
-    proposals = [VALID, NO_BLOCK, SYNTAX]
+    plus_one = "```python\ndef f(x):\n    return x + 1\n```\n```input\n4\n```"
+    proposals = [VALID, SYNTAX, plus_one]
     solutions = itertools.cycle(["f(4) = 4 * 3 = 12. \\boxed{12}", "f(4) = 13. \\boxed{13}"])
 
     def respond(ctx, j):
@@ -291,6 +298,7 @@ def test_the_loop_trains_the_proposer_on_the_composite_reward(tmp_path):
     planning = [r for r in load_records(tmp_path / "records.jsonl") if r.meta["block"] == "planning"]
     got = {r.meta["planning_output"]: r.rewards for r in planning}
     assert got[VALID]["planning"] == pytest.approx(0.5) and got[VALID]["execution"] == [1.0, -0.5]
-    assert got[NO_BLOCK]["planning"] == -1.0 and got[SYNTAX]["planning"] == -0.5
+    assert got[SYNTAX]["planning"] == -1.0 and got[plus_one]["planning"] == -0.5
+    assert got[plus_one]["execution"] == [-0.5, -0.5]  # answered, wrong
     first = next(m for m in read_metrics(tmp_path) if m["block"] == "planning")
     assert first["planning/reward_mean"] == pytest.approx((0.5 - 1.0 - 0.5) / 3)

@@ -205,6 +205,14 @@ def planning_learnability(fb: TaskFeedback) -> float:
     return learnability_reward(float(solve_flags(fb.answers, fb.expected_answer, fb.answer_check).mean()))
 
 
+@register_reward_source("planning", "azr_composite", check=lambda m: check_shared_model(m))
+def planning_azr_composite(fb: TaskFeedback) -> float:
+    """The proposer's composite reward of a valid task: its learnability (AZR Eq. 4) when above 0, −0.5 when 0
+    (every solver sample right, or none). AZR's reward manager: a correctly formatted proposal with accuracy
+    reward 0 gets −0.5. Invalid proposals never get here: :func:`proposal_reward`, −1."""
+    return proposal_reward(None, planning_learnability(fb))
+
+
 @register_reward_source("execution", "azr_composite")
 def execution_azr_composite(fb: TaskFeedback) -> np.ndarray:
     """The solver's composite reward: 1 when correct (r_solve), −0.5 when answered but wrong, −1 with no
@@ -292,20 +300,22 @@ QUESTIONS = {
 }
 
 
-# The malformed reasons that are format errors (nothing to validate); every other reason of an invalid
-# proposal is a validation failure.
+# The reasons of a proposal with nothing to validate (no program or no input can be read).
 NO_PROGRAM = "no ```python block with f"
 NO_INPUT = "no ```input block"
-FORMAT_ERROR_REASONS = (NO_PROGRAM, NO_INPUT)
 
 
 def proposal_reward(task: Any, learnability: Optional[float] = None) -> float:
-    """The proposer's composite reward of one Planning output: ``learnability`` (r_propose) for a valid task,
-    −0.5 for one that parsed but failed validation, −1 for a format error (``FORMAT_ERROR_REASONS``)."""
-    if task.valid and learnability is None:
+    """The proposer's composite reward of one Planning output (AZR §3.1, after Eq. 6: "for the proposer ...
+    only responses that produce valid triplets and pass the filtering stage are considered to be correctly
+    formatted"): −1 for an invalid proposal (unreadable, or read but failing validation: a format error either
+    way); for a valid one (``task`` None or valid) its ``learnability`` r_propose when above 0, and −0.5 when 0
+    (solved by every sample or by none: well formatted, not passable; AZR's reward manager gives −0.5 there)."""
+    if task is not None and not task.valid:
+        return composite_reward(0.0, False, False)
+    if learnability is None:
         raise ValueError("a valid proposal's reward is its learnability: give it")
-    well_formatted = task.valid or task.reason not in FORMAT_ERROR_REASONS
-    return composite_reward(learnability if task.valid else 0.0, well_formatted, task.valid)
+    return composite_reward(learnability, True, learnability > 0)
 
 
 def parse_proposal(text: str) -> tuple[Optional[str], list[str]]:
@@ -452,6 +462,6 @@ class AbsoluteZero(Method):
         return build_code_task(task, sandbox) if self.code_tasks else task
 
     def malformed_task_reward(self, task: Any) -> float:
-        """The composite reward of a proposal that is no task: −1 for a format error, −0.5 for one that parsed
-        but failed validation (code tasks; a math-format run keeps ``reward.malformed_task_reward``)."""
+        """The composite reward of a proposal that is no valid task: −1, a format error for AZR's proposer
+        (code tasks; a math-format run keeps ``reward.malformed_task_reward``)."""
         return proposal_reward(task) if self.code_tasks else super().malformed_task_reward(task)
