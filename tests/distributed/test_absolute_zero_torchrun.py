@@ -26,7 +26,7 @@ def launch(request, tmp_path_factory):
     loop = [str(root / "run"), str(root / "weights"), "method=absolute_zero", "player.topics=[deduction]",
             f"player.planning.response_prefix='{proposal}'", "trainer.micro_batch_size=1"]
     with_run = any(item.name == RUN_TEST for item in request.session.items)
-    torchrun(WORKER, str(root / "out"), *(loop if with_run else []), timeout=360 if with_run else 120)
+    torchrun(WORKER, str(root / "out"), *(loop if with_run else []), timeout=600 if with_run else 300)
     return root
 
 
