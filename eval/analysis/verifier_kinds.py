@@ -20,13 +20,15 @@ Why it matters: under Eq. 5, for any valid verifier v (ρ_red aside),
 
 so v out-scores rejecting everything only if it accepts originals at least β/α = 1.25 times as often as
 variants (α, β = 0.4, 0.5). Four of the five rules keep the final answer (only early_terminate changes
-it), so a perfect answer checker accepts variants at 0.8 times its rate on originals and only ties
+it), so a perfect answer checker accepts variants at 0.8 times its rate on originals (where all five rules
+apply) and only ties
 "rejects all" (0.4·a − 0.5·0.8·a = 0); the best score, α + β = 0.9, goes to a tamper detector that accepts
 every original, right or wrong, and rejects every variant. ρ_gold rewards accepting originals whether or
 not they are right (the paper, Appendix B.1: "gold does not imply independently verified correctness").
 With a response prefix that writes the first part of ``check()`` for every verifier (the smoke presets'
 ``player.evaluation.response_prefix``), all verifiers of a task share those tokens and ρ_red is about 0.8
-for every kind, so γ ρ_red takes about the same 0.08 off each kind's mean r_C.
+for every kind (0.81-0.94 by kind on the records of the Figure-1 ablation's first iterations, issue 22), so
+γ ρ_red takes about the same 0.08-0.09 off each kind's mean r_C.
 """
 from __future__ import annotations
 
