@@ -27,7 +27,7 @@ every original, right or wrong, and rejects every variant. ρ_gold rewards accep
 not they are right (the paper, Appendix B.1: "gold does not imply independently verified correctness").
 With a response prefix that writes the first part of ``check()`` for every verifier (the smoke presets'
 ``player.evaluation.response_prefix``), all verifiers of a task share those tokens and ρ_red is about 0.8
-for every kind (0.81-0.94 by kind on the records of the Figure-1 ablation's first iterations, issue 22), so
+for every kind (0.68-0.95 by kind, most 0.8-0.9, on the records of the Figure-1 ablation, issue 22), so
 γ ρ_red takes about the same 0.08-0.09 off each kind's mean r_C.
 """
 from __future__ import annotations
