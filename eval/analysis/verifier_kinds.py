@@ -20,10 +20,9 @@ Why it matters: under Eq. 5, for any valid verifier v (ρ_red aside),
 
 so v out-scores rejecting everything only if it accepts originals at least β/α = 1.25 times as often as
 variants (α, β = 0.4, 0.5). Four of the five rules keep the final answer (only early_terminate changes
-it), so a perfect answer checker accepts variants at 0.8 times its rate on originals (where all five rules
-apply) and only ties
-"rejects all" (0.4·a − 0.5·0.8·a = 0); the best score, α + β = 0.9, goes to a tamper detector that accepts
-every original, right or wrong, and rejects every variant. ρ_gold rewards accepting originals whether or
+it), so a perfect answer checker accepts variants at 0.8 times its rate on originals (where all five
+rules apply) and only ties "rejects all" (0.4·a − 0.5·0.8·a = 0); the best score, α + β = 0.9, goes to a
+tamper detector that accepts every original, right or wrong, and rejects every variant. ρ_gold rewards accepting originals whether or
 not they are right (the paper, Appendix B.1: "gold does not imply independently verified correctness").
 With a response prefix that writes the first part of ``check()`` for every verifier (the smoke presets'
 ``player.evaluation.response_prefix``), all verifiers of a task share those tokens and ρ_red is about 0.8

@@ -172,6 +172,15 @@ def probe_done(path: Path, role: str) -> bool:
         return False
 
 
+def mean_sd(values: Sequence[Optional[float]]) -> tuple[Optional[float], Optional[float]]:
+    """Mean and sample SD (n − 1) of the values that are not None; None where there are too few."""
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return None, None
+    m = sum(vals) / len(vals)
+    return m, ((sum((v - m) ** 2 for v in vals) / (len(vals) - 1)) ** 0.5 if len(vals) > 1 else None)
+
+
 def collect(root: Path, seeds: Sequence[int], iterations: Sequence[int]) -> dict[str, Any]:
     """figure1.json from the probe files: per series the mean over the seeds that have a value."""
     per_seed: dict[str, dict[str, list[Optional[float]]]] = {}
@@ -187,16 +196,8 @@ def collect(root: Path, seeds: Sequence[int], iterations: Sequence[int]) -> dict
         sources[str(s)] = [r["sources"] if r else None for r in rows]
     series, spread = {}, {}
     for k in SERIES:
-        means, sds = [], []
-        for idx in range(len(iterations)):
-            vals = [per_seed[str(s)][k][idx] for s in seeds if per_seed[str(s)][k][idx] is not None]
-            means.append(sum(vals) / len(vals) if vals else None)
-            if len(vals) > 1:
-                m = sum(vals) / len(vals)
-                sds.append((sum((v - m) ** 2 for v in vals) / (len(vals) - 1)) ** 0.5)
-            else:
-                sds.append(None)
-        series[k], spread[k] = means, sds
+        stats = [mean_sd([per_seed[str(s)][k][idx] for s in seeds]) for idx in range(len(iterations))]
+        series[k], spread[k] = [m for m, _ in stats], [sd for _, sd in stats]
     from eval.paper_numbers import FIGURE1_ENDPOINTS
 
     return {

@@ -23,8 +23,8 @@ are skipped ("already done"), a partial run resumes (``resume=true``).
 
 It writes ``figure1_ablation.json`` (``{"iterations", "seeds", "arms": {arm: {"series", "per_seed", ...}}}``,
 the series and the per_seed shape of figure1.json; ``full_minus_no_perturbation_last``: each series' paired
-difference between the arms at the last iteration, per seed, with its mean and SD), ``figure1_ablation.png`` (both arms: adversarial rejection,
-originals accepted, discrimination, tool-probe accuracy), each arm's own ``figure1.json``, and prints the path of
+difference between the arms at the last iteration, per seed, with its mean and SD), ``figure1_ablation.png``
+(both arms: adversarial rejection, originals accepted, discrimination, tool-probe accuracy), each arm's own ``figure1.json``, and prints the path of
 ``figure1_ablation.json`` on its last line.
 """
 from __future__ import annotations
@@ -90,9 +90,7 @@ def paired_differences(data: dict[str, Any], treated: str = "full", control: str
             a = data["arms"][treated]["per_seed"][s][key][-1]
             b = data["arms"][control]["per_seed"][s][key][-1]
             diffs.append(None if a is None or b is None else (a - b) * scale)
-        vals = [d for d in diffs if d is not None]
-        mean = sum(vals) / len(vals) if vals else None
-        sd = (sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)) ** 0.5 if len(vals) > 1 else None
+        mean, sd = F.mean_sd(diffs)
         out[key] = {"per_seed": diffs, "mean": mean, "sd": sd}
     return out
 

@@ -45,7 +45,7 @@ def _offload_file(directory: Path) -> Any:
     it is closed or its process ends, however it ends. A named file outlived a killed run (kill -9, a timeout)
     and left a model-sized optimizer state per player in the temp directory."""
     directory.mkdir(parents=True, exist_ok=True)
-    return tempfile.TemporaryFile(prefix="up-optim-", suffix=".pt", dir=directory)
+    return tempfile.TemporaryFile(dir=directory)
 
 
 @register_trainer_backend("torch")
