@@ -336,8 +336,16 @@ def build_jobs(root: Path, experiment: str, seeds: Sequence[int], overrides: Seq
                                   root / "logs" / f"probe-seed{s}-iter{i}-{role}.log", ready=ready,
                                   done=lambda p=probe_file(run_dir, i, role), r=role: probe_done(p, r), seed=s,
                                   iteration=i))
-    probes.sort(key=lambda j: (j.iteration, j.seed))  # stable: execution (the longest) first within a checkpoint
+    probes.sort(key=lambda j: (probe_rank(j.iteration, iterations), j.seed))  # stable: execution first per checkpoint
     return trains + probes
+
+
+def probe_rank(iteration: int, iterations: int) -> tuple[int, int]:
+    """The order probes start in (among those ready): the endpoints first, the backbone (0) and the last
+    iteration, which the figure's changes and the ablation's goals are read at, then the middle iterations in
+    order. A target stopped part-way (runs may span sessions) has its endpoints; a middle probe that is ready
+    while training goes on still starts in a free slot, since run_jobs starts any ready job."""
+    return (0 if iteration in (0, iterations) else 1, iteration)
 
 
 def share_backbone_probes(root: Path, seeds: Sequence[int]) -> list[Path]:

@@ -57,8 +57,9 @@ ARM_STYLE = {"full": ("o-", "C0"), "no_perturbation": ("s--", "C3")}
 
 def arm_jobs(root: Path, experiment: str, seeds: Sequence[int], overrides: Sequence[str],
              probe_args: Sequence[str], iterations: int) -> list[F.Job]:
-    """Every arm's jobs: all trainings first, then the probes in iteration order (both arms side by side); the
-    backbone probes of the first arm only (copied into the other runs afterwards). Job names carry the arm."""
+    """Every arm's jobs: all trainings first, then the probes in :func:`~eval.probes.figure1.probe_rank`'s order
+    (the endpoints first; both arms side by side); the backbone probes of the first arm only (copied into the
+    other runs afterwards). Job names carry the arm."""
     trains, probes = [], []
     for index, (arm, extra) in enumerate(ARMS.items()):
         for job in F.build_jobs(root / arm, experiment, seeds, [*overrides, *extra], probe_args, iterations):
@@ -67,7 +68,7 @@ def arm_jobs(root: Path, experiment: str, seeds: Sequence[int], overrides: Seque
                 trains.append(job)
             elif job.iteration > 0 or index == 0:
                 probes.append(job)
-    probes.sort(key=lambda j: j.iteration)  # stable: within an iteration, the first arm, then the second
+    probes.sort(key=lambda j: F.probe_rank(j.iteration, iterations))  # stable: per iteration, the first arm first
     return trains + probes
 
 

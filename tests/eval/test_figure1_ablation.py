@@ -34,7 +34,9 @@ def test_the_arms_jobs(tmp_path):
     # the backbone once (first arm, first seed, three roles); then each arm x seed x iteration x role
     assert [(j.name.split(":")[0], j.seed) for j in probes if j.iteration == 0] == [("full", 0)] * 3
     assert len(probes) == 3 + 2 * 2 * 2 * 3
-    assert [j.iteration for j in probes] == sorted(j.iteration for j in probes)
+    # the endpoints first (the backbone, then the last iteration, both arms), then the middle iteration
+    assert [j.iteration for j in probes] == [0] * 3 + [2] * 12 + [1] * 12
+    assert [j.name.split(":")[0] for j in probes[3:15]] == ["full"] * 6 + ["no_perturbation"] * 6
 
 
 def test_paired_differences_by_hand():

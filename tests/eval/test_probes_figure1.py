@@ -51,6 +51,12 @@ def test_the_backbone_is_probed_once_and_shared_by_every_seed(tmp_path):
     assert sorted((j.seed, j.iteration) for j in probes if j.iteration == 0) == [(0, 0)] * 3
     assert len(probes) == 3 + 3 * 2 * 3
     assert all("backbone" in j.argv for j in probes if j.iteration == 0)
+    # the endpoints (backbone, last iteration) before the middle; per checkpoint, execution (the longest) first
+    assert [(j.iteration, j.seed) for j in probes[:3]] == [(0, 0)] * 3
+    assert [j.iteration for j in probes[3:]] == [2] * 9 + [1] * 9
+    assert [j.seed for j in probes[3:12]] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    assert [j.argv[j.argv.index("--roles") + 1] for j in probes[3:6]] == list(F.PROBE_ROLES)
+    assert sorted(range(5), key=lambda i: F.probe_rank(i, 4)) == [0, 4, 1, 2, 3]
     _write_probe(F.probe_file(tmp_path / "seed0", 0, "execution"), {"execution/answered": 0.51})
     _write_probe(F.probe_file(tmp_path / "seed2", 0, "execution"), {"execution/answered": 0.99})  # kept as is
     written = F.share_backbone_probes(tmp_path, [0, 1, 2])
