@@ -22,9 +22,10 @@ ARGS, and the two targets take different SEEDS. Everything is resumable: a finis
 are skipped ("already done"), a partial run resumes (``resume=true``).
 
 It writes ``figure1_ablation.json`` (``{"iterations", "seeds", "arms": {arm: {"series", "per_seed", ...}}}``,
-the series and the per_seed shape of figure1.json; ``full_minus_no_perturbation_last``: each series' paired
-difference between the arms at the last iteration, per seed, with its mean and SD), ``figure1_ablation.png``
-(both arms: adversarial rejection, originals accepted, discrimination, tool-probe accuracy), each arm's own ``figure1.json``, and prints the path of
+the series and the per_seed shape of figure1.json; per arm also ``rule_margin`` (:func:`rule_margins`);
+``full_minus_no_perturbation_last``: each series' paired difference between the arms at the last iteration,
+per seed, with its mean and SD), ``figure1_ablation.png`` (both arms: adversarial rejection, originals
+accepted, discrimination, tool-probe accuracy), each arm's own ``figure1.json``, and prints the path of
 ``figure1_ablation.json`` on its last line.
 """
 from __future__ import annotations
@@ -96,6 +97,31 @@ def paired_differences(data: dict[str, Any], treated: str = "full", control: str
     return out
 
 
+def rule_margins(arm_root: Path, seeds: Sequence[int], iterations: Sequence[int]) -> dict[str, dict[str, Any]]:
+    """Per perturbation rule, each checkpoint's rejection of that rule's variants minus its rejection of the
+    originals, by the same valid verifiers (the Evaluation probe's ``per_rule_rejection`` and
+    ``original_acceptance``): what the verifiers detect of the rule beyond rejecting everything. 0 for a
+    verifier pool that rejects variants and originals alike, however high its adversarial rejection.
+    ``{rule: {"per_seed": {seed: [per iteration]}, "mean": [per iteration]}}``; None where a probe is missing."""
+    per_seed: dict[str, dict[str, list[Optional[float]]]] = {}
+    for s in seeds:
+        for idx, i in enumerate(iterations):
+            path = F.probe_file(arm_root / f"seed{s}", i, "evaluation")
+            ev = json.loads(path.read_text()).get("evaluation", {}) if path.exists() else {}
+            accepted = ev.get("original_acceptance")
+            for rule, rejected in (ev.get("per_rule_rejection") or {}).items():
+                row = per_seed.setdefault(rule, {}).setdefault(str(s), [None] * len(iterations))
+                if rejected is not None and accepted is not None:
+                    row[idx] = rejected - (1.0 - accepted)
+    out = {}
+    for rule, rows in per_seed.items():
+        for s in seeds:
+            rows.setdefault(str(s), [None] * len(iterations))
+        out[rule] = {"per_seed": rows,
+                     "mean": [F.mean_sd([rows[str(s)][idx] for s in seeds])[0] for idx in range(len(iterations))]}
+    return out
+
+
 def reproduce_ablation(root: Path, experiment: str, seeds: Sequence[int], jobs: int = 2,
                        overrides: Sequence[str] = (), probe_args: Sequence[str] = (),
                        log: Any = print) -> tuple[Path, bool]:
@@ -120,6 +146,7 @@ def reproduce_ablation(root: Path, experiment: str, seeds: Sequence[int], jobs: 
         fig["change_first_to_last"] = F.rises(fig)
         (root / arm / "figure1.json").write_text(json.dumps(fig, indent=1))
         out["arms"][arm] = summarise(fig)
+        out["arms"][arm]["rule_margin"] = rule_margins(root / arm, seeds, its)
     out["experiment"], out["overrides"] = experiment, list(overrides)
     out["arm_overrides"] = {a: list(o) for a, o in ARMS.items()}
     out["full_minus_no_perturbation_last"] = paired_differences(out)
@@ -135,6 +162,10 @@ def reproduce_ablation(root: Path, experiment: str, seeds: Sequence[int], jobs: 
             values = out["arms"][arm]["series"][key]
             log(f"[figure1-ablation] {arm} {key}: "
                 + " -> ".join("-" if v is None else f"{v * scale:.1f}" for v in values))
+    for arm in arms:
+        for rule, d in out["arms"][arm]["rule_margin"].items():
+            log(f"[figure1-ablation] {arm} rule margin (variants' minus originals' rejection) {rule}: "
+                + " -> ".join("-" if v is None else f"{v * 100:+.1f}" for v in d["mean"]))
     for key, d in out["full_minus_no_perturbation_last"].items():
         if d["mean"] is not None:
             log(f"[figure1-ablation] full - no_perturbation at the last iteration, {key}: mean {d['mean']:+.1f}"

@@ -59,6 +59,34 @@ def test_paired_differences_by_hand():
     assert d["execution/answered"] == {"per_seed": [0.0, 0.0], "mean": 0.0, "sd": 0.0}
 
 
+def _write_evaluation_probe(path, accepted, per_rule):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"metrics": {}, "evaluation": {"original_acceptance": accepted,
+                                                             "per_rule_rejection": per_rule}}))
+
+
+def test_rule_margins_by_hand(tmp_path):
+    # seed 0, iteration 0: originals accepted 0.84 (rejected 0.16); step_drop variants rejected 0.16 -> margin 0,
+    # early_terminate 0.41 -> +0.25. Iteration 1: a pool that rejects everything (originals accepted 0.1,
+    # rejected 0.9): step_drop 0.9 -> 0, early_terminate 1.0 -> +0.1. Seed 1 has iteration 0 only.
+    _write_evaluation_probe(F.probe_file(tmp_path / "seed0", 0, "evaluation"), 0.84,
+                            {"step_drop": 0.16, "early_terminate": 0.41})
+    _write_evaluation_probe(F.probe_file(tmp_path / "seed0", 1, "evaluation"), 0.1,
+                            {"step_drop": 0.9, "early_terminate": 1.0})
+    _write_evaluation_probe(F.probe_file(tmp_path / "seed1", 0, "evaluation"), 0.5,
+                            {"step_drop": 0.7, "early_terminate": 0.6})
+    m = A.rule_margins(tmp_path, [0, 1], [0, 1])
+    assert list(m) == ["step_drop", "early_terminate"]
+    assert m["step_drop"]["per_seed"]["0"] == pytest.approx([0.0, 0.0])
+    assert m["early_terminate"]["per_seed"]["0"] == pytest.approx([0.25, 0.1])
+    # seed 1: 0.7 − 0.5 = +0.2 and 0.6 − 0.5 = +0.1 at iteration 0; no probe at iteration 1
+    assert m["step_drop"]["per_seed"]["1"][0] == pytest.approx(0.2) and m["step_drop"]["per_seed"]["1"][1] is None
+    # means over the seeds with a value: (0 + 0.2) / 2, (0.25 + 0.1) / 2; iteration 1 from seed 0 alone
+    assert m["step_drop"]["mean"] == pytest.approx([0.1, 0.0])
+    assert m["early_terminate"]["mean"] == pytest.approx([0.175, 0.1])
+    assert A.rule_margins(tmp_path / "absent", [0], [0]) == {}
+
+
 def test_an_override_of_the_perturbation_engine_is_refused(capsys):
     with pytest.raises(SystemExit):
         A.main(["--experiment", "tiny", "perturbation=local"])
@@ -79,6 +107,8 @@ def ablation(tmp_path_factory):
 
 
 def test_figure1_ablation_end_to_end_on_the_tiny_model(ablation, capsys):
+    from omegaconf import OmegaConf
+
     root, argv, rc, out = ablation
     assert rc == 0, "\n".join(out)
     path = Path(out[-1])  # the path of figure1_ablation.json is the last line
@@ -104,9 +134,12 @@ def test_figure1_ablation_end_to_end_on_the_tiny_model(ablation, capsys):
     assert ablated["sources"]["0"][0]["execution"] == "backbone"
     assert data["arm_overrides"] == {"full": [], "no_perturbation": ["perturbation=none"]}
     assert data["full_minus_no_perturbation_last"] == A.paired_differences(data)
+    # the rules' margins over the originals' rejection, from the same Evaluation probe files (the backbone's shared)
+    margins = full["rule_margin"]
+    assert margins.keys() == ablated["rule_margin"].keys()
+    assert set(margins) <= set(OmegaConf.load(root / "full" / "seed0" / "config.yaml").perturbation.rules)
+    assert all(ablated["rule_margin"][r]["mean"][0] == margins[r]["mean"][0] for r in margins)
     # the arms differ by the perturbation engine only (conf/perturbation/none.yaml: no rule)
-    from omegaconf import OmegaConf
-
     cfgs = {arm: OmegaConf.load(root / arm / "seed0" / "config.yaml") for arm in data["arms"]}
     assert list(cfgs["full"].perturbation.rules) and list(cfgs["no_perturbation"].perturbation.rules) == []
     assert (root / "figure1_ablation.png").read_bytes()[:8] == PNG_MAGIC
