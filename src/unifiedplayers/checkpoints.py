@@ -6,7 +6,8 @@
   run state does not point at, so that the state always names a complete checkpoint.
 - ``published/<role>.pt``: stale feedback's copies (:mod:`unifiedplayers.team`).
 
-``schedule.checkpoint_retention`` thins a finished run's checkpoints (:func:`prune`).
+``schedule.checkpoint_retention`` thins a finished run's checkpoints (:func:`prune`), and a running one's that
+the run state no longer points at, at each block end (:func:`thin_at_block_end`).
 """
 from __future__ import annotations
 
@@ -34,12 +35,19 @@ def save_active(team: Any, slot: Slot, run_dir: Path, checkpoints: dict[str, Opt
             checkpoints[role] = str(rel)
 
 
-def drop_resume_copies(run_dir: Path, role: str, checkpoints: dict[str, Optional[str]]) -> None:
-    """At a block end: the role's in-block copies the state no longer points at."""
+def thin_at_block_end(run_dir: Path, role: str, checkpoints: dict[str, Optional[str]], keep: str) -> None:
+    """At a block end, once the state is written: drop the role's in-block copies the state no longer points
+    at, and thin every end-of-block checkpoint it no longer points at as ``keep`` (``checkpoint_retention``)
+    thins a finished run's. Only a checkpoint the state names is ever resumed from, so a run's disk use stays
+    near a finished run's instead of growing by a player's optimizer state and π_ref per block."""
     for name in ("a", "b"):
         rel = f"checkpoints/resume/{role}-{name}"
         if checkpoints.get(role) != rel:
             shutil.rmtree(run_dir / rel, ignore_errors=True)
+    used = {str(Path(p)) for p in checkpoints.values() if p}
+    for ckpt in sorted(p for p in (run_dir / "checkpoints").glob("iter*/*") if p.is_dir()):
+        if str(ckpt.relative_to(run_dir)) not in used:
+            _thin(ckpt, keep)
 
 
 def prune(run_dir: Path, keep: str) -> None:
@@ -52,11 +60,18 @@ def prune(run_dir: Path, keep: str) -> None:
             shutil.rmtree(group, ignore_errors=True)
             continue
         for ckpt in sorted(p for p in group.iterdir() if p.is_dir()):
-            role = ckpt.name.split("-")[0]  # iter<N>/<role> or resume/<role>-a|b
-            if keep == "execution_weights" and role != "execution":
-                shutil.rmtree(ckpt, ignore_errors=True)
-                continue
-            for name in ("optimizer.pt", "reference.pt"):
-                (ckpt / name).unlink(missing_ok=True)
-            if (ckpt / "model.pt").is_file():  # a DeepSpeed checkpoint's resume state (its optimizer
-                shutil.rmtree(ckpt / "deepspeed", ignore_errors=True)  # partitions); model.pt stays
+            _thin(ckpt, keep)
+
+
+def _thin(ckpt: Path, keep: str) -> None:
+    """One checkpoint (``iter<N>/<role>`` or ``resume/<role>-a|b``) as ``keep`` says: all of it; its weights
+    (``model.pt``) without the optimizer state and π_ref; the Execution player's weights only."""
+    if keep == "all":
+        return
+    if keep == "execution_weights" and ckpt.name.split("-")[0] != "execution":
+        shutil.rmtree(ckpt, ignore_errors=True)
+        return
+    for name in ("optimizer.pt", "reference.pt"):
+        (ckpt / name).unlink(missing_ok=True)
+    if (ckpt / "model.pt").is_file():  # a DeepSpeed checkpoint's resume state (its optimizer
+        shutil.rmtree(ckpt / "deepspeed", ignore_errors=True)  # partitions); model.pt stays

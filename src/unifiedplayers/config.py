@@ -327,6 +327,7 @@ class ScheduleConfig:
     # What a *finished* run keeps of its checkpoints (a finished run is never resumed): all; weights (no
     # optimizer state or reference weights: a third of the size); execution_weights (only the Execution
     # player's weights, what the evaluation harness reads; the ablation sweeps' smoke scale uses it).
+    # A running one keeps the same of every checkpoint its state no longer points at (thinned at block ends).
     checkpoint_retention: str = "all"  # all | weights | execution_weights
     # Stop this process after this many updates in total (the run stays resumable); None: run to the end.
     max_updates: Optional[int] = None

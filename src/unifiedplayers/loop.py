@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional, Sequence
 from omegaconf import OmegaConf
 
 from unifiedplayers.callbacks import DiagnosticPool, RunFiles, finish
-from unifiedplayers.checkpoints import drop_resume_copies, save_active
+from unifiedplayers.checkpoints import save_active, thin_at_block_end
 from unifiedplayers.checks import validate
 from unifiedplayers.config import resolve_player_config
 from unifiedplayers.distributed import SINGLE, DistContext, sandbox_config
@@ -154,7 +154,7 @@ class OuterLoop:
         if slot.last_of_block:
             self.team.end_block(slot.role)
             if self.dist.is_main:
-                drop_resume_copies(self.run_dir, slot.role, self.state.checkpoints)
+                thin_at_block_end(self.run_dir, slot.role, self.state.checkpoints, self.cfg.schedule.checkpoint_retention)
         self.state.timing["checkpoint_s"] += time.perf_counter() - t
 
     def _sample_phase(self, slot: Slot) -> Phase:

@@ -277,6 +277,30 @@ def test_a_finished_run_keeps_what_checkpoint_retention_says(tmp_path):
         run(tmp_path / "other", ["schedule.checkpoint_retention=none"])
 
 
+def test_a_running_run_thins_the_checkpoints_its_state_no_longer_names(tmp_path):
+    # Two iterations under "weights", stopped after iteration 2's Planning block (updates 2 + 1 + 1 + 2): the
+    # state now names iter2/planning, so iter1/planning keeps its weights only; iter1's Execution and
+    # Evaluation checkpoints are still named (their next blocks resume from them) and keep everything.
+    two = ["schedule.outer_iterations=2"]  # the default β_p > 0: each checkpoint holds π_ref (reference.pt)
+    d = tmp_path / "thinned"
+    run(d, [*two, "schedule.checkpoint_retention=weights", "schedule.max_updates=6"])
+    ckpts = d / "checkpoints"
+
+    def names(rel):
+        return sorted(p.name for p in (ckpts / rel).iterdir())
+
+    assert "model.pt" in names("iter1/planning")
+    assert not {"optimizer.pt", "reference.pt"} & set(names("iter1/planning"))
+    for rel in ("iter1/execution", "iter1/evaluation", "iter2/planning"):
+        assert {"model.pt", "optimizer.pt", "reference.pt"} <= set(names(rel)), rel
+    # Resumed to the end, it is the run that kept everything (the thinned files were never needed again).
+    assert run(d, [*two, "schedule.checkpoint_retention=weights", "resume=true"]).finished
+    kept = tmp_path / "kept"
+    assert run(kept, two).finished
+    assert records_text(d) == records_text(kept) and metrics_wo_timing(d) == metrics_wo_timing(kept)
+    assert not list(ckpts.rglob("optimizer.pt")) and len(list(kept.rglob("optimizer.pt"))) == 6
+
+
 def test_retention_of_a_deepspeed_checkpoint_keeps_its_model_pt_only(tmp_path):
     # A DeepSpeed checkpoint holds model.pt (full weights) beside deepspeed/ (engine state with the
     # optimizer partitions): "weights" keeps model.pt and drops the rest.
