@@ -14,6 +14,9 @@
 # figure1_ablation.json and figure1_ablation.png into $(FIGURE1_ABLATION_ROOT)/$(SCALE) (runs in <arm>/seed<s>)
 # and prints the json's path last. Rerunning skips finished runs and probes and resumes partial ones.
 # MODEL_PATH, ARGS and PROBE_ARGS as above (ARGS apply to both arms).
+# COLLECT_ONLY=1 (either target): write the json and png from the runs and probes done so far, start nothing
+# (a run spanning sessions: its figures now; what is missing is null). Probes start with the endpoints: the
+# backbone and the last iteration, then the middle iterations.
 # Included by the main Makefile, which defines PY and `setup`; SCALE and JOBS default as in mk/reproduce.mk.
 SCALE ?= smoke
 SEEDS ?= 1
@@ -21,6 +24,7 @@ JOBS ?= 2
 FIGURE1_ROOT ?= runs/figure1
 FIGURE1_ABLATION_ROOT ?= runs/figure1_ablation
 PROBE_ARGS ?=
+COLLECT_ONLY ?=
 MODEL_PATH ?=
 FIGURE1_MODEL = $(if $(and $(strip $(MODEL_PATH)),$(filter-out smoke,$(SCALE))),'model.path=$(strip $(MODEL_PATH))')
 
@@ -29,12 +33,12 @@ FIGURE1_MODEL = $(if $(and $(strip $(MODEL_PATH)),$(filter-out smoke,$(SCALE))),
 reproduce-figure1: setup
 	$(if $(and $(strip $(MODEL_PATH)),$(filter smoke,$(SCALE))),@echo "reproduce-figure1: MODEL_PATH is ignored at SCALE=smoke (the embedded model): use SCALE=paper or ARGS=model.path=..." >&2)
 	$(PY) -m eval.probes.figure1 --scale $(SCALE) --seeds $(SEEDS) --jobs $(JOBS) \
-	  --root $(FIGURE1_ROOT)/$(SCALE) $(if $(PROBE_ARGS),--probe-args="$(PROBE_ARGS)") $(FIGURE1_MODEL) $(ARGS)
+	  --root $(FIGURE1_ROOT)/$(SCALE) $(if $(PROBE_ARGS),--probe-args="$(PROBE_ARGS)") $(if $(COLLECT_ONLY),--collect-only) $(FIGURE1_MODEL) $(ARGS)
 
 reproduce-figure1-ablation: setup
 	$(if $(and $(strip $(MODEL_PATH)),$(filter smoke,$(SCALE))),@echo "reproduce-figure1-ablation: MODEL_PATH is ignored at SCALE=smoke (the embedded model): use SCALE=paper or ARGS=model.path=..." >&2)
 	$(PY) -m eval.probes.figure1_ablation --scale $(SCALE) --seeds $(SEEDS) --jobs $(JOBS) \
-	  --root $(FIGURE1_ABLATION_ROOT)/$(SCALE) $(if $(PROBE_ARGS),--probe-args="$(PROBE_ARGS)") $(FIGURE1_MODEL) $(ARGS)
+	  --root $(FIGURE1_ABLATION_ROOT)/$(SCALE) $(if $(PROBE_ARGS),--probe-args="$(PROBE_ARGS)") $(if $(COLLECT_ONLY),--collect-only) $(FIGURE1_MODEL) $(ARGS)
 
 # Remake the fixed probe sets of eval/probes/data/ (the same bytes unless the offline subsets change).
 probes-data: setup

@@ -88,14 +88,19 @@ def _metrics_iteration(run_dir: Path) -> int:
     return best
 
 
-def run_jobs(jobs: list[Job], max_jobs: int, env: dict[str, str], log: Any = print) -> None:
+def run_jobs(jobs: list[Job], max_jobs: int, env: dict[str, str], log: Any = print, start: bool = True) -> None:
     """Start jobs (in list order, when ready) with at most ``max_jobs`` running; wait for all of them.
-    A job whose prerequisite failed never becomes ready: it is left with ``rc`` None and reported."""
+    A job whose prerequisite failed never becomes ready: it is left with ``rc`` None and reported.
+    ``start`` False (``--collect-only``): start nothing; the jobs not done are reported and left with rc None."""
     pending = [j for j in jobs if not j.done()]
     for j in jobs:
         if j not in pending:
             j.rc = 0
             log(f"[figure1] {j.name}: already done")
+    if not start:
+        for j in pending:
+            log(f"[figure1] {j.name}: not run (--collect-only)")
+        return
     running: list[Job] = []
     while pending or running:
         for j in list(running):
@@ -387,8 +392,9 @@ def _finished_state(run_dir: Path) -> bool:
 
 
 def reproduce(root: Path, experiment: str, seeds: Sequence[int], jobs: int = 2, overrides: Sequence[str] = (),
-              probe_args: Sequence[str] = (), log: Any = print) -> tuple[Path, bool]:
-    """Train, probe, write figure1.json/png; returns (path of figure1.json, everything succeeded)."""
+              probe_args: Sequence[str] = (), log: Any = print, collect_only: bool = False) -> tuple[Path, bool]:
+    """Train, probe, write figure1.json/png; returns (path of figure1.json, everything done). ``collect_only``:
+    write them from what is done so far, starting nothing (missing probes are None)."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
@@ -396,7 +402,7 @@ def reproduce(root: Path, experiment: str, seeds: Sequence[int], jobs: int = 2, 
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
                PYTHONPATH=os.pathsep.join([str(_ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
     job_list = build_jobs(root, experiment, seeds, overrides, probe_args, iterations)
-    run_jobs(job_list, jobs, env, log)
+    run_jobs(job_list, jobs, env, log, start=not collect_only)
     share_backbone_probes(root, seeds)
     its = list(range(iterations + 1))
     fig = collect(root, seeds, its)
@@ -433,15 +439,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--root", type=Path, help="default runs/figure1/<scale>")
     ap.add_argument("--jobs", type=int, default=2, help="processes at once (one torch thread each)")
     ap.add_argument("--probe-args", default="", help="extra arguments of python -m eval.probes (sizes)")
+    ap.add_argument("--collect-only", action="store_true",
+                    help="write the json and png from the runs and probes done so far; start nothing")
     args = ap.parse_args(argv)
     if args.seeds < 1:
         ap.error("--seeds must be at least 1")
     experiment = args.experiment or SCALES[args.scale]
     root = args.root or Path("runs") / "figure1" / args.scale
     path, ok = reproduce(root, experiment, list(range(args.seeds)), max(1, args.jobs), args.overrides,
-                         args.probe_args.split())
+                         args.probe_args.split(), collect_only=args.collect_only)
     print(path)
-    return 0 if ok else 1
+    return 0 if ok or args.collect_only else 1
 
 
 if __name__ == "__main__":

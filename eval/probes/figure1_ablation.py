@@ -124,8 +124,9 @@ def rule_margins(arm_root: Path, seeds: Sequence[int], iterations: Sequence[int]
 
 def reproduce_ablation(root: Path, experiment: str, seeds: Sequence[int], jobs: int = 2,
                        overrides: Sequence[str] = (), probe_args: Sequence[str] = (),
-                       log: Any = print) -> tuple[Path, bool]:
-    """Train and probe both arms, write figure1_ablation.json/png; returns (path of the json, all succeeded)."""
+                       log: Any = print, collect_only: bool = False) -> tuple[Path, bool]:
+    """Train and probe both arms, write figure1_ablation.json/png; returns (path of the json, everything done).
+    ``collect_only``: write them from what is done so far, starting nothing (missing probes are None)."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
@@ -133,7 +134,7 @@ def reproduce_ablation(root: Path, experiment: str, seeds: Sequence[int], jobs: 
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
                PYTHONPATH=os.pathsep.join([str(_ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
     job_list = arm_jobs(root, experiment, seeds, overrides, probe_args, iterations)
-    F.run_jobs(job_list, jobs, env, log)
+    F.run_jobs(job_list, jobs, env, log, start=not collect_only)
     arms = list(ARMS)
     first = root / arms[0] / f"seed{seeds[0]}"
     F.copy_backbone_probes(first, [root / a / f"seed{s}" for a in arms for s in seeds
@@ -225,6 +226,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--root", type=Path, help="default runs/figure1_ablation/<scale>")
     ap.add_argument("--jobs", type=int, default=2, help="processes at once (one torch thread each)")
     ap.add_argument("--probe-args", default="", help="extra arguments of python -m eval.probes (sizes)")
+    ap.add_argument("--collect-only", action="store_true",
+                    help="write the json and png from the runs and probes done so far; start nothing")
     args = ap.parse_args(argv)
     if args.seeds < 1:
         ap.error("--seeds must be at least 1")
@@ -234,9 +237,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     experiment = args.experiment or F.SCALES[args.scale]
     root = args.root or Path("runs") / "figure1_ablation" / args.scale
     path, ok = reproduce_ablation(root, experiment, list(range(args.seeds)), max(1, args.jobs), args.overrides,
-                                  args.probe_args.split())
+                                  args.probe_args.split(), collect_only=args.collect_only)
     print(path)
-    return 0 if ok else 1
+    return 0 if ok or args.collect_only else 1
 
 
 if __name__ == "__main__":

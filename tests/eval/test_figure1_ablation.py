@@ -181,3 +181,31 @@ def test_an_arm_is_a_figure1_root_that_figure1_finds_done(ablation, capsys):
     assert json.loads((fig_root / "seed0" / "figure1.json").read_text())["series"] == fig["series"]
 
 
+
+
+def test_collect_only_writes_the_figures_of_what_is_done_and_starts_nothing(ablation, tmp_path, capsys):
+    """A run spanning sessions: --collect-only with a second seed that was never trained, and one probe file
+    of the first seed removed. Nothing starts; the json has the seeds asked for, null where nothing was done."""
+    import shutil
+
+    root, argv, rc, _ = ablation
+    assert rc == 0
+    copy = tmp_path / "abl"
+    shutil.copytree(root, copy)
+    F.probe_file(copy / "no_perturbation" / "seed0", 1, "evaluation").unlink()
+    args = [*argv, "--root", str(copy), "--seeds", "2", "--collect-only"]  # argparse: the last --root and --seeds
+    rc = A.main(args)
+    out = capsys.readouterr().out
+    assert rc == 0 and "started" not in out, out
+    # the two trainings of seed 1 and their probes (2 arms x 3 roles), and the removed probe
+    assert out.count("not run (--collect-only)") == 2 + 2 * 3 + 1
+    data = json.loads(Path(out.strip().splitlines()[-1]).read_text())
+    assert data["seeds"] == [0, 1]
+    ablated = data["arms"]["no_perturbation"]
+    assert ablated["per_seed"]["0"]["evaluation/adv_rejection"][1] is None  # its probe file was removed
+    assert ablated["per_seed"]["0"]["execution/answered"][1] is not None
+    # seed 1 has the shared backbone (copied) and nothing else
+    assert ablated["per_seed"]["1"]["execution/answered"][0] is not None
+    assert ablated["per_seed"]["1"]["execution/answered"][1] is None
+    assert data["full_minus_no_perturbation_last"]["evaluation/adv_rejection"]["per_seed"] == [None, None]
+    assert not (copy / "full" / "seed1" / "state.pt").exists()
