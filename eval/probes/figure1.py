@@ -425,9 +425,15 @@ def reproduce(root: Path, experiment: str, seeds: Sequence[int], jobs: int = 2, 
         unit = "" if k == "planning/U" else " points"
         log(f"[figure1] {k}: " + " -> ".join("-" if v is None else f"{v:.3f}" for v in fig["series"][k])
             + ("" if d is None else f" (change {d:+.3f}{unit})"))
-    log(f"[figure1] {'done' if ok else 'INCOMPLETE (see the failed jobs above)'} in {fig['wall_s'] / 60:.1f} min; "
+    log(f"[figure1] {'done' if ok else incomplete(collect_only)} in {fig['wall_s'] / 60:.1f} min; "
         f"{root / 'figure1.png'}")
     return out, ok
+
+
+def incomplete(collect_only: bool) -> str:
+    """The closing line's word for a target that did not finish every job."""
+    return "PARTIAL (--collect-only: jobs not run are listed above)" if collect_only else \
+        "INCOMPLETE (see the failed jobs above)"
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -101,7 +101,9 @@ def rule_margins(arm_root: Path, seeds: Sequence[int], iterations: Sequence[int]
     """Per perturbation rule, each checkpoint's rejection of that rule's variants minus its rejection of the
     originals, by the same valid verifiers (the Evaluation probe's ``per_rule_rejection`` and
     ``original_acceptance``): what the verifiers detect of the rule beyond rejecting everything. 0 for a
-    verifier pool that rejects variants and originals alike, however high its adversarial rejection.
+    verifier pool that rejects variants and originals alike, however high its adversarial rejection (exactly 0
+    where no check errored: the probe counts an errored original check as a rejection and an errored variant
+    check as none, so each margin is low by up to the probe's ``check_errors`` rate).
     ``{rule: {"per_seed": {seed: [per iteration]}, "mean": [per iteration]}}``; None where a probe is missing."""
     per_seed: dict[str, dict[str, list[Optional[float]]]] = {}
     for s in seeds:
@@ -145,6 +147,7 @@ def reproduce_ablation(root: Path, experiment: str, seeds: Sequence[int], jobs: 
         fig = F.collect(root / arm, seeds, its)
         fig["overrides"] = [*overrides, *ARMS[arm]]
         fig["change_first_to_last"] = F.rises(fig)
+        (root / arm).mkdir(parents=True, exist_ok=True)  # --collect-only before an arm has begun
         (root / arm / "figure1.json").write_text(json.dumps(fig, indent=1))
         out["arms"][arm] = summarise(fig)
         out["arms"][arm]["rule_margin"] = rule_margins(root / arm, seeds, its)
@@ -172,7 +175,7 @@ def reproduce_ablation(root: Path, experiment: str, seeds: Sequence[int], jobs: 
             log(f"[figure1-ablation] full - no_perturbation at the last iteration, {key}: mean {d['mean']:+.1f}"
                 + ("" if d["sd"] is None else f" (SD {d['sd']:.1f})") + " per seed "
                 + " / ".join("-" if v is None else f"{v:+.1f}" for v in d["per_seed"]))
-    log(f"[figure1-ablation] {'done' if ok else 'INCOMPLETE (see the failed jobs above)'} in "
+    log(f"[figure1-ablation] {'done' if ok else F.incomplete(collect_only)} in "
         f"{out['wall_s'] / 60:.1f} min; {root / 'figure1_ablation.png'}")
     return path, ok
 

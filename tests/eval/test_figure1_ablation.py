@@ -209,3 +209,9 @@ def test_collect_only_writes_the_figures_of_what_is_done_and_starts_nothing(abla
     assert ablated["per_seed"]["1"]["execution/answered"][1] is None
     assert data["full_minus_no_perturbation_last"]["evaluation/adv_rejection"]["per_seed"] == [None, None]
     assert not (copy / "full" / "seed1" / "state.pt").exists()
+    assert "PARTIAL (--collect-only" in out and "INCOMPLETE" not in out
+    # before anything has begun (no arm directory yet): the files are written, every value null
+    empty = tmp_path / "empty"
+    assert A.main([*argv, "--root", str(empty), "--collect-only"]) == 0
+    data = json.loads((empty / "figure1_ablation.json").read_text())
+    assert data["arms"]["full"]["series"]["execution/answered"] == [None, None]
