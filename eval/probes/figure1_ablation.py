@@ -172,9 +172,10 @@ def reproduce_ablation(root: Path, experiment: str, seeds: Sequence[int], jobs: 
                 + " -> ".join("-" if v is None else f"{v * 100:+.1f}" for v in d["mean"]))
     for key, d in out["full_minus_no_perturbation_last"].items():
         if d["mean"] is not None:
-            log(f"[figure1-ablation] full - no_perturbation at the last iteration, {key}: mean {d['mean']:+.1f}"
-                + ("" if d["sd"] is None else f" (SD {d['sd']:.1f})") + " per seed "
-                + " / ".join("-" if v is None else f"{v:+.1f}" for v in d["per_seed"]))
+            n = 2 if key == "planning/U" else 1  # U in its own units, the rates in points
+            log(f"[figure1-ablation] full - no_perturbation at the last iteration, {key}: mean {d['mean']:+.{n}f}"
+                + ("" if d["sd"] is None else f" (SD {d['sd']:.{n}f})") + " per seed "
+                + " / ".join("-" if v is None else f"{v:+.{n}f}" for v in d["per_seed"]))
     log(f"[figure1-ablation] {'done' if ok else F.incomplete(collect_only)} in "
         f"{out['wall_s'] / 60:.1f} min; {root / 'figure1_ablation.png'}")
     return path, ok
