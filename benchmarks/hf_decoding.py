@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from unifiedplayers.config import RolloutConfig  # noqa: E402
+from unifiedplayers.models import cast_parameters  # noqa: E402
 from unifiedplayers.rollout import build_rollout  # noqa: E402
 from unifiedplayers.rollout import hf_engine  # noqa: E402
 
@@ -165,7 +166,7 @@ def bench_prefix(model, tok, repeats: int) -> None:
 def bench_bf16(model, tok, prompts, repeats: int) -> None:
     kw = dict(n=1, max_new_tokens=max(BUDGETS), temperature=1.0, seed=0, ignore_eos=True)
     tokens = sum(BUDGETS)
-    for name, m in (("float32", model), ("bfloat16", copy.deepcopy(model).to(torch.bfloat16))):
+    for name, m in (("float32", model), ("bfloat16", cast_parameters(copy.deepcopy(model), torch.bfloat16))):
         engine = ragged_engine(m, tok)
         _, wall, cpu = timed(lambda: engine.generate(prompts, **kw), repeats)
         print(f"(c) {name}: {tokens} tokens in {wall:.2f} s = {tokens / wall:.1f} tokens/s (CPU {cpu:.2f} s), "

@@ -93,6 +93,23 @@ def test_tiny_model_saved_and_reloaded_as_pretrained_dir(tmp_path):
     assert AutoTokenizer.from_pretrained(tmp_path).chat_template == tok.chat_template
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_cast_load_equals_a_pretrained_load_in_the_same_dtype(tmp_path, dtype):
+    """``load_model`` in bf16 (a cast of float32 weights) and ``from_pretrained(dtype=bf16)`` of the same weights
+    give equal logits: both keep the rotary buffers float32, only the parameters take the dtype."""
+    model, tok = load_model(tiny(seed=1))
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    cast, _ = load_model(tiny(seed=1, dtype=dtype))
+    loaded, _ = load_model(ModelConfig(name="local", source="pretrained", path=str(tmp_path), device="cpu", dtype=dtype))
+    for m in (cast, loaded):
+        assert next(m.parameters()).dtype == getattr(torch, dtype)
+        assert {b.dtype for n, b in m.named_buffers() if n.endswith("inv_freq")} == {torch.float32}
+    ids = torch.tensor([tok("The rotary angles stay in float32.", add_special_tokens=False)["input_ids"]])
+    with torch.no_grad():
+        assert torch.equal(cast(ids).logits, loaded(ids).logits)
+
+
 # ----------------------------------------------------------------------------- errors
 
 
@@ -185,13 +202,16 @@ def test_a_write_killed_midway_leaves_no_cache(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_smollm2_from_the_wheel_caches_and_generates(tmp_path):
-    """The real embedded model: first load dequantizes the GGUF and writes the cache, the second reads
-    the cache, both give the same logits, and the model answers a chat prompt."""
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_smollm2_from_the_wheel_caches_and_generates(tmp_path, dtype):
+    """The real embedded model, in each dtype (pinned: not what ``auto`` picks here): first load dequantizes the
+    GGUF and writes the cache, the second reads the cache; both keep float32 rotary buffers and give the same
+    logits, and the model answers a chat prompt."""
     from unifiedplayers.config import RolloutConfig
     from unifiedplayers.rollout import build_rollout
 
-    cfg = ModelConfig(**compose(["model=smollm2_135m_instruct", f"model.cache_dir={tmp_path / 'smol'}"]).model)
+    cfg = ModelConfig(**compose(["model=smollm2_135m_instruct", f"model.cache_dir={tmp_path / 'smol'}",
+                                 f"model.dtype={dtype}"]).model)
     t0 = time.perf_counter()
     model, tok = load_model(cfg)
     first = time.perf_counter() - t0
@@ -204,6 +224,10 @@ def test_smollm2_from_the_wheel_caches_and_generates(tmp_path):
     prompt = tok.apply_chat_template([{"role": "user", "content": "What is 2+3?"}], tokenize=False, add_generation_prompt=True)
     ids = tok(prompt, add_special_tokens=False)["input_ids"]
     assert ids == tok2(prompt, add_special_tokens=False)["input_ids"] and tok2.eos_token == "<|im_end|>"
+    for m in (model, cached):
+        assert next(m.parameters()).dtype == getattr(torch, dtype)
+        assert {n: b.dtype for n, b in m.named_buffers() if n.endswith("inv_freq")} == {
+            "model.rotary_emb.inv_freq": torch.float32, "model.rotary_emb.original_inv_freq": torch.float32}
     with torch.no_grad():
         assert torch.equal(model(torch.tensor([ids])).logits, cached(torch.tensor([ids])).logits)
     out = build_rollout(RolloutConfig(), cached, tok2).generate([prompt], max_new_tokens=12, greedy=True)[0][0]

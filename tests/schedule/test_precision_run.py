@@ -5,6 +5,7 @@ The CPU flags are patched (``unifiedplayers.precision.cpu_flags``), so the tests
 """
 from __future__ import annotations
 
+import gc
 import json
 
 import pytest
@@ -97,9 +98,26 @@ def test_auto_run_stores_its_dtype_and_resumes_with_it_on_a_bf16_machine(monkeyp
     assert "resumed run" in resumed.precision_reason and "CPU has neither amx_bf16" in resumed.precision_reason
 
 
+def _rotary_buffers_of_every_live_model() -> dict[int, list[torch.dtype]]:
+    """id -> dtypes of the rotary buffers (``inv_freq``, ``original_inv_freq``) of every model alive now."""
+    found = {}
+    for obj in gc.get_objects():
+        if issubclass(type(obj), torch.nn.Module) and hasattr(obj, "inv_freq"):
+            found[id(obj)] = [b.dtype for n, b in obj.named_buffers() if n.endswith("inv_freq")]
+    return found
+
+
 def test_a_bf16_run_samples_from_the_bf16_copy_and_reports_the_mismatch(tmp_path):
-    loop = OuterLoop(compose(["experiment=tiny", "model.dtype=bfloat16", "trainer.dtype=bfloat16"]), tmp_path)
+    """Also: every model the run builds (the loaded backbone, the trained players' float32 masters and bf16
+    copies, the reference, the frozen Planning player's bf16 weights) keeps float32 rotary buffers, as
+    ``from_pretrained(dtype=bf16)`` does: a model cast with ``.to(bf16)`` computes its rotary angles in bf16."""
+    loop = OuterLoop(compose(["experiment=tiny", "model.dtype=bfloat16", "trainer.dtype=bfloat16",
+                              "schedule.train_planning=false"]), tmp_path)
     loop.run()
+    rotary = _rotary_buffers_of_every_live_model()
+    assert len(rotary) >= 6, rotary  # 3 players; Execution and Evaluation: master, bf16 copy, reference
+    assert all(dtypes and all(d == torch.float32 for d in dtypes) for dtypes in rotary.values()), rotary
+    assert loop.players["planning"].trainer is None
     for role, player in loop.players.items():
         assert all(p.dtype == torch.bfloat16 for p in player.model.parameters()), role
         if player.trainer is not None:
@@ -107,6 +125,7 @@ def test_a_bf16_run_samples_from_the_bf16_copy_and_reports_the_mismatch(tmp_path
             assert all(p.dtype == torch.float32 for p in player.trainer.model.parameters())
     lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     first = [m for m in lines if m["phase_step"] == 0 and not m[f"{m['block']}/skipped"]]
+    assert {m["block"] for m in first} <= {"execution", "evaluation"}
     assert first and all(0.0 <= m[f"{m['block']}/logprob_mismatch"] < 1.0 for m in first)
     summary = json.loads((tmp_path / "summary.json").read_text())["precision"]  # reported in the summary
     assert (summary["model.dtype"], summary["trainer.dtype"]) == ("bfloat16", "bfloat16")

@@ -119,3 +119,20 @@ def test_zero3_step_equals_torch_step(batches, torch_run, tmp_path):
     trainer.save_checkpoint(tmp_path / "execution")
     saved = torch.load(tmp_path / "execution" / "model.pt", weights_only=True)
     assert all(torch.equal(saved[k], params[k]) for k in params)
+
+
+def _rotary_dtypes(model):
+    return {n: b.dtype for n, b in model.named_buffers() if n.endswith("inv_freq")}
+
+
+def test_bf16_engine_keeps_float32_rotary_buffers(batches):
+    """DeepSpeed's bf16 mode casts the whole module (``module.bfloat16()``); the backend puts the rotary buffers
+    back in float32, as ``from_pretrained(dtype=bf16)`` leaves them, so its log-probs match a bf16 load's."""
+    torch.set_num_threads(1)
+    model, _ = tiny_model()
+    assert set(_rotary_dtypes(model).values()) == {torch.float32}
+    trainer = build_trainer(trainer_config(backend="deepspeed_zero2", dtype="bfloat16", kl_coef=0.05), model)
+    trainer.start_outer_iteration()
+    trainer.update(batches[0])
+    assert next(trainer.model.parameters()).dtype == torch.bfloat16
+    assert set(_rotary_dtypes(trainer.model).values()) == {torch.float32}

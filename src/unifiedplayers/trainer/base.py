@@ -165,7 +165,7 @@ class TrainerHooks:
     def _prepare_model(self, model: nn.Module) -> nn.Module:
         """The module the trainer holds, from the one it is given. Default: in ``compute_dtype`` (a backend with
         its own float32 master weights, such as DeepSpeed's bf16 mode)."""
-        return model if next(model.parameters()).dtype == self.compute_dtype else model.to(self.compute_dtype)
+        return cast_parameters(model, self.compute_dtype)
 
     def _setup(self, model: nn.Module) -> None:
         """Wrap ``model``; set ``device``, ``optimizer`` and ``scheduler`` (None until created)."""

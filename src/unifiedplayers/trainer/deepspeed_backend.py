@@ -39,6 +39,7 @@ from torch import nn
 
 from unifiedplayers.trainer.base import BaseTrainer, make_optimizer, make_scheduler, register_trainer_backend
 from unifiedplayers.trainer.logprobs import TokenLogprobModel
+from unifiedplayers.models import float32_buffers, restore_buffers
 from unifiedplayers.trainer.precision import resolve_setting
 
 Tensor = torch.Tensor
@@ -109,12 +110,14 @@ class DeepSpeedTrainer(BaseTrainer):
         if not torch.distributed.is_initialized():
             deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
         optimizer = make_optimizer(self.cfg, model)
+        buffers = float32_buffers(model)  # bf16 mode casts the whole module, rotary inv_freq included
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=TokenLogprobModel(model, self.cfg.temperature, self.cfg.logprob_chunk_rows),
             optimizer=optimizer,
             lr_scheduler=lambda opt: make_scheduler(self.cfg, opt),
             config=deepspeed_config(self.cfg, self.stage, str(self.compute_dtype).removeprefix("torch.")),
         )
+        restore_buffers(self.engine.module.lm, buffers)
         self.device = self.engine.device
         self._offloaded = False
 

@@ -59,8 +59,7 @@ class PlayerTrainer(BaseTrainer):
 
     def _prepare_model(self, model: nn.Module) -> nn.Module:
         """Master weights in float32, whatever the compute dtype: AdamW never steps bf16 weights."""
-        floats = [p.dtype for p in model.parameters() if p.is_floating_point()]
-        return model if all(d == torch.float32 for d in floats) else model.float()
+        return cast_parameters(model, torch.float32)
 
     def _setup(self, model: nn.Module) -> None:
         self._model = model

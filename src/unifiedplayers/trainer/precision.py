@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from unifiedplayers.models import cast_parameters  # noqa: F401 - the trainer's casts, re-exported
+
 Tensor = torch.Tensor
 
 
@@ -22,15 +24,6 @@ def resolve_setting(name: str, device: torch.device | str) -> str:
     if check_setting("trainer.dtype", name) != "auto":
         return name
     return auto_dtype(torch.device(device).type)[0]
-
-
-def cast_parameters(module: nn.Module, dtype: torch.dtype) -> nn.Module:
-    """``module`` with its floating-point parameters in ``dtype``, in place. Buffers keep their dtype (the rotary
-    ``inv_freq`` stays float32, as the model computes its angles in float32); tied parameters stay tied."""
-    for p in module.parameters():
-        if p.is_floating_point() and p.dtype != dtype:
-            p.data = p.data.to(dtype)
-    return module
 
 
 @torch.no_grad()
