@@ -11,7 +11,7 @@ player's fixed diagnostic pool (:mod:`unifiedplayers.execution_pool`, Appendix D
 - ``math``: math-verify (``parse`` + ``verify``), so ``0.5``, ``1/2`` and ``\\frac{1}{2}`` agree and
   intervals compare with their brackets. Its own timeouts use ``signal.alarm``, which fails off the
   main thread, so they are switched off (``parsing_timeout=None, timeout_seconds=None``) and replaced
-  by a length cap on the prediction plus our own alarm when we are on the main thread.
+  by a length cap on the prediction plus our own CPU-time alarm when we are on the main thread.
 - ``option``: exact option letter.
 - ``string``: exact match after light normalisation (case, surrounding quotes/brackets/punctuation,
   inner whitespace), with a numeric comparison when both sides are numbers (BBEH answers).
@@ -42,22 +42,24 @@ class _GradeTimeout(Exception):
 
 
 @contextmanager
-def _alarm(seconds: int) -> Iterator[None]:
-    """SIGALRM-based timeout on the main thread; a no-op elsewhere (signals only reach the main thread)."""
-    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGALRM"):
+def _alarm(seconds: float) -> Iterator[None]:
+    """A timeout of ``seconds`` of this process's CPU time (``ITIMER_PROF``, SIGPROF) on the main thread; a no-op
+    elsewhere (signals only reach the main thread). CPU time, not the wall clock: a grade that ends within its
+    budget on a quiet machine ends within it under any load, so a loaded machine never changes a grade."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "ITIMER_PROF"):
         yield
         return
 
     def _raise(signum, frame):  # noqa: ARG001
         raise _GradeTimeout()
 
-    previous = signal.signal(signal.SIGALRM, _raise)
-    signal.alarm(seconds)
+    previous = signal.signal(signal.SIGPROF, _raise)
+    signal.setitimer(signal.ITIMER_PROF, seconds)
     try:
         yield
     finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        signal.signal(signal.SIGPROF, previous)
 
 
 def _as_latex(answer: str) -> str:

@@ -288,6 +288,17 @@ def _serve_stdio() -> None:  # pragma: no cover - runs in the guard process
         out.flush()
 
 
+def process_cpu_seconds(pid: int) -> float:
+    """CPU seconds process ``pid`` has used, all its threads (its CPU-time clock, as clock_getcpuclockid gives
+    it); ``inf`` once it is gone, so that a wait on it ends."""
+    import time
+
+    try:
+        return time.clock_gettime(((~pid) << 3) | 2)  # MAKE_PROCESS_CPUCLOCK(pid, CPUCLOCK_SCHED)
+    except OSError:
+        return float("inf")
+
+
 class _ClusterGuard:
     """Runs math-verify in a child process that is killed when it exceeds its time.
 
@@ -304,6 +315,7 @@ class _ClusterGuard:
         self._pid = 0
 
     startup_timeout_s = 120.0  # importing sympy and math-verify: seconds on a quiet machine, more under load
+    wall_factor = 3.0  # a request is also abandoned after this many times its CPU budget of wall clock
 
     def _start(self) -> bool:
         """Start the guard and wait until it has imported its matcher (not part of any request's time)."""
@@ -329,7 +341,9 @@ class _ClusterGuard:
             self._proc.stdout.close()
         self._proc = None
 
-    def _read_line(self, deadline: float) -> Optional[bytes]:
+    def _read_line(self, deadline: float, cpu_limit: Optional[float] = None) -> Optional[bytes]:
+        """The guard's next line, or None once the wall clock reaches ``deadline`` (monotonic) or the guard's own
+        CPU clock reaches ``cpu_limit`` (seconds; :func:`process_cpu_seconds`)."""
         import os
         import select
         import time
@@ -338,8 +352,12 @@ class _ClusterGuard:
         fd = self._proc.stdout.fileno()
         while not buf.endswith(b"\n"):
             left = deadline - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
+            if cpu_limit is not None:
+                left = min(left, cpu_limit - process_cpu_seconds(self._proc.pid))
+            if left <= 0:
                 return None
+            if not select.select([fd], [], [], min(left, 1.0))[0]:
+                continue
             chunk = os.read(fd, 1 << 16)
             if not chunk:
                 return None
@@ -364,7 +382,10 @@ class _ClusterGuard:
             except OSError:
                 self._stop()
                 return None
-            line = self._read_line(time.monotonic() + timeout_s)
+            # Its CPU time decides, not the wall clock: a match that ends within its budget on a quiet machine
+            # ends within it under any load (the wall-clock cap only guards against a guard that stalls).
+            cpu_limit = process_cpu_seconds(self._proc.pid) + timeout_s
+            line = self._read_line(time.monotonic() + self.wall_factor * timeout_s, cpu_limit)
             if line is None:
                 self._stop()
                 return None
@@ -388,8 +409,9 @@ def answer_clusters(answers: Sequence[Optional[str]], timeout_s: Optional[float]
     """Group the indices of equivalent answers (math-verify: 5/2 ≡ 2.5 ≡ \\frac{5}{2}); missing answers
     (None or blank) are left out. Each answer joins the first cluster whose first member it matches.
 
-    Runs in a guard process killed after ``timeout_s`` (then answers are grouped by text, with a
-    warning); ``timeout_s=None`` runs in this process, for trusted input only.
+    Runs in a guard process killed after ``timeout_s`` seconds of its CPU time (then answers are grouped by text,
+    with a warning), so that the grouping, and U(q), never depend on the machine's load; ``timeout_s=None`` runs
+    in this process, for trusted input only.
     """
     answers = [None if a is None else str(a) for a in answers]
     if timeout_s is None:
@@ -399,7 +421,7 @@ def answer_clusters(answers: Sequence[Optional[str]], timeout_s: Optional[float]
     got = _GUARD.clusters(answers, timeout_s)
     if got is None:
         logging.getLogger(__name__).warning(
-            "answer matching exceeded %.1f s or failed; grouping %d answers by text", timeout_s, len(answers))
+            "answer matching exceeded %.1f s of CPU time or failed; grouping %d answers by text", timeout_s, len(answers))
         return _text_clusters(answers)
     return got
 

@@ -116,3 +116,20 @@ def test_tool_mode_reads_the_final_answer_as_training_parses_it():
     assert extract_answer("string", BOX_THEN_CODE, tool=True) == "18"
     with pytest.raises(ValueError):
         extract_answer("program", "x")
+
+
+def test_the_grading_timeout_counts_cpu_time_not_wall_clock():
+    """A grade's budget is this process's CPU time: a CPU-bound grade is cut off, a wait of the same wall length
+    (as a starved process on a loaded machine would see) is not."""
+    import time
+
+    from unifiedplayers import grading
+
+    with grading._alarm(0.2):
+        time.sleep(0.4)  # 0.4 s of wall clock, next to no CPU: no timeout
+    t0 = time.process_time()
+    with pytest.raises(grading._GradeTimeout):
+        with grading._alarm(0.2):
+            while time.process_time() - t0 < 5:
+                pass
+    assert 0.15 < time.process_time() - t0 < 2

@@ -130,6 +130,42 @@ def test_a_runaway_answer_is_cut_off_and_matching_goes_on(caplog):
     assert R.answer_clusters(["5/2", "2.5", "3", "4"]) == [[0, 1], [2], [3]]
 
 
+def test_the_guard_budget_is_cpu_time_not_wall_clock(monkeypatch):
+    """The guard is stopped when its own CPU clock has advanced by the budget: a guard whose CPU clock stands still
+    (it waits, as a starved process would) is not cut off by the wall clock before ``wall_factor`` budgets."""
+    import subprocess
+    import sys
+    import time
+
+    spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        first = R.process_cpu_seconds(spin.pid)
+        time.sleep(0.3)
+        assert 0.05 < first < R.process_cpu_seconds(spin.pid) < 10
+    finally:
+        spin.kill()
+        spin.wait()
+    assert R.process_cpu_seconds(spin.pid) == float("inf")  # gone: a wait on it ends
+
+    frozen = {"cpu": 0.0}
+    monkeypatch.setattr(R, "process_cpu_seconds", lambda pid: frozen["cpu"])
+    guard = R._ClusterGuard()
+    try:
+        guard._proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.6); print('late')"],
+                                       stdout=subprocess.PIPE)
+        # 0.2 s of CPU budget that the "starved" process never spends: it answers after 0.6 s of wall clock
+        assert guard._read_line(time.monotonic() + 5.0, cpu_limit=0.2) == b"late\n"
+        guard._proc.wait()
+        guard._proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)"], stdout=subprocess.PIPE)
+        frozen["cpu"] = 0.25  # its CPU clock passed the budget: stopped at once
+        t0 = time.monotonic()
+        assert guard._read_line(time.monotonic() + 5.0, cpu_limit=0.2) is None and time.monotonic() - t0 < 1
+    finally:
+        guard._proc.kill()
+        guard._proc.wait()
+
+
 def test_uncertainty_works_in_threads():
     from concurrent.futures import ThreadPoolExecutor
 
