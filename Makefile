@@ -14,6 +14,7 @@ export TOKENIZERS_PARALLELISM ?= false
 PYTEST_ARGS ?=
 # `make test` runs the suite in TEST_WORKERS processes (pytest-xdist), a test file to a process (its module
 # fixtures run once); each takes one torch thread (tests/conftest.py). TEST_WORKERS=0: one process.
+# Its first line names the machine (CPU, bf16 flags, torch and threads; tests/conftest.py), for a red CI log.
 TEST_WORKERS ?= 2
 ARGS ?=
 

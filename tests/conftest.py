@@ -12,6 +12,9 @@
   may change theirs), a composition that fails is not kept (it fails again, with the same error, each time),
   and another config directory or a ``hydra.*`` override (a search path into a temporary copy) is composed
   every time. Subprocesses (the CLI tests) compose for themselves, as always.
+- The first lines name the machine (CPU, bf16 flags, cores, torch and its threads, Python, GPUs;
+  ``unifiedplayers.machine``), so that a red CI log can be traced to its machine (issue 28); ``-q`` (``make test``)
+  hides pytest's header, so the line is written there too.
 """
 from __future__ import annotations
 
@@ -48,3 +51,22 @@ def _compose_once(overrides=(), config_dir=None, config_name="config"):
 
 _compose_once.__doc__ = _compose.__doc__
 _config.compose = _compose_once
+
+
+def _machine_lines(config) -> list[str]:
+    from unifiedplayers.machine import machine_info, machine_line
+
+    line = f"machine: {machine_line(machine_info())}"
+    workers = getattr(config.option, "numprocesses", None)
+    return [line + (f"; each of the {workers} xdist workers takes 1 torch thread" if workers else "")]
+
+
+def pytest_report_header(config):
+    return _machine_lines(config)
+
+
+def pytest_sessionstart(session):
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None and not reporter.showheader and not os.environ.get("PYTEST_XDIST_WORKER"):
+        for line in _machine_lines(session.config):
+            reporter.write_line(line)

@@ -76,6 +76,9 @@ def check_ranges(cfg: Any) -> None:
     sb = cfg.sandbox
     if not sb.timeout_s > 0:
         raise ValueError(f"sandbox.timeout_s={sb.timeout_s}: need > 0 (seconds per sandbox call; default 10)")
+    if not sb.wall_timeout_factor >= 1:
+        raise ValueError(f"sandbox.wall_timeout_factor={sb.wall_timeout_factor}: need >= 1 (the wall-clock cap of a "
+                         "call, in multiples of its CPU-time limit sandbox.timeout_s; default 3)")
     if sb.memory_mb < 32:
         raise ValueError(f"sandbox.memory_mb={sb.memory_mb}: need >= 32 (the interpreter of a call needs about "
                          "32 MB; default 512)")

@@ -408,6 +408,10 @@ class Config:
     # Written at a run's start when model.dtype or trainer.dtype is auto: what it resolved to, and why
     # (unifiedplayers.precision). Not a setting.
     precision_reason: Optional[str] = None
+    # Written at each start of a run, one entry per start (a resume appends; the last is the current process):
+    # the update it began with, the machine (CPU, bf16 flags, cores, torch and its threads, Python, GPUs) and
+    # the sandbox's isolation layers, present and missing with the reason (unifiedplayers.machine). Not a setting.
+    machine: list[dict[str, Any]] = field(default_factory=list)
 
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"

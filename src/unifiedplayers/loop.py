@@ -27,6 +27,7 @@ from unifiedplayers.checks import validate
 from unifiedplayers.config import resolve_player_config
 from unifiedplayers.distributed import SINGLE, DistContext, sandbox_config
 from unifiedplayers.engines import TimedSandbox
+from unifiedplayers.machine import earlier_starts, record_start
 from unifiedplayers.perturbation import PerturbationEngine
 from unifiedplayers.precision import resolve_run_precision
 from unifiedplayers.phase import PHASE_FILE, Phase, build_units, phase_records, record_meta_of, train_step
@@ -75,6 +76,7 @@ class OuterLoop:
             self.state.finished, self.state.completed = True, saved["completed"]
             return finish(self.cfg, self.run_dir, self.dist, self.state.completed, True, None)
         resolve_run_precision(self.cfg, saved["config"] if saved else None)  # auto: once; a resume keeps it
+        self.cfg.machine = earlier_starts(self.run_dir / CONFIG_FILE) if saved is not None else []  # a resume: kept
         if self.dist.is_main:
             OmegaConf.save(self.cfg, self.run_dir / CONFIG_FILE, resolve=True)
         self.team.setup(*self.team.load_backbone(self._backbone, self.state.timing))
@@ -87,6 +89,8 @@ class OuterLoop:
         with Sandbox(sandbox_config(self.cfg.sandbox, self.dist)) as sandbox, RunFiles(  # closed whatever happens
                 self.cfg, self.run_dir, self.dist.is_main, len(self.slots), self.state.completed, self.state.wandb_id
         ) as files:
+            record_start(self.cfg, self.state.completed, sandbox,  # where this start runs, its sandbox's layers
+                         self.run_dir / CONFIG_FILE if self.dist.is_main else None)
             self.files, self.sandbox = files, TimedSandbox(sandbox)
             self.sampler = PhaseSampler(self.cfg, self.player_cfg, self.execution_cfg, self.method, self.team,
                                         self.sandbox, self.dist, files.stage, self.state.prompt_counter)

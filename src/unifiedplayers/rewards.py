@@ -325,8 +325,9 @@ class _ClusterGuard:
         import time
 
         code = "from unifiedplayers.rewards import _serve_stdio; _serve_stdio()"
+        env = dict(os.environ, PYTHONHASHSEED="0")  # sympy iterates sets: one order in every run
         self._proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                      stderr=subprocess.DEVNULL, close_fds=True)
+                                      stderr=subprocess.DEVNULL, close_fds=True, env=env)
         self._pid = os.getpid()
         if self._read_line(time.monotonic() + self.startup_timeout_s) != b"ready\n":
             self._stop()

@@ -12,9 +12,10 @@ from omegaconf import OmegaConf
 
 from unifiedplayers.precision import matches_stored
 
-# Config keys that may change between a run and its resumption (they steer this process, not the result).
+# Config keys that may change between a run and its resumption (they steer this process, not the result, or,
+# ``machine``, record where each start ran: a run may resume on another machine).
 RUN_CONTROL_KEYS = ("resume", "run_dir", "logger", "schedule.max_updates", "schedule.print_summary",
-                    "schedule.checkpoint_retention")
+                    "schedule.checkpoint_retention", "machine")
 
 
 def atomic_torch_save(obj: Any, path: Path) -> None:

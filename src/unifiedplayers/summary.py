@@ -95,19 +95,37 @@ def build_summary(run_dir: Path, timing: Optional[dict] = None) -> tuple[dict[st
         "last": {k: v for k, v in (metrics[-1] if metrics else {}).items()},
         "execution_pool": pool_summary(metrics, run_dir),
         "precision": precision_summary(run_dir, metrics),
+        "machine": machine_summary(run_dir),
     }
     return summary, pick_sample(records)
+
+
+def _run_config(run_dir: Path) -> Optional[Any]:
+    """The run's ``config.yaml`` (None when it has none)."""
+    from omegaconf import OmegaConf
+
+    config = Path(run_dir) / "config.yaml"
+    return OmegaConf.load(config) if config.exists() else None
+
+
+def machine_summary(run_dir: Path) -> list[dict[str, Any]]:
+    """Where each start of the run ran and the sandbox isolation it got (``config.yaml``'s ``machine``, written by
+    :func:`unifiedplayers.machine.record_start`); empty for a run of an earlier version."""
+    from omegaconf import OmegaConf
+
+    cfg = _run_config(run_dir)
+    starts = OmegaConf.select(cfg, "machine", default=None) if cfg is not None else None
+    return list(OmegaConf.to_container(starts)) if OmegaConf.is_list(starts) else []
 
 
 def precision_summary(run_dir: Path, metrics: list[dict[str, Any]]) -> dict[str, Any]:
     """The run's dtypes (``config.yaml``: as ``auto`` resolved at its start, and why) and, per player, the
     train/rollout log-prob mismatch: mean |log π_train − log π_behaviour| at each phase's on-policy step."""
     out: dict[str, Any] = {}
-    config = run_dir / "config.yaml"
-    if config.exists():
+    cfg = _run_config(run_dir)
+    if cfg is not None:
         from omegaconf import OmegaConf
 
-        cfg = OmegaConf.load(config)
         out.update({"model.dtype": OmegaConf.select(cfg, "model.dtype"),
                     "trainer.dtype": OmegaConf.select(cfg, "trainer.dtype"),
                     "reason": OmegaConf.select(cfg, "precision_reason")})
@@ -117,6 +135,20 @@ def precision_summary(run_dir: Path, metrics: list[dict[str, Any]]) -> dict[str,
         if values:
             mismatch[role] = {"mean": float(np.mean(values)), "max": float(np.max(values)), "phases": len(values)}
     out["logprob_mismatch"] = mismatch
+    return out
+
+
+def machine_lines(starts: list[dict[str, Any]]) -> list[str]:
+    """Two lines per start of the run: its machine and its sandbox's isolation layers."""
+    from unifiedplayers.machine import machine_line
+    from unifiedplayers.sandbox.isolation import isolation_line
+
+    out = []
+    for start in starts:
+        where = f" (from update {start.get('from_update')})" if len(starts) > 1 else ""
+        out.append(f"machine{where}: {machine_line(start)}")
+        if start.get("sandbox_isolation") is not None:
+            out.append(f"sandbox isolation{where}: {isolation_line(start['sandbox_isolation'])}")
     return out
 
 
@@ -142,6 +174,7 @@ def render_summary(summary: dict[str, Any], sample: Optional[Any]) -> str:
     if prec.get("model.dtype"):
         out.append(f"precision: model.dtype {prec['model.dtype']} (rollouts), trainer.dtype {prec['trainer.dtype']}"
                    + (f" ({prec['reason']})" if prec.get("reason") else ""))
+    out.extend(machine_lines(summary.get("machine") or []))
     if prec.get("logprob_mismatch"):
         out.append("train/rollout log-prob mismatch, mean |log π_train − log π_behaviour| at each phase's on-policy "
                    "step: " + ", ".join(f"{role} {v['mean']:.2e} (max {v['max']:.2e}, {v['phases']} phases)"

@@ -107,6 +107,7 @@ def test_a_refused_resume_leaves_the_run_and_its_config_untouched(tmp_path):
 
 @pytest.mark.parametrize("override, message", [
     ("sandbox.timeout_s=0", "sandbox.timeout_s=0.0: need > 0"),
+    ("sandbox.wall_timeout_factor=0.5", "sandbox.wall_timeout_factor=0.5: need >= 1"),
     ("sandbox.memory_mb=1", "sandbox.memory_mb=1: need >= 32"),
     ("trainer.clip_eps=-0.2", r"trainer.clip_eps \(or trainer.roles.planning.clip_eps\)=-0.2: need > 0"),
     ("trainer.lr=-1", r"trainer.lr \(or trainer.roles.planning.lr\)=-1.0: need >= 0"),

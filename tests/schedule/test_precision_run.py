@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import gc
 import json
+import os
+import sys
 
 import pytest
 import torch
@@ -83,6 +85,8 @@ def _stop_after(n):
 
 
 def test_auto_run_stores_its_dtype_and_resumes_with_it_on_a_bf16_machine(monkeypatch, tmp_path):
+    """Also: config.yaml's ``machine`` holds one entry per start (the resume on "another machine" adds its own),
+    and resuming on another machine is no config change."""
     _flags(monkeypatch, AVX2)
     overrides = ["experiment=tiny", "model.dtype=auto", "trainer.dtype=auto", "resume=true"]
     OuterLoop(compose(overrides), tmp_path, hooks=[_stop_after(1)]).run()
@@ -96,6 +100,13 @@ def test_auto_run_stores_its_dtype_and_resumes_with_it_on_a_bf16_machine(monkeyp
     assert all(p.dtype == torch.float32 for p in loop.players["planning"].model.parameters())
     resumed = OmegaConf.load(tmp_path / "config.yaml")  # the resume keeps the start's reason beside its own words
     assert "resumed run" in resumed.precision_reason and "CPU has neither amx_bf16" in resumed.precision_reason
+    # Each start's machine (unifiedplayers.machine): the first start's beside the resume's, the last one current.
+    starts = OmegaConf.to_container(resumed.machine)
+    assert [(m["from_update"], m["bf16_flags"]) for m in starts] == [(0, []), (1, ["amx_bf16"])]
+    assert starts[-1]["torch_threads"] == torch.get_num_threads()
+    if os.geteuid() == 0 and sys.platform == "linux":  # every isolation layer, recorded at each start
+        assert all(m["sandbox_isolation"] == {"present": ["netns", "uid", "landlock", "tmpfs"], "missing": {}}
+                   for m in starts)
 
 
 def _rotary_buffers_of_every_live_model() -> dict[int, list[torch.dtype]]:

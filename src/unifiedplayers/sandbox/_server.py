@@ -25,11 +25,13 @@ are 4-byte big-endian lengths + UTF-8 JSON.
 import builtins
 import collections
 import ctypes
+import datetime
 import fcntl
 import gc
 import io
 import json
 import os
+import random
 import re
 import resource
 import select
@@ -418,6 +420,72 @@ def _user_traceback(exc):
     return "".join(te.format())
 
 
+# ---------------------------------------------------------------------------------------------------
+# What a call reads that would change from run to run (sandbox.deterministic): the clocks, the random
+# generators and the str hash (PYTHONHASHSEED, set by the client). Model-written code that printed
+# time.time() gave another observation, and so another trajectory, in every run of one seed.
+
+VIRTUAL_EPOCH = 1767225600.0  # 2026-01-01 00:00:00 UTC: the wall-clock time at which every call starts
+VIRTUAL_TICK = 1e-6  # seconds the virtual clock advances at each reading
+_virtual = [0.0]  # seconds since the call began, on its virtual clock (0 in the forker: each call starts there)
+_real_sleep, _real_localtime, _real_gmtime = time.sleep, time.localtime, time.gmtime
+_real_strftime, _real_asctime = time.strftime, time.asctime
+
+
+def _virtual_seconds():
+    _virtual[0] += VIRTUAL_TICK
+    return _virtual[0]
+
+
+def _virtual_sleep(seconds):
+    _real_sleep(seconds)  # it still waits: the wall-clock cap of a call sees a sleeper
+    _virtual[0] += max(0.0, float(seconds))
+
+
+class _VirtualDatetime(datetime.datetime):
+    """``datetime.datetime`` whose ``now``, ``utcnow`` and ``today`` read the virtual clock."""
+
+    @classmethod
+    def now(cls, tz=None):
+        return cls.fromtimestamp(time.time(), tz)
+
+    @classmethod
+    def utcnow(cls):
+        return cls.fromtimestamp(time.time(), datetime.timezone.utc).replace(tzinfo=None)
+
+    @classmethod
+    def today(cls):
+        return cls.now()
+
+
+_VirtualDatetime.__name__ = "datetime.datetime"  # the type name its repr prints, as the C type's
+_VirtualDatetime.__qualname__, _VirtualDatetime.__module__ = "datetime", "datetime"
+
+
+def _deterministic_call():
+    """Runs in each call before its code: every clock it can read is one virtual clock, which starts at
+    VIRTUAL_EPOCH and advances VIRTUAL_TICK per reading and by what it sleeps, and ``random`` (and
+    ``os.urandom``, behind ``uuid4`` and ``secrets``) starts from seed 0. So a call gives the same output in
+    every run, whatever the date and the load: a measured duration is a count of clock readings, not seconds.
+    Not changed: object addresses (``id``, a default ``repr``) and the pid."""
+    seconds = _virtual_seconds
+    time.time = lambda: VIRTUAL_EPOCH + seconds()
+    time.time_ns = lambda: int(round((VIRTUAL_EPOCH + seconds()) * 1e9))
+    time.monotonic = time.perf_counter = time.process_time = time.thread_time = seconds
+    time.monotonic_ns = time.perf_counter_ns = time.process_time_ns = time.thread_time_ns = (
+        lambda: int(round(seconds() * 1e9)))
+    time.sleep = _virtual_sleep
+    time.localtime = lambda secs=None: _real_localtime(time.time() if secs is None else secs)
+    time.gmtime = lambda secs=None: _real_gmtime(time.time() if secs is None else secs)
+    time.ctime = lambda secs=None: time.asctime(time.localtime(secs))
+    time.asctime = lambda t=None: _real_asctime(time.localtime() if t is None else t)
+    time.strftime = lambda fmt, t=None: _real_strftime(fmt, time.localtime() if t is None else t)
+    datetime.datetime = _VirtualDatetime
+    random.seed(0)
+    stream = random.Random(0x5EED)
+    os.urandom = random._urandom = lambda n: stream.randbytes(n)
+
+
 def _call_process(kind, text, code, function, payload, timeout, cfg, workdir, out_w, err_w, res_w, null_fd,
                   ruleset):
     """Runs in the fork of a slot's forker. Never returns. ``text``: the program (kind "run") or the source
@@ -440,6 +508,8 @@ def _call_process(kind, text, code, function, payload, timeout, cfg, workdir, ou
             Landlock.restrict(ruleset, no_new_privs=False)  # a nested domain: no signals to the forker
         os.closerange(4, 1 << 16)
         _set_rlimit(resource.RLIMIT_CPU, int(timeout) + 2)
+        if cfg.get("deterministic", True):
+            _deterministic_call()
     except BaseException:  # noqa: BLE001 - never run untrusted code with a layer missing
         try:
             os.write(2, ("sandbox setup failed: " + traceback.format_exc()[-2000:]).encode())
@@ -602,6 +672,7 @@ ENDED, TIMED_OUT, KILLED = 0, 1, 2
 class Forker:
     def __init__(self, cfg, iso, slot_dir, ruleset, fds):
         self.cfg = dict(cfg, _uid_isolation=bool(iso["uid"]))
+        self.wall_factor = float(cfg.get("wall_timeout_factor") or 1.0)
         self.iso, self.dir, self.ruleset = iso, slot_dir, ruleset
         self.ctl, self.st, self.out_w, self.err_w, self.res_w = fds
         # Every call of this slot works in the same path, created empty before the call and removed after
@@ -707,29 +778,14 @@ class Forker:
             _call_process(kind, text, code, function, payload, timeout, self.cfg, workdir, self.out_w,
                           self.err_w, self.res_w, self.null, self.ruleset)
         pidfd = os.pidfd_open(pid)
-        deadline = start + timeout
-        how, server_gone = ENDED, False
-        while True:
-            wait = deadline - time.monotonic()
-            if wait <= 0:
-                how = TIMED_OUT
-                break
-            try:
-                ready, _, _ = select.select([pidfd, self.ctl], [], [], wait)
-            except InterruptedError:
-                continue
-            if pidfd in ready:
-                break
-            if ready:  # while a call runs the server only ever sends a kill
-                msg = os.read(self.ctl, 1)
-                server_gone = msg == b""
-                how = KILLED
-                break
+        how, server_gone = self.watch(pid, pidfd, start, timeout)
         if how != ENDED:
             os.kill(pid, signal.SIGKILL)  # our own unreaped child: its pid cannot have been reused
             self.sweep(pid)
-        _, status = os.waitpid(pid, 0)
+        _, status, usage = os.wait4(pid, 0)
         duration = time.monotonic() - start
+        if how == ENDED and usage.ru_utime + usage.ru_stime >= timeout:
+            how = TIMED_OUT  # it spent its CPU budget before the watch saw it (RLIMIT_CPU's SIGXCPU, say)
         os.close(pidfd)
         self.reap(pid)  # whatever it left running (daemons, setsid'd children) dies now
         try:
@@ -739,6 +795,33 @@ class Forker:
         if server_gone:
             os._exit(0)
         _write_all(self.st, DONE + DONE_BODY.pack(status, how, duration))
+
+    def watch(self, pid, pidfd, start, timeout):
+        """Wait for call ``pid`` to end: ``(how, server_gone)``. It times out once it has used ``timeout`` seconds
+        of CPU time, or ``wall_timeout_factor`` times that of wall clock (a call that sleeps or blocks).
+
+        CPU time, not wall clock, decides: a call that finishes within its budget on a quiet machine finishes
+        within it under any load, so a verdict or an observation never depends on what else the machine runs.
+        The process's CPU clock (clock_getcpuclockid) is read only when the budget could be spent: a call can
+        spend no more CPU than the wall clock that has passed (per thread), so the watch sleeps until then."""
+        clock = ((~pid) << 3) | 2  # MAKE_PROCESS_CPUCLOCK(pid, CPUCLOCK_SCHED): all its threads, in ns
+        wall_deadline = start + timeout * self.wall_factor
+        while True:
+            try:
+                used = time.clock_gettime(clock)
+            except OSError:  # it has ended (wait4's rusage has the last word)
+                used = 0.0
+            wait = min(wall_deadline - time.monotonic(), timeout - used)
+            if wait <= 0:
+                return TIMED_OUT, False
+            try:
+                ready, _, _ = select.select([pidfd, self.ctl], [], [], max(min(wait, 1.0), 0.005))
+            except InterruptedError:
+                continue
+            if pidfd in ready:
+                return ENDED, False
+            if ready:  # while a call runs the server only ever sends a kill
+                return KILLED, os.read(self.ctl, 1) == b""
 
     def serve(self):
         while True:
@@ -1002,6 +1085,7 @@ class Server:
         # sends it the next one, and a second slot keeps the core busy meanwhile.
         self.workers = int(cfg["workers"]) or 2 * (os.cpu_count() or 1)
         self.timeout = float(cfg["timeout_s"])
+        self.wall_factor = float(cfg.get("wall_timeout_factor") or 1.0)
         self.limit = int(cfg["max_output_bytes"])
         self.value_limit = int(cfg["max_value_bytes"])
         self.flood = max(64 * self.limit, 4 << 20)  # bytes of one stream after which a call is killed
@@ -1009,6 +1093,7 @@ class Server:
         os.makedirs(self.root, mode=0o711, exist_ok=True)
         os.chmod(self.root, 0o711)
         notes = []
+        reasons = {}  # layer -> why the machine did not give it (switched off by the config: no entry)
         iso = {"uid": False, "netns": False, "landlock": False}
         if cfg["drop_privileges"] and os.geteuid() == 0:
             iso["uid"] = True
@@ -1016,11 +1101,14 @@ class Server:
         elif cfg["drop_privileges"]:
             notes.append("not root: calls run under the caller's uid; descendants that leave the "
                          "call's process group are not bounded or swept")
+            reasons["uid"] = ("not root (uid %d): cannot drop to a per-call uid, calls run under the caller's uid"
+                              % os.geteuid())
         if not cfg["network"]:
             if _libc.unshare(CLONE_NEWNET) == 0:
                 iso["netns"] = True
             else:
                 notes.append("network namespace unavailable (%s)" % os.strerror(ctypes.get_errno()))
+                reasons["netns"] = "unshare(CLONE_NEWNET) failed: %s" % os.strerror(ctypes.get_errno())
         iso["tmpfs"] = False
         if int(cfg.get("workdir_tmpfs_mb") or 0) > 0 and os.geteuid() == 0:
             error = _private_tmpfs(self.root, int(cfg["workdir_tmpfs_mb"]))
@@ -1028,6 +1116,9 @@ class Server:
                 iso["tmpfs"] = True
             else:
                 notes.append("working directories on disk (%s)" % error)
+                reasons["tmpfs"] = notes[-1]
+        elif int(cfg.get("workdir_tmpfs_mb") or 0) > 0:
+            reasons["tmpfs"] = "not root: cannot mount a private tmpfs; working directories on disk, total uncapped"
         stdlib = STDLIB
         if iso["uid"]:
             stdlib = stdlib_mirror(cfg["mirror_root"])
@@ -1039,8 +1130,11 @@ class Server:
             iso["landlock_abi"] = landlock.abi
             if not landlock.ok:
                 notes.append("Landlock unavailable on this kernel")
+                # errno of landlock_create_ruleset: ENOSYS not built in, EOPNOTSUPP built in but not enabled
+                reasons["landlock"] = "kernel has no Landlock (%s)" % os.strerror(ctypes.get_errno())
                 landlock = None
         iso["notes"] = notes
+        iso["reasons"] = reasons
         iso["workers"] = self.workers
         self.iso = iso
         # One directory per slot, owned by the slot's uid: a call can reach only its own slot.
@@ -1127,7 +1221,7 @@ class Server:
         s.totals = [0, 0, 0]
         s.kill_sent = False
         timeout = float(req.get("timeout_s") or self.timeout)
-        s.deadline = time.monotonic() + timeout + self.grace
+        s.deadline = time.monotonic() + timeout * self.wall_factor + self.grace
         key = drop = 0
         if req["kind"] == "call":
             kind, text = KIND_CALL, req["source"]
@@ -1225,6 +1319,8 @@ class Server:
         for k in range(3):  # the call and everything it started are gone: what is left is all of it
             while self.read_output(s, k) and s.totals[k] <= self.flood:
                 pass
+        if how == ENDED and max(s.totals[0], s.totals[1]) > self.flood:
+            how = KILLED  # it flooded but ended before the kill: the same outcome whichever came first
         timeout = float(req.get("timeout_s") or self.timeout)
         out, err, res = s.bufs
         result = _build_result(req, self.limit, self.value_limit, out, err, res, s.totals[0], s.totals[1],

@@ -18,6 +18,11 @@ from unifiedplayers.sandbox.config import SandboxConfig
 _SERVER = Path(__file__).with_name("_server.py")
 
 
+# The interpreter flags of the server: isolated mode (-I) without its -E. Python 3.10 has no -P (safe path): its
+# sys.path[0] is then the sandbox package's folder, which holds only this package's own modules.
+_ISOLATED_FLAGS = ("-P", "-s", "-S") if sys.version_info >= (3, 11) else ("-s", "-S")
+
+
 class SandboxError(RuntimeError):
     """The sandbox could not start (not raised for anything the sandboxed code does)."""
 
@@ -159,9 +164,14 @@ class Sandbox:
         # LD_BIND_NOW: the server's shared libraries resolve their symbols at start-up, not on first use,
         # when each call's fork would pay a copy-on-write fault for the write. The forkers clear their
         # environment, so the calls never see it.
-        env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LD_BIND_NOW": "1"}
+        # PYTHONHASHSEED: one str hash for every run, so that code which prints or iterates a set of strings gives
+        # the same text and the same verdict in every run of a seed (a random hash per server gave another order
+        # each run). -E would drop it, so the server's isolated mode is spelt out: -P -s -S and an environment
+        # of our own that sets no other PYTHON* variable.
+        env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LD_BIND_NOW": "1",
+               "PYTHONHASHSEED": "0" if self.config.deterministic else "random"}
         self._proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", str(_SERVER)],
+            [sys.executable, *_ISOLATED_FLAGS, str(_SERVER)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr_file,
             env=env, cwd="/", close_fds=True, start_new_session=True,
         )

@@ -9,7 +9,8 @@ from typing import Optional
 class SandboxConfig:
     """Limits and isolation of one sandboxed call (Appendix D.3)."""
 
-    timeout_s: float = 10.0  # wall clock per call; every process the call started is killed after it
+    timeout_s: float = 10.0  # CPU time per call; every process the call started is killed after it
+    wall_timeout_factor: float = 3.0  # ... or after this many times timeout_s of wall clock (a call that sleeps)
     memory_mb: int = 512  # address-space cap per call (RLIMIT_AS)
     max_processes: int = 16  # processes one call may run at once (fork-bomb bound)
     max_output_bytes: int = 16384  # stdout and stderr are each truncated to this many bytes
@@ -20,6 +21,7 @@ class SandboxConfig:
     drop_privileges: bool = True  # as root, run each call under its own unprivileged uid
     uid_base: int = 61000  # first uid of the per-worker uids
     landlock: bool = True  # restrict file access to the working directory and the standard library
+    deterministic: bool = True  # every run gives a call the same clock (virtual), random seed and str hash
     require_isolation: bool = False  # fail at start-up if a layer (netns, uid drop, Landlock) is unavailable
     workdir_root: Optional[str] = None  # parent of the per-call working directories (default: system temp)
     workdir_tmpfs_mb: int = 512  # as root: the working directories live in a private tmpfs of this size
