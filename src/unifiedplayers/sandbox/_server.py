@@ -462,12 +462,14 @@ _VirtualDatetime.__name__ = "datetime.datetime"  # the type name its repr prints
 _VirtualDatetime.__qualname__, _VirtualDatetime.__module__ = "datetime", "datetime"
 
 
-def _deterministic_call():
+def _deterministic_call(on):
     """Runs in each call before its code: every clock it can read is one virtual clock, which starts at
     VIRTUAL_EPOCH and advances VIRTUAL_TICK per reading and by what it sleeps, and ``random`` (and
     ``os.urandom``, behind ``uuid4`` and ``secrets``) starts from seed 0. So a call gives the same output in
     every run, whatever the date and the load: a measured duration is a count of clock readings, not seconds.
-    Not changed: object addresses (``id``, a default ``repr``) and the pid."""
+    Not changed: object addresses (``id``, a default ``repr``) and the pid. ``on``: sandbox.deterministic."""
+    if not on:
+        return
     seconds = _virtual_seconds
     time.time = lambda: VIRTUAL_EPOCH + seconds()
     time.time_ns = lambda: int(round((VIRTUAL_EPOCH + seconds()) * 1e9))
@@ -507,9 +509,8 @@ def _call_process(kind, text, code, function, payload, timeout, cfg, workdir, ou
         if ruleset is not None:
             Landlock.restrict(ruleset, no_new_privs=False)  # a nested domain: no signals to the forker
         os.closerange(4, 1 << 16)
-        _set_rlimit(resource.RLIMIT_CPU, int(timeout) + 2)
-        if cfg.get("deterministic", True):
-            _deterministic_call()
+        _set_rlimit(resource.RLIMIT_CPU, int(timeout) + 2)  # a backstop: the forker's watch ends it first
+        _deterministic_call(cfg.get("deterministic", True))
     except BaseException:  # noqa: BLE001 - never run untrusted code with a layer missing
         try:
             os.write(2, ("sandbox setup failed: " + traceback.format_exc()[-2000:]).encode())
@@ -1076,6 +1077,57 @@ class Slot:
                  "bufs", "totals", "kill_sent", "cached")
 
 
+def _take_isolation(cfg, root, claim_uids):
+    """The isolation layers the server process takes once for all its slots: ``(iso, landlock)``. ``iso`` says
+    which layers it got (uid, netns, tmpfs, landlock), ``notes`` and ``reasons`` why one is missing (a layer the
+    config switched off has no reason), and ``sys_path`` the calls' standard library; ``landlock``: the rules
+    for the slots' rulesets, None without Landlock. ``claim_uids(cfg)``: the first uid of a free block."""
+    notes = []
+    reasons = {}  # layer -> why the machine did not give it (switched off by the config: no entry)
+    iso = {"uid": False, "netns": False, "landlock": False}
+    if cfg["drop_privileges"] and os.geteuid() == 0:
+        iso["uid"] = True
+        iso["uid_base"] = claim_uids(cfg)
+    elif cfg["drop_privileges"]:
+        notes.append("not root: calls run under the caller's uid; descendants that leave the "
+                     "call's process group are not bounded or swept")
+        reasons["uid"] = ("not root (uid %d): cannot drop to a per-call uid, calls run under the caller's uid"
+                          % os.geteuid())
+    if not cfg["network"]:
+        if _libc.unshare(CLONE_NEWNET) == 0:
+            iso["netns"] = True
+        else:
+            notes.append("network namespace unavailable (%s)" % os.strerror(ctypes.get_errno()))
+            reasons["netns"] = "unshare(CLONE_NEWNET) failed: %s" % os.strerror(ctypes.get_errno())
+    iso["tmpfs"] = False
+    if int(cfg.get("workdir_tmpfs_mb") or 0) > 0 and os.geteuid() == 0:
+        error = _private_tmpfs(root, int(cfg["workdir_tmpfs_mb"]))
+        if error is None:
+            iso["tmpfs"] = True
+        else:
+            notes.append("working directories on disk (%s)" % error)
+            reasons["tmpfs"] = notes[-1]
+    elif int(cfg.get("workdir_tmpfs_mb") or 0) > 0:
+        reasons["tmpfs"] = "not root: cannot mount a private tmpfs; working directories on disk, total uncapped"
+    stdlib = STDLIB
+    if iso["uid"]:
+        stdlib = stdlib_mirror(cfg["mirror_root"])
+    iso["sys_path"] = [stdlib, os.path.join(stdlib, "lib-dynload")]
+    landlock = None
+    if cfg["landlock"]:
+        landlock = Landlock([stdlib] + list(SYSTEM_READ_DIRS), DEVICE_FILES)
+        iso["landlock"] = landlock.ok
+        iso["landlock_abi"] = landlock.abi
+        if not landlock.ok:
+            notes.append("Landlock unavailable on this kernel")
+            # errno of landlock_create_ruleset: ENOSYS not built in, EOPNOTSUPP built in but not enabled
+            reasons["landlock"] = "kernel has no Landlock (%s)" % os.strerror(ctypes.get_errno())
+            landlock = None
+    iso["notes"] = notes
+    iso["reasons"] = reasons
+    return iso, landlock
+
+
 class Server:
     grace = 5.0  # beyond a call's own timeout, before its slot worker is declared stuck
 
@@ -1092,49 +1144,7 @@ class Server:
         self.root = cfg["workdir_root"]
         os.makedirs(self.root, mode=0o711, exist_ok=True)
         os.chmod(self.root, 0o711)
-        notes = []
-        reasons = {}  # layer -> why the machine did not give it (switched off by the config: no entry)
-        iso = {"uid": False, "netns": False, "landlock": False}
-        if cfg["drop_privileges"] and os.geteuid() == 0:
-            iso["uid"] = True
-            iso["uid_base"] = self.claim_uids(cfg)
-        elif cfg["drop_privileges"]:
-            notes.append("not root: calls run under the caller's uid; descendants that leave the "
-                         "call's process group are not bounded or swept")
-            reasons["uid"] = ("not root (uid %d): cannot drop to a per-call uid, calls run under the caller's uid"
-                              % os.geteuid())
-        if not cfg["network"]:
-            if _libc.unshare(CLONE_NEWNET) == 0:
-                iso["netns"] = True
-            else:
-                notes.append("network namespace unavailable (%s)" % os.strerror(ctypes.get_errno()))
-                reasons["netns"] = "unshare(CLONE_NEWNET) failed: %s" % os.strerror(ctypes.get_errno())
-        iso["tmpfs"] = False
-        if int(cfg.get("workdir_tmpfs_mb") or 0) > 0 and os.geteuid() == 0:
-            error = _private_tmpfs(self.root, int(cfg["workdir_tmpfs_mb"]))
-            if error is None:
-                iso["tmpfs"] = True
-            else:
-                notes.append("working directories on disk (%s)" % error)
-                reasons["tmpfs"] = notes[-1]
-        elif int(cfg.get("workdir_tmpfs_mb") or 0) > 0:
-            reasons["tmpfs"] = "not root: cannot mount a private tmpfs; working directories on disk, total uncapped"
-        stdlib = STDLIB
-        if iso["uid"]:
-            stdlib = stdlib_mirror(cfg["mirror_root"])
-        iso["sys_path"] = [stdlib, os.path.join(stdlib, "lib-dynload")]
-        landlock = None
-        if cfg["landlock"]:
-            landlock = Landlock([stdlib] + list(SYSTEM_READ_DIRS), DEVICE_FILES)
-            iso["landlock"] = landlock.ok
-            iso["landlock_abi"] = landlock.abi
-            if not landlock.ok:
-                notes.append("Landlock unavailable on this kernel")
-                # errno of landlock_create_ruleset: ENOSYS not built in, EOPNOTSUPP built in but not enabled
-                reasons["landlock"] = "kernel has no Landlock (%s)" % os.strerror(ctypes.get_errno())
-                landlock = None
-        iso["notes"] = notes
-        iso["reasons"] = reasons
+        iso, landlock = _take_isolation(cfg, self.root, self.claim_uids)
         iso["workers"] = self.workers
         self.iso = iso
         # One directory per slot, owned by the slot's uid: a call can reach only its own slot.
