@@ -121,3 +121,15 @@ def test_a_call_reads_one_virtual_clock_and_one_seed_in_every_run(deterministic)
         assert first[2].startswith(str(__import__("random").Random(0).random()))
     else:  # the real clock and fresh seeds: another time, other random numbers
         assert outputs[0] != outputs[1] and not first[0].startswith("1767225600.0")
+
+
+def test_a_request_seed_moves_the_clock_and_the_random_state():
+    """Two seeds differ (a nondeterminism check runs a program under two), one seed repeats in every run."""
+    with Sandbox(SandboxConfig(workers=2)) as box:
+        runs = box.run_many([CLOCK_AND_RANDOM] * 4, seeds=[0, 1, 1, 0])
+        with pytest.raises(ValueError, match="2 seeds for 3 programs"):
+            box.run_many(["print(1)"] * 3, seeds=[0, 1])
+    out = [r.stdout for r in runs]
+    assert out[0] == out[3] and out[1] == out[2] and out[0] != out[1]
+    assert out[1].startswith("1767225601.000001 ")  # seed 1: the clock starts a second later
+    assert out[1].splitlines()[2].startswith(str(__import__("random").Random(1).random()))

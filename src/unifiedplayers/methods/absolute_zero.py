@@ -119,7 +119,9 @@ def outputs_equal(a: Optional[str], b: Optional[str]) -> bool:
 
 
 def validate_proposal(sandbox: Any, program: str, input_literal: str) -> ProposalCheck:
-    """Run ``f(input)`` twice in the sandbox; valid when both runs succeed and print the same repr."""
+    """Run ``f(input)`` twice in the sandbox; valid when both runs succeed and print the same repr. The two runs
+    take seeds 0 and 1, so that a program reading the clock or a random source prints differently, as AZR's
+    determinism check needs (the sandbox gives every run of one seed the same clock and random state)."""
     why = static_check(program)
     if why:
         return ProposalCheck(False, reason=why)
@@ -127,7 +129,7 @@ def validate_proposal(sandbox: Any, program: str, input_literal: str) -> Proposa
     if kind != "lit":
         return ProposalCheck(False, reason=f"input is not a Python literal: {input_literal[:80]!r}")
     code = _call_code(program, input_literal)
-    runs = sandbox.run_many([code, code])
+    runs = sandbox.run_many([code, code], seeds=[0, 1])  # two seeds: a deterministic sandbox repeats a seed
     for r in runs:
         if r.timed_out or r.exit_code != 0:
             detail = "timed out" if r.timed_out else (r.stderr.strip().splitlines() or ["exit %d" % r.exit_code])[-1]

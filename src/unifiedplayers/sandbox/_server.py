@@ -462,17 +462,19 @@ _VirtualDatetime.__name__ = "datetime.datetime"  # the type name its repr prints
 _VirtualDatetime.__qualname__, _VirtualDatetime.__module__ = "datetime", "datetime"
 
 
-def _deterministic_call(on):
+def _deterministic_call(on, seed=0):
     """Runs in each call before its code: every clock it can read is one virtual clock, which starts at
     VIRTUAL_EPOCH and advances VIRTUAL_TICK per reading and by what it sleeps, and ``random`` (and
     ``os.urandom``, behind ``uuid4`` and ``secrets``) starts from seed 0. So a call gives the same output in
     every run, whatever the date and the load: a measured duration is a count of clock readings, not seconds.
-    Not changed: object addresses (``id``, a default ``repr``) and the pid. ``on``: sandbox.deterministic."""
+    Not changed: object addresses (``id``, a default ``repr``) and the pid. ``on``: sandbox.deterministic;
+    ``seed`` (the request's, 0 by default): random's seed, and the clock starts ``seed`` seconds later."""
     if not on:
         return
     seconds = _virtual_seconds
-    time.time = lambda: VIRTUAL_EPOCH + seconds()
-    time.time_ns = lambda: int(round((VIRTUAL_EPOCH + seconds()) * 1e9))
+    epoch = VIRTUAL_EPOCH + seed
+    time.time = lambda: epoch + seconds()
+    time.time_ns = lambda: int(round((epoch + seconds()) * 1e9))
     time.monotonic = time.perf_counter = time.process_time = time.thread_time = seconds
     time.monotonic_ns = time.perf_counter_ns = time.process_time_ns = time.thread_time_ns = (
         lambda: int(round(seconds() * 1e9)))
@@ -483,13 +485,13 @@ def _deterministic_call(on):
     time.asctime = lambda t=None: _real_asctime(time.localtime() if t is None else t)
     time.strftime = lambda fmt, t=None: _real_strftime(fmt, time.localtime() if t is None else t)
     datetime.datetime = _VirtualDatetime
-    random.seed(0)
-    stream = random.Random(0x5EED)
+    random.seed(seed)
+    stream = random.Random(0x5EED + seed)
     os.urandom = random._urandom = lambda n: stream.randbytes(n)
 
 
 def _call_process(kind, text, code, function, payload, timeout, cfg, workdir, out_w, err_w, res_w, null_fd,
-                  ruleset):
+                  ruleset, seed=0):
     """Runs in the fork of a slot's forker. Never returns. ``text``: the program (kind "run") or the source
     (kind "call"); ``code``: that source compiled by the forker (None: compile it here); ``payload``: the
     function's argument as JSON bytes. The memory, file-size and descriptor limits are the forker's own,
@@ -510,7 +512,7 @@ def _call_process(kind, text, code, function, payload, timeout, cfg, workdir, ou
             Landlock.restrict(ruleset, no_new_privs=False)  # a nested domain: no signals to the forker
         os.closerange(4, 1 << 16)
         _set_rlimit(resource.RLIMIT_CPU, int(timeout) + 2)  # a backstop: the forker's watch ends it first
-        _deterministic_call(cfg.get("deterministic", True))
+        _deterministic_call(cfg.get("deterministic", True), seed)
     except BaseException:  # noqa: BLE001 - never run untrusted code with a layer missing
         try:
             os.write(2, ("sandbox setup failed: " + traceback.format_exc()[-2000:]).encode())
@@ -643,7 +645,7 @@ CODE_CACHE_MAX_SOURCE = 1 << 16  # larger sources are compiled by their call
 # running call now: its output is flooding). Binary rather than JSON: a forker that parses JSON touches
 # three times as many pages per call (measured: 75 vs 29 copy-on-write faults). RUN_HEADER: kind, the
 # source's key in the forker's code cache (0: none), a key the forker may drop from its cache (0: none),
-# the lengths of text and of function NUL payload, the timeout. ``text`` is the program (run), or the
+# the lengths of text and of function NUL payload, the timeout, the call's seed. ``text`` is the program (run), or the
 # source (call) the first time the forker sees that key, else empty. Forker -> server: DONE (after the
 # call was reaped and swept), SLOT_ERROR (this call could not be run) or FATAL (the slot could not start),
 # the last two followed by a 4-byte length and UTF-8 text.
@@ -651,7 +653,7 @@ CODE_CACHE_MAX_SOURCE = 1 << 16  # larger sources are compiled by their call
 # JSON object (exit_code, memory_exceeded, ok, value, error, traceback).
 MSG_RUN, MSG_KILL = b"R", b"K"
 RESULT_VALUE = b"\x01"
-RUN_HEADER = struct.Struct(">BIIIId")
+RUN_HEADER = struct.Struct(">BIIIIdI")
 KIND_RUN, KIND_CALL = 0, 1
 DONE, SLOT_ERROR, FATAL = b"D", b"E", b"F"
 DONE_BODY = struct.Struct(">iBd")  # wait status, how it was ended (0 itself, 1 timeout, 2 killed), seconds
@@ -760,7 +762,7 @@ class Forker:
             return fields, text, function, payload
 
     def run(self, request):
-        (kind, key, drop, _, _, timeout), text, function, payload = request
+        (kind, key, drop, _, _, timeout, seed), text, function, payload = request
         workdir = self.work
         try:
             os.mkdir(workdir, 0o700)
@@ -777,7 +779,7 @@ class Forker:
         pid = self.fork_call()
         if pid == 0:
             _call_process(kind, text, code, function, payload, timeout, self.cfg, workdir, self.out_w,
-                          self.err_w, self.res_w, self.null, self.ruleset)
+                          self.err_w, self.res_w, self.null, self.ruleset, seed)
         pidfd = os.pidfd_open(pid)
         how, server_gone = self.watch(pid, pidfd, start, timeout)
         if how != ENDED:
@@ -1256,7 +1258,7 @@ class Server:
         else:
             kind, text, rest = KIND_RUN, req["code"], b"\0"
         text = text.encode("utf-8", errors="surrogateescape")
-        header = RUN_HEADER.pack(kind, key, drop, len(text), len(rest), timeout)
+        header = RUN_HEADER.pack(kind, key, drop, len(text), len(rest), timeout, int(req.get("seed") or 0) & 0xFFFFFFFF)
         try:
             _write_all(s.ctl, MSG_RUN + header + text + rest)
         except OSError:

@@ -70,6 +70,7 @@ class _Request:
     function: str = ""
     payload: str = "null"
     timeout_s: Optional[float] = None
+    seed: int = 0  # the call's random seed and clock offset (sandbox.deterministic)
     extra: dict = field(default_factory=dict)
     error: Optional[str] = None  # why this request cannot be sent: it fails as such, without running
 
@@ -86,9 +87,9 @@ def _unsendable(**texts: str) -> Optional[str]:
     return None
 
 
-def _run_request(code: Any, timeout_s: Optional[float]) -> _Request:
+def _run_request(code: Any, timeout_s: Optional[float], seed: int = 0) -> _Request:
     code = str(code)
-    return _Request("run", code=code, timeout_s=timeout_s, error=_unsendable(code=code))
+    return _Request("run", code=code, timeout_s=timeout_s, seed=int(seed), error=_unsendable(code=code))
 
 
 def _call_request(source: Any, function: Any, payload: Any, timeout_s: Optional[float]) -> _Request:
@@ -256,6 +257,8 @@ class Sandbox:
                     msg.update(source=r.source, function=r.function, payload=r.payload)
                 if r.timeout_s is not None:
                     msg["timeout_s"] = float(r.timeout_s)
+                if r.seed:
+                    msg["seed"] = r.seed
                 data = json.dumps(msg).encode()
                 frames.append(struct.pack(">I", len(data)) + data)
             proc = self._proc
@@ -317,9 +320,16 @@ class Sandbox:
         """Run ``code`` as a program; its stdout, stderr and exit status come back."""
         return self.run_many([code], timeout_s=timeout_s)[0]
 
-    def run_many(self, codes: Iterable[str], timeout_s: Optional[float] = None) -> list[ExecResult]:
-        """Run programs in parallel over the machine's cores; results in input order."""
-        reqs = [_run_request(c, timeout_s) for c in codes]
+    def run_many(self, codes: Iterable[str], timeout_s: Optional[float] = None,
+                 seeds: Optional[Iterable[int]] = None) -> list[ExecResult]:
+        """Run programs in parallel over the machine's cores; results in input order. ``seeds``: one per program,
+        its random seed and clock offset in seconds (default 0; under ``sandbox.deterministic`` a program run
+        twice with one seed prints the same, so a check for nondeterminism runs it with two seeds)."""
+        codes = list(codes)
+        seeds = [0] * len(codes) if seeds is None else list(seeds)
+        if len(seeds) != len(codes):
+            raise ValueError(f"{len(seeds)} seeds for {len(codes)} programs")
+        reqs = [_run_request(c, timeout_s, seed) for c, seed in zip(codes, seeds)]
         return [self._exec_result(m) for m in self._submit(reqs)]
 
     def call(self, source: str, function: str, payload: Any = None, timeout_s: Optional[float] = None) -> CallResult:
