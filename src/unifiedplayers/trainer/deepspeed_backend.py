@@ -25,19 +25,36 @@ Runs on CPU (gloo + DeepSpeed's ``deepspeed_shm_comm`` extension) as well as on 
 without a launcher gets MASTER_ADDR/PORT, RANK, LOCAL_RANK and WORLD_SIZE defaults. The extension is
 JIT-built once (about a minute) into ``TORCH_EXTENSIONS_DIR``, which defaults to
 ``~/.cache/unifiedplayers/torch_extensions`` so later runs reuse it.
+
+ZeRO-Offload (``trainer.offload_optimizer``) steps on the host with DeepSpeed's CPU Adam (as OpenRLHF and TRL
+do; DeepSpeed refuses a torch optimizer there), over the same parameter groups and hyper-parameters as
+:func:`~unifiedplayers.trainer.base.make_optimizer`. Its C++ op is JIT-built on first use, into the same
+directory (about 1.5 CPU-minutes with gcc; 2.6 min wall on a busy 2-core machine).
+
+The code is tested with the DeepSpeed versions of :data:`DEEPSPEED_WINDOW` (also the pin of pyproject.toml and
+environment.yml); a backend refuses to start with another (:func:`check_deepspeed_version`).
 """
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import os
 import socket
 from pathlib import Path
 from typing import Any, ContextManager, Mapping
 
 import torch
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
 from torch import nn
 
-from unifiedplayers.trainer.base import BaseTrainer, make_optimizer, make_scheduler, register_trainer_backend
+from unifiedplayers.trainer.base import (
+    BaseTrainer,
+    make_optimizer,
+    make_scheduler,
+    optimizer_param_groups,
+    register_trainer_backend,
+)
 from unifiedplayers.trainer.logprobs import TokenLogprobModel
 from unifiedplayers.models import float32_buffers, restore_buffers
 from unifiedplayers.trainer.precision import resolve_setting
@@ -45,6 +62,23 @@ from unifiedplayers.trainer.precision import resolve_setting
 Tensor = torch.Tensor
 
 DEFAULT_EXTENSIONS_DIR = Path("~/.cache/unifiedplayers/torch_extensions").expanduser()
+
+# Lower bound: offload_states with ZeRO-Offload (DeepSpeed PR #7979, first in 0.19.0; before it the engine
+# asserts). Upper bound: the next minor, not tested. The same pin is in pyproject.toml and environment.yml.
+DEEPSPEED_WINDOW = ">=0.19.0,<0.20"
+
+
+def installed_deepspeed_version() -> str:
+    """The installed DeepSpeed's version (from its package metadata: nothing imported)."""
+    return importlib.metadata.version("deepspeed")
+
+
+def check_deepspeed_version(version: str | None = None) -> None:
+    """Refuse a DeepSpeed outside :data:`DEEPSPEED_WINDOW` (``version``: default, the installed one)."""
+    version = version or installed_deepspeed_version()
+    if Version(version) not in SpecifierSet(DEEPSPEED_WINDOW):
+        raise RuntimeError(f"DeepSpeed {version} is installed; the DeepSpeed backends are tested with "
+                           f"deepspeed{DEEPSPEED_WINDOW}: pip install 'deepspeed{DEEPSPEED_WINDOW}'")
 
 
 def _free_port() -> int:
@@ -92,6 +126,52 @@ def deepspeed_config(cfg, stage: int, dtype: str | None = None) -> dict[str, Any
     return _merge(ds, cfg.ds_config or {})
 
 
+def offloads_optimizer(ds: Mapping[str, Any]) -> bool:
+    """Whether DeepSpeed config ``ds`` keeps the optimizer state on the host (ZeRO-Offload, to CPU or NVMe)."""
+    offload = ds.get("zero_optimization", {}).get("offload_optimizer") or {}
+    return offload.get("device", "none") in ("cpu", "nvme")
+
+
+def make_ds_optimizer(cfg, model: nn.Module, ds: Mapping[str, Any]) -> torch.optim.Optimizer:
+    """The optimizer handed to ``deepspeed.initialize``: under ZeRO-Offload, DeepSpeed's CPU Adam in AdamW mode
+    with :func:`make_optimizer`'s parameter groups, betas and eps (its C++ op is JIT-built on first use); else
+    :func:`make_optimizer`'s torch AdamW."""
+    if not offloads_optimizer(ds):
+        return make_optimizer(cfg, model)
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+    return DeepSpeedCPUAdam(optimizer_param_groups(cfg, model), lr=cfg.lr, betas=tuple(cfg.betas),
+                            eps=cfg.adam_eps, adamw_mode=True)
+
+
+# The engine's states (deepspeed.runtime.zero.offload_config.OffloadStateTypeEnum) offload_state() may move.
+# Never "lp_params": they are the weights every player samples from, its co-players in every block and
+# itself in its own (ZeRO-2 re-points them into a host buffer, ZeRO-3 moves their partitions).
+_ZERO2_STATES = ("optim_states", "hp_params", "lp_grads")
+_ZERO3_STATES = ("optim_states", "hp_params", "lp_grads", "contiguous_grad_buffer")
+_ON_HOST_UNDER_OFFLOAD = {2: ("optim_states", "hp_params"), 3: ("optim_states", "hp_params", "lp_grads")}
+
+
+def states_to_offload(stage: int, cpu_optimizer: bool, optimizer: str, version: str) -> tuple[str, ...]:
+    """What an idle player's engine moves to the host (``offload_states(include=...)``): optimizer state, fp32
+    master weights, gradient buffers, never the weights (see the comment above). ``optimizer``: the class name
+    of the engine's basic optimizer; ``version``: DeepSpeed's. Read from DeepSpeed 0.19's ``offload_states``:
+
+    - ZeRO-Offload (``cpu_optimizer``): optimizer state and master weights already live on the host (and, under
+      ZeRO-3, the gradient partitions), which the engine leaves out; the rest may move. Before 0.19.0 the
+      engine asserts on any offload: nothing moves.
+    - ZeRO-3 moves optimizer state and master weights of ``FusedAdam`` only (else it asserts); before 0.19.0
+      it asserts whatever is asked, unless the optimizer is ``FusedAdam``.
+    - ZeRO-2 moves any optimizer's state (since 0.17.6).
+    """
+    states, since_0_19 = (_ZERO3_STATES if stage == 3 else _ZERO2_STATES), Version(version) >= Version("0.19.0")
+    if cpu_optimizer:  # the engine leaves out what already lives on the host
+        return tuple(s for s in states if s not in _ON_HOST_UNDER_OFFLOAD[stage]) if since_0_19 else ()
+    if stage == 3 and optimizer != "FusedAdam":
+        return tuple(s for s in states if s not in ("optim_states", "hp_params")) if since_0_19 else ()
+    return () if stage != 3 and Version(version) < Version("0.17.6") else states
+
+
 class DeepSpeedTrainer(BaseTrainer):
     """ZeRO-``stage`` trainer; see :class:`~unifiedplayers.trainer.base.BaseTrainer` for the interface."""
 
@@ -104,18 +184,19 @@ class DeepSpeedTrainer(BaseTrainer):
         return f"deepspeed_zero{self.stage}"
 
     def _setup(self, model: nn.Module) -> None:
+        check_deepspeed_version()
         ensure_single_process_env()
         import deepspeed
 
         if not torch.distributed.is_initialized():
             deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
-        optimizer = make_optimizer(self.cfg, model)
+        config = deepspeed_config(self.cfg, self.stage, str(self.compute_dtype).removeprefix("torch."))
         buffers = float32_buffers(model)  # bf16 mode casts the whole module, rotary inv_freq included
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=TokenLogprobModel(model, self.cfg.temperature, self.cfg.logprob_chunk_rows),
-            optimizer=optimizer,
+            optimizer=make_ds_optimizer(self.cfg, model, config),
             lr_scheduler=lambda opt: make_scheduler(self.cfg, opt),
-            config=deepspeed_config(self.cfg, self.stage, str(self.compute_dtype).removeprefix("torch.")),
+            config=config,
         )
         restore_buffers(self.engine.module.lm, buffers)
         self.device = self.engine.device
@@ -194,12 +275,24 @@ class DeepSpeedTrainer(BaseTrainer):
             raise FileNotFoundError(f"no DeepSpeed checkpoint under {directory / 'deepspeed'}")
 
     def offload_state(self) -> None:
-        """Move the ZeRO optimizer state (and fp32 master weights) off the accelerator. On a CPU-only
-        machine it already lives in host memory, so there is nothing to move."""
+        """Move the ZeRO optimizer state, fp32 master weights and gradient buffers (:func:`states_to_offload`)
+        off the accelerator; the weights stay, for the co-players that sample from them. On a CPU-only
+        machine everything already lives in host memory, so there is nothing to move."""
         if self._offloaded or self.device.type == "cpu":
             return
-        self.engine.offload_states()
+        include = self.idle_offload_states()
+        if include:
+            from deepspeed.runtime.zero.offload_config import OffloadStateTypeEnum
+
+            self.engine.offload_states(include=[OffloadStateTypeEnum(s) for s in include])
         self._offloaded = True
+
+    def idle_offload_states(self) -> tuple[str, ...]:
+        """The engine states :meth:`offload_state` moves to the host (:func:`states_to_offload`)."""
+        import deepspeed
+
+        return states_to_offload(self.stage, self.engine.zero_use_cpu_optimizer(),
+                                 type(self.engine.basic_optimizer).__name__, deepspeed.__version__)
 
     @property
     def has_optimizer_state(self) -> bool:
