@@ -6,8 +6,9 @@
 
 Generation = Planning, Execution and Evaluation sampling (sandbox time inside the tool loop excluded);
 sandbox = tool calls, perturbation re-executions and verdict checks; update = trainer.update (GRPO
-forward/backward/step, entropy bank); checkpoint = records, metrics, the active player's checkpoint and
-the run state; the rest is start-up (imports, model load, sandbox start) and the summary.
+forward/backward/step, entropy bank); checkpoint = the metrics line, the active player's checkpoint and
+the run state (on the cadence ``schedule.save_every``), and at block ends the optimizer state's offload; the rest is start-up (imports, model load, sandbox start) and the
+summary. The run directory's size on disk is printed at the end (the checkpoints left by the run).
 The machine's load average is printed too: on a shared machine wall times are only upper bounds.
 """
 from __future__ import annotations
@@ -67,6 +68,8 @@ def main() -> None:
     wall = time.perf_counter() - t0
     report(run_dir, wall, loop.state.timing)
     print(f"  process CPU time {time.process_time() - cpu0:.1f} s; load average at end {os.getloadavg()}")
+    size = sum(p.stat().st_size for p in run_dir.rglob("*") if p.is_file())
+    print(f"  run directory on disk: {size / 1e9:.2f} GB ({run_dir})")
 
 
 if __name__ == "__main__":

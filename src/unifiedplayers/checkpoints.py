@@ -1,10 +1,13 @@
-"""The run's checkpoints (``checkpoints/`` of the run directory).
+"""The run's checkpoints (``checkpoints/`` of the run directory) and when they are written (:func:`save_due`).
 
 - ``iter<t>/<role>/``: the trained player's checkpoint at the end of each of its blocks (``model.pt``, what
   eval/ reads; the optimizer state; π_ref; RNG).
 - ``resume/<role>-a`` and ``resume/<role>-b``: the active player's in-block checkpoint, written to the copy the
   run state does not point at, so that the state always names a complete checkpoint.
 - ``published/<role>.pt``: stale feedback's copies (:mod:`unifiedplayers.team`).
+
+A checkpoint and the run state that names it are written together (a *save*), on the cadence
+``schedule.save_every``; a run killed between two saves resumes from the last one and replays the updates after it.
 
 ``schedule.checkpoint_retention`` thins a finished run's checkpoints (:func:`prune`), and a running one's that
 the run state no longer points at, at each block end (:func:`thin_at_block_end`).
@@ -16,6 +19,20 @@ from pathlib import Path
 from typing import Any, Optional
 
 from unifiedplayers.schedule import Slot
+
+
+def save_due(slot: Slot, save_every: int, per_phase: int, saved_phase: Optional[int]) -> bool:
+    """Whether update ``slot`` ends with a save: the last update of a block; the end of a sampling phase (of
+    ``per_phase`` updates) in which the block's update count reaches a multiple of ``save_every`` (<= 0: none
+    inside a block); the end of the phase that the last saved state stops inside (``saved_phase``: a clean stop
+    there), so that the next phase's ``phase.pt`` never replaces the one a state names. Only a clean stop saves
+    inside a phase: a cadence save there would need a second one at the phase's end."""
+    if slot.last_of_block:
+        return True
+    if slot.step_in_phase != per_phase - 1:
+        return False
+    done = slot.update + 1
+    return saved_phase == slot.phase or (save_every > 0 and done // save_every > (done - per_phase) // save_every)
 
 
 def save_active(team: Any, slot: Slot, run_dir: Path, checkpoints: dict[str, Optional[str]],

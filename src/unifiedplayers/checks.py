@@ -22,7 +22,7 @@ def validate(cfg: Any, dist: DistContext = SINGLE) -> Method:
     check_known_keys(cfg)
     check_ranks(cfg, dist)
     check_ranges(cfg)
-    check_precision(cfg, dist)
+    check_precision(cfg)
     check_schedule(cfg)
     check_sampling(cfg)
     check_players(cfg)
@@ -53,9 +53,9 @@ def check_known_keys(cfg: Any) -> None:
     walk(cfg, OmegaConf.structured(Config), "")
 
 
-def check_precision(cfg: Any, dist: DistContext) -> None:
+def check_precision(cfg: Any) -> None:
     """Dtype settings (``auto`` or a dtype), and the combinations the trainer cannot honour: float16 without
-    DeepSpeed's loss scaling, recomputed π_old log-probs over several ranks."""
+    DeepSpeed's loss scaling."""
     from unifiedplayers.precision import check_setting
 
     check_setting("model.dtype", cfg.model.dtype)
@@ -65,9 +65,6 @@ def check_precision(cfg: Any, dist: DistContext) -> None:
                          "only the DeepSpeed backends do; use trainer.dtype=bfloat16 (or auto)")
     if str(cfg.rollout.prefix_cache).lower() not in ("auto", "true", "false"):
         raise ValueError(f"rollout.prefix_cache={cfg.rollout.prefix_cache!r}: need auto, true or false")
-    if cfg.trainer.recompute_old_logprobs and dist.world_size > 1:
-        raise ValueError("trainer.recompute_old_logprobs=true runs on one rank only for now (rank 0 holds the phase's "
-                         "samples); set it false for a data-parallel run")
 
 
 def check_ranges(cfg: Any) -> None:

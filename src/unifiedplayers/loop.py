@@ -7,8 +7,9 @@ updates. Each update runs these stages in order:
    (``sampling``); **feedback**: perturb, verdict matrices, rewards (``feedback.phase_feedback``, then the method's
    reward sources); **GRPO units** with advantages (Eq. 17; ``phase.build_units``); the phase's records;
 3. **train**: one optimizer step on the active player's unit, against the behaviour log-probs (Eq. 18-19);
-4. the metrics line, the **checkpoint** and the **run state**, in that order, so a killed run resumes exactly.
-   R(q)'s question history is fixed within a block; the block's questions join it at its end.
+4. the metrics line; on the save cadence (``checkpoints.save_due``) the **checkpoint**, then the **run state**
+   naming it: a killed run replays the updates after its last save exactly. R(q)'s question history is fixed
+   within a block; the block's questions join it at its end.
 
 Side effects are callbacks (``callbacks``). Several ranks run this loop in lockstep (``distributed``).
 """
@@ -22,7 +23,7 @@ from typing import Any, Callable, Optional, Sequence
 from omegaconf import OmegaConf
 
 from unifiedplayers.callbacks import DiagnosticPool, RunFiles, finish
-from unifiedplayers.checkpoints import save_active, thin_at_block_end
+from unifiedplayers.checkpoints import save_active, save_due, thin_at_block_end
 from unifiedplayers.checks import validate
 from unifiedplayers.config import resolve_player_config
 from unifiedplayers.distributed import SINGLE, DistContext, sandbox_config
@@ -60,6 +61,7 @@ class OuterLoop:
         self.state = RunState(checkpoints=dict.fromkeys(ROLES), published=dict.fromkeys(ROLES))
         self.history = QuestionHistory(cfg.reward.repetition_history)  # R(q)'s, fixed within a block
         self.phase: Optional[Phase] = None  # the sampling phase in progress
+        self.saved = 0  # updates completed at the last save
 
     players = property(lambda self: self.team.players)
     finished = property(lambda self: self.state.finished)
@@ -85,6 +87,7 @@ class OuterLoop:
             self.state, self.phase = restore(saved, self.cfg, self.run_dir, self.dist, self.team, self.method,
                                              self.slots, self.state)
             self.history = QuestionHistory(self.cfg.reward.repetition_history, self.state.question_history)
+            self.saved = self.state.completed
         self.state.wandb_id = self.state.wandb_id or f"up-{os.urandom(4).hex()}"
         with Sandbox(sandbox_config(self.cfg.sandbox, self.dist)) as sandbox, RunFiles(  # closed whatever happens
                 self.cfg, self.run_dir, self.dist.is_main, len(self.slots), self.state.completed, self.state.wandb_id
@@ -110,7 +113,7 @@ class OuterLoop:
         while self.state.completed < len(self.slots):
             if budget is not None and done_here >= budget:
                 print(f"[stop] schedule.max_updates={budget} reached; resume=true continues the run")
-                return
+                break
             slot = self.slots[self.state.completed]
             self.files.start_update(slot)
             self._update(slot)
@@ -123,7 +126,9 @@ class OuterLoop:
                         hook("block_end", self, slot)
             except StopRun:
                 print(f"[stop] stopped after update {self.state.completed}; resume=true continues the run")
-                return
+                break
+        if self.saved < self.state.completed:  # a clean stop between two saves keeps its updates
+            self._save(self.slots[self.state.completed - 1])
 
     def _update(self, slot: Slot) -> None:
         """One update: the stages in order (the module docstring)."""
@@ -147,14 +152,14 @@ class OuterLoop:
             metrics.update(self.team.block_diagnostics(slot.role))
         self.files.metrics(metrics, slot.index)
         self.state.metrics += 1
-        save_active(self.team, slot, self.run_dir, self.state.checkpoints, self.cfg.schedule.checkpoint_every_block)
         self.state.completed = slot.index + 1
         if self.state.completed == slot.phase + phase_steps(self.cfg):
-            self.phase = None  # the phase is over: the state no longer points at it
+            self.phase = None  # the phase is over: a state saved now no longer points at it
         if slot.last_of_block:  # the block's questions join R(q)'s history for the next block
             self.history.extend(self.state.block_questions)
             self.state.block_questions = []
-        self._write_state()
+        if save_due(slot, self.cfg.schedule.save_every, phase_steps(self.cfg), self.state.phase):
+            self._save(slot)
         if slot.last_of_block:
             self.team.end_block(slot.role)
             if self.dist.is_main:
@@ -168,6 +173,7 @@ class OuterLoop:
         self.state.prompt_counter = self.sampler.prompt_counter
         self.state.block_questions.extend(sample.questions)
         if not self.dist.is_main:  # the other ranks take part in the updates only (rank 0 broadcasts each batch)
+            self.team.recompute_old_logprobs(slot.role, None)  # and in π_old's forward (rank 0's call below)
             return Phase(slot.phase, [])
         self.files.stage("method feedback")  # the method's own (Socratic-Zero: the Teacher grades, refines)
         self.method.after_rollouts(slot.role, sample.tasks, sample.rollouts)
@@ -191,10 +197,15 @@ class OuterLoop:
         self.state.timing["sandbox_s"] += sandbox_s
         self.phase = phase = Phase(slot.phase, phase_units, {"generation_s": gen_s, "sandbox_s": sandbox_s,
                                                              "feedback_s": total - gen_s - sandbox_s, "total_s": total})
-        if phase_steps(self.cfg) > 1:  # a stop inside the phase resumes on these units, not on a new sample
+        if phase_steps(self.cfg) > 1:  # a clean stop inside the phase resumes on these units, not on a new sample
             atomic_torch_save(phase.to_state(), self.run_dir / PHASE_FILE)
-            self._write_state()
         return phase
+
+    def _save(self, slot: Slot) -> None:
+        """The active player's checkpoint after update ``slot``, then the run state that names it."""
+        save_active(self.team, slot, self.run_dir, self.state.checkpoints, self.cfg.schedule.checkpoint_every_block)
+        self.saved = slot.index + 1
+        self._write_state()
 
     def _write_state(self) -> None:
         self.state.phase = self.phase.first if self.phase is not None else None

@@ -15,7 +15,7 @@ from unifiedplayers.precision import matches_stored
 # Config keys that may change between a run and its resumption (they steer this process, not the result, or,
 # ``machine``, record where each start ran: a run may resume on another machine).
 RUN_CONTROL_KEYS = ("resume", "run_dir", "logger", "schedule.max_updates", "schedule.print_summary",
-                    "schedule.checkpoint_retention", "machine")
+                    "schedule.checkpoint_retention", "schedule.save_every", "machine")
 
 
 def atomic_torch_save(obj: Any, path: Path) -> None:
@@ -62,12 +62,13 @@ CONFIG_FILE = "config.yaml"
 
 @dataclass
 class RunState:
-    """Where a run stands after its last completed update (saved to ``state.pt`` after every update).
+    """Where a run stands after its last completed update; ``state.pt`` holds it as of the last save (the
+    checkpoint it names: ``schedule.save_every``, :func:`unifiedplayers.checkpoints.save_due`).
 
     ``records`` and ``metrics`` count the lines of records.jsonl and metrics.jsonl that belong to completed
-    updates (a resumed run cuts the rest); ``checkpoints[role]`` is the player's last checkpoint (relative to
-    the run directory) and ``published[role]`` its stale-feedback copy; ``phase`` is the first update of a
-    phase in progress (its units are in phase.pt).
+    updates (a resumed run cuts the rest: the lines of the updates after the last save, which it replays);
+    ``checkpoints[role]`` is the player's last checkpoint (relative to the run directory) and ``published[role]``
+    its stale-feedback copy; ``phase`` is the first update of a phase in progress (its units are in phase.pt).
     """
 
     completed: int = 0
@@ -148,7 +149,7 @@ def saved_state(run_dir: Path, cfg: Any, world_size: int, is_main: bool = True) 
     """The run state saved in ``run_dir`` (None for a new run), checked before anything is written or loaded.
 
     A run there is never overwritten: without ``resume=true`` it is an error; with it the config must match
-    (:func:`check_resumable`). A run that stopped before its first completed update (records but no state) is
+    (:func:`check_resumable`). A run that stopped before its first save (records but no state) is
     restarted from its first update with ``resume=true``: its records and metrics lines are cut, so none is
     written twice.
     """
@@ -168,23 +169,24 @@ def saved_state(run_dir: Path, cfg: Any, world_size: int, is_main: bool = True) 
     if any((run_dir / name).exists() and (run_dir / name).stat().st_size for name in begun):
         if not cfg.resume:
             raise FileExistsError(
-                f"{run_dir} already holds a run that stopped before its first completed update ({begun[RECORDS_FILENAME]} "
+                f"{run_dir} already holds a run that stopped before its first save ({begun[RECORDS_FILENAME]} "
                 "record(s), no state.pt). Pass resume=true to restart it from its first update, or choose another "
                 "run_dir (or delete it) to start fresh.")
         if is_main:
             for name in begun:
                 truncate_lines(run_dir / name, 0)
             (run_dir / "phase.pt").unlink(missing_ok=True)
-            print(f"[resume] {run_dir} stopped before its first completed update: restarting it from the first "
+            print(f"[resume] {run_dir} stopped before its first save: restarting it from the first "
                   f"update (dropped {begun[RECORDS_FILENAME]} record(s) and {begun[METRICS_FILENAME]} metrics line(s))")
     return None
 
 
 def restore(state: dict[str, Any], cfg: Any, run_dir: Path, dist: Any, team: Any, method: Any, slots: Sequence[Any],
             current: RunState) -> tuple[RunState, Any]:
-    """Bring a fresh process to the state after update ``state['completed']``: records and metrics cut to the
-    completed updates, the phase in progress read back, every player's checkpoint, the RNG states, the reference
-    and published weights of the current outer iteration, the method's state. Returns (run state, phase)."""
+    """Bring a fresh process to the state after update ``state['completed']`` (the last save): records and metrics
+    cut to the updates saved (the later ones are replayed: the RNG states and every seed make them the same), the
+    phase in progress read back, every player's checkpoint, the RNG states, the reference and published weights
+    of the current outer iteration, the method's state. Returns (run state, phase)."""
     from unifiedplayers.logging import truncate_lines
     from unifiedplayers.phase import PHASE_FILE, Phase
     from unifiedplayers.records import RECORDS_FILENAME
@@ -195,7 +197,8 @@ def restore(state: dict[str, Any], cfg: Any, run_dir: Path, dist: Any, team: Any
         dropped_r = truncate_lines(run_dir / RECORDS_FILENAME, state["records"])
         dropped_m = truncate_lines(run_dir / "metrics.jsonl", state["metrics"])
     if dropped_r or dropped_m:
-        print(f"[resume] dropped {dropped_r} record(s) and {dropped_m} metrics line(s) of an unfinished update")
+        print(f"[resume] dropped {dropped_r} record(s) and {dropped_m} metrics line(s) written after the last save "
+              "(their updates are replayed)")
     run = RunState.from_dict(state)
     run.checkpoints = {**current.checkpoints, **run.checkpoints}
     run.published = {**current.published, **run.published}
@@ -215,7 +218,7 @@ def restore(state: dict[str, Any], cfg: Any, run_dir: Path, dist: Any, team: Any
             team.resume_iteration(nxt.iteration, run_dir, state["published_versions"], run.published)
     if state.get("method_loop") is not None:
         method.load_state_dict(state["method_loop"])  # Socratic-Zero: curriculum, failures
-    print(f"[resume] continuing {run_dir} after update {run.completed}/{len(slots)}")
+    print(f"[resume] continuing {run_dir} after update {run.completed}/{len(slots)} (its last save)")
     return run, phase
 
 

@@ -84,7 +84,7 @@ def test_kill_9_before_the_first_completed_update_resumes_without_duplicates(tin
     reference = tiny_run
     killed = tmp_path / "killed"
     _run_killed_in_first_update(killed)
-    with pytest.raises(FileExistsError, match="before its first completed update"):
+    with pytest.raises(FileExistsError, match="before its first save"):
         OuterLoop(compose(["experiment=tiny"]), killed).run()  # never appended to without resume=true
     OuterLoop(compose(["experiment=tiny", "resume=true"]), killed).run()
     assert (killed / "records.jsonl").read_text() == (reference / "records.jsonl").read_text()

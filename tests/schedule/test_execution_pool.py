@@ -86,7 +86,10 @@ def test_resume_neither_repeats_nor_loses_an_evaluation(pool_run, tmp_path, monk
     real = execution_pool.evaluate_pool
     monkeypatch.setattr(execution_pool, "evaluate_pool", lambda *a, **k: calls.append(1) or real(*a, **k))
 
-    # Killed during slot 3 after its pool evaluation and its metrics line, before its checkpoint and state.
+    # Killed during slot 3 after its pool evaluation and its metrics line, before its checkpoint and state
+    # (saved after every update, so that slot 3 has a save to die in).
+    every = POOL_ON + ["schedule.save_every=1"]
+
     def save_then_die(team, slot, *args):
         if slot.index == 3:
             raise KeyboardInterrupt("killed")
@@ -95,12 +98,35 @@ def test_resume_neither_repeats_nor_loses_an_evaluation(pool_run, tmp_path, monk
     real_save = loop_module.save_active
     monkeypatch.setattr(loop_module, "save_active", save_then_die)
     with pytest.raises(KeyboardInterrupt):
-        run(tmp_path, POOL_ON)
+        run(tmp_path, every)
     assert len(calls) == 3  # e = 0, 2 and 4
     assert len(read_metrics(tmp_path)) == 4  # slot 3's line was written, its state was not
     monkeypatch.setattr(loop_module, "save_active", real_save)
-    run(tmp_path, POOL_ON + ["resume=true"])
+    run(tmp_path, every + ["resume=true"])
     assert len(calls) == 4  # slot 3 was redone with its logged evaluation; only e = 6 was decoded
+    assert without_timing(tmp_path) == without_timing(reference)
+    steps = [json.loads(x)["execution_step"] for x in (tmp_path / POOL_FILENAME).read_text().splitlines()]
+    assert steps == [0, 2, 4, 6]
+
+
+def test_a_replay_after_the_last_save_reuses_the_logged_evaluation(pool_run, tmp_path, monkeypatch):
+    """Block ends only (the default cadence saves no update of a 3-update block): killed after slot 4, the run
+    resumes from slot 2's save and replays slots 3 and 4; slot 3's evaluation (e = 4) is read back, not
+    decoded again, and execution_pool.jsonl holds each evaluation once."""
+    reference, _ = pool_run
+    calls = []
+    real = execution_pool.evaluate_pool
+    monkeypatch.setattr(execution_pool, "evaluate_pool", lambda *a, **k: calls.append(1) or real(*a, **k))
+
+    def die(event, loop, slot):
+        if event == "update_end" and slot.index == 4:
+            raise KeyboardInterrupt("killed")
+
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path, POOL_ON + ["schedule.save_every=0"], hooks=[die])
+    assert len(calls) == 3 and torch.load(tmp_path / "state.pt", weights_only=False)["completed"] == 3
+    run(tmp_path, POOL_ON + ["schedule.save_every=0", "resume=true"])
+    assert len(calls) == 4  # e = 6 only
     assert without_timing(tmp_path) == without_timing(reference)
     steps = [json.loads(x)["execution_step"] for x in (tmp_path / POOL_FILENAME).read_text().splitlines()]
     assert steps == [0, 2, 4, 6]

@@ -156,8 +156,10 @@ def test_question_history_is_held_fixed_within_a_block(tmp_path):
 
 @pytest.mark.parametrize("killed_at", [5, 8])
 def test_resume_after_kill_9_inside_a_phase_equals_an_uninterrupted_run(s4_run, tmp_path, killed_at, monkeypatch):
-    """Killed in the Execution phase's first update (5: just after the phase was sampled and saved) or its
-    last (8); the resumed run trains on the saved units and equals the uninterrupted one."""
+    """Killed in the Execution phase's first update (5: just after the phase was sampled) or its last (8): the
+    last save is the Planning block's end (``schedule.save_every``: saves fall at phase ends), so the resumed run
+    samples the Execution phase again, from the saved RNG states and seeds, and equals the uninterrupted one.
+    (A clean stop inside a phase saves it and resumes on its units: tests/schedule/test_save_cadence.py.)"""
     reference = s4_run[0]
     script = textwrap.dedent(f"""
         import os, signal, sys
@@ -181,14 +183,14 @@ def test_resume_after_kill_9_inside_a_phase_equals_an_uninterrupted_run(s4_run, 
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == -9, proc.stderr[-2000:]
     state = torch.load(tmp_path / "state.pt", weights_only=False)
-    assert state["completed"] == killed_at - 1 and state["phase"] == 4  # inside the Execution block's phase
+    assert state["completed"] == 4 and state["phase"] is None  # the Planning block's end
     toy_reward.install(monkeypatch)  # the reference run's rewards (its fixture undid them when it ended)
     loop = OuterLoop(compose(S4 + ["resume=true"]), tmp_path)
     sampled = []
     real_sample = loop._sample_phase
     loop._sample_phase = lambda slot: sampled.append(slot.index) or real_sample(slot)
     loop.run()
-    assert sampled == [8]  # the Execution phase was not sampled again; only the Evaluation phase was
+    assert sampled == [4, 8]  # the Execution phase replayed from its sampling, then the Evaluation phase
     assert (tmp_path / "records.jsonl").read_text() == (reference / "records.jsonl").read_text()
     assert no_timing(tmp_path) == no_timing(reference)
     ref_loop = s4_run[1]
