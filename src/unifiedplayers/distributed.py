@@ -10,8 +10,9 @@ Who does what (``unifiedplayers.schedule`` and ``unifiedplayers.trainer``):
 - every rank holds all three players and its own rollout engine and sandbox (the tool loop runs code);
   with ``rollout=vllm`` an in-process engine on the rank's GPU, into which the rank copies its own
   trainer's weights (:mod:`unifiedplayers.rollout.vllm_engine` on how vLLM shares the process group);
-- sampling is split: of the n samples per prompt (G_T tasks, K trajectories, M verifiers) rank r draws
-  :func:`share` (n, r, N), seeded from (seed, update, stage, r); the pieces are gathered in rank order;
+- sampling is split by prompt: rank r generates all n samples (G_T tasks, K trajectories, M verifiers) of the
+  prompts of :func:`prompt_shard` (P, r, N), a contiguous block, so every rank is busy as soon as P >= N
+  and each engine sees whole prompts; the blocks are gathered in rank order, which is the prompt order;
 - rank 0 alone runs the perturbations, the verdict matrices, the rewards and the advantages, writes
   records, metrics, checkpoints, the state and the summary, and broadcasts the update's batch;
 - the update is data-parallel: every rank processes its share of the batch's micro-batches with the
@@ -28,8 +29,11 @@ Who does what (``unifiedplayers.schedule`` and ``unifiedplayers.trainer``):
 The other ranks wait at the next collective while rank 0 works alone (verdicts, the diagnostic pool), so
 the process group's timeout is long: ``UNIFIEDPLAYERS_DIST_TIMEOUT_MIN`` minutes (120).
 
-On GPUs each rank is pinned to the GPU of its ``LOCAL_RANK`` by narrowing ``CUDA_VISIBLE_DEVICES`` before
-CUDA starts, so ``cuda`` (``cuda:0``) is that GPU for the model, the trainer and the rollout engine.
+On GPUs each rank is pinned to the GPU of its ``LOCAL_RANK`` before CUDA starts (:func:`_pin_gpu`):
+``CUDA_VISIBLE_DEVICES`` is narrowed to that GPU and ``LOCAL_RANK`` becomes 0, its ordinal among the visible
+ones, so every library picks it: DeepSpeed (``cuda:$LOCAL_RANK``), vLLM's in-process worker (``cuda:0``, made
+current) and our ``cuda`` (the current device, set by :func:`init_distributed`). :attr:`DistContext.local_rank`
+keeps the launcher's value.
 """
 from __future__ import annotations
 
@@ -52,8 +56,15 @@ def adopt_group() -> None:
 
 
 def share(n: int, rank: int, world_size: int) -> int:
-    """How many of ``n`` samples rank ``rank`` draws: n // N, plus one for the first n mod N ranks."""
+    """How many of ``n`` items rank ``rank`` takes: n // N, plus one for the first n mod N ranks."""
     return n // world_size + (1 if rank < n % world_size else 0)
+
+
+def prompt_shard(num_prompts: int, rank: int, world_size: int) -> range:
+    """The prompts rank ``rank`` of ``world_size`` generates for: a contiguous block of :func:`share` prompts,
+    so that the ranks' blocks, in rank order, are the prompts in order."""
+    start = rank * (num_prompts // world_size) + min(rank, num_prompts % world_size)
+    return range(start, start + share(num_prompts, rank, world_size))
 
 
 @dataclass(frozen=True)
@@ -110,23 +121,22 @@ class DistContext:
             dist.barrier(group=_OBJECT_GROUP)
 
     # ------------------------------------------------------------------ split sampling
-    def sample_split(self, n: int, generate: Callable[[int, int], list[list[T]]], num_prompts: int,
-                     to_all: bool = True) -> Optional[list[list[T]]]:
-        """Split the ``n`` samples per prompt of one generation call over the ranks.
+    def split_prompts(self, generate: Callable[[range], list[list[T]]], num_prompts: int,
+                      to_all: bool = True) -> Optional[list[list[T]]]:
+        """Split one generation call over the ranks by prompt.
 
-        ``generate(n_local, rank)`` returns ``out[prompt][sample]`` for ``n_local`` samples of each of the
-        ``num_prompts`` prompts (a rank whose share is 0 does not call it). The result has the ``n``
-        samples of every prompt, rank 0's first: on every rank (``to_all``) or on rank 0 only (``None``
-        elsewhere).
+        ``generate(prompts)`` returns ``out[i][sample]``, all the samples of each prompt of ``prompts`` (a range
+        of the call's prompt indices; a rank without prompts does not call it). The result has every prompt's
+        samples in prompt order: on every rank (``to_all``) or on rank 0 only (``None`` elsewhere).
         """
         if not self.enabled:
-            return generate(n, 0)
-        mine = share(n, self.rank, self.world_size)
-        local = generate(mine, self.rank) if mine and num_prompts else [[] for _ in range(num_prompts)]
+            return generate(range(num_prompts))
+        mine = prompt_shard(num_prompts, self.rank, self.world_size)
+        local = generate(mine) if len(mine) else []
         parts = self.all_gather(local) if to_all else self.gather(local)
         if parts is None:
             return None
-        return [[x for part in parts for x in part[i]] for i in range(num_prompts)]
+        return [row for part in parts for row in part]
 
     # ------------------------------------------------------------------ data-parallel gradients
     def all_reduce_gradients(self, parameters: Sequence[Any], bucket_elems: int = 50_000_000) -> None:
@@ -172,23 +182,39 @@ def env_world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def _pin_gpu(local_rank: int) -> None:
-    """Make the GPU of ``local_rank`` the only visible one (before CUDA starts in this process)."""
+def _listed_gpus() -> list[str]:
+    """The node's GPUs as ``CUDA_VISIBLE_DEVICES`` names them (its entries, else nvidia-smi's indices; none
+    without a GPU). Read without starting CUDA, which would fix the visible devices for good."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    devices = [d for d in visible.split(",") if d.strip()] if visible else None
-    if devices is None:
-        try:
-            import subprocess
+    if visible is not None:
+        return [d.strip() for d in visible.split(",") if d.strip()]
+    import subprocess
 
-            out = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"], capture_output=True,
-                                 text=True, timeout=30)
-            devices = [x.strip() for x in out.stdout.splitlines() if x.strip()] if out.returncode == 0 else []
-        except (OSError, subprocess.SubprocessError):
-            devices = []
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [x.strip() for x in out.stdout.splitlines() if x.strip()] if out.returncode == 0 else []
+
+
+def _pin_gpu(local_rank: int) -> None:
+    """Make the GPU of ``local_rank`` this process's only GPU, before CUDA starts: ``CUDA_VISIBLE_DEVICES`` narrowed
+    to it and ``LOCAL_RANK=0``, its ordinal among the visible ones (DeepSpeed sets ``cuda:$LOCAL_RANK``; the
+    launcher's value would be no device on every rank but 0). Nothing changes without a GPU.
+
+    Not verl's and TRL's way (every GPU visible, ``torch.cuda.set_device(local_rank)``): vLLM's uni-process
+    worker, which our in-process engine uses, takes ``cuda:0`` and makes it current; they run vLLM with the
+    external-launcher executor, which reads ``LOCAL_RANK``.
+    """
+    devices = _listed_gpus()
+    if not devices:
+        return
     if len(devices) > 1:
         if local_rank >= len(devices):
             raise RuntimeError(f"LOCAL_RANK={local_rank} but only {len(devices)} GPUs are visible")
         os.environ["CUDA_VISIBLE_DEVICES"] = devices[local_rank]
+    os.environ["LOCAL_RANK"] = "0"
 
 
 def init_distributed(backend: Optional[str] = None, pin_gpu: bool = True) -> DistContext:
@@ -208,7 +234,7 @@ def init_distributed(backend: Optional[str] = None, pin_gpu: bool = True) -> Dis
     if not dist.is_initialized():
         chosen = backend or ("nccl" if torch.cuda.is_available() else "gloo")
         if chosen == "nccl":
-            torch.cuda.set_device(0)  # the one visible GPU
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))  # the GPU DeepSpeed picks too
         dist.init_process_group(backend=chosen, timeout=timeout)
     if dist.get_backend() == "nccl" and _OBJECT_GROUP is None:
         _OBJECT_GROUP = dist.new_group(backend="gloo", timeout=timeout)  # pickled objects travel on the host

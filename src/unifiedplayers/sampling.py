@@ -3,8 +3,9 @@ player (tool loop) and M verifiers per task from the Evaluation player, with the
 phase's start (:class:`PhaseSampler`). Every generation is seeded from (seed, the phase's first update, stage),
 so a resumed run samples what an uninterrupted one does.
 
-Several ranks: each generation call is split over the ranks (each draws its share of the samples per prompt,
-seeded with its rank) and gathered in rank order on rank 0; rank 0 builds the tasks and every rank gets them.
+Several ranks: each generation call is split over the ranks by prompt (each rank draws all the samples of a
+block of prompts, :meth:`~unifiedplayers.distributed.DistContext.split_prompts`) and gathered in prompt order on
+rank 0; rank 0 builds the tasks and every rank gets them.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from unifiedplayers.players.execution import solve
 from unifiedplayers.players.planning import PlanningTask, generate_tasks
 from unifiedplayers.schedule import Slot, seed_for
 
-# Generation stages of a phase (the seed of stage s of rank r is seed_for(seed, phase, s + 1000 r)).
+# Generation stages of a phase (a call's seed: seed_for(seed, phase, stage) + its first sample, PhaseSampler.seed).
 TASK_STAGE, TRAJECTORY_STAGE, VERIFIER_STAGE = 10, 20, 30
 
 
@@ -76,9 +77,12 @@ class PhaseSampler:
     def engine(self, role: str, active: str) -> tuple[Any, dict[str, Any]]:
         return self.team.engine(role, active)
 
-    def seed(self, slot: Slot, stage: int, rank: int) -> int:
-        """The seed of one rank's share of one generation stage of a phase (rank 0: the single-process seed)."""
-        return seed_for(self.cfg.seed, slot.phase, stage + 1000 * rank)
+    def seed(self, slot: Slot, stage: int, prompts: range, n: int) -> int:
+        """The seed of one generation call of a phase's ``stage``: the ``n`` samples of each prompt of ``prompts``
+        (indices into the stage's prompts). vLLM seeds sample j of the call's i-th prompt with seed + i·n + j
+        (``rollout/vllm_engine.py``), so each sample's seed is the same whichever rank draws it; the hf engine
+        draws a call from one generator. One process: seed_for(seed, phase, stage)."""
+        return seed_for(self.cfg.seed, slot.phase, stage) + prompts.start * n
 
     def sample(self, slot: Slot, units: int) -> PhaseSample:
         """Tasks, then K trajectories and M verifiers per task, for a phase of ``units`` updates."""
@@ -90,19 +94,19 @@ class PhaseSampler:
         questions = [task.question for task in tasks]
         self.stage(f"execution: {len(tasks)} x {p.num_trajectories} trajectories")
         exec_engine, exec_ver = self.engine("execution", slot.role)
-        rollouts = self.dist.sample_split(
-            p.num_trajectories,
-            lambda n, rank: solve(exec_engine, self.sandbox, self.tokenizer, self.execution_cfg, questions, n,
-                                  seed=self.seed(slot, TRAJECTORY_STAGE, rank),
-                                  temperature=role_temperature(cfg, "execution"), top_p=cfg.rollout.top_p),
+        k = p.num_trajectories
+        rollouts = self.dist.split_prompts(
+            lambda mine: solve(exec_engine, self.sandbox, self.tokenizer, self.execution_cfg,
+                               [questions[i] for i in mine], k, seed=self.seed(slot, TRAJECTORY_STAGE, mine, k),
+                               temperature=role_temperature(cfg, "execution"), top_p=cfg.rollout.top_p),
             len(questions), to_all=False)
         eval_engine, eval_ver = self.engine("evaluation", slot.role)
         if self.method.writes_verifiers:
             self.stage(f"evaluation: {len(tasks)} x {p.num_verifiers} verifiers")
-            verifiers = self.dist.sample_split(
-                p.num_verifiers,
-                lambda n, rank: write_verifiers(eval_engine, self.tokenizer, p, questions, n,
-                                                seed=self.seed(slot, VERIFIER_STAGE, rank)),
+            m = p.num_verifiers
+            verifiers = self.dist.split_prompts(
+                lambda mine: write_verifiers(eval_engine, self.tokenizer, p, [questions[i] for i in mine], m,
+                                             seed=self.seed(slot, VERIFIER_STAGE, mine, m)),
                 len(questions), to_all=False)
         else:  # a verdict-free method: no Evaluation samples (M = 0)
             verifiers = [[] for _ in questions] if self.dist.is_main else None
@@ -125,11 +129,8 @@ class PhaseSampler:
         own_prompts = self.dist.broadcast(self.method.planning_prompts(self.tokenizer, p, prompts)
                                           if self.dist.is_main else None)
         for attempt in range(attempts):
-            got = self.dist.sample_split(
-                p.tasks_per_prompt,
-                lambda n, rank: generate_tasks(engine, self.tokenizer, p, self.prompt_counter, prompts, n,
-                                               seed=self.seed(slot, TASK_STAGE + attempt, rank), prompts=own_prompts),
-                prompts)
+            got = self.dist.split_prompts(
+                lambda mine: self._generate_tasks(engine, slot, attempt, mine, own_prompts), prompts)
             # Rank 0 builds the tasks (Absolute Zero's run code in the sandbox); every rank then holds the same.
             got = self.dist.broadcast([[self.method.build_task(t, self.sandbox) for t in g] for g in got]
                                       if self.dist.is_main else None)
@@ -148,3 +149,15 @@ class PhaseSampler:
         # the method picks the tasks played (Socratic-Zero: with its curriculum); every rank gets rank 0's choice
         return self.dist.broadcast(self.method.phase_tasks(slot.role, groups, used, unused, wanted)
                                    if self.dist.is_main else None)
+
+    def _generate_tasks(self, engine: Any, slot: Slot, attempt: int, mine: range,
+                        own_prompts: Optional[list[Any]]) -> list[list[PlanningTask]]:
+        """The G_T tasks of each questioner prompt of ``mine`` (indices into the attempt's prompts), numbered by
+        their place among all of the attempt's prompts."""
+        n = self.player_cfg.tasks_per_prompt
+        got = generate_tasks(engine, self.tokenizer, self.player_cfg, self.prompt_counter + mine.start, len(mine), n,
+                             seed=self.seed(slot, TASK_STAGE + attempt, mine, n),
+                             prompts=None if own_prompts is None else own_prompts[mine.start:mine.stop])
+        for task in (t for g in got for t in g):
+            task.prompt_index += mine.start
+        return got

@@ -120,7 +120,8 @@ def machine_summary(run_dir: Path) -> list[dict[str, Any]]:
 
 def precision_summary(run_dir: Path, metrics: list[dict[str, Any]]) -> dict[str, Any]:
     """The run's dtypes (``config.yaml``: as ``auto`` resolved at its start, and why) and, per player, the
-    train/rollout log-prob mismatch: mean |log π_train − log π_behaviour| at each phase's on-policy step."""
+    train/rollout log-prob mismatch: mean |log π_train − log π_behaviour| at each phase's on-policy step (at every
+    step when π_old is recomputed)."""
     out: dict[str, Any] = {}
     cfg = _run_config(run_dir)
     if cfg is not None:
@@ -133,7 +134,7 @@ def precision_summary(run_dir: Path, metrics: list[dict[str, Any]]) -> dict[str,
     for role in ROLES:
         values = [m[f"{role}/logprob_mismatch"] for m in metrics if m.get(f"{role}/logprob_mismatch") is not None]
         if values:
-            mismatch[role] = {"mean": float(np.mean(values)), "max": float(np.max(values)), "phases": len(values)}
+            mismatch[role] = {"mean": float(np.mean(values)), "max": float(np.max(values)), "steps": len(values)}
     out["logprob_mismatch"] = mismatch
     return out
 
@@ -176,9 +177,10 @@ def render_summary(summary: dict[str, Any], sample: Optional[Any]) -> str:
                    + (f" ({prec['reason']})" if prec.get("reason") else ""))
     out.extend(machine_lines(summary.get("machine") or []))
     if prec.get("logprob_mismatch"):
-        out.append("train/rollout log-prob mismatch, mean |log π_train − log π_behaviour| at each phase's on-policy "
-                   "step: " + ", ".join(f"{role} {v['mean']:.2e} (max {v['max']:.2e}, {v['phases']} phases)"
-                                        for role, v in prec["logprob_mismatch"].items()))
+        out.append("train/rollout log-prob mismatch, mean |log π_train − log π_behaviour| (each phase's on-policy "
+                   "step, or every step with π_old recomputed): "
+                   + ", ".join(f"{role} {v['mean']:.2e} (max {v['max']:.2e}, {v['steps']} steps)"
+                               for role, v in prec["logprob_mismatch"].items()))
     out.append("")
     pool = summary.get("execution_pool")
     if pool:

@@ -25,6 +25,7 @@ from unifiedplayers.players.evaluation import evaluation_prompt
 from unifiedplayers.players.execution import execution_prompt
 from unifiedplayers.players.planning import planning_prompt
 from unifiedplayers.roles import ROLES
+from unifiedplayers.rollout import check_backend
 from unifiedplayers.run_state import atomic_torch_save
 from unifiedplayers.trainer import build_trainer
 from unifiedplayers.trainer.precision import cast_parameters
@@ -61,6 +62,8 @@ class Team:
     # ------------------------------------------------------------------ set-up
     def load_backbone(self, backbone: Optional[tuple[Any, Any]], timing: dict[str, float]) -> tuple[Any, Any]:
         """``backbone`` when given (tests), else ``load_model(cfg.model)``, timed into ``timing["model_load_s"]``."""
+        if self.rollout_factory is None:  # tests that script the engines need no backend installed
+            check_backend(self.cfg.rollout)
         if backbone is not None:
             return backbone
         from unifiedplayers.models import load_model
@@ -185,10 +188,12 @@ class Team:
                     player.version = version(role, iteration, active.trainer.global_step)
         return metrics, time.perf_counter() - t
 
-    def recompute_old_logprobs(self, role: str, batches: list[list[Any]]) -> None:
-        """π_old of the phase's samples := the trainer's own forward (``trainer.recompute_old_logprobs``)."""
+    def recompute_old_logprobs(self, role: str, batches: Optional[list[list[Any]]]) -> None:
+        """π_old of the phase's samples := the trainer's own forward (``trainer.recompute_old_logprobs``), before the
+        phase's first step. Every rank calls it: rank 0 with the phase's units' batches, the others with None (they
+        receive rank 0's, and each rank runs its micro-batches of every unit)."""
         if self.cfg.trainer.recompute_old_logprobs:
-            for batch in batches:  # unit by unit: the micro-batches the unit's update will make
+            for batch in self.dist.broadcast(batches):  # unit by unit: the micro-batches the unit's update will make
                 self.players[role].trainer.recompute_old_logprobs(batch)
 
     def block_diagnostics(self, role: str) -> dict[str, Any]:

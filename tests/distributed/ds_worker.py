@@ -1,9 +1,10 @@
 """One rank of a DeepSpeed data-parallel run (launched by tests/distributed/test_data_parallel_deepspeed.py
 under torchrun, gloo on CPU).
 
-``trainer DUMP``: ZeRO-2 and ZeRO-3 trainers of the tiny random model take the same steps as the
-single-process torch trainer would on the same batches, then save a checkpoint, take a step, load the
-checkpoint and take the step again; dumps this rank's weights and metrics.
+``trainer DUMP``: ZeRO-2 and ZeRO-3 trainers of the tiny random model recompute π_old of a batch (each rank its
+micro-batches), take the same steps as the single-process torch trainer would on the same batches, then save a
+checkpoint, take a step, load the checkpoint and take the step again; dumps this rank's weights, metrics and
+recomputed log-probs.
 ``loop RUN_DIR DUMP OVERRIDES...``: runs or resumes an outer loop of ``experiment=tiny``; ``rollout=vllm``
 runs here on :class:`CopyingEngine` (a copy of the weights, synced like vLLM's). Dumps the full weights.
 Several jobs separated by ``--`` run one after the other in the same launch (one start-up of the ranks,
@@ -11,6 +12,7 @@ DeepSpeed and the process group for all of them).
 """
 from __future__ import annotations
 
+import copy
 import sys
 from pathlib import Path
 
@@ -45,6 +47,10 @@ def trainers(dump: str, dist) -> None:
         model, _ = tiny_model()
         trainer = build_trainer(trainer_config(backend=backend, kl_coef=0.05, **extra), model, dist=dist)
         trainer.start_outer_iteration()
+        redone, forwards, ref_pass = copy.deepcopy(data[0]), [], trainer._ref_pass
+        trainer._ref_pass = lambda module, mb: forwards.append(len(mb.input_ids)) or ref_pass(module, mb)
+        trainer.recompute_old_logprobs(redone)  # rank 1: one micro-batch of three and a lockstep pad
+        del trainer._ref_pass
         metrics = [trainer.update(b) for b in data[:STEPS]]
         steps = trainer.full_state_dict()
         ckpt = Path(dump).parent / f"ckpt-{backend}"
@@ -53,7 +59,8 @@ def trainers(dump: str, dist) -> None:
         after = trainer.full_state_dict()
         trainer.load_checkpoint(ckpt)
         trainer.update(data[STEPS])
-        out[backend] = {"metrics": metrics, "steps": steps, "after": after, "again": trainer.full_state_dict()}
+        out[backend] = {"metrics": metrics, "steps": steps, "after": after, "again": trainer.full_state_dict(),
+                        "old_logprobs": [s.old_logprobs for s in redone], "recompute_forwards": forwards}
     torch.save(out, f"{dump}.rank{dist.rank}.pt")
 
 

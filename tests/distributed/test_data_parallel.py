@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from unifiedplayers.config import compose
-from unifiedplayers.distributed import DistContext, share
 from unifiedplayers.logging import read_metrics
 from unifiedplayers.records import load_records
 from unifiedplayers.loop import OuterLoop
@@ -33,15 +32,6 @@ OVERRIDES = ["trainer.micro_batch_size=1", "schedule.planning_updates=2"]
 
 def torchrun(run_dir: Path, dump: Path, *overrides: str) -> None:
     torchrun_worker(WORKER, str(run_dir), str(dump), *OVERRIDES, *overrides, timeout=240)
-
-
-def test_share_splits_n_samples_over_the_ranks():
-    assert [share(8, r, 3) for r in range(3)] == [3, 3, 2]
-    assert [share(1, r, 2) for r in range(2)] == [1, 0]
-    assert sum(share(7, r, 4) for r in range(4)) == 7
-    single = DistContext()
-    assert single.sample_split(3, lambda n, rank: [[("p", n, rank)]], 1) == [[("p", 3, 0)]]
-    assert single.broadcast("x") == "x" and single.gather(1) == [1] and not single.enabled
 
 
 DESTROY_CHECK = """
@@ -100,8 +90,8 @@ def test_two_ranks_write_once_and_end_with_identical_weights(tmp_path):
     ids = [r.task_id for r in records]
     assert len(ids) == len(set(ids))  # written once, by rank 0
     played = [r for r in records if r.meta["status"] == "played"]
-    # Planning updates: 1 prompt x G_T = 2 tasks, one drawn by each rank; K = 2 trajectories and M = 2
-    # verifiers per task, one of each drawn by each rank and gathered on rank 0.
+    # Planning updates: 1 prompt x G_T = 2 tasks; K = 2 trajectories and M = 2 verifiers per task. Sampling is
+    # split by prompt: each rank draws all the samples of its prompts (a call with one prompt: rank 0 alone).
     assert len(played) == 2 + 2 + 1 + 1
     assert all(len(r.trajectories) == 2 and r.num_generated == 2 for r in played)
     state = torch.load(run_dir / "state.pt", weights_only=False)

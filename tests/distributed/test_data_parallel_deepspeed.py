@@ -4,13 +4,15 @@ subprocess (tests/distributed/ds_worker.py).
 - trainer level: both ranks end with identical weights, equal to the single-process step on the same
   batches (the engine averages gradients over the ranks; our losses are scaled so that the step is the
   batch's, whatever the rank count), although rank 1 runs one micro-batch of three plus a zero-weight pad;
-  a collective checkpoint (one optimizer partition per rank) round-trips bit-exactly.
+  a collective checkpoint (one optimizer partition per rank) round-trips bit-exactly; recomputed π_old
+  log-probs (each rank its micro-batches, the same pad) are the single process's, on both ranks.
 - outer loop: ZeRO-2 with hf rollouts writes records, metrics and checkpoints once, keeps the ranks equal
   and resumes; ZeRO-3 with a weight-copying engine per rank (what vLLM does) gathers the partitions
-  collectively for every copy.
+  collectively for every copy, and recomputes π_old at each phase's start on both ranks, as the paper presets do.
 """
 from __future__ import annotations
 
+import copy
 import os
 import sys
 from pathlib import Path
@@ -18,6 +20,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 pytest.importorskip("deepspeed")
 
@@ -66,7 +69,8 @@ def launches(tmp_path_factory):
     torchrun(["trainer", str(d["trainer"] / "trainer")],
              zero2 + ["schedule.max_updates=2"],
              ["loop", str(d["zero3"] / "run"), str(d["zero3"] / "weights"), *LOOP, "trainer=deepspeed_zero3",
-              "trainer.dtype=float32", "rollout=vllm", "schedule.execution_pool.every=1",
+              "trainer.dtype=float32", "rollout=vllm", "trainer.recompute_old_logprobs=true",
+              "schedule.execution_pool.every=1",
               "schedule.execution_pool.math_size=1", "schedule.execution_pool.general_size=1"])
     zero2_first = ranks(d["zero2"] / "weights")
     zero2_first_metrics = read_metrics(d["zero2"] / "run")
@@ -79,7 +83,8 @@ def ranks(dump: Path) -> list[dict]:
 
 
 def single_process_run():
-    """The torch trainer in this process on the worker's batches: metrics and weights after each step."""
+    """The torch trainer in this process on the worker's batches: metrics and weights after each step, and the
+    first batch's π_old recomputed at the start."""
     sys.path.insert(0, str(WORKER.parent))
     from ds_worker import STEPS, batches
 
@@ -89,8 +94,11 @@ def single_process_run():
         model, _ = tiny_model()
         trainer = build_trainer(trainer_config(kl_coef=0.05), model)
         trainer.start_outer_iteration()
-        metrics = [trainer.update(b) for b in batches(STEPS)]
-        return metrics, trainer.full_state_dict()
+        data = batches(STEPS)
+        redone = copy.deepcopy(data[0])
+        trainer.recompute_old_logprobs(redone)
+        metrics = [trainer.update(b) for b in data]
+        return metrics, trainer.full_state_dict(), [s.old_logprobs for s in redone]
     finally:
         torch.set_num_threads(before)
 
@@ -98,7 +106,7 @@ def single_process_run():
 def test_zero_stages_over_two_ranks_take_the_single_process_step(launches):
     tmp_path = launches.dirs["trainer"]
     out = ranks(tmp_path / "trainer")
-    metrics, weights = single_process_run()
+    metrics, weights, old_logprobs = single_process_run()
     initial = tiny_model()[0].state_dict()
     assert max(float((weights[k] - initial[k]).abs().max()) for k in weights) > 1e-4  # training moved them
     for backend in ("deepspeed_zero2", "deepspeed_zero3"):
@@ -111,6 +119,11 @@ def test_zero_stages_over_two_ranks_take_the_single_process_step(launches):
             # The gradient of the whole batch, not the ranks' average of their shares.
             assert ours["actor/grad_norm"] == pytest.approx(single["actor/grad_norm"], rel=1e-5), backend
         assert r0["metrics"][-1]["actor/kl"] > 0
+        # π_old's forward: each rank its micro-batches of rows 0-2 | 3-5 | 6-7, rank 1 a pad of three rows
+        assert (r0["recompute_forwards"], r1["recompute_forwards"]) == ([3, 2], [3, 3]), backend
+        assert all(torch.equal(a, b) for a, b in zip(r0["old_logprobs"], r1["old_logprobs"]))  # every rank has all
+        for ours, single in zip(r0["old_logprobs"], old_logprobs):
+            torch.testing.assert_close(ours, single, atol=1e-5, rtol=0)
         for k, v in weights.items():
             torch.testing.assert_close(r0["steps"][k], v, atol=1e-5, rtol=0, msg=lambda m: f"{backend} {k}: {m}")
         for r in out:  # save, step, load, step: the same step again, on both ranks
@@ -150,6 +163,8 @@ def test_zero3_outer_loop_with_an_engine_per_rank(launches):
     assert not same(final[0]["planning"], final[0]["evaluation"])
     metrics = read_metrics(run_dir)
     assert len(metrics) == 4 and all(m[f"{m['block']}/skipped"] == 0.0 for m in metrics)
+    assert OmegaConf.load(run_dir / "config.yaml").trainer.recompute_old_logprobs  # refused on 2 ranks before
+    assert all(m[f"{m['block']}/logprob_mismatch"] >= 0.0 for m in metrics)
     assert metrics[2]["execution/pool_step"] == 1  # rank 0 evaluated, rank 1 synced its engine along
 
 

@@ -1,10 +1,12 @@
 """Precision ``auto`` in a run: resolved once at the start, stored with its reason, kept on resume; bf16 runs sample
-from the bf16 copy; the on-policy mismatch reaches metrics.jsonl; ``trainer.recompute_old_logprobs`` both ways.
+from the bf16 copy; the on-policy mismatch reaches metrics.jsonl; ``trainer.recompute_old_logprobs`` both ways, and
+over every unit of a phase.
 
 The CPU flags are patched (``unifiedplayers.precision.cpu_flags``), so the tests hold on any machine.
 """
 from __future__ import annotations
 
+import copy
 import gc
 import json
 import os
@@ -15,9 +17,11 @@ import torch
 from omegaconf import OmegaConf
 
 from unifiedplayers import precision
-from unifiedplayers.config import compose
+from unifiedplayers.config import compose, role_trainer_config
 from unifiedplayers.loop import OuterLoop, StopRun
+from unifiedplayers.models import load_model
 from unifiedplayers.run_state import check_resumable
+from unifiedplayers.trainer import TrainSample, build_trainer
 
 pytestmark = pytest.mark.cpu
 
@@ -176,3 +180,36 @@ def test_resumable_check_accepts_auto_against_a_stored_dtype(tmp_path):
     check_resumable({"config": then}, cfg, tmp_path, 1)  # auto continues a float32 run
     with pytest.raises(ValueError, match="model.dtype"):
         check_resumable({"config": then}, compose(["experiment=tiny", "model.dtype=bfloat16"]), tmp_path, 1)
+
+
+def test_recompute_covers_every_unit_of_a_phase_and_logs_the_mismatch_at_every_step(tmp_path):
+    """S = 2 units in one phase (the loop tests above have one): before the phase's first step, every unit's
+    π_old is the trainer's own forward at the phase's start weights (here the initial ones), neither the behaviour
+    log-probs nor a forward after the first step; and both steps log the mismatch |log π_old − log π_behaviour|."""
+    cfg = compose(["experiment=tiny", "schedule.steps_per_generation=2", "schedule.planning_updates=2",
+                   "schedule.execution_updates=0", "schedule.evaluation_updates=0",
+                   "trainer.recompute_old_logprobs=true", "model.dtype=bfloat16"])  # bf16 rollouts, fp32 trainer
+    units = []
+
+    def keep_units(event, loop, slot):
+        if event == "update_end" and slot.step_in_phase == 0:
+            units.extend(copy.deepcopy([u.batch for u in loop.phase.units]))
+
+    OuterLoop(cfg, tmp_path, hooks=[keep_units]).run()
+    assert len(units) == 2 and all(units)
+    initial = load_model(OmegaConf.merge(cfg.model, {"dtype": "float32"}))[0]  # the run's float32 master weights
+    fresh = build_trainer(role_trainer_config(cfg.trainer, "planning"), initial)
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [m["phase_unit"] for m in lines] == [0, 1]
+    for unit, line in zip(units, lines):
+        assert all(s.behaviour_logprobs is not None for s in unit)  # recomputed: the recorded ones kept aside
+        again = [TrainSample(s.token_ids, s.loss_mask, s.behaviour_logprobs, s.advantage, s.group) for s in unit]
+        fresh.recompute_old_logprobs(again)  # the initial weights' forward over the unit
+        tokens = total = 0.0
+        for s, a in zip(unit, again):
+            mask = torch.as_tensor(s.loss_mask, dtype=torch.bool)
+            old, behaviour = torch.as_tensor(s.old_logprobs)[mask], torch.as_tensor(s.behaviour_logprobs)[mask]
+            torch.testing.assert_close(old, torch.as_tensor(a.old_logprobs)[mask])
+            assert not torch.allclose(old, behaviour)
+            total, tokens = total + float((old - behaviour).abs().sum()), tokens + float(mask.sum())
+        assert line["planning/logprob_mismatch"] == pytest.approx(total / tokens, rel=1e-5)

@@ -32,6 +32,7 @@ class _MicroBatch:
     weights: Tensor  # (B,) Eq. 21 weights from the whole batch
     clip_high: Optional[Tensor] = None  # (B,) per-sample upper clip, NaN = trainer.clip_eps; None: none set
     behaviour_logprobs: Optional[Tensor] = None  # (B, L) the log-probs recorded at sampling (default: old_logprobs)
+    recomputed: bool = False  # old_logprobs are the trainer's forward (trainer.recompute_old_logprobs)
 
 
 def _collate(samples: list[Any], weights: Tensor, device: torch.device, pad_id: int) -> _MicroBatch:
@@ -49,7 +50,8 @@ def _collate(samples: list[Any], weights: Tensor, device: torch.device, pad_id: 
         old[i, :n] = _as_tensor(s.old_logprobs, torch.float32)
     old = old.masked_fill(~mask, 0.0)
     behaviour = old
-    if any(getattr(s, "behaviour_logprobs", None) is not None for s in samples):  # π_old was recomputed
+    recomputed = any(getattr(s, "behaviour_logprobs", None) is not None for s in samples)
+    if recomputed:
         behaviour = torch.zeros(b, length, dtype=torch.float32)
         for i, s in enumerate(samples):
             source = s.old_logprobs if s.behaviour_logprobs is None else s.behaviour_logprobs
@@ -66,6 +68,7 @@ def _collate(samples: list[Any], weights: Tensor, device: torch.device, pad_id: 
         None if all(getattr(s, "clip_high", None) is None for s in samples) else torch.tensor(
             [float("nan") if s.clip_high is None else float(s.clip_high) for s in samples], device=device),
         behaviour.to(device),
+        recomputed,
     )
 
 
