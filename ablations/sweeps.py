@@ -3,6 +3,7 @@
     python -m ablations.sweeps table3 --scale smoke            # what `make reproduce-table3` runs
     python -m ablations.sweeps table15 --scale paper --launcher slurm
     python -m ablations.sweeps table3 --scale smoke --dry-run  # print the commands only
+    python -m ablations.sweeps table3 --scale paper --nproc-per-node 8 model.path=DIR   # one member at a time
 
 A sweep is a list of Hydra multiruns of ``python -m unifiedplayers.train`` (``SWEEPS`` below: the
 ``conf/ablation/<preset>`` overlay plus the member overrides, comma lists being Hydra sweeps). Every
@@ -15,10 +16,18 @@ yet evaluated, and ``ablations.aggregate`` prints the table (markdown and LaTeX)
 Scales (``SCALES``): ``smoke`` = ``experiment=ablation_smoke`` + ``eval=ablation_smoke`` (CPU, toy sizes);
 ``paper`` = ``experiment=paper_qwen3_4b`` + ``eval=paper`` (GPUs); ``paper_mimo_7b`` = ``experiment=paper_mimo_7b``
 + ``eval=paper`` (the paper's MiMo-7B-Base rows). A scale's ``backbone`` only chooses which of the paper's
-rows are printed for reference: each of our rows is labelled with the backbone it ran on. Launchers: ``local`` (joblib,
-``--jobs`` members at a time) and ``slurm`` (submitit; ``pip install -e '.[slurm]'``; its settings are in
-``ablations/conf/hydra/launcher/slurm.yaml``, outside ``conf/`` so that the configuration tests never need
-the plugin).
+rows are printed for reference: each of our rows is labelled with the backbone it ran on.
+
+Launchers at the CPU scales (``smoke``, ``tiny``): ``local`` (joblib, ``--jobs`` members at a time) and ``slurm``
+(Hydra's submitit launcher; ``pip install -e '.[slurm]'``; its settings are in
+``ablations/conf/hydra/launcher/slurm.yaml``, outside ``conf/`` so that the configuration tests never need the
+plugin). At the GPU scales (``paper``, ``paper_mimo_7b``) a member is one run over a node's GPUs as data-parallel
+ranks, the README's "Paper presets and the 8-GPU node" (:class:`Member`): ``local`` runs the members one at a
+time, each ``torchrun --nproc_per_node=N`` over this node's ``--nproc-per-node`` GPUs (never two members on one
+GPU), and ``slurm`` submits each member as one job holding a whole node, the same torchrun inside
+(``ablations/conf/slurm_node.yaml``). Both expand the multiruns as Hydra would and name each member's directory
+by Hydra's ``override_dirname``, so a member started by either launcher, or by
+``experiments/dp8_single_gpu_runs.sh`` (``--list-members``), is found again.
 """
 from __future__ import annotations
 
@@ -28,9 +37,9 @@ import shlex
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 REPO = Path(__file__).resolve().parents[1]
 LAUNCHER_CONF = REPO / "ablations" / "conf"
@@ -44,15 +53,16 @@ class Scale:
     stale_seeds: str  # seeds of the stale-feedback control
     backbone: Optional[str] = None  # paper backbone whose Table 1 rows are printed beside ours
     eval_overrides: tuple[str, ...] = ()  # further conf/evaluate.yaml overrides of the evaluation step
+    gpus: bool = False  # a member is a run over a node's GPUs (torchrun), launched member by member
 
 
 SCALES = {
     # 15 runs for Table 3: 4 configurations x 3 seeds + the stale control on the same 3 paired seeds (from a
     # fresh clone, set-up included, about 40 min on 2 cores).
     "smoke": Scale("ablation_smoke", "ablation_smoke", "0,1,2", "0,1,2", backbone="Qwen3-4B-Base"),
-    "paper": Scale("paper_qwen3_4b", "paper", "0,1,2", "0,1,2", backbone="Qwen3-4B-Base"),
+    "paper": Scale("paper_qwen3_4b", "paper", "0,1,2", "0,1,2", backbone="Qwen3-4B-Base", gpus=True),
     # The paper's second backbone (Tables 1 and 2, lower half): conf/experiment/paper_mimo_7b.yaml.
-    "paper_mimo_7b": Scale("paper_mimo_7b", "paper", "0,1,2", "0,1,2", backbone="MiMo-7B-Base"),
+    "paper_mimo_7b": Scale("paper_mimo_7b", "paper", "0,1,2", "0,1,2", backbone="MiMo-7B-Base", gpus=True),
     # Tests: the tiny random Llama, a few problems, a few tokens.
     "tiny": Scale("tiny", "ablation_smoke", "0,1", "0", eval_overrides=(
         "eval.limit=2", "eval.max_new_tokens=8", "eval.tool.max_turns=1", "eval.chat_template=false")),
@@ -140,6 +150,188 @@ def write_eval_only_members(sweep: Sweep, scale: Scale, out: Path, extra: Sequen
     return made
 
 
+# --------------------------------------------------------------------------------------------------
+# The GPU scales: member by member, each over a node's GPUs
+
+SLURM_NODE = LAUNCHER_CONF / "slurm_node.yaml"
+# What several ranks cannot run (unifiedplayers.checks.check_ranks), and the member's way round it: the stale
+# control copies the module, which ZeRO-3 partitions; ZeRO-2 (the same update, tests/distributed) can.
+RANK_FALLBACKS = {("deepspeed_zero3", "stale"): "trainer.backend=deepspeed_zero2"}
+
+
+@dataclass(frozen=True)
+class Member:
+    """One training run of a sweep at a GPU scale: the overrides of its Hydra job, the directory Hydra's multirun
+    names it (``<sweep dir>/<hydra.job.override_dirname>``) and the data-parallel ranks it runs over."""
+    overrides: tuple[str, ...]
+    run_dir: Path
+    ranks: int
+    finished: bool = False  # its run is complete: nothing to launch
+
+    def train_args(self) -> list[str]:
+        """The overrides of its ``python -m unifiedplayers.train``, ``run_dir`` quoted for Hydra's parser (a member's
+        directory name holds ``=`` and ``,``)."""
+        if "'" in str(self.run_dir):
+            raise ValueError(f"{self.run_dir}: a sweep directory with a quote (') cannot be passed to Hydra")
+        return [*self.overrides, f"run_dir='{self.run_dir}'"]
+
+    def command(self) -> list[str]:
+        """``torchrun --nproc_per_node=<ranks>`` (as ``python -m torch.distributed.run``, this interpreter's), or one
+        process for one rank, as experiments/dp8_single_gpu_runs.sh runs it."""
+        train = ["-m", "unifiedplayers.train", *self.train_args()]
+        if self.ranks == 1:
+            return [sys.executable, *train]
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={self.ranks}", *train]
+
+
+def expand(overrides: Sequence[str]) -> list[list[str]]:
+    """The jobs of one ``python -m unifiedplayers.train -m <overrides>``, as Hydra's basic sweeper makes them (its own
+    function): the product of the comma lists, the ablation preset's ``hydra.sweeper.params`` first (the command
+    line's win)."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
+    from unifiedplayers.config import CONF_DIR
+
+    preset = next((o.split("=", 1)[1] for o in overrides if o.startswith("ablation=")), None)
+    params = OmegaConf.select(OmegaConf.load(CONF_DIR / "ablation" / f"{preset}.yaml"), "hydra.sweeper.params",
+                              default={}) if preset else {}
+    parsed = OverridesParser.create().parse_overrides([*(f"{k}={v}" for k, v in params.items()), *overrides])
+    return BasicSweeper.split_arguments(parsed, None)[0]
+
+
+def compose_job(overrides: Sequence[str]) -> tuple[Any, str]:
+    """The config of one job (the run's config, validated) and its ``hydra.job.override_dirname``."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import open_dict
+
+    from unifiedplayers.config import CONF_DIR, check_override_keys, register_configs
+
+    register_configs()
+    check_override_keys(overrides)
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=list(overrides), return_hydra_config=True)
+    dirname = str(cfg.hydra.job.override_dirname)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return cfg, dirname
+
+
+def members(multiruns: Sequence[Sequence[str]], scale: Scale, out: Path, nproc: int,
+            extra: Sequence[str] = ()) -> list[Member]:
+    """Every member of ``multiruns`` at ``scale``, in Hydra's order. A member runs over ``nproc`` ranks, or over as
+    many as the run in its directory began with (a run resumes only with its rank count); a finished run is
+    checked against the member's config, as the loop would, and then left alone. Fails before anything is
+    launched on a member that ``nproc`` ranks cannot run (:data:`RANK_FALLBACKS` aside)."""
+    from unifiedplayers.checks import check_ranks
+    from unifiedplayers.distributed import DistContext
+    from unifiedplayers.run_state import STATE_FILE, check_resumable, load_state
+
+    found = []
+    for run in multiruns:
+        for job in expand([*run, f"experiment={scale.experiment}", "resume=true", *extra]):
+            cfg, dirname = compose_job(job)
+            run_dir = out / dirname
+            state = load_state(run_dir / STATE_FILE) if (run_dir / STATE_FILE).exists() else None
+            ranks = int(state.get("world_size", 1)) if state else nproc
+            fallback = RANK_FALLBACKS.get((cfg.trainer.backend, cfg.schedule.feedback)) if ranks > 1 else None
+            if fallback:
+                job = [*job, fallback]
+                cfg, _ = compose_job(job)
+            if state:
+                check_resumable(state, cfg, run_dir, ranks)
+            check_ranks(cfg, DistContext(world_size=ranks))
+            found.append(Member(tuple(job), run_dir, ranks, bool(state and state["finished"])))
+    return found
+
+
+def describe(member: Member, nproc: int) -> str:
+    """Why a member's launch differs from the others', if it does."""
+    notes = [f"resumes its run of {member.ranks} rank(s)"] if member.ranks != nproc else []
+    notes += [f"{o} (not runnable as configured over {member.ranks} ranks: checks.check_ranks)"
+              for o in member.overrides if o in RANK_FALLBACKS.values()]
+    return "; ".join(notes)
+
+
+def run_members_here(found: Sequence[Member], nproc: int, dry_run: bool, retries: int) -> None:
+    """The local launcher at a GPU scale: one member at a time over this node's GPUs."""
+    print(f"[sweep] {len(found)} members, one at a time over {nproc} GPU(s) each (torchrun)", flush=True)
+    for m in found:
+        if m.finished:
+            print(f"[sweep] finished, not launched: {m.run_dir}", flush=True)
+            continue
+        if describe(m, nproc):
+            print(f"[sweep] {m.run_dir.name}: {describe(m, nproc)}", flush=True)
+        run(m.command(), dry_run, retries)
+
+
+class MemberJob:
+    """What a member's Slurm job runs (pickled by submitit): its command, from the repository root."""
+
+    def __init__(self, argv: Sequence[str]):
+        self.argv = list(argv)
+
+    def __call__(self) -> None:
+        subprocess.run(self.argv, cwd=REPO, env={**os.environ, "HYDRA_FULL_ERROR": "1"}, check=True)
+
+
+def slurm_parameters(settings: dict, member: Member, sweep_name: str) -> dict:
+    """submitit's SlurmExecutor parameters of one member's job: ``settings`` (slurm_node.yaml with the --slurm
+    changes) and the member's GPUs, one per rank."""
+    params = {k: v for k, v in settings.items() if v is not None}
+    return {**params, "gpus_per_node": member.ranks, "job_name": f"{sweep_name}-{member.run_dir.name}"[:120]}
+
+
+def slurm_settings(changes: Sequence[str] = ()) -> dict:
+    """``ablations/conf/slurm_node.yaml`` with ``KEY=VALUE`` changes (``--slurm partition=gpu``)."""
+    from omegaconf import OmegaConf
+
+    merged = OmegaConf.merge(OmegaConf.load(SLURM_NODE), OmegaConf.from_dotlist(list(changes)))
+    return OmegaConf.to_container(merged, resolve=True)
+
+
+def run_members_on_slurm(found: Sequence[Member], sweep_name: str, out: Path, changes: Sequence[str],
+                         dry_run: bool, executor: Any = None) -> None:
+    """The slurm launcher at a GPU scale: each unfinished member one job on one whole node (torchrun inside),
+    all submitted, then waited for. ``executor``: submitit's SlurmExecutor (tests pass a stand-in)."""
+    settings = slurm_settings(changes)
+    pending = [m for m in found if not m.finished]
+    for m in found:
+        if m.finished:
+            print(f"[sweep] finished, not submitted: {m.run_dir}", flush=True)
+    if not pending:
+        return
+    if executor is None and not dry_run:
+        try:
+            from submitit import SlurmExecutor as executor
+        except ImportError:
+            raise SystemExit("[sweep] --launcher slurm needs submitit: pip install -e '.[slurm]'") from None
+    jobs = []
+    for m in pending:
+        params = slurm_parameters(settings, m, sweep_name)
+        print(f"[sweep] slurm job ({', '.join(f'{k}={v}' for k, v in params.items())}): "
+              + " ".join(shlex.quote(c) for c in m.command()), flush=True)
+        if dry_run:
+            continue
+        ex = executor(folder=str(out / ".submitit" / "%j"))
+        ex.update_parameters(**params)
+        jobs.append((m, ex.submit(MemberJob(m.command()))))
+        print(f"[sweep] submitted {jobs[-1][1].job_id}: {m.run_dir}", flush=True)
+    failed = []
+    for m, job in jobs:
+        try:
+            job.result()
+        except Exception as err:  # noqa: BLE001 - a failed or timed-out member: reported with the others
+            last = (str(err).strip().splitlines() or [repr(err)])[-1]
+            failed.append(f"{m.run_dir} (job {job.job_id}: {last})")
+    if failed:
+        raise SystemExit("[sweep] members failed; run the target again to resume them from their last save:\n  "
+                         + "\n  ".join(failed))
+
+
 def run(cmd: list[str], dry_run: bool, retries: int = 0) -> None:
     """Run one step; a failed training multirun is rerun up to ``retries`` times (its members resume: one
     member killed by the OOM killer, say, aborts the whole joblib pool, not the finished members' work)."""
@@ -163,7 +355,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("sweep", choices=sorted(SWEEPS))
     ap.add_argument("--scale", choices=sorted(SCALES), default="smoke")
     ap.add_argument("--launcher", choices=["local", "slurm", "basic"], default="local")
-    ap.add_argument("--jobs", type=int, default=2, help="local launcher: members trained at a time")
+    ap.add_argument("--jobs", type=int, default=2, help="local launcher at a CPU scale: members trained at a time "
+                    "(at a GPU scale one member at a time over --nproc-per-node GPUs); runs evaluated at a time")
+    ap.add_argument("--nproc-per-node", type=int, default=8,
+                    help="GPU scales: the ranks (GPUs) of a member: torchrun --nproc_per_node")
+    ap.add_argument("--seeds", default=None, help="comma list of paired seeds instead of the scale's (e.g. 0,1)")
+    ap.add_argument("--slurm", action="append", default=[], metavar="KEY=VALUE",
+                    help="GPU scales, --launcher slurm: change a key of ablations/conf/slurm_node.yaml (partition=gpu)")
+    ap.add_argument("--list-members", action="store_true",
+                    help="print each unfinished member (its run dir, then its training overrides; shell words), stop")
     ap.add_argument("--eval-threads", type=int, default=1, help="torch threads per evaluation process")
     ap.add_argument("--steps", default="train,evaluate,aggregate", help="comma list of steps to run")
     ap.add_argument("--root", default=str(REPO / "runs" / "ablations"), help="sweeps go to ROOT/<experiment>/<sweep>")
@@ -175,6 +375,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("overrides", nargs="*", help="extra training overrides for every member")
     args = ap.parse_intermixed_args(argv)
     sweep, scale = SWEEPS[args.sweep], SCALES[args.scale]
+    if args.seeds:
+        scale = replace(scale, seeds=args.seeds, stale_seeds=args.seeds)
     out = sweep_dir(sweep, scale, Path(args.root).resolve())
     steps = set(args.steps.split(","))
     t0 = time.time()
@@ -190,9 +392,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"[sweep] table1: Socratic-Zero joins with the Teacher {args.teacher_model} at "
                   f"{args.teacher_endpoint}", flush=True)
             multiruns.append(list(socratic))
-    if "train" in steps:
+    if args.list_members:
+        for m in members(multiruns, scale, out, args.nproc_per_node, args.overrides):
+            if not m.finished:
+                print(shlex.join([str(m.run_dir), *m.train_args()]))
+        return 0
+    if "train" in steps and scale.gpus:
+        found = members(multiruns, scale, out, args.nproc_per_node, args.overrides)
+        if args.launcher == "slurm":
+            run_members_on_slurm(found, sweep.name, out, args.slurm, args.dry_run)
+        else:
+            run_members_here(found, args.nproc_per_node, args.dry_run, args.retries)
+    elif "train" in steps:
         for mr in multiruns:
             run(train_command(mr, scale, out, args.launcher, args.jobs, args.overrides), args.dry_run, args.retries)
+    if "train" in steps:
         if sweep.eval_only_methods and not args.dry_run:
             write_eval_only_members(sweep, scale, out, args.overrides)
     py = [sys.executable, "-m"]

@@ -1,11 +1,12 @@
 # Evaluation harness (eval/, issue 6). Included by the main Makefile, which defines PY and `setup`.
 #   make eval CKPT=runs/X BENCH=math500,gsm8k [MODES=vanilla,tool] [EVAL=paper] [ARGS=...]
 #     (a CKPT inside a training run takes the method label, mode and backbone from its config.yaml;
-#      MODES= overrides the mode)
+#      MODES= overrides the mode). Without EVAL, eval.run's default eval=paper, which it refuses on a machine
+#      without a GPU (pass EVAL=smoke, or EVAL=paper to run the paper's protocol there anyway)
 #   make eval-smoke        # embedded SmolLM2-135M on the offline subsets, both modes, < 10 min on 2 cores
 #   make eval-data         # download and convert the hub datasets into data/eval/ (needs the network)
 #   make eval-analysis RUN=runs/X   # all analyses of a training run directory
-EVAL ?= paper
+EVAL ?=
 CKPT ?=
 BENCH ?=
 MODES ?=
@@ -18,7 +19,7 @@ SMOKE_THREADS ?= 1
 .PHONY: eval eval-smoke eval-data eval-analysis
 
 eval: setup
-	$(PY) -m eval.run eval=$(EVAL) \
+	$(PY) -m eval.run $(if $(EVAL),eval=$(EVAL)) \
 	  $(if $(CKPT),ckpt=$(CKPT)) \
 	  $(if $(BENCH),'eval.run=[$(BENCH)]') \
 	  $(if $(MODES),'eval.modes=[$(MODES)]') \

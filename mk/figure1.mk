@@ -17,10 +17,13 @@
 # COLLECT_ONLY=1 (either target): write the json and png from the runs and probes done so far, start nothing
 # (a run spanning sessions: its figures now; what is missing is null). Probes start with the endpoints: the
 # backbone and the last iteration, then the middle iterations.
+# JOBS: processes at a time at SCALE=smoke; at the paper scale always 1 (its jobs would share one GPU), as
+# experiments/figure1.sh runs it.
 # Included by the main Makefile, which defines PY and `setup`; SCALE and JOBS default as in mk/reproduce.mk.
 SCALE ?= smoke
 SEEDS ?= 1
 JOBS ?= 2
+FIGURE1_JOBS = $(if $(filter smoke,$(SCALE)),$(JOBS),1)
 FIGURE1_ROOT ?= runs/figure1
 FIGURE1_ABLATION_ROOT ?= runs/figure1_ablation
 PROBE_ARGS ?=
@@ -32,12 +35,12 @@ FIGURE1_MODEL = $(if $(and $(strip $(MODEL_PATH)),$(filter-out smoke,$(SCALE))),
 
 reproduce-figure1: setup
 	$(if $(and $(strip $(MODEL_PATH)),$(filter smoke,$(SCALE))),@echo "reproduce-figure1: MODEL_PATH is ignored at SCALE=smoke (the embedded model): use SCALE=paper or ARGS=model.path=..." >&2)
-	$(PY) -m eval.probes.figure1 --scale $(SCALE) --seeds $(SEEDS) --jobs $(JOBS) \
+	$(PY) -m eval.probes.figure1 --scale $(SCALE) --seeds $(SEEDS) --jobs $(FIGURE1_JOBS) \
 	  --root $(FIGURE1_ROOT)/$(SCALE) $(if $(PROBE_ARGS),--probe-args="$(PROBE_ARGS)") $(if $(COLLECT_ONLY),--collect-only) $(FIGURE1_MODEL) $(ARGS)
 
 reproduce-figure1-ablation: setup
 	$(if $(and $(strip $(MODEL_PATH)),$(filter smoke,$(SCALE))),@echo "reproduce-figure1-ablation: MODEL_PATH is ignored at SCALE=smoke (the embedded model): use SCALE=paper or ARGS=model.path=..." >&2)
-	$(PY) -m eval.probes.figure1_ablation --scale $(SCALE) --seeds $(SEEDS) --jobs $(JOBS) \
+	$(PY) -m eval.probes.figure1_ablation --scale $(SCALE) --seeds $(SEEDS) --jobs $(FIGURE1_JOBS) \
 	  --root $(FIGURE1_ABLATION_ROOT)/$(SCALE) $(if $(PROBE_ARGS),--probe-args="$(PROBE_ARGS)") $(if $(COLLECT_ONLY),--collect-only) $(FIGURE1_MODEL) $(ARGS)
 
 # Remake the fixed probe sets of eval/probes/data/ (the same bytes unless the offline subsets change).

@@ -55,6 +55,19 @@ def refuse_paper_schedule_on_cpu(task_overrides: list[str]) -> None:
         "(GPUs). `--help` lists the common keys.")
 
 
+def default_run_notice(task_overrides: list[str], cfg: DictConfig) -> str | None:
+    """The line a bare run (no ``experiment=``; a GPU machine, or the CPU refusal above stops it) prints first: the
+    defaults are conf/config.yaml's model on its device with the paper's schedule, not a paper preset."""
+    if any(o.split("=", 1)[0].lstrip("+") == "experiment" for o in task_overrides):
+        return None
+    s = cfg.schedule
+    updates = s.outer_iterations * (s.planning_updates + s.execution_updates + s.evaluation_updates)
+    return (f"[train] no experiment= given: the defaults of conf/config.yaml, {cfg.model.name} on {cfg.model.device}, "
+            f"{updates:,} updates ({s.outer_iterations} x {s.planning_updates}/{s.execution_updates}/"
+            f"{s.evaluation_updates}); not a paper preset. The paper's runs: experiment=paper_qwen3_4b or "
+            "experiment=paper_mimo_7b (torchrun --nproc_per_node=8); a short run: experiment=smoke")
+
+
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
@@ -62,6 +75,9 @@ def main(cfg: DictConfig) -> None:
     from unifiedplayers.distributed import destroy, init_distributed
 
     refuse_paper_schedule_on_cpu(list(HydraConfig.get().overrides.task))
+    notice = default_run_notice(list(HydraConfig.get().overrides.task), cfg)
+    if notice and os.environ.get("RANK", "0") == "0":
+        print(notice, flush=True)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     dist = init_distributed()  # one process (no-op) unless a launcher set WORLD_SIZE > 1
     try:

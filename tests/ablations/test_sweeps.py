@@ -1,8 +1,11 @@
-"""The sweep launcher: member lists compose, commands resume, evaluation skips what is done or unfinished.
-(An end-to-end tiny sweep trains real runs and is left to `python -m ablations.sweeps table15 --scale tiny`.)"""
+"""The sweep launcher: member lists compose, commands resume, evaluation skips what is done or unfinished; at the
+GPU scales one member at a time over all GPUs (torchrun) or a whole Slurm node each, in the directories that a
+Hydra multirun and experiments/dp8_single_gpu_runs.sh use. (An end-to-end tiny sweep trains real runs and is left
+to `python -m ablations.sweeps table15 --scale tiny`.)"""
 from __future__ import annotations
 
 import itertools
+import shlex
 from pathlib import Path
 
 import pytest
@@ -54,7 +57,7 @@ def test_train_command_resumes_into_named_member_dirs(tmp_path):
     assert "resume=true" in cmd and f"hydra.sweep.dir={tmp_path}" in cmd
     assert "hydra.sweep.subdir=${hydra.job.override_dirname}" in cmd
     assert "hydra/launcher=joblib" in cmd and "hydra.launcher.n_jobs=2" in cmd
-    slurm = sweeps.train_command(run, sweeps.SCALES["paper"], tmp_path, "slurm", 1)
+    slurm = sweeps.train_command(run, sweeps.SCALES["smoke"], tmp_path, "slurm", 1)
     assert "hydra/launcher=slurm" in slurm and any(c.startswith("hydra.searchpath=") for c in slurm)
     assert (sweeps.LAUNCHER_CONF / "hydra" / "launcher" / "slurm.yaml").exists()
     with pytest.raises(ValueError, match="launcher"):
@@ -100,3 +103,156 @@ def test_a_failed_step_is_retried_then_reported(tmp_path, capsys):
     assert "retrying" in capsys.readouterr().out
     with pytest.raises(Exception, match="returned non-zero exit status 3"):
         sweeps.run([sys.executable, "-c", "import sys; sys.exit(3)"], dry_run=False, retries=1)
+
+
+# --------------------------------------------------------------------------------------------------
+# GPU scales: member by member (issue 29, items 9, 10 and 14)
+
+
+def _launched(out: str) -> list[list[str]]:
+    """The training commands a dry run printed, as argv lists."""
+    return [shlex.split(line.split("$ ", 1)[1]) for line in out.splitlines()
+            if line.startswith("[sweep] $ ") and "unifiedplayers.train" in line]
+
+
+def test_paper_scale_runs_one_member_at_a_time_over_all_gpus(capsys, tmp_path):
+    sweeps.main(["table3", "--scale", "paper", "--dry-run", "--root", str(tmp_path), "model.path=/models/q"])
+    cmds = _launched(capsys.readouterr().out)
+    assert len(cmds) == 15  # every member its own command, run one after the other: no joblib pool of members
+    for c in cmds:
+        assert c[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=8"], c
+        assert "model.path=/models/q" in c and "experiment=paper_qwen3_4b" in c and "-m" not in c[6:]
+        assert not any("joblib" in a or a.startswith("hydra.") for a in c)
+    # run_dir as Hydra reads it (the directory names hold = and ,)
+    dirs = [compose(c[c.index("unifiedplayers.train") + 1:]).run_dir for c in (cmds[0], cmds[-1])]
+    assert len({next(a for a in c if a.startswith("run_dir=")) for c in cmds}) == 15
+    # named as Hydra's multirun names them (override_dirname: sorted, the backbone's path left out)
+    table3 = tmp_path / "paper_qwen3_4b" / "table3"
+    assert dirs[0] == str(table3 / "schedule.train_evaluation=True,schedule.train_planning=True,seed=0")
+    assert dirs[-1] == str(table3 / "schedule.feedback=stale,seed=2")
+    # the stale control cannot run ZeRO-3 over several ranks (checks.check_ranks): ZeRO-2, the same update
+    stale = [c for c in cmds if "schedule.feedback=stale" in c]
+    assert len(stale) == 3 and all("trainer.backend=deepspeed_zero2" in c for c in stale)
+    assert not any("trainer.backend=deepspeed_zero2" in c for c in cmds if c not in stale)
+    one = sweeps.main(["table16", "--scale", "paper", "--dry-run", "--root", str(tmp_path), "--nproc-per-node", "1"])
+    assert one == 0 and all(c[1:3] == ["-m", "unifiedplayers.train"] for c in _launched(capsys.readouterr().out))
+
+
+def test_members_are_the_dirs_of_a_hydra_multirun_and_resume_with_their_rank_count(tmp_path, capsys):
+    """A real multirun (the CPU scales' launch) makes the directories; the member list finds them, resumes each
+    with the rank count its run began with, and leaves a finished one alone unless its config changed."""
+    import subprocess
+    import sys
+
+    import torch
+
+    scale = sweeps.SCALES["tiny"]
+    run = ("ablation=table16", "player.num_verifiers=1,2", "seed=0")
+    extra = ["schedule.max_updates=1", "trainer.num_threads=1", "model.path=/not/used/by/tiny"]
+    cmd = sweeps.train_command(run, scale, tmp_path, "basic", 1, extra)
+    proc = subprocess.run(cmd, cwd=sweeps.REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    made = sorted(p.parent for p in tmp_path.glob("*/state.pt"))
+    assert [p.name for p in made] == ["player.num_verifiers=1,seed=0", "player.num_verifiers=2,seed=0"]
+    found = sweeps.members([run], scale, tmp_path, 8, extra)
+    assert sorted(m.run_dir for m in found) == made
+    assert all(m.ranks == 1 and not m.finished for m in found)  # begun with one process: resumed with one
+    assert found[0].command()[:3] == [sys.executable, "-m", "unifiedplayers.train"]
+    resumed = subprocess.run(found[0].command(), cwd=sweeps.REPO, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]  # the member's own command resumes its run
+    assert torch.load(made[0] / "state.pt", weights_only=False)["completed"] == 2
+    state = torch.load(made[0] / "state.pt", weights_only=False)
+    state["finished"] = True
+    torch.save(state, made[0] / "state.pt")
+    found = sweeps.members([run], scale, tmp_path, 8, extra)
+    assert [m.finished for m in found] == [True, False]
+    sweeps.run_members_here(found, 8, dry_run=True, retries=0)
+    out = capsys.readouterr().out
+    assert f"finished, not launched: {made[0]}" in out and len(_launched(out)) == 1
+    with pytest.raises(ValueError, match="different config"):  # the same directory, another backbone
+        sweeps.members([run], scale, tmp_path, 8, [*extra[:-1], "model.path=/another/backbone"])
+
+
+class FakeJob:
+    def __init__(self, fn, n):
+        self.fn, self.job_id = fn, str(n)
+
+    def result(self):
+        if "fail" in " ".join(self.fn.argv):
+            raise RuntimeError("Job failed\nsubprocess exited 1")
+
+
+class FakeSlurmExecutor:
+    """submitit.SlurmExecutor's interface, recording what would be submitted."""
+    submitted: list = []
+
+    def __init__(self, folder):
+        self.folder, self.params = folder, {}
+
+    def update_parameters(self, **params):
+        self.params.update(params)
+
+    def submit(self, fn):
+        FakeSlurmExecutor.submitted.append((self.params, fn))
+        return FakeJob(fn, len(FakeSlurmExecutor.submitted))
+
+
+def test_slurm_gives_a_paper_member_a_whole_node(tmp_path, capsys):
+    settings = sweeps.slurm_settings()
+    # the paper: 312-432 A100-hours per run on 8 GPUs, 39-54 h of the node; the limit leaves a margin over 54 h
+    assert settings["time"] >= 1.5 * 54 * 60 and settings["nodes"] == 1 and settings["ntasks_per_node"] == 1
+    assert settings["exclusive"] is True and settings["mem"] == "0"
+    assert sweeps.slurm_settings(["partition=gpu", "time=2880"])["partition"] == "gpu"
+    out = tmp_path / "table3"
+    found = [sweeps.Member(("seed=0", "model.path=/m"), out / "seed=0", 8),
+             sweeps.Member(("seed=1",), out / "seed=1", 8, finished=True),
+             sweeps.Member(("seed=2", "fail"), out / "seed=2", 1)]
+    FakeSlurmExecutor.submitted = []
+    with pytest.raises(SystemExit, match=r"seed=2 \(job 2: subprocess exited 1\)"):
+        sweeps.run_members_on_slurm(found, "table3", out, ["partition=gpu"], dry_run=False,
+                                    executor=FakeSlurmExecutor)
+    (p0, f0), (p1, f1) = FakeSlurmExecutor.submitted  # the finished member is not submitted
+    assert p0["gpus_per_node"] == 8 and p0["nodes"] == 1 and p0["ntasks_per_node"] == 1 and p0["partition"] == "gpu"
+    assert p0["time"] == settings["time"] and p0["exclusive"] is True and p0["job_name"] == "table3-seed=0"
+    assert f0.argv == found[0].command() and "--nproc_per_node=8" in f0.argv  # torchrun inside the job
+    assert p1["gpus_per_node"] == 1 and f1.argv == found[2].command()
+    assert "finished, not submitted" in capsys.readouterr().out
+
+
+def test_dp8_script_trains_members_where_the_table3_target_looks(tmp_path):
+    """experiments/dp8_single_gpu_runs.sh starts the factorial of seeds 0 and 1, one per GPU, with the overrides and
+    in the directories of `make reproduce-table3 SCALE=paper`'s members (a stand-in records the training calls)."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    log, model = tmp_path / "train_calls", tmp_path / "Qwen3-4B-Base"
+    model.mkdir()
+    fake = tmp_path / "python"
+    fake.write_text(f"""#!/bin/bash
+if [ "$1 $2" = "-m unifiedplayers.train" ]; then echo "$CUDA_VISIBLE_DEVICES $*" >> {log}; exit 0; fi
+exec {sys.executable} "$@"
+""")
+    fake.chmod(0o755)
+    root = tmp_path / "ablations"
+    env = {**os.environ, "PY": str(fake), "MODEL_PATH": str(model), "ABLATION_ROOT": str(root)}
+    proc = subprocess.run(["bash", str(sweeps.REPO / "experiments" / "dp8_single_gpu_runs.sh")], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "make reproduce-table3 SCALE=paper" in proc.stdout
+    for _ in range(100):  # the runs start in the background
+        if log.exists() and len(log.read_text().splitlines()) == 8:
+            break
+        time.sleep(0.1)
+    calls = [line.split() for line in log.read_text().splitlines()]
+    assert sorted(c[0] for c in calls) == [str(i) for i in range(8)]  # one GPU each
+    scale = sweeps.SCALES["paper"]
+    out = sweeps.sweep_dir(sweeps.SWEEPS["table3"], scale, root)
+    target = {str(m.run_dir): m for m in sweeps.members(sweeps.SWEEPS["table3"].multiruns(scale), scale, out, 8,
+                                                         [f"model.path={model}"])}
+    for c in calls:
+        cfg = compose(c[3:])  # the overrides as the training entry point reads them
+        assert cfg.run_dir in target and (Path(cfg.run_dir) / "launch.log").exists(), cfg.run_dir
+        assert tuple(c[3:-1]) == target[cfg.run_dir].overrides  # the target resumes them: the same config
+        assert cfg.seed in (0, 1) and cfg.schedule.feedback == "fresh" and cfg.model.path == str(model)

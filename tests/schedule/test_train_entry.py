@@ -26,3 +26,18 @@ def test_hydra_entry_point_runs_in_its_output_dir_and_resumes(tmp_path):
     assert again.returncode != 0 and "resume=true" in again.stderr  # never overwrites a run
     resumed = subprocess.run(cmd + ["resume=true"], capture_output=True, text=True, env=env, timeout=600)
     assert resumed.returncode == 0 and "already complete" in resumed.stdout, resumed.stderr[-3000:]
+
+
+def test_a_bare_run_says_it_trains_the_defaults_not_a_paper_preset():
+    """Issue 29, item 11: without experiment= (where it may start: a GPU machine) the first line names the model,
+    its device and the update count of conf/config.yaml's defaults, and the paper presets."""
+    from unifiedplayers.config import compose
+    from unifiedplayers.train import default_run_notice
+
+    notice = default_run_notice([], compose([]))
+    assert "SmolLM2-135M-Instruct on cpu" in notice and "2,100 updates" in notice and "not a paper preset" in notice
+    assert "experiment=paper_qwen3_4b" in notice and "experiment=smoke" in notice
+    assert "Qwen3-4B-Base on cuda" in default_run_notice(["model=qwen3_4b_base", "model.device=cuda"],
+                                                         compose(["model=qwen3_4b_base", "model.device=cuda"]))
+    assert default_run_notice(["experiment=smoke"], compose(["experiment=smoke"])) is None  # what `make run` runs
+    assert default_run_notice(["+experiment=tiny"], compose(["experiment=tiny"])) is None
