@@ -37,8 +37,8 @@ MAX_PREDICTION_CHARS = 1000  # longer "answers" are degenerate; parsing them can
 GRADE_TIMEOUT_S = 10
 
 
-class _GradeTimeout(Exception):
-    pass
+class _GradeTimeout(BaseException):
+    """Not an Exception: math-verify catches ``Exception`` around its work, which would swallow the timeout."""
 
 
 @contextmanager
@@ -54,7 +54,7 @@ def _alarm(seconds: float) -> Iterator[None]:
         raise _GradeTimeout()
 
     previous = signal.signal(signal.SIGPROF, _raise)
-    signal.setitimer(signal.ITIMER_PROF, seconds)
+    signal.setitimer(signal.ITIMER_PROF, seconds, 0.5)  # and again every 0.5 s until it ends
     try:
         yield
     finally:

@@ -133,3 +133,16 @@ def test_the_grading_timeout_counts_cpu_time_not_wall_clock():
             while time.process_time() - t0 < 5:
                 pass
     assert 0.15 < time.process_time() - t0 < 2
+
+
+def test_a_runaway_grade_ends_even_where_math_verify_catches_exceptions(monkeypatch):
+    """sympy would evaluate 9^(9^(9^9)) for ever, inside math-verify's ``except Exception``: the timeout still
+    ends the grade (a miss)."""
+    import time
+
+    from unifiedplayers import grading
+
+    monkeypatch.setattr(grading, "GRADE_TIMEOUT_S", 1)
+    t0 = time.process_time()
+    assert grading.grade_math("9^{9^{9^{9}}}", "1") is False
+    assert time.process_time() - t0 < 10

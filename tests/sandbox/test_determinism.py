@@ -95,14 +95,41 @@ def test_every_server_iterates_a_set_of_strings_in_one_order():
 
 
 CLOCK_AND_RANDOM = """
-import datetime, os, random, time, uuid
+import datetime, os, pickle, random, tempfile, time, uuid
 t0 = time.time()
-p0 = time.perf_counter()
 time.sleep(0.05)
-print(t0, round(time.time() - t0, 3), round(time.perf_counter() - p0, 3), time.ctime(), time.strftime('%Y'))
-print(datetime.datetime.now().year, repr(datetime.datetime(2020, 1, 2)), datetime.date.today())
-print(random.random(), uuid.uuid4(), os.urandom(4).hex())
+print(t0, round(time.time() - t0, 3), time.ctime(), time.strftime('%Y'), time.clock_gettime(time.CLOCK_REALTIME))
+print(datetime.datetime.now().year, repr(datetime.datetime(2020, 1, 2)), datetime.date.today(),
+      pickle.loads(pickle.dumps(datetime.datetime.min)) == datetime.datetime.min)
+print(random.random(), random.Random().random(), uuid.uuid4(), os.urandom(4).hex(), os.getrandom(2).hex(),
+      os.path.basename(tempfile.mktemp()))
 """
+
+# What the standard library does with its clocks keeps working under the virtual calendar clock.
+STDLIB_CLOCKS = """
+import asyncio, logging, queue, sys, threading, time
+t0 = time.monotonic()
+try:
+    queue.Queue().get(timeout=0.2)
+except queue.Empty:
+    pass
+threading.Condition().acquire()
+asyncio.run(asyncio.sleep(0.05))
+class T:
+    now = time.time
+    local = time.localtime
+T().now(); T().local()
+logging.basicConfig(stream=sys.stdout, format='%(asctime)s %(message)s', level=logging.INFO)
+logging.info('logged')
+print(round(time.monotonic() - t0, 1) < 2)
+"""
+
+
+def test_the_standard_library_keeps_its_real_deadlines_and_binds_no_clock():
+    with Sandbox(SandboxConfig(workers=1, timeout_s=5)) as box:
+        r = box.run(STDLIB_CLOCKS)
+    assert r.exit_code == 0 and not r.timed_out, r
+    assert r.stdout.splitlines() == ["2026-01-01 00:00:00,000 logged", "True"], r.stdout + r.stderr
 
 
 @pytest.mark.parametrize("deterministic", [True, False])
@@ -116,8 +143,8 @@ def test_a_call_reads_one_virtual_clock_and_one_seed_in_every_run(deterministic)
     first = outputs[0].splitlines()
     if deterministic:
         assert outputs[0] == outputs[1]
-        assert first[0] == "1767225600.000001 0.05 0.05 Thu Jan  1 00:00:00 2026 2026"  # slept 0.05 s of it
-        assert first[1] == "2026 datetime.datetime(2020, 1, 2, 0, 0) 2026-01-01"
+        assert first[0] == "1767225600.000001 0.05 Thu Jan  1 00:00:00 2026 2026 1767225600.050005"  # slept 0.05 s
+        assert first[1] == "2026 datetime.datetime(2020, 1, 2, 0, 0) 2026-01-01 True"
         assert first[2].startswith(str(__import__("random").Random(0).random()))
     else:  # the real clock and fresh seeds: another time, other random numbers
         assert outputs[0] != outputs[1] and not first[0].startswith("1767225600.0")

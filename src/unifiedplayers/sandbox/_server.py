@@ -1,4 +1,4 @@
-"""The sandbox's warm fork server (standard library only; run as ``python -I -S _server.py``).
+"""The sandbox's warm fork server (standard library only; run as ``python -P -s -S _server.py``).
 
 Started once per :class:`~unifiedplayers.sandbox.Sandbox` with an empty environment, it imports the
 modules that model-written code usually needs and starts two *slots* per core. Each slot is a *forker*
@@ -13,7 +13,7 @@ one short process per call, so a call pays for a fork and a few system calls onl
 - each call: a fresh empty working directory (removed afterwards), its own session, a nested Landlock
   domain (so it cannot signal its forker), and RLIMIT_AS/DATA (memory), CPU, FSIZE and NOFILE.
 
-The forker enforces the wall clock and afterwards kills every process of its uid but itself
+The forker enforces the call's CPU-time limit (and a wall-clock cap) and afterwards kills every process of its uid but itself
 (``kill(-1)``) and, as their subreaper, reaps them all before the next call, so nothing a call started
 outlives it or holds the uid's process bound. The server does the rest of the bookkeeping, so
 that the forker, whose every written page costs a copy-on-write fault after each fork, writes few: it
@@ -43,8 +43,8 @@ import traceback
 
 # Modules model-written code commonly imports, loaded once here so each fork gets them for free. The
 # list is short on purpose: every call's fork and exit cost grows with this process's memory (about
-# 40 us per MB here), so rarer, larger modules (dataclasses, datetime, statistics) are imported by the
-# calls that use them. The server itself avoids shutil and sysconfig for the same reason.
+# 40 us per MB here), so rarer, larger modules (dataclasses, statistics) are imported by the calls that
+# use them (datetime is imported by the server itself, for the calls' virtual calendar clock). The server itself avoids shutil and sysconfig for the same reason.
 PRELOAD = (
     "bisect", "cmath", "collections", "copy", "decimal", "enum", "fractions", "functools", "heapq",
     "itertools", "json", "math", "numbers", "operator", "random", "re", "string", "typing",
@@ -421,28 +421,24 @@ def _user_traceback(exc):
 
 
 # ---------------------------------------------------------------------------------------------------
-# What a call reads that would change from run to run (sandbox.deterministic): the clocks, the random
+# What a call reads that would change from run to run (sandbox.deterministic): the calendar clock, the random
 # generators and the str hash (PYTHONHASHSEED, set by the client). Model-written code that printed
 # time.time() gave another observation, and so another trajectory, in every run of one seed.
 
-VIRTUAL_EPOCH = 1767225600.0  # 2026-01-01 00:00:00 UTC: the wall-clock time at which every call starts
-VIRTUAL_TICK = 1e-6  # seconds the virtual clock advances at each reading
+VIRTUAL_EPOCH = 1767225600.0  # 2026-01-01 00:00:00 UTC: the calendar time at which every call starts
+VIRTUAL_TICK = 1e-6  # seconds the virtual calendar clock advances at each reading
 _virtual = [0.0]  # seconds since the call began, on its virtual clock (0 in the forker: each call starts there)
-_real_sleep, _real_localtime, _real_gmtime = time.sleep, time.localtime, time.gmtime
-_real_strftime, _real_asctime = time.strftime, time.asctime
-
-
-def _virtual_seconds():
-    _virtual[0] += VIRTUAL_TICK
-    return _virtual[0]
+_real = {name: getattr(time, name) for name in ("sleep", "localtime", "gmtime", "strftime", "asctime",
+                                                "clock_gettime", "clock_gettime_ns")}
+_RealDatetime = datetime.datetime
 
 
 def _virtual_sleep(seconds):
-    _real_sleep(seconds)  # it still waits: the wall-clock cap of a call sees a sleeper
+    _real["sleep"](seconds)  # it still waits: the wall-clock cap of a call sees a sleeper
     _virtual[0] += max(0.0, float(seconds))
 
 
-class _VirtualDatetime(datetime.datetime):
+class _VirtualDatetime(_RealDatetime):
     """``datetime.datetime`` whose ``now``, ``utcnow`` and ``today`` read the virtual clock."""
 
     @classmethod
@@ -460,34 +456,60 @@ class _VirtualDatetime(datetime.datetime):
 
 _VirtualDatetime.__name__ = "datetime.datetime"  # the type name its repr prints, as the C type's
 _VirtualDatetime.__qualname__, _VirtualDatetime.__module__ = "datetime", "datetime"
+_VirtualDatetime.min, _VirtualDatetime.max = _VirtualDatetime(1, 1, 1), _VirtualDatetime(9999, 12, 31, 23, 59, 59, 999999)
 
 
 def _deterministic_call(on, seed=0):
-    """Runs in each call before its code: every clock it can read is one virtual clock, which starts at
-    VIRTUAL_EPOCH and advances VIRTUAL_TICK per reading and by what it sleeps, and ``random`` (and
-    ``os.urandom``, behind ``uuid4`` and ``secrets``) starts from seed 0. So a call gives the same output in
-    every run, whatever the date and the load: a measured duration is a count of clock readings, not seconds.
-    Not changed: object addresses (``id``, a default ``repr``) and the pid. ``on``: sandbox.deterministic;
-    ``seed`` (the request's, 0 by default): random's seed, and the clock starts ``seed`` seconds later."""
+    """Runs in each call before its code, so that a call gives the same output in every run, whatever the date:
+
+    - the calendar clock (``time.time``, ``time_ns``, ``localtime``, ``gmtime``, ``ctime``, ``strftime``,
+      ``clock_gettime(CLOCK_REALTIME)``, ``datetime.now``, ``date.today``) is virtual: it starts at VIRTUAL_EPOCH
+      + ``seed`` seconds and advances VIRTUAL_TICK per reading and by what the call sleeps. The interval clocks
+      (``monotonic``, ``perf_counter``, ``process_time``) stay real: the standard library's deadlines
+      (``queue``, ``threading``, ``asyncio``, ``subprocess``) run on them;
+    - ``random`` starts from ``seed``, an unseeded ``random.Random()`` (``tempfile``'s names) and ``os.urandom``
+      / ``os.getrandom`` (``uuid4``, ``secrets``) draw from a stream seeded by it.
+
+    Not changed: ``/dev/urandom`` read as a file, object addresses (``id``, a default ``repr``) and the pid.
+    ``on``: sandbox.deterministic. Each replacement is a staticmethod, so that one stored as a class attribute
+    (``logging.Formatter.converter = time.localtime``) does not bind, as the built-ins it replaces do not."""
     if not on:
         return
-    seconds = _virtual_seconds
-    epoch = VIRTUAL_EPOCH + seed
-    time.time = lambda: epoch + seconds()
-    time.time_ns = lambda: int(round((epoch + seconds()) * 1e9))
-    time.monotonic = time.perf_counter = time.process_time = time.thread_time = seconds
-    time.monotonic_ns = time.perf_counter_ns = time.process_time_ns = time.thread_time_ns = (
-        lambda: int(round(seconds() * 1e9)))
-    time.sleep = _virtual_sleep
-    time.localtime = lambda secs=None: _real_localtime(time.time() if secs is None else secs)
-    time.gmtime = lambda secs=None: _real_gmtime(time.time() if secs is None else secs)
-    time.ctime = lambda secs=None: time.asctime(time.localtime(secs))
-    time.asctime = lambda t=None: _real_asctime(time.localtime() if t is None else t)
-    time.strftime = lambda fmt, t=None: _real_strftime(fmt, time.localtime() if t is None else t)
+    epoch, stream = VIRTUAL_EPOCH + seed, random.Random(0x5EED + seed)
+
+    def now():
+        _virtual[0] += VIRTUAL_TICK
+        return epoch + _virtual[0]
+
+    def at(secs):
+        return now() if secs is None else secs
+
+    def clock(clk_id):
+        return now() if clk_id == time.CLOCK_REALTIME else _real["clock_gettime"](clk_id)
+
+    def clock_ns(clk_id):
+        return int(round(now() * 1e9)) if clk_id == time.CLOCK_REALTIME else _real["clock_gettime_ns"](clk_id)
+
+    def reseed(self, a=None, version=2):
+        _seed(self, stream.getrandbits(64) if a is None else a, version)
+
+    patched = {
+        "time": now, "time_ns": lambda: int(round(now() * 1e9)), "sleep": _virtual_sleep,
+        "localtime": lambda secs=None: _real["localtime"](at(secs)),
+        "gmtime": lambda secs=None: _real["gmtime"](at(secs)),
+        "ctime": lambda secs=None: _real["asctime"](_real["localtime"](at(secs))),
+        "asctime": lambda t=None: _real["asctime"](_real["localtime"](now()) if t is None else t),
+        "strftime": lambda fmt, t=None: _real["strftime"](fmt, _real["localtime"](now()) if t is None else t),
+        "clock_gettime": clock, "clock_gettime_ns": clock_ns,
+    }
+    for name, fn in patched.items():
+        setattr(time, name, staticmethod(fn))
     datetime.datetime = _VirtualDatetime
+    _seed = random.Random.seed
+    random.Random.seed = reseed
     random.seed(seed)
-    stream = random.Random(0x5EED + seed)
-    os.urandom = random._urandom = lambda n: stream.randbytes(n)
+    os.urandom = random._urandom = staticmethod(lambda n: stream.randbytes(n))
+    os.getrandom = staticmethod(lambda size, flags=0: stream.randbytes(size))
 
 
 def _call_process(kind, text, code, function, payload, timeout, cfg, workdir, out_w, err_w, res_w, null_fd,
