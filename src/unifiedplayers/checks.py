@@ -21,6 +21,7 @@ def validate(cfg: Any, dist: DistContext = SINGLE) -> Method:
     check_trainer_roles(cfg)  # first: an unknown role is named as a role
     check_known_keys(cfg)
     check_ranks(cfg, dist)
+    check_library_versions(cfg)
     check_ranges(cfg)
     check_precision(cfg)
     check_schedule(cfg)
@@ -91,6 +92,15 @@ def check_ranges(cfg: Any) -> None:
             raise ValueError(f"trainer.micro_batch_size (or trainer.roles.{role}.micro_batch_size)={t.micro_batch_size}: need >= 1")
         if t.grad_accum_steps < 0:
             raise ValueError(f"trainer.grad_accum_steps (or trainer.roles.{role}.grad_accum_steps)={t.grad_accum_steps}: need >= 0")
+
+
+def check_library_versions(cfg: Any) -> None:
+    """A DeepSpeed backend (of any role) with a DeepSpeed outside its tested window fails before any model load."""
+    backends = {cfg.trainer.backend} | {r.get("backend") for r in (cfg.trainer.get("roles") or {}).values() if r}
+    if any(str(b).startswith("deepspeed") for b in backends if b):
+        from unifiedplayers.trainer.deepspeed_backend import check_deepspeed_version
+
+        check_deepspeed_version()
 
 
 def check_ranks(cfg: Any, dist: DistContext) -> None:

@@ -186,3 +186,17 @@ def test_a_deepspeed_backend_refuses_to_start_with_a_version_outside_the_window(
 def test_the_install_files_pin_the_tested_window(path):
     pins = re.findall(r"deepspeed\s*([<>=!~][^\"'\s#]*)", (ROOT / path).read_text())
     assert pins == [DEEPSPEED_WINDOW]
+
+
+def test_an_old_deepspeed_is_refused_by_the_start_up_checks(monkeypatch, tmp_path):
+    """The window is checked with the config, before a model is loaded or a run directory written."""
+    from unifiedplayers import models
+    from unifiedplayers.config import compose
+    from unifiedplayers.loop import OuterLoop
+    from unifiedplayers.trainer import deepspeed_backend
+
+    monkeypatch.setattr(deepspeed_backend, "installed_deepspeed_version", lambda: "0.18.9")
+    monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    with pytest.raises(RuntimeError, match="DeepSpeed 0.18.9 is installed"):
+        OuterLoop(compose(["experiment=tiny", "trainer=deepspeed_zero2"]), tmp_path)
+    assert not any(tmp_path.iterdir())
