@@ -7,11 +7,15 @@ checkpoint, take a step, load the checkpoint and take the step again; dumps this
 recomputed log-probs.
 ``loop RUN_DIR DUMP OVERRIDES...``: runs or resumes an outer loop of ``experiment=tiny``; ``rollout=vllm``
 runs here on :class:`CopyingEngine` (a copy of the weights, synced like vLLM's). Dumps the full weights.
+``paper RUN_DIR DUMP OVERRIDES...``: the same with an idle player's DeepSpeed state offloaded as on a GPU
+(:func:`offload_as_on_a_gpu`), for the paper rehearsal (tests/distributed/paper_rehearsal.py); also dumps the
+offload and reload calls and whether each model checkpoints its activations.
 Several jobs separated by ``--`` run one after the other in the same launch (one start-up of the ranks,
 DeepSpeed and the process group for all of them).
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import sys
 from pathlib import Path
@@ -80,13 +84,62 @@ class CopyingEngine(HFRollout):
             self.model.load_state_dict(model.state_dict() if isinstance(model, torch.nn.Module) else model)
 
 
-def loop(run_dir: str, dump: str, dist, *overrides: str) -> None:
+@contextlib.contextmanager
+def offload_as_on_a_gpu(calls: list):
+    """Within: what the trainer asks of DeepSpeed when a player goes idle and comes back runs on the CPU too. On a
+    GPU, ``offload_state`` moves :func:`states_to_offload`'s states off the device (``engine.offload_states``) and
+    ``_ensure_optimizer`` brings them back (``engine.reload_states``) before the player's next step or save; on a CPU
+    there is nothing to move, so the trainer skips both. Here they are called around the trainer's own methods, in a
+    GPU's order (offload first, reload after the trainer's own restore). Each call is appended to ``calls``."""
+    from deepspeed.runtime.zero.offload_config import OffloadStateTypeEnum
+
+    from unifiedplayers.trainer.deepspeed_backend import DeepSpeedTrainer
+
+    own = {name: DeepSpeedTrainer.__dict__.get(name) for name in ("offload_state", "_ensure_optimizer")}
+    real_offload, real_ensure = DeepSpeedTrainer.offload_state, DeepSpeedTrainer._ensure_optimizer
+
+    def offload_state(self) -> None:
+        if self.device.type == "cpu" and not getattr(self, "_moved_off", False):
+            include = self.idle_offload_states()
+            self.engine.offload_states(include=[OffloadStateTypeEnum(s) for s in include], pin_memory=False)
+            self._moved_off = True
+            calls.append(("offload", include))
+        real_offload(self)
+
+    def ensure_optimizer(self) -> None:
+        real_ensure(self)
+        if getattr(self, "_moved_off", False):
+            self.engine.reload_states()
+            self._moved_off = False
+            calls.append(("reload", ()))
+
+    DeepSpeedTrainer.offload_state, DeepSpeedTrainer._ensure_optimizer = offload_state, ensure_optimizer
+    try:
+        yield
+    finally:
+        for name, value in own.items():
+            if value is None:
+                delattr(DeepSpeedTrainer, name)
+            else:
+                setattr(DeepSpeedTrainer, name, value)
+
+
+def loop(run_dir: str, dump: str, dist, *overrides: str, paper: bool = False) -> None:
+    """``paper``: the rehearsal's dump, with the offload calls (:func:`offload_as_on_a_gpu`) and whether each
+    trainer's model checkpoints its activations."""
+    from unifiedplayers.trainer.logprobs import _activation_checkpointing
+
     cfg = compose(["experiment=tiny", *overrides])
     factory = CopyingEngine if cfg.rollout.backend == "vllm" else None
-    run = OuterLoop(cfg, run_dir, dist=dist, rollout_factory=factory)
-    run.run()
+    calls: list = []
+    with offload_as_on_a_gpu(calls) if paper else contextlib.nullcontext():
+        run = OuterLoop(cfg, run_dir, dist=dist, rollout_factory=factory)
+        run.run()
     weights = {role: p.trainer.full_state_dict() if p.trainer is not None else p.model.state_dict()
                for role, p in run.players.items()}
+    if paper:
+        weights = {"weights": weights, "offload_calls": calls, "activation_checkpointing": {
+            role: _activation_checkpointing(p.trainer.model) for role, p in run.players.items()}}
     torch.save(weights, f"{dump}.rank{dist.rank}.pt")
 
 
@@ -109,7 +162,7 @@ def main(*argv: str) -> None:
             if mode == "trainer":
                 trainers(args[0], dist)
             else:
-                loop(args[0], args[1], dist, *args[2:])
+                loop(args[0], args[1], dist, *args[2:], paper=mode == "paper")
     finally:
         destroy(dist)
 

@@ -7,8 +7,10 @@ subprocess (tests/distributed/ds_worker.py).
   a collective checkpoint (one optimizer partition per rank) round-trips bit-exactly; recomputed π_old
   log-probs (each rank its micro-batches, the same pad) are the single process's, on both ranks.
 - outer loop: ZeRO-2 with hf rollouts writes records, metrics and checkpoints once, keeps the ranks equal
-  and resumes; ZeRO-3 with a weight-copying engine per rank (what vLLM does) gathers the partitions
-  collectively for every copy, and recomputes π_old at each phase's start on both ranks, as the paper presets do.
+  and resumes; the paper presets rehearsed (tests/distributed/paper_rehearsal.py: ZeRO-3 with ZeRO-Offload,
+  ref_mode precompute, gradient checkpointing, S = 4, a cadence save) with a weight-copying engine per rank (what
+  vLLM does) gathers the partitions collectively for every copy, recomputes π_old at each phase's start on both
+  ranks, and offloads an idle player's DeepSpeed state as on a GPU.
 """
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "trainer"))
 sys.path.insert(0, str(Path(__file__).parent))
 from launch import same  # noqa: E402
 from launch import torchrun as torchrun_worker  # noqa: E402
+from paper_rehearsal import rehearsal_overrides  # noqa: E402
 from trainer_helpers import synthetic_batch, tiny_model, trainer_config  # noqa: E402
 
 pytestmark = [pytest.mark.cpu, pytest.mark.slow]
@@ -59,19 +62,17 @@ def torchrun(*jobs: list[str]) -> None:
 @pytest.fixture(scope="module")
 def launches(tmp_path_factory):
     """Two launches serve the three two-rank tests: the first runs the trainer-level steps, the ZeRO-2 outer loop
-    up to its stop after the Planning block and the whole ZeRO-3 outer loop; the second resumes the ZeRO-2 run in
-    a fresh job (a resume is a new launch). Each job has its own directory."""
+    up to its stop after the Planning block and the paper rehearsal (a ZeRO-3 outer loop); the second resumes the
+    ZeRO-2 run in a fresh job (a resume is a new launch). Each job has its own directory."""
     root = tmp_path_factory.mktemp("ds")
-    d = {name: root / name for name in ("trainer", "zero2", "zero3")}
+    d = {name: root / name for name in ("trainer", "zero2", "paper")}
     for path in d.values():
         path.mkdir()
     zero2 = ["loop", str(d["zero2"] / "run"), str(d["zero2"] / "weights"), *LOOP, "trainer=deepspeed_zero2"]
     torchrun(["trainer", str(d["trainer"] / "trainer")],
              zero2 + ["schedule.max_updates=2"],
-             ["loop", str(d["zero3"] / "run"), str(d["zero3"] / "weights"), *LOOP, "trainer=deepspeed_zero3",
-              "trainer.dtype=float32", "rollout=vllm", "trainer.recompute_old_logprobs=true",
-              "schedule.execution_pool.every=1",
-              "schedule.execution_pool.math_size=1", "schedule.execution_pool.general_size=1"])
+             ["paper", str(d["paper"] / "run"), str(d["paper"] / "weights"), *rehearsal_overrides()[1:],
+              "rollout.backend=vllm"])
     zero2_first = ranks(d["zero2"] / "weights")
     zero2_first_metrics = read_metrics(d["zero2"] / "run")
     torchrun(zero2 + ["resume=true"])
@@ -155,17 +156,41 @@ def test_zero2_outer_loop_over_two_ranks_writes_once_and_resumes(launches):
     assert not list(run_dir.glob("**/.*.tmp-*"))
 
 
-def test_zero3_outer_loop_with_an_engine_per_rank(launches):
-    run_dir, dump = launches.dirs["zero3"] / "run", launches.dirs["zero3"] / "weights"
-    final = ranks(dump)
+def test_the_paper_rehearsal_over_two_ranks(launches):
+    """The paper presets' trainer and schedule settings (tests/distributed/paper_rehearsal.py) on two ranks, each with
+    its engine (rollout=vllm: ds_worker.CopyingEngine): 8 Planning updates in two phases of S = 4, then 4 Execution
+    and 4 Evaluation updates, whose batches of 2 tasks give each rank a micro-batch."""
+    run_dir, dump = launches.dirs["paper"] / "run", launches.dirs["paper"] / "weights"
+    out = ranks(dump)
+    final = [r["weights"] for r in out]
     for role in ("planning", "execution", "evaluation"):
         assert same(final[0][role], final[1][role]), role
     assert not same(final[0]["planning"], final[0]["evaluation"])
+    assert not same(final[0]["execution"], final[0]["evaluation"])
+    cfg = OmegaConf.load(run_dir / "config.yaml")
+    t = cfg.trainer
+    assert t.offload_optimizer and t.gradient_checkpointing and t.recompute_old_logprobs  # refused on 2 ranks before
+    assert (t.backend, t.ref_mode, cfg.rollout.backend) == ("deepspeed_zero3", "precompute", "vllm")
+    assert all(all(r["activation_checkpointing"].values()) for r in out)
     metrics = read_metrics(run_dir)
-    assert len(metrics) == 4 and all(m[f"{m['block']}/skipped"] == 0.0 for m in metrics)
-    assert OmegaConf.load(run_dir / "config.yaml").trainer.recompute_old_logprobs  # refused on 2 ranks before
-    assert all(m[f"{m['block']}/logprob_mismatch"] >= 0.0 for m in metrics)
-    assert metrics[2]["execution/pool_step"] == 1  # rank 0 evaluated, rank 1 synced its engine along
+    assert [(m["block"], m["update"]) for m in metrics] == [
+        *(("planning", u) for u in range(8)), *(("execution", u) for u in range(4)),
+        *(("evaluation", u) for u in range(4))]
+    assert all(m[f"{m['block']}/skipped"] == 0.0 for m in metrics)
+    # π_old recomputed at every phase's start, against the behaviour log-probs of an engine synced after every step
+    assert all(0.0 <= m[f"{m['block']}/logprob_mismatch"] < 1e-4 for m in metrics)
+    assert all(m[f"{m['block']}/num_micro_batches"] == 2 for m in metrics[8:])  # one per rank
+    assert metrics[11]["execution/pool_step"] == 4  # rank 0 evaluated, rank 1 synced its engine along
+    # What an idle player's engine moves off a GPU (here: called as on a GPU): under ZeRO-Offload ZeRO-3 keeps all
+    # but its contiguous gradient buffer on the host. All three players go idle, and the Execution and Evaluation
+    # players (idle during the Planning block) come back for their first step; both ranks alike (collectives).
+    calls = out[0]["offload_calls"]
+    assert calls == out[1]["offload_calls"]
+    assert {c for c in calls if c[0] == "offload"} == {("offload", ("contiguous_grad_buffer",))}
+    assert calls.count(("offload", ("contiguous_grad_buffer",))) >= 3 and calls.count(("reload", ())) >= 2
+    for role in ("planning", "execution", "evaluation"):  # each rank its partition of DeepSpeed's CPU Adam state
+        state = run_dir / "checkpoints" / "iter1" / role / "deepspeed" / "state"
+        assert len(list(state.glob("zero_pp_rank_*_optim_states.pt"))) == 2, role
 
 
 def test_several_ranks_refuse_what_they_cannot_do(tmp_path):
