@@ -60,12 +60,22 @@ def main() -> None:
     run_dir = Path(tempfile.mkdtemp(prefix="up-smoke-bench-"))
     cfg = compose(["experiment=smoke", f"run_dir={run_dir}", "resume=false", "schedule.print_summary=false"]
                   + args.overrides)
+    run_and_report(cfg, run_dir, t0, cpu0)
+
+
+def run_and_report(cfg, run_dir: Path, t0: float, cpu0: float, before_report=None) -> None:
+    """Run ``cfg`` in ``run_dir`` with the load average printed before and after, then :func:`report` it and the
+    run directory's size (``t0``, ``cpu0``: wall and CPU clocks at the start; ``before_report(loop)``: extra lines)."""
+    from unifiedplayers.loop import OuterLoop
+
     if cfg.trainer.num_threads > 0:
         torch.set_num_threads(cfg.trainer.num_threads)
     print(f"load average at start {os.getloadavg()}, torch threads {torch.get_num_threads()}, cores {os.cpu_count()}")
     loop = OuterLoop(cfg, run_dir)
     loop.run()
     wall = time.perf_counter() - t0
+    if before_report is not None:
+        before_report(loop)
     report(run_dir, wall, loop.state.timing)
     print(f"  process CPU time {time.process_time() - cpu0:.1f} s; load average at end {os.getloadavg()}")
     size = sum(p.stat().st_size for p in run_dir.rglob("*") if p.is_file())

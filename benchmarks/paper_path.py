@@ -16,12 +16,9 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import os
 import tempfile
 import time
 from pathlib import Path
-
-import torch
 
 HERE = Path(__file__).resolve().parent
 
@@ -46,25 +43,14 @@ def main() -> None:
     t0 = time.perf_counter()
     cpu0 = time.process_time()
     from unifiedplayers.config import compose
-    from unifiedplayers.loop import OuterLoop
 
-    report = _load("outer_loop_benchmark", HERE / "outer_loop.py").report
+    run_and_report = _load("outer_loop_benchmark", HERE / "outer_loop.py").run_and_report
     run_dir = Path(tempfile.mkdtemp(prefix="up-paper-path-"))
     overrides = ["experiment=smoke", *paper_trainer_overrides(), f"run_dir={run_dir}", "resume=false",
                  "schedule.print_summary=false", *args.overrides]
-    cfg = compose(overrides)
-    if cfg.trainer.num_threads > 0:
-        torch.set_num_threads(cfg.trainer.num_threads)
     print("overrides: " + " ".join(overrides[1:]))
-    print(f"load average at start {os.getloadavg()}, torch threads {torch.get_num_threads()}, cores {os.cpu_count()}")
-    loop = OuterLoop(cfg, run_dir)
-    loop.run()
-    wall = time.perf_counter() - t0
-    print(f"precision: model {loop.cfg.model.dtype}, trainer {loop.cfg.trainer.dtype} ({loop.cfg.precision_reason})")
-    report(run_dir, wall, loop.state.timing)
-    print(f"  process CPU time {time.process_time() - cpu0:.1f} s; load average at end {os.getloadavg()}")
-    size = sum(p.stat().st_size for p in run_dir.rglob("*") if p.is_file())
-    print(f"  run directory on disk: {size / 1e9:.2f} GB ({run_dir})")
+    run_and_report(compose(overrides), run_dir, t0, cpu0, lambda loop: print(
+        f"precision: model {loop.cfg.model.dtype}, trainer {loop.cfg.trainer.dtype} ({loop.cfg.precision_reason})"))
 
 
 if __name__ == "__main__":

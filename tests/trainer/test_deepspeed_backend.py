@@ -14,7 +14,7 @@ pytest.importorskip("deepspeed")
 from unifiedplayers.trainer import build_trainer  # noqa: E402
 from unifiedplayers.trainer.deepspeed_backend import deepspeed_config  # noqa: E402
 
-from trainer_helpers import synthetic_batch, tiny_model, trainer_config  # noqa: E402
+from trainer_helpers import synthetic_batch, tiny_model, torch_reference_run, trainer_config  # noqa: E402
 
 pytestmark = [pytest.mark.cpu, pytest.mark.slow]
 
@@ -39,14 +39,7 @@ def batches():
 @pytest.fixture(scope="module")
 def torch_run(batches):
     """The torch backend from the same start: per-step metrics and final weights."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    model, _ = tiny_model()
-    trainer = build_trainer(trainer_config(kl_coef=0.05), model)
-    trainer.start_outer_iteration()
-    metrics = [trainer.update(b) for b in batches[:STEPS]]
-    torch.set_num_threads(before)
-    return metrics, _params(model)
+    return torch_reference_run(batches, STEPS)
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ from unifiedplayers.trainer.deepspeed_backend import (  # noqa: E402
     states_to_offload,
 )
 
-from trainer_helpers import synthetic_batch, tiny_model, trainer_config  # noqa: E402
+from trainer_helpers import synthetic_batch, tiny_model, torch_reference_run, trainer_config  # noqa: E402
 
 pytestmark = pytest.mark.cpu
 
@@ -39,14 +39,7 @@ def batches():
 @pytest.fixture(scope="module")
 def torch_run(batches):
     """The torch backend from the same start: per-step metrics and final weights."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    model, _ = tiny_model()
-    trainer = build_trainer(trainer_config(kl_coef=0.05), model)
-    trainer.start_outer_iteration()
-    metrics = [trainer.update(b) for b in batches[:STEPS]]
-    torch.set_num_threads(before)
-    return metrics, {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return torch_reference_run(batches, STEPS)
 
 
 def _assert_equals_torch_run(trainer, metrics, torch_run):

@@ -62,3 +62,18 @@ def synthetic_batch(model, generator: torch.Generator, n: int = 8, group_size: i
         old = (own + 0.1 * torch.randn(length, generator=generator)) * mask
         samples.append(TrainSample(ids.tolist(), mask.tolist(), old.tolist(), float(adv[i]), int(groups[i])))
     return samples
+
+
+def torch_reference_run(batches, steps: int):
+    """The torch backend from the tiny model's start over ``batches[:steps]``, on one thread: per-step metrics and
+    the final weights (what the DeepSpeed tests compare their steps with)."""
+    from unifiedplayers.trainer import build_trainer
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    model, _ = tiny_model()
+    trainer = build_trainer(trainer_config(kl_coef=0.05), model)
+    trainer.start_outer_iteration()
+    metrics = [trainer.update(b) for b in batches[:steps]]
+    torch.set_num_threads(before)
+    return metrics, {k: v.detach().clone() for k, v in model.state_dict().items()}
