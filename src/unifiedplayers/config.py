@@ -149,7 +149,9 @@ class TrainerConfig:
     logprob_chunk_rows: int = 0
     gradient_checkpointing: bool = False
     offload_optimizer: bool = False  # DeepSpeed backends: ZeRO-Offload of the optimizer state to CPU
-    offload_dir: Optional[str] = None  # torch backend: where offload_state() parks optimizer state (default: temp dir)
+    # Where an idle player's state waits (offload_state(): optimizer state, master weights, π_ref) in files without a
+    # name; default: the temp directory. A local disk, not tmpfs (trainer/offload.py warns).
+    offload_dir: Optional[str] = None
     # auto | float32 | bfloat16 | float16: the compute dtype of the trainer's forward and backward. Master
     # weights and the optimizer state stay float32 (torch backend: a bf16 copy of the weights is refreshed after
     # each optimizer step; DeepSpeed keeps its own fp32 master); log-probs, ratios, KL and the loss are float32.

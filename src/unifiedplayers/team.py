@@ -101,6 +101,7 @@ class Team:
                     entropy_bank=self.entropy_bank(role) or None, pad_token_id=tokenizer.pad_token_id or 0,
                     dist=self.dist)
                 player.model = player.trainer.sampling_model(self.sampling_dtype)  # rollouts: in model.dtype
+                player.trainer.offload_state()  # idle until its block: only the weights it samples with in memory
             else:
                 player.model = cast_parameters(m, self.sampling_dtype)
             player.model.eval()
@@ -164,7 +165,8 @@ class Team:
             published[role] = str(path.relative_to(run_dir))
 
     def start_block(self, role: str) -> dict[str, Any]:
-        """The other players are frozen in this block: eval mode, no optimizer state in memory."""
+        """The other players are frozen in this block: eval mode, in memory only the weights they sample with
+        (``trainer.offload_state``: optimizer state, master weights and π_ref wait in files)."""
         active = self.players[role]
         for other, player in self.players.items():
             if other != role and player.model is not active.model:
@@ -201,6 +203,7 @@ class Team:
         return {f"{role}/{k}": v for k, v in self.players[role].trainer.block_diagnostics().items()}
 
     def end_block(self, role: str) -> None:
+        """The block's player goes idle: in memory only the weights it samples with."""
         active = self.players[role]
         active.trainer.offload_state()
         active.model.eval()

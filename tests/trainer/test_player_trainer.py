@@ -152,8 +152,9 @@ def test_reference_stays_fixed_within_an_iteration_and_moves_at_the_next():
     assert all(torch.equal(ref[k], start[k]) for k in start)
     trainer.start_outer_iteration()
     now = _params(model)
-    assert all(torch.equal(trainer._ref_model.state_dict()[k], now[k]) for k in now)
+    # Until the iteration's first step the policy is π_ref: the copy is taken then, of the weights before it.
     assert trainer.update(batches[0])["actor/kl"] == 0.0
+    assert all(torch.equal(trainer._ref_model.state_dict()[k], now[k]) for k in now)
 
 
 # ------------------------------------------------------------------ optimizer

@@ -7,13 +7,13 @@ Public interface::
     trainer.start_block()                # block diagnostics reset, initial bank entropy
     metrics = trainer.update(samples)    # one optimizer step; samples: TrainSample-like items
     trainer.save_checkpoint(path); trainer.load_checkpoint(path)
-    trainer.offload_state()              # drop optimizer state when the block ends
+    trainer.offload_state()              # block over: only the weights it samples with stay in memory
     trainer.block_diagnostics()          # grad-norm median / CV, entropy retention
 
 Modules: ``base`` (the interface: samples, optimizer, backend registry, :class:`BaseTrainer` with the
 shared update), ``batching`` (micro-batches), ``player_trainer`` (torch backend, :class:`PlayerTrainer`),
-``deepspeed_backend`` (ZeRO-2/3, imported when built), ``logprobs``, ``checkpoint``, ``diagnostics``,
-``flops``. Backends import ``base``, never each other.
+``deepspeed_backend`` (ZeRO-2/3, imported when built), ``offload`` (an idle player's state in files), ``logprobs``,
+``checkpoint``, ``diagnostics``, ``flops``. Backends import ``base``, never each other.
 """
 from unifiedplayers.trainer.base import (
     TRAINER_BACKENDS,

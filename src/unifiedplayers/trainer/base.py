@@ -24,11 +24,16 @@ one optimizer step over a batch of samples (one block update):
    tokens only are computed (:func:`~unifiedplayers.trainer.logprobs.selected_token_logprobs`).
 3. The ratio uses the behaviour log-probs recorded at sampling time as π_old, or the trainer's own forward at
    the phase's start (``trainer.recompute_old_logprobs``, :meth:`~BaseTrainer.recompute_old_logprobs`).
-4. π_ref log-probs come from a frozen copy taken at :meth:`~BaseTrainer.start_outer_iteration`
-   (``ref_mode: copy``) or from swapping the saved reference weights in once per batch
-   (``ref_mode: precompute``); neither is needed when β = 0 or when the policy still equals the reference
-   (first update of an iteration).
+4. π_ref log-probs come from a frozen copy of the weights at the start of the outer iteration (``ref_mode: copy``)
+   or from swapping those weights in once per batch (``ref_mode: precompute``); neither is needed when β = 0 or
+   when the policy still equals the reference (first update of an iteration). The copy is taken at the
+   iteration's first update, just before its step (until then the policy is π_ref), so a player that has not
+   trained yet in this iteration holds none.
 5. AdamW step with gradient clipping; the global grad norm before clipping is logged.
+
+An idle player (:meth:`~BaseTrainer.offload_state`, when its block ends) keeps in memory only the weights it
+samples with: its optimizer state, π_ref and, per backend, its float32 master weights go to files without a name
+(:mod:`unifiedplayers.trainer.offload`) and come back, bit for bit, at its next update, checkpoint or reference pass.
 
 Data-parallel ranks (``dist``, :mod:`unifiedplayers.distributed`): every rank receives the whole batch,
 runs the micro-batches ``i`` with ``i mod N = rank`` (weights from the whole batch, step 1), and the
@@ -44,6 +49,7 @@ from __future__ import annotations
 import copy
 import importlib
 import os
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,6 +70,7 @@ from unifiedplayers.trainer.batching import (
 from unifiedplayers.trainer.checkpoint import RNG_FILE, atomic_directory, capture_rng_state, restore_rng_state
 from unifiedplayers.trainer.diagnostics import BlockDiagnostics, EntropyRetention
 from unifiedplayers.trainer.logprobs import TokenLogprobModel, TokenLogprobs
+from unifiedplayers.trainer.offload import ParkedTensors
 from unifiedplayers.trainer.precision import cast_parameters, logprob_mismatch, resolve_setting
 
 Tensor = torch.Tensor
@@ -237,9 +244,15 @@ class TrainerHooks:
     def _load_backend(self, directory: Path) -> None:
         raise NotImplementedError
 
-    def offload_state(self) -> None:
-        """Free the optimizer state's memory (brought back, bit-exactly, by the next update)."""
+    def _offload_optimizer(self) -> None:
+        """Free the optimizer state's memory, and whatever else of the backend an idle player does not sample with
+        (brought back, bit-exactly, by :meth:`_ensure_optimizer`)."""
         raise NotImplementedError
+
+    @property
+    def _holds_reference(self) -> bool:
+        """Whether this rank keeps π_ref (default: every rank; ZeRO-3 swaps it in from rank 0 alone)."""
+        return True
 
     @property
     def has_optimizer_state(self) -> bool:
@@ -256,7 +269,7 @@ class BaseTrainer(BlockDiagnostics, TrainerHooks):
         trainer.start_block()                  # resets block diagnostics, records initial bank entropy
         metrics = trainer.update(samples)      # one optimizer step
         trainer.save_checkpoint(run_dir / "checkpoints" / "execution")
-        trainer.offload_state()                # block over: free the optimizer state
+        trainer.offload_state()                # block over: keep only the weights co-players sample from
     """
 
     def __init__(
@@ -289,14 +302,15 @@ class BaseTrainer(BlockDiagnostics, TrainerHooks):
         self.global_step = 0
         self.outer_iteration = 0
         self._policy_is_reference = False
-        self._ref_model: Optional[nn.Module] = None
-        self._ref_state: Optional[dict[str, Tensor]] = None
+        self._ref_model: Optional[nn.Module] = None  # ref_mode copy: π_ref as a module
+        self._ref_state: Optional[dict[str, Tensor]] = None  # ref_mode precompute: π_ref's weights on the host
+        self._reference_parked: Optional[ParkedTensors] = None  # π_ref while the player is idle
         self.entropy_bank: list[Tensor] = []
         self.entropy = EntropyRetention()
         self.block_grad_norms: list[float] = []
         self._has_reference = False
         if cfg.kl_coef != 0.0 and cfg.ref_mode == "copy":
-            # Copied before any backend wraps or shards the model; loaded at start_outer_iteration.
+            # Copied before any backend wraps or shards the model; loaded at the iteration's first update.
             # In the compute dtype: the reference pass is a forward like the policy's.
             self._ref_model = cast_parameters(copy.deepcopy(model), self.compute_dtype).requires_grad_(False).eval()
         self._setup(model)
@@ -310,26 +324,87 @@ class BaseTrainer(BlockDiagnostics, TrainerHooks):
             return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
 
     def reload_state(self) -> None:
-        """Bring offloaded optimizer state back now (``update`` also does it lazily)."""
+        """Bring offloaded state back now (``update`` also does it lazily)."""
         self._ensure_optimizer()
+        self._restore_reference()
+
+    def offload_state(self) -> None:
+        """The player goes idle (its block is over, or another's starts): everything but the weights it samples with
+        leaves memory for files without a name (``trainer.offload_dir``): optimizer state, π_ref and, per backend,
+        master weights. All of it comes back, bit for bit, when the next update, checkpoint or reference pass needs
+        it; a process that ends, however it ends, leaves no file behind."""
+        self._park_reference()
+        self._offload_optimizer()
+
+    def _offload_dir(self) -> Path:
+        return Path(self.cfg.offload_dir or tempfile.gettempdir())
+
+    def _host_weights(self) -> Optional[dict[str, Tensor]]:
+        """The policy's full weights copied to the host on the ranks that hold π_ref, None on the others (a
+        collective under ZeRO-3: every rank calls it). Tied weights stay one tensor."""
+        with self.gathered_weights():
+            return host_copy(self.model.state_dict()) if self._holds_reference else None
 
     # ------------------------------------------------------------------ reference policy
     def start_outer_iteration(self) -> None:
-        """π_ref := the current weights (Appendix B.3: the player's parameters at the start of the outer iteration)."""
+        """π_ref := the current weights (Appendix B.3: the player's parameters at the start of the outer iteration).
+        Until the iteration's first step the policy is π_ref, so the copy is taken then (:meth:`update`)."""
         self.outer_iteration += 1
         self._policy_is_reference = True
-        if self.cfg.kl_coef == 0.0:
-            return
-        self._set_reference(self.full_state_dict())
+        self._discard_reference()
+
+    def _take_reference(self) -> None:
+        """π_ref := the current weights, on the ranks that hold it (every rank calls it: a collective under ZeRO-3)."""
+        self._restore_reference()  # a copy module's memory back: its values are loaded now
+        if self.cfg.ref_mode == "copy":
+            with self.gathered_weights(), torch.no_grad():
+                self._ref_model.load_state_dict(self.model.state_dict())
+            self._ref_model.to(self.device)
+        else:  # precompute: keep the weights on the host, swap them in once per batch
+            self._ref_state = self._host_weights()
+        self._has_reference = True
 
     def _set_reference(self, state: Mapping[str, Tensor]) -> None:
+        """π_ref := ``state`` (a checkpoint's ``reference.pt``, on the host)."""
+        self._restore_reference()
         if self.cfg.ref_mode == "copy":
             with torch.no_grad():
                 self._ref_model.load_state_dict(state)
             self._ref_model.to(self.device)
-        else:  # precompute: keep the weights on the host, swap them in once per batch
-            self._ref_state = {k: v.to("cpu", copy=True) for k, v in state.items()}
+        else:
+            self._ref_state = {k: v.to("cpu") for k, v in state.items()}
         self._has_reference = True
+
+    def _reference_tensors(self) -> list[Tensor]:
+        if self.cfg.ref_mode == "copy":  # its parameters: its buffers are small, and load_state_dict skips some
+            return list(self._ref_model.parameters()) if self._ref_model is not None else []
+        return list((self._ref_state or {}).values())
+
+    def _park_reference(self) -> None:
+        """π_ref to a file without a name while the player is idle (freed without a file when none is taken)."""
+        if self._reference_parked is None and self.cfg.kl_coef != 0.0:
+            self._reference_parked = ParkedTensors(self._reference_tensors(), self._offload_dir(),
+                                                   contents=self._has_reference)
+
+    def _restore_reference(self) -> None:
+        if self._reference_parked is not None:
+            self._reference_parked.restore()
+            self._reference_parked = None
+
+    def _discard_reference(self) -> None:
+        """Forget π_ref (a new iteration, or a checkpoint's is loaded) and free its memory."""
+        self._has_reference = False
+        if self.cfg.kl_coef == 0.0:
+            return
+        if self.cfg.ref_mode == "precompute":
+            if self._reference_parked is not None:
+                self._reference_parked.discard()
+                self._reference_parked = None
+            self._ref_state = None
+        elif self._reference_parked is not None:
+            self._reference_parked.discard()  # a copy module keeps its storages, freed until the next copy
+        else:
+            self._reference_parked = ParkedTensors(self._reference_tensors(), self._offload_dir(), contents=False)
 
     @torch.no_grad()
     def _reference_logprobs(self, micro: list[_MicroBatch]) -> list[Optional[TokenLogprobs]]:
@@ -337,10 +412,11 @@ class BaseTrainer(BlockDiagnostics, TrainerHooks):
             return [None] * len(micro)  # β = 0: not needed; π_θ = π_ref: taken from the policy pass
         if not self._has_reference:
             raise RuntimeError("kl_coef > 0 needs a reference policy: call start_outer_iteration() first")
+        self._restore_reference()
         if self.cfg.ref_mode == "copy":
             ref = TokenLogprobModel(self._ref_model, self.cfg.temperature, self.cfg.logprob_chunk_rows)
             return [self._ref_pass(ref, mb) for mb in micro]
-        current = {k: v.to("cpu", copy=True) for k, v in self.full_state_dict().items()}
+        current = self._host_weights()  # None on a rank that does not hold π_ref (ZeRO-3: all but rank 0)
         self._load_policy_weights(self._ref_state)
         try:
             return [self._ref_pass(self._forward_module(), mb) for mb in micro]
@@ -365,6 +441,9 @@ class BaseTrainer(BlockDiagnostics, TrainerHooks):
         if not samples:
             raise ValueError("empty batch")
         t0 = time.perf_counter()
+        self._ensure_optimizer()  # an idle player's state back before the engine runs
+        if self.cfg.kl_coef != 0.0 and self._policy_is_reference and not self._has_reference:
+            self._take_reference()  # the iteration's first step: π_ref := the weights before it
         plan = plan_micro_batches(samples, self.cfg, rank=self.dist.rank, world_size=self.dist.world_size,
                                   lockstep=self.lockstep_micro_batches, device=self.device,
                                   pad_id=self.pad_token_id)
@@ -505,9 +584,13 @@ class BaseTrainer(BlockDiagnostics, TrainerHooks):
         return Path(path)
 
     def _save_trainer_state(self, directory: Path) -> None:
-        if self._has_reference:
+        if self._has_reference:  # rank 0 holds it
+            parked = self._reference_parked is not None
+            self._restore_reference()
             ref = self._ref_model.state_dict() if self.cfg.ref_mode == "copy" else self._ref_state
             torch.save(ref, directory / "reference.pt")
+            if parked:
+                self._park_reference()
         torch.save(
             {
                 "backend": self.backend,
@@ -534,11 +617,26 @@ class BaseTrainer(BlockDiagnostics, TrainerHooks):
         self._policy_is_reference = state["policy_is_reference"]
         self.entropy.history = list(state["entropy_history"])
         self.block_grad_norms = list(state["block_grad_norms"])
-        self._has_reference = False
+        self._discard_reference()
         if (directory / "reference.pt").exists() and self.cfg.kl_coef != 0.0:
-            self._set_reference(torch.load(directory / "reference.pt", map_location="cpu", weights_only=True))
+            if self._holds_reference:
+                self._set_reference(torch.load(directory / "reference.pt", map_location="cpu", weights_only=True))
+            self._has_reference = True  # taken, whichever rank holds it
         if restore_rng:
             restore_rng_state(torch.load(directory / RNG_FILE, weights_only=False))
+
+
+def host_copy(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """``state``'s tensors copied to the host; tensors that are one (tied embeddings) stay one."""
+    out: dict[str, Tensor] = {}
+    copies: dict[tuple, Tensor] = {}
+    for name, t in state.items():
+        t = t.detach()
+        key = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
+        if key not in copies:
+            copies[key] = t.to("cpu", copy=True)
+        out[name] = copies[key]
+    return out
 
 
 # ---------------------------------------------------------------------------------------------- registry

@@ -56,6 +56,7 @@ from unifiedplayers.trainer.base import (
     register_trainer_backend,
 )
 from unifiedplayers.trainer.logprobs import TokenLogprobModel
+from unifiedplayers.trainer.offload import ParkedStorages
 from unifiedplayers.models import float32_buffers, restore_buffers
 from unifiedplayers.trainer.precision import resolve_setting
 
@@ -200,7 +201,8 @@ class DeepSpeedTrainer(BaseTrainer):
         )
         restore_buffers(self.engine.module.lm, buffers)
         self.device = self.engine.device
-        self._offloaded = False
+        self._offloaded = False  # engine.offload_states() moved the idle states off the accelerator
+        self._parked: ParkedStorages | None = None  # the optimizer's host tensors while idle
 
     @property
     def model(self) -> nn.Module:
@@ -210,6 +212,9 @@ class DeepSpeedTrainer(BaseTrainer):
         return self.engine
 
     def _ensure_optimizer(self) -> None:
+        if self._parked is not None:
+            self._parked.restore()
+            self._parked = None
         if self._offloaded:
             self.engine.reload_states()
             self._offloaded = False
@@ -243,15 +248,22 @@ class DeepSpeedTrainer(BaseTrainer):
 
         return deepspeed.zero.GatheredParameters(list(self.model.parameters()), modifier_rank=None)
 
-    def _load_policy_weights(self, state: Mapping[str, Tensor]) -> None:
-        # Only used to swap the reference in and out for ref_mode=precompute.
+    @property
+    def _holds_reference(self) -> bool:
+        """ZeRO-3 swaps π_ref in from rank 0 (:meth:`_load_policy_weights`): only rank 0 keeps it."""
+        return self.stage != 3 or self.cfg.ref_mode != "precompute" or self.dist.is_main
+
+    def _load_policy_weights(self, state: Mapping[str, Tensor] | None) -> None:
+        # Only used to swap the reference in and out for ref_mode=precompute. ZeRO-3: every rank takes part,
+        # rank 0's weights are partitioned to all (the others pass None).
         module = self.model
         if self.stage == 3:
             import deepspeed
 
             params = list(module.parameters())
             with deepspeed.zero.GatheredParameters(params, modifier_rank=0), torch.no_grad():
-                module.load_state_dict(state)
+                if state is not None:
+                    module.load_state_dict(state)
         else:
             with torch.no_grad():
                 module.load_state_dict(state)
@@ -274,18 +286,40 @@ class DeepSpeedTrainer(BaseTrainer):
         if path is None:
             raise FileNotFoundError(f"no DeepSpeed checkpoint under {directory / 'deepspeed'}")
 
-    def offload_state(self) -> None:
+    def _offload_optimizer(self) -> None:
         """Move the ZeRO optimizer state, fp32 master weights and gradient buffers (:func:`states_to_offload`)
-        off the accelerator; the weights stay, for the co-players that sample from them. On a CPU-only
-        machine everything already lives in host memory, so there is nothing to move."""
-        if self._offloaded or self.device.type == "cpu":
+        off the accelerator (into plain host memory, not pinned), then park what the optimizer holds on the host
+        (:meth:`host_optimizer_tensors`: under ZeRO-Offload all of it lives there) in a file without a name. The
+        weights stay where they are, for the co-players that sample from them. On a CPU-only machine the host is
+        the device: only ZeRO-3's gradient bucket is let go (it goes to the meta device); the parking is the same."""
+        if self._offloaded or self._parked is not None:
             return
         include = self.idle_offload_states()
+        if self.device.type == "cpu":
+            include = tuple(s for s in include if s == "contiguous_grad_buffer")
         if include:
             from deepspeed.runtime.zero.offload_config import OffloadStateTypeEnum
 
-            self.engine.offload_states(include=[OffloadStateTypeEnum(s) for s in include])
-        self._offloaded = True
+            self.engine.offload_states(include=[OffloadStateTypeEnum(s) for s in include], pin_memory=False)
+        self._offloaded = bool(include) or self.device.type != "cpu"
+        self._parked = ParkedStorages(self.host_optimizer_tensors(), self._offload_dir(), keep=self._weights())
+
+    def host_optimizer_tensors(self) -> list[Tensor]:
+        """The tensors the engine's ZeRO optimizer holds (its attributes' tensors, lists and dicts of them, their
+        gradients) and its basic optimizer's state; those on the host are what an idle player parks. The weights
+        among them (:meth:`_weights`) are kept."""
+        zero = self.engine.optimizer
+        basic = getattr(zero, "optimizer", None)
+        out = [t for value in vars(zero).values() for t in _tensors(value)]
+        if basic is not None and basic is not zero:
+            out += list(_tensors(list(basic.state.values())))
+        return out
+
+    def _weights(self) -> list[Tensor]:
+        """What the player samples from: the module's parameters and buffers, and (ZeRO-3) their partitions."""
+        module = self.model
+        out = list(module.parameters()) + list(module.buffers())
+        return out + [p.ds_tensor for p in module.parameters() if hasattr(p, "ds_tensor")]
 
     def idle_offload_states(self) -> tuple[str, ...]:
         """The engine states :meth:`offload_state` moves to the host (:func:`states_to_offload`)."""
@@ -296,7 +330,21 @@ class DeepSpeedTrainer(BaseTrainer):
 
     @property
     def has_optimizer_state(self) -> bool:
-        return not self._offloaded
+        return not self._offloaded and self._parked is None
+
+
+def _tensors(value: Any, depth: int = 3):
+    """The tensors in ``value`` (a tensor, or lists, tuples and dicts of them, ``depth`` deep) and their gradients."""
+    if isinstance(value, torch.Tensor):
+        yield value
+        if value.is_leaf and value.grad is not None:
+            yield value.grad
+    elif depth > 0 and isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _tensors(v, depth - 1)
+    elif depth > 0 and isinstance(value, dict):
+        for v in value.values():
+            yield from _tensors(v, depth - 1)
 
 
 @register_trainer_backend("deepspeed_zero2")

@@ -6,6 +6,10 @@
 ``loss.backward()``, gradient clipping and ``model.pt`` / ``optimizer.pt`` checkpoint files. Data-parallel
 ranks sum their gradients with :meth:`~unifiedplayers.distributed.DistContext.all_reduce_gradients`.
 
+An idle player (:meth:`~unifiedplayers.trainer.base.BaseTrainer.offload_state`) keeps only the weights it samples
+with: its AdamW state goes to a file without a name, and so do its float32 master weights (on the host) when
+neither its rollouts nor its forward use them (a bf16 copy does both).
+
 The interface pieces (:class:`TrainSample`, :func:`build_trainer`, ...) are re-exported from here for code
 that imports them from this module.
 """
@@ -14,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, ContextManager, Mapping, Optional
 
@@ -35,17 +38,10 @@ from unifiedplayers.trainer.base import (  # noqa: F401  (re-exported)
 )
 from unifiedplayers.trainer.batching import _as_tensor, _collate, _combine_metrics, _MicroBatch  # noqa: F401
 from unifiedplayers.trainer.logprobs import TokenLogprobModel
+from unifiedplayers.trainer.offload import ParkedTensors, offload_file
 from unifiedplayers.trainer.precision import cast_parameters, copy_weights, move_gradients
 
 Tensor = torch.Tensor
-
-
-def _offload_file(directory: Path) -> Any:
-    """A file without a name in ``directory`` (O_TMPFILE, or unlinked at once): its space returns to the disk when
-    it is closed or its process ends, however it ends. A named file outlived a killed run (kill -9, a timeout)
-    and left a model-sized optimizer state per player in the temp directory."""
-    directory.mkdir(parents=True, exist_ok=True)
-    return tempfile.TemporaryFile(dir=directory)
 
 
 @register_trainer_backend("torch")
@@ -58,12 +54,21 @@ class PlayerTrainer(BaseTrainer):
     collective_checkpoint = False  # every rank writes its part of a checkpoint (else rank 0 writes it all)
 
     def _prepare_model(self, model: nn.Module) -> nn.Module:
-        """Master weights in float32, whatever the compute dtype: AdamW never steps bf16 weights."""
-        return cast_parameters(model, torch.float32)
+        """Master weights in float32, whatever the compute dtype: AdamW never steps bf16 weights. In memory of their
+        own: a model loaded zero-copy from a safetensors file keeps its weights in the file's mapping, which stays
+        resident as long as any of them lives, so an idle player could not give it back."""
+        model = cast_parameters(model, torch.float32)
+        with torch.no_grad():
+            for t in [*model.parameters(), *model.buffers()]:
+                if t.device.type == "cpu" and t.numel() and not t.untyped_storage().resizable():
+                    t.data = t.data.clone()
+        return model
 
     def _setup(self, model: nn.Module) -> None:
         self._model = model
         self._copies: dict[torch.dtype, nn.Module] = {}  # the weights in lower precisions, refreshed after each step
+        self._sampled_dtypes: set[torch.dtype] = set()  # the dtypes sampling_model() handed out
+        self._masters_parked: Optional[ParkedTensors] = None  # the float32 master weights while idle
         self._logprob_model = TokenLogprobModel(self.compute_model, self.cfg.temperature, self.cfg.logprob_chunk_rows)
         self.device = next(model.parameters()).device
         self.optimizer: Optional[torch.optim.Optimizer] = None
@@ -72,22 +77,28 @@ class PlayerTrainer(BaseTrainer):
 
     @property
     def model(self) -> nn.Module:
-        """The policy's master weights (float32) as a plain transformers module (for export and checkpoints)."""
+        """The policy's master weights (float32) as a plain transformers module (for export and checkpoints); an idle
+        player's parked masters come back first."""
+        self._restore_masters()
         return self._model
 
     @property
     def compute_model(self) -> nn.Module:
         """The master weights in float32; under mixed precision, their copy in ``trainer.dtype``."""
-        return self.sampling_model(self.compute_dtype)
+        return self._weights_in(self.compute_dtype)
 
     def sampling_model(self, dtype: torch.dtype) -> nn.Module:
         """The policy in ``dtype``: the master weights for float32, else a copy refreshed after each optimizer step
         (the compute copy when the dtypes agree: one bf16 copy serves training and rollouts)."""
+        self._sampled_dtypes.add(dtype)
+        return self._weights_in(dtype)
+
+    def _weights_in(self, dtype: torch.dtype) -> nn.Module:
         if dtype == torch.float32:
-            return self._model
+            return self.model
         if dtype not in self._copies:
             grads = dtype == self.compute_dtype
-            self._copies[dtype] = cast_parameters(copy.deepcopy(self._model), dtype).requires_grad_(grads)
+            self._copies[dtype] = cast_parameters(copy.deepcopy(self.model), dtype).requires_grad_(grads)
         return self._copies[dtype]
 
     def _sync_copies(self) -> None:
@@ -100,6 +111,7 @@ class PlayerTrainer(BaseTrainer):
 
     def _ensure_optimizer(self) -> None:
         """Create AdamW lazily: a player that is never updated holds no optimizer state."""
+        self._restore_masters()
         if self.optimizer is None:
             self.optimizer = make_optimizer(self.cfg, self._model)
             self.scheduler = make_scheduler(self.cfg, self.optimizer)
@@ -145,11 +157,11 @@ class PlayerTrainer(BaseTrainer):
 
     def _load_policy_weights(self, state: Mapping[str, Tensor]) -> None:
         with torch.no_grad():
-            self._model.load_state_dict(state)
+            self.model.load_state_dict(state)
         self._sync_copies()
 
     def _save_backend(self, directory: Path) -> None:
-        torch.save(self._model.state_dict(), directory / "model.pt")
+        torch.save(self.model.state_dict(), directory / "model.pt")
         if self._offloaded_to is not None:  # offloaded: same file format, copy it and keep memory free
             self._offloaded_to.seek(0)
             with open(directory / "optimizer.pt", "wb") as out:
@@ -172,17 +184,25 @@ class PlayerTrainer(BaseTrainer):
             self.optimizer.load_state_dict(opt["optimizer"])
             self.scheduler.load_state_dict(opt["scheduler"])
 
-    def offload_state(self) -> None:
+    def _offload_optimizer(self) -> None:
         """Drop the optimizer state from memory (it is written to an unnamed temporary file in
         ``trainer.offload_dir``, default the temp directory, and reloaded on the next :meth:`update`, bit-exactly).
-        Call when this player's block ends. The file goes with the trainer, or with the process if it is killed."""
-        if self.optimizer is None:
-            return
-        fh = _offload_file(Path(self.cfg.offload_dir or tempfile.gettempdir()))
-        torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}, fh)
-        fh.flush()
-        self.optimizer, self.scheduler = None, None
-        self._offloaded_to = fh
+        The float32 master weights follow it when the player neither samples nor computes with them (on the host).
+        The files go with the trainer, or with the process if it is killed."""
+        if self.optimizer is not None:
+            fh = offload_file(self._offload_dir())
+            torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}, fh)
+            fh.flush()
+            self.optimizer, self.scheduler = None, None
+            self._offloaded_to = fh
+        if (self._masters_parked is None and self.compute_dtype != torch.float32
+                and torch.float32 not in self._sampled_dtypes):
+            self._masters_parked = ParkedTensors(self._model.parameters(), self._offload_dir())
+
+    def _restore_masters(self) -> None:
+        if self._masters_parked is not None:
+            self._masters_parked.restore()
+            self._masters_parked = None
 
     @property
     def has_optimizer_state(self) -> bool:

@@ -1,0 +1,207 @@
+"""Host memory of idle players (issue 29, defect 6): an idle player keeps in memory only the weights it samples with.
+
+- Team level, torch backend in bf16 (float32 masters, one bf16 copy for compute and rollouts), both reference modes:
+  after its block ends a player holds no optimizer state, no gradients, no π_ref and no float32 masters; a player that
+  has not trained yet in the iteration holds no π_ref; the active one holds what it trains with. Before: every player
+  kept its masters and π_ref, whatever it was doing.
+- Trainer level: parking and bringing back changes no bit (weights and metrics equal an uninterrupted trainer's), for
+  the torch backend and for DeepSpeed ZeRO-3 with ZeRO-Offload (the paper presets), whose idle engine parks every host
+  tensor of its optimizer (master partitions, Adam moments, gradient buffers) while its weights stay for sampling.
+- Two ranks (torchrun, gloo): under ZeRO-3 with ``ref_mode: precompute`` only rank 0 keeps π_ref; rank 1's KL terms
+  are still the single process's. Before: every rank kept a full copy.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from unifiedplayers.config import compose, resolve_player_config
+from unifiedplayers.distributed import SINGLE
+from unifiedplayers.schedule import trained_roles
+from unifiedplayers.team import Team
+from unifiedplayers.trainer import build_trainer
+
+from trainer_helpers import synthetic_batch, tiny_model, trainer_config
+
+pytestmark = pytest.mark.cpu
+
+ITEMS = ("sampling weights", "master weights", "optimizer state", "gradients", "reference")
+
+
+def _bytes(tensors, seen: set) -> int:
+    """Host bytes of the storages of ``tensors`` not counted yet (``seen``)."""
+    total = 0
+    for t in tensors:
+        if t is None or t.device.type != "cpu":
+            continue
+        storage = t.untyped_storage()
+        if storage.nbytes() and storage.data_ptr() not in seen:
+            seen.add(storage.data_ptr())
+            total += storage.nbytes()
+    return total
+
+
+def held(player) -> dict[str, int]:
+    """Host bytes one torch-backend player holds, by item (each storage counted once, in the first item naming it).
+    The trainer's attributes are read as they are: ``trainer.model`` would bring parked masters back."""
+    trainer, seen = player.trainer, set()
+    masters = list(trainer._model.parameters())
+    optimizer = [] if trainer.optimizer is None else [t for s in trainer.optimizer.state.values() for t in s.values()]
+    copies = [p for m in trainer._copies.values() for p in m.parameters()]
+    reference = list(trainer._ref_model.parameters()) if trainer._ref_model is not None else []
+    reference += list((trainer._ref_state or {}).values())
+    return {
+        "sampling weights": _bytes(player.model.parameters(), seen),
+        "master weights": _bytes(masters, seen),
+        "optimizer state": _bytes(optimizer, seen),
+        "gradients": _bytes([p.grad for p in masters + copies], seen),
+        "reference": _bytes(reference, seen),
+    }
+
+
+def _team(ref_mode: str, tmp_path: Path) -> Team:
+    cfg = compose(["experiment=tiny", "model.dtype=bfloat16", "trainer.dtype=bfloat16", f"trainer.ref_mode={ref_mode}",
+                   "trainer.kl_coef=0.05", "trainer.micro_batch_size=4", f"trainer.offload_dir={tmp_path / 'offload'}"])
+    team = Team(cfg, resolve_player_config(cfg), trained_roles(cfg), False, SINGLE)
+    team.setup(*team.load_backbone(None, {"model_load_s": 0.0}))
+    return team
+
+
+@pytest.mark.parametrize("ref_mode", ["copy", "precompute"])
+def test_an_idle_player_holds_only_the_weights_it_samples_with(ref_mode, tmp_path):
+    team = _team(ref_mode, tmp_path)
+    g = torch.Generator().manual_seed(0)
+    batch = synthetic_batch(team.players["planning"].model, g)
+    weights = {role: held(p)["sampling weights"] for role, p in team.players.items()}
+    assert all(w > 0 for w in weights.values())
+
+    def only_sampling_weights(role):
+        return held(team.players[role]) == {**dict.fromkeys(ITEMS, 0), "sampling weights": weights[role]}
+
+    assert all(only_sampling_weights(role) for role in team.players)  # built: every player idle until its block
+    team.start_iteration(tmp_path, {})
+    for role in ("planning", "execution"):
+        team.start_block(role)
+        for step in range(2):
+            team.update(role, 1, batch, on_policy=step == 0)
+        active = held(team.players[role])
+        assert active["master weights"] and active["optimizer state"] and active["reference"]  # what it trains with
+        assert active["gradients"] == 0  # freed at each step
+        assert all(only_sampling_weights(other) for other in team.players if other != role)
+        team.end_block(role)
+        assert only_sampling_weights(role)
+    assert list((tmp_path / "offload").iterdir()) == []  # parked in files without a name
+
+
+def _tensors(value, depth: int = 3):
+    """The tensors in ``value`` (lists, tuples and dicts of them, ``depth`` deep) and their gradients."""
+    if isinstance(value, torch.Tensor):
+        yield value
+        if value.is_leaf and value.grad is not None:
+            yield value.grad
+    elif depth and isinstance(value, (list, tuple, dict)):
+        for v in value.values() if isinstance(value, dict) else value:
+            yield from _tensors(v, depth - 1)
+
+
+def _updates(trainer, batches, idle_between: bool):
+    """Two outer iterations of updates on ``batches``; ``idle_between``: the player goes idle before every update."""
+    metrics = []
+    for iteration in range(2):
+        trainer.start_outer_iteration()
+        for b in batches:
+            if idle_between:
+                trainer.offload_state()
+            metrics.append(trainer.update(b))
+    return metrics
+
+
+def _same_run(a, b, metrics_a, metrics_b):
+    for x, y in zip(metrics_a, metrics_b):
+        for key in ("actor/loss", "actor/kl", "actor/grad_norm"):
+            assert x[key] == y[key], key
+    sa, sb = a.full_state_dict(), b.full_state_dict()
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+@pytest.mark.parametrize("ref_mode", ["copy", "precompute"])
+def test_parked_and_back_the_torch_trainer_changes_no_bit(ref_mode, tmp_path):
+    g = torch.Generator().manual_seed(3)
+    batches = [synthetic_batch(tiny_model()[0], g) for _ in range(3)]
+    cfg = trainer_config(dtype="bfloat16", ref_mode=ref_mode, kl_coef=0.1, offload_dir=str(tmp_path))
+    straight, idle = build_trainer(cfg, tiny_model()[0]), build_trainer(cfg, tiny_model()[0])
+    idle.sampling_model(torch.bfloat16)  # it samples from its bf16 copy, as a team's player does
+    straight_metrics = _updates(straight, batches, idle_between=False)
+    idle_metrics = _updates(idle, batches, idle_between=True)
+    assert idle_metrics[-1]["actor/kl"] > 0
+    idle.offload_state()
+    idle.save_checkpoint(tmp_path / "while_idle")  # a checkpoint of an idle player is whole
+    straight.save_checkpoint(tmp_path / "straight")
+    for name in ("model.pt", "reference.pt"):
+        a, b = (torch.load(tmp_path / d / name, weights_only=True) for d in ("while_idle", "straight"))
+        assert all(torch.equal(a[k], b[k]) for k in b), name
+    _same_run(straight, idle, straight_metrics, idle_metrics)
+
+
+@pytest.mark.slow
+def test_an_idle_zero3_offload_engine_parks_its_optimizer_and_keeps_its_weights(tmp_path):
+    """The paper presets' trainer (ZeRO-3, ZeRO-Offload with DeepSpeed's CPU Adam, π_ref precomputed): idle, its
+    engine's host tensors (fp32 master partitions and their gradients, Adam moments, gradient buffers) hold no memory,
+    while a forward through its weights (what co-players sample from) is unchanged; back, it trains on bit for bit."""
+    g = torch.Generator().manual_seed(5)
+    batches = [synthetic_batch(tiny_model()[0], g) for _ in range(2)]
+    cfg = trainer_config(backend="deepspeed_zero3", offload_optimizer=True, ref_mode="precompute", kl_coef=0.1,
+                         offload_dir=str(tmp_path))
+    straight, idle = build_trainer(cfg, tiny_model()[0]), build_trainer(cfg, tiny_model()[0])
+    straight_metrics = _updates(straight, batches, idle_between=False)
+    idle_metrics = _updates(idle, batches, idle_between=True)
+    _same_run(straight, idle, straight_metrics, idle_metrics)
+
+    ids = torch.tensor([batches[0][0].token_ids])
+    with torch.no_grad(), idle.gathered_weights():
+        before = idle.model(input_ids=ids).logits
+    params = list(idle.model.parameters())  # what the player samples from: its weights and their partitions
+    weights = {t.untyped_storage().data_ptr() for t in params + [p.ds_tensor for p in params]}
+    zero = idle.engine.optimizer
+    held_by_optimizer = [t for v in [*vars(zero).values(), list(zero.optimizer.state.values())] for t in _tensors(v)]
+    parked = [t for t in held_by_optimizer
+              if t.untyped_storage().nbytes() >= 64 * 1024 and t.untyped_storage().data_ptr() not in weights]
+    assert sum(t.untyped_storage().nbytes() for t in parked) > 8 * sum(p.ds_numel for p in idle.model.parameters())
+    idle.offload_state()
+    assert not idle.has_optimizer_state
+    assert all(t.untyped_storage().nbytes() == 0 for t in parked)  # master, moments, gradients: none in memory
+    assert idle._ref_state is None or all(t.numel() == 0 for t in idle._ref_state.values())
+    with torch.no_grad(), idle.gathered_weights():
+        assert torch.equal(idle.model(input_ids=ids).logits, before)
+    metrics = (straight.update(batches[0]), idle.update(batches[0]))
+    _same_run(straight, idle, [metrics[0]], [metrics[1]])
+
+
+# ---------------------------------------------------------------------------------------------- two ranks
+WORKER = Path(__file__).with_name("reference_rank_worker.py")
+
+
+@pytest.mark.slow
+def test_under_zero3_only_rank_0_keeps_the_reference(tmp_path):
+    sys.path.insert(0, str(Path(__file__).parents[1] / "distributed"))
+    from launch import torchrun
+
+    from reference_rank_worker import STEPS, batches
+    from unifiedplayers.trainer.deepspeed_backend import DEFAULT_EXTENSIONS_DIR
+
+    torchrun(WORKER, str(tmp_path / "dump"), timeout=600,
+             env={"TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(DEFAULT_EXTENSIONS_DIR))})
+    ranks = [torch.load(tmp_path / f"dump.rank{r}.pt", weights_only=False) for r in (0, 1)]
+    assert [r["holds_reference"] for r in ranks] == [True, False]
+    assert all(r["has_reference"] for r in ranks)
+    assert all(torch.equal(ranks[0]["weights"][k], ranks[1]["weights"][k]) for k in ranks[0]["weights"])
+
+    single = build_trainer(trainer_config(kl_coef=0.1), tiny_model()[0])  # one process, the torch backend
+    single.start_outer_iteration()
+    kls = [single.update(b)["actor/kl"] for b in batches(STEPS)]
+    assert kls[-1] > 0
+    assert ranks[0]["kl"] == pytest.approx(kls, rel=1e-4, abs=1e-9)  # every rank's tokens saw π_ref
