@@ -1,0 +1,99 @@
+"""π_ref of a trainer (Appendix B.3, Eq. 20: the KL penalty's reference, saved at the start of the outer iteration):
+when it is taken, where it lives, and the reference pass. A mixin of :class:`~unifiedplayers.trainer.base.BaseTrainer`,
+kept apart so that the trainer's update reads in one sitting."""
+from __future__ import annotations
+
+from typing import Mapping, Optional
+
+import torch
+from torch import nn
+
+from unifiedplayers.trainer.batching import _MicroBatch
+from unifiedplayers.trainer.logprobs import TokenLogprobModel, TokenLogprobs
+from unifiedplayers.trainer.offload import ParkedTensors
+
+Tensor = torch.Tensor
+
+
+class ReferencePolicy:
+    """The reference methods of :class:`~unifiedplayers.trainer.base.BaseTrainer` (its attributes are the trainer's)."""
+
+    def _take_reference(self) -> None:
+        """π_ref := the current weights, on the ranks that hold it (every rank calls it: a collective under ZeRO-3)."""
+        self._restore_reference()  # a copy module's memory back: its values are loaded now
+        if self.cfg.ref_mode == "copy":
+            with self.gathered_weights(), torch.no_grad():
+                self._ref_model.load_state_dict(self.model.state_dict())
+            self._ref_model.to(self.device)
+        else:  # precompute: keep the weights on the host, swap them in once per batch
+            self._ref_state = self._host_weights()
+        self._has_reference = True
+
+    def _set_reference(self, state: Mapping[str, Tensor]) -> None:
+        """π_ref := ``state`` (a checkpoint's ``reference.pt``, on the host)."""
+        self._restore_reference()
+        if self.cfg.ref_mode == "copy":
+            with torch.no_grad():
+                self._ref_model.load_state_dict(state)
+            self._ref_model.to(self.device)
+        else:
+            self._ref_state = {k: v.to("cpu") for k, v in state.items()}
+        self._has_reference = True
+
+    def _reference_tensors(self) -> list[Tensor]:
+        if self.cfg.ref_mode == "copy":  # its parameters: its buffers are small, and load_state_dict skips some
+            return list(self._ref_model.parameters()) if self._ref_model is not None else []
+        return list((self._ref_state or {}).values())
+
+    def _park_reference(self) -> None:
+        """π_ref to a file without a name while the player is idle (freed without a file when none is taken)."""
+        if self._reference_parked is None and self.cfg.kl_coef != 0.0:
+            self._reference_parked = ParkedTensors(self._reference_tensors(), self._offload_dir(),
+                                                   contents=self._has_reference)
+
+    def _restore_reference(self) -> None:
+        if self._reference_parked is not None:
+            self._reference_parked.restore()
+            self._reference_parked = None
+
+    def _discard_reference(self) -> None:
+        """Forget π_ref (a new iteration, or a checkpoint's is loaded) and free its memory."""
+        self._has_reference = False
+        if self.cfg.kl_coef == 0.0:
+            return
+        if self.cfg.ref_mode == "precompute":
+            if self._reference_parked is not None:
+                self._reference_parked.discard()
+                self._reference_parked = None
+            self._ref_state = None
+        elif self._reference_parked is not None:
+            self._reference_parked.discard()  # a copy module keeps its storages, freed until the next copy
+        else:
+            self._reference_parked = ParkedTensors(self._reference_tensors(), self._offload_dir(), contents=False)
+
+    @torch.no_grad()
+    def _reference_logprobs(self, micro: list[_MicroBatch]) -> list[Optional[TokenLogprobs]]:
+        if self.cfg.kl_coef == 0.0 or self._policy_is_reference:
+            return [None] * len(micro)  # β = 0: not needed; π_θ = π_ref: taken from the policy pass
+        if not self._has_reference:
+            raise RuntimeError("kl_coef > 0 needs a reference policy: call start_outer_iteration() first")
+        self._restore_reference()
+        if self.cfg.ref_mode == "copy":
+            ref = TokenLogprobModel(self._ref_model, self.cfg.temperature, self.cfg.logprob_chunk_rows)
+            return [self._ref_pass(ref, mb) for mb in micro]
+        current = self._host_weights()  # None on a rank that does not hold π_ref (ZeRO-3: all but rank 0)
+        self._load_policy_weights(self._ref_state)
+        try:
+            return [self._ref_pass(self._forward_module(), mb) for mb in micro]
+        finally:
+            self._load_policy_weights(current)
+
+    def _ref_pass(self, module: nn.Module, mb: _MicroBatch) -> TokenLogprobs:
+        was = module.training
+        module.eval()
+        try:
+            return module(mb.input_ids, mb.attention_mask, mb.loss_mask)
+        finally:
+            module.train(was)
+
+    # ------------------------------------------------------------------ the update
