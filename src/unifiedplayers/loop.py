@@ -161,7 +161,7 @@ class OuterLoop:
         if save_due(slot, self.cfg.schedule.save_every, phase_steps(self.cfg), self.state.phase):
             self._save(slot)
         if slot.last_of_block:
-            self.team.end_block(slot.role)
+            self.team.end_block(slot.role, {s.role for s in self.slots[slot.index + 1:]})
             if self.dist.is_main:
                 thin_at_block_end(self.run_dir, slot.role, self.state.checkpoints, self.cfg.schedule.checkpoint_retention)
         self.state.timing["checkpoint_s"] += time.perf_counter() - t

@@ -13,7 +13,7 @@ import copy
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 import torch
 from omegaconf import OmegaConf
@@ -202,10 +202,13 @@ class Team:
         """The trainer's figures over the block just ended (grad-norm median and CV, entropy retention)."""
         return {f"{role}/{k}": v for k, v in self.players[role].trainer.block_diagnostics().items()}
 
-    def end_block(self, role: str) -> None:
-        """The block's player goes idle: in memory only the weights it samples with."""
+    def end_block(self, role: str, later_roles: Optional[Iterable[str]] = None) -> None:
+        """The block's player goes idle: in memory only the weights it samples with. Given ``later_roles`` (the roles
+        with blocks still to come in the run), a player none of them trains with its trainer took its last update:
+        its optimizer state and π_ref are freed, not written (the block-end checkpoint holds them)."""
         active = self.players[role]
-        active.trainer.offload_state()
+        final = later_roles is not None and not any(self.players[r].trainer is active.trainer for r in later_roles)
+        active.trainer.offload_state(final=final)
         active.model.eval()
 
     # ------------------------------------------------------------------ resume

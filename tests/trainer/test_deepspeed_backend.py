@@ -14,7 +14,13 @@ pytest.importorskip("deepspeed")
 from unifiedplayers.trainer import build_trainer  # noqa: E402
 from unifiedplayers.trainer.deepspeed_backend import deepspeed_config  # noqa: E402
 
-from trainer_helpers import synthetic_batch, tiny_model, torch_reference_run, trainer_config  # noqa: E402
+from trainer_helpers import (  # noqa: E402
+    assert_equals_torch_run,
+    synthetic_batch,
+    tiny_model,
+    torch_reference_run,
+    trainer_config,
+)
 
 pytestmark = [pytest.mark.cpu, pytest.mark.slow]
 
@@ -97,17 +103,11 @@ def test_zero2_checkpoint_round_trip_is_bit_exact(zero2, batches, tmp_path):
 
 def test_zero3_step_equals_torch_step(batches, torch_run, tmp_path):
     torch.set_num_threads(1)
-    torch_metrics, torch_params = torch_run
     model, _ = tiny_model()
     trainer = build_trainer(trainer_config(backend="deepspeed_zero3", kl_coef=0.05, ref_mode="precompute"), model)
     trainer.start_outer_iteration()
-    metrics = [trainer.update(b) for b in batches[:STEPS]]
-    for a, b in zip(torch_metrics, metrics):
-        assert b["actor/loss"] == pytest.approx(a["actor/loss"], abs=1e-6)
-        assert b["actor/grad_norm"] == pytest.approx(a["actor/grad_norm"], rel=1e-5)
+    assert_equals_torch_run(trainer, [trainer.update(b) for b in batches[:STEPS]], torch_run)
     params = trainer.full_state_dict()
-    for k, v in torch_params.items():
-        torch.testing.assert_close(params[k], v, atol=1e-5, rtol=0)
     # Its checkpoint's model.pt holds the gathered weights, not the empty partitions of the module.
     trainer.save_checkpoint(tmp_path / "execution")
     saved = torch.load(tmp_path / "execution" / "model.pt", weights_only=True)

@@ -147,6 +147,57 @@ def test_parked_and_back_the_torch_trainer_changes_no_bit(ref_mode, tmp_path):
     _same_run(straight, idle, straight_metrics, idle_metrics)
 
 
+def test_after_its_last_block_a_player_frees_its_state_unwritten_and_refuses_to_train(tmp_path):
+    """A player with no block left in the run (``offload_state(final=True)``, from ``Team.end_block``) frees its
+    optimizer state and π_ref without writing them (its block-end checkpoint holds them), keeps its masters parked
+    (an export reads them), and refuses an update or a save until a checkpoint is loaded."""
+    g = torch.Generator().manual_seed(4)
+    batch = synthetic_batch(tiny_model()[0], g)
+    cfg = trainer_config(dtype="bfloat16", ref_mode="precompute", kl_coef=0.1, offload_dir=str(tmp_path))
+    trainer = build_trainer(cfg, tiny_model()[0])
+    trainer.sampling_model(torch.bfloat16)
+    trainer.start_outer_iteration()
+    trainer.update(batch)
+    trainer.save_checkpoint(tmp_path / "ckpt")
+    trainer.offload_state(final=True)
+    assert trainer.optimizer is None and trainer._offloaded_to is None  # nothing written for the optimizer
+    assert trainer._reference_parked is not None and trainer._reference_parked._file is None
+    assert all(t.numel() == 0 for t in trainer._ref_state.values())
+    assert trainer._masters_parked is not None and trainer._masters_parked._file is not None
+    with pytest.raises(RuntimeError, match="last update of the run"):
+        trainer.update(batch)
+    with pytest.raises(RuntimeError, match="last update of the run"):
+        trainer.save_checkpoint(tmp_path / "again")
+    saved = torch.load(tmp_path / "ckpt" / "model.pt", weights_only=True)
+    assert all(torch.equal(saved[k], v) for k, v in trainer.model.state_dict().items())  # masters came back whole
+    trainer.load_checkpoint(tmp_path / "ckpt")
+    assert trainer.update(batch)["actor/kl"] > 0  # trains again, π_ref back from the checkpoint
+
+
+def test_a_team_frees_a_player_unwritten_only_after_its_last_block(tmp_path):
+    team = _team("precompute", tmp_path)
+    batch = synthetic_batch(team.players["planning"].model, torch.Generator().manual_seed(0))
+    team.start_iteration(tmp_path, {})
+    team.start_block("planning")
+    team.update("planning", 1, batch, on_policy=True)
+    team.end_block("planning", {"execution", "planning"})  # a later block: its state is written
+    assert team.players["planning"].trainer._offloaded_to is not None
+    team.start_block("planning")
+    team.update("planning", 2, batch)
+    team.end_block("planning", {"execution"})  # its last block: freed, not written
+    assert team.players["planning"].trainer._offloaded_to is None
+
+
+def test_storages_parked_without_contents_come_back_unwritten(tmp_path):
+    from unifiedplayers.trainer.offload import ParkedStorages
+
+    t = torch.arange(100_000, dtype=torch.float32)
+    parked = ParkedStorages([t], tmp_path, contents=False)
+    assert parked._file is None and t.untyped_storage().nbytes() == 0
+    parked.restore()
+    assert t.untyped_storage().nbytes() == 400_000
+
+
 @pytest.mark.slow
 def test_an_idle_zero3_offload_engine_parks_its_optimizer_and_keeps_its_weights(tmp_path):
     """The paper presets' trainer (ZeRO-3, ZeRO-Offload with DeepSpeed's CPU Adam, π_ref precomputed): idle, its

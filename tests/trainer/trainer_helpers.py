@@ -77,3 +77,17 @@ def torch_reference_run(batches, steps: int):
     metrics = [trainer.update(b) for b in batches[:steps]]
     torch.set_num_threads(before)
     return metrics, {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def assert_equals_torch_run(trainer, metrics, torch_run) -> None:
+    """A DeepSpeed trainer's per-step ``metrics`` and weights equal ``torch_run`` (:func:`torch_reference_run`): loss
+    to 1e-6, grad-norm to rel 1e-5, weights to 1e-5 (ZeRO's reduction order)."""
+    import pytest
+
+    torch_metrics, torch_params = torch_run
+    for a, b in zip(torch_metrics, metrics):
+        assert b["actor/loss"] == pytest.approx(a["actor/loss"], abs=1e-6)
+        assert b["actor/grad_norm"] == pytest.approx(a["actor/grad_norm"], rel=1e-5)
+    params = trainer.full_state_dict()
+    for k, v in torch_params.items():
+        torch.testing.assert_close(params[k], v, atol=1e-5, rtol=0)

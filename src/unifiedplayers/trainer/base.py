@@ -310,6 +310,7 @@ class BaseTrainer(ReferencePolicy, BlockDiagnostics, TrainerHooks):
         self.entropy = EntropyRetention()
         self.block_grad_norms: list[float] = []
         self._has_reference = False
+        self._finished = False  # offload_state(final=True): the run's last update of this player is behind it
         if cfg.kl_coef != 0.0 and cfg.ref_mode == "copy":
             # Copied before any backend wraps or shards the model; loaded at the iteration's first update.
             # In the compute dtype: the reference pass is a forward like the policy's.
@@ -329,13 +330,21 @@ class BaseTrainer(ReferencePolicy, BlockDiagnostics, TrainerHooks):
         self._ensure_optimizer()
         self._restore_reference()
 
-    def offload_state(self) -> None:
+    def offload_state(self, final: bool = False) -> None:
         """The player goes idle (its block is over, or another's starts): everything but the weights it samples with
         leaves memory for files without a name (``trainer.offload_dir``): optimizer state, π_ref and, per backend,
         master weights. All of it comes back, bit for bit, when the next update, checkpoint or reference pass needs
-        it; a process that ends, however it ends, leaves no file behind."""
-        self._park_reference()
-        self._offload_optimizer()
+        it; a process that ends, however it ends, leaves no file behind. ``final``: the player takes no further
+        update in this run (the checkpoint just saved holds its state): optimizer state and π_ref are freed without
+        being written, and a later update or save fails until a checkpoint is loaded."""
+        self._park_reference(keep=not final)
+        self._offload_optimizer(keep=not final)
+        self._finished = final
+
+    def _check_not_finished(self) -> None:
+        if self._finished:
+            raise RuntimeError(f"the {self.role} player took its last update of the run (offload_state(final=True) "
+                               "freed its optimizer state and π_ref); load a checkpoint to train or save it again")
 
     def _offload_dir(self) -> Path:
         return Path(self.cfg.offload_dir or tempfile.gettempdir())
@@ -363,6 +372,7 @@ class BaseTrainer(ReferencePolicy, BlockDiagnostics, TrainerHooks):
         if not samples:
             raise ValueError("empty batch")
         t0 = time.perf_counter()
+        self._check_not_finished()
         self._ensure_optimizer()  # an idle player's state back before the engine runs
         if self.cfg.kl_coef != 0.0 and self._policy_is_reference and not self._has_reference:
             self._take_reference()  # the iteration's first step: π_ref := the weights before it
@@ -497,6 +507,7 @@ class BaseTrainer(ReferencePolicy, BlockDiagnostics, TrainerHooks):
         so rank 0 writes everything, except the shards of a ``collective_checkpoint`` backend, which every
         rank writes into the same directory.
         """
+        self._check_not_finished()
         if not self.dist.is_main and not self.collective_checkpoint:
             return Path(path)
         with atomic_directory(path, self.dist if self.collective_checkpoint else SINGLE) as tmp:
@@ -539,6 +550,7 @@ class BaseTrainer(ReferencePolicy, BlockDiagnostics, TrainerHooks):
         self._policy_is_reference = state["policy_is_reference"]
         self.entropy.history = list(state["entropy_history"])
         self.block_grad_norms = list(state["block_grad_norms"])
+        self._finished = False
         self._discard_reference()
         if (directory / "reference.pt").exists() and self.cfg.kl_coef != 0.0:
             if self._holds_reference:

@@ -212,6 +212,7 @@ class DeepSpeedTrainer(BaseTrainer):
         return self.engine
 
     def _ensure_optimizer(self) -> None:
+        self._check_not_finished()
         if self._parked is not None:
             self._parked.restore()
             self._parked = None
@@ -286,7 +287,7 @@ class DeepSpeedTrainer(BaseTrainer):
         if path is None:
             raise FileNotFoundError(f"no DeepSpeed checkpoint under {directory / 'deepspeed'}")
 
-    def _offload_optimizer(self) -> None:
+    def _offload_optimizer(self, keep: bool = True) -> None:
         """Move the ZeRO optimizer state, fp32 master weights and gradient buffers (:func:`states_to_offload`)
         off the accelerator (into plain host memory, not pinned), then park what the optimizer holds on the host
         (:meth:`host_optimizer_tensors`: under ZeRO-Offload all of it lives there) in a file without a name. The
@@ -302,7 +303,8 @@ class DeepSpeedTrainer(BaseTrainer):
 
             self.engine.offload_states(include=[OffloadStateTypeEnum(s) for s in include], pin_memory=False)
         self._offloaded = bool(include) or self.device.type != "cpu"
-        self._parked = ParkedStorages(self.host_optimizer_tensors(), self._offload_dir(), keep=self._weights())
+        self._parked = ParkedStorages(self.host_optimizer_tensors(), self._offload_dir(), keep=self._weights(),
+                                      contents=keep)
 
     def host_optimizer_tensors(self) -> list[Tensor]:
         """The tensors the engine's ZeRO optimizer holds (its attributes' tensors, lists and dicts of them, their

@@ -149,10 +149,11 @@ class ParkedStorages(_Parked):
     parked: written into a file without a name in ``directory`` and resized to zero bytes. :meth:`restore` gives the
     same storage objects their memory and bytes back, so every tensor and view over them (DeepSpeed's flat buffers
     and its per-parameter views of them) sees its values again. Until then none of them may be read: a kernel over a
-    freed storage fails or faults."""
+    freed storage fails or faults. ``contents=False``: freed without being written (:meth:`restore` gives the memory
+    back uninitialised)."""
 
     def __init__(self, tensors: Iterable[Optional[Tensor]], directory: str | Path, keep: Iterable[Tensor] = (),
-                 min_bytes: int = MIN_BYTES) -> None:
+                 min_bytes: int = MIN_BYTES, contents: bool = True) -> None:
         kept = {t.untyped_storage().data_ptr() for t in keep if t is not None and t.device.type == "cpu"}
         storages: dict[int, torch.UntypedStorage] = {}
         for t in tensors:
@@ -164,7 +165,7 @@ class ParkedStorages(_Parked):
                 storages.setdefault(key, storage)
         self._storages = list(storages.values())
         self._sizes = [s.nbytes() for s in self._storages]
-        self._park([(st.data_ptr(), st.nbytes()) for st in self._storages], directory, True)
+        self._park([(st.data_ptr(), st.nbytes()) for st in self._storages], directory, contents)
         for storage in self._storages:
             storage.resize_(0)
 

@@ -184,11 +184,14 @@ class PlayerTrainer(BaseTrainer):
             self.optimizer.load_state_dict(opt["optimizer"])
             self.scheduler.load_state_dict(opt["scheduler"])
 
-    def _offload_optimizer(self) -> None:
+    def _offload_optimizer(self, keep: bool = True) -> None:
         """Drop the optimizer state from memory (it is written to an unnamed temporary file in
-        ``trainer.offload_dir``, default the temp directory, and reloaded on the next :meth:`update`, bit-exactly).
+        ``trainer.offload_dir``, default the temp directory, and reloaded on the next :meth:`update`, bit-exactly;
+        ``keep=False``: not written, it is of no further use).
         The float32 master weights follow it when the player neither samples nor computes with them (on the host).
         The files go with the trainer, or with the process if it is killed."""
+        if self.optimizer is not None and not keep:
+            self.optimizer, self.scheduler = None, None
         if self.optimizer is not None:
             fh = offload_file(self._offload_dir())
             torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}, fh)

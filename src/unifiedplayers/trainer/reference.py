@@ -45,11 +45,12 @@ class ReferencePolicy:
             return list(self._ref_model.parameters()) if self._ref_model is not None else []
         return list((self._ref_state or {}).values())
 
-    def _park_reference(self) -> None:
-        """π_ref to a file without a name while the player is idle (freed without a file when none is taken)."""
+    def _park_reference(self, keep: bool = True) -> None:
+        """π_ref to a file without a name while the player is idle (freed without a file when none is taken, or
+        when ``keep`` is False: it is of no further use)."""
         if self._reference_parked is None and self.cfg.kl_coef != 0.0:
             self._reference_parked = ParkedTensors(self._reference_tensors(), self._offload_dir(),
-                                                   contents=self._has_reference)
+                                                   contents=self._has_reference and keep)
 
     def _restore_reference(self) -> None:
         if self._reference_parked is not None:
