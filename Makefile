@@ -27,7 +27,11 @@ help:
 	@echo "  make run                set up, then train the embedded SmolLM2-135M on CPU (experiment=smoke; ARGS=overrides)"
 	@echo "  make test               set up, then run the test suite (pytest -q in TEST_WORKERS=2 processes; PYTEST_ARGS=... adds options)"
 	@echo "  make bench              set up, then run the sandbox throughput benchmark (benchmarks/sandbox_throughput.py)"
-	@echo "  make gpu-check          on a lent GPU machine: Qwen3-4B shape, random weights (experiments/gpu_check.sh; ARGS=...)"
+	@echo "  make gpu-check          on a GPU machine without network: Qwen3-4B shape, random weights (experiments/gpu_check.sh; ARGS=...)"
+	@echo "  make plan               the capacity and compute plan of EXP=<preset> (default: both paper presets): GPU memory,"
+	@echo "                          host RAM, disk, tokens, FLOPs, GPU-hours (python -m unifiedplayers.capacity; ARGS=--gpus 4 ...)"
+	@echo "  make plan-tables        every paper table's members planned and summed in GPU-hours (python -m ablations.plan;"
+	@echo "                          TABLES=table1 table5 ..., PLAN_SCALE=paper|paper_mimo_7b, ARGS=--gpus 4 ...)"
 	@echo "  make clean-venv         remove .venv"
 	@echo "Evaluation (mk/eval.mk):"
 	@echo "  make eval               evaluate CKPT=<checkpoint or run dir> with eval/ (BENCH=a,b MODES=vanilla,tool EVAL=paper;"
@@ -70,6 +74,19 @@ test: setup
 
 bench: setup
 	$(PY) benchmarks/sandbox_throughput.py
+
+# `make plan`: what each preset of EXP needs of a machine and costs, before anything is spent (ARGS: Hydra overrides and
+# --gpus N --gpu-memory-gb G --host-ram-gb R --disk-tb D --utilisation U; the default machine is the paper's node).
+EXP ?= paper_qwen3_4b paper_mimo_7b
+.PHONY: plan
+plan: setup
+	@for e in $(EXP); do $(PY) -m unifiedplayers.capacity experiment=$$e $(ARGS) || exit $$?; echo; done
+
+TABLES ?=
+PLAN_SCALE ?= paper
+.PHONY: plan-tables
+plan-tables: setup
+	$(PY) -m ablations.plan $(TABLES) --scale $(PLAN_SCALE) $(ARGS)
 
 gpu-check:
 	experiments/gpu_check.sh run $(ARGS)

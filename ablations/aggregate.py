@@ -28,7 +28,7 @@ those seeds; the paper's rows reproduce these formulas exactly (e.g. ½[(52.9 �
 An SD over one seed is undefined and printed as "–".
 
 Command: ``python -m ablations.aggregate {table3,table5,table15,table16,table17,table1} SWEEP_DIR [--out DIR]``
-writes ``<table>.md``, ``<table>.tex`` and ``<table>.csv`` (the per-run frame) and prints the markdown.
+writes ``<table>.md``, ``<table>.tex`` and ``<table>.runs.csv`` (the per-run frame) and prints the markdown.
 """
 from __future__ import annotations
 

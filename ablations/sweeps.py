@@ -22,7 +22,7 @@ Launchers at the CPU scales (``smoke``, ``tiny``): ``local`` (joblib, ``--jobs``
 (Hydra's submitit launcher; ``pip install -e '.[slurm]'``; its settings are in
 ``ablations/conf/hydra/launcher/slurm.yaml``, outside ``conf/`` so that the configuration tests never need the
 plugin). At the GPU scales (``paper``, ``paper_mimo_7b``) a member is one run over a node's GPUs as data-parallel
-ranks, the README's "Paper presets and the 8-GPU node" (:class:`Member`): ``local`` runs the members one at a
+ranks, docs/distributed.md (:class:`Member`): ``local`` runs the members one at a
 time, each ``torchrun --nproc_per_node=N`` over this node's ``--nproc-per-node`` GPUs (never two members on one
 GPU), and ``slurm`` submits each member as one job holding a whole node, the same torchrun inside
 (``ablations/conf/slurm_node.yaml``). Both expand the multiruns as Hydra would and name each member's directory

@@ -13,11 +13,13 @@ from unifiedplayers.problems import (  # noqa: F401
     HubSource,
     MissingDataset,
     Problem,
+    import_benchmark_modules,
     load_benchmark,
     missing_message,
     normalise_answer,
     prepare_command,
     read_rows,
+    register_benchmark,
     resolve_path,
     to_problem,
 )

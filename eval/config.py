@@ -26,6 +26,9 @@ class BenchmarkEntry:
     limit: Optional[int] = None  # keep the first N problems (None: all)
     samples: Optional[int] = None  # k of mean@k (None: the registry's, 32 for AMC/AIME)
     max_new_tokens: Optional[int] = None  # None: eval.max_new_tokens
+    # A benchmark outside the package: the module that registers it (unifiedplayers.problems.register_benchmark),
+    # imported before the benchmarks are looked up; importable (PYTHONPATH).
+    module: Optional[str] = None
 
 
 @dataclass

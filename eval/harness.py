@@ -14,7 +14,6 @@ from typing import Any, Optional, Sequence
 
 from eval.benchmarks import REGISTRY, Benchmark, Problem, load_benchmark
 from eval.extract import humaneval_program
-from eval.grading import grade
 from unifiedplayers.grading import extract_answer as grading_extract_answer
 from eval.humaneval import run_unit_tests
 from eval.metrics import score
@@ -202,7 +201,7 @@ def grade_generations(bench: Benchmark, problems: list[Problem], gens: list[list
             verdicts[i][j] = o.passed
             details[i][j] = o.detail
         return extracted, verdicts, details
-    verdicts = [[grade(bench.answer_type, a, p.reference) for a in row] for p, row in zip(problems, extracted)]
+    verdicts = [[bench.grade(a, p.reference) for a in row] for p, row in zip(problems, extracted)]
     return extracted, verdicts, details
 
 

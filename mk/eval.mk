@@ -1,4 +1,4 @@
-# Evaluation harness (eval/, issue 6). Included by the main Makefile, which defines PY and `setup`.
+# Evaluation harness (eval/). Included by the main Makefile, which defines PY and `setup`.
 #   make eval CKPT=runs/X BENCH=math500,gsm8k [MODES=vanilla,tool] [EVAL=paper] [ARGS=...]
 #     (a CKPT inside a training run takes the method label, mode and backbone from its config.yaml;
 #      MODES= overrides the mode). Without EVAL, eval.run's default eval=paper, which it refuses on a machine

@@ -5,7 +5,8 @@
 # Rerunning an interrupted target skips finished members and resumes partial ones (ablations/sweeps.py).
 # SCALE=smoke: toy scale on CPU (conf/experiment/ablation_smoke.yaml, conf/eval/ablation_smoke.yaml): a Hydra
 # multirun, JOBS members at a time (joblib), or one Slurm job per member (LAUNCHER=slurm).
-# SCALE=paper: the paper's settings on GPUs (conf/experiment/paper_qwen3_4b.yaml, conf/eval/paper.yaml): one
+# SCALE=paper: the paper presets on GPUs (conf/experiment/paper_qwen3_4b.yaml, conf/eval/paper.yaml; the paper's
+# K, M, P and schedule, our assumptions for lr, clip, KL, S and mu): one
 # member at a time over NGPU GPUs (torchrun --nproc_per_node=NGPU), or with LAUNCHER=slurm one whole-node job per
 # member, torchrun inside (ablations/conf/slurm_node.yaml; ARGS="--slurm partition=gpu").
 # SCALE=paper_mimo_7b: the same on MiMo-7B-Base (conf/experiment/paper_mimo_7b.yaml), Tables 1-2's lower half.

@@ -30,7 +30,31 @@ def validate(cfg: Any, dist: DistContext = SINGLE) -> Method:
     method = build_method(cfg)
     check_shared_model(cfg, method)
     grpo.get_adv_estimator(cfg.trainer.adv_estimator)
+    check_capacity(cfg, dist)  # last: the settings are valid, now whether they fit this machine
     return method
+
+
+def check_capacity(cfg: Any, dist: DistContext = SINGLE) -> None:
+    """The run's capacity plan against the machine it is on (``unifiedplayers.capacity.check_fits``): GPU memory,
+    host RAM, free disk at the run directory (``run_dir``, else the working directory Hydra's run directories go
+    under). ``capacity.check=false`` skips it. So does a GPU run (``model.device=cuda``) on a machine without a GPU:
+    its plan is a GPU node's, and the run stops at its model load anyway. A backbone whose shapes the plan cannot
+    tell is let through, with a warning."""
+    import warnings
+
+    from unifiedplayers.capacity import UnknownArchitecture, check_fits, machine_here, plan
+
+    if not cfg.get("capacity", {}).get("check", True):
+        return
+    machine = machine_here(cfg, dist.world_size, cfg.get("run_dir"))
+    if str(cfg.model.device).startswith("cuda") and machine.gpu_memory == 0:
+        return
+    try:
+        the_plan = plan(cfg, machine)
+    except UnknownArchitecture as err:
+        warnings.warn(f"{err}; the run starts without a capacity check", stacklevel=2)
+        return
+    check_fits(the_plan, machine)
 
 
 def check_known_keys(cfg: Any) -> None:
@@ -104,21 +128,24 @@ def check_library_versions(cfg: Any) -> None:
 
 
 def check_ranks(cfg: Any, dist: DistContext) -> None:
-    """Settings that several ranks (``torchrun``) cannot run."""
-    if dist.enabled and cfg.rollout.backend == "vllm" and (cfg.rollout.tensor_parallel_size != 1
-                                                           or not cfg.rollout.inprocess):
-        raise NotImplementedError(
-            f"rollout=vllm over {dist.world_size} ranks runs one in-process engine per rank on the rank's own "
-            "GPU: needs rollout.tensor_parallel_size=1 and rollout.inprocess=true")
-    if dist.enabled and cfg.trainer.backend == "deepspeed_zero3":
+    """Settings that several ranks (``torchrun``) cannot run (the rollout engine's own: its ``check_ranks``)."""
+    if not dist.enabled:
+        return
+    from unifiedplayers.rollout import engine_class
+
+    engine = engine_class(cfg.rollout)  # its module, not its library
+    if getattr(engine, "check_ranks", None) is not None:
+        engine.check_ranks(cfg.rollout, dist.world_size)
+    if cfg.trainer.backend == "deepspeed_zero3":
         # ZeRO-3 gathers the partitioned weights in every forward, a collective: the ranks would have to
         # generate in lockstep, but each samples its own share, of its own lengths.
-        if cfg.rollout.backend == "hf":
+        if getattr(engine, "samples_from_module", False):
+            backend = cfg.rollout.backend
             raise NotImplementedError(
-                f"trainer=deepspeed_zero3 with rollout=hf over {dist.world_size} ranks is not supported: hf "
-                "generation from ZeRO-3 partitions gathers them in every forward, in lockstep over the ranks, "
-                "which the ranks' different samples break; use rollout=vllm (its own weight copy per rank) or "
-                "trainer=deepspeed_zero2")
+                f"trainer=deepspeed_zero3 with rollout={backend} over {dist.world_size} ranks is not supported: "
+                f"{backend} generation from ZeRO-3 partitions gathers them in every forward, in lockstep over the "
+                "ranks, which the ranks' different samples break; use rollout=vllm (its own weight copy per rank) "
+                "or trainer=deepspeed_zero2")
         if cfg.schedule.feedback == "stale":
             raise NotImplementedError(
                 f"schedule.feedback=stale with trainer=deepspeed_zero3 over {dist.world_size} ranks is not "

@@ -17,6 +17,7 @@ from typing import Any, Optional, Sequence
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig
 
+from unifiedplayers.perturbation import ALL_RULES
 from unifiedplayers.sandbox import SandboxConfig
 
 
@@ -45,15 +46,28 @@ class ModelConfig:
     # None: $UNIFIEDPLAYERS_CACHE/models/<name>, else ~/.cache/unifiedplayers/models/<name>
     cache_dir: Optional[str] = None
     trust_remote_code: bool = False
-    # tiny_random architecture (the vocabulary is the byte tokenizer's, 259 ids). head_dim = 64 so
-    # that vLLM's CPU attention kernels accept it.
-    hidden_size: int = 128
-    intermediate_size: int = 256
-    num_hidden_layers: int = 2
-    num_attention_heads: int = 2
-    num_key_value_heads: int = 1
-    max_position_embeddings: int = 2048
+    # tiny_random architecture only (the vocabulary is the byte tokenizer's, 259 ids); null for any other
+    # source, which reads its own. conf/model/tiny_random.yaml sets them, and a ModelConfig built in code with
+    # source="tiny_random" fills the ones left out from TINY_RANDOM_ARCHITECTURE.
+    hidden_size: Optional[int] = None
+    intermediate_size: Optional[int] = None
+    num_hidden_layers: Optional[int] = None
+    num_attention_heads: Optional[int] = None
+    num_key_value_heads: Optional[int] = None
+    max_position_embeddings: Optional[int] = None
     seed: int = 0  # tiny_random initialisation seed
+
+    def __post_init__(self) -> None:
+        if self.source == "tiny_random":
+            for key, value in TINY_RANDOM_ARCHITECTURE.items():
+                if getattr(self, key) is None:
+                    setattr(self, key, value)
+
+
+# The tiny random Llama's default sizes (conf/model/tiny_random.yaml): head_dim = 64, so that vLLM's CPU attention
+# kernels accept it.
+TINY_RANDOM_ARCHITECTURE = {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
+                            "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 2048}
 
 
 @dataclass
@@ -61,7 +75,9 @@ class RolloutConfig:
     """Generation backend (``unifiedplayers.rollout``). The sampling fields are the defaults of
     ``generate``/``continue_segments`` when a call leaves them out."""
 
-    backend: str = "hf"  # hf | vllm
+    backend: str = "hf"  # hf | vllm | a name registered with unifiedplayers.rollout.register_rollout_engine
+    # An engine outside the package: its class, "my_module.MyEngine" (importable: PYTHONPATH), as method._target_.
+    _target_: Optional[str] = None
     temperature: float = 1.0
     top_p: float = 1.0  # 1.0 keeps behaviour log-probs = log_softmax(logits / T), what the trainer recomputes
     max_new_tokens: int = 256
@@ -178,9 +194,10 @@ class PerturbationConfig:
     """
 
     name: str = "all"
-    rules: list[str] = field(
-        default_factory=lambda: ["arg_mutation", "step_drop", "step_swap", "early_terminate", "tool_substitute"]
-    )
+    rules: list[str] = field(default_factory=lambda: list(ALL_RULES))  # the five built-ins, in column order
+    # Modules imported before the rules are looked up: rules outside the package register themselves when imported
+    # (unifiedplayers.perturbation.register_rule; examples/custom_rule). Importable: on PYTHONPATH.
+    modules: list[str] = field(default_factory=list)
     float_rel_change: float = 0.05  # arg_mutation: floats shifted by ±5%
     int_offsets: list[int] = field(default_factory=lambda: [-2, -1, 1, 2])  # arg_mutation: integer offsets
     substitute_lang: str = "bash"  # tool_substitute: the language id a python step is relabelled with
@@ -339,6 +356,10 @@ class ScheduleConfig:
     # player's weights, what the evaluation harness reads; the ablation sweeps' smoke scale uses it).
     # A running one keeps the same of every checkpoint its state no longer points at (thinned at block ends).
     checkpoint_retention: str = "all"  # all | weights | execution_weights
+    # At the end of a finished run, every trained player's last checkpoint is also written in the Hugging Face
+    # format (save_pretrained, safetensors, with its tokenizer) to RUN_DIR/export/<role>, for vllm serve,
+    # lm-eval-harness and the Hub (unifiedplayers.export; the same as `python -m unifiedplayers.export`).
+    export_at_end: bool = True
     # Stop this process after this many updates in total (the run stays resumable); None: run to the end.
     max_updates: Optional[int] = None
     # Print the readable summary (reward trajectories, a sample task/trajectory/verifier, a verdict matrix).
@@ -352,8 +373,11 @@ class LoggerConfig:
 
     backend: str = "wandb"  # wandb | none
     mode: str = "offline"  # offline | online | disabled
-    project: str = "unifiedplayers"
-    entity: Optional[str] = None
+    project: str = "unifiedplayers"  # the W&B project the runs go to
+    entity: Optional[str] = None  # the W&B user or team; None: the logged-in user's default entity
+    # The W&B run's display name; None: "<experiment>/<run dir's last component>" (e.g. "smoke/smoke",
+    # "paper_qwen3_4b/seed0"), so that runs are found by preset and directory rather than by a random name.
+    name: Optional[str] = None
     group: Optional[str] = None
     tags: list[str] = field(default_factory=list)
     progress: bool = True  # progress bars for blocks, updates and sandbox work
@@ -397,6 +421,15 @@ class MethodConfig:
 
 
 @dataclass
+class CapacityConfig:
+    """The start-up capacity check (``unifiedplayers.capacity``, issue 30)."""
+
+    # true: refuse at start-up a run whose capacity plan (GPU memory per GPU, host RAM, free disk) exceeds the machine
+    # it is on, naming the item and the setting to change; false: start anyway (the plan is an estimate).
+    check: bool = True
+
+
+@dataclass
 class Config:
     """The root of ``conf/config.yaml``."""
 
@@ -410,6 +443,7 @@ class Config:
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     method: MethodConfig = field(default_factory=MethodConfig)
+    capacity: CapacityConfig = field(default_factory=CapacityConfig)
     experiment: Optional[str] = None  # name of the preset in use
     ablation: Optional[str] = None
     seed: int = 0

@@ -39,16 +39,17 @@ class TimedSandbox:
 class RolloutEngines:
     """Rollout engines for the players' weights.
 
-    ``hf``: one engine per model object (it samples from the module itself). Other backends (vLLM): one
-    engine whose weights are swapped in (``update_weights``) when another player or checkpoint samples;
-    the engine reads the module inside ``gather()`` (a trainer's :meth:`gathered_weights`: ZeRO-3 gathers
+    A backend that samples from the module itself (``samples_from_module``: hf): one engine per model object.
+    Others (vLLM): one engine whose weights are swapped in (``update_weights``) when another player or checkpoint
+    samples; the engine reads the module inside ``gather()`` (a trainer's :meth:`gathered_weights`: ZeRO-3 gathers
     its partitions there, collectively, so every rank asks for the same engines in the same order).
     """
 
     def __init__(self, rollout_cfg: Any, tokenizer: Any, build: Optional[Callable[..., Any]] = None) -> None:
-        from unifiedplayers.rollout import build_rollout
+        from unifiedplayers.rollout import build_rollout, engine_class
 
         self._build = build or build_rollout
+        self._per_module = bool(getattr(engine_class(rollout_cfg), "samples_from_module", False))
         self.cfg = rollout_cfg
         self.tokenizer = tokenizer
         self._engines: dict[int, Any] = {}
@@ -58,7 +59,7 @@ class RolloutEngines:
 
     def engine(self, model: Any, key: Any,
                gather: Callable[[], ContextManager[Any]] = contextlib.nullcontext) -> Any:
-        if self.cfg.backend == "hf":
+        if self._per_module:
             if id(model) not in self._engines:
                 self._engines[id(model)] = self._build(self.cfg, model, self.tokenizer)
             engine = self._engines[id(model)]

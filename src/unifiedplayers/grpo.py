@@ -31,68 +31,55 @@ from typing import Callable, Optional
 
 import torch
 
+from unifiedplayers.registry import Registry
+
 Tensor = torch.Tensor
 
 # --------------------------------------------------------------------------------------------------
 # Registries
 # --------------------------------------------------------------------------------------------------
-ADV_ESTIMATORS: dict[str, Callable[..., Tensor]] = {}
-POLICY_LOSSES: dict[str, Callable[..., tuple[Tensor, dict[str, float]]]] = {}
-KL_ESTIMATORS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {}
-AGGREGATIONS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {}
-
-
-def _register(table: dict, kind: str, name: str):
-    def deco(fn):
-        if name in table and table[name] is not fn:
-            raise ValueError(f"{kind} {name!r} is already registered")
-        table[name] = fn
-        return fn
-
-    return deco
+# One :class:`~unifiedplayers.registry.Registry` per kind: a second, different function under a taken name is
+# refused; a miss is a KeyError naming the known entries.
+ADV_ESTIMATORS = Registry("advantage estimator", "trainer.adv_estimator")
+POLICY_LOSSES = Registry("policy loss", "trainer.policy_loss")
+KL_ESTIMATORS = Registry("KL estimator", "trainer.kl_estimator")
+AGGREGATIONS = Registry("aggregation", "trainer.aggregation")
 
 
 def register_adv_est(name: str):
     """Register ``fn(rewards (N,), group_index (N,), **kw) -> advantages (N,)`` under ``name``."""
-    return _register(ADV_ESTIMATORS, "advantage estimator", name)
+    return ADV_ESTIMATORS.register(name)
 
 
 def register_policy_loss(name: str):
     """Register ``fn(logprobs, old_logprobs, ref_logprobs, advantages, mask, group_index, **kw)``."""
-    return _register(POLICY_LOSSES, "policy loss", name)
+    return POLICY_LOSSES.register(name)
 
 
 def register_kl_estimator(name: str):
     """Register ``fn(logprobs (N,T), ref_logprobs (N,T)) -> per-token KL(π_θ‖π_ref) estimate (N,T)``."""
-    return _register(KL_ESTIMATORS, "KL estimator", name)
+    return KL_ESTIMATORS.register(name)
 
 
 def register_aggregation(name: str):
     """Register ``fn(token_counts (N,), group_index (N,)) -> per-token weight of each sample (N,)``."""
-    return _register(AGGREGATIONS, "aggregation", name)
-
-
-def _lookup(table: dict, kind: str, name: str):
-    try:
-        return table[name]
-    except KeyError:
-        raise KeyError(f"unknown {kind} {name!r}; registered: {sorted(table)}") from None
+    return AGGREGATIONS.register(name)
 
 
 def get_adv_estimator(name: str) -> Callable[..., Tensor]:
-    return _lookup(ADV_ESTIMATORS, "advantage estimator", name)
+    return ADV_ESTIMATORS.get(name)
 
 
 def get_policy_loss(name: str) -> Callable[..., tuple[Tensor, dict[str, float]]]:
-    return _lookup(POLICY_LOSSES, "policy loss", name)
+    return POLICY_LOSSES.get(name)
 
 
 def get_kl_estimator(name: str) -> Callable[[Tensor, Tensor], Tensor]:
-    return _lookup(KL_ESTIMATORS, "KL estimator", name)
+    return KL_ESTIMATORS.get(name)
 
 
 def get_aggregation(name: str) -> Callable[[Tensor, Tensor], Tensor]:
-    return _lookup(AGGREGATIONS, "aggregation", name)
+    return AGGREGATIONS.get(name)
 
 
 # --------------------------------------------------------------------------------------------------

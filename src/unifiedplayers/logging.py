@@ -6,7 +6,8 @@ is a warning, never a crash: ``metrics.jsonl`` is the record of the run. Online,
 most ``wandb_init_timeout()`` seconds for the server (``WANDB_INIT_TIMEOUT``, default 15 s, not wandb's
 90 s); past that, or on any other online failure, the run goes on in offline mode with a warning, so the
 metrics still reach W&B's offline files (``wandb sync`` uploads them later). Progress bars (tqdm) go to
-stderr and can be turned off with ``logger.progress=false``.
+stderr and can be turned off with ``logger.progress=false``. A W&B run is named ``logger.name``, by default
+``<experiment>/<run dir's name>`` (:func:`wandb_run_name`), in ``logger.project`` under ``logger.entity``.
 """
 from __future__ import annotations
 
@@ -60,6 +61,16 @@ def init_wandb(mode: str, timeout_s: Optional[float] = None, **kwargs: Any) -> A
     except Exception:  # noqa: BLE001
         pass
     return wandb.init(mode="offline", **kwargs)
+
+
+def wandb_run_name(cfg: Any, run_dir: Path, config: Optional[dict] = None) -> str:
+    """The W&B run's display name: ``logger.name`` when set, else ``<experiment>/<run dir's last component>``
+    (``smoke/smoke``, ``paper_qwen3_4b/seed0``; ``run`` stands in for a config without ``experiment``)."""
+    name = getattr(cfg, "name", None)
+    if name:
+        return str(name)
+    experiment = (config or {}).get("experiment") or "run"
+    return f"{experiment}/{Path(run_dir).resolve().name}"
 
 
 def _clean(value: Any) -> Any:
@@ -121,6 +132,7 @@ class RunLogger:
                 timeout_s=wandb_init_timeout(self.cfg),
                 project=self.cfg.project,
                 entity=self.cfg.entity,
+                name=wandb_run_name(self.cfg, run_dir, config),
                 group=self.cfg.group,
                 tags=list(self.cfg.tags) or None,
                 dir=str(run_dir),

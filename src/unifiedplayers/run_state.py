@@ -15,7 +15,8 @@ from unifiedplayers.precision import matches_stored
 # Config keys that may change between a run and its resumption (they steer this process, not the result, or,
 # ``machine``, record where each start ran: a run may resume on another machine).
 RUN_CONTROL_KEYS = ("resume", "run_dir", "logger", "schedule.max_updates", "schedule.print_summary",
-                    "schedule.checkpoint_retention", "schedule.save_every", "machine")
+                    "schedule.checkpoint_retention", "schedule.save_every", "schedule.export_at_end", "capacity",
+                    "machine")
 
 
 def atomic_torch_save(obj: Any, path: Path) -> None:
@@ -38,8 +39,18 @@ def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
 
 def result_config(cfg: Any) -> dict[str, Any]:
     """The composed config minus the run-control keys: what must not change when a run is resumed."""
-    flat = _flatten(OmegaConf.to_container(cfg, resolve=True))
+    flat = _without_unused(_flatten(OmegaConf.to_container(cfg, resolve=True)))
     return {k: v for k, v in flat.items() if not any(k == c or k.startswith(c + ".") for c in RUN_CONTROL_KEYS)}
+
+
+def _without_unused(flat: dict[str, Any]) -> dict[str, Any]:
+    """``flat`` without keys its model does not read: the tiny_random architecture's sizes of any other source (null
+    now; a run directory written before held the tiny defaults there, and resumes)."""
+    from unifiedplayers.config import TINY_RANDOM_ARCHITECTURE
+
+    if flat.get("model.source") == "tiny_random":
+        return flat
+    return {k: v for k, v in flat.items() if not (k.startswith("model.") and k[6:] in TINY_RANDOM_ARCHITECTURE)}
 
 
 def is_schema_default(key: str, value: Any) -> bool:
@@ -119,7 +130,7 @@ def check_resumable(state: dict[str, Any], cfg: Any, run_dir: Path, world_size: 
         raise ValueError(
             f"{run_dir} holds a run of {state.get('world_size', 1)} rank(s); resume it with as many "
             f"(this process has {world_size}): each rank's sampling seeds depend on the rank count")
-    now, then = result_config(cfg), state["config"]
+    now, then = result_config(cfg), _without_unused(state["config"])
     diff = sorted(k for k in set(now) | set(then) if now.get(k) != then.get(k)
                   and not (k not in then and is_schema_default(k, now[k]))
                   and not matches_stored(k, now.get(k), then.get(k)))  # dtype auto: the run keeps its dtype

@@ -21,6 +21,7 @@ import numpy as np
 
 from unifiedplayers.execution_pool import pool_summary
 from unifiedplayers.logging import read_metrics
+from unifiedplayers.perturbation import RULES
 from unifiedplayers.records import RECORDS_FILENAME, iter_records
 from unifiedplayers.trajectory import render
 
@@ -53,12 +54,10 @@ def verdict_table(record: Any) -> str:
     m_q, k, p = record.z_adv.shape
     if m_q == 0:
         return "(no valid verifier: the verdict matrix has no rows)"
-    abbrev = {"arg_mutation": "arg", "step_drop": "drop", "step_swap": "swap", "early_terminate": "early",
-              "tool_substitute": "tool"}
     head = ["verifier"]
     for kk in range(k):
         head.append(f"t{kk}:orig")
-        head.extend(f"t{kk}:{abbrev.get(r, r)}" for r in record.rules)
+        head.extend(f"t{kk}:{RULES[r].abbrev if r in RULES else r}" for r in record.rules)
     rows = []
     for i in range(m_q):
         row = [f"v{record.valid[i]}"]

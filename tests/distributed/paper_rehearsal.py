@@ -39,6 +39,11 @@ SCALE_ONLY: dict[str, tuple[Any, str]] = {
     "model.source": (TINY, "pretrained from the hub: the tiny model is built in code"),
     "model.path": (TINY, "the hub id of the backbone"),
     "model.trust_remote_code": (TINY, "MiMo's modelling code from its hub repo"),
+    "model.hidden_size": (TINY, "a tiny_random architecture key (a pretrained model reads its own)"),
+    "model.intermediate_size": (TINY, "a tiny_random architecture key (a pretrained model reads its own)"),
+    "model.num_hidden_layers": (TINY, "a tiny_random architecture key (a pretrained model reads its own)"),
+    "model.num_attention_heads": (TINY, "a tiny_random architecture key (a pretrained model reads its own)"),
+    "model.num_key_value_heads": (TINY, "a tiny_random architecture key (a pretrained model reads its own)"),
     "model.max_position_embeddings": (TINY, "a tiny_random architecture key (a pretrained model reads its own)"),
     "schedule.outer_iterations": (TINY, "3: one outer iteration here (iteration boundaries at toy scale: "
                                         "tests/schedule/test_outer_loop.py)"),

@@ -182,6 +182,19 @@ def test_resumable_check_accepts_auto_against_a_stored_dtype(tmp_path):
         check_resumable({"config": then}, compose(["experiment=tiny", "model.dtype=bfloat16"]), tmp_path, 1)
 
 
+def test_a_run_written_with_the_tiny_sizes_under_a_pretrained_model_resumes(tmp_path):
+    """Runs written before the tiny_random sizes defaulted to null held 128, 2, ... under every model: unused there,
+    they are no change (a real size change of the tiny model still is)."""
+    from unifiedplayers.run_state import result_config
+
+    smol = compose(["experiment=smoke"])
+    old = {**result_config(smol), "model.hidden_size": 128, "model.num_hidden_layers": 2}
+    check_resumable({"config": old}, smol, tmp_path, 1)
+    tiny = compose(["experiment=tiny"])
+    with pytest.raises(ValueError, match="model.hidden_size"):
+        check_resumable({"config": {**result_config(tiny), "model.hidden_size": 64}}, tiny, tmp_path, 1)
+
+
 def test_recompute_covers_every_unit_of_a_phase_and_logs_the_mismatch_at_every_step(tmp_path):
     """S = 2 units in one phase (the loop tests above have one): before the phase's first step, every unit's
     π_old is the trainer's own forward at the phase's start weights (here the initial ones), neither the behaviour

@@ -23,18 +23,20 @@ the K solver samples that are correct); the solver's r_solve is binary correctne
 on AZR's composite, format-aware reward (its §3.1, "inspired by" DeepSeek-R1's format reward)::
 
     R(y) = r_role   if the response is well formatted and passable
-           −0.5     if it is well formatted but wrong (solver) or invalid (proposer)
-           −1       if it has a format error
+           −0.5     if it is well formatted but not passable: a wrong answer (solver), a valid task that
+                    every solver sample or none solves (proposer)
+           −1       if it has a format error; for the proposer, an invalid proposal is one (AZR §3.1)
 
 What the three cases are here:
 
 - proposer (the Planning role): a **format error** is an output from which no proposal can be read:
   no closed ```python block, or no ```input block (:func:`parse_proposal` finds nothing); it is a malformed
-  task with reason ``NO_PROGRAM`` or ``NO_INPUT``: −1. An output that parses but fails validation (AZR: "only
-  responses that produce valid triplets and pass the filtering stage" are correct) is **invalid**: a
-  syntax error, no top-level ``f``, a nondeterministic import, an input that is not a Python literal, a
-  run that fails or times out, two runs that print different outputs, fewer than 2 distinct inputs for an
-  induction task: −0.5. A valid proposal is a task, played, and gets r_propose (``learnability`` source).
+  task with reason ``NO_PROGRAM`` or ``NO_INPUT``: −1. An output that parses but fails validation is
+  **invalid**, and also −1, since AZR counts only "responses that produce valid triplets and pass the
+  filtering stage" as correctly formatted (as its code does): a syntax error, no top-level ``f``, a
+  nondeterministic import, an input that is not a Python literal, a run that fails or times out, two runs
+  that print different outputs, fewer than 2 distinct inputs for an induction task. A valid proposal is a
+  task, played, and gets r_propose (``learnability`` source), or −0.5 when r_propose is 0.
   The two malformed kinds reach GRPO through :meth:`AbsoluteZero.malformed_task_reward` (no reward source
   sees an output that is not played).
 - solver (the Execution role; ``azr_composite`` source): **format error** = no extractable answer (no
@@ -372,7 +374,7 @@ def build_code_task(task: Any, sandbox: Any, max_induction_inputs: int = MAX_IND
     def malformed(reason: str) -> Any:
         return PlanningTask(task.text, None, None, False, reason, task.prompt_index, task.topic, task.completion)
 
-    if program is None:  # a format error (the composite reward's −1); every later reason is invalid (−0.5)
+    if program is None:  # nothing to read; every later reason is an invalid proposal (both −1: proposal_reward)
         return malformed(NO_PROGRAM)
     if not inputs:
         return malformed(NO_INPUT)

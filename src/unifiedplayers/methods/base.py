@@ -44,6 +44,7 @@ from typing import Any, ClassVar, Optional, Sequence
 import numpy as np
 
 from unifiedplayers.methods.sources import BUILTIN_MODULES, reward_source
+from unifiedplayers.registry import Registry, import_object
 from unifiedplayers.roles import ROLES
 
 
@@ -206,17 +207,19 @@ class Method:
 # --------------------------------------------------------------------------------------------------
 # The registry
 
-METHODS: dict[str, type[Method]] = {"unifiedplayers": Method, "vanilla": Method, "tool_augmented": Method}
+METHODS = Registry("method", "method.name")
+for _name in ("unifiedplayers", "vanilla", "tool_augmented"):  # the same method, three configs (conf/method/)
+    METHODS.register(_name, Method)
 
 
 def register_method(name: str):
-    """Register a :class:`Method` subclass under ``name`` (``method.name`` in the config)."""
+    """Register a :class:`Method` subclass under ``name`` (``method.name`` in the config); a name already taken
+    by another class is refused."""
 
     def deco(cls: type[Method]) -> type[Method]:
         if not (isinstance(cls, type) and issubclass(cls, Method)):
             raise TypeError(f"register_method({name!r}): {cls!r} is not a Method subclass")
-        METHODS[name] = cls
-        return cls
+        return METHODS.register(name, cls, stacklevel=2)
 
     return deco
 
@@ -228,9 +231,8 @@ def import_builtin_methods() -> None:
 
 
 def _import_target(target: str) -> type[Method]:
-    module, _, attr = target.replace(":", ".").rpartition(".")
     try:
-        cls = getattr(importlib.import_module(module), attr)
+        cls = import_object(target)
     except (ImportError, AttributeError, ValueError) as e:
         raise ValueError(f"method._target_={target!r} cannot be imported ({e}); is its folder on PYTHONPATH?") from None
     if not (isinstance(cls, type) and issubclass(cls, Method)):
@@ -248,9 +250,9 @@ def method_class(method_cfg: Any) -> type[Method]:
         importlib.import_module(BUILTIN_MODULES[name])
     if name not in METHODS:
         import_builtin_methods()
-        raise ValueError(f"method.name={name!r} is not a registered method; known: {sorted(METHODS)} "
+        raise ValueError(f"method.name={name!r} is not a registered method; known: {sorted(METHODS.names())} "
                          "(a method outside the package sets method._target_ to its class)")
-    return METHODS[name]
+    return METHODS.get(name)
 
 
 def build_method(cfg: Any) -> Method:

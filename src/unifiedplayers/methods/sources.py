@@ -19,6 +19,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
+from unifiedplayers.registry import Registry
 from unifiedplayers.rewards import answer_clusters, majority_share
 from unifiedplayers.roles import ROLES
 
@@ -35,6 +36,10 @@ class RewardSource:
     def __call__(self, feedback: Any) -> Any:
         return self.fn(feedback)
 
+    @property
+    def __wrapped__(self) -> Callable[[Any], Any]:  # where the source is defined (the registry's messages)
+        return self.fn
+
     def over(self, feedback: Sequence[Any]) -> list[Any]:
         """The rewards of every task of a phase, in task order."""
         feedback = list(feedback)
@@ -46,7 +51,7 @@ class RewardSource:
         return out
 
 
-REWARD_SOURCES: dict[str, dict[str, RewardSource]] = {role: {} for role in ROLES}
+REWARD_SOURCES: dict[str, Registry] = {role: Registry(f"{role} reward source") for role in ROLES}
 # The baselines in this package, imported on first use (they import this package; it never imports them).
 BUILTIN_MODULES = {name: f"unifiedplayers.methods.{name}" for name in ("r_zero", "agent0", "absolute_zero",
                                                                         "socratic_zero")}
@@ -59,7 +64,7 @@ def register_reward_source(role: str, name: str, *, batch: bool = False, reads_v
         raise ValueError(f"unknown role {role!r}; roles: {ROLES}")
 
     def deco(fn):
-        REWARD_SOURCES[role][name] = RewardSource(fn, batch, reads_verdicts, check)
+        REWARD_SOURCES[role].register(name, RewardSource(fn, batch, reads_verdicts, check), stacklevel=2)
         return fn
 
     return deco
@@ -72,11 +77,7 @@ def reward_source(role: str, name: str) -> RewardSource:
     if name not in REWARD_SOURCES[role]:  # a baseline's source registers when its module is imported
         for module in BUILTIN_MODULES.values():
             importlib.import_module(module)
-    try:
-        return REWARD_SOURCES[role][name]
-    except KeyError:
-        raise ValueError(
-            f"method: unknown {role} reward source {name!r}; known: {sorted(REWARD_SOURCES[role])}") from None
+    return REWARD_SOURCES[role].get(name)
 
 
 def self_consistency(fb: Any) -> float:

@@ -49,6 +49,10 @@ After each optimizer step that changes the behaviour policy, ``engine.update_wei
 re-bound); the ``vllm`` engine copies the weights into its own model (a module or a state dict in
 Hugging Face naming; needs ``rollout.inprocess=true``, the default).
 
+A new backend is one module and one ``conf/rollout/<name>.yaml``: a :class:`RolloutEngine` subclass registered with
+``@register_rollout_engine("<name>")`` (or, outside the package, named by ``_target_: my_module.MyEngine`` in its
+YAML), with its pre-load :meth:`~RolloutEngine.check` and :attr:`~RolloutEngine.samples_from_module`.
+
 Both backends are tested against the same contract: ``tests/test_rollout.py`` (hf, tiny Llama, in
 ``make test``) and ``tests/test_rollout_vllm.py`` (vllm, ``make test-vllm`` with the CPU wheel), each
 checking the behaviour log-probs against a separate teacher-forced forward pass.
@@ -58,33 +62,39 @@ from __future__ import annotations
 from typing import Any
 
 from unifiedplayers.config import RolloutConfig
-from unifiedplayers.rollout.base import RolloutEngine
+from unifiedplayers.registry import import_object
+from unifiedplayers.rollout.base import ROLLOUT_ENGINES, RolloutEngine, register_rollout_engine
 from unifiedplayers.rollout.types import Completion, Segment, find_stop, flatten_segments
 
-__all__ = ["build_rollout", "check_backend", "RolloutEngine", "Completion", "Segment", "flatten_segments",
-           "find_stop", "BACKENDS"]
+__all__ = ["build_rollout", "check_backend", "engine_class", "register_rollout_engine", "RolloutEngine", "Completion",
+           "Segment", "flatten_segments", "find_stop", "ROLLOUT_ENGINES"]
 
-BACKENDS = ("hf", "vllm")
+# The built-in backends, imported when a run names them (each module registers its class under the same name).
+ROLLOUT_ENGINES.register("hf", "unifiedplayers.rollout.hf_engine:HFRollout")
+ROLLOUT_ENGINES.register("vllm", "unifiedplayers.rollout.vllm_engine:VLLMRollout")
+
+
+def engine_class(cfg: RolloutConfig) -> Any:
+    """The engine class (or factory) of ``cfg``: its ``_target_`` when set (an engine outside the package, named by
+    its YAML), else the one registered as ``cfg.backend``. Imports the engine's module, never vLLM itself."""
+    target = getattr(cfg, "_target_", None)
+    if not target:
+        return ROLLOUT_ENGINES.get(cfg.backend)
+    try:
+        return import_object(str(target))
+    except (ImportError, AttributeError, ValueError) as e:
+        raise ValueError(f"rollout._target_={target!r} cannot be imported ({e}); is its folder on PYTHONPATH?") from None
 
 
 def check_backend(cfg: RolloutConfig) -> None:
-    """Refuse, before any model is loaded, a backend this environment cannot run as tested (``vllm``: not
-    installed, or a version outside :data:`~unifiedplayers.rollout.vllm_engine.VLLM_WINDOW`), from package metadata:
-    vLLM itself is not imported."""
-    if cfg.backend == "vllm":
-        from unifiedplayers.rollout.vllm_engine import check_vllm_version
-
-        check_vllm_version()
+    """Refuse, before any model is loaded, a backend this environment cannot run as tested: the engine's own
+    :meth:`~RolloutEngine.check` (``vllm``: not installed, or a version outside
+    :data:`~unifiedplayers.rollout.vllm_engine.VLLM_WINDOW`, read from package metadata: vLLM is not imported)."""
+    check = getattr(engine_class(cfg), "check", None)
+    if check is not None:
+        check(cfg)
 
 
 def build_rollout(cfg: RolloutConfig, model: Any, tokenizer: Any) -> RolloutEngine:
-    """The rollout engine named by ``cfg.backend`` over ``model`` and ``tokenizer``."""
-    if cfg.backend == "hf":
-        from unifiedplayers.rollout.hf_engine import HFRollout
-
-        return HFRollout(cfg, model, tokenizer)
-    if cfg.backend == "vllm":
-        from unifiedplayers.rollout.vllm_engine import VLLMRollout
-
-        return VLLMRollout(cfg, model, tokenizer)
-    raise ValueError(f"rollout.backend={cfg.backend!r} is not one of {BACKENDS}")
+    """The rollout engine named by ``cfg`` (``_target_`` or ``backend``) over ``model`` and ``tokenizer``."""
+    return engine_class(cfg)(cfg, model, tokenizer)

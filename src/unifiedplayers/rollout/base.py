@@ -1,9 +1,10 @@
 """The backend-independent half of a rollout engine: argument defaults, validation, segments."""
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, ClassVar, Optional, Sequence
 
 from unifiedplayers.config import RolloutConfig
+from unifiedplayers.registry import Registry
 from unifiedplayers.rollout.types import (
     Completion,
     Segment,
@@ -15,9 +16,27 @@ from unifiedplayers.rollout.types import (
 
 class RolloutEngine:
     """Samples completions with behaviour log-probs. Backends implement :meth:`_generate_ids` and
-    :meth:`update_weights`; everything a caller sees is defined here."""
+    :meth:`update_weights`; everything a caller sees is defined here.
+
+    A backend is registered by name (:func:`register_rollout_engine`, ``rollout.backend``) or named by its
+    ``conf/rollout/<name>.yaml`` (``_target_: my_module.MyEngine``), and says how the loop should hold it
+    (:attr:`samples_from_module`) and what it needs before any model loads (:meth:`check`,
+    :meth:`check_ranks`)."""
 
     backend: str = ""
+    # True: the engine samples from the very module it is given (hf), so the loop keeps one engine per model
+    # object and the trainer's updates are seen without a copy. False: the engine holds its own copy of the
+    # weights (vllm), so the loop keeps one engine and swaps a player's weights in with update_weights.
+    samples_from_module: ClassVar[bool] = False
+
+    @classmethod
+    def check(cls, cfg: RolloutConfig) -> None:
+        """Refuse, before any model is loaded, a setting or an environment this backend cannot run (vllm: not
+        installed, or a version outside its tested window). Nothing to check by default."""
+
+    @classmethod
+    def check_ranks(cls, cfg: RolloutConfig, world_size: int) -> None:
+        """Refuse settings this backend cannot run over ``world_size`` > 1 data-parallel ranks (``torchrun``)."""
 
     def __init__(self, cfg: RolloutConfig, model: Any, tokenizer: Any) -> None:
         self.cfg = cfg
@@ -107,3 +126,13 @@ class RolloutEngine:
         if not prompt_ids:
             return []
         return self._generate_ids(prompt_ids, n, max_new_tokens, temperature, top_p, stops, bool(greedy), seed, ignore_eos)
+
+
+# name (rollout.backend) -> a RolloutEngine subclass (or a factory(cfg, model, tokenizer)), or "module:Class"
+# imported when a run names it (unifiedplayers.rollout registers the built-ins so: vLLM stays unimported).
+ROLLOUT_ENGINES = Registry("rollout engine", "rollout.backend")
+
+
+def register_rollout_engine(name: str):
+    """Class (or factory) decorator: build it for ``rollout.backend: name`` (a name already taken is refused)."""
+    return ROLLOUT_ENGINES.register(name)

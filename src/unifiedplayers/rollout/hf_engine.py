@@ -38,7 +38,7 @@ from torch.nn import functional as F
 
 from unifiedplayers.config import RolloutConfig
 from unifiedplayers.models import cache_keyword, forward_overridden, returned_cache
-from unifiedplayers.rollout.base import RolloutEngine
+from unifiedplayers.rollout.base import RolloutEngine, register_rollout_engine
 from unifiedplayers.rollout.types import Completion, find_stop
 
 from unifiedplayers.rollout.prefix_cache import MIN_PREFIX, PrefixStore, common_prefix_length, prefix_setting
@@ -223,10 +223,12 @@ def expand_prefill_cache(cache: Any, rows: torch.Tensor, limit: int) -> bool:
     return True
 
 
+@register_rollout_engine("hf")
 class HFRollout(RolloutEngine):
     """Generation with the trainer's own module: :meth:`update_weights` only re-binds it."""
 
     backend = "hf"
+    samples_from_module = True
 
     def __init__(self, cfg: RolloutConfig, model: Any, tokenizer: Any) -> None:
         super().__init__(cfg, model, tokenizer)

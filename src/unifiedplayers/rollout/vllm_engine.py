@@ -34,7 +34,7 @@ from typing import Any, Iterable, Mapping, Optional
 import torch
 
 from unifiedplayers.config import RolloutConfig
-from unifiedplayers.rollout.base import RolloutEngine
+from unifiedplayers.rollout.base import RolloutEngine, register_rollout_engine
 from unifiedplayers.rollout.types import Completion
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
@@ -110,8 +110,21 @@ def _write_snapshot(model: Any, tokenizer: Any, directory: str) -> None:
     save_file(tensors, os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
 
 
+@register_rollout_engine("vllm")
 class VLLMRollout(RolloutEngine):
     backend = "vllm"
+
+    @classmethod
+    def check(cls, cfg: RolloutConfig) -> None:
+        """vLLM installed, in :data:`VLLM_WINDOW` (from its package metadata: nothing imported)."""
+        check_vllm_version()
+
+    @classmethod
+    def check_ranks(cls, cfg: RolloutConfig, world_size: int) -> None:
+        if cfg.tensor_parallel_size != 1 or not cfg.inprocess:
+            raise NotImplementedError(
+                f"rollout=vllm over {world_size} ranks runs one in-process engine per rank on the rank's own "
+                "GPU: needs rollout.tensor_parallel_size=1 and rollout.inprocess=true")
 
     def __init__(self, cfg: RolloutConfig, model: Any, tokenizer: Any) -> None:
         super().__init__(cfg, model, tokenizer)

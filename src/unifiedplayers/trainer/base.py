@@ -47,19 +47,19 @@ shards its state (``collective_checkpoint``).
 from __future__ import annotations
 
 import copy
-import importlib
 import os
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Iterable, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, ContextManager, Iterable, Mapping, Optional, Sequence
 
 import torch
 from torch import nn
 
 from unifiedplayers import grpo
 from unifiedplayers.distributed import SINGLE, DistContext
+from unifiedplayers.registry import Registry
 from unifiedplayers.trainer.batching import (
     MicroBatchPlan,
     _as_tensor,
@@ -576,33 +576,19 @@ def host_copy(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
 # ---------------------------------------------------------------------------------------------- registry
 # name -> factory(cfg, model, **kwargs), or "module:Class" imported on first use (the built-in backends:
 # importing a backend module registers its classes here, replacing the strings).
-TRAINER_BACKENDS: dict[str, Union[Callable[..., BaseTrainer], str]] = {
-    "torch": "unifiedplayers.trainer.player_trainer:PlayerTrainer",
-    "deepspeed_zero2": "unifiedplayers.trainer.deepspeed_backend:DeepSpeedZero2Trainer",
-    "deepspeed_zero3": "unifiedplayers.trainer.deepspeed_backend:DeepSpeedZero3Trainer",
-}
+TRAINER_BACKENDS = Registry("trainer backend", "trainer.backend")
+TRAINER_BACKENDS.register("torch", "unifiedplayers.trainer.player_trainer:PlayerTrainer")
+TRAINER_BACKENDS.register("deepspeed_zero2", "unifiedplayers.trainer.deepspeed_backend:DeepSpeedZero2Trainer")
+TRAINER_BACKENDS.register("deepspeed_zero3", "unifiedplayers.trainer.deepspeed_backend:DeepSpeedZero3Trainer")
 
 
 def register_trainer_backend(name: str):
-    """Class or factory decorator: build it for ``trainer.backend: name``."""
-
-    def deco(factory):
-        TRAINER_BACKENDS[name] = factory
-        return factory
-
-    return deco
+    """Class or factory decorator: build it for ``trainer.backend: name`` (a name already taken is refused)."""
+    return TRAINER_BACKENDS.register(name)
 
 
 def _resolve_backend(name: str) -> Callable[..., BaseTrainer]:
-    try:
-        factory = TRAINER_BACKENDS[name]
-    except KeyError:
-        raise ValueError(f"unknown trainer.backend {name!r}; known: {sorted(TRAINER_BACKENDS)}") from None
-    if isinstance(factory, str):
-        module, _, attr = factory.partition(":")
-        factory = getattr(importlib.import_module(module), attr)
-        TRAINER_BACKENDS[name] = factory
-    return factory
+    return TRAINER_BACKENDS.get(name)
 
 
 def build_trainer(cfg, model: nn.Module, **kwargs) -> BaseTrainer:

@@ -1,0 +1,182 @@
+"""The printed form of a capacity plan (:mod:`unifiedplayers.capacity`): memory tables item by item (rows) and instant
+by instant (columns), the disk, the compute per optimizer step and the GPU-hours of a seed."""
+from __future__ import annotations
+
+import sys
+from typing import Optional, Sequence
+
+from unifiedplayers.capacity import GB, PAPER_GPU_HOURS, TB, CapacityError, GiB, Instant, Machine, Plan, check_fits, plan
+
+INSTANTS = ("gather: a player's weights gathered whole (its copy into vLLM after each step, the pi_ref swap); "
+            "no-grad: the pi_old and pi_ref passes; step: the optimizer step; bank: the entropy bank (Appendix D.2)")
+
+PAPER_NOTE = (f"paper: {PAPER_GPU_HOURS} local GPU-hours per seed, full UnifiedPlayers on Qwen3-4B-Base over 8 x A100 "
+              "80GB (Appendix H.2, Table 14: local GPU resource use, not elapsed wall-clock time; the CPU sandbox "
+              "work is not quantified separately)")
+
+
+def format_plan(plan: Plan) -> str:
+    """The whole plan as text."""
+    a, m = plan.arch, plan.machine
+    ranks = (f"{plan.world} ranks (torchrun --nproc_per_node={plan.world})" if plan.on_gpu
+             else f"a CPU run, {plan.world} process{'es' if plan.world > 1 else ''} (the GPU figures do not apply)")
+    lines = [f"Capacity plan: experiment={plan.experiment}, {plan.model}, N = {a.parameters:,} parameters "
+             f"({a.source})", f"Machine: {m.name}; {ranks}", "Rows per optimizer step (prompt + generated + tool "
+             "output tokens): " + ", ".join(f"{r} {l.rows} x {l.prompt} + {l.response} + {l.observations}"
+                                            for r, l in plan.loads.items())]
+    if plan.gpu:
+        peak = plan.gpu_peak
+        lines += ["", *memory_table("GPU memory per GPU, GiB", plan.gpu, GiB), f"  ({INSTANTS})",
+                  f"Peak per GPU: {peak.total / GiB:.1f} GiB at {peak.name}, of {m.gpu_memory / GiB:.0f} GiB."]
+        if plan.vllm_kv:
+            budget, one, demand = plan.vllm_kv
+            lines.append(f"vLLM's KV cache: {budget / GiB:.1f} GiB after its weights and activations (one sequence "
+                         f"of its full context: {one / GiB:.1f} GiB); the largest generation call on a rank needs "
+                         f"{demand / GiB:.1f} GiB at its budgets" + (", so vLLM runs it in waves." if demand > budget
+                                                                       else ".") + " vLLM does not sleep while the "
+                         "trainer runs: its budget is in every instant.")
+    host = plan.host_peak
+    lines += ["", *memory_table("Host RAM per node, GiB", plan.host, GiB),
+              f"Peak host RAM: {host.total / GiB:.1f} GiB at {host.name}, of {m.host_ram / GiB:.0f} GiB."]
+    lines += ["", *disk_lines(plan), "", *compute_lines(plan), "", "Assumptions:"]
+    lines += [f"  - {x}" for x in plan.assumptions]
+    return "\n".join(lines)
+
+
+def memory_table(title: str, instants: Sequence[Instant], unit: float) -> list[str]:
+    """Items as rows, instants as columns (blank where an item is absent), the settings that change each item."""
+    names: list[str] = []
+    settings: dict[str, str] = {}
+    for inst in instants:
+        for item in inst.items:
+            if item.name not in settings:
+                names.append(item.name)
+                settings[item.name] = item.setting
+    width = max(len(n) + 2 for n in names + [title])
+    heads = [i.name.split(" (")[0] for i in instants]
+    cols = [max(8, len(h)) for h in heads]
+    out = [f"{title:<{width}}  " + "  ".join(f"{h:>{c}}" for h, c in zip(heads, cols)) + "  setting"]
+    for name in names:
+        cells = []
+        for inst, c in zip(instants, cols):
+            value = sum(i.bytes for i in inst.items if i.name == name)
+            cells.append(f"{value / unit:>{c}.2f}" if any(i.name == name for i in inst.items) else " " * c)
+        out.append(f"  {name:<{width - 2}}  " + "  ".join(cells) + f"  {settings[name]}")
+    out.append(f"  {'total':<{width - 2}}  " + "  ".join(f"{i.total / unit:>{c}.2f}" for i, c in zip(instants, cols)))
+    roles = [f"{h}: {i.name.split(' (')[1][:-1]}" for h, i in zip(heads, instants) if " (" in i.name]
+    if roles:
+        out.append(f"  (the player whose micro-batch is largest at each pass: {', '.join(roles)})")
+    return out
+
+
+def disk_lines(plan: Plan) -> list[str]:
+    full = sum(i.bytes for i in plan.checkpoint)
+    out = [f"Disk: one checkpoint of a trained player {_size(full)} = "
+           + " + ".join(f"{i.name} {_size(i.bytes)}" for i in plan.checkpoint)]
+    out += [f"  {i.name}: {_size(i.bytes)}  ({i.setting})" for i in plan.disk]
+    if plan.parked is not None:
+        p = plan.parked
+        out.append(f"  {p.name}: {_size(p.bytes)}  ({p.setting})")
+        out.append(f"  per run, both on one disk: {_size(plan.run_disk + p.bytes)}, of {_size(plan.machine.disk)}")
+    return out
+
+
+def compute_lines(plan: Plan) -> list[str]:
+    """Per optimizer step of each player, then the run and its GPU-hours."""
+    roles = list(plan.roles)
+    if not roles:
+        return ["Compute: no trained player."]
+    rows = [("updates in the run", lambda r: f"{plan.updates[r]:,}"),
+            ("tokens generated", lambda r: _count(plan.roles[r].generated)),
+            ("tokens trained (in the loss)", lambda r: _count(plan.roles[r].trained)),
+            ("sandbox calls (tools, re-runs, checks)", lambda r: _count(plan.roles[r].sandbox_calls)),
+            ("FLOPs: generation", lambda r: f"{plan.roles[r].generation_flops:.2e}"),
+            ("FLOPs: training (3 x forward)", lambda r: f"{plan.roles[r].training_flops:.2e}"),
+            ("FLOPs: pi_old, pi_ref, entropy bank", lambda r: f"{plan.roles[r].no_grad_flops:.2e}")]
+    for stage in plan.roles[roles[0]].seconds:
+        rows.append((f"wall s: {stage}", lambda r, st=stage: f"{plan.roles[r].seconds[st]:.1f}"))
+    out = [f"{'Compute per optimizer step':<40}" + "".join(f"{r:>12}" for r in roles)]
+    out += [f"  {name:<38}" + "".join(f"{cell(r):>12}" for r in roles) for name, cell in rows]
+    tokens = sum(plan.updates[r] * plan.roles[r].generated for r in roles)
+    calls = sum(plan.updates[r] * plan.roles[r].sandbox_calls for r in roles)
+    out.append(f"Run: {_count(tokens)} tokens generated, {_count(calls)} sandbox calls, {plan.total_flops:.2e} FLOPs.")
+    if plan.gpu_hours is None:
+        out.append("GPU-hours: none (a CPU run).")
+        return out
+    stages = plan.roles[roles[0]].seconds
+    by_stage = {st: sum(plan.updates[r] * plan.roles[r].seconds[st] for r in roles) for st in stages}
+    by_stage["diagnostic pool (rank 0)"] = plan.pool_seconds
+    wall = plan.wall_seconds
+    split = ", ".join(f"{st} {s / wall:.0%}" for st, s in sorted(by_stage.items(), key=lambda x: -x[1]))
+    out.append(f"GPU-hours per seed: {plan.gpu_hours:.0f} ({wall / 3600:.1f} h wall x {plan.world} GPUs at "
+               f"{plan.machine.utilisation:.0%} MFU, decoding at {plan.machine.decode_efficiency:.0%} of HBM "
+               f"bandwidth); wall by stage: {split}.")
+    out.append(f"  {PAPER_NOTE}; this plan: {plan.gpu_hours / PAPER_GPU_HOURS:.2f} x that." if
+               plan.model.startswith("Qwen3-4B") else f"  {PAPER_NOTE}; the paper gives no figure for {plan.model}.")
+    return out
+
+
+def _size(x: float) -> str:
+    """Disk sizes in decimal units, as disks are sold."""
+    for unit, name in ((TB, "TB"), (GB, "GB"), (1e6, "MB")):
+        if x >= unit:
+            return f"{x / unit:.2f} {name}"
+    return f"{x / 1e3:.0f} kB"
+
+
+def _count(x: float) -> str:
+    for unit, name in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if x >= unit:
+            return f"{x / unit:.1f}{name}"
+    return f"{x:.0f}"
+
+
+# --------------------------------------------------------------------------- command line
+def parse_args(argv: Sequence[str]) -> tuple[Machine, list[str]]:
+    """(the machine of the ``--options``, the Hydra overrides)."""
+    import argparse
+
+    d = Machine()
+    parser = argparse.ArgumentParser(
+        prog="python -m unifiedplayers.capacity",
+        description="The capacity and compute plan of a run: python -m unifiedplayers.capacity experiment=NAME "
+                    "[Hydra overrides] [options]. Defaults: the paper's node, 8 x A100 80GB.")
+    parser.add_argument("--gpus", type=int, default=d.gpus, help="GPUs, one rank each (torchrun --nproc_per_node)")
+    parser.add_argument("--gpu-memory-gb", type=float, default=d.gpu_memory / GiB, help="per GPU, GiB (80GB A100: 80)")
+    parser.add_argument("--host-ram-gb", type=float, default=d.host_ram / GiB, help="per node, GiB")
+    parser.add_argument("--disk-tb", type=float, default=d.disk / TB, help="free at the run directory, TB")
+    parser.add_argument("--utilisation", type=float, default=d.utilisation, help="MFU of training and prefill")
+    parser.add_argument("--decode-efficiency", type=float, default=d.decode_efficiency,
+                        help="share of the GPU's memory bandwidth decoding reaches")
+    parser.add_argument("--gpu-tflops", type=float, default=d.gpu_flops / 1e12, help="dense bf16 peak per GPU")
+    parser.add_argument("--gpu-bandwidth-tbs", type=float, default=d.gpu_bandwidth / 1e12, help="HBM TB/s per GPU")
+    args, overrides = parser.parse_known_args(list(argv))
+    unknown = [o for o in overrides if o.startswith("-")]
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    machine = Machine(gpus=args.gpus, gpu_memory=args.gpu_memory_gb * GiB, host_ram=args.host_ram_gb * GiB,
+                      disk=args.disk_tb * TB, utilisation=args.utilisation, decode_efficiency=args.decode_efficiency,
+                      gpu_flops=args.gpu_tflops * 1e12, gpu_bandwidth=args.gpu_bandwidth_tbs * 1e12,
+                      name=f"{args.gpus} x {args.gpu_memory_gb:g} GiB GPU, {args.host_ram_gb:g} GiB RAM, "
+                           f"{args.disk_tb:g} TB disk" + (" (the paper's node)" if args.gpus == 8 and
+                                                          args.gpu_memory_gb == 80 else ""))
+    return machine, overrides
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    from unifiedplayers import config
+
+    machine, overrides = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        the_plan = plan(config.compose(overrides), machine)
+    except ValueError as err:
+        print(f"unifiedplayers.capacity: {err}", file=sys.stderr)
+        return 2
+    print(format_plan(the_plan))
+    try:
+        check_fits(the_plan, machine)
+    except CapacityError as err:
+        print(f"\n{err}")
+        return 1
+    return 0
+

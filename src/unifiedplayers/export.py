@@ -1,0 +1,192 @@
+"""A trained player in the Hugging Face format (issue 30), for ``vllm serve``, lm-eval-harness and the Hub:
+
+    python -m unifiedplayers.export RUN_DIR --role execution --out DIR
+    python -m unifiedplayers.export RUN_DIR --role all --out DIR          # every trained player, DIR/<role>
+
+The player's checkpoint is the one the run state (``state.pt``) names for it: its last save, whether an end-of-block
+``checkpoints/iter<t>/<role>`` or an in-block ``resume/<role>-a|b`` copy. The model is rebuilt from the run's
+``config.yaml`` (``model``: the same backbone, on CPU), takes the checkpoint's ``model.pt``, and is written with
+``save_pretrained`` (safetensors) beside its tokenizer and ``unifiedplayers_export.json`` (where it came from).
+
+``--dtype``: the run's sampling dtype (``model.dtype``) by default, bfloat16 where the run left it ``auto``. Only
+parameters are cast; the rotary ``inv_freq`` buffers stay float32 (:func:`unifiedplayers.models.cast_parameters`).
+
+A finished run exports every trained player into ``RUN_DIR/export/<role>`` (``schedule.export_at_end``), from the
+checkpoint files on disk, with the same code.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import torch
+from omegaconf import OmegaConf
+
+from unifiedplayers.models import load_model, resolve_dtype, save_model_dir
+from unifiedplayers.precision import DTYPE_NAMES
+from unifiedplayers.roles import ROLES
+from unifiedplayers.run_state import CONFIG_FILE, STATE_FILE, load_state
+
+EXPORT_DIR = "export"  # RUN_DIR/export/<role>: the end-of-run export
+EXPORT_META = "unifiedplayers_export.json"
+
+
+class ExportError(Exception):
+    """Nothing to export where asked (no run, no checkpoint for the role, an unknown role or dtype); the message
+    says what is there."""
+
+
+def read_run(run_dir: Path) -> tuple[dict[str, Any], Any]:
+    """(run state, run config) of the run in ``run_dir``."""
+    if not run_dir.is_dir():
+        raise ExportError(f"{run_dir}: no such run directory")
+    missing = [name for name in (STATE_FILE, CONFIG_FILE) if not (run_dir / name).is_file()]
+    if missing:
+        raise ExportError(f"{run_dir} holds no {' or '.join(missing)}: not a training run directory, or a run "
+                          "that stopped before its first save (it has no checkpoint yet)")
+    try:
+        return load_state(run_dir / STATE_FILE), OmegaConf.load(run_dir / CONFIG_FILE)
+    except RuntimeError as err:  # load_state's message names the file and how to recover
+        raise ExportError(str(err)) from None
+
+
+def exported_roles(state: dict[str, Any]) -> list[str]:
+    """The players the run state names a checkpoint for (the trained ones), in block order."""
+    return [r for r in ROLES if state["checkpoints"].get(r)]
+
+
+def player_checkpoint(run_dir: Path, state: dict[str, Any], role: str) -> Path:
+    """The directory of ``role``'s last checkpoint, holding its ``model.pt``."""
+    if role not in ROLES:
+        raise ExportError(f"unknown role {role!r}: one of {', '.join(ROLES)} or all")
+    rel = state["checkpoints"].get(role)
+    trained = ", ".join(exported_roles(state)) or "none"
+    if not rel:
+        raise ExportError(f"{run_dir} has no checkpoint of the {role} player (not trained in this run, or not "
+                          f"yet saved); players with one: {trained}")
+    if not (run_dir / rel / "model.pt").is_file():
+        raise ExportError(f"{run_dir / rel} holds no model.pt (removed by schedule.checkpoint_retention?); "
+                          f"nothing to export for the {role} player")
+    return run_dir / rel
+
+
+def export_dtype(run_cfg: Any, dtype: Optional[str]) -> str:
+    """``dtype`` when given, else the run's sampling dtype (``model.dtype``), else bfloat16 (``auto``)."""
+    name = dtype or str(OmegaConf.select(run_cfg, "model.dtype", default="auto"))
+    if dtype is None and name not in DTYPE_NAMES:
+        name = "bfloat16"
+    if name not in DTYPE_NAMES:
+        raise ExportError(f"--dtype {name!r}: one of {', '.join(DTYPE_NAMES)}")
+    return name
+
+
+def git_commit() -> Optional[str]:
+    """The commit of the code that exports (None outside a git checkout)."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
+                             text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    commit = out.stdout.strip() if out.returncode == 0 else ""
+    return commit or None
+
+
+def export_player(run_dir: str | os.PathLike, role: str, out: str | os.PathLike,
+                  dtype: Optional[str] = None) -> Path:
+    """Write ``role``'s last checkpoint of the run in ``run_dir`` to ``out`` as ``save_pretrained`` files (the module
+    docstring). ``out`` is written whole or not at all; an earlier export there is replaced. Returns ``out``."""
+    run_dir, out = Path(run_dir).expanduser(), Path(out).expanduser()
+    state, run_cfg = read_run(run_dir)
+    ckpt = player_checkpoint(run_dir, state, role)
+    name = export_dtype(run_cfg, dtype)
+    if out.exists() and not (out.is_dir() and (not any(out.iterdir()) or (out / EXPORT_META).is_file())):
+        raise ExportError(f"{out} exists and is not an export of this tool: choose another --out")
+    t0 = time.perf_counter()
+    # The backbone the run trained, on CPU, in the export dtype (parameters only: inv_freq stays float32).
+    model_cfg = OmegaConf.merge(run_cfg.model, {"device": "cpu", "dtype": name})
+    model, tokenizer = load_model(model_cfg)
+    weights = torch.load(ckpt / "model.pt", map_location="cpu", weights_only=True, mmap=True)
+    model.load_state_dict(weights)  # strict: a checkpoint of another backbone fails here, naming the keys
+    model.config.dtype = resolve_dtype(name)  # config.json's dtype: what vLLM serves in by default
+    trainer_state = _trainer_state(ckpt)
+    version = state.get("versions", {}).get(role) or {}
+    meta = {
+        "run_dir": str(run_dir.resolve()), "role": role, "source_checkpoint": str(ckpt.resolve()),
+        "outer_iteration": trainer_state.get("outer_iteration", version.get("outer_iteration")),
+        "global_step": trainer_state.get("global_step", version.get("step")),
+        "run_updates_completed": state["completed"], "run_finished": bool(state["finished"]), "dtype": name,
+        "model": str(run_cfg.model.name), "method": str(OmegaConf.select(run_cfg, "method.name", default="")),
+        "git_commit": git_commit(), "exported_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"  # beside out, so the rename is atomic
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)  # the umask's mode (mkdtemp's 0700 would hide the export from other users)
+    try:
+        save_model_dir(model, tokenizer, str(tmp))
+        (tmp / EXPORT_META).write_text(json.dumps(meta, indent=1) + "\n")
+        if out.exists():
+            shutil.rmtree(out)
+        os.rename(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"[export] {role} ({ckpt.relative_to(run_dir)}, {name}) -> {out} in {time.perf_counter() - t0:.1f}s")
+    return out
+
+
+def _trainer_state(ckpt: Path) -> dict[str, Any]:
+    """The checkpoint's ``trainer_state.pt`` (the player's step and outer iteration), {} when thinned away."""
+    path = ckpt / "trainer_state.pt"
+    return torch.load(path, map_location="cpu", weights_only=True) if path.is_file() else {}
+
+
+def export_run(run_dir: str | os.PathLike, role: str = "all", out: Optional[str | os.PathLike] = None,
+               dtype: Optional[str] = None) -> list[Path]:
+    """Export ``role`` to ``out`` (default ``RUN_DIR/export/<role>``), or with ``role="all"`` every player the run
+    state names a checkpoint for, each to ``out/<role>`` (default ``RUN_DIR/export``)."""
+    run_dir = Path(run_dir).expanduser()
+    if role != "all":
+        return [export_player(run_dir, role, out or run_dir / EXPORT_DIR / role, dtype)]
+    roles = exported_roles(read_run(run_dir)[0])
+    if not roles:
+        raise ExportError(f"{run_dir} has no checkpoint of any player (no player trained, or none saved yet)")
+    root = Path(out).expanduser() if out else run_dir / EXPORT_DIR
+    return [export_player(run_dir, r, root / r, dtype) for r in roles]
+
+
+def export_at_end(run_dir: Path) -> None:
+    """``schedule.export_at_end``: every trained player of the finished run in ``run_dir`` to ``RUN_DIR/export``.
+    A failure is reported, not raised: the run is complete and its checkpoints stay on disk for the CLI."""
+    try:
+        export_run(run_dir)
+    except Exception as err:  # noqa: BLE001 - the run itself succeeded; say how to retry
+        print(f"[export] the end-of-run export failed ({type(err).__name__}: {err}); retry it with "
+              f"`python -m unifiedplayers.export {run_dir} --role all`", file=sys.stderr)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> list[Path]:
+    """The command line (module docstring); an :class:`ExportError` exits with its message, not a traceback."""
+    usage = "\n\n".join(__doc__.split("\n\n")[:2])  # the module docstring's first lines: what, and the commands
+    ap = argparse.ArgumentParser(prog="python -m unifiedplayers.export", description=usage,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("run_dir", help="a training run directory (holding state.pt and config.yaml)")
+    ap.add_argument("--role", default="execution", help=f"{' | '.join(ROLES)} | all (default: execution)")
+    ap.add_argument("--out", default=None, help="output directory (all: one sub-directory per role); "
+                                                "default RUN_DIR/export[/<role>]")
+    ap.add_argument("--dtype", default=None, help=f"{' | '.join(DTYPE_NAMES)}; default: the run's model.dtype, "
+                                                  "bfloat16 where it is auto")
+    args = ap.parse_args(argv)
+    try:
+        return export_run(args.run_dir, args.role, args.out, args.dtype)
+    except ExportError as err:
+        raise SystemExit(f"[export] {err}") from None
+
+
+if __name__ == "__main__":
+    main()

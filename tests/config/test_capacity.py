@@ -1,0 +1,179 @@
+"""The capacity and compute plan (unifiedplayers.capacity, issue 30): its arithmetic against hand-worked figures, the
+paper presets on the paper's node, the start-up refusal, and the command line."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from unifiedplayers import capacity
+from unifiedplayers.capacity import GiB, TB, CapacityError, Machine, check_fits, checkpoint_disk, model_arch, plan
+from unifiedplayers.config import compose
+
+ROOT = Path(__file__).resolve().parents[2]
+QWEN_N = 4_022_468_096
+MIMO_N = 7_833_409_536
+PAPER_NODE = Machine()  # 8 x 80 GiB GPUs, 512 GiB of host RAM, 2 TB of disk
+
+
+def item(items, prefix):
+    found = [i for i in items if i.name.startswith(prefix)]
+    assert len(found) == 1, [i.name for i in items]
+    return found[0]
+
+
+def test_qwen3_4b_parameters_from_the_arch_file():
+    arch = model_arch(compose(["experiment=paper_qwen3_4b"]).model)
+    assert arch.source == "conf/model/arch/qwen3_4b_base.json"
+    # Per layer: q 2560x4096, k and v 2560x1024, o 4096x2560, q/k norms 2x128, MLP 3x2560x9728, two norms 2x2560.
+    assert arch.layer_parameters == 100_930_816
+    # 151936 x 2560 tied embeddings + 36 layers + the final norm (tests/benchmarks_gpu/test_gpu_check.py).
+    assert arch.parameters == 151936 * 2560 + 36 * 100_930_816 + 2560 == QWEN_N
+    assert arch.kv_bytes_per_token(2) == 2 * 36 * 8 * 128 * 2
+
+
+def test_mimo_7b_parameters_from_the_arch_file():
+    arch = model_arch(compose(["experiment=paper_mimo_7b"]).model)
+    # Per layer: q 4096x4096 + bias, k and v 4096x1024 + biases, o 4096x4096, MLP 3x4096x11008, two norms.
+    layer = (4096 * 4096 + 4096) + 2 * (4096 * 1024 + 1024) + 4096 * 4096 + 3 * 4096 * 11008 + 2 * 4096
+    assert arch.layer_parameters == layer == 177_223_680
+    mtp = layer + 2 * 4096 * 4096 + 3 * 4096  # the MTP layer: a decoder layer, its input projection, three norms
+    assert arch.parameters == 2 * 151680 * 4096 + 36 * layer + 4096 + mtp == MIMO_N  # the preset's "N = 7.8e9"
+    assert arch.sampled_parameters == MIMO_N - mtp  # vLLM loads no MTP layer
+
+
+def test_the_other_backbones_count_what_their_modules_hold():
+    smol = model_arch(compose(["experiment=smoke"]).model)
+    layer = 576 * 576 * 2 + 576 * 192 * 2 + 3 * 576 * 1536 + 2 * 576
+    assert smol.parameters == 49152 * 576 + 30 * layer + 576 == 134_515_008
+    from unifiedplayers.models import build_tiny_random
+
+    cfg = compose(["experiment=tiny"])
+    model, _ = build_tiny_random(cfg.model)
+    assert model_arch(cfg.model).parameters == sum(p.numel() for p in model.parameters())
+
+
+def test_a_local_config_json_wins(tmp_path):
+    (tmp_path / "config.json").write_text('{"model_type": "qwen3", "hidden_size": 64, "intermediate_size": 128, '
+                                          '"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,'
+                                          ' "head_dim": 16, "vocab_size": 100, "tie_word_embeddings": true}')
+    arch = model_arch(compose(["experiment=paper_qwen3_4b", f"model.path={tmp_path}"]).model)
+    assert arch.source == str(tmp_path / "config.json") and arch.hidden_size == 64 and arch.qk_norm
+
+
+def test_zero3_shards_and_offload_of_the_optimizer_state():
+    on_gpus = plan(compose(["experiment=paper_qwen3_4b", "trainer.offload_optimizer=false"]), PAPER_NODE)
+    shard = item(on_gpus.gpu_peak.items, "optimizer state")
+    assert shard.bytes == 18 * QWEN_N / 8 and "trainer.offload_optimizer" in shard.setting
+    offloaded = plan(compose(["experiment=paper_qwen3_4b"]), PAPER_NODE)
+    assert not [i for i in offloaded.gpu_peak.items if i.name.startswith("optimizer state")]
+    assert item(offloaded.host_peak.items, "active player's ZeRO-Offload").bytes == 18 * QWEN_N  # 72.4 GB a node
+    weights = item(offloaded.gpu_peak.items, "3 players' weights")
+    assert weights.bytes == 3 * 2 * QWEN_N / 8  # bf16, each player 1/8 per GPU
+
+
+def test_lm_head_logits_block():
+    whole = plan(compose(["experiment=paper_qwen3_4b"]), PAPER_NODE)
+    # micro-batch 2 rows x 4 turns x 1024 generated tokens, each scored over the 151,936-token vocabulary in float32.
+    forward = next(i for i in whole.gpu if i.name.startswith("forward"))
+    assert item(forward.items, "LM-head float32 block").bytes == 2 * 4 * 1024 * 151936 * 4
+    chunked = plan(compose(["experiment=paper_qwen3_4b", "trainer.logprob_chunk_rows=1024"]), PAPER_NODE)
+    forward = next(i for i in chunked.gpu if i.name.startswith("forward"))
+    assert item(forward.items, "LM-head float32 block").bytes == 1024 * 151936 * 4
+
+
+def test_tokens_and_sandbox_calls_per_update():
+    roles = plan(compose(["experiment=paper_qwen3_4b"]), PAPER_NODE).roles
+    # Execution: 8 tasks drawn (1 prompt x G_T 8, 512 tokens), 2 tasks x K 8 x 4 turns x 1024, 2 x M 4 x 768.
+    assert roles["execution"].generated == 8 * 512 + 2 * 8 * 4 * 1024 + 2 * 4 * 768 == 75_776
+    # Planning plays all of its G_T = 8 tasks: 8 x (8 trajectories + 4 verifiers).
+    assert roles["planning"].generated == 8 * 512 + 8 * 8 * 4 * 1024 + 8 * 4 * 768 == 290_816
+    # Per task: K x max_turns tool calls, K arg_mutation re-runs, M x K x (1 + P) checks.
+    assert roles["execution"].sandbox_calls == 2 * (8 * 4 + 8 + 4 * 8 * (1 + 5)) == 464
+    assert roles["execution"].trained == 16 * 4096
+
+
+def test_training_flops_follow_the_trainer_conventions():
+    p = plan(compose(["experiment=paper_qwen3_4b"]), PAPER_NODE)
+    a, load = p.arch, p.loads["execution"]
+    p_lin = 36 * (2 * 2560 * 4096 + 2 * 2560 * 1024 + 3 * 2560 * 9728)
+    length = load.length
+    forward = 2 * p_lin * length + 4 * 32 * 128 * 36 * length * (length + 1) // 2 + 2 * 2560 * 151936 * load.response
+    assert a.forward_flops(length, load.response) == forward
+    assert p.roles["execution"].training_flops == 3 * 16 * forward
+
+
+def test_checkpoint_disk_replays_the_save_cadence():
+    cfg = compose(["experiment=paper_qwen3_4b"])
+    # 14 saves an iteration: Planning 52/100/152 + end, Execution 52/100/152/200/252 + end, Evaluation as Planning.
+    peak, end, kept, saves = checkpoint_disk(cfg, 1.0, 0.25)
+    assert saves == 42
+    # The last block: 8 named checkpoints and three resume copies at once (named, being replaced, new).
+    assert (peak, end, kept) == (11.0, 9.0, 9.0)
+    thinned = compose(["experiment=paper_qwen3_4b", "schedule.checkpoint_retention=weights"])
+    peak, end, kept, _ = checkpoint_disk(thinned, 1.0, 0.25)
+    # Whole: the newest of each role and the three resume copies; the 5 older named ones hold their weights only.
+    assert (peak, end, kept) == (6 + 5 * 0.25, 3 + 6 * 0.25, 9 * 0.25)
+
+
+@pytest.mark.parametrize("experiment", ["paper_qwen3_4b", "paper_mimo_7b"])
+def test_the_paper_presets_fit_the_paper_node(experiment):
+    p = plan(compose([f"experiment={experiment}"]), PAPER_NODE)
+    assert p.world == 8 and p.on_gpu
+    assert p.gpu_peak.total <= 80 * GiB
+    assert p.host_peak.total <= 512 * GiB
+    assert p.run_disk + p.parked.bytes <= 2 * TB  # checkpoints and the idle players' parked state on one disk
+    assert p.vllm_kv[0] >= p.vllm_kv[1]  # vLLM holds at least one sequence of its full context
+    check_fits(p, PAPER_NODE)
+    assert 0 < p.gpu_hours < 432 * 2
+
+
+def test_a_run_that_cannot_fit_is_refused_naming_the_item_and_setting():
+    small = Machine(gpus=1, gpu_memory=24 * GiB, host_ram=64 * GiB, disk=0.1 * TB, name="1 x 24 GiB (fake)")
+    with pytest.raises(CapacityError) as refused:
+        check_fits(plan(compose(["experiment=paper_qwen3_4b"]), small), small)
+    message = str(refused.value)
+    assert "GPU memory per GPU" in message and "> 24.0 GiB" in message
+    assert "3 players' weights" in message and "model.dtype" in message
+    assert "vLLM KV cache" in message and "rollout.gpu_memory_utilization" in message
+    assert "host RAM per node" in message and "trainer.offload_optimizer" in message
+    assert "disk at the run directory" in message and "schedule.save_every" in message
+    assert "capacity.check=false" in message
+
+
+def test_the_start_up_check_uses_this_machine_and_can_be_turned_off(monkeypatch):
+    from unifiedplayers.checks import check_capacity
+
+    tiny = compose(["experiment=tiny"])
+    check_capacity(tiny)  # this CPU machine: the tiny preset fits
+    monkeypatch.setattr(capacity, "machine_here", lambda cfg, world, run_dir=None: Machine(
+        gpus=world, gpu_memory=0, host_ram=256 * 2**20, cpu_ranks=world, name="a 256 MiB machine"))
+    with pytest.raises(CapacityError, match="host RAM per node"):
+        check_capacity(tiny)
+    check_capacity(compose(["experiment=tiny", "capacity.check=false"]))
+    monkeypatch.setattr(capacity, "machine_here", lambda cfg, world, run_dir=None: Machine(
+        gpus=world, gpu_memory=24 * GiB, name="one 24 GiB GPU"))
+    with pytest.raises(CapacityError, match=r"GPU memory per GPU .* > 24.0 GiB"):
+        check_capacity(compose(["experiment=paper_qwen3_4b"]))
+
+
+def test_the_smoke_preset_fits_a_24_gib_cpu_machine():
+    machine = Machine(gpus=0, gpu_memory=0, host_ram=24 * GiB, disk=50e9, name="a 24 GiB CPU machine")
+    p = plan(compose(["experiment=smoke"]), machine)
+    assert not p.on_gpu and not p.gpu and p.gpu_hours is None
+    assert p.host_peak.total < 12 * GiB  # float32 at the token budgets: an upper bound of `make run`
+    check_fits(p, machine)
+
+
+def test_the_command_line_prints_the_table():
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    proc = subprocess.run([sys.executable, "-m", "unifiedplayers.capacity", "experiment=tiny", "--host-ram-gb", "16"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    out = proc.stdout
+    for text in ("Capacity plan: experiment=tiny", "Host RAM per node, GiB", "backward", "total",
+                 "Disk: one checkpoint", "Compute per optimizer step", "tokens generated", "Assumptions:"):
+        assert text in out, text
