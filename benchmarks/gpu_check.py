@@ -1,7 +1,7 @@
 """GPU check: the paper preset's model shape with random weights, through our rollout, sandbox and trainer.
 
-For a lent GPU machine (one H200, torch + transformers only, no network; ``experiments/gpu_check.sh``
-sends the missing packages as wheels). Per player and trainer backend:
+For a machine with one GPU (an H200), torch and transformers only and no network (``experiments/gpu_check.sh``
+sends the missing packages as wheels). Per player and trainer backend (``--backends torch,deepspeed_zero2,...``):
 
 1. a ``Qwen3ForCausalLM`` of Qwen3-4B-Base's architecture (``--shape qwen3_4b``) or a 2-layer toy of it
    (``--shape tiny``), random weights initialised on the device, seeded; no download;
@@ -25,7 +25,20 @@ model loads the checkpoint and repeats step k+1 on the same batch; PASS when the
 reported as the largest absolute one. A 4B checkpoint (fp32 weights, AdamW state, reference) is about 60 GB,
 more than the machine's disk holds comfortably and minutes to write, so by default the resume check runs on
 the same shape cut to 2 layers (every kernel and the full vocabulary; ``--resume-layers`` to choose).
-vLLM is not run: its CUDA wheel alone is far over the 64 MiB a lent machine receives.
+vLLM is not run: its CUDA wheel alone is far over the 64 MiB that can be carried to such a machine.
+
+``--backends ...,paper_zero3``: the paper preset's trainer path (``benchmarks/gpu_check_paper.py``, its docstring
+says how): the trainer settings of ``experiment=paper_qwen3_4b`` (DeepSpeed ZeRO-3, the optimizer offloaded to the
+host with DeepSpeed's CPU Adam, JIT-built there, ref_mode precompute, gradient checkpointing, π_old recomputed,
+β_p > 0) on the shape cut to 2 layers with the full vocabulary (``--resume-layers``), one player, a phase of 3
+updates; printed as one line per item, ``paper_zero3 <item>: PASS | FAIL | NOT RUN (reason)``: offload_state (an
+idle spell leaves the next update bitwise equal to a twin's that stayed active), reference (KL > 0 after the first
+update, π_ref held on the host), save_cadence (``checkpoints.save_due`` with the preset's save_every, and a
+checkpoint written and loaded through the ZeRO-3 engine), exact_resume (a fresh trainer loads the checkpoint and
+repeats the update bitwise), peak_memory (``torch.cuda.max_memory_allocated`` within x 0.5 .. x 1.1 of the capacity
+plan's figure for the same update; on CPU the plan's figure only); and NOT CHECKED (needs 2 GPUs): device pinning
+per rank, NCCL collectives, ZeRO-3 sharding across ranks; vLLM (its wheel is too large to carry). The exit status
+is 1 when an exact-resume check or a paper item fails.
 
 Qwen3-4B-Base's architecture, from the ``config.json`` of the Hugging Face repository Qwen/Qwen3-4B-Base
 (the Qwen3-4B card: 4.0B parameters, 3.6B without embeddings, 36 layers, 32 query / 8 key-value heads,
@@ -33,19 +46,25 @@ Qwen3-4B-Base's architecture, from the ``config.json`` of the Hugging Face repos
 query projection is 4096 wide, not 2560), vocab 151,936, rope_theta 1e6, max_position_embeddings 32,768,
 tied embeddings, rms_norm_eps 1e-6, no attention bias: 4,022,468,096 parameters.
 
-Run time, estimated for one H200 with the defaults of ``experiments/gpu_check.sh run`` (--steps 2, 4
-prompts x 4 samples of about 120 + 128 tokens, micro-batches of 2, bf16 compute with fp32 master weights):
-imports and CUDA start 15-30 s; per player about 5 s to build the model and the trainer, 2 x 4-6 s of
-sampling (128 decoding steps of a 36-layer model, launch-bound at about 30-40 ms a step), 2 x 2-4 s of
-update, under 2 s of sandbox: about 25 s, 75 s for the three players; the resume check on the 2-layer cut
-(0.59B parameters, a checkpoint of about 9 GB) 30-60 s, mostly writing and reading it; DeepSpeed ZeRO-2
-about as much again plus its engine start. About 4-5 minutes in all; ``--budget-s`` skips what would start
-after that many seconds (the JSON is rewritten after every unit, so a run cut short keeps what it measured).
+Run time, estimated for one H200 with the defaults of ``experiments/gpu_check.sh run`` (``--backends
+torch,paper_zero3``, --steps 2, 4 prompts x 4 samples of about 120 + 128 tokens, micro-batches of 2, bf16 compute
+with fp32 master weights): imports and CUDA start 15-30 s; per player about 5 s to build the model and the
+trainer, 2 x 4-6 s of sampling (128 decoding steps of a 36-layer model, launch-bound at about 30-40 ms a step),
+2 x 2-4 s of update, under 2 s of sandbox: about 25 s, 75 s for the three players; the resume check on the
+2-layer cut (0.59B parameters, a checkpoint of about 9 GB) 30-60 s, mostly writing and reading it; the paper
+unit 2-3.5 min: JIT-building the CPU Adam op 40-90 s, three ZeRO-3 trainers on the 2-layer cut (engine start,
+3 updates with the π_ref swap and CPU Adam over 0.59B parameters: 15-30 s each), a 9.5 GB checkpoint written
+and read and as much parked and brought back (30-60 s), host copies of the states compared (10-20 s). About
+5-6 minutes in all, under the 480-s timeout of ``gpu_check.sh run`` and the machine's 10 minutes; DeepSpeed
+ZeRO-2 player runs (``deepspeed_zero2``) would add about 2 minutes, so they are not in the default.
+``--budget-s`` skips what would start after that many seconds (the JSON is rewritten after every unit, so a run
+cut short keeps what it measured).
 Peak GPU memory with the torch backend, estimated: fp32 master 16 GB + AdamW 32 GB + fp32 gradients 16 GB +
 bf16 compute copy 8 GB + bf16 reference 8 GB + activations of a micro-batch (a few GB): 85-95 GB of the 139.
 
     python benchmarks/gpu_check.py --device cpu --shape tiny                   # the CPU half, about 20 s
-    python benchmarks/gpu_check.py --device cuda --shape qwen3_4b --backends torch,deepspeed_zero2
+    python benchmarks/gpu_check.py --device cpu --shape tiny --backends paper_zero3    # about 25 s
+    python benchmarks/gpu_check.py --device cuda --shape qwen3_4b --backends torch,paper_zero3
 """
 from __future__ import annotations
 
@@ -69,12 +88,17 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 ROOT = Path(__file__).resolve().parents[1]
-if importlib.util.find_spec("unifiedplayers") is None:  # a lent machine: the working tree, not installed
+if importlib.util.find_spec("unifiedplayers") is None:  # a GPU machine: the working tree, not installed
     sys.path.insert(0, str(ROOT / "src"))
+# gpu_check_paper.py (the paper_zero3 unit) imports this module by name, run as a script or loaded from a path
+# (a loader that does not register the module registers it as "gpu_check" itself: tests/benchmarks_gpu).
+if __name__ in sys.modules:
+    sys.modules.setdefault("gpu_check", sys.modules[__name__])
 
 GIB = 1024**3
 PLAYERS = ("planning", "execution", "evaluation")
-VLLM_NOTE = "vLLM: not run (its CUDA wheel is far over the 64 MiB a lent machine can take)"
+VLLM_NOTE = "vLLM: not run (its CUDA wheel is far over the 64 MiB that can be carried to the GPU machine)"
+PAPER_UNIT = "paper_zero3"  # a --backends entry: the paper preset's trainer path (gpu_check_paper.py)
 
 # Qwen/Qwen3-4B-Base config.json (see the module docstring); bos/eos/pad are set to the byte tokenizer's.
 QWEN3_4B = dict(
@@ -245,6 +269,24 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
 
 
+@contextlib.contextmanager
+def deterministic(cuda: bool):
+    """``torch.use_deterministic_algorithms`` on GPU for the exact-step checks (warn_only: a kernel without a
+    deterministic version warns); yields a list that holds those warnings when the block ends."""
+    import torch
+
+    previous, caught = torch.are_deterministic_algorithms_enabled(), []
+    try:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            if cuda:
+                torch.use_deterministic_algorithms(True, warn_only=True)
+            yield caught
+            caught.extend(sorted({str(w.message)[:200] for w in seen if "determinis" in str(w.message).lower()}))
+    finally:
+        torch.use_deterministic_algorithms(previous)
+
+
 def release(*objects) -> None:
     """Drop a trainer (a DeepSpeed engine is destroyed first) and give its GPU memory back."""
     import torch
@@ -289,6 +331,7 @@ class Check:
             "resume": {},
             "sandbox": {"status": "not run", "reason": "no execution player in --players"},
             "deepspeed": {"status": "not requested"},
+            PAPER_UNIT: {"status": "not requested"},
             "vllm": {"status": "not run", "reason": VLLM_NOTE.split("(", 1)[1].rstrip(")")},
         }
 
@@ -459,8 +502,6 @@ class Check:
         return self.config.num_hidden_layers if estimate <= RESUME_MAX_BYTES else 2
 
     def run_resume(self, backend: str, role: str) -> dict:
-        import torch
-
         a = self.args
         layers = self.resume_layers()
         config = qwen3_config(a.shape, num_layers=layers, tokenizer=self.tokenizer)
@@ -476,18 +517,10 @@ class Check:
                                                    f"{free / GIB:.1f} GiB free (--ckpt-dir, --resume-layers)")
             return result
         directory = Path(tempfile.mkdtemp(prefix="gpu-check-resume-", dir=root))
-        previous = torch.are_deterministic_algorithms_enabled()
-        caught: list[str] = []
         try:
-            with warnings.catch_warnings(record=True) as seen:
-                warnings.simplefilter("always")
-                if self.cuda:
-                    torch.use_deterministic_algorithms(True, warn_only=True)
+            with deterministic(self.cuda) as caught:
                 result.update(self._resume(backend, role, config, k, directory / "ckpt"))
-                caught = sorted({str(w.message)[:200] for w in seen
-                                 if "determinis" in str(w.message).lower()})
         finally:
-            torch.use_deterministic_algorithms(previous)
             shutil.rmtree(directory, ignore_errors=True)
         result["determinism_warnings"] = caught
         result["deterministic_algorithms"] = self.cuda
@@ -557,7 +590,7 @@ class Check:
 
     # ------------------------------------------------------------------ everything
     def backend_unavailable(self, backend: str) -> Optional[str]:
-        if not backend.startswith("deepspeed"):
+        if not backend.startswith("deepspeed") and backend != PAPER_UNIT:
             return None
         try:
             import deepspeed  # noqa: F401
@@ -586,6 +619,9 @@ class Check:
         resume_role = "execution" if "execution" in a.players else a.players[0]
         for backend in a.backends:
             reason = self.backend_unavailable(backend)
+            if backend == PAPER_UNIT:
+                run_paper_unit(self, reason)
+                continue
             if reason:
                 self.report["deepspeed"] = {"status": "not run", "reason": reason}
                 for role in a.players:
@@ -631,7 +667,40 @@ class Check:
             "peak_memory_bytes": max((r["peak_memory_bytes"] for r in ok), default=0),
             "peak_memory_kind": "torch.cuda.max_memory_allocated" if self.cuda else "ru_maxrss",
             "resume_check": ("PASS" if ran and all(c == "PASS" for c in ran) else "FAIL" if ran else "not run"),
+            "paper_check": paper_verdict(self.report[PAPER_UNIT]),
         }
+
+
+def run_paper_unit(check: Check, unavailable: Optional[str]) -> None:
+    """The paper preset's trainer path (gpu_check_paper.py); its item lines are printed as it ends."""
+    paper = paper_module()
+    if unavailable:
+        result = {"status": "not run", "reason": unavailable}
+    else:
+        result = check.guarded(f"{PAPER_UNIT} (the paper preset's trainer settings)", lambda: paper.run_unit(check), {})
+    check.report[PAPER_UNIT] = result
+    check.save()
+    paper.print_items(result)
+
+
+def paper_module():
+    """benchmarks/gpu_check_paper.py, loaded from its path (this folder need not be on sys.path)."""
+    if "gpu_check_paper" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("gpu_check_paper", Path(__file__).with_name("gpu_check_paper.py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["gpu_check_paper"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["gpu_check_paper"]
+
+
+def paper_verdict(unit: dict) -> str:
+    """FAIL when an item failed or the unit stopped on an error; PASS when every item that ran passed."""
+    if unit.get("status") == "error":
+        return "FAIL"
+    statuses = [item["status"] for item in unit.get("items", {}).values()]
+    if "FAIL" in statuses:
+        return "FAIL"
+    return "PASS" if "PASS" in statuses else "not run"
 
 
 def _count(n: int) -> str:
@@ -639,6 +708,13 @@ def _count(n: int) -> str:
 
 
 def print_report(report: dict) -> None:
+    if report["runs"]:
+        print_runs(report)
+    print_checks(report)
+
+
+def print_runs(report: dict) -> None:
+    """The player runs' table and the time split."""
     mem = "GPU GiB" if report["peak_memory_kind"].startswith("torch.cuda") else "RSS GiB"
     head = (f"{'backend':<16}{'player':<12}{'status':<8}{'gen tok/s':>10}{'gen s':>8}{'sandbox s':>10}"
             f"{'logprob s':>10}{'update s':>9}{'peak ' + mem:>14}")
@@ -660,6 +736,10 @@ def print_report(report: dict) -> None:
           f"{split['generation']:.2f}, sandbox {split['sandbox']:.2f}, log-prob passes {split['logprob_passes']:.2f}, "
           f"update {split['update']:.2f}; peak memory {report['peak_memory_bytes'] / GIB:.2f} GiB "
           f"({report['peak_memory_kind']})")
+
+
+def print_checks(report: dict) -> None:
+    """The sandbox, the exact-resume checks, DeepSpeed, vLLM and the paper unit's verdicts."""
     box = report["sandbox"]
     if box.get("status") == "ran":
         layers = {k: v for k, v in (box.get("isolation") or {}).items() if isinstance(v, bool)}
@@ -684,7 +764,14 @@ def print_report(report: dict) -> None:
     print(f"DeepSpeed: {ds.get('status')}" + (f" ({ds['reason'][:200]})" if ds.get("reason") else "")
           + (f", version {ds['version']}" if ds.get("version") else ""))
     print(VLLM_NOTE)
-    print(f"resume check: {report['resume_check']}; wall {report['wall_s']:.1f} s")
+    paper = report[PAPER_UNIT]
+    if "items" in paper:
+        counts = {s: sum(i["status"] == s for i in paper["items"].values()) for s in ("PASS", "FAIL", "NOT RUN")}
+        print(f"{PAPER_UNIT}: " + ", ".join(f"{n} {s}" for s, n in counts.items()) + " (the item lines above)")
+    elif paper.get("status") != "not requested":
+        print(f"{PAPER_UNIT}: {paper.get('status')} ({paper.get('reason', '')[:200]})")
+    print(f"resume check: {report['resume_check']}; paper check: {report['paper_check']}; "
+          f"wall {report['wall_s']:.1f} s")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -694,7 +781,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--shape", choices=sorted(SHAPES), default="qwen3_4b")
     p.add_argument("--steps", type=int, default=2, help="optimizer steps per player")
     p.add_argument("--players", default=",".join(PLAYERS), help="comma-separated, of " + ",".join(PLAYERS))
-    p.add_argument("--backends", default="torch", help="comma-separated: torch, deepspeed_zero2, deepspeed_zero3")
+    p.add_argument("--backends", default="torch",
+                   help=f"comma-separated: torch, deepspeed_zero2, deepspeed_zero3 (a player run each), {PAPER_UNIT} "
+                        "(the paper preset's trainer path, gpu_check_paper.py)")
     p.add_argument("--dtype", choices=("bfloat16", "float32", "auto"), default="auto",
                    help="trainer.dtype (compute); auto: bfloat16 on a bf16 GPU, else float32")
     p.add_argument("--out", default="runs/gpu_check", help="folder of gpu_check.json")
@@ -747,7 +836,7 @@ def main(argv=None) -> int:
     report = check.run()
     print_report(report)
     print(f"written: {check.out / 'gpu_check.json'}")
-    return 0 if report["resume_check"] != "FAIL" else 1
+    return 1 if "FAIL" in (report["resume_check"], report["paper_check"]) else 0
 
 
 if __name__ == "__main__":

@@ -1,22 +1,32 @@
 #!/usr/bin/env bash
-# The GPU check (benchmarks/gpu_check.py) on a lent GPU machine: Qwen3-4B-Base's shape with random weights,
-# the byte tokenizer, hf rollouts, the sandbox, and a few GRPO steps per player with the torch backend and
-# DeepSpeed ZeRO-2, plus an exact-resume check. vLLM is reported as not run (its CUDA wheel alone is far
-# over what such a machine can be sent).
+# The GPU check (benchmarks/gpu_check.py) on a machine with one GPU and no network: Qwen3-4B-Base's shape with
+# random weights, the byte tokenizer, hf rollouts, the sandbox, a few GRPO steps per player with the torch backend
+# and an exact-resume check; then the paper preset's trainer path (benchmarks/gpu_check_paper.py: DeepSpeed ZeRO-3,
+# the optimizer offloaded to the host with DeepSpeed's CPU Adam, ref_mode precompute, an idle player's state parked,
+# the save cadence, exact resume, peak memory against the capacity plan) on the shape cut to 2 layers with the full
+# vocabulary. vLLM is reported as not run (its CUDA wheel alone is far over what such a machine can be sent).
 #
-# Such a machine has torch and transformers (and numpy) but no Hydra, DeepSpeed or vLLM, cannot reach any
-# network, and receives the working tree plus at most 64 MiB of extra files. Two steps:
+# Such a machine has torch and transformers (so numpy, packaging, tqdm) but no Hydra or DeepSpeed, cannot reach
+# any network, and receives the working tree plus at most 64 MiB of extra files. Two steps:
 #
 #   experiments/gpu_check.sh prepare      here, with the network: build .gpu_wheels/ (the packages such a
-#                                          machine lacks, as wheels) and print its size
+#                                          machine lacks, as wheels) and print its size against the 64 MiB
 #   experiments/gpu_check.sh run [ARGS]    there: install .gpu_wheels/ into a temporary folder (nothing is
 #                                          fetched) and run the check (timeout 480 s); ARGS go to the script
 #
-# The remote Python version is not known in advance: the wheels with compiled code (pydantic-core, msgpack)
-# are downloaded for CPython 3.10-3.13 on manylinux x86_64 (GPU_PY_VERSIONS to change), everything else is a
-# pure-Python wheel; `run` installs the one matching its interpreter. DeepSpeed and antlr4 4.9.3 have no
-# wheel on PyPI: `prepare` builds them here from their sdists (DeepSpeed without building any op: pure
-# Python, its ops would be JIT-built where used; ZeRO-2 with a torch optimizer uses none).
+# Run time on one H200, estimated: installing the wheels 10-20 s; the torch players and their resume check about
+# 2.5 min; the paper unit about 2-3 min, a minute of it JIT-building DeepSpeed's CPU Adam op there (it needs a C++
+# compiler and Python's headers on that machine: without them its items say NOT RUN and why). About 5-6 minutes
+# in all; --budget-s 420 skips a unit that would start later. `--backends torch,deepspeed_zero2,paper_zero3` adds
+# ZeRO-2 player runs (about 2 more minutes).
+#
+# What is carried: DeepSpeed's declared requirements except torch, numpy and packaging, which such a machine has
+# (tests/benchmarks_gpu/test_gpu_check.py keeps the lists complete), plus Hydra's and pydantic's, and setuptools
+# (torch.utils.cpp_extension imports it to build the op). The wheels with compiled code (pydantic-core, msgpack,
+# psutil, and ninja's binary) are downloaded for CPython 3.10-3.13 on manylinux x86_64 (GPU_PY_VERSIONS to
+# change), everything else is a pure-Python wheel; `run` installs the one matching its interpreter. DeepSpeed and
+# antlr4 4.9.3 have no wheel on PyPI: `prepare` builds them here from their sdists (DeepSpeed without building any
+# op: its ops are JIT-built where used).
 # `make gpu-check` is `experiments/gpu_check.sh run $(ARGS)`.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -24,9 +34,11 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 WHEELS="${GPU_WHEELS:-.gpu_wheels}"
 LIMIT_MIB=64  # the working tree and everything sent with it
 # Pure-Python packages (one py3-none-any wheel serves every interpreter) and compiled ones (one per version).
+# ninja is a binary in a py3-none-manylinux wheel: listed with the compiled ones, so that it is downloaded for the
+# GPU machine's platform, not built for this one's.
 PURE="hydra-core omegaconf antlr4-python3-runtime deepspeed hjson py-cpuinfo einops pydantic annotated-types
-      typing-inspection typing-extensions"
-COMPILED="pydantic-core msgpack psutil"
+      typing-inspection typing-extensions tqdm setuptools"
+COMPILED="pydantic-core msgpack psutil ninja"
 
 prepare() {
   local py="${PY:-.venv/bin/python}" v pkgs=() bin=()
@@ -45,9 +57,11 @@ prepare() {
   ls -1 "$WHEELS"
   local wheels_kib tree_kib
   wheels_kib=$(du -sk "$WHEELS" | cut -f1)
-  tree_kib=$(git ls-files -co --exclude-standard -z | xargs -0 du -ck 2>/dev/null | tail -1 | cut -f1)
+  # One du over every file (xargs would split a long list into several totals); a tracked file deleted in the
+  # working tree is not sent, and du's complaint about it must not end the script (pipefail).
+  tree_kib=$( (git ls-files -co --exclude-standard -z | du -ck --files0-from=- 2> /dev/null || true) | tail -1 | cut -f1)
   echo "wheelhouse $WHEELS: $((wheels_kib / 1024)) MiB ($wheels_kib KiB); working tree $((tree_kib / 1024)) MiB;" \
-       "together $(((wheels_kib + tree_kib) / 1024)) MiB of the $LIMIT_MIB MiB a lent machine takes"
+       "together $(((wheels_kib + tree_kib) / 1024)) MiB of the $LIMIT_MIB MiB such a machine takes"
   if ((wheels_kib + tree_kib > LIMIT_MIB * 1024)); then echo "over the limit" >&2; exit 1; fi
   echo "send it with the working tree (carry: $WHEELS), then run: experiments/gpu_check.sh run"
 }
@@ -76,8 +90,23 @@ for wheel in pathlib.Path(sys.argv[1]).glob("*.whl"):
     r = min((rank[t] for t in tags if t in rank), default=None)
     if r is not None and (name not in best or r < best[name][0]):
         best[name] = (r, wheel)
+site = pathlib.Path(sys.argv[2])
 for _, wheel in best.values():
-    zipfile.ZipFile(wheel).extractall(sys.argv[2])
+    with zipfile.ZipFile(wheel) as archive:
+        for member in archive.infolist():
+            parts = member.filename.split("/")
+            if parts[0].endswith(".data"):  # a wheel's data folder: scripts to bin/, libraries to the site
+                if len(parts) < 3 or parts[1] not in ("scripts", "purelib", "platlib"):
+                    continue
+                target = site.joinpath("bin" if parts[1] == "scripts" else "", *parts[2:])
+            else:
+                target = site.joinpath(*parts)
+            if member.is_dir():
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(archive.read(member))
+            if parts[0].endswith(".data") and parts[1] == "scripts":
+                target.chmod(0o755)  # ninja's binary
 EOF
   fi
   echo "installed from $WHEELS into $site: $names"
@@ -88,18 +117,19 @@ run() {
   local out="${OUT:-runs/gpu_check}"
   mkdir -p "$out"
   install_wheels "$py" "$site"
-  export PYTHONPATH="$site:$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+  export PYTHONPATH="$site:$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PATH="$site/bin:$PATH"  # ninja's binary in bin/
   # cuBLAS's deterministic workspace (the exact-resume check); must be set before CUDA starts.
   export CUBLAS_WORKSPACE_CONFIG="${CUBLAS_WORKSPACE_CONFIG:-:4096:8}"
   export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false WANDB_MODE=offline
   "$py" -c "import sys, torch, transformers; print('python', sys.version.split()[0], 'torch', torch.__version__,
       'cuda', torch.version.cuda, 'transformers', transformers.__version__)"
+  # DeepSpeed's CPU Adam op is JIT-built there, under TORCH_EXTENSIONS_DIR (default ~/.cache/unifiedplayers/...).
   timeout 480 "$py" benchmarks/gpu_check.py --device cuda --shape qwen3_4b --steps 2 \
-    --backends torch,deepspeed_zero2 --budget-s 420 --out "$out" "$@" 2>&1 | tee "$out/gpu_check.log"
+    --backends torch,paper_zero3 --budget-s 420 --out "$out" "$@" 2>&1 | tee "$out/gpu_check.log"
 }
 
 case "${1:-}" in
   prepare) prepare ;;
   run) shift; run "$@" ;;
-  *) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

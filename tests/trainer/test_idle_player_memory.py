@@ -149,8 +149,8 @@ def test_parked_and_back_the_torch_trainer_changes_no_bit(ref_mode, tmp_path):
 
 def test_after_its_last_block_a_player_frees_its_state_unwritten_and_refuses_to_train(tmp_path):
     """A player with no block left in the run (``offload_state(final=True)``, from ``Team.end_block``) frees its
-    optimizer state and π_ref without writing them (its block-end checkpoint holds them), keeps its masters parked
-    (an export reads them), and refuses an update or a save until a checkpoint is loaded."""
+    optimizer state, π_ref and float32 masters without writing them (its block-end checkpoint holds them; its bf16
+    sampling copy stays), and refuses an update, a save or a read of its masters until a checkpoint is loaded."""
     g = torch.Generator().manual_seed(4)
     batch = synthetic_batch(tiny_model()[0], g)
     cfg = trainer_config(dtype="bfloat16", ref_mode="precompute", kl_coef=0.1, offload_dir=str(tmp_path))
@@ -163,14 +163,18 @@ def test_after_its_last_block_a_player_frees_its_state_unwritten_and_refuses_to_
     assert trainer.optimizer is None and trainer._offloaded_to is None  # nothing written for the optimizer
     assert trainer._reference_parked is not None and trainer._reference_parked._file is None
     assert all(t.numel() == 0 for t in trainer._ref_state.values())
-    assert trainer._masters_parked is not None and trainer._masters_parked._file is not None
+    assert trainer._masters_parked is not None and trainer._masters_parked._file is None
+    copy = trainer.sampling_model(torch.bfloat16)
+    assert all(p.numel() for p in copy.parameters())  # what co-players sample from stays
     with pytest.raises(RuntimeError, match="last update of the run"):
         trainer.update(batch)
     with pytest.raises(RuntimeError, match="last update of the run"):
         trainer.save_checkpoint(tmp_path / "again")
-    saved = torch.load(tmp_path / "ckpt" / "model.pt", weights_only=True)
-    assert all(torch.equal(saved[k], v) for k, v in trainer.model.state_dict().items())  # masters came back whole
+    with pytest.raises(RuntimeError, match="master weights were freed"):
+        trainer.model
     trainer.load_checkpoint(tmp_path / "ckpt")
+    saved = torch.load(tmp_path / "ckpt" / "model.pt", weights_only=True)
+    assert all(torch.equal(saved[k], v) for k, v in trainer.model.state_dict().items())  # masters back whole
     assert trainer.update(batch)["actor/kl"] > 0  # trains again, π_ref back from the checkpoint
 
 

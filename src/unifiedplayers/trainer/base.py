@@ -335,8 +335,9 @@ class BaseTrainer(ReferencePolicy, BlockDiagnostics, TrainerHooks):
         leaves memory for files without a name (``trainer.offload_dir``): optimizer state, π_ref and, per backend,
         master weights. All of it comes back, bit for bit, when the next update, checkpoint or reference pass needs
         it; a process that ends, however it ends, leaves no file behind. ``final``: the player takes no further
-        update in this run (the checkpoint just saved holds its state): optimizer state and π_ref are freed without
-        being written, and a later update or save fails until a checkpoint is loaded."""
+        update in this run (the checkpoint just saved holds its state): optimizer state, π_ref and parked master
+        weights are freed without being written, and a later update, save or read of the master weights fails until
+        a checkpoint is loaded."""
         self._park_reference(keep=not final)
         self._offload_optimizer(keep=not final)
         self._finished = final
@@ -544,13 +545,13 @@ class BaseTrainer(ReferencePolicy, BlockDiagnostics, TrainerHooks):
         state = torch.load(directory / "trainer_state.pt", weights_only=False)
         if state["backend"] != self.backend:
             raise ValueError(f"checkpoint {directory} was written by backend {state['backend']!r}, not {self.backend!r}")
+        self._finished = False  # what final freed comes back (its values from the checkpoint)
         self._load_backend(directory)
         self.global_step = state["global_step"]
         self.outer_iteration = state["outer_iteration"]
         self._policy_is_reference = state["policy_is_reference"]
         self.entropy.history = list(state["entropy_history"])
         self.block_grad_norms = list(state["block_grad_norms"])
-        self._finished = False
         self._discard_reference()
         if (directory / "reference.pt").exists() and self.cfg.kl_coef != 0.0:
             if self._holds_reference:

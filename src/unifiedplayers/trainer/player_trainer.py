@@ -200,10 +200,13 @@ class PlayerTrainer(BaseTrainer):
             self._offloaded_to = fh
         if (self._masters_parked is None and self.compute_dtype != torch.float32
                 and torch.float32 not in self._sampled_dtypes):
-            self._masters_parked = ParkedTensors(self._model.parameters(), self._offload_dir())
+            self._masters_parked = ParkedTensors(self._model.parameters(), self._offload_dir(), contents=keep)
 
     def _restore_masters(self) -> None:
         if self._masters_parked is not None:
+            if self._finished and self._masters_parked.nbytes and self._masters_parked._file is None:
+                raise RuntimeError(f"the {self.role} player's float32 master weights were freed after its last "
+                                   "update of the run; its checkpoint's model.pt holds them")
             self._masters_parked.restore()
             self._masters_parked = None
 
