@@ -514,8 +514,11 @@ def pass_items(s: Setup, load: RoleLoad, kind: str) -> list[Item]:
     if kind == "backward":
         redo = 2 if cfg.trainer.gradient_checkpointing else 1
         items.append(Item("one layer's activations and gradients", redo * layer, "trainer.micro_batch_size"))
-        items.append(Item("LM-head gradient block", block * a.vocab_size * b + (a.embedding_parameters * 4 if chunk > 0
-                                                                                 else 0), "trainer.logprob_chunk_rows"))
+        # the logits' gradient block, and the head's full weight gradient (vocab x hidden) before it is reduced:
+        # accumulated in float32 over chunks, else in the compute dtype
+        head_grad = a.embedding_parameters * (4 if chunk > 0 else b)
+        items.append(Item("LM-head gradient block and weight gradient", block * a.vocab_size * b + head_grad,
+                          "trainer.logprob_chunk_rows"))
         if s.deepspeed:
             items.append(Item("DeepSpeed gradient reduce bucket", ds_setting(cfg, "reduce_bucket_size") * b,
                               "trainer.ds_config.zero_optimization.reduce_bucket_size"))
