@@ -20,6 +20,11 @@ from __future__ import annotations
 
 import copy
 import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
 
 for _key, _value in {"WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}.items():
     os.environ.setdefault(_key, _value)
@@ -70,3 +75,21 @@ def pytest_sessionstart(session):
     if reporter is not None and not reporter.showheader and not os.environ.get("PYTEST_XDIST_WORKER"):
         for line in _machine_lines(session.config):
             reporter.write_line(line)
+
+
+@pytest.fixture()
+def example_copy(tmp_path, monkeypatch):
+    """``example_copy(name, module)``: ``examples/<name>`` copied out of the repository (as a user's own project) and
+    put on ``sys.path``; its ``module`` is forgotten afterwards, so the next test imports it afresh."""
+    modules = []
+
+    def copy_out(name: str, module: str) -> Path:
+        dst = tmp_path / "my_project"
+        shutil.copytree(Path(__file__).resolve().parents[1] / "examples" / name, dst)
+        monkeypatch.syspath_prepend(str(dst))
+        modules.append(module)
+        return dst
+
+    yield copy_out
+    for module in modules:
+        sys.modules.pop(module, None)

@@ -5,10 +5,8 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -17,17 +15,12 @@ from unifiedplayers.trajectory import Trajectory, code_step, output_step, reason
 
 pytestmark = pytest.mark.cpu
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "custom_rule"
 QUESTION = "Tom has 3 apples and buys 4 more. How many apples does he have?"  # experiment=tiny's task
 
 
 @pytest.fixture()
-def copy(tmp_path, monkeypatch):
-    dst = tmp_path / "my_project"
-    shutil.copytree(EXAMPLE, dst)
-    monkeypatch.syspath_prepend(str(dst))
-    yield dst
-    sys.modules.pop("given_quantity", None)
+def copy(example_copy):
+    yield example_copy("custom_rule", "given_quantity")
     RULES.pop("given_quantity", None)  # the registry is the process's: leave the five built-ins only
 
 

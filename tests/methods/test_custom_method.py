@@ -3,26 +3,19 @@ run from a copy outside the repository, as a researcher would."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 pytestmark = pytest.mark.cpu
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "custom_method"
 
 
 @pytest.fixture()
-def copy(tmp_path, monkeypatch):
-    dst = tmp_path / "my_project"
-    shutil.copytree(EXAMPLE, dst)
-    monkeypatch.syspath_prepend(str(dst))
-    yield dst
-    sys.modules.pop("tool_curious", None)
+def copy(example_copy):
+    return example_copy("custom_method", "tool_curious")
 
 
 def compose_with(copy, overrides):
