@@ -3,7 +3,7 @@
 This is the one feedback function of the project: the outer loop runs :func:`phase_feedback` once per
 sampling phase, and the tests check it (``task_feedback`` is the same function for one task)::
 
-    fbs = phase_feedback(questions, trajectories, verifier_sources, perturber, sandbox, cfg.reward, history)
+    fbs = phase_feedback(tasks, FeedbackContext(perturber, sandbox, cfg.reward, history))
     fbs[i].rewards.execution   # (K,) Eq. 4      fbs[i].rewards.evaluation  # (M,) Eq. 5
     fbs[i].rewards.planning    # Eq. 2          fbs[i].verdicts            # the verdict matrix (Eq. 9)
 
@@ -13,7 +13,8 @@ Each :class:`TaskFeedback` is also what a method's reward sources read
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from types import SimpleNamespace
+from typing import Any, Callable, Optional, Protocol, Sequence
 
 from unifiedplayers import rewards
 from unifiedplayers.trajectory import Trajectory
@@ -40,50 +41,74 @@ class TaskFeedback:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def phase_feedback(questions: Sequence[str], trajectories: Sequence[Sequence[Trajectory]],
-                   verifier_sources: Optional[Sequence[Sequence[str]]], perturber: Any, sandbox: Any, reward_cfg: Any,
-                   history: Sequence[str] = (), *, expected_answers: Optional[Sequence[Optional[str]]] = None,
-                   tool_calls: Optional[Sequence[Sequence[int]]] = None, answer_checks: Optional[Sequence[Any]] = None,
-                   method_cfg: Any = None, settings: Any = None, show_progress: bool = False) -> list[TaskFeedback]:
-    """The feedback of every task of a phase: task i has ``trajectories[i]`` (K) and ``verifier_sources[i]`` (M).
+class FeedbackTask(Protocol):
+    """What the feedback reads of one played task (:class:`unifiedplayers.sampling.PlayedTask` is one)."""
 
-    1. The P perturbations of every trajectory of the phase, in one batch (Appendix F.1); none when
-       ``verifier_sources`` is None (a method without verifiers: nothing would check the variants).
+    question: str
+    trajectories: Sequence[Trajectory]  # the K trajectories
+    verifier_sources: Sequence[str]  # the M verifiers' outputs (none for a method without verifiers)
+    expected_answer: Optional[str]  # the Planning player's answer (Absolute Zero: the sandbox's)
+    tool_calls: Sequence[int]  # tool calls of each trajectory (Agent0's tool bonus)
+    answer_check: Optional[Callable[[Optional[str]], bool]]  # execution-verified tasks (Absolute Zero)
+
+
+@dataclass
+class FeedbackContext:
+    """What the feedback of a phase reads besides its tasks: the perturbation engine, the sandbox, the reward
+    config, R(q)'s question history (as it stood at the start of the block, §3.3), and the method's config and
+    settings (which every :class:`TaskFeedback` hands to the reward sources)."""
+
+    perturber: Any
+    sandbox: Any
+    reward_cfg: Any  # RewardConfig
+    history: Sequence[str] = ()
+    verifiers: bool = True  # False: a method without verifiers (no perturbations: nothing would check them)
+    method_cfg: Any = None
+    settings: Any = None
+    show_progress: bool = False
+
+
+def phase_feedback(tasks: Sequence[FeedbackTask], ctx: FeedbackContext) -> list[TaskFeedback]:
+    """The feedback of every task of a phase, in task order (one :class:`TaskFeedback` per task).
+
+    1. The P perturbations of every trajectory of the phase, in one batch (Appendix F.1); none without
+       verifiers (``ctx.verifiers`` false: nothing would check the variants).
     2. The verdict matrix of each task (Eq. 9; the sandbox runs every check).
-    3. All terms of Eq. 2-5 (:func:`unifiedplayers.rewards.task_rewards`), R(q) against ``history`` (the
-       question history as it stood at the start of the block, §3.3).
+    3. All terms of Eq. 2-5 (:func:`unifiedplayers.rewards.task_rewards`), R(q) against ``ctx.history``.
     """
     from unifiedplayers.logging import progress
 
-    flat = [t for task in trajectories for t in task]
-    if verifier_sources is not None:
-        variants_flat = perturber.perturb_many(flat)
+    flat = [t for task in tasks for t in task.trajectories]
+    if ctx.verifiers:
+        variants_flat = iter(ctx.perturber.perturb_many(flat))
     else:
-        variants_flat = [[None] * len(perturber.rules) for _ in flat]
-        verifier_sources = [[] for _ in questions]
-    starts = [sum(len(t) for t in trajectories[:i]) for i in range(len(trajectories))]
-    variants = [variants_flat[s:s + len(t)] for s, t in zip(starts, trajectories)]
-    verdicts = [verdict_matrix(list(verifier_sources[i]), list(trajectories[i]), variants[i], sandbox)
-                for i in progress(range(len(questions)), desc="sandbox: verdicts", enabled=show_progress, position=1)]
-    history = list(history)
-    out = []
-    for i, question in enumerate(questions):
-        vm = verdicts[i]
-        answers = [t.final_answer for t in trajectories[i]]
-        tr = rewards.task_rewards(vm.z_orig, vm.z_adv, vm.valid, vm.num_generated, vm.valid_sources, answers,
-                                  question, history, reward_cfg, adv_mask=vm.adv_mask, adv_errors=vm.error_adv)
-        out.append(TaskFeedback(
-            tr, answers, reward_cfg, verdicts=vm, variants=variants[i],
-            tool_calls=list(tool_calls[i]) if tool_calls is not None else [],
-            expected_answer=expected_answers[i] if expected_answers is not None else None, question=question,
-            method_cfg=method_cfg, settings=settings,
-            answer_check=answer_checks[i] if answer_checks is not None else None))
-    return out
+        variants_flat = iter([[None] * len(ctx.perturber.rules) for _ in flat])
+    variants = [[next(variants_flat) for _ in task.trajectories] for task in tasks]
+    verdicts = [verdict_matrix(list(task.verifier_sources) if ctx.verifiers else [], list(task.trajectories),
+                               task_variants, ctx.sandbox)
+                for task, task_variants in progress(list(zip(tasks, variants)), desc="sandbox: verdicts",
+                                                    enabled=ctx.show_progress, position=1)]
+    history = list(ctx.history)
+    return [_task_feedback(task, vm, task_variants, history, ctx)
+            for task, vm, task_variants in zip(tasks, verdicts, variants)]
+
+
+def _task_feedback(task: FeedbackTask, vm: Any, variants: Sequence[Sequence[Any]], history: list[str],
+                   ctx: FeedbackContext) -> TaskFeedback:
+    """One task's :class:`TaskFeedback` from its verdict matrix ``vm``: every term of Eq. 2-5."""
+    answers = [t.final_answer for t in task.trajectories]
+    tr = rewards.task_rewards(vm.z_orig, vm.z_adv, vm.valid, vm.num_generated, vm.valid_sources, answers,
+                              task.question, history, ctx.reward_cfg, adv_mask=vm.adv_mask, adv_errors=vm.error_adv)
+    return TaskFeedback(tr, answers, ctx.reward_cfg, verdicts=vm, variants=variants,
+                        tool_calls=list(task.tool_calls), expected_answer=task.expected_answer,
+                        question=task.question, method_cfg=ctx.method_cfg, settings=ctx.settings,
+                        answer_check=task.answer_check)
 
 
 def task_feedback(question: str, trajectories: Sequence[Trajectory], verifier_sources: Sequence[str], perturber: Any,
                   sandbox: Any, reward_cfg: Any, history: Sequence[str] = (), expected_answer: Optional[str] = None,
                   **kwargs: Any) -> TaskFeedback:
-    """:func:`phase_feedback` for one task (``kwargs``: method_cfg, settings)."""
-    return phase_feedback([question], [list(trajectories)], [list(verifier_sources)], perturber, sandbox, reward_cfg,
-                          history, expected_answers=[expected_answer], **kwargs)[0]
+    """:func:`phase_feedback` for one task (``kwargs``: the other fields of :class:`FeedbackContext`)."""
+    task = SimpleNamespace(question=question, trajectories=list(trajectories), verifier_sources=list(verifier_sources),
+                           expected_answer=expected_answer, tool_calls=[], answer_check=None)
+    return phase_feedback([task], FeedbackContext(perturber, sandbox, reward_cfg, history, **kwargs))[0]

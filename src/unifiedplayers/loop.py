@@ -4,7 +4,8 @@ updates. Each update runs these stages in order:
 
 1. at a block's start: π_ref reset and stale copies published (a new iteration), the others frozen (``team``);
 2. at a phase's start, with the policies as they stand: **sample** tasks, K trajectories and M verifiers
-   (``sampling``); **feedback**: perturb, verdict matrices, rewards (``feedback.phase_feedback``, then the method's
+   (``sampling``: one ``PlayedTask`` record per played task, which each later stage adds to); **feedback**:
+   perturb, verdict matrices, rewards (``phase.add_feedback``: ``feedback.phase_feedback``, then the method's
    reward sources); **GRPO units** with advantages (Eq. 17; ``phase.build_units``); the phase's records;
 3. **train**: one optimizer step on the active player's unit, against the behaviour log-probs (Eq. 18-19);
 4. the metrics line; on the save cadence (``checkpoints.save_due``) the **checkpoint**, then the **run state**
@@ -32,7 +33,9 @@ from unifiedplayers.export import export_at_end
 from unifiedplayers.machine import earlier_starts, record_start
 from unifiedplayers.perturbation import PerturbationEngine
 from unifiedplayers.precision import resolve_run_precision
-from unifiedplayers.phase import PHASE_FILE, Phase, build_units, phase_records, record_meta_of, train_step
+from unifiedplayers.feedback import FeedbackContext
+from unifiedplayers.phase import PHASE_FILE, Phase, PhaseContext, add_feedback, build_units, phase_records, \
+    train_step
 from unifiedplayers.rewards import QuestionHistory
 from unifiedplayers.roles import ROLES
 from unifiedplayers.run_state import CONFIG_FILE, STATE_FILE, RunState, atomic_torch_save, restore, saved_state, \
@@ -178,21 +181,20 @@ class OuterLoop:
         if not self.dist.is_main:  # the other ranks take part in the updates only (rank 0 broadcasts each batch)
             self.team.recompute_old_logprobs(slot.role, None)  # and in π_old's forward (rank 0's call below)
             return Phase(slot.phase, [])
+        played = sample.played  # one record per played task, added to by each stage below
         self.files.stage("method feedback")  # the method's own (Socratic-Zero: the Teacher grades, refines)
-        self.method.after_rollouts(slot.role, sample.tasks, sample.rollouts)
+        method_metrics = self.method.after_rollouts(slot.role, played) or {}
         self.files.stage("sandbox: perturbations and verdicts")
-        feedback = sample.feedback(self.method, self.perturber, self.sandbox, self.cfg.reward, list(self.history),
-                                   bool(self.cfg.logger.progress))
-        role_rewards = self.method.phase_rewards(feedback)  # R(q) against the history at the block's start
+        add_feedback(played, self.method, FeedbackContext(  # R(q) against the history at the block's start
+            self.perturber, self.sandbox, self.cfg.reward, list(self.history),
+            verifiers=self.method.writes_verifiers, method_cfg=self.method.method_cfg,
+            settings=self.method.settings, show_progress=bool(self.cfg.logger.progress)))
         sandbox_s = self.sandbox.seconds - sandbox_before
-        phase_units, group_units, task_units = build_units(
-            slot.role, sample.groups, sample.tasks, sample.rollouts, sample.verifiers, feedback, role_rewards, units,
-            self.cfg, self.method, self.team.tokenizer, self.player_cfg)
+        ctx = PhaseContext(slot, sample.groups, sample.unused, sample.versions, self.cfg, self.method,
+                           self.team.tokenizer, self.player_cfg, self.perturber.rules, method_metrics)
+        phase_units = build_units(played, ctx)
         self.team.recompute_old_logprobs(slot.role, [u.batch for u in phase_units])  # trainer.recompute_old_logprobs
-        records = phase_records(sample.groups, sample.tasks, sample.unused, sample.rollouts, sample.verifiers, feedback,
-                                role_rewards, self.perturber.rules,
-                                record_meta_of(slot, sample.versions, group_units, task_units, self.method),
-                                self.method.malformed_task_reward)
+        records = phase_records(played, ctx)
         self.files.records(records)
         self.state.records += len(records)
         gen_s, total = sample.timing["generation_s"], time.perf_counter() - t_start

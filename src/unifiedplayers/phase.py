@@ -8,15 +8,18 @@ takes μ passes over the S units, one optimizer step per unit, always against th
 recorded at sampling (sg[D_p^(b)]): π_θ moves away from π_old inside the phase, so the ratio of Eq. 18
 moves off 1 and the clip of Eq. 19 can bind.
 
-This module holds the pure parts of a phase: how steps map to units, how tasks are split into units,
-the active player's groups and advantages (Eq. 17) (:func:`build_units`), the interaction records and the
-metrics of a unit. The outer loop (:mod:`unifiedplayers.loop`) runs it after sampling
-(:mod:`unifiedplayers.sampling`) and feedback (:mod:`unifiedplayers.feedback`).
+This module holds the pure parts of a phase, as maps over its played tasks (one
+:class:`~unifiedplayers.sampling.PlayedTask` record each, carried from sampling to the records): the feedback
+stage (:func:`add_feedback`: feedback and rewards onto each task), how steps map to units, how tasks are split
+into units, the active player's groups and advantages (Eq. 17) (:func:`build_units`), the metrics of a unit and
+the interaction records (:func:`phase_records`). The outer loop (:mod:`unifiedplayers.loop`) runs it after
+sampling (:mod:`unifiedplayers.sampling`), with a :class:`PhaseContext`.
 """
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
@@ -24,6 +27,7 @@ import torch
 
 from unifiedplayers import grpo
 from unifiedplayers.config import role_trainer_config
+from unifiedplayers.feedback import FeedbackContext, phase_feedback
 from unifiedplayers.methods import GroupShape, shape_advantages
 from unifiedplayers.records import InteractionRecord
 from unifiedplayers.trainer import sample_from_completion, sample_from_segments
@@ -77,39 +81,38 @@ class Phase:
         return cls(d["first"], [Unit(u["batch"], u["metrics"]) for u in d["units"]], dict(d["timing"]))
 
 
-def group_samples(role: str, groups: Sequence[Sequence[Any]], tasks: Sequence[Any], rollouts: Sequence[Sequence[Any]],
-                  verifiers: Sequence[Sequence[Any]], role_rewards: dict[str, list[Any]],
+def group_samples(role: str, groups: Sequence[Sequence[Any]], played: Sequence[Any],
                   malformed_reward: Callable[[Any], float]) -> tuple[list[Callable[[float], Any]], list[float], list[int]]:
-    """(sample makers, rewards, group ids) of the active player, one maker per candidate.
+    """(sample makers, rewards, group ids) of the active player in one unit, one maker per candidate.
 
-    Groups (Appendix B.3, Eq. 16): Planning, the G_T tasks of one questioner prompt (a malformed task gets
-    ``malformed_reward(task)``: the method's ``malformed_task_reward``); Execution, the K trajectories of a
-    task; Evaluation, the M verifiers of a task.
-    ``tasks``, ``rollouts``, ``verifiers`` and ``role_rewards`` are aligned (index i is task i).
+    Groups (Appendix B.3, Eq. 16): Planning, the G_T outputs of one of the unit's questioner prompts
+    (``groups``; a played one's reward is its task's, a malformed one gets ``malformed_reward(task)``: the
+    method's ``malformed_task_reward``); Execution, the K trajectories of a played task; Evaluation, its M
+    verifiers. ``played``: the unit's :class:`~unifiedplayers.sampling.PlayedTask` records, rewards filled.
     """
     makers: list[Callable[[float], Any]] = []
     rewards: list[float] = []
     gids: list[int] = []
     if role == "planning":
-        reward_of = {id(task): r for task, r in zip(tasks, role_rewards["planning"])}
+        reward_at = {p.place: p.rewards["planning"] for p in played}
         for g, group in enumerate(groups):
             for task in group:
-                r = reward_of[id(task)] if task.valid else malformed_reward(task)
+                r = reward_at[task.place] if task.valid else malformed_reward(task)
                 makers.append(lambda a, c=task.completion, g=g: sample_from_completion(c, a, g))
                 rewards.append(float(r))
                 gids.append(g)
     elif role == "execution":
-        for i, task_rollouts in enumerate(rollouts):
-            for r, rew in zip(task_rollouts, role_rewards["execution"][i]):
-                makers.append(lambda a, s=r.segments, g=i: sample_from_segments(s, a, g))
+        for g, p in enumerate(played):
+            for r, rew in zip(p.rollouts, p.rewards["execution"]):
+                makers.append(lambda a, s=r.segments, g=g: sample_from_segments(s, a, g))
                 rewards.append(float(rew))
-                gids.append(i)
+                gids.append(g)
     else:
-        for i, task_verifiers in enumerate(verifiers):
-            for v, rew in zip(task_verifiers, role_rewards["evaluation"][i]):
-                makers.append(lambda a, c=v.completion, g=i: sample_from_completion(c, a, g))
+        for g, p in enumerate(played):
+            for v, rew in zip(p.verifiers, p.rewards["evaluation"]):
+                makers.append(lambda a, c=v.completion, g=g: sample_from_completion(c, a, g))
                 rewards.append(float(rew))
-                gids.append(i)
+                gids.append(g)
     return makers, rewards, gids
 
 
@@ -143,22 +146,25 @@ def _mean(xs: Sequence[float]) -> Optional[float]:
     return float(np.mean(xs)) if xs else None
 
 
-def unit_metrics(groups: Sequence[Sequence[Any]], tasks: Sequence[Any], rollouts: Sequence[Sequence[Any]],
-                 verdicts: Sequence[Any], feedback: Sequence[Any], role_rewards: dict[str, list[Any]],
-                 role: str, malformed_reward: Callable[[Any], float]) -> dict[str, Any]:
-    """The sampling and feedback metrics of one unit's tasks (rewards, formats, verdict statistics)."""
+def unit_metrics(role: str, groups: Sequence[Sequence[Any]], played: Sequence[Any],
+                 malformed_reward: Callable[[Any], float]) -> dict[str, Any]:
+    """The sampling and feedback metrics of one unit (rewards, formats, verdict statistics): ``played``, its
+    played tasks; ``groups``, the Planning outputs it reports (Planning: its questioner prompts'; else all)."""
     m: dict[str, Any] = {}
     all_tasks = [t for g in groups for t in g]
-    plan_r = list(role_rewards["planning"])
+    feedback = [p.feedback for p in played]
+    verdicts = [fb.verdicts for fb in feedback]
+    rollouts = [p.rollouts for p in played]
+    plan_r = [p.rewards["planning"] for p in played]
     if role == "planning":
         plan_r = plan_r + [malformed_reward(t) for t in all_tasks if not t.valid]
     m["planning/reward_mean"] = _mean(plan_r)
     m["planning/valid_rate"] = sum(t.valid for t in all_tasks) / max(len(all_tasks), 1)
-    m["planning/num_tasks"] = len(tasks)
+    m["planning/num_tasks"] = len(played)
     m["planning/U"] = _mean([f.rewards.uncertainty for f in feedback])
     m["planning/V"] = _mean([f.rewards.writability for f in feedback])
     m["planning/R"] = _mean([f.rewards.repetition for f in feedback])
-    m["execution/reward_mean"] = _mean([x for arr in role_rewards["execution"] for x in arr])
+    m["execution/reward_mean"] = _mean([x for p in played for x in p.rewards["execution"]])
     statuses = [r.status for tr in rollouts for r in tr]
     for s in ("answered", "turn_limit", "no_answer", "error"):
         m[f"execution/{s}_rate"] = statuses.count(s) / len(statuses) if statuses else None
@@ -168,7 +174,7 @@ def unit_metrics(groups: Sequence[Sequence[Any]], tasks: Sequence[Any], rollouts
     acc = [float(col > vm.z_orig.shape[0] / 2) for vm in verdicts if vm.z_orig.shape[0]
            for col in vm.z_orig.sum(axis=0)]
     m["execution/accuracy_vs_pool"] = _mean(acc)
-    m["evaluation/reward_mean"] = _mean([x for arr in role_rewards["evaluation"] for x in arr])
+    m["evaluation/reward_mean"] = _mean([x for p in played for x in p.rewards["evaluation"]])
     generated = sum(vm.num_generated for vm in verdicts)
     m["evaluation/valid_rate"] = sum(len(vm.valid) for vm in verdicts) / generated if generated else None
     m["evaluation/rho_gold"] = _mean([x for f in feedback for x in f.rewards.gold])
@@ -204,47 +210,89 @@ def trainer_metrics_line(role: str, trainer_metrics: dict[str, float], global_st
     return m
 
 
-def build_units(role: str, groups: Sequence[Sequence[Any]], tasks: Sequence[Any], rollouts: Sequence[Sequence[Any]],
-                verifiers: Sequence[Sequence[Any]], feedback: Sequence[Any], role_rewards: dict[str, list[Any]],
-                units: int, cfg: Any, method: Any, tokenizer: Any, player_cfg: Any
-                ) -> tuple[list[Unit], list[list[int]], list[list[int]]]:
-    """The phase's S units: disjoint mini-batches of the active player's groups, advantages within each group
-    (Eq. 17, shaped by the method). Returns (units, the groups of each unit, the tasks of each unit).
+def add_feedback(played: Sequence[Any], method: Any, ctx: FeedbackContext) -> None:
+    """The feedback stage: each played task's feedback (perturb → verdict matrix → Eq. 2-5,
+    :func:`unifiedplayers.feedback.phase_feedback`), then every player's rewards from it (the method's reward
+    sources, :meth:`~unifiedplayers.methods.Method.phase_rewards`)."""
+    for p, fb in zip(played, phase_feedback(played, ctx), strict=True):
+        p.feedback = fb
+    for p, rewards in zip(played, method.phase_rewards([p.feedback for p in played]), strict=True):
+        p.rewards = rewards
 
-    Planning: a unit is a share of the questioner prompts, with their tasks. Other roles: a share of the tasks
-    (the Planning outputs are phase-wide figures).
-    """
-    malformed = method.malformed_task_reward  # task -> reward of a malformed Planning output
-    task_index = {id(t): i for i, t in enumerate(tasks)}
-    if role == "planning":
-        group_units = split_units(len(groups), units)
-        task_units = [[task_index[id(t)] for g in idx for t in groups[g] if id(t) in task_index]
-                      for idx in group_units]
-    else:
-        task_units = split_units(len(tasks), units)
-        group_units = [list(range(len(groups)))] * units
-    trainer_cfg = role_trainer_config(cfg.trainer, role)
+
+@dataclass
+class PhaseContext:
+    """What a phase's units and records read besides its played tasks."""
+
+    slot: Any  # the phase's first update (its role, iteration, phase and update)
+    groups: Sequence[Sequence[Any]]  # every Planning output of the phase, by questioner prompt
+    unused: Sequence[Any]  # the well-formed outputs not played
+    versions: dict[str, Any]  # the checkpoint each player sampled with
+    cfg: Any
+    method: Any
+    tokenizer: Any = None
+    player_cfg: Any = None
+    rules: Sequence[str] = ()  # the perturbation rules (the records' columns)
+    method_metrics: dict[str, Any] = field(default_factory=dict)  # the method's phase figures (after_rollouts)
+
+    @property
+    def role(self) -> str:
+        return self.slot.role
+
+    @property
+    def units(self) -> int:
+        return int(self.cfg.schedule.steps_per_generation)
+
+    @cached_property
+    def group_units(self) -> list[int]:
+        """The unit of each group. Planning: a unit trains a share of the questioner prompts, malformed outputs
+        included; other roles: 0 (only played tasks train, and the Planning outputs are phase-wide figures)."""
+        if self.role != "planning":
+            return [0] * len(self.groups)
+        return [u for u, idx in enumerate(split_units(len(self.groups), self.units)) for _ in idx]
+
+
+def assign_units(played: Sequence[Any], ctx: PhaseContext) -> None:
+    """Each played task's unit: Planning, its questioner prompt's; other roles, a share of the tasks."""
+    if ctx.role == "planning":
+        for p in played:
+            p.unit = ctx.group_units[p.group]
+        return
+    for u, idx in enumerate(split_units(len(played), ctx.units)):
+        for i in idx:
+            played[i].unit = u
+
+
+def build_units(played: Sequence[Any], ctx: PhaseContext) -> list[Unit]:
+    """The phase's S units: disjoint mini-batches of the active player's groups, advantages within each group
+    (Eq. 17, shaped by the method), each with its metrics. Sets each played task's ``unit``."""
+    assign_units(played, ctx)
+    trainer_cfg = role_trainer_config(ctx.cfg.trainer, ctx.role)
     out: list[Unit] = []
-    for g_idx, t_idx in zip(group_units, task_units):
-        sub = lambda xs: [xs[i] for i in t_idx]  # noqa: E731
-        u_groups = [groups[g] for g in g_idx]
-        u_rewards = {r: sub(v) for r, v in role_rewards.items()}
-        makers, rewards, gids = group_samples(role, u_groups, sub(tasks), sub(rollouts), sub(verifiers), u_rewards,
-                                              malformed)
-        shapes = None
-        if role != "planning":  # group g of the unit is its task g (a method may shape it)
-            shapes = {g: method.group_shape(role, fb, float(trainer_cfg.clip_eps)) for g, fb in enumerate(sub(feedback))}
-        # A method's own batch (Socratic-Zero: the Solver's DPO pairs, the Generator's imitation) replaces GRPO's.
-        own = method.unit_batch(role, t_idx, tokenizer, player_cfg)
-        batch = own if own is not None else training_batch(
-            makers, rewards, gids, trainer_cfg, cfg.schedule.drop_zero_advantage_groups, shapes)
-        m = unit_metrics(u_groups, sub(tasks), sub(rollouts), [fb.verdicts for fb in sub(feedback)], sub(feedback),
-                         u_rewards, role, malformed)
-        m.update(method.unit_metrics(role, t_idx))
-        if shapes is not None:
-            m[f"{role}/kept_groups"] = (sum(sh.keep for sh in shapes.values()) / len(shapes)) if shapes else None
-        out.append(Unit(batch, m))
-    return out, group_units, task_units
+    for u in range(ctx.units):
+        unit = [p for p in played if p.unit == u]
+        groups = [group for group, gu in zip(ctx.groups, ctx.group_units) if ctx.role != "planning" or gu == u]
+        out.append(build_unit(unit, groups, ctx, trainer_cfg))
+    return out
+
+
+def build_unit(unit: Sequence[Any], groups: Sequence[Sequence[Any]], ctx: PhaseContext, trainer_cfg: Any) -> Unit:
+    """One unit from its played tasks and the Planning outputs it reports (:func:`unit_metrics`)."""
+    role, method = ctx.role, ctx.method
+    makers, rewards, gids = group_samples(role, groups, unit, method.malformed_task_reward)
+    shapes = None
+    if role != "planning":  # group g of the unit is its task g (a method may shape it)
+        shapes = {g: method.group_shape(role, p.feedback, float(trainer_cfg.clip_eps)) for g, p in enumerate(unit)}
+    # A method's own batch (Socratic-Zero: the Solver's DPO pairs, the Generator's imitation) replaces GRPO's.
+    own = method.unit_batch(role, unit, ctx.tokenizer, ctx.player_cfg)
+    batch = own if own is not None else training_batch(
+        makers, rewards, gids, trainer_cfg, ctx.cfg.schedule.drop_zero_advantage_groups, shapes)
+    m = unit_metrics(role, groups, unit, method.malformed_task_reward)
+    m.update(method.unit_metrics(role, unit))
+    m.update(ctx.method_metrics)
+    if shapes is not None:
+        m[f"{role}/kept_groups"] = (sum(sh.keep for sh in shapes.values()) / len(shapes)) if shapes else None
+    return Unit(batch, m)
 
 
 def feedback_record(fb: Any, trajectories: Sequence[Any], verifier_sources: Sequence[str], rules: Sequence[str],
@@ -265,64 +313,53 @@ def feedback_record(fb: Any, trajectories: Sequence[Any], verifier_sources: Sequ
                                           rewards=rewards, meta=meta, **fields)
 
 
-def phase_records(groups: Sequence[Sequence[Any]], tasks: Sequence[Any], unused: Sequence[Any],
-                  rollouts: Sequence[Sequence[Any]], verifiers: Sequence[Sequence[Any]], feedback: Sequence[Any],
-                  role_rewards: dict[str, list[Any]], rules: Sequence[str],
-                  meta_of_task: Callable[[Optional[int], int], dict[str, Any]],
-                  malformed_reward: Callable[[Any], float]) -> list[InteractionRecord]:
-    """One interaction record ξ(q) per Planning output of the phase, malformed and unused ones included.
-
-    ``meta_of_task(i, g)`` gives the metadata of the output of group (questioner prompt) ``g`` that is
-    played task ``i``, or not played when ``i`` is None: its phase, the update that trains on it, the
-    checkpoints that produced it.
-    """
+def phase_records(played: Sequence[Any], ctx: PhaseContext) -> list[InteractionRecord]:
+    """One interaction record ξ(q) per Planning output of the phase, malformed and unused ones included, in
+    the order of the groups: a played output's from its :class:`~unifiedplayers.sampling.PlayedTask`."""
     out: list[InteractionRecord] = []
-    played = {id(t): i for i, t in enumerate(tasks)}
-    unused_ids = {id(t) for t in unused}
-    for g, group in enumerate(groups):
+    played_at = {p.place: p for p in played}
+    unused_at = {t.place for t in ctx.unused}
+    for g, group in enumerate(ctx.groups):
         for task in group:
-            i = played.get(id(task))
-            meta = dict(meta_of_task(i, g), topic=task.topic, prompt_index=task.prompt_index,
-                        planning_output=task.text)
+            p = played_at.get(task.place)
+            meta = record_meta(ctx, p.unit if p is not None else ctx.group_units[g])
+            if p is not None:  # e.g. Socratic-Zero's Teacher grades, the failure
+                meta.update(ctx.method.record_meta(p))
+            meta.update(topic=task.topic, prompt_index=task.prompt_index, planning_output=task.text)
             task_id = f"u{meta['global_update']:06d}-t{len(out):03d}"
-            if i is not None:
-                meta.update(status="played", trajectory_status=[r.status for r in rollouts[i]],
-                            trajectory_detail=[r.detail for r in rollouts[i]],
-                            tool_calls=[r.num_tool_calls for r in rollouts[i]])
-                out.append(feedback_record(
-                    feedback[i], [r.trajectory for r in rollouts[i]], [v.source for v in verifiers[i]], rules,
-                    {role: role_rewards[role][i] for role in ("execution", "evaluation", "planning")}, meta,
-                    task_id=task_id, iteration=meta["outer_iteration"], expected_answer=task.expected_answer))
+            if p is not None:
+                out.append(played_record(p, meta, task_id, ctx.rules))
             else:
-                status = "unused" if id(task) in unused_ids else "malformed_task"
-                meta.update(status=status, reason=task.reason or "well-formed; beyond tasks_per_update")
-                rewards = {"planning": float(malformed_reward(task))} if status == "malformed_task" else {}
-                out.append(InteractionRecord(
-                    question=task.question or "", trajectories=[], verifiers=[], variants=[], z_orig=[],
-                    z_adv=[], adv_mask=[], redundancy=[], rules=list(rules), valid=[], num_generated=0,
-                    task_id=task_id, iteration=meta["outer_iteration"], expected_answer=task.expected_answer,
-                    rewards=rewards, meta=meta,
-                ))
+                status = "unused" if task.place in unused_at else "malformed_task"
+                out.append(unplayed_record(task, status, meta, task_id, ctx))
     return out
 
 
-def record_meta_of(slot: Any, versions: dict[str, Any], group_units: Sequence[Sequence[int]],
-                   task_units: Sequence[Sequence[int]], method: Any) -> Callable[[Optional[int], int], dict[str, Any]]:
-    """``meta_of_task(i, g)`` for :func:`phase_records`: the phase, the update that trains on the output (Planning:
-    a prompt's outputs, malformed ones included, train in its unit; else the task's unit; an output not played in
-    another block: the phase's first update), the checkpoints that produced it, and the method's own fields."""
-    unit_of_group = {g: u for u, idx in enumerate(group_units) for g in idx}
-    unit_of_task = {i: u for u, idx in enumerate(task_units) for i in idx}
+def record_meta(ctx: PhaseContext, unit: int) -> dict[str, Any]:
+    """The metadata every record of the phase has: the phase, the update that trains on the output (its unit's),
+    the checkpoints that produced it."""
+    slot = ctx.slot
+    return {"outer_iteration": slot.iteration, "block": slot.role, "phase": slot.phase, "update": slot.update + unit,
+            "global_update": slot.phase + unit, "checkpoints": ctx.versions}
 
-    def meta_of_task(i: Optional[int], g: int) -> dict[str, Any]:
-        u = unit_of_group[g] if slot.role == "planning" else (unit_of_task.get(i, 0) if i is not None else 0)
-        meta = {"outer_iteration": slot.iteration, "block": slot.role, "phase": slot.phase,
-                "update": slot.update + u, "global_update": slot.phase + u, "checkpoints": versions}
-        if i is not None:  # e.g. Socratic-Zero's Teacher grades, the failure
-            meta.update(method.record_meta(i))
-        return meta
 
-    return meta_of_task
+def played_record(p: Any, meta: dict[str, Any], task_id: str, rules: Sequence[str]) -> InteractionRecord:
+    """The record of a played task: its trajectories' statuses, then its feedback (:func:`feedback_record`)."""
+    meta.update(status="played", trajectory_status=[r.status for r in p.rollouts],
+                trajectory_detail=[r.detail for r in p.rollouts], tool_calls=p.tool_calls)
+    return feedback_record(p.feedback, p.trajectories, p.verifier_sources, rules, p.rewards, meta, task_id=task_id,
+                           iteration=meta["outer_iteration"], expected_answer=p.expected_answer)
+
+
+def unplayed_record(task: Any, status: str, meta: dict[str, Any], task_id: str,
+                    ctx: PhaseContext) -> InteractionRecord:
+    """The record of a Planning output not played: malformed (with its Planning reward) or unused."""
+    meta.update(status=status, reason=task.reason or "well-formed; beyond tasks_per_update")
+    rewards = {"planning": float(ctx.method.malformed_task_reward(task))} if status == "malformed_task" else {}
+    return InteractionRecord(
+        question=task.question or "", trajectories=[], verifiers=[], variants=[], z_orig=[], z_adv=[], adv_mask=[],
+        redundancy=[], rules=list(ctx.rules), valid=[], num_generated=0, task_id=task_id,
+        iteration=meta["outer_iteration"], expected_answer=task.expected_answer, rewards=rewards, meta=meta)
 
 
 def update_metrics(slot: Any, phase: Phase, unit: Unit, n_pass: int, unit_index: int,

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from unifiedplayers.config import role_temperature
-from unifiedplayers.feedback import phase_feedback
 from unifiedplayers.players.evaluation import write_verifiers
 from unifiedplayers.players.execution import solve
 from unifiedplayers.players.planning import PlanningTask, generate_tasks
@@ -33,33 +32,80 @@ def execution_config(player_cfg: Any, use_tools: bool) -> Any:
 
 
 @dataclass
+class PlayedTask:
+    """One played task's way through a phase, built once and added to by each stage: sampling gives the task, its
+    K rollouts and M verifiers; the feedback stage its :class:`~unifiedplayers.feedback.TaskFeedback` and each
+    player's rewards; the units stage the mini-batch that trains on it; the method its own data. Units, records
+    and metrics are maps over the phase's list of them. It is also what the feedback reads
+    (:class:`~unifiedplayers.feedback.FeedbackTask`)."""
+
+    task: PlanningTask
+    rollouts: list[Any] = field(default_factory=list)  # the K Execution rollouts (rank 0 only)
+    verifiers: list[Any] = field(default_factory=list)  # the M Evaluation verifiers (none without verifiers)
+    feedback: Any = None  # its TaskFeedback: variants, verdict matrix, every term of Eq. 2-5 (feedback stage)
+    rewards: dict[str, Any] = field(default_factory=dict)  # each player's rewards, by role (Method.phase_rewards)
+    unit: int = 0  # the phase's unit (mini-batch) that trains on it (phase.assign_units)
+    method_data: dict[str, Any] = field(default_factory=dict)  # the method's own (Method.after_rollouts fills it)
+
+    @property
+    def place(self) -> tuple[int, int]:
+        """(group, position): its questioner prompt among the phase's groups, and its place in that group."""
+        return self.task.place
+
+    @property
+    def group(self) -> int:
+        return self.task.place[0]
+
+    # -- what the feedback reads
+    @property
+    def question(self) -> str:
+        return self.task.question
+
+    @property
+    def expected_answer(self) -> Optional[str]:
+        return self.task.expected_answer
+
+    @property
+    def answer_check(self) -> Any:
+        return self.task.check
+
+    @property
+    def trajectories(self) -> list[Any]:
+        return [r.trajectory for r in self.rollouts]
+
+    @property
+    def tool_calls(self) -> list[int]:
+        return [r.num_tool_calls for r in self.rollouts]
+
+    @property
+    def verifier_sources(self) -> list[str]:
+        return [v.source for v in self.verifiers]
+
+
+@dataclass
 class PhaseSample:
-    """What a phase sampled. ``groups``: every Planning output, by questioner prompt; ``tasks``: the
-    well-formed ones played; ``unused``: well-formed ones beyond the phase's need (recorded, not played).
-    ``rollouts[i]`` and ``verifiers[i]`` belong to ``tasks[i]`` (rank 0 only; None elsewhere)."""
+    """What a phase sampled. ``groups``: every Planning output, by questioner prompt (each output's ``place`` is
+    its (group, position) there); ``played``: the well-formed tasks played, with their rollouts and verifiers
+    (rank 0 only; the tasks alone elsewhere); ``unused``: well-formed ones beyond the phase's need (recorded, not
+    played)."""
 
     groups: list[list[PlanningTask]]
-    tasks: list[PlanningTask]
+    played: list[PlayedTask]
     unused: list[PlanningTask]
-    rollouts: Optional[list[list[Any]]]
-    verifiers: Optional[list[list[Any]]]
     versions: dict[str, dict[str, Any]]  # the checkpoint each player sampled with
     timing: dict[str, float] = field(default_factory=dict)  # generation_s (sandbox time left out)
 
     @property
     def questions(self) -> list[str]:
-        return [t.question for t in self.tasks]
+        return [p.question for p in self.played]
 
-    def feedback(self, method: Any, perturber: Any, sandbox: Any, reward_cfg: Any, history: list[str],
-                 show_progress: bool = False) -> list[Any]:
-        """The phase's executable feedback (:func:`unifiedplayers.feedback.phase_feedback`), one per task."""
-        return phase_feedback(
-            self.questions, [[r.trajectory for r in rs] for rs in self.rollouts],
-            [[v.source for v in vs] for vs in self.verifiers] if method.writes_verifiers else None,
-            perturber, sandbox, reward_cfg, history, expected_answers=[t.expected_answer for t in self.tasks],
-            tool_calls=[[r.num_tool_calls for r in rs] for rs in self.rollouts],
-            answer_checks=[t.check for t in self.tasks], method_cfg=method.method_cfg, settings=method.settings,
-            show_progress=show_progress)
+
+def place_outputs(groups: list[list[PlanningTask]]) -> None:
+    """Give every Planning output of a phase its place (group, position), by which the played and unused ones
+    are found among the groups (its records, the Planning player's groups)."""
+    for g, group in enumerate(groups):
+        for j, task in enumerate(group):
+            task.place = (g, j)
 
 
 class PhaseSampler:
@@ -111,7 +157,9 @@ class PhaseSampler:
         else:  # a verdict-free method: no Evaluation samples (M = 0)
             verifiers = [[] for _ in questions] if self.dist.is_main else None
         generation_s = time.perf_counter() - t_start - (self.sandbox.seconds - sandbox_before)
-        return PhaseSample(groups, tasks, unused, rollouts, verifiers,
+        played = ([PlayedTask(t, list(rs), list(vs)) for t, rs, vs in zip(tasks, rollouts, verifiers)]
+                  if self.dist.is_main else [PlayedTask(t) for t in tasks])
+        return PhaseSample(groups, played, unused,
                            {"planning": plan_ver, "execution": exec_ver, "evaluation": eval_ver},
                            {"generation_s": generation_s})
 
@@ -147,8 +195,10 @@ class PhaseSampler:
             if slot.role == "planning" or len(used) >= wanted:
                 break
         # the method picks the tasks played (Socratic-Zero: with its curriculum); every rank gets rank 0's choice
-        return self.dist.broadcast(self.method.phase_tasks(slot.role, groups, used, unused, wanted)
-                                   if self.dist.is_main else None)
+        groups, used, unused = self.dist.broadcast(self.method.phase_tasks(slot.role, groups, used, unused, wanted)
+                                                   if self.dist.is_main else None)
+        place_outputs(groups)
+        return groups, used, unused
 
     def _generate_tasks(self, engine: Any, slot: Slot, attempt: int, mine: range,
                         own_prompts: Optional[list[Any]]) -> list[list[PlanningTask]]:

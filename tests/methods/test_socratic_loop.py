@@ -33,6 +33,7 @@ from unifiedplayers.methods import build_method
 from unifiedplayers.methods import socratic_zero as sz
 from unifiedplayers.models import build_byte_tokenizer
 from unifiedplayers.players.planning import PlanningTask
+from unifiedplayers.sampling import PlayedTask
 from unifiedplayers.rollout.types import Segment
 from unifiedplayers.loop import OuterLoop, StopRun
 from unifiedplayers.trainer import player_trainer
@@ -235,19 +236,21 @@ def test_socratic_loop_pieces_by_hand(teacher_url):
     # a method without a loop of its own (R-Zero): no state, no prompts of its own, the GRPO batch
     rz = build_method(compose(["method=r_zero"]))
     assert not isinstance(rz, sz.SocraticZero) and rz.state_dict() is None
-    assert rz.planning_prompts(tok, cfg.player, 2) is None and rz.unit_batch("execution", [0], tok, cfg.player) is None
+    assert rz.planning_prompts(tok, cfg.player, 2) is None and rz.unit_batch("execution", [], tok, cfg.player) is None
     assert ml.planning_prompts(tok, cfg.player, 2) is None  # no failure yet: the topic prompts
     gen = [PlanningTask("", f"g{i}?", "1", True) for i in range(3)]
     groups, tasks, unused = ml.phase_tasks("execution", [gen], gen, [], 2)
     assert tasks == gen[:2] and unused == gen[2:] and groups == [gen]  # empty curriculum: the Generator's
     # g0: one right (48), one wrong -> pair (0, 1); g1: both wrong, no reference -> no pair
-    ml.after_rollouts("execution", tasks, [[rollout("48", "a"), rollout("5", "b")],
-                                           [rollout("6", "c"), rollout("7", "d")]])
+    played = [PlayedTask(t, rs) for t, rs in zip(tasks, [[rollout("48", "a"), rollout("5", "b")],
+                                                         [rollout("6", "c"), rollout("7", "d")]])]
+    ml.after_rollouts("execution", played)
     assert ml.failures == [("g0?", "b"), ("g1?", "c")]
     assert [i.question for i in ml.curriculum.items] == [refined("g0?"), refined("g1?")] and len(ml.fresh) == 2
-    assert [(s.advantage, s.group) for s in ml.unit_batch("execution", [0, 1], tok, cfg.player)] == [(1.0, 0), (-1.0, 0)]
-    assert ml.unit_batch("execution", [1], tok, cfg.player) == []
-    assert ml.record_meta(1)["refinement"] == refined("g1?") and ml.record_meta(0)["teacher_grades"] == [1.0, 0.0]
+    assert [(s.advantage, s.group) for s in ml.unit_batch("execution", played, tok, cfg.player)] == [(1.0, 0), (-1.0, 0)]
+    assert ml.unit_batch("execution", played[1:], tok, cfg.player) == []
+    assert ml.record_meta(played[1])["refinement"] == refined("g1?")
+    assert ml.record_meta(played[0])["teacher_grades"] == [1.0, 0.0]
     # the Generator's prompts: the 3 most recent failures, cycled over the 2 kept (failure_pool = 2)
     prompts = ml.planning_prompts(tok, cfg.player, 3)
     assert [t for t, _ in prompts] == ["failure"] * 3
@@ -257,10 +260,12 @@ def test_socratic_loop_pieces_by_hand(teacher_url):
     assert [t.question for t in tasks] == ["g0?", refined("g0?")] and len(groups) == 2 and tasks[1].prompt_index == 1
     assert len(ml.fresh) == 1
     # the refinement solved 1 of 2 times: s = 0.5, U = exp(0) = 1; the Generator's own task gives no example
-    ml.after_rollouts("planning", tasks, [[rollout("1", "x"), rollout("2", "y")], [rollout("48", "z"), rollout("3", "w")]])
+    played = [PlayedTask(t, rs) for t, rs in zip(tasks, [[rollout("1", "x"), rollout("2", "y")],
+                                                         [rollout("48", "z"), rollout("3", "w")]])]
+    ml.after_rollouts("planning", played)
     assert len(ml.curriculum) == 2 and ml.failures == [("g0?", "b"), ("g1?", "c")]  # Planning refines nothing
-    (sft,) = ml.unit_batch("planning", [0, 1], tok, cfg.player)
-    assert sft.advantage == 1.0 and ml.unit_metrics("planning", [0, 1])["socratic/imitation_weight_mean"] == 1.0
+    (sft,) = ml.unit_batch("planning", played, tok, cfg.player)
+    assert sft.advantage == 1.0 and ml.unit_metrics("planning", played)["socratic/imitation_weight_mean"] == 1.0
     # the state round-trips through plain JSON
     again = build_method(cfg)
     again.load_state_dict(json.loads(json.dumps(ml.state_dict())))

@@ -164,9 +164,9 @@ def test_reward_sources_by_method_name():
     assert np.allclose(method.rewards("evaluation", [fb])[0], [0.3, -1.0])
     assert method.rewards("planning", [fb])[0] == pytest.approx(0.7)
     got = method.phase_rewards([fb, fb])  # every player's rewards of a phase, task by task
-    assert [r.tolist() for r in got["execution"]] == [[0.5, 1.0, 0.0]] * 2
-    assert [r.tolist() for r in got["evaluation"]] == [pytest.approx([0.3, -1.0])] * 2
-    assert got["planning"] == pytest.approx([0.7, 0.7])
+    assert [r["execution"].tolist() for r in got] == [[0.5, 1.0, 0.0]] * 2
+    assert [r["evaluation"].tolist() for r in got] == [pytest.approx([0.3, -1.0])] * 2
+    assert [r["planning"] for r in got] == pytest.approx([0.7, 0.7])
     assert np.allclose(reward_source("execution", "majority_vote")(fb), [1.0, 1.0, 0.0])
     assert np.allclose(reward_source("execution", "majority_vote")(_feedback([None, None, None])), [0, 0, 0])
     assert reward_source("planning", "uncertainty_repetition")(fb) == pytest.approx(1.0 * 0.4 - 0.5 * 0.2)

@@ -24,14 +24,17 @@ Hooks, in the order a sampling phase calls them:
 - :meth:`Method.planning_prompts` before the Planning player writes the phase's tasks (None: topic prompts);
 - :meth:`Method.build_task` turns each Planning output into a task (Absolute Zero: a code puzzle);
 - :meth:`Method.phase_tasks` chooses the tasks played (Socratic-Zero: with its curriculum);
-- :meth:`Method.after_rollouts` once the K solutions are in (Socratic-Zero: the Teacher grades);
-- :meth:`Method.rewards` gives each player's rewards from the phase's feedback (Eq. 2, 4, 5 by default);
+- :meth:`Method.after_rollouts` once the K solutions are in (Socratic-Zero: the Teacher grades); per-task data
+  lives on each task's record (``PlayedTask.method_data``), where the later hooks read it;
+- :meth:`Method.rewards` gives each player's rewards from the phase's feedback (Eq. 2, 4, 5 by default;
+  :meth:`Method.phase_rewards` collects them per task);
 - :meth:`Method.malformed_task_reward` gives the Planning reward of each malformed Planning output (not
   played, so no reward source sees it; ``reward.malformed_task_reward`` by default, Absolute Zero's
   composite reward tells a format error from an invalid proposal);
 - :meth:`Method.group_shape` shapes each task's GRPO group (R-Zero's band, Agent0's ADPO);
 - :meth:`Method.unit_batch` may replace a unit's GRPO batch (Socratic-Zero: DPO pairs, imitation);
-- :meth:`Method.unit_metrics` and :meth:`Method.record_meta` add to the metrics line and the records;
+- :meth:`Method.unit_metrics` and :meth:`Method.record_meta` add to the metrics line and the records (they get
+  the unit's played tasks, or the one task, with the data ``after_rollouts`` left on them);
 - :meth:`Method.state_dict` / :meth:`Method.load_state_dict` travel with the run state.
 """
 from __future__ import annotations
@@ -160,12 +163,15 @@ class Method:
         default; a method whose reward tells kinds of malformed outputs apart overrides this."""
         return float(self.cfg.reward.malformed_task_reward)
 
-    def phase_rewards(self, feedback: Sequence[Any]) -> dict[str, list[Any]]:
-        """Every player's rewards for the phase's tasks: (K,) and (M,) float64 arrays per task for Execution and
-        Evaluation, a float per task for Planning (:meth:`rewards` of each role, in this order)."""
-        return {"execution": [np.asarray(r, dtype=np.float64) for r in self.rewards("execution", feedback)],
-                "evaluation": [np.asarray(r, dtype=np.float64) for r in self.rewards("evaluation", feedback)],
-                "planning": [float(r) for r in self.rewards("planning", feedback)]}
+    def phase_rewards(self, feedback: Sequence[Any]) -> list[dict[str, Any]]:
+        """Every player's rewards of each task of a phase (``feedback`` in task order), one dict per task: (K,)
+        and (M,) float64 arrays for Execution and Evaluation, a float for Planning (:meth:`rewards` of each
+        role, in this order)."""
+        execution = self.rewards("execution", feedback)
+        evaluation = self.rewards("evaluation", feedback)
+        planning = self.rewards("planning", feedback)
+        return [{"execution": np.asarray(x, dtype=np.float64), "evaluation": np.asarray(v, dtype=np.float64),
+                 "planning": float(q)} for x, v, q in zip(execution, evaluation, planning, strict=True)]
 
     def group_shape(self, role: str, fb: Any, clip_eps: float) -> GroupShape:
         """How one task's group of ``role`` trains (plain GRPO by default); ``clip_eps`` is the role's ε."""
@@ -182,18 +188,24 @@ class Method:
     def phase_tasks(self, role: str, groups: list, used: list, unused: list, n: int) -> tuple[list, list, list]:
         return groups, used, unused
 
-    def after_rollouts(self, role: str, tasks: Sequence[Any], rollouts: Sequence[Sequence[Any]]) -> None:
-        pass
-
-    # ------------------------------------------------------------------ a unit's batch, metrics and records
-    def unit_batch(self, role: str, task_indices: Sequence[int], tokenizer: Any, player_cfg: Any) -> Optional[list]:
-        """A batch that replaces the unit's GRPO batch (None: GRPO)."""
-        return None
-
-    def unit_metrics(self, role: str, task_indices: Sequence[int]) -> dict[str, Any]:
+    def after_rollouts(self, role: str, played: Sequence[Any]) -> dict[str, Any]:
+        """Once the phase's solutions are in (rank 0; ``played``: its :class:`~unifiedplayers.sampling.PlayedTask`
+        records, task and rollouts filled). A method keeps its own data of a task in ``played[i].method_data``
+        (the hooks below read it back from the same record) and returns its figures of the whole phase, added to
+        each unit's metrics line."""
         return {}
 
-    def record_meta(self, task_index: int) -> dict[str, Any]:
+    # ------------------------------------------------------------------ a unit's batch, metrics and records
+    def unit_batch(self, role: str, unit: Sequence[Any], tokenizer: Any, player_cfg: Any) -> Optional[list]:
+        """A batch that replaces the GRPO batch of a unit (``unit``: its played tasks); None: GRPO."""
+        return None
+
+    def unit_metrics(self, role: str, unit: Sequence[Any]) -> dict[str, Any]:
+        """The method's figures of a unit's played tasks ``unit``."""
+        return {}
+
+    def record_meta(self, played: Any) -> dict[str, Any]:
+        """What the record of one played task (a :class:`~unifiedplayers.sampling.PlayedTask`) adds to its meta."""
         return {}
 
     # ------------------------------------------------------------------ run state

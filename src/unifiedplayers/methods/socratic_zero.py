@@ -447,13 +447,35 @@ def _mean(xs: Sequence[float]) -> Optional[float]:
     return float(np.mean(xs)) if len(xs) else None
 
 
+SOCRATIC = "socratic"  # the key of a played task's SocraticTask in its method_data
+
+
+@dataclass
+class SocraticTask:
+    """What the Teacher's feedback says of one played task (kept in ``PlayedTask.method_data["socratic"]``)."""
+
+    grades: list[Optional[float]]  # V(q, y_k) of its K solutions
+    pairs: list[tuple[int, int]]  # the Solver's preference pairs (REFERENCE: the Teacher's solution)
+    reference: Optional[str]  # the reference solution its pairs may use (a curriculum task's)
+    imitation: Optional[ImitationExample]  # the Generator's example from it (a graded curriculum task)
+    failed_solution: Optional[str]  # its first wrong solution
+    refinement: Optional[str]  # the Teacher's problem refined from that failure (None: none made)
+
+
+def socratic_data(played: Any) -> SocraticTask:
+    """A played task's :class:`SocraticTask` (left by :meth:`SocraticZero.after_rollouts`)."""
+    if SOCRATIC not in played.method_data:
+        raise RuntimeError("no Socratic-Zero feedback of this task: call after_rollouts first")
+    return played.method_data[SOCRATIC]
+
+
 @register_method("socratic_zero")
 class SocraticZero(Method):
     """Socratic-Zero's state across phases and its hooks into the outer loop (see the module docstring).
 
     State (saved with the run state): the curriculum, the refinements the Generator has not imitated yet
-    (``fresh``), and the Solver's recent failures (the Generator's prompts). The last phase's Teacher
-    feedback serves its units' batches, metrics and records.
+    (``fresh``), and the Solver's recent failures (the Generator's prompts). A phase's Teacher feedback of each
+    task lives on the task's record (:class:`SocraticTask`), where its unit's batch, metrics and record read it.
     """
 
     Settings = SocraticSettings
@@ -478,7 +500,6 @@ class SocraticZero(Method):
         self.curriculum = SocraticCurriculum(int(s.curriculum_size))
         self.fresh: list[CurriculumItem] = []
         self.failures: list[tuple[str, str]] = []
-        self._phase: Optional[tuple[str, list, list, SocraticFeedback, dict[int, ImitationExample]]] = None
 
     # -- before the phase's rollouts
     def planning_prompts(self, tokenizer: Any, player_cfg: Any, n: int) -> Optional[list[tuple[str, str]]]:
@@ -510,70 +531,64 @@ class SocraticZero(Method):
         return (list(groups) + [teacher] if teacher else list(groups)), tasks, unused
 
     # -- after them (rank 0)
-    def after_rollouts(self, role: str, tasks: Sequence[Any], rollouts: Sequence[Sequence[Any]]) -> None:
+    def after_rollouts(self, role: str, played: Sequence[Any]) -> dict[str, Any]:
         """The Teacher grades the phase; an Execution phase's failures are refined into the curriculum (and
-        wait as fresh refinements for the Generator) and kept as the Generator's prompts."""
-        fb = socratic_phase(self.teacher, tasks, rollouts, self.refine_limit if role == "execution" else 0,
-                            self.max_pairs, self.mu, self.sigma)
+        wait as fresh refinements for the Generator) and kept as the Generator's prompts. Each played task keeps
+        its grades, pairs and imitation example (:class:`SocraticTask`); returns the phase's Teacher figures."""
+        fb = socratic_phase(self.teacher, [p.task for p in played], [p.rollouts for p in played],
+                            self.refine_limit if role == "execution" else 0, self.max_pairs, self.mu, self.sigma)
         if role == "execution":
             self.curriculum.add(fb.refinements)
             self.fresh = (self.fresh + fb.refinements)[-self.curriculum.max_size:]
             self.failures = (self.failures + fb.failed)[-self.failure_pool:] if self.failure_pool else []
         examples = iter(fb.imitation)  # socratic_phase made one per graded curriculum task, in task order
-        imitation = {i: next(examples) for i, t in enumerate(tasks)
-                     if getattr(t, "socratic", None) is not None and success_rate(fb.grades[i]) is not None}
-        self._phase = (role, list(tasks), [list(r) for r in rollouts], fb, imitation)
+        for p, grades, pairs, reference in zip(played, fb.grades, fb.pairs, fb.references, strict=True):
+            item = getattr(p.task, "socratic", None)
+            wrong = next((r.text for r, g in zip(p.rollouts, grades) if g == 0.0), None)
+            refined = [r.question for r in fb.refinements
+                       if wrong is not None and (r.source_question, r.failed_solution) == (p.task.question, wrong)]
+            graded = item is not None and success_rate(grades) is not None
+            p.method_data[SOCRATIC] = SocraticTask(grades, pairs, reference, next(examples) if graded else None,
+                                                   wrong, refined[0] if refined else None)
+        if role == "evaluation":  # not trained by this method
+            return {}
+        return {"socratic/refinements": len(fb.refinements), "socratic/teacher_failures": len(fb.failures),
+                "socratic/curriculum_size": len(self.curriculum)}
 
-    def _of(self, role: str) -> tuple[list, list, SocraticFeedback, dict[int, ImitationExample]]:
-        if self._phase is None or self._phase[0] != role:
-            raise RuntimeError(f"no Socratic-Zero feedback of a {role} phase: call after_rollouts first")
-        return self._phase[1:]
-
-    def unit_batch(self, role: str, task_indices: Sequence[int], tokenizer: Any, player_cfg: Any) -> Optional[list]:
+    def unit_batch(self, role: str, unit: Sequence[Any], tokenizer: Any, player_cfg: Any) -> Optional[list]:
         """Execution: the Solver's DPO pairs of the unit's tasks. Planning: the Generator's weighted SFT
         examples (the unit's refinements, weighted by U(s)). Evaluation: not trained by this method."""
         if role == "evaluation":
             return None
-        tasks, rollouts, fb, imitation = self._of(role)
+        data = [socratic_data(p) for p in unit]
         if role == "execution":
-            sub = SocraticFeedback([fb.grades[i] for i in task_indices], [fb.pairs[i] for i in task_indices],
-                                   [fb.references[i] for i in task_indices])
-            return preference_samples(tokenizer, player_cfg, [tasks[i] for i in task_indices],
-                                      [rollouts[i] for i in task_indices], sub)
+            fb = SocraticFeedback([d.grades for d in data], [d.pairs for d in data], [d.reference for d in data])
+            return preference_samples(tokenizer, player_cfg, [p.task for p in unit], [p.rollouts for p in unit], fb)
         return imitation_samples(tokenizer, player_cfg.planning,
-                                 [imitation[i] for i in task_indices if i in imitation])
+                                 [d.imitation for d in data if d.imitation is not None])
 
-    def unit_metrics(self, role: str, task_indices: Sequence[int]) -> dict[str, Any]:
-        """The unit's Teacher figures (the refinement and unparseable-reply counts are the phase's)."""
+    def unit_metrics(self, role: str, unit: Sequence[Any]) -> dict[str, Any]:
+        """The unit's Teacher figures (the phase's are :meth:`after_rollouts`')."""
         if role == "evaluation":
             return {}
-        tasks, _, fb, imitation = self._of(role)
-        grades = [g for i in task_indices for g in fb.grades[i] if g is not None]
-        weights = [imitation[i].weight for i in task_indices if i in imitation]
+        data = [socratic_data(p) for p in unit]
+        weights = [d.imitation.weight for d in data if d.imitation is not None]
         return {
-            "socratic/solver_success": _mean(grades),
-            "socratic/pairs": sum(len(fb.pairs[i]) for i in task_indices),
-            "socratic/teacher_tasks": sum(getattr(tasks[i], "socratic", None) is not None for i in task_indices),
+            "socratic/solver_success": _mean([g for d in data for g in d.grades if g is not None]),
+            "socratic/pairs": sum(len(d.pairs) for d in data),
+            "socratic/teacher_tasks": sum(getattr(p.task, "socratic", None) is not None for p in unit),
             "socratic/imitation_examples": len(weights) if role == "planning" else 0,
             "socratic/imitation_weight_mean": _mean(weights) if role == "planning" else None,
-            "socratic/refinements": len(fb.refinements),
-            "socratic/teacher_failures": len(fb.failures),
-            "socratic/curriculum_size": len(self.curriculum),
         }
 
-    def record_meta(self, task_index: int) -> dict[str, Any]:
-        """What the record of played task ``task_index`` keeps: the Teacher's grades, the Solver's pairs,
-        its failure (the first wrong solution) and the Teacher's refinement of it, the imitation weight."""
-        role, tasks, rollouts, fb, imitation = self._phase
-        task, grades = tasks[task_index], fb.grades[task_index]
-        wrong = next((r.text for r, g in zip(rollouts[task_index], grades) if g == 0.0), None)
-        refined = [r.question for r in fb.refinements
-                   if wrong is not None and (r.source_question, r.failed_solution) == (task.question, wrong)]
-        item = getattr(task, "socratic", None)
-        return {"teacher_grades": list(grades), "preference_pairs": [list(p) for p in fb.pairs[task_index]],
+    def record_meta(self, played: Any) -> dict[str, Any]:
+        """What the record of a played task keeps: the Teacher's grades, the Solver's pairs, its failure (the
+        first wrong solution) and the Teacher's refinement of it, the imitation weight."""
+        d, item = socratic_data(played), getattr(played.task, "socratic", None)
+        return {"teacher_grades": list(d.grades), "preference_pairs": [list(p) for p in d.pairs],
                 "teacher_problem": item is not None, "refined_from": item.source_question if item else None,
-                "failed_solution": wrong, "refinement": refined[0] if refined else None,
-                "imitation_weight": imitation[task_index].weight if task_index in imitation else None}
+                "failed_solution": d.failed_solution, "refinement": d.refinement,
+                "imitation_weight": d.imitation.weight if d.imitation is not None else None}
 
     def state_dict(self) -> dict[str, Any]:
         return {"curriculum": self.curriculum.state_dict(), "fresh": [asdict(i) for i in self.fresh],

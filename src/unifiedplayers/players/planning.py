@@ -49,6 +49,7 @@ class PlanningTask:
     topic: str = ""
     completion: Any = None  # the rollout Completion (token ids, behaviour log-probs)
     check: Any = None  # answer -> bool, for tasks whose answers are verified by execution (methods.TASK_BUILDERS)
+    place: Optional[tuple[int, int]] = None  # (group, position) among its phase's outputs (sampling.place_outputs)
 
 
 def parse_task(text: str, min_chars: int = 20, max_chars: int = 1200, answer_max_chars: int = 64) -> PlanningTask:
