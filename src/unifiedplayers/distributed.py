@@ -40,7 +40,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Callable, Optional, Sequence, TypeVar
+from typing import Any, Callable, Mapping, Optional, Sequence, TypeVar
 
 T = TypeVar("T")
 _OBJECT_GROUP: Any = None  # a gloo group for the object collectives when the default group is nccl
@@ -176,6 +176,15 @@ class DistContext:
 
 
 SINGLE = DistContext()
+
+
+RENDEZVOUS_KEYS = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def without_rendezvous(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` without the rendezvous variables, for a child process that starts its own process group: inherited
+    from a parent that holds a group (a one-rank DeepSpeed engine), its ``MASTER_PORT`` is already in use."""
+    return {k: v for k, v in env.items() if k not in RENDEZVOUS_KEYS}
 
 
 def env_world_size() -> int:

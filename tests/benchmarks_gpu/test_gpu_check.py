@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import json
+import os
 import re
 import subprocess
 import sys
@@ -21,6 +22,8 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
+
+from unifiedplayers.distributed import without_rendezvous
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
@@ -63,7 +66,8 @@ def _run_paper_unit(tmp_path: Path, plant: str = "") -> tuple[subprocess.Complet
     code = (f"import sys; sys.path.insert(0, {str(SCRIPT.parent)!r})\n{plant}\n"
             f"import gpu_check\nsys.exit(gpu_check.main({argv!r}))")
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env=without_rendezvous(os.environ))  # this process may hold a one-rank group's port
     seconds = time.perf_counter() - t0
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     return proc, report, seconds

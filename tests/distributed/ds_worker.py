@@ -98,13 +98,13 @@ def offload_as_on_a_gpu(calls: list):
     own = {name: DeepSpeedTrainer.__dict__.get(name) for name in ("offload_state", "_ensure_optimizer")}
     real_offload, real_ensure = DeepSpeedTrainer.offload_state, DeepSpeedTrainer._ensure_optimizer
 
-    def offload_state(self) -> None:
+    def offload_state(self, final: bool = False) -> None:
         if self.device.type == "cpu" and not getattr(self, "_moved_off", False):
             include = self.idle_offload_states()
             self.engine.offload_states(include=[OffloadStateTypeEnum(s) for s in include], pin_memory=False)
             self._moved_off = True
             calls.append(("offload", include))
-        real_offload(self)
+        real_offload(self, final=final)
 
     def ensure_optimizer(self) -> None:
         real_ensure(self)

@@ -10,6 +10,8 @@ from typing import Mapping, Optional
 
 import torch
 
+from unifiedplayers.distributed import without_rendezvous
+
 SRC = str(Path(__file__).parents[2] / "src")
 
 
@@ -24,9 +26,7 @@ def torchrun(worker: Path, *args: str, env: Optional[Mapping[str, str]] = None,
     """``torchrun --nproc_per_node=2 worker args...`` on a free port, one thread per rank; fails the test with
     the ranks' output when it fails, else returns the finished process (its output as text). Rendezvous
     variables this process may have set for itself (a DeepSpeed test of one rank) are not passed on."""
-    full = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": SRC, **(env or {})}
-    for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        full.pop(key, None)
+    full = without_rendezvous({**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": SRC, **(env or {})})
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
            str(worker), *args]
     out = subprocess.run(cmd, env=full, capture_output=True, text=True, timeout=timeout)
