@@ -53,7 +53,8 @@ OPTIMIZER_STATE_BYTES = 18  # per parameter, ZeRO: fp32 master 4, Adam 8, fp32 g
 CPU_ADAM_PARAMS_PER_S = 2e9  # DeepSpeed's CPU Adam over a node's ranks (ZeRO-Offload), parameters a second
 PCIE_BYTES_PER_S = 20e9  # per GPU, gradients to the host and weights back (ZeRO-Offload)
 ENTROPY_BATCH, ENTROPY_ROWS = 16, 512  # mean_token_entropy: contexts per forward, rows per logits block
-PAPER_GPU_HOURS = 432  # Appendix H.2, Table 14: full UnifiedPlayers on Qwen3-4B-Base, 8 x A100 80GB, per seed
+PAPER_GPU_HOURS = 432  # Appendix H.2 (its Table 3 paragraph) and Table 16's M = 4 row: full UnifiedPlayers on
+# Qwen3-4B-Base, 8 x A100 80GB, local GPU-hours per seed (Table 14's body is missing from our copy of the paper)
 
 
 class UnknownArchitecture(ValueError):

@@ -11,7 +11,7 @@ INSTANTS = ("gather: a player's weights gathered whole (its copy into vLLM after
             "no-grad: the pi_old and pi_ref passes; step: the optimizer step; bank: the entropy bank (Appendix D.2)")
 
 PAPER_NOTE = (f"paper: {PAPER_GPU_HOURS} local GPU-hours per seed, full UnifiedPlayers on Qwen3-4B-Base over 8 x A100 "
-              "80GB (Appendix H.2, Table 14: local GPU resource use, not elapsed wall-clock time; the CPU sandbox "
+              "80GB (Appendix H.2 and Table 16: local GPU resource use, not elapsed wall-clock time; the CPU sandbox "
               "work is not quantified separately)")
 
 
