@@ -107,6 +107,11 @@ class _Parked:
             self._file = offload_file(Path(directory))
             _write(self._file, regions)
 
+    @property
+    def freed_unwritten(self) -> bool:
+        """Whether memory was freed without its values being kept (``contents=False``, or discarded)."""
+        return bool(self.nbytes) and self._file is None
+
     def discard(self) -> None:
         """Drop the parked values: :meth:`restore` then gives the memory back uninitialised."""
         if self._file is not None:

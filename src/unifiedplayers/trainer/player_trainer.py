@@ -204,7 +204,7 @@ class PlayerTrainer(BaseTrainer):
 
     def _restore_masters(self) -> None:
         if self._masters_parked is not None:
-            if self._finished and self._masters_parked.nbytes and self._masters_parked._file is None:
+            if self._finished and self._masters_parked.freed_unwritten:
                 raise RuntimeError(f"the {self.role} player's float32 master weights were freed after its last "
                                    "update of the run; its checkpoint's model.pt holds them")
             self._masters_parked.restore()
