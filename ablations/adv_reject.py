@@ -35,8 +35,8 @@ _ROOT = str(Path(__file__).resolve().parents[1])
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
-from unifiedplayers.perturbation import ALL_RULES  # noqa: E402
-from unifiedplayers.trajectory import Trajectory  # noqa: E402
+from unifiedplayers.feedback.perturbation import ALL_RULES  # noqa: E402
+from unifiedplayers.feedback.trajectory import Trajectory  # noqa: E402
 
 HELDOUT = Path(__file__).resolve().parent / "data" / "table15_heldout.jsonl"
 RESULT_FILE = "adv_reject.json"  # under <run>/eval/
@@ -93,9 +93,9 @@ def transcript(reasoning: str, code: str, observation: str, answer: str) -> str:
 
 def build(sandbox: Any, path: Path = HELDOUT) -> list[HeldOutTask]:
     """Write the held-out file: each task's trajectory (code run in ``sandbox``) and its five variants."""
-    from unifiedplayers.observation import observation_body
-    from unifiedplayers.perturbation import PerturbationEngine
-    from unifiedplayers.trajectory import parse_transcript
+    from unifiedplayers.feedback.observation import observation_body
+    from unifiedplayers.feedback.perturbation import PerturbationEngine
+    from unifiedplayers.feedback.trajectory import parse_transcript
 
     results = sandbox.run_many([code for _, _, code, _ in TASKS])
     originals = []
@@ -148,7 +148,7 @@ def summarise(matrices: Sequence[Any], generated: int) -> dict[str, Any]:
     share of (valid verifier, variant of that rule) checks that rejected; ``valid_rate``: valid verifiers /
     ``generated``; ``gold_pass``: mean ρ_gold_i. None where there is nothing to average.
     """
-    from unifiedplayers.rewards import adversarial_rejection_rate, gold_pass_rate
+    from unifiedplayers.feedback.rewards import adversarial_rejection_rate, gold_pass_rate
 
     rho, gold = [], []
     per_rule = {r: [0, 0] for r in ALL_RULES}  # rule -> [rejections, checks]
@@ -183,7 +183,7 @@ def measure(engine: Any, player_cfg: Any, sandbox: Any, tasks: Sequence[HeldOutT
     """The Evaluation player behind ``engine`` writes ``m`` (default ``player_cfg.num_verifiers``) verifiers per
     held-out task; each is checked on the original and all five variants (``summarise``)."""
     from unifiedplayers.players.evaluation import write_verifiers
-    from unifiedplayers.verdict import verdict_matrix
+    from unifiedplayers.feedback.verdict import verdict_matrix
 
     m = int(m or player_cfg.num_verifiers)
     written = write_verifiers(engine, engine.tokenizer, player_cfg, [t.question for t in tasks], m, seed=seed)

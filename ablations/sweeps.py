@@ -228,7 +228,7 @@ def members(multiruns: Sequence[Sequence[str]], scale: Scale, out: Path, nproc: 
     launched on a member that ``nproc`` ranks cannot run (:data:`RANK_FALLBACKS` aside)."""
     from unifiedplayers.checks import check_ranks
     from unifiedplayers.distributed import DistContext
-    from unifiedplayers.run_state import STATE_FILE, check_resumable, load_state
+    from unifiedplayers.loop.run_state import STATE_FILE, check_resumable, load_state
 
     found = []
     for run in multiruns:

@@ -239,9 +239,9 @@ def expected_saves(block: int, save_every: int, per_phase: int) -> list[int]:
 
 def cadence_item() -> dict:
     """``save_due`` over each block of the preset's first iteration against :func:`expected_saves`."""
-    from unifiedplayers.checkpoints import save_due
+    from unifiedplayers.loop.checkpoints import save_due
     from unifiedplayers.config import compose
-    from unifiedplayers.schedule import phase_steps, plan_updates
+    from unifiedplayers.loop.schedule import phase_steps, plan_updates
 
     cfg = compose([f"experiment={PRESET}"])
     every, per_phase = int(cfg.schedule.save_every), phase_steps(cfg)

@@ -120,7 +120,7 @@ def worker_ours(beta: float, steps: int, backend: str, micro_batch: int, chunk_r
                 new_tokens: int = NEW_TOKENS) -> dict:
     import torch
 
-    from unifiedplayers import grpo
+    from unifiedplayers.trainer import grpo
     from unifiedplayers.config import RolloutConfig, TrainerConfig
     from unifiedplayers.rollout import build_rollout
     from unifiedplayers.trainer import build_trainer, sample_from_completion

@@ -157,7 +157,7 @@ def main() -> None:
 
 def measure(run_dir: Path, overrides: list[str]) -> None:
     from unifiedplayers.config import compose
-    from unifiedplayers.loop import OuterLoop
+    from unifiedplayers.loop.outer import OuterLoop
     from unifiedplayers.precision import resolve_run_precision
 
     cfg = compose(["experiment=smoke", f"run_dir={run_dir}", "resume=false"] + overrides)

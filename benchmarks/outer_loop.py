@@ -23,7 +23,7 @@ import torch
 
 
 def report(run_dir: Path, wall: float | None = None, timing: dict | None = None) -> None:
-    from unifiedplayers.logging import read_metrics
+    from unifiedplayers.diagnostics.logging import read_metrics
 
     metrics = read_metrics(run_dir)
     tot = lambda k: sum(m.get(k) or 0.0 for m in metrics)  # noqa: E731
@@ -55,7 +55,7 @@ def main() -> None:
     t0 = time.perf_counter()
     cpu0 = time.process_time()
     from unifiedplayers.config import compose
-    from unifiedplayers.loop import OuterLoop
+    from unifiedplayers.loop.outer import OuterLoop
 
     run_dir = Path(tempfile.mkdtemp(prefix="up-smoke-bench-"))
     cfg = compose(["experiment=smoke", f"run_dir={run_dir}", "resume=false", "schedule.print_summary=false"]
@@ -66,7 +66,7 @@ def main() -> None:
 def run_and_report(cfg, run_dir: Path, t0: float, cpu0: float, before_report=None) -> None:
     """Run ``cfg`` in ``run_dir`` with the load average printed before and after, then :func:`report` it and the
     run directory's size (``t0``, ``cpu0``: wall and CPU clocks at the start; ``before_report(loop)``: extra lines)."""
-    from unifiedplayers.loop import OuterLoop
+    from unifiedplayers.loop.outer import OuterLoop
 
     if cfg.trainer.num_threads > 0:
         torch.set_num_threads(cfg.trainer.num_threads)

@@ -24,7 +24,7 @@ from unifiedplayers.models import load_model
 from unifiedplayers.players import generate_tasks, solve, write_verifiers
 from unifiedplayers.rollout import build_rollout
 from unifiedplayers.sandbox import Sandbox
-from unifiedplayers.verifier import compile_verifier
+from unifiedplayers.feedback.verifier import compile_verifier
 
 FALLBACK_TASKS = [
     "A box holds 12 pencils. A teacher buys 7 boxes and gives away 30 pencils. How many pencils are left?",
@@ -38,7 +38,7 @@ def from_run(run_dir: str) -> None:
     """The format rates of every output a run's players produced (records.jsonl)."""
     from pathlib import Path
 
-    from unifiedplayers.records import load_records
+    from unifiedplayers.diagnostics.records import load_records
 
     records = load_records(Path(run_dir) / "records.jsonl")
     tasks = len(records)

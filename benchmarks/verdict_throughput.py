@@ -21,11 +21,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from unifiedplayers.perturbation import PerturbationEngine
+from unifiedplayers.feedback.perturbation import PerturbationEngine
 from unifiedplayers.sandbox import Sandbox, SandboxConfig, naive_run
-from unifiedplayers.trajectory import Trajectory, code_step, output_step, reason_step
-from unifiedplayers.verdict import verdict_matrix
-from unifiedplayers.verifier import ENTRY_POINT, compile_verifier, sandbox_source
+from unifiedplayers.feedback.trajectory import Trajectory, code_step, output_step, reason_step
+from unifiedplayers.feedback.verdict import verdict_matrix
+from unifiedplayers.feedback.verifier import ENTRY_POINT, compile_verifier, sandbox_source
 
 QUESTION = "How many positive whole-number divisors does 196 have?"
 

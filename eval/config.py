@@ -18,7 +18,7 @@ from unifiedplayers.sandbox import SandboxConfig
 
 @dataclass
 class BenchmarkEntry:
-    """Where one benchmark's file is, and per-benchmark overrides of the registry (``unifiedplayers.problems``)."""
+    """Where one benchmark's file is, and per-benchmark overrides of the registry (``unifiedplayers.data.benchmarks``)."""
 
     path: str = MISSING  # .jsonl/.jsonl.gz/.json/.parquet, a saved datasets dir, or pkg://PACKAGE/rel
     fields: dict[str, str] = field(default_factory=dict)  # canonical name -> field of the file
@@ -26,7 +26,7 @@ class BenchmarkEntry:
     limit: Optional[int] = None  # keep the first N problems (None: all)
     samples: Optional[int] = None  # k of mean@k (None: the registry's, 32 for AMC/AIME)
     max_new_tokens: Optional[int] = None  # None: eval.max_new_tokens
-    # A benchmark outside the package: the module that registers it (unifiedplayers.problems.register_benchmark),
+    # A benchmark outside the package: the module that registers it (unifiedplayers.data.benchmarks.register_benchmark),
     # imported before the benchmarks are looked up; importable (PYTHONPATH).
     module: Optional[str] = None
 

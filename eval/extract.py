@@ -11,7 +11,7 @@ from typing import Optional
 
 # One implementation of \boxed{} and option-letter extraction for the whole project (in the package, so
 # that the Execution player's diagnostic pool grades exactly as the harness does).
-from unifiedplayers.grading import extract_option_letter, last_boxed, option_letters  # noqa: F401
+from unifiedplayers.feedback.answers import extract_option_letter, last_boxed, option_letters  # noqa: F401
 
 _FENCE_RE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:\n[ \t]*```|```)", re.S)
 

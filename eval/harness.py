@@ -14,7 +14,7 @@ from typing import Any, Optional, Sequence
 
 from eval.benchmarks import REGISTRY, Benchmark, Problem, load_benchmark
 from eval.extract import humaneval_program
-from unifiedplayers.grading import extract_answer as grading_extract_answer
+from unifiedplayers.feedback.answers import extract_answer as grading_extract_answer
 from eval.humaneval import run_unit_tests
 from eval.metrics import score
 from eval.prompts import build_prompt
@@ -55,7 +55,7 @@ def extract_answer(bench: Benchmark, problem: Problem, text: str, mode: str = "v
     """The answer of a completion, per answer type (the program for HumanEval).
 
     ``vanilla``: the last ``\\boxed{}`` of the whole text (and the option / last-line rules). ``tool``: the
-    trajectory's own final answer, as training parses it (:func:`unifiedplayers.grading.extract_answer`):
+    trajectory's own final answer, as training parses it (:func:`unifiedplayers.feedback.answers.extract_answer`):
     a ``\\boxed{}`` printed by code, or inside a code block, is no answer.
     """
     if mode not in MODES:

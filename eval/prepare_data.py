@@ -5,7 +5,7 @@
     python eval/prepare_data.py --all [--data-dir data/eval] # every benchmark of Tables 1 and 2
 
 Each hub split is written unchanged as JSON lines (one row per line, the hub's field names); the
-loaders in ``unifiedplayers.problems`` (``eval.benchmarks``) map the fields (``Benchmark.fields``) and normalise the answers
+loaders in ``unifiedplayers.data.benchmarks`` (``eval.benchmarks``) map the fields (``Benchmark.fields``) and normalise the answers
 (GSM8K's "#### N", OlympiadBench's answer lists, GPQA's unlettered options), so a file downloaded any
 other way (a parquet from the hub's web page, a ``save_to_disk`` directory) loads the same.
 

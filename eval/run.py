@@ -239,10 +239,10 @@ class _WandbSink:
         self.run = None
         if cfg.logger.backend != "wandb" or cfg.logger.mode == "disabled":
             return
-        from unifiedplayers.logging import init_wandb, wandb_init_timeout
+        from unifiedplayers.diagnostics.logging import init_wandb, wandb_init_timeout
 
         os.environ.setdefault("WANDB_MODE", cfg.logger.mode)
-        # online: a bounded wait for the server, then offline with a warning (unifiedplayers.logging)
+        # online: a bounded wait for the server, then offline with a warning (unifiedplayers.diagnostics.logging)
         self.run = init_wandb(
             os.environ.get("WANDB_MODE", cfg.logger.mode), timeout_s=wandb_init_timeout(cfg.logger),
             project=cfg.logger.project, entity=cfg.logger.entity, group=cfg.logger.group,

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from unifiedplayers.config import compose
-from unifiedplayers.execution_pool import (
+from unifiedplayers.diagnostics.execution_pool import (
     POOL_FILENAME,
     FixedPool,
     PoolLog,
@@ -18,7 +18,7 @@ from unifiedplayers.execution_pool import (
     summarise,
     user_message,
 )
-from unifiedplayers.problems import Problem
+from unifiedplayers.data.benchmarks import Problem
 
 pytestmark = pytest.mark.cpu
 

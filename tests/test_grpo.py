@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from unifiedplayers import grpo
+from unifiedplayers.trainer import grpo
 
 pytestmark = pytest.mark.cpu
 

@@ -11,7 +11,7 @@ import torch
 from omegaconf import OmegaConf
 
 from unifiedplayers.config import compose
-from unifiedplayers.loop import OuterLoop
+from unifiedplayers.loop.outer import OuterLoop
 from unifiedplayers.machine import cpuinfo_field, earlier_starts, machine_info, machine_line
 from unifiedplayers.sandbox import IsolationWarning
 

@@ -185,7 +185,7 @@ def test_register_rollout_engine_refuses_a_duplicate():
 
 
 def test_register_rule_refuses_a_duplicate():
-    from unifiedplayers.perturbation import ALL_RULES, RULES, register_rule, step_drop
+    from unifiedplayers.feedback.perturbation import ALL_RULES, RULES, register_rule, step_drop
 
     register_rule("test_registry_rule", "local")(first)
     try:
@@ -201,7 +201,7 @@ def test_register_rule_refuses_a_duplicate():
 
 
 def test_register_benchmark_refuses_a_duplicate():
-    from unifiedplayers.problems import REGISTRY, Benchmark, register_benchmark
+    from unifiedplayers.data.benchmarks import REGISTRY, Benchmark, register_benchmark
 
     one = Benchmark("test_registry_bench", "T", "offline", "string", "pass@1", {"question": "q", "answer": "a"})
     register_benchmark(one)
@@ -221,7 +221,7 @@ def test_register_benchmark_refuses_a_duplicate():
 
 def test_a_rollout_engine_outside_the_package_is_named_by_its_target(tmp_path, monkeypatch):
     from unifiedplayers.config import RolloutConfig
-    from unifiedplayers.engines import RolloutEngines
+    from unifiedplayers.loop.engines import RolloutEngines
     from unifiedplayers.rollout import build_rollout, check_backend
 
     (tmp_path / "echo_engine.py").write_text(textwrap.dedent("""
@@ -255,10 +255,10 @@ def test_a_rollout_engine_outside_the_package_is_named_by_its_target(tmp_path, m
 
 
 def test_a_benchmark_outside_the_package_registers_its_loader_and_grader(tmp_path, monkeypatch):
-    from unifiedplayers.problems import REGISTRY, import_benchmark_modules, load_benchmark
+    from unifiedplayers.data.benchmarks import REGISTRY, import_benchmark_modules, load_benchmark
 
     (tmp_path / "echo_bench.py").write_text(textwrap.dedent("""
-        from unifiedplayers.problems import Benchmark, Problem, register_benchmark
+        from unifiedplayers.data.benchmarks import Benchmark, Problem, register_benchmark
 
         def parse_row(row, index, fields):
             return Problem(f"echo-{index}", "Repeat: " + row["word"], row["word"][::-1])

@@ -17,7 +17,7 @@ pytest.importorskip("vllm")
 import torch  # noqa: E402
 
 from unifiedplayers.config import ModelConfig, RolloutConfig, compose  # noqa: E402
-from unifiedplayers.loop import OuterLoop  # noqa: E402
+from unifiedplayers.loop.outer import OuterLoop  # noqa: E402
 from unifiedplayers.models import load_model  # noqa: E402
 from unifiedplayers.rollout import Segment, build_rollout, flatten_segments  # noqa: E402
 from unifiedplayers.rollout.hf_engine import top_p_mask  # noqa: E402

@@ -10,7 +10,7 @@ import pytest
 
 from unifiedplayers import models
 from unifiedplayers.config import RolloutConfig, compose
-from unifiedplayers.loop import OuterLoop
+from unifiedplayers.loop.outer import OuterLoop
 from unifiedplayers.rollout import check_backend, vllm_engine
 from unifiedplayers.rollout.vllm_engine import VLLM_WINDOW, check_vllm_version
 

@@ -1,4 +1,4 @@
-"""summary.png (unifiedplayers.summary.write_summary_png): a PNG from a small metrics file, the series it
+"""summary.png (unifiedplayers.diagnostics.summary.write_summary_png): a PNG from a small metrics file, the series it
 plots, and a plot failure that never fails the summary."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from unifiedplayers import summary as S
+from unifiedplayers.diagnostics import summary as S
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

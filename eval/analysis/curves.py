@@ -7,7 +7,7 @@ From ``metrics.jsonl`` (keys in ``eval.analysis.rundir.KEYS``), per outer iterat
   pool, measured every 50 updates; the last one is the checkpoint that ends the Execution block);
 - adversarial rejection: mean of ``evaluation/rho_adv``.
 Where the metrics lack U or the rejection rate, they are computed from the records of that
-iteration instead: U(q) from the trajectories' final answers (``unifiedplayers.rewards.uncertainty``),
+iteration instead: U(q) from the trajectories' final answers (``unifiedplayers.feedback.rewards.uncertainty``),
 the rejection rate as the mean ρ_adv of the valid verifiers (Eq. 11, applied perturbations only).
 Writes ``analysis/curves.png`` (three panels, paper endpoints as reference marks) and ``curves.json``.
 """
@@ -38,7 +38,7 @@ def _by_iteration(run: RunData, metric_key: str, reduce: str) -> dict[int, float
 
 
 def _from_records(run: RunData, what: str) -> dict[int, float]:
-    from unifiedplayers.rewards import adversarial_rejection_rate, uncertainty
+    from unifiedplayers.feedback.rewards import adversarial_rejection_rate, uncertainty
 
     groups: dict[int, list[float]] = defaultdict(list)
     for rec in run.played_records():

@@ -4,10 +4,10 @@ same trajectories (paper §4.5, Figure 3a,b: 2.03x).
 Per task q with K trajectories:
 
 - UnifiedPlayers: r_S(τ_k) = mean of the valid verifiers' verdicts on τ_k (Eq. 4,
-  ``unifiedplayers.rewards.execution_rewards``; tasks without a valid verifier are left out, since
+  ``unifiedplayers.feedback.rewards.execution_rewards``; tasks without a valid verifier are left out, since
   their reward is the constant of an open choice and says nothing about discrimination).
 - Agent0-style self-consistency: r_SC(τ_k) = 1 when τ_k's final answer is in the majority answer
-  cluster (math-verify equivalence, ``unifiedplayers.rewards.answer_clusters``), else 0; a missing
+  cluster (math-verify equivalence, ``unifiedplayers.feedback.rewards.answer_clusters``), else 0; a missing
   answer gets 0.
 
 Per-question variance is the population variance over the K samples. The ratio is
@@ -26,7 +26,7 @@ from eval.paper_numbers import REWARD_VARIANCE_RATIO
 
 def majority_vote_rewards(answers: Sequence[Optional[str]]) -> np.ndarray:
     """1 for samples in the largest answer cluster (first one on a tie), 0 otherwise. Shape (K,)."""
-    from unifiedplayers.rewards import answer_clusters
+    from unifiedplayers.feedback.rewards import answer_clusters
 
     rewards = np.zeros(len(answers))
     clusters = answer_clusters(answers)
@@ -37,7 +37,7 @@ def majority_vote_rewards(answers: Sequence[Optional[str]]) -> np.ndarray:
 
 
 def reward_variance(records: Sequence[Any]) -> dict[str, Any]:
-    from unifiedplayers.rewards import execution_rewards
+    from unifiedplayers.feedback.rewards import execution_rewards
 
     var_up, var_sc, used = [], [], 0
     skipped_no_verifier = 0

@@ -2,7 +2,7 @@
 
 A run directory (written by ``python -m unifiedplayers.train``) holds:
 
-- ``records.jsonl``: one interaction record ξ(q) per task (``unifiedplayers.records``);
+- ``records.jsonl``: one interaction record ξ(q) per task (``unifiedplayers.diagnostics.records``);
 - ``metrics.jsonl``: one JSON object per update with ``outer_iteration``, ``block``
   (planning | execution | evaluation), ``update`` and per-player namespaced metrics (``KEYS`` below);
 - ``config.yaml`` (or Hydra's ``.hydra/config.yaml``) and ``summary.json`` (optional).
@@ -48,7 +48,7 @@ SUMMARY_FILE = "summary.json"
 @dataclass
 class RunData:
     path: Path
-    records: list[Any]  # unifiedplayers.records.InteractionRecord
+    records: list[Any]  # unifiedplayers.diagnostics.records.InteractionRecord
     metrics: list[dict[str, Any]]
     config: dict[str, Any] = field(default_factory=dict)
     summary: dict[str, Any] = field(default_factory=dict)
@@ -108,7 +108,7 @@ def load_run(run_dir: str | Path, need_records: bool = False, need_metrics: bool
     records: list[Any] = []
     rec_path = path / RECORDS_FILE
     if rec_path.exists():
-        from unifiedplayers.records import load_records
+        from unifiedplayers.diagnostics.records import load_records
 
         records = load_records(rec_path)
     elif need_records:

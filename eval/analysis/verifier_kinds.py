@@ -10,7 +10,7 @@ record (as the reward saw them: a check error is a 0), over the K originals and 
 
 Per kind: how many, the mean Evaluation reward r_C (§3.2: α ρ_gold + β ρ_adv − γ ρ_red; invalid verifiers get
 ``reward.invalid_verifier_reward``), the mean ρ_red of its valid verifiers, and the mean GRPO advantage
-within the record's group of M verifiers (Eq. 17, :func:`unifiedplayers.grpo.group_advantages`): a kind
+within the record's group of M verifiers (Eq. 17, :func:`unifiedplayers.trainer.grpo.group_advantages`): a kind
 with a positive mean advantage is what the Evaluation player's updates make more likely. Given for all records, for those the Evaluation player trained
 on (its own blocks), and per outer iteration; beside them, the share of originals with a final answer.
 
@@ -72,7 +72,7 @@ def verifier_kinds(records: Sequence[Any], eps: float = 1e-6) -> dict[str, Any]:
     """Kinds, rewards and advantages of the generated verifiers of ``records`` (see the module docstring)."""
     import torch
 
-    from unifiedplayers.grpo import group_advantages
+    from unifiedplayers.trainer.grpo import group_advantages
 
     scopes: dict[str, dict[str, dict[str, list[float]]]] = {}
     answered: dict[str, list[float]] = {}

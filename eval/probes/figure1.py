@@ -409,7 +409,7 @@ def reproduce(root: Path, experiment: str, seeds: Sequence[int], jobs: int = 2, 
     fig["experiment"], fig["overrides"], fig["wall_s"] = experiment, list(overrides), time.time() - t0
     fig["jobs"] = {j.name: {"rc": j.rc, "seconds": round(j.seconds, 1), "log": str(j.log)} for j in job_list}
     fig["change_first_to_last"] = rises(fig)
-    from unifiedplayers.summary import write_summary_png
+    from unifiedplayers.diagnostics.summary import write_summary_png
 
     for s in seeds:
         if (root / f"seed{s}" / "metrics.jsonl").exists():

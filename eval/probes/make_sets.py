@@ -14,7 +14,7 @@ these sets is ever trained on: training questions come from the Planning player,
 - ``evaluation.jsonl``: :data:`EVALUATION_QUESTIONS` word problems written from templates, each with one
   correct trajectory (a reason step, a python step computing the answer, its real sandbox output
   formatted as the tool loop formats observations, and the boxed answer) and the five variants of our
-  perturbation engine (``unifiedplayers.perturbation``, all rules, seed :data:`SEED`); ``null`` where a rule
+  perturbation engine (``unifiedplayers.feedback.perturbation``, all rules, seed :data:`SEED`); ``null`` where a rule
   cannot apply.
 - ``planning.json``: the fixed topic prompts of the Planning probe.
 - ``execution_tool.jsonl``: the Execution tool probe's arithmetic word problems, written by
@@ -136,9 +136,9 @@ def transcript(code: str, observation: str, answer: str) -> str:
 
 def evaluation_items(sandbox: Any, n: int = EVALUATION_QUESTIONS, seed: int = SEED) -> list[dict[str, Any]]:
     """``n`` probe items: question, answer, the correct trajectory and its five variants (dicts)."""
-    from unifiedplayers.perturbation import ALL_RULES, PerturbationEngine
-    from unifiedplayers.observation import observation_body
-    from unifiedplayers.trajectory import parse_transcript
+    from unifiedplayers.feedback.perturbation import ALL_RULES, PerturbationEngine
+    from unifiedplayers.feedback.observation import observation_body
+    from unifiedplayers.feedback.trajectory import parse_transcript
 
     rng = random.Random(seed)
     drafts = []
@@ -172,7 +172,7 @@ def evaluation_items(sandbox: Any, n: int = EVALUATION_QUESTIONS, seed: int = SE
 
 def execution_items(seed: int = SEED) -> list[dict[str, Any]]:
     """The Execution probe's problems (full text, so the set does not move with a wheel's version)."""
-    from unifiedplayers.problems import load_benchmark
+    from unifiedplayers.data.benchmarks import load_benchmark
 
     rng = random.Random(seed)
     math_all = load_benchmark(GSM8K[0], GSM8K[1])

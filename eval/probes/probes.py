@@ -6,7 +6,7 @@ errors, SE = sqrt(p (1 − p) / n), so that a change between two checkpoints can
 
 - **Execution** (:func:`probe_execution`): greedy answers in the player's own tool loop to GSM8K and MMLU
   problems with gold answers, through the code of the fixed diagnostic pool of Appendix D.2
-  (:func:`unifiedplayers.execution_pool.evaluate_pool`):
+  (:func:`unifiedplayers.diagnostics.execution_pool.evaluate_pool`):
   accuracy, and the answered rate (the loop ended with a final answer within its turn and token budget).
   Beside them, the **tool probe** (:func:`probe_execution_tool`): the same player, loop and grading on
   arithmetic word problems of three to five operations on three- to five-digit integers with exact
@@ -15,7 +15,7 @@ errors, SE = sqrt(p (1 − p) / n), so that a change between two checkpoints can
   trajectory's own final answer (a box that only code printed is no answer).
 - **Evaluation** (:func:`probe_evaluation`): the player writes M verifiers per probe question (fixed seed);
   each runs in the sandbox on the question's correct trajectory and its five perturbations
-  (:func:`unifiedplayers.verdict.verdict_matrix`). Reported: the valid-verifier rate; acceptance of the
+  (:func:`unifiedplayers.feedback.verdict.verdict_matrix`). Reported: the valid-verifier rate; acceptance of the
   originals and rejection of the variants by the valid verifiers (the latter is Figure 1a's "adversarial
   rejection", Appendix C.2: rejection of perturbed trajectories only); Eq. 12's V(q) (invalid verifiers
   count 0); the share of checks that raised or timed out; and the discrimination accuracy as the paper's
@@ -43,7 +43,7 @@ import numpy as np
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 PROBE_SEED = 0  # the sampling seed of every probe (not the training seed)
-from unifiedplayers.execution_pool import PoolQuestion
+from unifiedplayers.diagnostics.execution_pool import PoolQuestion
 from unifiedplayers.roles import ROLES
 
 
@@ -91,8 +91,8 @@ class ProbeSizes:
 def load_execution_set(path: Path = DATA_DIR / "execution.jsonl", limit: Optional[int] = None) -> list[Any]:
     """The Execution probe's problems as the diagnostic pool's ``PoolQuestion``; ``limit`` keeps the first
     ``limit // 2`` of each domain (math first), so a short probe stays balanced."""
-    from unifiedplayers.execution_pool import PoolQuestion
-    from unifiedplayers.problems import Problem
+    from unifiedplayers.diagnostics.execution_pool import PoolQuestion
+    from unifiedplayers.data.benchmarks import Problem
 
     rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
     questions = [PoolQuestion(r["domain"], r["benchmark"], Problem(r["id"], r["question"], r["reference"], r.get("options")))
@@ -117,7 +117,7 @@ class ToolProbeQuestion(PoolQuestion):
 
 def load_execution_tool_set(path: Path = DATA_DIR / "execution_tool.jsonl", limit: Optional[int] = None) -> list[Any]:
     """The tool probe's problems (the first ``limit``) as the diagnostic pool's questions (domain math)."""
-    from unifiedplayers.problems import Problem
+    from unifiedplayers.data.benchmarks import Problem
 
     rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
     rows = rows if limit is None else rows[:limit]
@@ -137,7 +137,7 @@ class EvaluationItem:
 
 
 def load_evaluation_set(path: Path = DATA_DIR / "evaluation.jsonl", limit: Optional[int] = None) -> list[EvaluationItem]:
-    from unifiedplayers.trajectory import Trajectory
+    from unifiedplayers.feedback.trajectory import Trajectory
 
     items = []
     for line in Path(path).read_text().splitlines():
@@ -181,7 +181,7 @@ def execution_metrics(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
 def probe_execution(engine: Any, sandbox: Any, tokenizer: Any, cfg: Any, questions: Sequence[Any]) -> dict[str, Any]:
     """Greedy tool-loop answers of the Execution player (its prompt, turns and token budget) to ``questions``."""
     from unifiedplayers.config import resolve_player_config
-    from unifiedplayers.execution_pool import evaluate_pool
+    from unifiedplayers.diagnostics.execution_pool import evaluate_pool
 
     result = evaluate_pool(engine, sandbox, tokenizer, resolve_player_config(cfg), cfg.schedule.execution_pool, questions)
     out = execution_metrics(result["items"])
@@ -204,7 +204,7 @@ def probe_execution_tool(engine: Any, sandbox: Any, tokenizer: Any, cfg: Any, qu
 def evaluation_metrics(verdicts: Sequence[Any], rules: Sequence[str]) -> dict[str, Any]:
     """The Evaluation probe's rates from one verdict matrix per question (one original trajectory each).
 
-    valid = Σ M_q / Σ M (compilation and run-time validity, :mod:`unifiedplayers.verdict`);
+    valid = Σ M_q / Σ M (compilation and run-time validity, :mod:`unifiedplayers.feedback.verdict`);
     original_acceptance = mean of Z_orig over the valid verifiers; adv_rejection = share of the valid
     verifiers' checks of applied variants that *rejected* (a check that errored is not a rejection, as in
     the rewards: it gets no ρ_adv credit); writability = mean over questions of Eq. 12's
@@ -214,7 +214,7 @@ def evaluation_metrics(verdicts: Sequence[Any], rules: Sequence[str]) -> dict[st
     :func:`eval.analysis.discrimination.discrimination` (an errored check counts as neither right verdict).
     """
     from eval.analysis.discrimination import discrimination
-    from unifiedplayers.rewards import verifier_writability
+    from unifiedplayers.feedback.rewards import verifier_writability
 
     generated = sum(v.num_generated for v in verdicts)
     valid = sum(len(v.valid) for v in verdicts)
@@ -261,7 +261,7 @@ def probe_evaluation(engine: Any, sandbox: Any, tokenizer: Any, cfg: Any, items:
     """M verifiers per probe question from the Evaluation player, run on the original and its variants."""
     from unifiedplayers.config import resolve_player_config
     from unifiedplayers.players.evaluation import write_verifiers
-    from unifiedplayers.verdict import verdict_matrix
+    from unifiedplayers.feedback.verdict import verdict_matrix
 
     if not items:
         raise ValueError("the Evaluation probe needs at least one question")
@@ -323,7 +323,7 @@ def probe_planning(tasks: Sequence[Any], exec_engine: Any, sandbox: Any, tokeniz
     trajectories of ``exec_engine`` (the fixed Execution policy) at the Execution player's temperature."""
     from unifiedplayers.config import resolve_player_config, role_temperature
     from unifiedplayers.players import solve
-    from unifiedplayers.rewards import uncertainty
+    from unifiedplayers.feedback.rewards import uncertainty
 
     measured = [t for t in tasks if t.valid][:u_tasks]
     rollouts = solve(exec_engine, sandbox, tokenizer, resolve_player_config(cfg), [t.question for t in measured],
@@ -399,7 +399,7 @@ def run_probes(cfg: Any, ckpt: Checkpoint, roles: Sequence[str] = ROLES, sizes: 
     from unifiedplayers.rollout import build_rollout
     from unifiedplayers.rollout.prefix_cache import for_evaluation
     from unifiedplayers.sandbox import Sandbox
-    from unifiedplayers.engines import SamplingTemperature
+    from unifiedplayers.loop.engines import SamplingTemperature
 
     unknown = [r for r in roles if r not in ROLES]
     if unknown:
@@ -490,7 +490,7 @@ def run_probes(cfg: Any, ckpt: Checkpoint, roles: Sequence[str] = ROLES, sizes: 
 def policy_backbone(engine: Any, model: Any, cfg: Any) -> Any:
     """The engine with the backbone's weights, at the Execution player's temperature (the fixed U(q) solver)."""
     from unifiedplayers.config import role_temperature
-    from unifiedplayers.engines import SamplingTemperature
+    from unifiedplayers.loop.engines import SamplingTemperature
 
     engine.update_weights(model)
     return SamplingTemperature(engine, role_temperature(cfg, "execution"))

@@ -26,8 +26,8 @@ import re
 from decimal import Decimal, InvalidOperation
 from typing import Optional
 
-from unifiedplayers.perturbation import RuleParams, register_rule
-from unifiedplayers.trajectory import Trajectory, extract_boxed, state_answer
+from unifiedplayers.feedback.perturbation import RuleParams, register_rule
+from unifiedplayers.feedback.trajectory import Trajectory, extract_boxed, state_answer
 
 # A number of the question: 12, 2.5, 1,000 (not a piece of a longer number).
 _NUMBER = re.compile(r"(?<![\d.,])(?:\d{1,3}(?:,\d{3})+|\d+(?:\.\d+)?)(?![\d])")

@@ -5,12 +5,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from unifiedplayers import grpo
+from unifiedplayers.trainer import grpo
 from unifiedplayers.config import (RoleHyperparameters, did_you_mean, resolve_player_config, role_temperature,
                                    role_trainer_config)
 from unifiedplayers.distributed import SINGLE, DistContext
 from unifiedplayers.methods import Method, build_method
-from unifiedplayers.schedule import BLOCK_ORDER, phase_steps, trained_roles
+from unifiedplayers.loop.schedule import BLOCK_ORDER, phase_steps, trained_roles
 
 FEEDBACK_MODES = ("fresh", "stale")
 RETENTION_MODES = ("all", "weights", "execution_weights")

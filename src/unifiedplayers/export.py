@@ -32,7 +32,7 @@ from omegaconf import OmegaConf
 from unifiedplayers.models import load_model, resolve_dtype, save_model_dir
 from unifiedplayers.precision import DTYPE_NAMES
 from unifiedplayers.roles import ROLES
-from unifiedplayers.run_state import CONFIG_FILE, STATE_FILE, load_state
+from unifiedplayers.loop.run_state import CONFIG_FILE, STATE_FILE, load_state
 
 EXPORT_DIR = "export"  # RUN_DIR/export/<role>: the end-of-run export
 EXPORT_META = "unifiedplayers_export.json"

@@ -31,7 +31,7 @@ def run(cfg: DictConfig, run_dir: str | None = None, dist=None) -> dict:
     import torch
 
     from unifiedplayers.distributed import SINGLE
-    from unifiedplayers.loop import OuterLoop
+    from unifiedplayers.loop.outer import OuterLoop
 
     if cfg.trainer.num_threads > 0:
         torch.set_num_threads(cfg.trainer.num_threads)
@@ -95,7 +95,7 @@ def preflight(overrides: list[str]) -> None:
     from pathlib import Path
 
     from unifiedplayers.config import check_override_keys, compose
-    from unifiedplayers.run_state import saved_state
+    from unifiedplayers.loop.run_state import saved_state
 
     check_override_keys(overrides)
     refuse_paper_schedule_on_cpu(overrides)

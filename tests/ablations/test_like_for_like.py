@@ -12,10 +12,10 @@ from omegaconf import OmegaConf
 
 from ablations import adv_reject, aggregate as agg, evaluate_runs, sweeps
 from unifiedplayers.config import compose
-from unifiedplayers.perturbation import ALL_RULES
+from unifiedplayers.feedback.perturbation import ALL_RULES
 from unifiedplayers.rollout.types import Completion
 from unifiedplayers.sandbox import Sandbox, SandboxConfig
-from unifiedplayers.verdict import verdict_matrix
+from unifiedplayers.feedback.verdict import verdict_matrix
 
 pytestmark = pytest.mark.cpu
 

@@ -8,7 +8,7 @@ import torch
 
 from unifiedplayers.config import compose
 from unifiedplayers.distributed import destroy, init_distributed
-from unifiedplayers.loop import OuterLoop
+from unifiedplayers.loop.outer import OuterLoop
 
 
 def run(dist, run_dir: str, dump: str, *overrides: str) -> None:

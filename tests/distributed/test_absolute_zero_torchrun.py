@@ -53,8 +53,8 @@ def test_an_absolute_zero_run_over_two_ranks(launch):
 
     from launch import same  # noqa: E402
 
-    from unifiedplayers.logging import read_metrics
-    from unifiedplayers.records import load_records
+    from unifiedplayers.diagnostics.logging import read_metrics
+    from unifiedplayers.diagnostics.records import load_records
 
     run_dir, dump = launch / "run", launch / "weights"
     assert [m["block"] for m in read_metrics(run_dir)] == ["planning", "execution"]

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from unifiedplayers.config import compose
-from unifiedplayers.logging import read_metrics
-from unifiedplayers.records import load_records
-from unifiedplayers.loop import OuterLoop
+from unifiedplayers.diagnostics.logging import read_metrics
+from unifiedplayers.diagnostics.records import load_records
+from unifiedplayers.loop.outer import OuterLoop
 
 sys.path.insert(0, str(Path(__file__).parent))
 from launch import same  # noqa: E402

@@ -28,9 +28,9 @@ pytest.importorskip("deepspeed")
 
 from unifiedplayers.config import compose  # noqa: E402
 from unifiedplayers.distributed import DistContext  # noqa: E402
-from unifiedplayers.logging import read_metrics  # noqa: E402
-from unifiedplayers.records import load_records  # noqa: E402
-from unifiedplayers.loop import OuterLoop  # noqa: E402
+from unifiedplayers.diagnostics.logging import read_metrics  # noqa: E402
+from unifiedplayers.diagnostics.records import load_records  # noqa: E402
+from unifiedplayers.loop.outer import OuterLoop  # noqa: E402
 from unifiedplayers.trainer import build_trainer  # noqa: E402
 from unifiedplayers.trainer.deepspeed_backend import DEFAULT_EXTENSIONS_DIR  # noqa: E402
 

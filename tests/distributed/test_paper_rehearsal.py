@@ -40,7 +40,7 @@ from paper_rehearsal import (  # noqa: E402
 )
 
 from unifiedplayers.config import compose  # noqa: E402
-from unifiedplayers.logging import read_metrics  # noqa: E402
+from unifiedplayers.diagnostics.logging import read_metrics  # noqa: E402
 
 pytestmark = [pytest.mark.cpu]
 

@@ -18,7 +18,7 @@ import torch
 
 import unifiedplayers.distributed as D
 from unifiedplayers.distributed import DistContext, prompt_shard, share
-from unifiedplayers.sampling import PhaseSampler
+from unifiedplayers.loop.sampling import PhaseSampler
 
 pytestmark = [pytest.mark.cpu]
 

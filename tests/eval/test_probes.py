@@ -10,8 +10,8 @@ import pytest
 
 from eval.probes import probes as P
 from eval.probes.make_sets import DATA_DIR, execution_items, sha256
-from unifiedplayers.verdict import CheckRecord, VerdictMatrix
-from unifiedplayers.verifier import CheckOutcome, CompiledVerifier
+from unifiedplayers.feedback.verdict import CheckRecord, VerdictMatrix
+from unifiedplayers.feedback.verifier import CheckOutcome, CompiledVerifier
 
 OK = CompiledVerifier(True, "ok", "def check(t):\n    return True\n")
 BAD = CompiledVerifier(False, "no python code block", None)
@@ -171,7 +171,7 @@ def test_evaluation_probe_in_the_real_sandbox():
     # originals; rejects arg_mutation (output 90 / 168 differs), early_terminate (answer 92 / 0, no output)
     # and tool_substitute (bash), accepts step_drop and step_swap (answer still equals the output): 3 of 5.
     # accept-all: 0 of 5 rejected. "no code" does not compile; the raising one errors on every original,
-    # so it is invalid at run time (unifiedplayers.verdict): 4 valid of 8.
+    # so it is invalid at run time (unifiedplayers.feedback.verdict): 4 valid of 8.
     assert m["invalid_reasons"] == {"does not compile": 2, "check errored on every original trajectory": 2}
     assert m["valid"] == pytest.approx(4 / 8) and m["runtime_invalid"] == 2
     assert m["original_acceptance"] == pytest.approx(4 / 4)

@@ -1,12 +1,12 @@
 """The feedback function as the outer loop runs it, with the record the loop writes from it (for tests)."""
 from __future__ import annotations
 
-from unifiedplayers.feedback import task_feedback
-from unifiedplayers.phase import feedback_record
+from unifiedplayers.feedback.pipeline import task_feedback
+from unifiedplayers.loop.phase import feedback_record
 
 
 def feedback_and_record(question, trajectories, sources, engine, sandbox, reward_cfg, history=(), **fields):
-    """(record, rewards) of one task: :func:`unifiedplayers.feedback.task_feedback`, then ξ(q)."""
+    """(record, rewards) of one task: :func:`unifiedplayers.feedback.pipeline.task_feedback`, then ξ(q)."""
     fb = task_feedback(question, trajectories, sources, engine, sandbox, reward_cfg, history)
     r = fb.rewards
     record = feedback_record(fb, trajectories, sources, engine.rules,

@@ -1,7 +1,7 @@
 """The paper's Appendix I.2 trajectories and Appendix I.3 checks, as test data."""
 from __future__ import annotations
 
-from unifiedplayers.trajectory import Trajectory, code_step, output_step, reason_step
+from unifiedplayers.feedback.trajectory import Trajectory, code_step, output_step, reason_step
 
 
 def _traj(question: str, reasoning: str, code: str, output: str, final: str) -> Trajectory:

@@ -11,10 +11,10 @@ import pytest
 from loop_feedback import feedback_and_record
 from paper_examples import fenced
 
-from unifiedplayers import rewards
-from unifiedplayers.perturbation import PerturbationEngine
-from unifiedplayers.records import InteractionRecord, RecordWriter, load_records, records_dataframe
-from unifiedplayers.trajectory import Trajectory, code_step, output_step, reason_step
+from unifiedplayers.feedback import rewards
+from unifiedplayers.feedback.perturbation import PerturbationEngine
+from unifiedplayers.diagnostics.records import InteractionRecord, RecordWriter, load_records, records_dataframe
+from unifiedplayers.feedback.trajectory import Trajectory, code_step, output_step, reason_step
 
 CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
 ACCEPT_ALL = "def check(trajectory):\n    return True\n"
@@ -132,7 +132,7 @@ def test_partial_errors_are_masked_summarised_and_saved(sandbox, reward_cfg, tmp
 
 
 def test_verdict_summary_counts_kinds_and_runtime_invalid(sandbox):
-    from unifiedplayers.verdict import verdict_matrix
+    from unifiedplayers.feedback.verdict import verdict_matrix
 
     junk = "def check(trajectory):\n    return 'True'\n"  # a string, not a verdict
     vm = verdict_matrix([fenced(ACCEPT_ALL), fenced(CRASH_ALWAYS), fenced(junk)], [T0, T1], [[None], [None]], sandbox)

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from unifiedplayers.perturbation import ALL_RULES, RULES, PerturbationEngine, RuleParams, rule_rng
-from unifiedplayers.trajectory import Trajectory, code_step, output_step, reason_step
+from unifiedplayers.feedback.perturbation import ALL_RULES, RULES, PerturbationEngine, RuleParams, rule_rng
+from unifiedplayers.feedback.trajectory import Trajectory, code_step, output_step, reason_step
 
 pytestmark = pytest.mark.cpu
 
@@ -88,7 +88,7 @@ def test_the_example_trains_from_a_copy_outside_the_repository(copy, tmp_path):
 
 def stated(traj: dict, answer: str) -> Trajectory:
     """The variant the rule gives ``traj`` when it draws ``answer`` (a copy of the original, the answer stated)."""
-    from unifiedplayers.trajectory import state_answer
+    from unifiedplayers.feedback.trajectory import state_answer
 
     out = Trajectory.from_dict(traj)
     state_answer(out, answer)

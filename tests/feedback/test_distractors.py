@@ -8,8 +8,8 @@ from fractions import Fraction
 
 import pytest
 
-from unifiedplayers.perturbation import RULES, RuleParams, distractor_candidates, distractor_pool
-from unifiedplayers.trajectory import Trajectory, code_step, output_step, reason_step
+from unifiedplayers.feedback.perturbation import RULES, RuleParams, distractor_candidates, distractor_pool
+from unifiedplayers.feedback.trajectory import Trajectory, code_step, output_step, reason_step
 
 
 def test_each_pool_member_by_hand_on_37():

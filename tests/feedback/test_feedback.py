@@ -8,9 +8,9 @@ import pytest
 from loop_feedback import feedback_and_record
 from paper_examples import TRAJ1, VERIFIER_1_1, VERIFIER_1_2, fenced
 
-from unifiedplayers.perturbation import PerturbationEngine
-from unifiedplayers.records import RecordWriter, load_records, records_dataframe
-from unifiedplayers.trajectory import Trajectory, code_step, output_step, reason_step
+from unifiedplayers.feedback.perturbation import PerturbationEngine
+from unifiedplayers.diagnostics.records import RecordWriter, load_records, records_dataframe
+from unifiedplayers.feedback.trajectory import Trajectory, code_step, output_step, reason_step
 
 CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
 WRONG = Trajectory(TRAJ1.question, [reason_step("Count them."), code_step("print(8)"), output_step("8")], "8")

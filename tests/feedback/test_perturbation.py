@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from paper_examples import PAPER_TRAJECTORIES, TRAJ1, TRAJ2
 
-from unifiedplayers.perturbation import (
+from unifiedplayers.feedback.perturbation import (
     ALL_RULES,
     GLOBAL_RULES,
     LOCAL_RULES,
@@ -21,7 +21,7 @@ from unifiedplayers.perturbation import (
     propose_arg_mutation,
     units,
 )
-from unifiedplayers.trajectory import (
+from unifiedplayers.feedback.trajectory import (
     Trajectory,
     code_step,
     extract_boxed,
@@ -370,7 +370,7 @@ def test_arg_mutation_records_errors_and_inserts_missing_output(sandbox):
 
 def test_rule_function_and_engine_agree(sandbox):
     engine = PerturbationEngine(["arg_mutation"], seed=3, sandbox=sandbox)
-    from unifiedplayers.perturbation import rule_rng
+    from unifiedplayers.feedback.perturbation import rule_rng
 
     params = RuleParams(execute=engine._execute)
     direct = RULES["arg_mutation"](TRAJ2, rule_rng(3, "arg_mutation", TRAJ2), params)
@@ -426,7 +426,7 @@ def test_engine_none_preset_gives_no_variants():
 
 
 def test_rule_kinds_follow_the_spec():
-    from unifiedplayers.perturbation import RULE_KINDS
+    from unifiedplayers.feedback.perturbation import RULE_KINDS
 
     assert RULE_KINDS == {
         "arg_mutation": "local", "step_drop": "local", "step_swap": "local",

@@ -15,8 +15,8 @@ import pandas as pd
 import pytest
 from paper_examples import TRAJ1, TRAJ2, VERIFIER_1_1, VERIFIER_1_2
 
-from unifiedplayers.perturbation import PerturbationEngine
-from unifiedplayers.records import InteractionRecord, RecordWriter, append_record, load_records, records_dataframe
+from unifiedplayers.feedback.perturbation import PerturbationEngine
+from unifiedplayers.diagnostics.records import InteractionRecord, RecordWriter, append_record, load_records, records_dataframe
 
 
 def make_record(task_id="t0", m_q=2):
@@ -117,7 +117,7 @@ def test_a_writer_killed_mid_write_leaves_every_earlier_record_readable(tmp_path
         import sys
         sys.path.insert(0, {os.path.dirname(__file__)!r})
         from test_records import make_record
-        from unifiedplayers.records import RecordWriter
+        from unifiedplayers.diagnostics.records import RecordWriter
         rec = make_record()
         rec.meta["pad"] = "x" * 200_000
         with RecordWriter({str(path)!r}) as w:

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from unifiedplayers import rewards as R
+from unifiedplayers.feedback import rewards as R
 
 CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
 

@@ -7,7 +7,7 @@ import random
 import pytest
 from paper_examples import PAPER_TRAJECTORIES, TRAJ1
 
-from unifiedplayers.trajectory import (
+from unifiedplayers.feedback.trajectory import (
     Step,
     Trajectory,
     code_step,

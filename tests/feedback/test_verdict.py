@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 from paper_examples import TRAJ1, VERIFIER_1_1, VERIFIER_1_2, fenced
 
-from unifiedplayers import rewards
-from unifiedplayers.perturbation import PerturbationEngine
-from unifiedplayers.trajectory import Trajectory, code_step, output_step, reason_step
-from unifiedplayers.verdict import verdict_matrix
+from unifiedplayers.feedback import rewards
+from unifiedplayers.feedback.perturbation import PerturbationEngine
+from unifiedplayers.feedback.trajectory import Trajectory, code_step, output_step, reason_step
+from unifiedplayers.feedback.verdict import verdict_matrix
 
 ACCEPT_ALL = "def check(trajectory):\n    return True\n"
 REJECT_ALL = "def check(trajectory):\n    return (False, 0)\n"

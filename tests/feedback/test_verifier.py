@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 from paper_examples import TRAJ1, VERIFIER_1_1, VERIFIER_1_2, VERIFIER_1_3, fenced
 
-from unifiedplayers.perturbation import PerturbationEngine
-from unifiedplayers.trajectory import Trajectory, code_step, output_step, reason_step
-from unifiedplayers.verifier import ENTRY_POINT, compile_verifier, extract_python_block, outcome_of, sandbox_source
+from unifiedplayers.feedback.perturbation import PerturbationEngine
+from unifiedplayers.feedback.trajectory import Trajectory, code_step, output_step, reason_step
+from unifiedplayers.feedback.verifier import ENTRY_POINT, compile_verifier, extract_python_block, outcome_of, sandbox_source
 
 # ---- validity, decided without running ----------------------------------------------------------------
 

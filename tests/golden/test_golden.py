@@ -156,7 +156,7 @@ def assert_every_stage_ran(records, metrics, roles, verifiers: bool) -> None:
 
 
 def run_loop(overrides, run_dir: Path, respond=None):
-    from unifiedplayers.loop import OuterLoop
+    from unifiedplayers.loop.outer import OuterLoop
 
     torch.set_num_threads(1)
     factory = None if respond is None else (lambda rc, model, tok: IndexedEngine(tok, respond))

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from unifiedplayers.config import compose
-from unifiedplayers.feedback import TaskFeedback
+from unifiedplayers.feedback.pipeline import TaskFeedback
 from unifiedplayers.methods import build_method, reward_source
 from unifiedplayers.methods import absolute_zero as azr
 from unifiedplayers.players.planning import PlanningTask
@@ -184,7 +184,7 @@ def test_answer_checks_pickle_without_their_sandbox(sandbox):
 def test_the_solver_has_no_tools_and_copied_code_gets_no_answer(sandbox, tmp_path):
     from unifiedplayers.models import build_byte_tokenizer
     from unifiedplayers.players.execution import execution_prompt, solve
-    from unifiedplayers.loop import OuterLoop
+    from unifiedplayers.loop.outer import OuterLoop
 
     # room for the scripted replies in byte tokens (the tiny preset allows 16)
     cfg = compose(["experiment=tiny", "method=absolute_zero", "player.execution_max_new_tokens=256", "player.topics=[deduction]"])
@@ -227,7 +227,7 @@ def test_shared_model_option(tmp_path):
     with pytest.raises(ValueError, match="does not train both"):
         build_method(alone)
     build_method(compose(["method=absolute_zero", "method.shared_model=false", "method.roles=[execution]"]))
-    from unifiedplayers.loop import OuterLoop
+    from unifiedplayers.loop.outer import OuterLoop
 
     with pytest.raises(ValueError, match="schedule.feedback=stale"):
         OuterLoop(compose(["experiment=tiny", "method=absolute_zero", "player.topics=[deduction]",
@@ -239,7 +239,7 @@ def test_a_shared_model_is_one_set_of_weights_stepped_by_both_blocks(tmp_path):
     both roles' checkpoints and versions name it, and a resumed run ends with the same weights."""
     import torch
 
-    from unifiedplayers.loop import OuterLoop
+    from unifiedplayers.loop.outer import OuterLoop
 
     overrides = ["experiment=tiny", "method=absolute_zero", "method.shared_model=true", "player.topics=[deduction]",
                  "schedule.planning_updates=2", "schedule.execution_updates=2",
@@ -274,9 +274,9 @@ def test_the_loop_trains_the_proposer_on_the_composite_reward(tmp_path):
     f(x) = x + 1 on 4 (= 5): the solver answers 12 and 13, both wrong: learnability 0, so −0.5."""
     import itertools
 
-    from unifiedplayers.logging import read_metrics
-    from unifiedplayers.loop import OuterLoop
-    from unifiedplayers.records import load_records
+    from unifiedplayers.diagnostics.logging import read_metrics
+    from unifiedplayers.loop.outer import OuterLoop
+    from unifiedplayers.diagnostics.records import load_records
 
     plus_one = "```python\ndef f(x):\n    return x + 1\n```\n```input\n4\n```"
     proposals = [VALID, SYNTAX, plus_one]

@@ -8,9 +8,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from unifiedplayers import grpo
+from unifiedplayers.trainer import grpo
 from unifiedplayers.config import compose
-from unifiedplayers.feedback import TaskFeedback
+from unifiedplayers.feedback.pipeline import TaskFeedback
 from unifiedplayers.methods import GroupShape, build_method
 from unifiedplayers.methods import agent0
 from unifiedplayers.trainer.player_trainer import TrainSample, _collate

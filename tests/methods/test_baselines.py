@@ -9,15 +9,15 @@ import pytest
 import torch
 
 from unifiedplayers.config import compose
-from unifiedplayers.logging import read_metrics
-from unifiedplayers.feedback import TaskFeedback
+from unifiedplayers.diagnostics.logging import read_metrics
+from unifiedplayers.feedback.pipeline import TaskFeedback
 from unifiedplayers.methods import build_method, reward_source
 from unifiedplayers.methods import absolute_zero as azr
 from unifiedplayers.methods import socratic_zero
-from unifiedplayers.records import load_records
+from unifiedplayers.diagnostics.records import load_records
 from unifiedplayers.sandbox import Sandbox, SandboxConfig
-from unifiedplayers.loop import OuterLoop
-from unifiedplayers.schedule import trained_roles
+from unifiedplayers.loop.outer import OuterLoop
+from unifiedplayers.loop.schedule import trained_roles
 
 from stub_teacher import serve_teacher
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from unifiedplayers.config import compose
-from unifiedplayers.feedback import TaskFeedback
+from unifiedplayers.feedback.pipeline import TaskFeedback
 from unifiedplayers.methods import GroupShape, build_method, reward_source, self_consistency
 from unifiedplayers.methods import r_zero
 

@@ -28,14 +28,14 @@ import pytest
 import torch
 
 from unifiedplayers.config import compose
-from unifiedplayers.logging import read_metrics
+from unifiedplayers.diagnostics.logging import read_metrics
 from unifiedplayers.methods import build_method
 from unifiedplayers.methods import socratic_zero as sz
 from unifiedplayers.models import build_byte_tokenizer
 from unifiedplayers.players.planning import PlanningTask
-from unifiedplayers.sampling import PlayedTask
+from unifiedplayers.loop.sampling import PlayedTask
 from unifiedplayers.rollout.types import Segment
-from unifiedplayers.loop import OuterLoop, StopRun
+from unifiedplayers.loop.outer import OuterLoop, StopRun
 from unifiedplayers.trainer import player_trainer
 
 from stub_teacher import serve_teacher

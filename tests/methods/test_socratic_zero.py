@@ -11,9 +11,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from unifiedplayers import grpo
+from unifiedplayers.trainer import grpo
 from unifiedplayers.config import compose
-from unifiedplayers.feedback import TaskFeedback
+from unifiedplayers.feedback.pipeline import TaskFeedback
 from unifiedplayers.methods import build_method, reward_source
 from unifiedplayers.methods import socratic_zero as sz
 from unifiedplayers.models import build_byte_tokenizer

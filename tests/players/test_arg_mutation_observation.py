@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from unifiedplayers.models import build_byte_tokenizer
-from unifiedplayers.observation import observation_body, truncate_observation
-from unifiedplayers.perturbation import PerturbationEngine
+from unifiedplayers.feedback.observation import observation_body, truncate_observation
+from unifiedplayers.feedback.perturbation import PerturbationEngine
 from unifiedplayers.players.tool_loop import ToolLoopConfig, run_tool_loop
 from unifiedplayers.sandbox import Sandbox, SandboxConfig
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from unifiedplayers.config import compose
-from unifiedplayers.entropy_bank import ROLES, bank_size, entropy_bank_texts, load_bank
+from unifiedplayers.diagnostics.entropy_bank import ROLES, bank_size, entropy_bank_texts, load_bank
 from unifiedplayers.models import build_byte_tokenizer
 from unifiedplayers.players import evaluation_prompt, execution_prompt, planning_prompt
 

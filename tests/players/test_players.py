@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from unifiedplayers.config import compose
-from unifiedplayers.feedback import TaskFeedback
+from unifiedplayers.feedback.pipeline import TaskFeedback
 from unifiedplayers.methods import REWARD_SOURCES, build_method, reward_source
 from unifiedplayers.models import build_byte_tokenizer
 from unifiedplayers.players import (
@@ -21,9 +21,9 @@ from unifiedplayers.players import (
     topic_at,
     write_verifiers,
 )
-from unifiedplayers.rewards import TaskRewards
-from unifiedplayers.trajectory import TRAJECTORY_SCHEMA
-from unifiedplayers.verifier import compile_verifier
+from unifiedplayers.feedback.rewards import TaskRewards
+from unifiedplayers.feedback.trajectory import TRAJECTORY_SCHEMA
+from unifiedplayers.feedback.verifier import compile_verifier
 
 sys.path.insert(0, str(Path(__file__).parent))
 from scripted import ScriptedEngine  # noqa: E402

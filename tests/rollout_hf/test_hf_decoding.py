@@ -238,7 +238,7 @@ def test_a_new_checkpoint_name_drops_the_stored_prefixes():
     parameters' version counters."""
     from types import SimpleNamespace
 
-    from unifiedplayers.engines import RolloutEngines
+    from unifiedplayers.loop.engines import RolloutEngines
 
     class Engine:
         forgotten = 0

@@ -15,7 +15,7 @@ import pytest
 
 from unifiedplayers.checks import validate
 from unifiedplayers.config import compose
-from unifiedplayers.loop import OuterLoop
+from unifiedplayers.loop.outer import OuterLoop
 
 pytestmark = pytest.mark.cpu
 
@@ -68,7 +68,7 @@ def _run_killed_in_first_update(run_dir: Path) -> None:
     script = textwrap.dedent(f"""
         import os, signal
         from unifiedplayers.config import compose
-        from unifiedplayers.loop import OuterLoop
+        from unifiedplayers.loop.outer import OuterLoop
         from unifiedplayers.trainer.player_trainer import PlayerTrainer
         def update(self, batch, **kwargs):  # the first update: records are written, state.pt is not yet
             os.kill(os.getpid(), signal.SIGKILL)

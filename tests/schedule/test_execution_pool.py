@@ -10,12 +10,12 @@ import pytest
 import torch
 from scripted import ScriptedEngine
 
-import unifiedplayers.execution_pool as execution_pool
+import unifiedplayers.diagnostics.execution_pool as execution_pool
 from unifiedplayers.config import compose
-from unifiedplayers.execution_pool import POOL_FILENAME, build_pool, evaluate_pool, negative_steps
-from unifiedplayers.logging import read_metrics
-import unifiedplayers.loop as loop_module
-from unifiedplayers.loop import OuterLoop
+from unifiedplayers.diagnostics.execution_pool import POOL_FILENAME, build_pool, evaluate_pool, negative_steps
+from unifiedplayers.diagnostics.logging import read_metrics
+import unifiedplayers.loop.outer as loop_module
+from unifiedplayers.loop.outer import OuterLoop
 
 pytestmark = pytest.mark.cpu
 

@@ -8,7 +8,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from unifiedplayers.config import LoggerConfig
-from unifiedplayers.logging import RunLogger, count_lines, read_metrics, truncate_lines
+from unifiedplayers.diagnostics.logging import RunLogger, count_lines, read_metrics, truncate_lines
 
 pytestmark = pytest.mark.cpu
 
@@ -78,7 +78,7 @@ def test_wandb_online_without_network_falls_back_to_offline(tmp_path, monkeypatc
 
 
 def test_wandb_init_timeout_is_short_by_default(monkeypatch):
-    from unifiedplayers.logging import wandb_init_timeout
+    from unifiedplayers.diagnostics.logging import wandb_init_timeout
 
     monkeypatch.delenv("WANDB_INIT_TIMEOUT", raising=False)
     cfg = OmegaConf.structured(LoggerConfig(backend="wandb", mode="online"))

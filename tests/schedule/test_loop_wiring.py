@@ -73,12 +73,12 @@ import pytest
 import torch
 
 from unifiedplayers.config import compose
-from unifiedplayers.logging import read_metrics
-from unifiedplayers.records import load_records
+from unifiedplayers.diagnostics.logging import read_metrics
+from unifiedplayers.diagnostics.records import load_records
 from unifiedplayers.rollout.types import flatten_segments
 from scripted import ScriptedEngine
 
-from unifiedplayers.loop import OuterLoop
+from unifiedplayers.loop.outer import OuterLoop
 from unifiedplayers.roles import ROLES
 
 pytestmark = pytest.mark.cpu

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from unifiedplayers.config import compose
-from unifiedplayers.logging import read_metrics
-from unifiedplayers.records import load_records
-from unifiedplayers.loop import OuterLoop
+from unifiedplayers.diagnostics.logging import read_metrics
+from unifiedplayers.diagnostics.records import load_records
+from unifiedplayers.loop.outer import OuterLoop
 from scripted import ScriptedEngine
 
 pytestmark = pytest.mark.cpu

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from unifiedplayers.config import compose
-from unifiedplayers.logging import read_metrics
-from unifiedplayers.records import load_records
-from unifiedplayers.loop import OuterLoop, StopRun
-from unifiedplayers.schedule import plan_updates, seed_for
+from unifiedplayers.diagnostics.logging import read_metrics
+from unifiedplayers.diagnostics.records import load_records
+from unifiedplayers.loop.outer import OuterLoop, StopRun
+from unifiedplayers.loop.schedule import plan_updates, seed_for
 
 pytestmark = pytest.mark.cpu
 
@@ -304,7 +304,7 @@ def test_a_running_run_thins_the_checkpoints_its_state_no_longer_names(tmp_path)
 def test_retention_of_a_deepspeed_checkpoint_keeps_its_model_pt_only(tmp_path):
     # A DeepSpeed checkpoint holds model.pt (full weights) beside deepspeed/ (engine state with the
     # optimizer partitions): "weights" keeps model.pt and drops the rest.
-    from unifiedplayers.checkpoints import prune
+    from unifiedplayers.loop.checkpoints import prune
 
     ckpt = tmp_path / "checkpoints" / "iter1" / "planning"
     (ckpt / "deepspeed" / "state").mkdir(parents=True)

@@ -15,11 +15,11 @@ import toy_reward
 import torch
 
 from unifiedplayers.config import compose, resolve_player_config, role_temperature, role_trainer_config
-from unifiedplayers.logging import read_metrics
-from unifiedplayers.phase import split_units, unit_of_step
-from unifiedplayers.engines import SamplingTemperature
-from unifiedplayers.loop import OuterLoop
-from unifiedplayers.schedule import plan_updates
+from unifiedplayers.diagnostics.logging import read_metrics
+from unifiedplayers.loop.phase import split_units, unit_of_step
+from unifiedplayers.loop.engines import SamplingTemperature
+from unifiedplayers.loop.outer import OuterLoop
+from unifiedplayers.loop.schedule import plan_updates
 
 pytestmark = pytest.mark.cpu
 
@@ -168,7 +168,7 @@ def test_resume_after_kill_9_inside_a_phase_equals_an_uninterrupted_run(s4_run, 
         import toy_reward
         toy_reward.install(pytest.MonkeyPatch())
         from unifiedplayers.config import compose
-        from unifiedplayers.loop import OuterLoop
+        from unifiedplayers.loop.outer import OuterLoop
         from unifiedplayers.trainer.player_trainer import PlayerTrainer
         real, n = PlayerTrainer.update, [0]
         def update(self, batch, **kwargs):
@@ -256,7 +256,7 @@ def test_a_role_temperature_reaches_the_engine_per_call():
 
 
 def test_each_trainer_gets_the_shipped_held_out_bank_of_its_role(tmp_path):
-    from unifiedplayers.entropy_bank import entropy_bank_texts
+    from unifiedplayers.diagnostics.entropy_bank import entropy_bank_texts
     from unifiedplayers.players.evaluation import evaluation_prompt
 
     loop = OuterLoop(compose(["experiment=tiny", "trainer.entropy_bank_size=3"]), tmp_path)

@@ -18,9 +18,9 @@ from omegaconf import OmegaConf
 
 from unifiedplayers import precision
 from unifiedplayers.config import compose, role_trainer_config
-from unifiedplayers.loop import OuterLoop, StopRun
+from unifiedplayers.loop.outer import OuterLoop, StopRun
 from unifiedplayers.models import load_model
-from unifiedplayers.run_state import check_resumable
+from unifiedplayers.loop.run_state import check_resumable
 from unifiedplayers.trainer import TrainSample, build_trainer
 
 pytestmark = pytest.mark.cpu
@@ -175,7 +175,7 @@ def test_recompute_old_logprobs_both_settings(tmp_path):
 
 def test_resumable_check_accepts_auto_against_a_stored_dtype(tmp_path):
     cfg = compose(["experiment=tiny", "model.dtype=auto"])
-    from unifiedplayers.run_state import result_config
+    from unifiedplayers.loop.run_state import result_config
 
     then = dict(result_config(compose(["experiment=tiny"])))
     check_resumable({"config": then}, cfg, tmp_path, 1)  # auto continues a float32 run
@@ -186,7 +186,7 @@ def test_resumable_check_accepts_auto_against_a_stored_dtype(tmp_path):
 def test_a_run_written_with_the_tiny_sizes_under_a_pretrained_model_resumes(tmp_path):
     """Runs written before the tiny_random sizes defaulted to null held 128, 2, ... under every model: unused there,
     they are no change (a real size change of the tiny model still is)."""
-    from unifiedplayers.run_state import result_config
+    from unifiedplayers.loop.run_state import result_config
 
     smol = compose(["experiment=smoke"])
     old = {**result_config(smol), "model.hidden_size": 128, "model.num_hidden_layers": 2}

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from unifiedplayers import loop as loop_module
-from unifiedplayers.checkpoints import save_due
+from unifiedplayers.loop import outer as loop_module
+from unifiedplayers.loop.checkpoints import save_due
 from unifiedplayers.config import compose
-from unifiedplayers.logging import read_metrics
-from unifiedplayers.loop import OuterLoop, StopRun
-from unifiedplayers.phase import PHASE_FILE
-from unifiedplayers.schedule import phase_steps, plan_updates
+from unifiedplayers.diagnostics.logging import read_metrics
+from unifiedplayers.loop.outer import OuterLoop, StopRun
+from unifiedplayers.loop.phase import PHASE_FILE
+from unifiedplayers.loop.schedule import phase_steps, plan_updates
 
 pytestmark = pytest.mark.cpu
 

@@ -5,7 +5,7 @@ tests/trainer/test_grpo_learning.py), so every group has a reward spread and the
 monkeypatch undoes it (a test that runs after sees the real rewards, whatever the order)."""
 from __future__ import annotations
 
-import unifiedplayers.phase as phase
+import unifiedplayers.loop.phase as phase
 
 _real = phase.group_samples
 LETTERS: set[int] = set()

@@ -181,7 +181,7 @@ def test_an_old_deepspeed_is_refused_by_the_start_up_checks(monkeypatch, tmp_pat
     """The window is checked with the config, before a model is loaded or a run directory written."""
     from unifiedplayers import models
     from unifiedplayers.config import compose
-    from unifiedplayers.loop import OuterLoop
+    from unifiedplayers.loop.outer import OuterLoop
     from unifiedplayers.trainer import deepspeed_backend
 
     monkeypatch.setattr(deepspeed_backend, "installed_deepspeed_version", lambda: "0.18.9")

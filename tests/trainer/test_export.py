@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from unifiedplayers.config import compose
 from unifiedplayers.export import EXPORT_DIR, EXPORT_META, main
-from unifiedplayers.loop import OuterLoop
+from unifiedplayers.loop.outer import OuterLoop
 from unifiedplayers.models import cast_parameters, load_model
 from unifiedplayers.roles import ROLES
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from unifiedplayers import grpo
+from unifiedplayers.trainer import grpo
 from unifiedplayers.config import RolloutConfig
 from unifiedplayers.rollout import build_rollout
 from unifiedplayers.trainer import build_trainer, sample_from_completion

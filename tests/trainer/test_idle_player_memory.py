@@ -21,8 +21,8 @@ import torch
 
 from unifiedplayers.config import compose, resolve_player_config
 from unifiedplayers.distributed import SINGLE
-from unifiedplayers.schedule import trained_roles
-from unifiedplayers.team import Team
+from unifiedplayers.loop.schedule import trained_roles
+from unifiedplayers.loop.team import Team
 from unifiedplayers.trainer import build_trainer
 
 from trainer_helpers import synthetic_batch, tiny_model, trainer_config

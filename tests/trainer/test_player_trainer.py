@@ -9,7 +9,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from unifiedplayers import grpo
+from unifiedplayers.trainer import grpo
 from unifiedplayers.config import TrainerConfig
 from unifiedplayers.trainer import (
     EntropyRetention,

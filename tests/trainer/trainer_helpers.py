@@ -6,7 +6,7 @@ import functools
 
 import torch
 
-from unifiedplayers import grpo
+from unifiedplayers.trainer import grpo
 from unifiedplayers.config import ModelConfig, TrainerConfig
 from unifiedplayers.models import load_model
 from unifiedplayers.trainer import TrainSample, selected_token_logprobs

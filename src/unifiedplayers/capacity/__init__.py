@@ -10,7 +10,7 @@ The plan reads the model's configuration, never its weights (``model.path`` may 
   passes, forward, backward, optimizer step, the entropy bank, generation); the peak is the largest instant.
 - **Host RAM per node**, at start-up (the backbone read on the host) and during an update.
 - **Disk**: one checkpoint, the run's peak and what a finished run keeps, replayed from the save cadence
-  (:func:`unifiedplayers.checkpoints.save_due`), and the idle players' state parked in ``trainer.offload_dir``.
+  (:func:`unifiedplayers.loop.checkpoints.save_due`), and the idle players' state parked in ``trainer.offload_dir``.
 - **Compute**: tokens, sandbox calls and FLOPs per update (:mod:`unifiedplayers.trainer.flops` conventions), and
   GPU-hours per seed at a stated utilisation.
 
@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 from unifiedplayers.config import CONF_DIR, resolve_player_config, role_trainer_config
-from unifiedplayers.schedule import BLOCK_ORDER, phase_steps, plan_updates, trained_roles
+from unifiedplayers.loop.schedule import BLOCK_ORDER, phase_steps, plan_updates, trained_roles
 
 GiB, GB, TB = float(2**30), 1e9, 1e12
 # The backbones' config.json figures, kept in the repository (the hub may be out of reach). MiMo-7B-Base's were
@@ -397,7 +397,7 @@ def role_loads(cfg: Any) -> dict[str, RoleLoad]:
     """Each player's mini-batch at its budgets: Planning G_T tasks of each questioner prompt, Execution K
     trajectories of max_turns generations with a tool output between two, Evaluation M verifiers per task. A
     task's question is task_max_chars long; a method without tools takes one turn (``sampling.execution_config``)."""
-    from unifiedplayers.trajectory import TRAJECTORY_SCHEMA
+    from unifiedplayers.feedback.trajectory import TRAJECTORY_SCHEMA
 
     p = resolve_player_config(cfg)
     turns = int(p.max_turns) if cfg.method.use_tools else 1
@@ -621,11 +621,11 @@ def checkpoint_items(s: Setup) -> tuple[Item, ...]:
 
 def checkpoint_disk(cfg: Any, full: float, weights: float) -> tuple[float, float, float, int]:
     """(the peak bytes of checkpoints/ during the run, at its end, what the finished run keeps, saves), replayed over
-    the run's updates with :func:`unifiedplayers.checkpoints.save_due`. An in-block save writes the resume copy the
+    the run's updates with :func:`unifiedplayers.loop.checkpoints.save_due`. An in-block save writes the resume copy the
     run state does not name (up to three at once: the named copy, the one being replaced, the new one), a block end
     a named checkpoint; the role's resume copies then go, and every named checkpoint the state no longer names is
     thinned as ``schedule.checkpoint_retention`` says (a running run keeps what a finished one would)."""
-    from unifiedplayers.checkpoints import save_due
+    from unifiedplayers.loop.checkpoints import save_due
 
     s, per_phase = cfg.schedule, phase_steps(cfg)
     kept = {"all": lambda role: full, "weights": lambda role: weights,

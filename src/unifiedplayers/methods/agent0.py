@@ -48,7 +48,7 @@ from unifiedplayers.methods.r_zero import (BLEU_DISTANCE_THRESHOLD, ChallengerSe
 from unifiedplayers.methods.sources import register_reward_source, self_consistency
 
 if TYPE_CHECKING:
-    from unifiedplayers.feedback import TaskFeedback
+    from unifiedplayers.feedback.pipeline import TaskFeedback
 
 DEFAULT_TOOL_WEIGHT = 0.05  # γ of Agent0's calculate_tool_reward
 DEFAULT_TOOL_CALL_CAP = 4  # C

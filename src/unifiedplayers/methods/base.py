@@ -189,7 +189,7 @@ class Method:
         return groups, used, unused
 
     def after_rollouts(self, role: str, played: Sequence[Any]) -> dict[str, Any]:
-        """Once the phase's solutions are in (rank 0; ``played``: its :class:`~unifiedplayers.sampling.PlayedTask`
+        """Once the phase's solutions are in (rank 0; ``played``: its :class:`~unifiedplayers.loop.sampling.PlayedTask`
         records, task and rollouts filled). A method keeps its own data of a task in ``played[i].method_data``
         (the hooks below read it back from the same record) and returns its figures of the whole phase, added to
         each unit's metrics line."""
@@ -205,7 +205,7 @@ class Method:
         return {}
 
     def record_meta(self, played: Any) -> dict[str, Any]:
-        """What the record of one played task (a :class:`~unifiedplayers.sampling.PlayedTask`) adds to its meta."""
+        """What the record of one played task (a :class:`~unifiedplayers.loop.sampling.PlayedTask`) adds to its meta."""
         return {}
 
     # ------------------------------------------------------------------ run state

@@ -39,7 +39,7 @@ from unifiedplayers.methods.base import GroupShape, Method, register_method
 from unifiedplayers.methods.sources import register_reward_source, self_consistency
 
 if TYPE_CHECKING:
-    from unifiedplayers.feedback import TaskFeedback
+    from unifiedplayers.feedback.pipeline import TaskFeedback
 
 BLEU_DISTANCE_THRESHOLD = 0.5  # R-Zero: distance_threshold=0.5, linkage="average"
 SOLVER_BAND = (0.3, 0.7)  # R-Zero paper: 3-7 of m = 10 agree (|p̂ - 1/2| <= 0.25); its scripts use [0.3, 0.8]

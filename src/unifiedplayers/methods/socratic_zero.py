@@ -52,7 +52,7 @@ from unifiedplayers.methods.base import Method, register_method
 from unifiedplayers.methods.sources import register_reward_source
 
 if TYPE_CHECKING:
-    from unifiedplayers.feedback import TaskFeedback
+    from unifiedplayers.feedback.pipeline import TaskFeedback
 
 GRADE_PROMPT = (
     "You are a strict math teacher. Problem:\n{question}\n\nA student's final answer: {answer}\n\n"
@@ -105,7 +105,7 @@ class CurriculumItem:
 
 def parse_refinement(text: str, source_question: str, failed_solution: str) -> tuple[Optional[CurriculumItem], str]:
     """(item, "") from a Teacher reply of the form "Problem: ... Solution: ... \\boxed{a}", else (None, why)."""
-    from unifiedplayers.trajectory import _boxed_spans
+    from unifiedplayers.feedback.trajectory import _boxed_spans
 
     m = re.search(r"Problem:\s*(.*?)\s*Solution:\s*(.*)", text, re.DOTALL | re.IGNORECASE)
     if not m:

@@ -2,7 +2,7 @@
 
 UnifiedPlayers uses ``verdict`` (Eq. 4 for Execution, Eq. 5 for Evaluation) and ``unifiedplayers`` (Eq. 2 for
 Planning); the baselines add theirs in their own modules (``majority_vote`` is here, shared by R-Zero and
-Agent0). A source reads one task's :class:`unifiedplayers.feedback.TaskFeedback`, or, registered with
+Agent0). A source reads one task's :class:`unifiedplayers.feedback.pipeline.TaskFeedback`, or, registered with
 ``batch=True``, the list of all the phase's tasks (R-Zero's and Agent0's within-batch repetition penalty)::
 
     @register_reward_source("planning", "my_curriculum")
@@ -20,7 +20,7 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from unifiedplayers.registry import Registry
-from unifiedplayers.rewards import answer_clusters, majority_share
+from unifiedplayers.feedback.rewards import answer_clusters, majority_share
 from unifiedplayers.roles import ROLES
 
 

@@ -1,10 +1,10 @@
 """The Evaluation player (Critic-Coder, π_C; §3.2, Appendix E.3): M verifiers ``check(trajectory)`` per task.
 
-The prompt holds the task and :data:`unifiedplayers.trajectory.TRAJECTORY_SCHEMA`, never the expected
+The prompt holds the task and :data:`unifiedplayers.feedback.trajectory.TRAJECTORY_SCHEMA`, never the expected
 answer. The default ``response_prefix`` starts the reply with ````python\\ndef check(trajectory):`` (a
 format nudge for small backbones); the verifier source handed to
-:func:`unifiedplayers.verdict.verdict_matrix` is prefix + generated text, and
-:func:`unifiedplayers.verifier.compile_verifier` decides its validity (an invalid one is a recorded
+:func:`unifiedplayers.feedback.verdict.verdict_matrix` is prefix + generated text, and
+:func:`unifiedplayers.feedback.verifier.compile_verifier` decides its validity (an invalid one is a recorded
 failure with ``cfg.reward.invalid_verifier_reward``).
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 from unifiedplayers.players.prompts import render_prompt
-from unifiedplayers.trajectory import TRAJECTORY_SCHEMA
+from unifiedplayers.feedback.trajectory import TRAJECTORY_SCHEMA
 
 
 @dataclass

@@ -21,7 +21,7 @@ from typing import Any, Optional, Sequence
 
 from unifiedplayers.players.prompts import render_prompt
 from unifiedplayers.rollout.types import Completion, Segment
-from unifiedplayers.trajectory import _boxed_spans
+from unifiedplayers.feedback.trajectory import _boxed_spans
 
 MAX_CONTINUATIONS = 4  # continuations of one Planning sample after a stop string that was not its end
 

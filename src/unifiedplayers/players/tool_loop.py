@@ -11,7 +11,7 @@ evaluation harness's ``tool`` mode. One call runs every sample of a batch togeth
 One *turn* is one generation of the model, until either
 
 - a fenced python block closes (a line ```` ```python ```` ... a line ```` ``` ````; an unlabelled fence
-  counts as python, as in :func:`unifiedplayers.trajectory.parse_transcript`): the code runs in the
+  counts as python, as in :func:`unifiedplayers.feedback.trajectory.parse_transcript`): the code runs in the
   sandbox, and its observation is appended as an inserted, non-trainable segment, rendered as::
 
       ```output
@@ -21,7 +21,7 @@ One *turn* is one generation of the model, until either
       [exit status N] | [timed out] | [memory limit exceeded]
       ```
 
-  (the body is :func:`unifiedplayers.trajectory.format_observation`: stdout alone for a clean run),
+  (the body is :func:`unifiedplayers.feedback.trajectory.format_observation`: stdout alone for a clean run),
   truncated to ``observation_max_chars`` with a ``[... N characters truncated ...]`` marker; or
 - a closed ``\\boxed{...}`` appears in the reasoning text (outside code and output fences): the sample
   is ``answered``; or
@@ -51,16 +51,16 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
-from unifiedplayers.observation import observation_body, truncate_observation  # noqa: F401 (re-exported)
+from unifiedplayers.feedback.observation import observation_body, truncate_observation  # noqa: F401 (re-exported)
 from unifiedplayers.rollout.types import Completion, Segment, flatten_segments
-from unifiedplayers.trajectory import Trajectory, extract_boxed, parse_transcript
+from unifiedplayers.feedback.trajectory import Trajectory, extract_boxed, parse_transcript
 
 STOP_STRINGS = ["```\n"]
 OBSERVATION_OPEN = "```output\n"
 OBSERVATION_CLOSE = "\n```\n"
 STATUSES = ("answered", "turn_limit", "no_answer", "error")
 
-# The same fence rules as unifiedplayers.trajectory.parse_transcript: a fence is a line of its own.
+# The same fence rules as unifiedplayers.feedback.trajectory.parse_transcript: a fence is a line of its own.
 _FENCE_OPEN = re.compile(r"^[ \t]*```[ \t]*([A-Za-z0-9_+.-]*)[ \t]*$", re.MULTILINE)
 _FENCE_CLOSE = re.compile(r"^[ \t]*```[ \t]*$", re.MULTILINE)
 _PYTHON_LABELS = {"python", "py", "python3", ""}

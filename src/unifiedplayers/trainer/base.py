@@ -15,7 +15,7 @@ backends never import each other.
   (``trainer.backend``). The built-in ones are listed as ``"module:Class"`` and imported on first use, so
   this module imports no backend.
 
-The maths lives in :mod:`unifiedplayers.grpo`; this module only feeds it. One :meth:`BaseTrainer.update` =
+The maths lives in :mod:`unifiedplayers.trainer.grpo`; this module only feeds it. One :meth:`BaseTrainer.update` =
 one optimizer step over a batch of samples (one block update):
 
 1. Eq. 21 aggregation weights are computed over the *whole* batch, so micro-batches with gradient
@@ -57,7 +57,7 @@ from typing import Any, Callable, ContextManager, Iterable, Mapping, Optional, S
 import torch
 from torch import nn
 
-from unifiedplayers import grpo
+from unifiedplayers.trainer import grpo
 from unifiedplayers.distributed import SINGLE, DistContext
 from unifiedplayers.registry import Registry
 from unifiedplayers.trainer.batching import (
@@ -453,7 +453,7 @@ class BaseTrainer(ReferencePolicy, BlockDiagnostics, TrainerHooks):
 
     def _micro_batch_loss(self, loss_fn: Callable, out: TokenLogprobs, mb: _MicroBatch,
                           ref: Optional[TokenLogprobs]) -> tuple[Tensor, dict[str, float]]:
-        """The policy loss (Eqs. 18–21, :mod:`unifiedplayers.grpo`) of one micro-batch and its metrics."""
+        """The policy loss (Eqs. 18–21, :mod:`unifiedplayers.trainer.grpo`) of one micro-batch and its metrics."""
         cfg = self.cfg
         if ref is not None:
             ref_logprobs = ref.logprobs

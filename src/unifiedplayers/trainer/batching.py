@@ -12,7 +12,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from unifiedplayers import grpo
+from unifiedplayers.trainer import grpo
 
 Tensor = torch.Tensor
 

@@ -4,7 +4,7 @@ Under ``trainer.dtype=bfloat16`` the torch backend keeps the master weights, the
 in float32 and runs the forward and backward through a bf16 copy of the weights, refreshed after each
 optimizer step (:func:`copy_weights`): the weights are cast once per step, not at every forward as autocast
 would. The LM head's log-softmax and everything after it (log-probs, ratios, advantages, KL, the loss
-reductions) stay float32 (:mod:`unifiedplayers.trainer.logprobs`, :mod:`unifiedplayers.grpo`).
+reductions) stay float32 (:mod:`unifiedplayers.trainer.logprobs`, :mod:`unifiedplayers.trainer.grpo`).
 """
 from __future__ import annotations
 

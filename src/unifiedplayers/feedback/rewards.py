@@ -324,7 +324,7 @@ class _ClusterGuard:
         import sys
         import time
 
-        code = "from unifiedplayers.rewards import _serve_stdio; _serve_stdio()"
+        code = "from unifiedplayers.feedback.rewards import _serve_stdio; _serve_stdio()"
         env = dict(os.environ, PYTHONHASHSEED="0")  # sympy iterates sets: one order in every run
         self._proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                       stderr=subprocess.DEVNULL, close_fds=True, env=env)

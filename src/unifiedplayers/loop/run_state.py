@@ -1,4 +1,4 @@
-"""A run's state on disk (:mod:`unifiedplayers.loop`): :class:`RunState` to and from ``state.pt``, atomic
+"""A run's state on disk (:mod:`unifiedplayers.loop.outer`): :class:`RunState` to and from ``state.pt``, atomic
 writes, and the config a resumed run must share with the run it continues (:func:`check_resumable`)."""
 from __future__ import annotations
 
@@ -74,7 +74,7 @@ CONFIG_FILE = "config.yaml"
 @dataclass
 class RunState:
     """Where a run stands after its last completed update; ``state.pt`` holds it as of the last save (the
-    checkpoint it names: ``schedule.save_every``, :func:`unifiedplayers.checkpoints.save_due`).
+    checkpoint it names: ``schedule.save_every``, :func:`unifiedplayers.loop.checkpoints.save_due`).
 
     ``records`` and ``metrics`` count the lines of records.jsonl and metrics.jsonl that belong to completed
     updates (a resumed run cuts the rest: the lines of the updates after the last save, which it replays);
@@ -164,8 +164,8 @@ def saved_state(run_dir: Path, cfg: Any, world_size: int, is_main: bool = True) 
     restarted from its first update with ``resume=true``: its records and metrics lines are cut, so none is
     written twice.
     """
-    from unifiedplayers.logging import METRICS_FILENAME, count_lines, truncate_lines
-    from unifiedplayers.records import RECORDS_FILENAME
+    from unifiedplayers.diagnostics.logging import METRICS_FILENAME, count_lines, truncate_lines
+    from unifiedplayers.diagnostics.records import RECORDS_FILENAME
 
     path = run_dir / STATE_FILE
     state = load_state(path) if path.exists() else None
@@ -198,9 +198,9 @@ def restore(state: dict[str, Any], cfg: Any, run_dir: Path, dist: Any, team: Any
     cut to the updates saved (the later ones are replayed: the RNG states and every seed make them the same), the
     phase in progress read back, every player's checkpoint, the RNG states, the reference and published weights
     of the current outer iteration, the method's state. Returns (run state, phase)."""
-    from unifiedplayers.logging import truncate_lines
-    from unifiedplayers.phase import PHASE_FILE, Phase
-    from unifiedplayers.records import RECORDS_FILENAME
+    from unifiedplayers.diagnostics.logging import truncate_lines
+    from unifiedplayers.loop.phase import PHASE_FILE, Phase
+    from unifiedplayers.diagnostics.records import RECORDS_FILENAME
     from unifiedplayers.trainer import restore_rng_state
 
     dropped_r = dropped_m = 0

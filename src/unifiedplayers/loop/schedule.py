@@ -1,10 +1,10 @@
 """The schedule of a run (§3.3, Appendix B.4): its updates in block order (Planning → Execution → Evaluation,
 ``schedule.<role>_updates`` each per outer iteration), each update's place in its sampling phase, and the
-generation seeds. The outer loop (:mod:`unifiedplayers.loop`) runs it; :mod:`unifiedplayers.checks` checks a
+generation seeds. The outer loop (:mod:`unifiedplayers.loop.outer`) runs it; :mod:`unifiedplayers.checks` checks a
 config before anything is loaded.
 
 Names: a *slot* is one planned update (optimizer step); a *phase* is the run of S × μ updates that share one
-sample (:mod:`unifiedplayers.phase`), named by the index of its first update."""
+sample (:mod:`unifiedplayers.loop.phase`), named by the index of its first update."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -18,7 +18,7 @@ BLOCK_ORDER = ROLES  # ("planning", "execution", "evaluation")
 @dataclass(frozen=True)
 class Slot:
     """One update (optimizer step) of the run: global index, outer iteration (1-based), role, index within
-    its block; and its place in its sampling phase (:mod:`unifiedplayers.phase`): the phase's first update
+    its block; and its place in its sampling phase (:mod:`unifiedplayers.loop.phase`): the phase's first update
     and this step's index within the phase (0 samples the phase)."""
 
     index: int

@@ -4,8 +4,8 @@ Every ``schedule.execution_pool.every`` Execution updates (paper: 50) the Execut
 pool of math and general questions (paper: 128 + 128), greedily, with its own tool loop and prompt (the
 format it is trained on). The pool is the first ``math_size`` problems of one offline benchmark file and
 the first ``general_size`` of another (by default the GSM8K and MMLU subsets the evaluation harness ships
-with, loaded and graded by the harness's own code: :mod:`unifiedplayers.problems`,
-:mod:`unifiedplayers.grading`); a file holding fewer problems caps its share.
+with, loaded and graded by the harness's own code: :mod:`unifiedplayers.data.benchmarks`,
+:mod:`unifiedplayers.feedback.answers`); a file holding fewer problems caps its share.
 
 Over the run this gives one accuracy per checkpoint (updates e = N, 2N, ...), from which the run summary
 reports the **negative-step rate** (the share of adjacent checkpoints where accuracy falls) and the
@@ -62,11 +62,11 @@ class PoolQuestion:
 
     domain: str  # math | general
     benchmark: str
-    problem: Any  # unifiedplayers.problems.Problem
+    problem: Any  # unifiedplayers.data.benchmarks.Problem
 
     @property
     def answer_type(self) -> str:
-        from unifiedplayers.problems import REGISTRY
+        from unifiedplayers.data.benchmarks import REGISTRY
 
         return REGISTRY[self.benchmark].answer_type
 
@@ -74,7 +74,7 @@ class PoolQuestion:
 def build_pool(pool_cfg: Any) -> tuple[list[PoolQuestion], list[str]]:
     """(questions, messages): the first ``math_size`` math and ``general_size`` general problems; one
     message per file that is missing or unreadable (that share of the pool is then empty)."""
-    from unifiedplayers.problems import REGISTRY, load_benchmark
+    from unifiedplayers.data.benchmarks import REGISTRY, load_benchmark
 
     questions: list[PoolQuestion] = []
     missing: list[str] = []
@@ -100,7 +100,7 @@ def build_pool(pool_cfg: Any) -> tuple[list[PoolQuestion], list[str]]:
 
 def user_message(q: PoolQuestion, pool_cfg: Any) -> str:
     """The question as the Execution player sees it (inside its own prompt template)."""
-    from unifiedplayers.grading import option_letters
+    from unifiedplayers.feedback.answers import option_letters
     from unifiedplayers.players.prompts import fill
 
     if q.answer_type == "option":
@@ -114,8 +114,8 @@ def user_message(q: PoolQuestion, pool_cfg: Any) -> str:
 def grade_text(q: PoolQuestion, text: str) -> tuple[Optional[str], bool]:
     """(extracted answer, correct) of one tool-loop transcript, as the evaluation harness grades its tool
     mode: the trajectory's own final answer as training parses it (a ``\\boxed{}`` printed by code is no
-    answer; :func:`unifiedplayers.grading.extract_answer`)."""
-    from unifiedplayers.grading import extract_answer, grade
+    answer; :func:`unifiedplayers.feedback.answers.extract_answer`)."""
+    from unifiedplayers.feedback.answers import extract_answer, grade
 
     answer = extract_answer(q.answer_type, text, len(q.problem.options or []), tool=True)
     return answer, bool(grade(q.answer_type, answer, q.problem.reference))

@@ -9,11 +9,11 @@ recorded at sampling (sg[D_p^(b)]): π_θ moves away from π_old inside the phas
 moves off 1 and the clip of Eq. 19 can bind.
 
 This module holds the pure parts of a phase, as maps over its played tasks (one
-:class:`~unifiedplayers.sampling.PlayedTask` record each, carried from sampling to the records): the feedback
+:class:`~unifiedplayers.loop.sampling.PlayedTask` record each, carried from sampling to the records): the feedback
 stage (:func:`add_feedback`: feedback and rewards onto each task), how steps map to units, how tasks are split
 into units, the active player's groups and advantages (Eq. 17) (:func:`build_units`), the metrics of a unit and
-the interaction records (:func:`phase_records`). The outer loop (:mod:`unifiedplayers.loop`) runs it after
-sampling (:mod:`unifiedplayers.sampling`), with a :class:`PhaseContext`.
+the interaction records (:func:`phase_records`). The outer loop (:mod:`unifiedplayers.loop.outer`) runs it after
+sampling (:mod:`unifiedplayers.loop.sampling`), with a :class:`PhaseContext`.
 """
 from __future__ import annotations
 
@@ -25,11 +25,11 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 import torch
 
-from unifiedplayers import grpo
+from unifiedplayers.trainer import grpo
 from unifiedplayers.config import role_trainer_config
-from unifiedplayers.feedback import FeedbackContext, phase_feedback
+from unifiedplayers.feedback.pipeline import FeedbackContext, phase_feedback
 from unifiedplayers.methods import GroupShape, shape_advantages
-from unifiedplayers.records import InteractionRecord
+from unifiedplayers.diagnostics.records import InteractionRecord
 from unifiedplayers.trainer import sample_from_completion, sample_from_segments
 
 PHASE_FILE = "phase.pt"
@@ -88,7 +88,7 @@ def group_samples(role: str, groups: Sequence[Sequence[Any]], played: Sequence[A
     Groups (Appendix B.3, Eq. 16): Planning, the G_T outputs of one of the unit's questioner prompts
     (``groups``; a played one's reward is its task's, a malformed one gets ``malformed_reward(task)``: the
     method's ``malformed_task_reward``); Execution, the K trajectories of a played task; Evaluation, its M
-    verifiers. ``played``: the unit's :class:`~unifiedplayers.sampling.PlayedTask` records, rewards filled.
+    verifiers. ``played``: the unit's :class:`~unifiedplayers.loop.sampling.PlayedTask` records, rewards filled.
     """
     makers: list[Callable[[float], Any]] = []
     rewards: list[float] = []
@@ -212,7 +212,7 @@ def trainer_metrics_line(role: str, trainer_metrics: dict[str, float], global_st
 
 def add_feedback(played: Sequence[Any], method: Any, ctx: FeedbackContext) -> None:
     """The feedback stage: each played task's feedback (perturb → verdict matrix → Eq. 2-5,
-    :func:`unifiedplayers.feedback.phase_feedback`), then every player's rewards from it (the method's reward
+    :func:`unifiedplayers.feedback.pipeline.phase_feedback`), then every player's rewards from it (the method's reward
     sources, :meth:`~unifiedplayers.methods.Method.phase_rewards`)."""
     for p, fb in zip(played, phase_feedback(played, ctx), strict=True):
         p.feedback = fb
@@ -297,7 +297,7 @@ def build_unit(unit: Sequence[Any], groups: Sequence[Sequence[Any]], ctx: PhaseC
 
 def feedback_record(fb: Any, trajectories: Sequence[Any], verifier_sources: Sequence[str], rules: Sequence[str],
                     player_rewards: dict[str, Any], meta: dict[str, Any], **fields: Any) -> InteractionRecord:
-    """The interaction record ξ(q) of one played task from its feedback (:func:`unifiedplayers.feedback.phase_feedback`):
+    """The interaction record ξ(q) of one played task from its feedback (:func:`unifiedplayers.feedback.pipeline.phase_feedback`):
     Z, the variants, the verifiers and their validity, every check error, the players' rewards
     (``player_rewards``: the method's, by role) and the terms of Eq. 2-5. ``fields``: task_id, iteration,
     expected_answer."""
@@ -315,7 +315,7 @@ def feedback_record(fb: Any, trajectories: Sequence[Any], verifier_sources: Sequ
 
 def phase_records(played: Sequence[Any], ctx: PhaseContext) -> list[InteractionRecord]:
     """One interaction record ξ(q) per Planning output of the phase, malformed and unused ones included, in
-    the order of the groups: a played output's from its :class:`~unifiedplayers.sampling.PlayedTask`."""
+    the order of the groups: a played output's from its :class:`~unifiedplayers.loop.sampling.PlayedTask`."""
     out: list[InteractionRecord] = []
     played_at = {p.place: p for p in played}
     unused_at = {t.place for t in ctx.unused}

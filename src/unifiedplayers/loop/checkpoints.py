@@ -4,7 +4,7 @@
   eval/ reads; the optimizer state; π_ref; RNG).
 - ``resume/<role>-a`` and ``resume/<role>-b``: the active player's in-block checkpoint, written to the copy the
   run state does not point at, so that the state always names a complete checkpoint.
-- ``published/<role>.pt``: stale feedback's copies (:mod:`unifiedplayers.team`).
+- ``published/<role>.pt``: stale feedback's copies (:mod:`unifiedplayers.loop.team`).
 
 A checkpoint and the run state that names it are written together (a *save*), on the cadence
 ``schedule.save_every``; a run killed between two saves resumes from the last one and replays the updates after it.
@@ -18,7 +18,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Optional
 
-from unifiedplayers.schedule import Slot
+from unifiedplayers.loop.schedule import Slot
 
 
 def save_due(slot: Slot, save_every: int, per_phase: int, saved_phase: Optional[int]) -> bool:

@@ -17,7 +17,7 @@ from unifiedplayers.config import role_temperature
 from unifiedplayers.players.evaluation import write_verifiers
 from unifiedplayers.players.execution import solve
 from unifiedplayers.players.planning import PlanningTask, generate_tasks
-from unifiedplayers.schedule import Slot, seed_for
+from unifiedplayers.loop.schedule import Slot, seed_for
 
 # Generation stages of a phase (a call's seed: seed_for(seed, phase, stage) + its first sample, PhaseSampler.seed).
 TASK_STAGE, TRAJECTORY_STAGE, VERIFIER_STAGE = 10, 20, 30
@@ -34,10 +34,10 @@ def execution_config(player_cfg: Any, use_tools: bool) -> Any:
 @dataclass
 class PlayedTask:
     """One played task's way through a phase, built once and added to by each stage: sampling gives the task, its
-    K rollouts and M verifiers; the feedback stage its :class:`~unifiedplayers.feedback.TaskFeedback` and each
+    K rollouts and M verifiers; the feedback stage its :class:`~unifiedplayers.feedback.pipeline.TaskFeedback` and each
     player's rewards; the units stage the mini-batch that trains on it; the method its own data. Units, records
     and metrics are maps over the phase's list of them. It is also what the feedback reads
-    (:class:`~unifiedplayers.feedback.FeedbackTask`)."""
+    (:class:`~unifiedplayers.feedback.pipeline.FeedbackTask`)."""
 
     task: PlanningTask
     rollouts: list[Any] = field(default_factory=list)  # the K Execution rollouts (rank 0 only)
@@ -110,7 +110,7 @@ def place_outputs(groups: list[list[PlanningTask]]) -> None:
 
 class PhaseSampler:
     """Samples the phases of a run. ``team.engine(role, active) -> (engine, version)`` gives the engine a
-    player samples with while ``active`` trains (:class:`unifiedplayers.team.Team`); ``stage(name)`` shows
+    player samples with while ``active`` trains (:class:`unifiedplayers.loop.team.Team`); ``stage(name)`` shows
     progress. ``prompt_counter`` (the questioner prompts used so far: it rotates the topics) is run state."""
 
     def __init__(self, cfg: Any, player_cfg: Any, execution_cfg: Any, method: Any, team: Any, sandbox: Any,

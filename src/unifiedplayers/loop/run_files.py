@@ -15,11 +15,11 @@ from typing import Any, Optional, Sequence
 
 from omegaconf import OmegaConf
 
-from unifiedplayers.checkpoints import prune
-from unifiedplayers.execution_pool import FixedPool, metrics_of
-from unifiedplayers.logging import RunLogger, progress
-from unifiedplayers.records import RECORDS_FILENAME, RecordWriter
-from unifiedplayers.schedule import Slot
+from unifiedplayers.loop.checkpoints import prune
+from unifiedplayers.diagnostics.execution_pool import FixedPool, metrics_of
+from unifiedplayers.diagnostics.logging import RunLogger, progress
+from unifiedplayers.diagnostics.records import RECORDS_FILENAME, RecordWriter
+from unifiedplayers.loop.schedule import Slot
 from unifiedplayers.trainer import capture_rng_state, restore_rng_state
 
 
@@ -115,7 +115,7 @@ def finish(cfg: Any, run_dir: Path, dist: Any, completed: int, finished: bool,
            timing: Optional[dict[str, float]]) -> dict[str, Any]:
     """The end of a process: the summary (rank 0; printed when ``schedule.print_summary``) and, for a finished
     run, ``schedule.checkpoint_retention``. ``timing`` None: the summary of an already finished run."""
-    from unifiedplayers.summary import write_summary
+    from unifiedplayers.diagnostics.summary import write_summary
 
     if not dist.is_main:
         return {"completed": completed, "finished": finished, "rank": dist.rank}

@@ -1,7 +1,7 @@
 """The benchmark registry and its loaders (§4.1, Appendix G.2; Tables 1, 2 and 11).
 
 Used by the evaluation harness (``eval/``, which re-exports it as ``eval.benchmarks``) and by the
-Execution player's fixed diagnostic pool (:mod:`unifiedplayers.execution_pool`, Appendix D.2).
+Execution player's fixed diagnostic pool (:mod:`unifiedplayers.diagnostics.execution_pool`, Appendix D.2).
 
 The registry says *what* a benchmark is: its column in the paper's tables, its answer type, its
 metric, the field mapping of its public hub schema and where ``eval/prepare_data.py`` gets it.
@@ -36,10 +36,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from unifiedplayers.grading import grade, option_letters
+from unifiedplayers.feedback.answers import grade, option_letters
 from unifiedplayers.registry import Registry
 
-REPO_ROOT = Path(__file__).resolve().parents[2]  # relative dataset paths resolve here
+REPO_ROOT = Path(__file__).resolve().parents[3]  # relative dataset paths resolve here
 
 ANSWER_TYPES = ("math", "option", "string", "program")
 METRICS = ("pass@1", "mean@k", "unit_test_pass@1")
@@ -84,7 +84,7 @@ class Benchmark:
     default_samples: int = 1  # k of mean@k (the paper: 32)
     description: str = ""
     # A benchmark outside the package: parse_row(row, index, fields) -> Problem in place of row_format, and
-    # grader(prediction, reference) -> bool in place of the answer type's (unifiedplayers.grading.GRADERS).
+    # grader(prediction, reference) -> bool in place of the answer type's (unifiedplayers.feedback.answers.GRADERS).
     parse_row: Optional[Callable[[dict[str, Any], int, dict[str, str]], "Problem"]] = None
     grader: Optional[Callable[[Optional[str], str], bool]] = None
 

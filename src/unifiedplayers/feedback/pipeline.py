@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, Callable, Optional, Protocol, Sequence
 
-from unifiedplayers import rewards
-from unifiedplayers.trajectory import Trajectory
-from unifiedplayers.verdict import verdict_matrix
+from unifiedplayers.feedback import rewards
+from unifiedplayers.feedback.trajectory import Trajectory
+from unifiedplayers.feedback.verdict import verdict_matrix
 
 
 @dataclass
@@ -42,7 +42,7 @@ class TaskFeedback:
 
 
 class FeedbackTask(Protocol):
-    """What the feedback reads of one played task (:class:`unifiedplayers.sampling.PlayedTask` is one)."""
+    """What the feedback reads of one played task (:class:`unifiedplayers.loop.sampling.PlayedTask` is one)."""
 
     question: str
     trajectories: Sequence[Trajectory]  # the K trajectories
@@ -74,9 +74,9 @@ def phase_feedback(tasks: Sequence[FeedbackTask], ctx: FeedbackContext) -> list[
     1. The P perturbations of every trajectory of the phase, in one batch (Appendix F.1); none without
        verifiers (``ctx.verifiers`` false: nothing would check the variants).
     2. The verdict matrix of each task (Eq. 9; the sandbox runs every check).
-    3. All terms of Eq. 2-5 (:func:`unifiedplayers.rewards.task_rewards`), R(q) against ``ctx.history``.
+    3. All terms of Eq. 2-5 (:func:`unifiedplayers.feedback.rewards.task_rewards`), R(q) against ``ctx.history``.
     """
-    from unifiedplayers.logging import progress
+    from unifiedplayers.diagnostics.logging import progress
 
     flat = [t for task in tasks for t in task.trajectories]
     if ctx.verifiers:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from unifiedplayers.trajectory import format_observation
+from unifiedplayers.feedback.trajectory import format_observation
 
 DEFAULT_OBSERVATION_MAX_CHARS = 1024  # conf/player/default.yaml observation_max_chars
 
@@ -28,7 +28,7 @@ def truncate_observation(text: str, max_chars: int) -> str:
 
 
 def observation_body(result: Any, max_chars: int) -> str:
-    """The observation of one sandbox ``ExecResult``: :func:`unifiedplayers.trajectory.format_observation`
+    """The observation of one sandbox ``ExecResult``: :func:`unifiedplayers.feedback.trajectory.format_observation`
     (stdout alone for a clean run; stderr and a non-zero exit status on their own lines), then
     :func:`truncate_observation` to ``max_chars`` (``player.observation_max_chars``)."""
     body = format_observation(

@@ -1,9 +1,9 @@
 """Answer extraction and grading against references, per answer type (Appendix G.2).
 
 One implementation for the whole project: the evaluation harness (``eval/``) and the Execution
-player's fixed diagnostic pool (:mod:`unifiedplayers.execution_pool`, Appendix D.2) both grade with it.
+player's fixed diagnostic pool (:mod:`unifiedplayers.diagnostics.execution_pool`, Appendix D.2) both grade with it.
 
-- answers: ``\\boxed{}`` (:func:`unifiedplayers.trajectory.extract_boxed`) and the final option letter
+- answers: ``\\boxed{}`` (:func:`unifiedplayers.feedback.trajectory.extract_boxed`) and the final option letter
   of a multiple-choice answer (:func:`extract_option_letter`), ``None`` when nothing can be extracted;
   :func:`extract_answer` per answer type and mode. A tool-mode transcript is graded on the trajectory's
   own final answer as training parses it (boxes in the reasoning text only, none printed by code); a
@@ -26,7 +26,7 @@ import threading
 from contextlib import contextmanager
 from typing import Iterator, Optional
 
-from unifiedplayers.trajectory import extract_boxed, parse_transcript, reasoning_text
+from unifiedplayers.feedback.trajectory import extract_boxed, parse_transcript, reasoning_text
 
 # math-verify logs a warning on every call when its timeouts are disabled; we guard it ourselves.
 logging.getLogger("math_verify").setLevel(logging.ERROR)
@@ -178,9 +178,9 @@ def extract_answer(answer_type: str, text: str, num_options: int = 0, *, tool: b
     rules of :func:`extract_option_letter`; for string, the box or else the last non-empty line.
 
     Tool mode (``tool=True``): the trajectory's own final answer, exactly as training parses it
-    (:func:`unifiedplayers.trajectory.parse_transcript`: the last ``\\boxed{}`` of the reasoning text;
+    (:func:`unifiedplayers.feedback.trajectory.parse_transcript`: the last ``\\boxed{}`` of the reasoning text;
     a box inside a code block or printed in its output is no answer), and the option-letter and
-    last-line fallbacks read only the reasoning text (:func:`unifiedplayers.trajectory.reasoning_text`),
+    last-line fallbacks read only the reasoning text (:func:`unifiedplayers.feedback.trajectory.reasoning_text`),
     never what a program printed.
     """
     if tool:

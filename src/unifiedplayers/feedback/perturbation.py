@@ -19,7 +19,7 @@ or ``None`` where it cannot apply; the verdict matrix masks those entries out (`
   "replaced by injected \\boxed{8}"), which is also the variant's ``final_answer``. The step reads
   "So the answer is \\boxed{d}.", as Execution trajectories end; where the cut leaves a
   reasoning step last, the sentence joins that step, as a transcript's text between fences is one
-  step (:func:`unifiedplayers.trajectory.state_answer`): the variant has the form of a trajectory
+  step (:func:`unifiedplayers.feedback.trajectory.state_answer`): the variant has the form of a trajectory
   that states its answer in its last reasoning step, and a verifier must read its content to tell it.
   (An original whose answer stood alone after its last output, "\\boxed{9}" with no sentence, has no
   such step; its variant still gets one.) The distractor is drawn uniformly from
@@ -59,9 +59,9 @@ from decimal import Decimal
 from fractions import Fraction
 from typing import Any, Callable, Optional, Sequence
 
-from unifiedplayers.observation import DEFAULT_OBSERVATION_MAX_CHARS, observation_body
+from unifiedplayers.feedback.observation import DEFAULT_OBSERVATION_MAX_CHARS, observation_body
 from unifiedplayers.registry import Registry
-from unifiedplayers.trajectory import Step, Trajectory, extract_boxed, output_step, state_answer
+from unifiedplayers.feedback.trajectory import Step, Trajectory, extract_boxed, output_step, state_answer
 
 Executor = Callable[[Sequence[str]], list[str]]  # code blocks -> observation texts, in order
 SCOPES = ("local", "global")  # Table 15: edits of one step (local) or of the trajectory's structure (global)
@@ -448,7 +448,7 @@ class PerturbationEngine:
 
     ``sandbox`` (a ``unifiedplayers.sandbox.Sandbox``) is needed only by arg_mutation. Its re-executed
     outputs are written by the Execution tool loop's own formatter,
-    :func:`unifiedplayers.observation.observation_body`, truncated to ``observation_max_chars`` (give
+    :func:`unifiedplayers.feedback.observation.observation_body`, truncated to ``observation_max_chars`` (give
     ``player.observation_max_chars``): an output formatted or truncated differently from the originals'
     would give the variant away. ``format_result`` (an ``ExecResult`` -> text function) replaces that
     formatter, for tests and for a tool loop of another format.

@@ -23,26 +23,26 @@ from typing import Any, Callable, Optional, Sequence
 
 from omegaconf import OmegaConf
 
-from unifiedplayers.callbacks import DiagnosticPool, RunFiles, finish
-from unifiedplayers.checkpoints import save_active, save_due, thin_at_block_end
+from unifiedplayers.loop.run_files import DiagnosticPool, RunFiles, finish
+from unifiedplayers.loop.checkpoints import save_active, save_due, thin_at_block_end
 from unifiedplayers.checks import validate
 from unifiedplayers.config import resolve_player_config
 from unifiedplayers.distributed import SINGLE, DistContext, sandbox_config
-from unifiedplayers.engines import TimedSandbox
+from unifiedplayers.loop.engines import TimedSandbox
 from unifiedplayers.export import export_at_end
 from unifiedplayers.machine import earlier_starts, record_start
-from unifiedplayers.perturbation import PerturbationEngine
+from unifiedplayers.feedback.perturbation import PerturbationEngine
 from unifiedplayers.precision import resolve_run_precision
-from unifiedplayers.feedback import FeedbackContext
-from unifiedplayers.phase import PHASE_FILE, Phase, PhaseContext, add_feedback, build_units, phase_records, \
+from unifiedplayers.feedback.pipeline import FeedbackContext
+from unifiedplayers.loop.phase import PHASE_FILE, Phase, PhaseContext, add_feedback, build_units, phase_records, \
     train_step
-from unifiedplayers.rewards import QuestionHistory
+from unifiedplayers.feedback.rewards import QuestionHistory
 from unifiedplayers.roles import ROLES
-from unifiedplayers.run_state import CONFIG_FILE, STATE_FILE, RunState, atomic_torch_save, restore, saved_state, \
+from unifiedplayers.loop.run_state import CONFIG_FILE, STATE_FILE, RunState, atomic_torch_save, restore, saved_state, \
     write_state
-from unifiedplayers.sampling import PhaseSampler, execution_config
-from unifiedplayers.schedule import Slot, phase_steps, plan_updates, trained_roles
-from unifiedplayers.team import Team
+from unifiedplayers.loop.sampling import PhaseSampler, execution_config
+from unifiedplayers.loop.schedule import Slot, phase_steps, plan_updates, trained_roles
+from unifiedplayers.loop.team import Team
 
 class StopRun(Exception):
     """Raised by a hook to end the process cleanly after a completed update (the run stays resumable)."""

@@ -19,14 +19,14 @@ import torch
 from omegaconf import OmegaConf
 
 from unifiedplayers.config import role_temperature, role_trainer_config
-from unifiedplayers.engines import RolloutEngines, SamplingTemperature
-from unifiedplayers.entropy_bank import entropy_bank_texts
+from unifiedplayers.loop.engines import RolloutEngines, SamplingTemperature
+from unifiedplayers.diagnostics.entropy_bank import entropy_bank_texts
 from unifiedplayers.players.evaluation import evaluation_prompt
 from unifiedplayers.players.execution import execution_prompt
 from unifiedplayers.players.planning import planning_prompt
 from unifiedplayers.roles import ROLES
 from unifiedplayers.rollout import check_backend
-from unifiedplayers.run_state import atomic_torch_save
+from unifiedplayers.loop.run_state import atomic_torch_save
 from unifiedplayers.trainer import build_trainer
 from unifiedplayers.trainer.precision import cast_parameters
 

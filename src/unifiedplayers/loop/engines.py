@@ -1,7 +1,7 @@
 """The players' rollout engines (:class:`RolloutEngines`, one per set of weights, or one whose weights are
-swapped) and the timed sandbox, as the outer loop uses them (the edges of :mod:`unifiedplayers.loop`;
-:mod:`unifiedplayers.team` asks for them). "Engine" here is always a rollout engine; "pool" in this project is
-the Execution player's fixed diagnostic pool (:mod:`unifiedplayers.execution_pool`)."""
+swapped) and the timed sandbox, as the outer loop uses them (the edges of :mod:`unifiedplayers.loop.outer`;
+:mod:`unifiedplayers.loop.team` asks for them). "Engine" here is always a rollout engine; "pool" in this project is
+the Execution player's fixed diagnostic pool (:mod:`unifiedplayers.diagnostics.execution_pool`)."""
 from __future__ import annotations
 
 import contextlib

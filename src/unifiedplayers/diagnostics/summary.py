@@ -19,11 +19,11 @@ from typing import Any, Optional
 
 import numpy as np
 
-from unifiedplayers.execution_pool import pool_summary
-from unifiedplayers.logging import read_metrics
-from unifiedplayers.perturbation import RULES
-from unifiedplayers.records import RECORDS_FILENAME, iter_records
-from unifiedplayers.trajectory import render
+from unifiedplayers.diagnostics.execution_pool import pool_summary
+from unifiedplayers.diagnostics.logging import read_metrics
+from unifiedplayers.feedback.perturbation import RULES
+from unifiedplayers.diagnostics.records import RECORDS_FILENAME, iter_records
+from unifiedplayers.feedback.trajectory import render
 
 from unifiedplayers.roles import ROLES
 

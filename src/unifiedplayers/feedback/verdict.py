@@ -24,8 +24,8 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from unifiedplayers.trajectory import Trajectory
-from unifiedplayers.verifier import (
+from unifiedplayers.feedback.trajectory import Trajectory
+from unifiedplayers.feedback.verifier import (
     ENTRY_POINT,
     ERROR_KINDS,
     CheckOutcome,

@@ -1,0 +1,1 @@
+"""The benchmarks and their loaders (:mod:`.benchmarks`), and the package's data files (``entropy_bank.json``)."""
