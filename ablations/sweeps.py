@@ -112,7 +112,7 @@ def socratic_zero_run(endpoint: Optional[str], model: Optional[str]) -> Optional
         return None
     if not endpoint or not model:
         raise SystemExit("[sweep] Socratic-Zero needs both --teacher-endpoint and --teacher-model")
-    return (*SOCRATIC_ZERO_RUN, f"method.teacher_endpoint={endpoint}", f"method.teacher_model={model}")
+    return (*SOCRATIC_ZERO_RUN, f"method.extra.teacher_endpoint={endpoint}", f"method.extra.teacher_model={model}")
 
 
 def sweep_dir(sweep: Sweep, scale: Scale, root: Path = REPO / "runs" / "ablations") -> Path:

@@ -251,7 +251,7 @@ def cadence_item() -> dict:
         if slot.iteration == 1:
             sizes[slot.role] = slot.block_size
             if save_due(slot, every, per_phase, None):
-                blocks.setdefault(slot.role, []).append(slot.update + 1)
+                blocks.setdefault(slot.role, []).append(slot.step_in_block + 1)
     expected = {role: expected_saves(size, every, per_phase) for role, size in sizes.items()}
     return {"save_every": every, "per_phase": per_phase, "saves": blocks, "expected": expected,
             "saves_per_iteration": sum(len(v) for v in blocks.values()), "logic_ok": every > 0 and blocks == expected}

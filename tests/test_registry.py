@@ -109,6 +109,22 @@ def test_a_loader_string_is_imported_on_first_use_and_taken_over_by_what_it_name
 # Every extension point refuses a duplicate: a new name taken twice, and a built-in's name
 
 
+def test_item_assignment_is_checked_like_register_and_replaced_is_the_one_way_to_overwrite():
+    reg = Registry("thing")
+    reg["a"] = first
+    reg["a"] = first  # the same object again: fine
+    with pytest.raises(DuplicateName, match="thing 'a' is already registered"):
+        reg["a"] = second
+    assert reg["a"] is first
+    with reg.replaced("a", second) as stand_in:
+        assert stand_in is second and reg["a"] is second and "replacement" in reg.origin("a")
+    assert reg["a"] is first and "first" in reg.origin("a")
+    with pytest.raises(RuntimeError), reg.replaced("b", second):  # a new name is removed again, even on an error
+        assert reg["b"] is second
+        raise RuntimeError
+    assert "b" not in reg and reg.names() == ["a"]
+
+
 def test_register_method_refuses_a_duplicate():
     from unifiedplayers.methods import METHODS, Method, register_method
 

@@ -98,6 +98,11 @@ class RolloutConfig:
     # once and its KV cache reused across rows and turns while the weights are unchanged. auto: on when the
     # model samples in bf16/fp16, off in float32 (float32 keeps its arithmetic bit for bit); true | false.
     prefix_cache: str = "auto"
+    # hf only, CPU: a decoding step's linear layers multiply by a copy of their weights packed once per call for
+    # oneDNN instead of repacking it at every product. auto: only the layers where that is bit-identical to the
+    # unpacked product (bf16); true: float32 too (log-probs move by about 1e-5); false: never. A torch without the
+    # oneDNN ops, or a CPU where packing fails, falls back to the unpacked product with one warning.
+    packed_linears: str = "auto"
 
 
 @dataclass
@@ -391,7 +396,8 @@ class MethodConfig:
 
     ``name`` picks the registered :class:`unifiedplayers.methods.Method` (or ``_target_`` names its class);
     the reward sources are looked up by name (``unifiedplayers.methods.REWARD_SOURCES``); ``extra`` holds the
-    method's own settings, parsed into its typed ``Settings`` dataclass at start-up.
+    method's own settings, parsed into its typed ``Settings`` dataclass at start-up (Agent0's ``tool_bonus``,
+    Socratic-Zero's ``teacher_endpoint`` and ``teacher_model`` among them: :data:`MOVED_KEYS`).
     """
 
     name: str = "unifiedplayers"
@@ -411,13 +417,57 @@ class MethodConfig:
     # false: no verifiers are written and no verdict matrices built (methods whose rewards read no verdict:
     # R-Zero, Agent0, Absolute Zero); every role's reward source must then be verdict-free.
     verifiers: bool = True
-    tool_bonus: float = 0.0
     # Absolute Zero: one set of weights proposes (Planning) and solves (Execution), as AZR has it; both
     # blocks step the same model, optimizer and π_ref.
     shared_model: bool = False
-    teacher_endpoint: Optional[str] = None
-    teacher_model: Optional[str] = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+# Keys that moved into a method's own settings: old key -> (new key, the old key's schema default). A command line
+# that sets an old key is read as the new one (:func:`moved_key_overrides`, one warning naming it), and so is the
+# stored config of a run started before the move (:func:`moved_stored_keys`, when it resumes).
+MOVED_KEYS = {
+    "method.tool_bonus": ("method.extra.tool_bonus", 0.0),  # Agent0's γ of R_tool
+    "method.teacher_endpoint": ("method.extra.teacher_endpoint", None),  # Socratic-Zero's Teacher
+    "method.teacher_model": ("method.extra.teacher_model", None),
+}
+
+
+def _moved_warning(message: str) -> None:
+    import warnings
+
+    warnings.warn(message, FutureWarning, stacklevel=3)  # where the caller of the function below was called
+
+
+def moved_key_overrides(overrides: Sequence[str]) -> list[str]:
+    """``overrides`` with each old key of :data:`MOVED_KEYS` written as its new one (``method.tool_bonus=0.1`` ->
+    ``method.extra.tool_bonus=0.1``; a ``+``/``~`` prefix and the value are kept), one warning per old key."""
+    out = []
+    for override in overrides:
+        key, sep, value = override.partition("=")
+        prefix, bare = key[: len(key) - len(key.lstrip("+~"))], key.lstrip("+~").strip()
+        if bare in MOVED_KEYS:
+            new = MOVED_KEYS[bare][0]
+            _moved_warning(f"{bare} is an old name of {new} (the method's own settings, method.extra): read as "
+                           f"{new}; write that instead")
+            override = f"{prefix}{new}{sep}{value}"
+        out.append(override)
+    return out
+
+
+def moved_stored_keys(then: dict[str, Any], now: dict[str, Any]) -> dict[str, Any]:
+    """A stored flat config ``then`` (a run's ``state.pt``) in the keys of :data:`MOVED_KEYS`' new places, to compare
+    with the current one, ``now``. Every run of the old schema stored the old keys, for every method: an old key at
+    its old default that ``now`` does not set is no setting and is dropped; any other moves, with one warning."""
+    out = {k: v for k, v in then.items() if k not in MOVED_KEYS}
+    for old, (new, default) in MOVED_KEYS.items():
+        if old not in then or new in then:
+            continue
+        if then[old] == default and new not in now:
+            continue
+        _moved_warning(f"the run's stored config sets {old}, an old name of {new}: compared as {new}")
+        out[new] = then[old]
+    return out
 
 
 @dataclass
@@ -520,8 +570,9 @@ def compose(
 ) -> DictConfig:
     """Compose ``conf/<config_name>.yaml`` with Hydra overrides, outside a Hydra app (tests, scripts).
 
-    An unknown key or a value of the wrong type raises at once, naming the key. Other roots than
-    ``config`` (``evaluate``) must have registered their schema first.
+    An unknown key or a value of the wrong type raises at once, naming the key; an old key of :data:`MOVED_KEYS`
+    is read as its new one, with a warning. Other roots than ``config`` (``evaluate``) must have registered their
+    schema first.
     """
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
@@ -529,6 +580,7 @@ def compose(
 
     register_configs()
     if config_name == "config":
+        overrides = moved_key_overrides(overrides)
         check_override_keys(overrides)
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(config_dir or CONF_DIR), version_base="1.3"):

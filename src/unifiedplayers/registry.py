@@ -20,14 +20,16 @@ A :class:`Registry` maps names to objects. :meth:`Registry.register` is the way 
 - :meth:`Registry.get` on a miss raises :class:`UnknownName` (a ``KeyError`` and a ``ValueError``) naming the
   known entries.
 
-``registry[name] = obj`` and ``del registry[name]`` replace and remove an entry on purpose, without the check
-(a test's ``monkeypatch.setitem``); extensions use :meth:`Registry.register`.
+``registry[name] = obj`` is :meth:`Registry.register` (checked the same way). To swap an entry on purpose (a
+test's stand-in), :meth:`Registry.replaced` does it for the length of a ``with`` block and puts the old entry
+back; ``del registry[name]`` removes one.
 """
 from __future__ import annotations
 
 import importlib
 import sys
 from collections.abc import MutableMapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
@@ -160,10 +162,26 @@ class Registry(MutableMapping):
     def __len__(self) -> int:
         return len(self._entries)
 
-    # ------------------------------------------------------------------ on purpose, without the check
+    # ------------------------------------------------------------------ changes
     def __setitem__(self, name: str, obj: Any) -> None:
+        self._add(name, obj, sys._getframe(1))
+
+    @contextmanager
+    def replaced(self, name: str, obj: Any) -> Iterator[Any]:
+        """``obj`` under ``name`` (registered or not) inside the ``with`` block, the old entry (or none) after it:
+        the one way to overwrite an entry, for a test's stand-in."""
+        missing = object()
+        old, origin = self._entries.get(name, missing), self._origins.get(name)
         self._entries[name] = obj
-        self._origins[name] = (f"a replacement ({_where(sys._getframe(1))})", None)
+        self._origins[name] = (f"a replacement ({_where(sys._getframe(2))})", None)
+        try:
+            yield obj
+        finally:
+            if old is missing:
+                self._entries.pop(name, None)
+                self._origins.pop(name, None)
+            else:
+                self._entries[name], self._origins[name] = old, origin
 
     def __delitem__(self, name: str) -> None:
         del self._entries[name]

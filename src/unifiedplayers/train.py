@@ -20,7 +20,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from unifiedplayers.config import CONF_DIR, register_configs
+from unifiedplayers.config import CONF_DIR, moved_key_overrides, register_configs
 
 register_configs()
 
@@ -112,8 +112,8 @@ def preflight(overrides: list[str]) -> None:
 
 def cli() -> None:
     """The command line: ``preflight``, then the Hydra app (Hydra's own modes, ``--help``, ``--cfg``, ``-m``, go
-    straight to it)."""
-    args = sys.argv[1:]
+    straight to it). An old key that has moved (``config.MOVED_KEYS``) is given to both as its new one."""
+    sys.argv[1:] = args = moved_key_overrides(sys.argv[1:])
     if not any(a.startswith("-") for a in args):
         try:
             preflight(args)

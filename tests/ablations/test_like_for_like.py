@@ -281,13 +281,13 @@ def test_table1_socratic_zero_joins_only_with_a_teacher(tmp_path, capsys):
                  "--teacher-model", "teacher"])
     out = capsys.readouterr().out
     assert out.count("unifiedplayers.train -m") == 2 and "method=socratic_zero" in out
-    assert "method.teacher_endpoint=http://127.0.0.1:9/v1" in out and "Socratic-Zero joins" in out
+    assert "method.extra.teacher_endpoint=http://127.0.0.1:9/v1" in out and "Socratic-Zero joins" in out
     cfg = compose([*sweeps.socratic_zero_run("http://127.0.0.1:9/v1", "teacher"), "experiment=ablation_smoke"])
-    assert cfg.method.name == "socratic_zero" and cfg.method.teacher_model == "teacher"
+    assert cfg.method.name == "socratic_zero" and cfg.method.extra.teacher_model == "teacher"
     # the URL never names the member's directory
     from unifiedplayers.config import CONF_DIR
 
     excluded = OmegaConf.load(CONF_DIR / "ablation" / "table1.yaml").hydra.job.config.override_dirname.exclude_keys
-    assert {"method.teacher_endpoint", "method.teacher_model"} <= set(excluded)
+    assert {"method.extra.teacher_endpoint", "method.extra.teacher_model"} <= set(excluded)
     with pytest.raises(SystemExit, match="both"):
         sweeps.socratic_zero_run("http://x/v1", None)

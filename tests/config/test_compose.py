@@ -116,5 +116,5 @@ def test_every_method_on_every_experiment_passes_the_start_up_checks(method, exp
 
     overrides = [f"method={method}", f"experiment={experiment}"]
     if method == "socratic_zero":  # it stops at start-up without a Teacher, by design
-        overrides += ["method.teacher_endpoint=http://127.0.0.1:9/v1", "method.teacher_model=t"]
+        overrides += ["method.extra.teacher_endpoint=http://127.0.0.1:9/v1", "method.extra.teacher_model=t"]
     validate(compose(overrides))

@@ -8,7 +8,7 @@ from fractions import Fraction
 
 import pytest
 
-from unifiedplayers.feedback.perturbation import RULES, RuleParams, distractor_candidates, distractor_pool
+from unifiedplayers.feedback.perturbation import RULES, RuleParams, distractor_candidates, distractors_for
 from unifiedplayers.feedback.trajectory import Trajectory, code_step, output_step, reason_step
 
 
@@ -16,7 +16,7 @@ def test_each_pool_member_by_hand_on_37():
     # 37: 37-1 = 36, 37+1 = 38, nearest ten 40, 37·1.1 = 40.7 -> 41, 37·0.9 = 33.3 -> 33, zero
     got = dict(distractor_candidates(Fraction(37), integral=True))
     assert got == {"minus_one": 36, "plus_one": 38, "round_tens": 40, "plus_10pct": 41, "minus_10pct": 33, "zero": 0}
-    assert distractor_pool("37") == ["36", "38", "40", "41", "33", "0"]
+    assert distractors_for("37") == ["36", "38", "40", "41", "33", "0"]
 
 
 @pytest.mark.parametrize(
@@ -48,7 +48,7 @@ def test_each_pool_member_by_hand_on_37():
     ],
 )
 def test_distractor_pool_by_hand(answer, pool):
-    assert distractor_pool(answer) == pool
+    assert distractors_for(answer) == pool
 
 
 @pytest.mark.parametrize("answer", ["4", "4.0", "4.00", "8/2", "\\frac{8}{2}", "$4$", "4\\%"])
@@ -59,7 +59,7 @@ def test_never_equal_in_value(answer):
         m = re.fullmatch(r"\\frac\{(\d+)\}\{(\d+)\}", t)
         return Fraction(int(m.group(1)), int(m.group(2))) if m else Fraction(t)
 
-    pool = distractor_pool(answer)
+    pool = distractors_for(answer)
     assert len(pool) >= 2
     for d in pool:
         assert value(d) != 4
@@ -67,7 +67,7 @@ def test_never_equal_in_value(answer):
 
 def test_decimal_answer_four_point_zero():
     # the style of "4.0" is kept, and no member equals 4 in value
-    assert distractor_pool("4.0") == ["3.0", "5.0", "0.0", "4.4", "3.6"]
+    assert distractors_for("4.0") == ["3.0", "5.0", "0.0", "4.4", "3.6"]
 
 
 @pytest.mark.parametrize(
@@ -84,7 +84,7 @@ def test_decimal_answer_four_point_zero():
     ],
 )
 def test_non_numeric_answers(answer, pool):
-    assert distractor_pool(answer) == pool
+    assert distractors_for(answer) == pool
 
 
 def test_early_terminate_draws_every_member_and_never_the_answer():
@@ -93,6 +93,6 @@ def test_early_terminate_draws_every_member_and_never_the_answer():
     seen = set()
     for seed in range(200):
         v = RULES["early_terminate"](t, random.Random(seed), RuleParams())
-        assert v.final_answer != "37" and v.final_answer in distractor_pool("37")
+        assert v.final_answer != "37" and v.final_answer in distractors_for("37")
         seen.add(v.final_answer)
     assert seen == {"36", "38", "40", "41", "33", "0"}  # drawn uniformly: all six appear in 200 draws

@@ -16,10 +16,10 @@ from unifiedplayers.feedback.perturbation import (
     RULES,
     PerturbationEngine,
     RuleParams,
-    distractor_pool,
+    distractors_for,
     numeric_literals,
     propose_arg_mutation,
-    units,
+    movable_spans,
 )
 from unifiedplayers.feedback.trajectory import (
     Trajectory,
@@ -102,7 +102,7 @@ def test_step_swap_never_separates_code_from_its_output():
         t = random_trajectory(rng)
         v = RULES["step_swap"](t, rng, PARAMS)
         if v is None:
-            assert len(units(t.steps)) < 2 or len({repr(t.steps[slice(*u)]) for u in units(t.steps)}) == 1
+            assert len(movable_spans(t.steps)) < 2 or len({repr(t.steps[slice(*u)]) for u in movable_spans(t.steps)}) == 1
             continue
         assert sorted(map(repr, v.steps)) == sorted(map(repr, t.steps)) and v.steps != t.steps
         for i in range(len(t.steps) - 1):
@@ -136,12 +136,12 @@ def test_step_swap_not_applicable():
     ],
 )
 def test_distractor_pool(answer, pool):
-    assert distractor_pool(answer) == pool
+    assert distractors_for(answer) == pool
 
 
 def test_huge_numbers_do_not_break_the_rules():
     huge = "9" * 5000  # past int()'s 4300-digit conversion limit
-    assert distractor_pool(huge) == ["0"]
+    assert distractors_for(huge) == ["0"]
     code = f"x = {huge}\ny = 3\n"
     (lit,) = numeric_literals(code)  # the huge literal is skipped, the 3 is found
     assert (lit.text, lit.value, code[lit.start : lit.end]) == ("3", 3, "3")
@@ -252,7 +252,7 @@ def test_early_terminate_injected_step_boxes_every_distractor_style(answer):
                          reason_step(f"The answer is \\boxed{{{answer}}}.")], answer)
     for seed in range(30):
         v = RULES["early_terminate"](t, random.Random(seed), PARAMS)
-        assert v.final_answer in distractor_pool(answer)
+        assert v.final_answer in distractors_for(answer)
         assert extract_boxed(v.steps[-1].text) == v.final_answer
         assert parse_transcript("q", render(v)) == v
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from unifiedplayers.feedback import rewards as R
+from unifiedplayers.feedback import sympy_guard
 
 CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
 
@@ -140,17 +141,17 @@ def test_the_guard_budget_is_cpu_time_not_wall_clock(monkeypatch):
     spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         time.sleep(0.3)
-        first = R.process_cpu_seconds(spin.pid)
+        first = sympy_guard.process_cpu_seconds(spin.pid)
         time.sleep(0.3)
-        assert 0.05 < first < R.process_cpu_seconds(spin.pid) < 10
+        assert 0.05 < first < sympy_guard.process_cpu_seconds(spin.pid) < 10
     finally:
         spin.kill()
         spin.wait()
-    assert R.process_cpu_seconds(spin.pid) == float("inf")  # gone: a wait on it ends
+    assert sympy_guard.process_cpu_seconds(spin.pid) == float("inf")  # gone: a wait on it ends
 
     frozen = {"cpu": 0.0}
-    monkeypatch.setattr(R, "process_cpu_seconds", lambda pid: frozen["cpu"])
-    guard = R._ClusterGuard()
+    monkeypatch.setattr(sympy_guard, "process_cpu_seconds", lambda pid: frozen["cpu"])
+    guard = sympy_guard._ClusterGuard()
     try:
         guard._proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.6); print('late')"],
                                        stdout=subprocess.PIPE)

@@ -3,7 +3,7 @@ golden files were made (a refactor that must not change behaviour proves it here
 
 Each run drives the tiny random Llama's players with scripted text (tests/players/scripted.py), chosen so
 that every trained player's groups have a spread of rewards: every stage of the loop runs (tasks,
-trajectories with tool calls, verifiers, perturbations, verdicts, rewards, GRPO units, updates that are not
+trajectories with tool calls, verifiers, perturbations, verdicts, rewards, GRPO minibatches, updates that are not
 skipped, checkpoints, run state), and the trainer's figures (loss, grad-norm, KL, ...) come from real
 updates of the tiny model. Socratic-Zero runs with the stub Teacher (tests/methods/stub_teacher.py).
 
@@ -184,7 +184,8 @@ def test_golden_run_socratic_zero(tmp_path):
     """Socratic-Zero with the stub Teacher on the tiny model's own samples (as tests/methods/test_socratic_loop.py):
     its Generator's imitation step and its Solver's DPO step both train in the second outer iteration."""
     with serve_teacher(_teacher_reply) as teacher:
-        run_loop(["method=socratic_zero", f"method.teacher_endpoint={teacher.url}", "method.teacher_model=judge",
-                  "method.extra.curriculum_share=1.0", "schedule.outer_iterations=2"], tmp_path)
+        run_loop(["method=socratic_zero", f"method.extra.teacher_endpoint={teacher.url}",
+                  "method.extra.teacher_model=judge", "method.extra.curriculum_share=1.0",
+                  "schedule.outer_iterations=2"], tmp_path)
     records, metrics = check_against_golden("socratic_zero", tmp_path)
     assert_every_stage_ran(records, metrics, ("planning", "execution"), False)

@@ -13,7 +13,8 @@ from unifiedplayers.config import compose
 from unifiedplayers.feedback.pipeline import TaskFeedback
 from unifiedplayers.methods import GroupShape, build_method
 from unifiedplayers.methods import agent0
-from unifiedplayers.trainer.player_trainer import TrainSample, _collate
+from unifiedplayers.trainer.player_trainer import _collate
+from unifiedplayers.trainer.sample import TrainSample
 
 pytestmark = pytest.mark.cpu
 
@@ -93,7 +94,7 @@ def test_config_sets_what_agent0_needs(cfg):
     # the method file is package _global_: it sets reward.* next to method.*
     assert cfg.reward.malformed_task_reward == 0.0 and cfg.reward.repetition_mode == "cluster_share"
     assert cfg.method.planning_reward == "agent0_curriculum" and cfg.method.use_tools
-    assert cfg.method.tool_bonus == 0.05 and cfg.method.extra["tool_call_cap"] == 4
+    assert cfg.method.extra["tool_bonus"] == 0.05 and cfg.method.extra["tool_call_cap"] == 4
     assert compose(["method=agent0", "reward.w_unc=2.0"]).reward.w_unc == 2.0
 
 

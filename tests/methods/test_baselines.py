@@ -115,7 +115,7 @@ def test_code_tasks_from_proposals(sandbox):
 
 def test_socratic_zero_stops_at_start_up_without_a_teacher():
     cfg = compose(["method=socratic_zero"])
-    with pytest.raises(ValueError, match="method.teacher_endpoint"):
+    with pytest.raises(ValueError, match="method.extra.teacher_endpoint"):
         build_method(cfg)
     # nothing else is affected: the default method still starts
     assert build_method(compose([]))
@@ -146,8 +146,9 @@ def teacher_url(stub):
 
 def test_teacher_grades_through_the_endpoint(stub, teacher_url, monkeypatch):
     monkeypatch.setenv("TEST_TEACHER_KEY", "secret")
-    method = SimpleNamespace(name="socratic_zero", teacher_endpoint=teacher_url, teacher_model="judge")
-    settings = socratic_zero.SocraticSettings(api_key_env="TEST_TEACHER_KEY")
+    method = SimpleNamespace(name="socratic_zero", extra={"teacher_endpoint": teacher_url, "teacher_model": "judge"})
+    settings = socratic_zero.SocraticSettings(teacher_endpoint=teacher_url, teacher_model="judge",
+                                              api_key_env="TEST_TEACHER_KEY")
     got = reward_source("execution", "teacher")(fb(["42", "41", None], method=method, question="6*7?",
                                                    settings=settings))
     assert got.tolist() == [1.0, 0.0, 0.0]
@@ -176,7 +177,7 @@ def _weights(model):
 @pytest.mark.parametrize("method,extra", [
     ("agent0", []),
     ("r_zero", []),
-    ("socratic_zero", ["method.teacher_model=judge"]),
+    ("socratic_zero", ["method.extra.teacher_model=judge"]),
     ("absolute_zero", ["player.planning.response_prefix='```python\ndef f(x):\n    return x * 3\n```\n```input\n4\n```\n'",
                        "player.topics=[deduction]"]),  # the tiny preset's math topics are no AZR task types
 ])
@@ -184,7 +185,7 @@ def test_one_tiny_outer_iteration(method, extra, tmp_path, teacher_url):
     torch.set_num_threads(1)
     overrides = ["experiment=tiny", f"method={method}", *extra]
     if method == "socratic_zero":
-        overrides.append(f"method.teacher_endpoint={teacher_url}")
+        overrides.append(f"method.extra.teacher_endpoint={teacher_url}")
     cfg = compose(overrides)
     snaps = {}
 

@@ -64,8 +64,8 @@ def teacher_url():
 
 
 def overrides(url: str) -> list[str]:
-    return ["experiment=tiny", "method=socratic_zero", f"method.teacher_endpoint={url}", "method.teacher_model=judge",
-            "method.extra.curriculum_share=1.0", "schedule.outer_iterations=2"]
+    return ["experiment=tiny", "method=socratic_zero", f"method.extra.teacher_endpoint={url}",
+            "method.extra.teacher_model=judge", "method.extra.curriculum_share=1.0", "schedule.outer_iterations=2"]
 
 
 def run(run_dir: Path, url: str, extra=(), hooks=()) -> OuterLoop:
@@ -228,15 +228,16 @@ def rollout(answer, text):
 
 
 def test_socratic_loop_pieces_by_hand(teacher_url):
-    cfg = compose(["method=socratic_zero", f"method.teacher_endpoint={teacher_url}", "method.teacher_model=judge",
-                   "method.extra.failure_pool=2", "method.extra.imitation_per_phase=1"])
+    cfg = compose(["method=socratic_zero", f"method.extra.teacher_endpoint={teacher_url}",
+                   "method.extra.teacher_model=judge", "method.extra.failure_pool=2",
+                   "method.extra.imitation_per_phase=1"])
     ml = build_method(cfg)
     assert isinstance(ml, sz.SocraticZero)
     tok = build_byte_tokenizer()
     # a method without a loop of its own (R-Zero): no state, no prompts of its own, the GRPO batch
     rz = build_method(compose(["method=r_zero"]))
     assert not isinstance(rz, sz.SocraticZero) and rz.state_dict() is None
-    assert rz.planning_prompts(tok, cfg.player, 2) is None and rz.unit_batch("execution", [], tok, cfg.player) is None
+    assert rz.planning_prompts(tok, cfg.player, 2) is None and rz.minibatch_samples("execution", [], tok, cfg.player) is None
     assert ml.planning_prompts(tok, cfg.player, 2) is None  # no failure yet: the topic prompts
     gen = [PlanningTask("", f"g{i}?", "1", True) for i in range(3)]
     groups, tasks, unused = ml.phase_tasks("execution", [gen], gen, [], 2)
@@ -247,8 +248,8 @@ def test_socratic_loop_pieces_by_hand(teacher_url):
     ml.after_rollouts("execution", played)
     assert ml.failures == [("g0?", "b"), ("g1?", "c")]
     assert [i.question for i in ml.curriculum.items] == [refined("g0?"), refined("g1?")] and len(ml.fresh) == 2
-    assert [(s.advantage, s.group) for s in ml.unit_batch("execution", played, tok, cfg.player)] == [(1.0, 0), (-1.0, 0)]
-    assert ml.unit_batch("execution", played[1:], tok, cfg.player) == []
+    assert [(s.advantage, s.group) for s in ml.minibatch_samples("execution", played, tok, cfg.player)] == [(1.0, 0), (-1.0, 0)]
+    assert ml.minibatch_samples("execution", played[1:], tok, cfg.player) == []
     assert ml.record_meta(played[1])["refinement"] == refined("g1?")
     assert ml.record_meta(played[0])["teacher_grades"] == [1.0, 0.0]
     # the Generator's prompts: the 3 most recent failures, cycled over the 2 kept (failure_pool = 2)
@@ -264,8 +265,8 @@ def test_socratic_loop_pieces_by_hand(teacher_url):
                                                          [rollout("48", "z"), rollout("3", "w")]])]
     ml.after_rollouts("planning", played)
     assert len(ml.curriculum) == 2 and ml.failures == [("g0?", "b"), ("g1?", "c")]  # Planning refines nothing
-    (sft,) = ml.unit_batch("planning", played, tok, cfg.player)
-    assert sft.advantage == 1.0 and ml.unit_metrics("planning", played)["socratic/imitation_weight_mean"] == 1.0
+    (sft,) = ml.minibatch_samples("planning", played, tok, cfg.player)
+    assert sft.advantage == 1.0 and ml.minibatch_metrics("planning", played)["socratic/imitation_weight_mean"] == 1.0
     # the state round-trips through plain JSON
     again = build_method(cfg)
     again.load_state_dict(json.loads(json.dumps(ml.state_dict())))
@@ -273,7 +274,7 @@ def test_socratic_loop_pieces_by_hand(teacher_url):
 
 
 @pytest.mark.parametrize("extra,match", [
-    ([], "method.teacher_endpoint"),
+    ([], "method.extra.teacher_endpoint"),
     (["trainer.roles.execution.kl_coef=0.0"], "kl_coef, which must be > 0"),
     (["trainer.micro_batch_size=3"], "even trainer.micro_batch_size"),
     (["trainer.grad_accum_steps=2"], "grad_accum_steps=0"),
@@ -281,15 +282,15 @@ def test_socratic_loop_pieces_by_hand(teacher_url):
     (["trainer.roles.planning.policy_loss=grpo_clip"], "policy_loss=weighted_sft"),
 ])
 def test_start_up_checks(extra, match, teacher_url, tmp_path):
-    endpoint = [] if match == "method.teacher_endpoint" else [f"method.teacher_endpoint={teacher_url}",
-                                                              "method.teacher_model=judge"]
+    endpoint = [] if match == "method.extra.teacher_endpoint" else [f"method.extra.teacher_endpoint={teacher_url}",
+                                                                    "method.extra.teacher_model=judge"]
     with pytest.raises(ValueError, match=re.escape(match)):
         OuterLoop(compose(["experiment=tiny", "method=socratic_zero", *endpoint, *extra]), tmp_path)
 
 
 def test_resume_inside_a_phase_of_two_units_equals_an_uninterrupted_run(teacher_url, tmp_path):
-    """S = 2: a phase samples two units at once (phase.pt); a stop after the first DPO step of it 2's
-    Execution phase resumes on the saved units, with the curriculum as it stood after the phase's sampling."""
+    """S = 2: a phase samples two minibatches at once (phase.pt); a stop after the first DPO step of it 2's
+    Execution phase resumes on the saved minibatches, with the curriculum as it stood after the phase's sampling."""
     s2 = ["schedule.planning_updates=2", "schedule.execution_updates=2", "schedule.evaluation_updates=0",
           "schedule.steps_per_generation=2"]
     ref = run(tmp_path / "ref", teacher_url, s2)
@@ -304,7 +305,7 @@ def test_resume_inside_a_phase_of_two_units_equals_an_uninterrupted_run(teacher_
     assert records(tmp_path / "b") == records(tmp_path / "ref")
     metrics = no_timing(tmp_path / "ref")
     assert no_timing(tmp_path / "b") == metrics
-    # it 2's Execution phase: two curriculum problems (one per unit), each unit a DPO step on its two pairs
+    # it 2's Execution phase: two curriculum problems (one per minibatch), each minibatch a DPO step on its two pairs
     assert [m.get("socratic/pairs") for m in metrics[6:]] == [2, 2]
     assert all("execution/dpo_margin" in m for m in metrics[6:])
     assert ref.method.state_dict() == torch.load(tmp_path / "b" / "state.pt", weights_only=False)["method_loop"]

@@ -3,6 +3,7 @@ stub server started by the test: grades, refinements, the Solver's preference pa
 Generator's utility weights and weighted SFT, the curriculum queue, and the start-up stop without a Teacher."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -231,9 +232,10 @@ def test_training_samples_for_dpo_and_sft(teacher_url):
 
 
 def test_reward_sources_and_start_up(teacher_url):
-    with pytest.raises(ValueError, match="method.teacher_endpoint"):
+    with pytest.raises(ValueError, match="method.extra.teacher_endpoint"):
         build_method(compose(["method=socratic_zero"]))
-    cfg = compose(["method=socratic_zero", f"method.teacher_endpoint={teacher_url}", "method.teacher_model=judge"])
+    cfg = compose(["method=socratic_zero", f"method.extra.teacher_endpoint={teacher_url}",
+                   "method.extra.teacher_model=judge"])
     built = build_method(cfg)
     assert isinstance(built, sz.SocraticZero)
     fb = TaskFeedback(SimpleNamespace(), ["42", "41", "??", None], None, question="6*7?", method_cfg=cfg.method,
@@ -242,7 +244,7 @@ def test_reward_sources_and_start_up(teacher_url):
     # success rate over the graded three (None for "??" left out): 1/3 -> U = 0.706648
     assert reward_source("planning", "socratic_utility")(fb) == pytest.approx(math.exp(-(1 / 6) ** 2 / 0.08))
     # μ and σ come from the method's settings on the feedback: μ = 1/3 puts the peak at that success rate
-    fb.settings = sz.SocraticSettings(utility_mu=1 / 3)
+    fb.settings = dataclasses.replace(built.settings, utility_mu=1 / 3)
     assert reward_source("planning", "socratic_utility")(fb) == pytest.approx(1.0)
 
 

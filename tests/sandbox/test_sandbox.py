@@ -183,7 +183,7 @@ def test_timeout_kills_every_process_the_call_started(sb):
 
 
 def _call_processes(uids) -> list[int]:
-    """Processes of the per-slot uids, other than each slot's long-lived sweeper."""
+    """Processes of the per-cell uids, other than each cell's long-lived sweeper."""
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -206,7 +206,7 @@ def _call_processes(uids) -> list[int]:
                 cwd = os.readlink(f"/proc/{entry}/cwd")
             except OSError:
                 cwd = ""
-            if re.search(r"/s\d+/w$", cwd) or b"_server.py" not in parent_cmd:  # a slot's working dir
+            if re.search(r"/s\d+/w$", cwd) or b"_server.py" not in parent_cmd:  # a cell's working dir
                 found.append(int(entry))
     return found
 
@@ -400,7 +400,7 @@ def test_config_from_mapping():
 
 
 def test_compiled_source_is_reused_but_each_call_starts_from_its_module_code(sb):
-    # The slot worker compiles a source once; every call still runs its module-level code afresh.
+    # The cell worker compiles a source once; every call still runs its module-level code afresh.
     source = "import random\nSEEN = []\nTOKEN = random.random()\ndef check(p):\n    SEEN.append(p)\n    return [len(SEEN), TOKEN]"
     results = sb.call_many([(source, "check", i) for i in range(12)])
     assert all(r.ok for r in results)
@@ -485,7 +485,7 @@ def test_working_directories_live_in_a_private_size_capped_tmpfs():
         assert not os.path.exists(cwd)
         server_view = f"/proc/{box._proc.pid}/root{cwd}"
         assert not os.path.exists(server_view)  # removed after the call, seen from inside too
-        assert os.path.isdir(os.path.dirname(server_view))  # (the slot's directory is there)
+        assert os.path.isdir(os.path.dirname(server_view))  # (the cell's directory is there)
         assert box.run(code).stdout.startswith("stopped 28")  # the space came back
 
 
@@ -499,7 +499,7 @@ def test_many_distinct_sources_each_run_its_own_code(sb):
             [[i, i] for i in reversed(range(80))]
 
 
-# -- issue 20, item 5: a dirty slot, a hostname lookup, values JSON cannot hold ----------------------
+# -- issue 20, item 5: a dirty cell, a hostname lookup, values JSON cannot hold ----------------------
 
 _FORK_BOMB = textwrap.dedent("""
     import os
@@ -524,9 +524,9 @@ _FORKS_UP_TO_THE_BOUND = textwrap.dedent("""
 """)
 
 
-@pytest.mark.skipif(not IS_ROOT, reason="the process bound needs a per-slot uid (root)")
-def test_slot_is_clean_for_the_next_call_after_a_fork_bomb():
-    # One slot, so every call lands on the slot the bomb just ran on. The leftovers of the bomb must
+@pytest.mark.skipif(not IS_ROOT, reason="the process bound needs a per-cell uid (root)")
+def test_cell_is_clean_for_the_next_call_after_a_fork_bomb():
+    # One cell, so every call lands on the cell the bomb just ran on. The leftovers of the bomb must
     # be killed and reaped before the next call starts: its process bound is whole again.
     with Sandbox(SandboxConfig(timeout_s=5, max_processes=8, workers=1)) as box:
         innocent = _FORKS_UP_TO_THE_BOUND.format(n=box.config.max_processes - 1)
@@ -540,7 +540,7 @@ def test_slot_is_clean_for_the_next_call_after_a_fork_bomb():
 
 
 @pytest.mark.skipif(not IS_ROOT, reason="the forker runs under its own uid as root only")
-def test_slot_is_clean_after_its_forker_dies_during_a_fork_bomb():
+def test_cell_is_clean_after_its_forker_dies_during_a_fork_bomb():
     # A forker killed from outside mid-bomb is replaced; its orphans must not hold the new one's bound.
     with Sandbox(SandboxConfig(timeout_s=5, max_processes=8, workers=1)) as box:
         uid = box.isolation["uid_base"]

@@ -12,7 +12,7 @@ distinct rewards, and the tests check, against numbers worked out by hand below:
    (``test_update_raises_the_best_candidates_logprob``; weight decay 0, so only the policy gradient moves it).
 
 One run of the tiny random Llama (byte tokenizer), one outer iteration, each block one phase of two optimizer
-steps on the same unit (S = 1, μ = 2), so phase.pt holds the batch after the block's first update; weight
+steps on the same minibatch (S = 1, μ = 2), so phase.pt holds the batch after the block's first update; weight
 decay 0 and lr 3e-4 (see OVERRIDES). The scripted engine reports the real behaviour log-probs of the model
 that samples (not a constant), so the first step's ratio is 1 and the clip does not silence the
 negative-advantage candidates. "Before" an update is the backbone (``unifiedplayers.models.load_model``):
@@ -48,7 +48,7 @@ Evaluation (M = 3) for a task with answer a (42 or 8):
 
 Variants (which variant a rule picks is random, but every verdict below holds for every draw):
   τ0: all 5 apply. arg_mutation changes 6 or 7 by ±1/±2 -> output in {28,35,49,56,30,36,48,54} != 42,
-      answer still 42; step_drop leaves 3 steps; step_swap moves the code unit to index 0 or 2;
+      answer still 42; step_drop leaves 3 steps; step_swap moves the code minibatch to index 0 or 2;
       early_terminate cuts at step 1 or 3 and sets a distractor of 42 (41,43,40,46,38,0); tool_substitute
       sets lang bash. vA rejects only early_terminate (1 of 5); vS rejects all 5.
   τ2: all 5 apply; arg_mutation outputs {11,12,14,15} != 13; distractors of 13 (12,14,10,0). vA rejects all 5
@@ -79,6 +79,7 @@ from unifiedplayers.rollout.types import flatten_segments
 from scripted import ScriptedEngine
 
 from unifiedplayers.loop.outer import OuterLoop
+from unifiedplayers.loop.phase import Phase, load_phase_state
 from unifiedplayers.roles import ROLES
 
 pytestmark = pytest.mark.cpu
@@ -212,7 +213,7 @@ OVERRIDES = [
     "player.planning_max_new_tokens=200", "player.execution_max_new_tokens=200",
     "player.evaluation_max_new_tokens=200", "player.tasks_per_prompt=2", "player.num_trajectories=4",
     "player.num_verifiers=3", "sandbox.timeout_s=5", "perturbation=all",
-    # one phase per block of S x μ = 1 x 2 optimizer steps on the same unit: phase.pt is on disk after step 1
+    # one phase per block of S x μ = 1 x 2 optimizer steps on the same minibatch: phase.pt is on disk after step 1
     "schedule.planning_updates=2", "schedule.execution_updates=2", "schedule.evaluation_updates=2",
     "schedule.steps_per_generation=1", "trainer.num_iterations=2",
     # Only the policy gradient moves the weights. Adam's first step moves every weight by about lr: the tiny
@@ -251,11 +252,11 @@ def run(tmp_path_factory):
         role = line["block"]
         if line["phase_step"] != 0 or role in seen:
             return
-        saved = torch.load(run_dir / "phase.pt", weights_only=False)
+        saved = Phase.from_state(load_phase_state(run_dir / "phase.pt"))
         model = loop.players[role].model
         cands, count = {}, 0
-        for unit in saved["units"]:
-            for s in unit["batch"]:
+        for minibatch in saved.minibatches:
+            for s in minibatch.batch:
                 mask = torch.as_tensor(list(s.loss_mask), dtype=torch.bool)
                 ids = list(s.token_ids)
                 text = tok_box[0].decode([t for t, m in zip(ids, mask.tolist()) if m])
@@ -317,7 +318,7 @@ def test_records_hold_hand_computed_rewards(run):
     # vA accepts τ0's variants but the early-terminated one (its answer stays 42); everything else is rejected
     assert rec.z_adv.tolist() == [[[1, 1, 1, 0, 1], no, no, no], [no, no, no, no]]
     assert rec.meta["check_errors"] == []
-    # the metrics line of each block's first update reports the mean of its unit's rewards
+    # the metrics line of each block's first update reports the mean of its minibatch's rewards
     first = {m["block"]: m for m in reversed(run["metrics"])}
     assert first["planning"]["planning/reward_mean"] == pytest.approx(
         (PLANNING_A_FIRST_BLOCK + PLANNING_B_FIRST_BLOCK) / 2)

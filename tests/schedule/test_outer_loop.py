@@ -324,7 +324,7 @@ def test_plan_of_updates_follows_the_block_order():
     cfg = compose(["experiment=tiny", "schedule.outer_iterations=2", "schedule.planning_updates=2",
                    "schedule.train_evaluation=false"])
     slots = plan_updates(cfg)
-    assert [(s.iteration, s.role, s.update) for s in slots] == [
+    assert [(s.iteration, s.role, s.step_in_block) for s in slots] == [
         (1, "planning", 0), (1, "planning", 1), (1, "execution", 0),
         (2, "planning", 0), (2, "planning", 1), (2, "execution", 0)]
     assert [s.index for s in slots] == list(range(6))

@@ -16,7 +16,7 @@ import torch
 
 from unifiedplayers.config import compose, resolve_player_config, role_temperature, role_trainer_config
 from unifiedplayers.diagnostics.logging import read_metrics
-from unifiedplayers.loop.phase import split_units, unit_of_step
+from unifiedplayers.loop.phase import split_minibatches, minibatch_of_step
 from unifiedplayers.loop.engines import SamplingTemperature
 from unifiedplayers.loop.outer import OuterLoop
 from unifiedplayers.loop.schedule import plan_updates
@@ -24,7 +24,7 @@ from unifiedplayers.loop.schedule import plan_updates
 pytestmark = pytest.mark.cpu
 
 # One outer iteration, each block one phase of four optimizer steps (S = 4): Planning samples 4 questioner
-# prompts at once, Execution and Evaluation 4 tasks; each step trains on one of the four disjoint units.
+# prompts at once, Execution and Evaluation 4 tasks; each step trains on one of the four disjoint minibatches.
 S4 = ["experiment=tiny", "schedule.planning_updates=4", "schedule.execution_updates=4",
       "schedule.evaluation_updates=4", "schedule.steps_per_generation=4", "trainer.lr=3e-2", "trainer.kl_coef=0.0"]
 
@@ -40,20 +40,20 @@ def test_plan_cuts_blocks_into_phases_of_s_times_mu_steps():
     cfg = compose(["experiment=tiny", "schedule.planning_updates=4", "schedule.execution_updates=8",
                    "schedule.evaluation_updates=4", "schedule.steps_per_generation=2", "trainer.num_iterations=2"])
     slots = plan_updates(cfg)
-    assert [(s.role, s.phase, s.step_in_phase) for s in slots[:8]] == [
+    assert [(s.role, s.phase_first, s.step_in_phase) for s in slots[:8]] == [
         ("planning", 0, 0), ("planning", 0, 1), ("planning", 0, 2), ("planning", 0, 3),
         ("execution", 4, 0), ("execution", 4, 1), ("execution", 4, 2), ("execution", 4, 3)]
-    assert [(s.phase, s.step_in_phase) for s in slots[8:12]] == [(8, 0), (8, 1), (8, 2), (8, 3)]
-    # μ passes over the S units in order: steps 0..3 train units 0, 1, 0, 1 (passes 0, 0, 1, 1)
-    assert [unit_of_step(j, 2) for j in range(4)] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert [(s.phase_first, s.step_in_phase) for s in slots[8:12]] == [(8, 0), (8, 1), (8, 2), (8, 3)]
+    # μ passes over the S minibatches in order: steps 0..3 train minibatches 0, 1, 0, 1 (passes 0, 0, 1, 1)
+    assert [minibatch_of_step(j, 2) for j in range(4)] == [(0, 0), (0, 1), (1, 0), (1, 1)]
     # S = μ = 1 (the default): every update is its own phase
-    assert all(s.phase == s.index and s.first_of_phase for s in plan_updates(compose(["experiment=tiny"])))
+    assert all(s.phase_first == s.index and s.first_of_phase for s in plan_updates(compose(["experiment=tiny"])))
 
 
 def test_units_are_disjoint_and_cover_the_phase():
-    assert split_units(8, 4) == [[0, 1], [2, 3], [4, 5], [6, 7]]
-    assert split_units(5, 4) == [[0, 1], [2], [3], [4]]  # a shortfall is spread, not left to the last units
-    assert split_units(2, 4) == [[0], [1], [], []]
+    assert split_minibatches(8, 4) == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert split_minibatches(5, 4) == [[0, 1], [2], [3], [4]]  # a shortfall is spread, not left to the last minibatches
+    assert split_minibatches(2, 4) == [[0], [1], [], []]
 
 
 def test_a_block_that_is_not_a_multiple_of_the_phase_fails_at_start_up(tmp_path):
@@ -110,7 +110,7 @@ def test_one_generation_per_four_updates_and_the_ratio_moves_off_one(s4_run):
     assert len(planning) == 4 * 2  # 4 prompts × G_T = 2
     assert {r["meta"]["phase"] for r in recs} == {0, 4, 8}
     played = [r for r in recs if r["meta"]["block"] == "execution" and r["meta"]["status"] == "played"]
-    assert [r["meta"]["global_update"] for r in played] == [4, 5, 6, 7]  # one task per unit, in order
+    assert [r["meta"]["global_update"] for r in played] == [4, 5, 6, 7]  # one task per minibatch, in order
 
 
 def test_mu_two_passes_over_the_units(tmp_path, monkeypatch):
@@ -122,7 +122,7 @@ def test_mu_two_passes_over_the_units(tmp_path, monkeypatch):
     metrics = read_metrics(tmp_path)
     assert [(m["phase_pass"], m["phase_unit"]) for m in metrics] == [(0, 0), (0, 1), (1, 0), (1, 1)]
     assert [m["timing/generation_s"] > 0 for m in metrics] == [True, False, False, False]
-    # A unit's sampling figures are on its first pass's line only; the second pass trains a moved policy.
+    # A minibatch's sampling figures are on its first pass's line only; the second pass trains a moved policy.
     assert "execution/reward_mean" in metrics[0] and "execution/reward_mean" not in metrics[2]
     trained = [m for m in metrics[1:] if not m["execution/skipped"]]
     assert trained and all(abs(m["execution/ratio_max"] - 1) > 1e-4 or abs(m["execution/ratio_min"] - 1) > 1e-4
@@ -135,7 +135,7 @@ def test_question_history_is_held_fixed_within_a_block(tmp_path):
 
     def hook(event, loop, slot):
         if event == "update_end":
-            seen.append((slot.role, slot.update, len(loop.history), len(loop.state.block_questions)))
+            seen.append((slot.role, slot.step_in_block, len(loop.history), len(loop.state.block_questions)))
 
     cfg = compose(["experiment=tiny", "schedule.planning_updates=2", "schedule.execution_updates=2",
                    "schedule.evaluation_updates=0"])
@@ -159,7 +159,7 @@ def test_resume_after_kill_9_inside_a_phase_equals_an_uninterrupted_run(s4_run, 
     """Killed in the Execution phase's first update (5: just after the phase was sampled) or its last (8): the
     last save is the Planning block's end (``schedule.save_every``: saves fall at phase ends), so the resumed run
     samples the Execution phase again, from the saved RNG states and seeds, and equals the uninterrupted one.
-    (A clean stop inside a phase saves it and resumes on its units: tests/schedule/test_save_cadence.py.)"""
+    (A clean stop inside a phase saves it and resumes on its minibatches: tests/schedule/test_save_cadence.py.)"""
     reference = s4_run[0]
     script = textwrap.dedent(f"""
         import os, signal, sys

@@ -1,6 +1,6 @@
 """Precision ``auto`` in a run: resolved once at the start, stored with its reason, kept on resume; bf16 runs sample
 from the bf16 copy; the on-policy mismatch reaches metrics.jsonl; ``trainer.recompute_old_logprobs`` both ways, and
-over every unit of a phase.
+over every minibatch of a phase.
 
 The CPU flags are patched (``unifiedplayers.precision.cpu_flags``), so the tests hold on any machine.
 """
@@ -19,6 +19,7 @@ from omegaconf import OmegaConf
 from unifiedplayers import precision
 from unifiedplayers.config import compose, role_trainer_config
 from unifiedplayers.loop.outer import OuterLoop, StopRun
+from unifiedplayers.loop.phase import Phase, load_phase_state
 from unifiedplayers.models import load_model
 from unifiedplayers.loop.run_state import check_resumable
 from unifiedplayers.trainer import TrainSample, build_trainer
@@ -156,7 +157,7 @@ def _first_update(tmp_path, recompute):
                    f"trainer.recompute_old_logprobs={str(recompute).lower()}", "trainer.clip_eps=0.001"])
     OuterLoop(cfg, run_dir, hooks=[_stop_after(2)]).run()
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return lines[0], torch.load(run_dir / "phase.pt", weights_only=False)
+    return lines[0], Phase.from_state(load_phase_state(run_dir / "phase.pt"))
 
 
 def test_recompute_old_logprobs_both_settings(tmp_path):
@@ -168,9 +169,9 @@ def test_recompute_old_logprobs_both_settings(tmp_path):
     role = plain["block"]
     assert redone[f"{role}/logprob_mismatch"] == pytest.approx(plain[f"{role}/logprob_mismatch"], rel=1e-4, abs=1e-6)
     assert redone[f"{role}/clip_frac"] == 0.0
-    samples = [s for u in phase["units"] for s in u["batch"]]
+    samples = [s for u in phase.minibatches for s in u.batch]
     assert samples and all(s.behaviour_logprobs is not None for s in samples)
-    assert all(s.behaviour_logprobs is None for u in plain_phase["units"] for s in u["batch"])
+    assert all(s.behaviour_logprobs is None for u in plain_phase.minibatches for s in u.batch)
 
 
 def test_resumable_check_accepts_auto_against_a_stored_dtype(tmp_path):
@@ -197,30 +198,30 @@ def test_a_run_written_with_the_tiny_sizes_under_a_pretrained_model_resumes(tmp_
 
 
 def test_recompute_covers_every_unit_of_a_phase_and_logs_the_mismatch_at_every_step(tmp_path):
-    """S = 2 units in one phase (the loop tests above have one): before the phase's first step, every unit's
+    """S = 2 minibatches in one phase (the loop tests above have one): before the phase's first step, every minibatch's
     π_old is the trainer's own forward at the phase's start weights (here the initial ones), neither the behaviour
     log-probs nor a forward after the first step; and both steps log the mismatch |log π_old − log π_behaviour|."""
     cfg = compose(["experiment=tiny", "schedule.steps_per_generation=2", "schedule.planning_updates=2",
                    "schedule.execution_updates=0", "schedule.evaluation_updates=0",
                    "trainer.recompute_old_logprobs=true", "model.dtype=bfloat16"])  # bf16 rollouts, fp32 trainer
-    units = []
+    minibatches = []
 
     def keep_units(event, loop, slot):
         if event == "update_end" and slot.step_in_phase == 0:
-            units.extend(copy.deepcopy([u.batch for u in loop.phase.units]))
+            minibatches.extend(copy.deepcopy([u.batch for u in loop.phase.minibatches]))
 
     OuterLoop(cfg, tmp_path, hooks=[keep_units]).run()
-    assert len(units) == 2 and all(units)
+    assert len(minibatches) == 2 and all(minibatches)
     initial = load_model(OmegaConf.merge(cfg.model, {"dtype": "float32"}))[0]  # the run's float32 master weights
     fresh = build_trainer(role_trainer_config(cfg.trainer, "planning"), initial)
     lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [m["phase_unit"] for m in lines] == [0, 1]
-    for unit, line in zip(units, lines):
-        assert all(s.behaviour_logprobs is not None for s in unit)  # recomputed: the recorded ones kept aside
-        again = [TrainSample(s.token_ids, s.loss_mask, s.behaviour_logprobs, s.advantage, s.group) for s in unit]
-        fresh.recompute_old_logprobs(again)  # the initial weights' forward over the unit
+    for minibatch, line in zip(minibatches, lines):
+        assert all(s.behaviour_logprobs is not None for s in minibatch)  # recomputed: the recorded ones kept aside
+        again = [TrainSample(s.token_ids, s.loss_mask, s.behaviour_logprobs, s.advantage, s.group) for s in minibatch]
+        fresh.recompute_old_logprobs(again)  # the initial weights' forward over the minibatch
         tokens = total = 0.0
-        for s, a in zip(unit, again):
+        for s, a in zip(minibatch, again):
             mask = torch.as_tensor(s.loss_mask, dtype=torch.bool)
             old, behaviour = torch.as_tensor(s.old_logprobs)[mask], torch.as_tensor(s.behaviour_logprobs)[mask]
             torch.testing.assert_close(old, torch.as_tensor(a.old_logprobs)[mask])

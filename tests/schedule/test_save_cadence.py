@@ -131,7 +131,7 @@ def test_stop_and_resume_at_every_cadence_equals_an_uninterrupted_run(reference,
 
 def test_a_clean_stop_inside_a_phase_resumes_on_its_units_and_saves_at_its_end(tmp_path):
     """S = 2, block ends only. Stopped after update 1 (inside phase 0: the state names it, phase.pt holds it);
-    the resumed run trains on phase.pt's units and saves at the phase's end, so that phase 2's phase.pt, written
+    the resumed run trains on phase.pt's minibatches and saves at the phase's end, so that phase 2's phase.pt, written
     when it is sampled, never replaces the one a state names; killed after update 3 (inside phase 2), the run
     resumes from that save and samples phase 2 again."""
     s2 = ["schedule.planning_updates=4", "schedule.steps_per_generation=2", "schedule.execution_updates=2",

@@ -23,7 +23,7 @@ or ``None`` where it cannot apply; the verdict matrix masks those entries out (`
   that states its answer in its last reasoning step, and a verifier must read its content to tell it.
   (An original whose answer stood alone after its last output, "\\boxed{9}" with no sentence, has no
   such step; its variant still gets one.) The distractor is drawn uniformly from
-  :func:`distractor_pool`: off-by-one neighbours, the answer rounded to tens, ±10 % and zero, written
+  :func:`distractors_for`: off-by-one neighbours, the answer rounded to tens, ±10 % and zero, written
   in the answer's own style and never equal to it in value (a non-numeric or missing answer: zero; one
   that means zero or nothing: one). Always applies.
 - tool_substitute (global): one python code step, chosen uniformly, gets lang "bash"; code and
@@ -242,9 +242,9 @@ def step_drop(traj: Trajectory, rng: random.Random, params: RuleParams) -> Optio
     return out
 
 
-def units(steps: Sequence[Step]) -> list[tuple[int, int]]:
-    """Half-open index ranges of the movable units: a code step with the output right after it is one
-    unit, every other step is a unit of its own."""
+def movable_spans(steps: Sequence[Step]) -> list[tuple[int, int]]:
+    """Half-open index ranges of the movable spans (Appendix F.1's "units"): a code step with the output right after
+    it is one span, every other step is a span of its own."""
     spans, i = [], 0
     while i < len(steps):
         j = i + 2 if steps[i].type == "code" and i + 1 < len(steps) and steps[i + 1].type == "output" else i + 1
@@ -256,7 +256,7 @@ def units(steps: Sequence[Step]) -> list[tuple[int, int]]:
 @register_rule("step_swap", "local", abbrev="swap")
 def step_swap(traj: Trajectory, rng: random.Random, params: RuleParams) -> Optional[Trajectory]:
     """Local: swap two adjacent units, never separating a code step from its output."""
-    spans = units(traj.steps)
+    spans = movable_spans(traj.steps)
     steps = traj.steps
     pairs = [u for u in range(len(spans) - 1) if steps[slice(*spans[u])] != steps[slice(*spans[u + 1])]]
     if not pairs:
@@ -366,7 +366,7 @@ def distractor_candidates(value: Fraction, integral: bool) -> list[tuple[str, Fr
     ]
 
 
-def distractor_pool(answer: Optional[str]) -> list[str]:
+def distractors_for(answer: Optional[str]) -> list[str]:
     """Fabricated final answers for early_terminate, none equal in value to ``answer``.
 
     A numeric answer (see :func:`_numeric_answer`): :func:`distractor_candidates`, each written in the
@@ -398,7 +398,7 @@ def early_terminate(traj: Trajectory, rng: random.Random, params: RuleParams) ->
     variant's last step, a reasoning step that boxes it (``state_answer``): a variant that only set
     ``final_answer``, with no step boxing it, would be told apart by its form, not its content.
     """
-    pool = distractor_pool(traj.final_answer)
+    pool = distractors_for(traj.final_answer)
     answer_at = len(traj.steps)
     if traj.final_answer is not None:
         for i in range(len(traj.steps) - 1, -1, -1):
@@ -406,7 +406,7 @@ def early_terminate(traj: Trajectory, rng: random.Random, params: RuleParams) ->
             if s.type == "reason" and extract_boxed(s.text or "") == traj.final_answer:
                 answer_at = i
                 break
-    cuts = [end for _, end in units(traj.steps) if 1 <= end <= answer_at] or [0]
+    cuts = [end for _, end in movable_spans(traj.steps) if 1 <= end <= answer_at] or [0]
     cut = rng.choice(cuts)
     out = traj.copy()
     del out.steps[cut:]

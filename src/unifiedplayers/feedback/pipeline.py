@@ -4,8 +4,8 @@ This is the one feedback function of the project: the outer loop runs :func:`pha
 sampling phase, and the tests check it (``task_feedback`` is the same function for one task)::
 
     fbs = phase_feedback(tasks, FeedbackContext(perturber, sandbox, cfg.reward, history))
-    fbs[i].rewards.execution   # (K,) Eq. 4      fbs[i].rewards.evaluation  # (M,) Eq. 5
-    fbs[i].rewards.planning    # Eq. 2          fbs[i].verdicts            # the verdict matrix (Eq. 9)
+    fbs[i].terms.execution     # (K,) Eq. 4      fbs[i].terms.evaluation    # (M,) Eq. 5
+    fbs[i].terms.planning      # Eq. 2          fbs[i].verdicts            # the verdict matrix (Eq. 9)
 
 Each :class:`TaskFeedback` is also what a method's reward sources read
 (:mod:`unifiedplayers.methods.sources`). It imports no torch, no model and no player.
@@ -25,7 +25,7 @@ from unifiedplayers.feedback.verdict import verdict_matrix
 class TaskFeedback:
     """One well-formed task's executable feedback: what every reward source may read about it."""
 
-    rewards: rewards.TaskRewards  # all terms of Eq. 2-5 for this task
+    terms: rewards.TaskRewards  # all terms of Eq. 2-5 for this task (what trains a player: the method's sources)
     answers: Sequence[Optional[str]]  # the K final answers (None: no answer)
     reward_cfg: Any  # RewardConfig
     verdicts: Any = None  # the VerdictMatrix (None for hand-made feedback in unit tests)
@@ -34,8 +34,8 @@ class TaskFeedback:
     tool_calls: Sequence[int] = ()  # tool calls of each of the K trajectories (Agent0's tool bonus)
     expected_answer: Optional[str] = None  # the Planning player's answer (Absolute Zero: the sandbox's)
     question: str = ""
-    method_cfg: Any = None  # MethodConfig (tool_bonus, teacher endpoint)
-    settings: Any = None  # the method's typed settings (method.extra)
+    method_cfg: Any = None  # MethodConfig
+    settings: Any = None  # the method's typed settings (method.extra: Agent0's tool_bonus, Socratic-Zero's Teacher)
     answer_check: Optional[Callable[[Optional[str]], bool]] = None  # execution-verified tasks (Absolute Zero)
     p_hat: Optional[float] = None  # self-consistency p̂ of the K answers; filled on first use by self_consistency()
     extra: dict[str, Any] = field(default_factory=dict)

@@ -31,8 +31,8 @@ def save_due(slot: Slot, save_every: int, per_phase: int, saved_phase: Optional[
         return True
     if slot.step_in_phase != per_phase - 1:
         return False
-    done = slot.update + 1
-    return saved_phase == slot.phase or (save_every > 0 and done // save_every > (done - per_phase) // save_every)
+    done = slot.step_in_block + 1
+    return saved_phase == slot.phase_first or (save_every > 0 and done // save_every > (done - per_phase) // save_every)
 
 
 def save_active(team: Any, slot: Slot, run_dir: Path, checkpoints: dict[str, Optional[str]],

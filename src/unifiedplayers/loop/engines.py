@@ -5,23 +5,21 @@ the Execution player's fixed diagnostic pool (:mod:`unifiedplayers.diagnostics.e
 from __future__ import annotations
 
 import contextlib
-import time
 from typing import Any, Callable, ContextManager, Optional
+
+from unifiedplayers.diagnostics.timing import StageClock
 
 
 class TimedSandbox:
-    """Forwards to a sandbox and adds up the wall time spent in it (``seconds``)."""
+    """Forwards to a sandbox; each call is the stage ``sandbox`` of the run's :class:`StageClock` (``clock``)."""
 
-    def __init__(self, sandbox: Any) -> None:
+    def __init__(self, sandbox: Any, clock: Optional[StageClock] = None) -> None:
         self.sandbox = sandbox
-        self.seconds = 0.0
+        self.clock = clock if clock is not None else StageClock()
 
     def _timed(self, name: str, *args: Any, **kwargs: Any) -> Any:
-        t = time.perf_counter()
-        try:
+        with self.clock("sandbox"):
             return getattr(self.sandbox, name)(*args, **kwargs)
-        finally:
-            self.seconds += time.perf_counter() - t
 
     def run(self, *a: Any, **k: Any) -> Any:
         return self._timed("run", *a, **k)

@@ -6,8 +6,8 @@ updates. Each update runs these stages in order:
 2. at a phase's start, with the policies as they stand: **sample** tasks, K trajectories and M verifiers
    (``sampling``: one ``PlayedTask`` record per played task, which each later stage adds to); **feedback**:
    perturb, verdict matrices, rewards (``phase.add_feedback``: ``feedback.phase_feedback``, then the method's
-   reward sources); **GRPO units** with advantages (Eq. 17; ``phase.build_units``); the phase's records;
-3. **train**: one optimizer step on the active player's unit, against the behaviour log-probs (Eq. 18-19);
+   reward sources); **GRPO minibatches** with advantages (Eq. 17; ``phase.build_minibatches``); the phase's records;
+3. **train**: one optimizer step on the active player's minibatch, against the behaviour log-probs (Eq. 18-19);
 4. the metrics line; on the save cadence (``checkpoints.save_due``) the **checkpoint**, then the **run state**
    naming it: a killed run replays the updates after its last save exactly. R(q)'s question history is fixed
    within a block; the block's questions join it at its end.
@@ -34,7 +34,7 @@ from unifiedplayers.machine import earlier_starts, record_start
 from unifiedplayers.feedback.perturbation import PerturbationEngine
 from unifiedplayers.precision import resolve_run_precision
 from unifiedplayers.feedback.pipeline import FeedbackContext
-from unifiedplayers.loop.phase import PHASE_FILE, Phase, PhaseContext, add_feedback, build_units, phase_records, \
+from unifiedplayers.loop.phase import PHASE_FILE, Phase, PhaseContext, add_feedback, build_minibatches, phase_records, \
     train_step
 from unifiedplayers.feedback.rewards import QuestionHistory
 from unifiedplayers.roles import ROLES
@@ -86,7 +86,7 @@ class OuterLoop:
         if self.dist.is_main:
             OmegaConf.save(self.cfg, self.run_dir / CONFIG_FILE, resolve=True)
         self.team.setup(*self.team.load_backbone(self._backbone, self.state.timing))
-        self.pool = DiagnosticPool(self.cfg, self.run_dir, self.trained, self.slots, self.dist)
+        self.diagnostic_pool = DiagnosticPool(self.cfg, self.run_dir, self.trained, self.slots, self.dist)
         if saved is not None:
             self.state, self.phase = restore(saved, self.cfg, self.run_dir, self.dist, self.team, self.method,
                                              self.slots, self.state)
@@ -100,7 +100,7 @@ class OuterLoop:
                          self.run_dir / CONFIG_FILE if self.dist.is_main else None)
             self.files, self.sandbox = files, TimedSandbox(sandbox)
             self.sampler = PhaseSampler(self.cfg, self.player_cfg, self.execution_cfg, self.method, self.team,
-                                        self.sandbox, self.dist, files.stage, self.state.prompt_counter)
+                                        self.sandbox, self.dist, files.progress, self.state.prompt_counter)
             self.perturber = PerturbationEngine.from_config(  # arg_mutation shows outputs as the tool loop does
                 self.cfg.perturbation, seed=self.cfg.seed, sandbox=self.sandbox,
                 observation_max_chars=self.player_cfg.observation_max_chars)
@@ -143,23 +143,23 @@ class OuterLoop:
             if slot.role == next(s.role for s in self.slots if s.iteration == slot.iteration):
                 self.team.start_iteration(self.run_dir, self.state.published)
             extra.update(self.team.start_block(slot.role))
-        extra.update(self.pool.metrics(slot, self.team, self.sandbox, self.execution_cfg, self.state.timing,
-                                       self.files.stage, before=True))
-        if self.phase is None or self.phase.first != slot.phase:  # else: resumed inside this phase
+        extra.update(self.diagnostic_pool.metrics(slot, self.team, self.sandbox, self.execution_cfg,
+                                                  self.state.timing, self.files.progress, before=True))
+        if self.phase is None or self.phase.first != slot.phase_first:  # else: resumed inside this phase
             self.phase = self._sample_phase(slot)
-        metrics, update_s = train_step(slot, self.phase, self.team, self.dist,
-                                       int(self.cfg.schedule.steps_per_generation), phase_steps(self.cfg), self.files.stage)
+        metrics, update_s = train_step(slot, self.phase, self.team, self.dist, int(self.cfg.schedule.steps_per_generation),
+                                       phase_steps(self.cfg), self.files.progress)
         self.state.timing["update_s"] += update_s
         metrics.update(extra)
-        metrics.update(self.pool.metrics(slot, self.team, self.sandbox, self.execution_cfg, self.state.timing,
-                                         self.files.stage))
+        metrics.update(self.diagnostic_pool.metrics(slot, self.team, self.sandbox, self.execution_cfg,
+                                                    self.state.timing, self.files.progress))
         t = time.perf_counter()
         if slot.last_of_block:
             metrics.update(self.team.block_diagnostics(slot.role))
         self.files.metrics(metrics, slot.index)
         self.state.metrics += 1
         self.state.completed = slot.index + 1
-        if self.state.completed == slot.phase + phase_steps(self.cfg):
+        if self.state.completed == slot.phase_first + phase_steps(self.cfg):
             self.phase = None  # the phase is over: a state saved now no longer points at it
         if slot.last_of_block:  # the block's questions join R(q)'s history for the next block
             self.history.extend(self.state.block_questions)
@@ -173,38 +173,47 @@ class OuterLoop:
         self.state.timing["checkpoint_s"] += time.perf_counter() - t
 
     def _sample_phase(self, slot: Slot) -> Phase:
-        """Sample one phase, build its feedback and units once, write its records, and save it."""
-        units, t_start = int(self.cfg.schedule.steps_per_generation), time.perf_counter()
-        sandbox_before, sample = self.sandbox.seconds, self.sampler.sample(slot, units)
+        """Sample one phase, build its feedback and minibatches once, write its records, and save it. Timed by stage
+        (:class:`~unifiedplayers.diagnostics.timing.StageClock`): generation, sandbox, and ``feedback``, the rest."""
+        clock = self.sandbox.clock
+        before = dict(clock.seconds)
+        with clock("feedback"):
+            phase = self._build_phase(slot)
+        if not self.dist.is_main:
+            return phase
+        spent = clock.since(before)
+        phase.timing = {f"{name}_s": spent.get(name, 0.0) for name in ("generation", "sandbox", "feedback")}
+        phase.timing["total_s"] = sum(phase.timing.values())
+        self.state.timing["generation_s"] += phase.timing["generation_s"]
+        self.state.timing["sandbox_s"] += phase.timing["sandbox_s"]
+        if phase_steps(self.cfg) > 1:  # a clean stop inside the phase resumes on these minibatches, not on a new sample
+            atomic_torch_save(phase.to_state(), self.run_dir / PHASE_FILE)
+        return phase
+
+    def _build_phase(self, slot: Slot) -> Phase:
+        sample = self.sampler.sample(slot, int(self.cfg.schedule.steps_per_generation))
         self.state.prompt_counter = self.sampler.prompt_counter
         self.state.block_questions.extend(sample.questions)
         if not self.dist.is_main:  # the other ranks take part in the updates only (rank 0 broadcasts each batch)
             self.team.recompute_old_logprobs(slot.role, None)  # and in π_old's forward (rank 0's call below)
-            return Phase(slot.phase, [])
+            return Phase(slot.phase_first, [])
         played = sample.played  # one record per played task, added to by each stage below
-        self.files.stage("method feedback")  # the method's own (Socratic-Zero: the Teacher grades, refines)
+        self.files.progress("method feedback")  # the method's own (Socratic-Zero: the Teacher grades, refines)
         method_metrics = self.method.after_rollouts(slot.role, played) or {}
-        self.files.stage("sandbox: perturbations and verdicts")
+        self.files.progress("sandbox: perturbations and verdicts")
         add_feedback(played, self.method, FeedbackContext(  # R(q) against the history at the block's start
             self.perturber, self.sandbox, self.cfg.reward, list(self.history),
             verifiers=self.method.writes_verifiers, method_cfg=self.method.method_cfg,
             settings=self.method.settings, show_progress=bool(self.cfg.logger.progress)))
-        sandbox_s = self.sandbox.seconds - sandbox_before
         ctx = PhaseContext(slot, sample.groups, sample.unused, sample.versions, self.cfg, self.method,
                            self.team.tokenizer, self.player_cfg, self.perturber.rules, method_metrics)
-        phase_units = build_units(played, ctx)
-        self.team.recompute_old_logprobs(slot.role, [u.batch for u in phase_units])  # trainer.recompute_old_logprobs
+        phase_minibatches = build_minibatches(played, ctx)
+        self.team.recompute_old_logprobs(slot.role, [u.batch for u in phase_minibatches])  # trainer.recompute_old_logprobs
         records = phase_records(played, ctx)
         self.files.records(records)
         self.state.records += len(records)
-        gen_s, total = sample.timing["generation_s"], time.perf_counter() - t_start
-        self.state.timing["generation_s"] += gen_s
-        self.state.timing["sandbox_s"] += sandbox_s
-        self.phase = phase = Phase(slot.phase, phase_units, {"generation_s": gen_s, "sandbox_s": sandbox_s,
-                                                             "feedback_s": total - gen_s - sandbox_s, "total_s": total})
-        if phase_steps(self.cfg) > 1:  # a clean stop inside the phase resumes on these units, not on a new sample
-            atomic_torch_save(phase.to_state(), self.run_dir / PHASE_FILE)
-        return phase
+        self.phase = Phase(slot.phase_first, phase_minibatches)
+        return self.phase
 
     def _save(self, slot: Slot) -> None:
         """The active player's checkpoint after update ``slot``, then the run state that names it."""

@@ -3,21 +3,23 @@
 A block of ``<role>_updates`` optimizer steps is cut into phases of S × μ steps (S =
 ``schedule.steps_per_generation``, μ = ``trainer.num_iterations``). A phase samples the data of S steps at
 once with the policies as they stand at its start, builds the perturbations, verdict matrices and rewards
-once, and splits the active player's GRPO groups into S disjoint *units* (mini-batches). The trainer then
-takes μ passes over the S units, one optimizer step per unit, always against the behaviour log-probs
+once, and splits the active player's GRPO groups into S disjoint *minibatches* (mini-batches). The trainer then
+takes μ passes over the S minibatches, one optimizer step per minibatch, always against the behaviour log-probs
 recorded at sampling (sg[D_p^(b)]): π_θ moves away from π_old inside the phase, so the ratio of Eq. 18
 moves off 1 and the clip of Eq. 19 can bind.
 
 This module holds the pure parts of a phase, as maps over its played tasks (one
 :class:`~unifiedplayers.loop.sampling.PlayedTask` record each, carried from sampling to the records): the feedback
-stage (:func:`add_feedback`: feedback and rewards onto each task), how steps map to units, how tasks are split
-into units, the active player's groups and advantages (Eq. 17) (:func:`build_units`), the metrics of a unit and
+stage (:func:`add_feedback`: feedback and rewards onto each task), how steps map to minibatches, how tasks are split
+into minibatches, the active player's groups and advantages (Eq. 17) (:func:`build_minibatches`), the metrics of a minibatch and
 the interaction records (:func:`phase_records`). The outer loop (:mod:`unifiedplayers.loop.outer`) runs it after
 sampling (:mod:`unifiedplayers.loop.sampling`), with a :class:`PhaseContext`.
 """
 from __future__ import annotations
 
 import dataclasses
+import pickle
+import types
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Callable, Optional, Sequence
@@ -30,7 +32,7 @@ from unifiedplayers.config import role_trainer_config
 from unifiedplayers.feedback.pipeline import FeedbackContext, phase_feedback
 from unifiedplayers.methods import GroupShape, shape_advantages
 from unifiedplayers.diagnostics.records import InteractionRecord
-from unifiedplayers.trainer import sample_from_completion, sample_from_segments
+from unifiedplayers.trainer.sample import TrainSample, sample_from_completion, sample_from_segments
 
 PHASE_FILE = "phase.pt"
 
@@ -41,22 +43,22 @@ RENAMED_METRICS = {"actor/ratio_outside_clip_frac": "clip_frac", "actor/pg_clipf
                    "entropy_bank/retention": "entropy_ratio", "perf/update_tflop": "update_tflop"}
 
 
-def unit_of_step(step_in_phase: int, steps_per_generation: int) -> tuple[int, int]:
-    """(pass, unit) of the ``step_in_phase``-th optimizer step of a phase: passes over the S units in order."""
+def minibatch_of_step(step_in_phase: int, steps_per_generation: int) -> tuple[int, int]:
+    """(pass, minibatch) of the ``step_in_phase``-th optimizer step of a phase: passes over the S minibatches in order."""
     return step_in_phase // steps_per_generation, step_in_phase % steps_per_generation
 
 
-def split_units(n: int, units: int) -> list[list[int]]:
-    """``n`` items (tasks or questioner prompts) into ``units`` contiguous, disjoint chunks of near-equal size.
+def split_minibatches(n: int, minibatches: int) -> list[list[int]]:
+    """``n`` items (tasks or questioner prompts) into ``minibatches`` contiguous, disjoint chunks of near-equal size.
 
-    With ``units`` × per-update items sampled every chunk holds exactly the per-update number; a shortfall
-    (too few well-formed tasks) is spread so that no unit is left much smaller than another.
+    With ``minibatches`` × per-update items sampled every chunk holds exactly the per-update number; a shortfall
+    (too few well-formed tasks) is spread so that no minibatch is left much smaller than another.
     """
-    return [list(map(int, c)) for c in np.array_split(np.arange(n), units)]
+    return [list(map(int, c)) for c in np.array_split(np.arange(n), minibatches)]
 
 
 @dataclass
-class Unit:
+class MiniBatch:
     """One mini-batch of a phase: what its optimizer steps train on, and what its metrics line reports."""
 
     batch: list[Any]  # TrainSample (empty: the step is skipped)
@@ -65,30 +67,61 @@ class Unit:
 
 @dataclass
 class Phase:
-    """A sampled phase: its first update and its units (empty on ranks other than 0, which receive each
+    """A sampled phase: its first update and its minibatches (empty on ranks other than 0, which receive each
     step's batch by broadcast)."""
 
     first: int
-    units: list[Unit]
+    minibatches: list[MiniBatch]
     timing: dict[str, float] = field(default_factory=dict)  # generation_s, sandbox_s, feedback_s of the phase
 
     def to_state(self) -> dict[str, Any]:
-        return {"first": self.first, "timing": dict(self.timing),
-                "units": [{"batch": u.batch, "metrics": u.metrics} for u in self.units]}
+        """What phase.pt holds: each sample as a dict of its fields (tensors stay tensors), so that the file names
+        no class of ours and a run stopped inside a phase resumes whatever becomes of :class:`TrainSample`."""
+        return {"first": self.first, "timing": dict(self.timing),  # "units": the key older files have
+                "units": [{"batch": [_sample_fields(s) for s in u.batch], "metrics": u.metrics} for u in self.minibatches]}
 
     @classmethod
     def from_state(cls, d: dict[str, Any]) -> "Phase":
-        return cls(d["first"], [Unit(u["batch"], u["metrics"]) for u in d["units"]], dict(d["timing"]))
+        """The phase :meth:`to_state` saved, read with :func:`load_phase_state` (an older phase.pt holds the
+        samples themselves)."""
+        minibatches = [MiniBatch([s if isinstance(s, TrainSample) else TrainSample(**s) for s in u["batch"]],
+                                 u["metrics"]) for u in d["units"]]
+        return cls(d["first"], minibatches, dict(d["timing"]))
+
+
+def _sample_fields(sample: TrainSample) -> dict[str, Any]:
+    return {f.name: getattr(sample, f.name) for f in dataclasses.fields(TrainSample)}
+
+
+class _PhaseUnpickler(pickle.Unpickler):
+    """Unpickles phase.pt. Runs written before the samples were saved as dicts pickled the TrainSample objects under
+    the class's old path, ``unifiedplayers.trainer.base.TrainSample``; it is mapped to the class where it now lives,
+    so that such a run, stopped inside a phase, still resumes."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) == ("unifiedplayers.trainer.base", "TrainSample"):
+            return TrainSample
+        return super().find_class(module, name)
+
+
+# torch.load's ``pickle_module``: what it reads of it is ``Unpickler`` (``load`` for the pre-zip file format).
+_PHASE_PICKLE = types.SimpleNamespace(__name__="pickle", Unpickler=_PhaseUnpickler,
+                                      load=lambda f, **kwargs: _PhaseUnpickler(f, **kwargs).load())
+
+
+def load_phase_state(path: Any) -> dict[str, Any]:
+    """phase.pt as :meth:`Phase.to_state` wrote it, or as an older version did (:class:`_PhaseUnpickler`)."""
+    return torch.load(path, weights_only=False, pickle_module=_PHASE_PICKLE)
 
 
 def group_samples(role: str, groups: Sequence[Sequence[Any]], played: Sequence[Any],
                   malformed_reward: Callable[[Any], float]) -> tuple[list[Callable[[float], Any]], list[float], list[int]]:
-    """(sample makers, rewards, group ids) of the active player in one unit, one maker per candidate.
+    """(sample makers, rewards, group ids) of the active player in one minibatch, one maker per candidate.
 
-    Groups (Appendix B.3, Eq. 16): Planning, the G_T outputs of one of the unit's questioner prompts
+    Groups (Appendix B.3, Eq. 16): Planning, the G_T outputs of one of the minibatch's questioner prompts
     (``groups``; a played one's reward is its task's, a malformed one gets ``malformed_reward(task)``: the
     method's ``malformed_task_reward``); Execution, the K trajectories of a played task; Evaluation, its M
-    verifiers. ``played``: the unit's :class:`~unifiedplayers.loop.sampling.PlayedTask` records, rewards filled.
+    verifiers. ``played``: the minibatch's :class:`~unifiedplayers.loop.sampling.PlayedTask` records, rewards filled.
     """
     makers: list[Callable[[float], Any]] = []
     rewards: list[float] = []
@@ -119,7 +152,7 @@ def group_samples(role: str, groups: Sequence[Sequence[Any]], played: Sequence[A
 def training_batch(makers: Sequence[Callable[[float], Any]], rewards: Sequence[float], group_ids: Sequence[int],
                    trainer_cfg: Any, drop_zero_advantage_groups: bool,
                    shapes: Optional[dict[int, GroupShape]] = None) -> list[Any]:
-    """The unit's samples with their group-relative advantages (Eq. 17); zero-advantage groups dropped when asked.
+    """The minibatch's samples with their group-relative advantages (Eq. 17); zero-advantage groups dropped when asked.
 
     ``shapes``: a baseline's shape of each group (:meth:`unifiedplayers.methods.Method.group_shape`: groups left
     out, advantages scaled, a per-sample upper clip; Agent0's ADPO, R-Zero's band). Plain GRPO without.
@@ -146,9 +179,9 @@ def _mean(xs: Sequence[float]) -> Optional[float]:
     return float(np.mean(xs)) if xs else None
 
 
-def unit_metrics(role: str, groups: Sequence[Sequence[Any]], played: Sequence[Any],
+def minibatch_metrics(role: str, groups: Sequence[Sequence[Any]], played: Sequence[Any],
                  malformed_reward: Callable[[Any], float]) -> dict[str, Any]:
-    """The sampling and feedback metrics of one unit (rewards, formats, verdict statistics): ``played``, its
+    """The sampling and feedback metrics of one minibatch (rewards, formats, verdict statistics): ``played``, its
     played tasks; ``groups``, the Planning outputs it reports (Planning: its questioner prompts'; else all)."""
     m: dict[str, Any] = {}
     all_tasks = [t for g in groups for t in g]
@@ -161,25 +194,26 @@ def unit_metrics(role: str, groups: Sequence[Sequence[Any]], played: Sequence[An
     m["planning/reward_mean"] = _mean(plan_r)
     m["planning/valid_rate"] = sum(t.valid for t in all_tasks) / max(len(all_tasks), 1)
     m["planning/num_tasks"] = len(played)
-    m["planning/U"] = _mean([f.rewards.uncertainty for f in feedback])
-    m["planning/V"] = _mean([f.rewards.writability for f in feedback])
-    m["planning/R"] = _mean([f.rewards.repetition for f in feedback])
+    m["planning/U"] = _mean([f.terms.uncertainty for f in feedback])
+    m["planning/V"] = _mean([f.terms.writability for f in feedback])
+    m["planning/R"] = _mean([f.terms.repetition for f in feedback])
     m["execution/reward_mean"] = _mean([x for p in played for x in p.rewards["execution"]])
     statuses = [r.status for tr in rollouts for r in tr]
     for s in ("answered", "turn_limit", "no_answer", "error"):
         m[f"execution/{s}_rate"] = statuses.count(s) / len(statuses) if statuses else None
     m["execution/tool_calls_mean"] = _mean([r.num_tool_calls for tr in rollouts for r in tr])
-    # Accuracy against the verifier pool: share of trajectories accepted by a strict majority of the
-    # valid verifiers of their task (tasks with at least one valid verifier).
+    # Accuracy against the verifier majority: share of trajectories accepted by a strict majority of the
+    # valid verifiers of their task (tasks with at least one valid verifier). The key keeps its first name
+    # ("pool": the task's M verifiers), which run directories and the ablation scripts read.
     acc = [float(col > vm.z_orig.shape[0] / 2) for vm in verdicts if vm.z_orig.shape[0]
            for col in vm.z_orig.sum(axis=0)]
     m["execution/accuracy_vs_pool"] = _mean(acc)
     m["evaluation/reward_mean"] = _mean([x for p in played for x in p.rewards["evaluation"]])
     generated = sum(vm.num_generated for vm in verdicts)
     m["evaluation/valid_rate"] = sum(len(vm.valid) for vm in verdicts) / generated if generated else None
-    m["evaluation/rho_gold"] = _mean([x for f in feedback for x in f.rewards.gold])
-    m["evaluation/rho_adv"] = _mean([x for f in feedback for x in f.rewards.adv])
-    m["evaluation/rho_red"] = _mean([x for f in feedback for x in f.rewards.red])
+    m["evaluation/rho_gold"] = _mean([x for f in feedback for x in f.terms.gold])
+    m["evaluation/rho_adv"] = _mean([x for f in feedback for x in f.terms.adv])
+    m["evaluation/rho_red"] = _mean([x for f in feedback for x in f.terms.red])
     # Check errors (raises, timeouts, no verdict), kept apart from rejections: their share of the checks
     # behind Z, and the share of verifiers made invalid by erroring on every original trajectory.
     errors = [vm.error_summary() for vm in verdicts]
@@ -222,7 +256,7 @@ def add_feedback(played: Sequence[Any], method: Any, ctx: FeedbackContext) -> No
 
 @dataclass
 class PhaseContext:
-    """What a phase's units and records read besides its played tasks."""
+    """What a phase's minibatches and records read besides its played tasks."""
 
     slot: Any  # the phase's first update (its role, iteration, phase and update)
     groups: Sequence[Sequence[Any]]  # every Planning output of the phase, by questioner prompt
@@ -240,59 +274,59 @@ class PhaseContext:
         return self.slot.role
 
     @property
-    def units(self) -> int:
+    def num_minibatches(self) -> int:
         return int(self.cfg.schedule.steps_per_generation)
 
     @cached_property
-    def group_units(self) -> list[int]:
-        """The unit of each group. Planning: a unit trains a share of the questioner prompts, malformed outputs
+    def group_minibatch(self) -> list[int]:
+        """The minibatch of each group. Planning: a minibatch trains a share of the questioner prompts, malformed outputs
         included; other roles: 0 (only played tasks train, and the Planning outputs are phase-wide figures)."""
         if self.role != "planning":
             return [0] * len(self.groups)
-        return [u for u, idx in enumerate(split_units(len(self.groups), self.units)) for _ in idx]
+        return [u for u, idx in enumerate(split_minibatches(len(self.groups), self.num_minibatches)) for _ in idx]
 
 
-def assign_units(played: Sequence[Any], ctx: PhaseContext) -> None:
-    """Each played task's unit: Planning, its questioner prompt's; other roles, a share of the tasks."""
+def assign_minibatches(played: Sequence[Any], ctx: PhaseContext) -> None:
+    """Each played task's minibatch: Planning, its questioner prompt's; other roles, a share of the tasks."""
     if ctx.role == "planning":
         for p in played:
-            p.unit = ctx.group_units[p.group]
+            p.minibatch = ctx.group_minibatch[p.group]
         return
-    for u, idx in enumerate(split_units(len(played), ctx.units)):
+    for u, idx in enumerate(split_minibatches(len(played), ctx.num_minibatches)):
         for i in idx:
-            played[i].unit = u
+            played[i].minibatch = u
 
 
-def build_units(played: Sequence[Any], ctx: PhaseContext) -> list[Unit]:
-    """The phase's S units: disjoint mini-batches of the active player's groups, advantages within each group
-    (Eq. 17, shaped by the method), each with its metrics. Sets each played task's ``unit``."""
-    assign_units(played, ctx)
+def build_minibatches(played: Sequence[Any], ctx: PhaseContext) -> list[MiniBatch]:
+    """The phase's S minibatches: disjoint mini-batches of the active player's groups, advantages within each group
+    (Eq. 17, shaped by the method), each with its metrics. Sets each played task's ``minibatch``."""
+    assign_minibatches(played, ctx)
     trainer_cfg = role_trainer_config(ctx.cfg.trainer, ctx.role)
-    out: list[Unit] = []
-    for u in range(ctx.units):
-        unit = [p for p in played if p.unit == u]
-        groups = [group for group, gu in zip(ctx.groups, ctx.group_units) if ctx.role != "planning" or gu == u]
-        out.append(build_unit(unit, groups, ctx, trainer_cfg))
+    out: list[MiniBatch] = []
+    for u in range(ctx.num_minibatches):
+        minibatch = [p for p in played if p.minibatch == u]
+        groups = [group for group, gu in zip(ctx.groups, ctx.group_minibatch) if ctx.role != "planning" or gu == u]
+        out.append(build_minibatch(minibatch, groups, ctx, trainer_cfg))
     return out
 
 
-def build_unit(unit: Sequence[Any], groups: Sequence[Sequence[Any]], ctx: PhaseContext, trainer_cfg: Any) -> Unit:
-    """One unit from its played tasks and the Planning outputs it reports (:func:`unit_metrics`)."""
+def build_minibatch(minibatch: Sequence[Any], groups: Sequence[Sequence[Any]], ctx: PhaseContext, trainer_cfg: Any) -> MiniBatch:
+    """One minibatch from its played tasks and the Planning outputs it reports (:func:`minibatch_metrics`)."""
     role, method = ctx.role, ctx.method
-    makers, rewards, gids = group_samples(role, groups, unit, method.malformed_task_reward)
+    makers, rewards, gids = group_samples(role, groups, minibatch, method.malformed_task_reward)
     shapes = None
-    if role != "planning":  # group g of the unit is its task g (a method may shape it)
-        shapes = {g: method.group_shape(role, p.feedback, float(trainer_cfg.clip_eps)) for g, p in enumerate(unit)}
+    if role != "planning":  # group g of the minibatch is its task g (a method may shape it)
+        shapes = {g: method.group_shape(role, p.feedback, float(trainer_cfg.clip_eps)) for g, p in enumerate(minibatch)}
     # A method's own batch (Socratic-Zero: the Solver's DPO pairs, the Generator's imitation) replaces GRPO's.
-    own = method.unit_batch(role, unit, ctx.tokenizer, ctx.player_cfg)
+    own = method.minibatch_samples(role, minibatch, ctx.tokenizer, ctx.player_cfg)
     batch = own if own is not None else training_batch(
         makers, rewards, gids, trainer_cfg, ctx.cfg.schedule.drop_zero_advantage_groups, shapes)
-    m = unit_metrics(role, groups, unit, method.malformed_task_reward)
-    m.update(method.unit_metrics(role, unit))
+    m = minibatch_metrics(role, groups, minibatch, method.malformed_task_reward)
+    m.update(method.minibatch_metrics(role, minibatch))
     m.update(ctx.method_metrics)
     if shapes is not None:
         m[f"{role}/kept_groups"] = (sum(sh.keep for sh in shapes.values()) / len(shapes)) if shapes else None
-    return Unit(batch, m)
+    return MiniBatch(batch, m)
 
 
 def feedback_record(fb: Any, trajectories: Sequence[Any], verifier_sources: Sequence[str], rules: Sequence[str],
@@ -301,7 +335,7 @@ def feedback_record(fb: Any, trajectories: Sequence[Any], verifier_sources: Sequ
     Z, the variants, the verifiers and their validity, every check error, the players' rewards
     (``player_rewards``: the method's, by role) and the terms of Eq. 2-5. ``fields``: task_id, iteration,
     expected_answer."""
-    vm, tr = fb.verdicts, fb.rewards
+    vm, tr = fb.verdicts, fb.terms
     meta = dict(meta, verifier_outputs=list(verifier_sources), verifier_validity=vm.validity,
                 # every check that raised, timed out or gave no verdict (invalid verifiers' included); the counts
                 # behind Z are record.error_summary()
@@ -322,7 +356,7 @@ def phase_records(played: Sequence[Any], ctx: PhaseContext) -> list[InteractionR
     for g, group in enumerate(ctx.groups):
         for task in group:
             p = played_at.get(task.place)
-            meta = record_meta(ctx, p.unit if p is not None else ctx.group_units[g])
+            meta = record_meta(ctx, p.minibatch if p is not None else ctx.group_minibatch[g])
             if p is not None:  # e.g. Socratic-Zero's Teacher grades, the failure
                 meta.update(ctx.method.record_meta(p))
             meta.update(topic=task.topic, prompt_index=task.prompt_index, planning_output=task.text)
@@ -335,12 +369,12 @@ def phase_records(played: Sequence[Any], ctx: PhaseContext) -> list[InteractionR
     return out
 
 
-def record_meta(ctx: PhaseContext, unit: int) -> dict[str, Any]:
-    """The metadata every record of the phase has: the phase, the update that trains on the output (its unit's),
+def record_meta(ctx: PhaseContext, minibatch: int) -> dict[str, Any]:
+    """The metadata every record of the phase has: the phase, the update that trains on the output (its minibatch's),
     the checkpoints that produced it."""
     slot = ctx.slot
-    return {"outer_iteration": slot.iteration, "block": slot.role, "phase": slot.phase, "update": slot.update + unit,
-            "global_update": slot.phase + unit, "checkpoints": ctx.versions}
+    return {"outer_iteration": slot.iteration, "block": slot.role, "phase": slot.phase_first, "update": slot.step_in_block + minibatch,
+            "global_update": slot.phase_first + minibatch, "checkpoints": ctx.versions}
 
 
 def played_record(p: Any, meta: dict[str, Any], task_id: str, rules: Sequence[str]) -> InteractionRecord:
@@ -362,18 +396,18 @@ def unplayed_record(task: Any, status: str, meta: dict[str, Any], task_id: str,
         iteration=meta["outer_iteration"], expected_answer=task.expected_answer, rewards=rewards, meta=meta)
 
 
-def update_metrics(slot: Any, phase: Phase, unit: Unit, n_pass: int, unit_index: int,
+def update_metrics(slot: Any, phase: Phase, minibatch: MiniBatch, n_pass: int, minibatch_index: int,
                    trainer_metrics: dict[str, float], global_step: int, update_s: float) -> dict[str, Any]:
-    """The metrics line of one update: its unit's sampling and feedback figures (on the unit's first pass only:
+    """The metrics line of one update: its minibatch's sampling and feedback figures (on the minibatch's first pass only:
     each sample counted once), the trainer's figures, its place in the run, and its timings (the phase's
     sampling and feedback are timed on the phase's first step)."""
-    metrics: dict[str, Any] = dict(unit.metrics) if n_pass == 0 else {}
+    metrics: dict[str, Any] = dict(minibatch.metrics) if n_pass == 0 else {}
     metrics[f"{slot.role}/skipped"] = float(not trainer_metrics)
     metrics.update(trainer_metrics_line(slot.role, trainer_metrics, global_step))
     sampled_here = slot.first_of_phase
     metrics.update({
-        "outer_iteration": slot.iteration, "block": slot.role, "update": slot.update, "global_update": slot.index,
-        "phase": slot.phase, "phase_step": slot.step_in_phase, "phase_pass": n_pass, "phase_unit": unit_index,
+        "outer_iteration": slot.iteration, "block": slot.role, "update": slot.step_in_block, "global_update": slot.index,
+        "phase": slot.phase_first, "phase_step": slot.step_in_phase, "phase_pass": n_pass, "phase_unit": minibatch_index,
         "timing/generation_s": phase.timing["generation_s"] if sampled_here else 0.0,
         "timing/sandbox_s": phase.timing["sandbox_s"] if sampled_here else 0.0,
         "timing/update_s": update_s,
@@ -383,16 +417,16 @@ def update_metrics(slot: Any, phase: Phase, unit: Unit, n_pass: int, unit_index:
 
 
 def train_step(slot: Any, phase: Phase, team: Any, dist: Any, steps_per_generation: int, per_phase: int,
-               stage: Callable[[str], None]) -> tuple[dict[str, Any], float]:
-    """One optimizer step of the active player on its unit of the phase (rank 0 broadcasts the batch; the update
+               progress: Callable[[str], None]) -> tuple[dict[str, Any], float]:
+    """One optimizer step of the active player on its minibatch of the phase (rank 0 broadcasts the batch; the update
     is data-parallel): (the step's metrics line, empty on other ranks; the update's seconds)."""
-    n_pass, u = unit_of_step(slot.step_in_phase, steps_per_generation)
-    unit = phase.units[u] if dist.is_main else None
-    stage(f"GRPO update of {slot.role} (phase step {slot.step_in_phase + 1}/{per_phase})")
-    batch = dist.broadcast(unit.batch if unit is not None else None)
+    n_pass, u = minibatch_of_step(slot.step_in_phase, steps_per_generation)
+    minibatch = phase.minibatches[u] if dist.is_main else None
+    progress(f"GRPO update of {slot.role} (phase step {slot.step_in_phase + 1}/{per_phase})")
+    batch = dist.broadcast(minibatch.batch if minibatch is not None else None)
     trainer_metrics, update_s = team.update(slot.role, slot.iteration, batch, on_policy=slot.step_in_phase == 0)
-    if unit is None:
+    if minibatch is None:
         return {}, update_s
-    stage("records, checkpoint")
-    return update_metrics(slot, phase, unit, n_pass, u, trainer_metrics, team.players[slot.role].trainer.global_step,
+    progress("records, checkpoint")
+    return update_metrics(slot, phase, minibatch, n_pass, u, trainer_metrics, team.players[slot.role].trainer.global_step,
                           update_s), update_s

@@ -46,12 +46,12 @@ class RunFiles:
         if self.logger is not None:
             self.logger.close()
 
-    def stage(self, name: str) -> None:
+    def progress(self, name: str) -> None:
         """Show what the current update is doing."""
         self.bar.set_postfix_str(name)
 
     def start_update(self, slot: Slot) -> None:
-        self.bar.set_description_str(f"it {slot.iteration} {slot.role} {slot.update + 1}/{slot.block_size}")
+        self.bar.set_description_str(f"it {slot.iteration} {slot.role} {slot.step_in_block + 1}/{slot.block_size}")
 
     def records(self, records: Sequence[Any]) -> None:
         if self.writer is not None:
@@ -81,7 +81,7 @@ class DiagnosticPool:
             self.execution_steps.append(n)
 
     def metrics(self, slot: Slot, team: Any, sandbox: Any, execution_cfg: Any, timing: dict[str, float],
-                stage: Any = None, before: bool = False) -> dict[str, Any]:
+                progress: Any = None, before: bool = False) -> dict[str, Any]:
         """The pool's metrics after update ``slot``, when an evaluation is due; {} otherwise.
 
         ``before``: the initial checkpoint (update 0, Appendix D.2), evaluated before the run's first update
@@ -97,8 +97,8 @@ class DiagnosticPool:
         if not self.dist.is_main:
             team.engine("execution", "execution")
             return {}
-        if stage is not None:
-            stage(f"execution pool ({len(self.pool.questions)} questions)")
+        if progress is not None:
+            progress(f"execution pool ({len(self.pool.questions)} questions)")
         rng = capture_rng_state()  # greedy decoding; the run's RNG streams must not notice the evaluation
         engine, ver = team.engine("execution", "execution")
         entry = self.pool.evaluate(

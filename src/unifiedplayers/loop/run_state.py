@@ -79,7 +79,7 @@ class RunState:
     ``records`` and ``metrics`` count the lines of records.jsonl and metrics.jsonl that belong to completed
     updates (a resumed run cuts the rest: the lines of the updates after the last save, which it replays);
     ``checkpoints[role]`` is the player's last checkpoint (relative to the run directory) and ``published[role]``
-    its stale-feedback copy; ``phase`` is the first update of a phase in progress (its units are in phase.pt).
+    its stale-feedback copy; ``phase`` is the first update of a phase in progress (its minibatches are in phase.pt).
     """
 
     completed: int = 0
@@ -125,12 +125,16 @@ class RunState:
 
 
 def check_resumable(state: dict[str, Any], cfg: Any, run_dir: Path, world_size: int) -> None:
-    """Refuse to resume a run written by another rank count or with another config (the run-control keys aside)."""
+    """Refuse to resume a run written by another rank count or with another config (the run-control keys aside). A
+    run stored with a key that has moved since (``config.MOVED_KEYS``) is compared in the key's new place."""
+    from unifiedplayers.config import moved_stored_keys
+
     if state.get("world_size", 1) != world_size:
         raise ValueError(
             f"{run_dir} holds a run of {state.get('world_size', 1)} rank(s); resume it with as many "
             f"(this process has {world_size}): each rank's sampling seeds depend on the rank count")
-    now, then = result_config(cfg), _without_unused(state["config"])
+    now = result_config(cfg)
+    then = moved_stored_keys(_without_unused(state["config"]), now)
     diff = sorted(k for k in set(now) | set(then) if now.get(k) != then.get(k)
                   and not (k not in then and is_schema_default(k, now[k]))
                   and not matches_stored(k, now.get(k), then.get(k)))  # dtype auto: the run keeps its dtype
@@ -199,7 +203,7 @@ def restore(state: dict[str, Any], cfg: Any, run_dir: Path, dist: Any, team: Any
     phase in progress read back, every player's checkpoint, the RNG states, the reference and published weights
     of the current outer iteration, the method's state. Returns (run state, phase)."""
     from unifiedplayers.diagnostics.logging import truncate_lines
-    from unifiedplayers.loop.phase import PHASE_FILE, Phase
+    from unifiedplayers.loop.phase import PHASE_FILE, Phase, load_phase_state
     from unifiedplayers.diagnostics.records import RECORDS_FILENAME
     from unifiedplayers.trainer import restore_rng_state
 
@@ -215,8 +219,8 @@ def restore(state: dict[str, Any], cfg: Any, run_dir: Path, dist: Any, team: Any
     run.published = {**current.published, **run.published}
     run.timing["model_load_s"] = current.timing["model_load_s"]
     phase = None
-    if state.get("phase") is not None:  # stopped inside a phase: its sampled units, as saved
-        saved = torch.load(run_dir / PHASE_FILE, weights_only=False) if dist.is_main else None
+    if state.get("phase") is not None:  # stopped inside a phase: its sampled minibatches, as saved
+        saved = load_phase_state(run_dir / PHASE_FILE) if dist.is_main else None
         if saved is not None and saved["first"] != state["phase"]:
             raise RuntimeError(f"{run_dir / PHASE_FILE} holds phase {saved['first']}, the state names "
                                f"phase {state['phase']}")

@@ -1,6 +1,6 @@
 """Sampling a phase (§3.1, §3.3): tasks from the Planning player, K trajectories per task from the Execution
 player (tool loop) and M verifiers per task from the Evaluation player, with the policies as they stand at the
-phase's start (:class:`PhaseSampler`). Every generation is seeded from (seed, the phase's first update, stage),
+phase's start (:class:`PhaseSampler`). Every generation is seeded from (seed, the phase's first update, stream),
 so a resumed run samples what an uninterrupted one does.
 
 Several ranks: each generation call is split over the ranks by prompt (each rank draws all the samples of a
@@ -9,7 +9,6 @@ rank 0; rank 0 builds the tasks and every rank gets them.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -19,8 +18,9 @@ from unifiedplayers.players.execution import solve
 from unifiedplayers.players.planning import PlanningTask, generate_tasks
 from unifiedplayers.loop.schedule import Slot, seed_for
 
-# Generation stages of a phase (a call's seed: seed_for(seed, phase, stage) + its first sample, PhaseSampler.seed).
-TASK_STAGE, TRAJECTORY_STAGE, VERIFIER_STAGE = 10, 20, 30
+# Seed streams of a phase's generation calls (a call's seed: seed_for(seed, phase, stream) + its first sample,
+# PhaseSampler.seed).
+TASK_STREAM, TRAJECTORY_STREAM, VERIFIER_STREAM = 10, 20, 30
 
 
 def execution_config(player_cfg: Any, use_tools: bool) -> Any:
@@ -35,8 +35,8 @@ def execution_config(player_cfg: Any, use_tools: bool) -> Any:
 class PlayedTask:
     """One played task's way through a phase, built once and added to by each stage: sampling gives the task, its
     K rollouts and M verifiers; the feedback stage its :class:`~unifiedplayers.feedback.pipeline.TaskFeedback` and each
-    player's rewards; the units stage the mini-batch that trains on it; the method its own data. Units, records
-    and metrics are maps over the phase's list of them. It is also what the feedback reads
+    player's rewards; the mini-batch stage the mini-batch that trains on it; the method its own data. Mini-batches,
+    records and metrics are maps over the phase's list of them. It is also what the feedback reads
     (:class:`~unifiedplayers.feedback.pipeline.FeedbackTask`)."""
 
     task: PlanningTask
@@ -44,7 +44,7 @@ class PlayedTask:
     verifiers: list[Any] = field(default_factory=list)  # the M Evaluation verifiers (none without verifiers)
     feedback: Any = None  # its TaskFeedback: variants, verdict matrix, every term of Eq. 2-5 (feedback stage)
     rewards: dict[str, Any] = field(default_factory=dict)  # each player's rewards, by role (Method.phase_rewards)
-    unit: int = 0  # the phase's unit (mini-batch) that trains on it (phase.assign_units)
+    minibatch: int = 0  # the phase's mini-batch that trains on it (phase.assign_minibatches)
     method_data: dict[str, Any] = field(default_factory=dict)  # the method's own (Method.after_rollouts fills it)
 
     @property
@@ -110,69 +110,75 @@ def place_outputs(groups: list[list[PlanningTask]]) -> None:
 
 class PhaseSampler:
     """Samples the phases of a run. ``team.engine(role, active) -> (engine, version)`` gives the engine a
-    player samples with while ``active`` trains (:class:`unifiedplayers.loop.team.Team`); ``stage(name)`` shows
+    player samples with while ``active`` trains (:class:`unifiedplayers.loop.team.Team`); ``progress(name)`` shows
     progress. ``prompt_counter`` (the questioner prompts used so far: it rotates the topics) is run state."""
 
     def __init__(self, cfg: Any, player_cfg: Any, execution_cfg: Any, method: Any, team: Any, sandbox: Any,
-                 dist: Any, stage: Callable[[str], None] = lambda name: None, prompt_counter: int = 0) -> None:
+                 dist: Any, progress: Callable[[str], None] = lambda name: None, prompt_counter: int = 0) -> None:
         self.cfg, self.player_cfg, self.execution_cfg = cfg, player_cfg, execution_cfg
         self.method, self.team, self.tokenizer, self.sandbox = method, team, team.tokenizer, sandbox
-        self.dist, self.stage = dist, stage
+        self.dist, self.progress = dist, progress
         self.prompt_counter = prompt_counter
 
     def engine(self, role: str, active: str) -> tuple[Any, dict[str, Any]]:
         return self.team.engine(role, active)
 
-    def seed(self, slot: Slot, stage: int, prompts: range, n: int) -> int:
-        """The seed of one generation call of a phase's ``stage``: the ``n`` samples of each prompt of ``prompts``
-        (indices into the stage's prompts). vLLM seeds sample j of the call's i-th prompt with seed + i·n + j
+    def seed(self, slot: Slot, stream: int, prompts: range, n: int) -> int:
+        """The seed of one generation call of a phase's seed ``stream`` (``TASK_STREAM`` + attempt,
+        ``TRAJECTORY_STREAM``, ``VERIFIER_STREAM``): the ``n`` samples of each prompt of ``prompts`` (indices into the stream's prompts). vLLM seeds sample j of the call's i-th prompt with seed + i·n + j
         (``rollout/vllm_engine.py``), so each sample's seed is the same whichever rank draws it; the hf engine
-        draws a call from one generator. One process: seed_for(seed, phase, stage)."""
-        return seed_for(self.cfg.seed, slot.phase, stage) + prompts.start * n
+        draws a call from one generator. One process: seed_for(seed, phase, stream)."""
+        return seed_for(self.cfg.seed, slot.phase_first, stream) + prompts.start * n
 
-    def sample(self, slot: Slot, units: int) -> PhaseSample:
-        """Tasks, then K trajectories and M verifiers per task, for a phase of ``units`` updates."""
+    def sample(self, slot: Slot, num_minibatches: int) -> PhaseSample:
+        """Tasks, then K trajectories and M verifiers per task, for a phase of ``num_minibatches`` updates; timed as
+        the stage ``generation`` of the sandbox's clock (the tool calls inside are its ``sandbox`` stage)."""
+        clock = self.sandbox.clock
+        before = dict(clock.seconds)
+        with clock("generation"):
+            groups, played, unused, versions = self._generate(slot, num_minibatches)
+        return PhaseSample(groups, played, unused, versions, {"generation_s": clock.since(before)["generation"]})
+
+    def _generate(self, slot: Slot, num_minibatches: int) -> tuple[list, list[PlayedTask], list, dict[str, Any]]:
         p, cfg = self.player_cfg, self.cfg
-        t_start, sandbox_before = time.perf_counter(), self.sandbox.seconds
-        self.stage("planning: tasks")
-        groups, tasks, unused = self.tasks(slot, units)
+        self.progress("planning: tasks")
+        groups, tasks, unused = self.tasks(slot, num_minibatches)
         _, plan_ver = self.team.sampler("planning", slot.role)
         questions = [task.question for task in tasks]
-        self.stage(f"execution: {len(tasks)} x {p.num_trajectories} trajectories")
+        self.progress(f"execution: {len(tasks)} x {p.num_trajectories} trajectories")
         exec_engine, exec_ver = self.engine("execution", slot.role)
         k = p.num_trajectories
         rollouts = self.dist.split_prompts(
             lambda mine: solve(exec_engine, self.sandbox, self.tokenizer, self.execution_cfg,
-                               [questions[i] for i in mine], k, seed=self.seed(slot, TRAJECTORY_STAGE, mine, k),
+                               [questions[i] for i in mine], k, seed=self.seed(slot, TRAJECTORY_STREAM, mine, k),
                                temperature=role_temperature(cfg, "execution"), top_p=cfg.rollout.top_p),
             len(questions), to_all=False)
         eval_engine, eval_ver = self.engine("evaluation", slot.role)
         if self.method.writes_verifiers:
-            self.stage(f"evaluation: {len(tasks)} x {p.num_verifiers} verifiers")
+            self.progress(f"evaluation: {len(tasks)} x {p.num_verifiers} verifiers")
             m = p.num_verifiers
             verifiers = self.dist.split_prompts(
                 lambda mine: write_verifiers(eval_engine, self.tokenizer, p, [questions[i] for i in mine], m,
-                                             seed=self.seed(slot, VERIFIER_STAGE, mine, m)),
+                                             seed=self.seed(slot, VERIFIER_STREAM, mine, m)),
                 len(questions), to_all=False)
         else:  # a verdict-free method: no Evaluation samples (M = 0)
             verifiers = [[] for _ in questions] if self.dist.is_main else None
-        generation_s = time.perf_counter() - t_start - (self.sandbox.seconds - sandbox_before)
         played = ([PlayedTask(t, list(rs), list(vs)) for t, rs, vs in zip(tasks, rollouts, verifiers)]
                   if self.dist.is_main else [PlayedTask(t) for t in tasks])
-        return PhaseSample(groups, played, unused,
-                           {"planning": plan_ver, "execution": exec_ver, "evaluation": eval_ver},
-                           {"generation_s": generation_s})
+        return groups, played, unused, {"planning": plan_ver, "execution": exec_ver, "evaluation": eval_ver}
 
-    def tasks(self, slot: Slot, units: int) -> tuple[list[list[PlanningTask]], list[PlanningTask], list[PlanningTask]]:
-        """(groups, used, unused): the Planning outputs of a phase of ``units`` updates, the well-formed tasks
-        played, and the well-formed ones beyond ``units × tasks_per_update`` (recorded, not played)."""
+    def tasks(self, slot: Slot, num_minibatches: int
+              ) -> tuple[list[list[PlanningTask]], list[PlanningTask], list[PlanningTask]]:
+        """(groups, used, unused): the Planning outputs of a phase of ``num_minibatches`` updates, the well-formed
+        tasks played, and the well-formed ones beyond ``num_minibatches × tasks_per_update`` (recorded, not
+        played)."""
         p = self.player_cfg
         engine, _ = self.engine("planning", slot.role)
         groups: list[list[PlanningTask]] = []
         used: list[PlanningTask] = []
         unused: list[PlanningTask] = []
         attempts = 1 if slot.role == "planning" else p.task_attempts
-        prompts, wanted = units * p.prompts_per_update, units * p.tasks_per_update
+        prompts, wanted = num_minibatches * p.prompts_per_update, num_minibatches * p.tasks_per_update
         # the method's own Planning prompts (Socratic-Zero: the Solver's failures); None: the topic prompts
         own_prompts = self.dist.broadcast(self.method.planning_prompts(self.tokenizer, p, prompts)
                                           if self.dist.is_main else None)
@@ -206,7 +212,7 @@ class PhaseSampler:
         their place among all of the attempt's prompts."""
         n = self.player_cfg.tasks_per_prompt
         got = generate_tasks(engine, self.tokenizer, self.player_cfg, self.prompt_counter + mine.start, len(mine), n,
-                             seed=self.seed(slot, TASK_STAGE + attempt, mine, n),
+                             seed=self.seed(slot, TASK_STREAM + attempt, mine, n),
                              prompts=None if own_prompts is None else own_prompts[mine.start:mine.stop])
         for task in (t for g in got for t in g):
             task.prompt_index += mine.start

@@ -18,15 +18,15 @@ BLOCK_ORDER = ROLES  # ("planning", "execution", "evaluation")
 @dataclass(frozen=True)
 class Slot:
     """One update (optimizer step) of the run: global index, outer iteration (1-based), role, index within
-    its block; and its place in its sampling phase (:mod:`unifiedplayers.loop.phase`): the phase's first update
+    its block (``step_in_block``); and its place in its sampling phase (:mod:`unifiedplayers.loop.phase`): the phase's first update
     and this step's index within the phase (0 samples the phase)."""
 
     index: int
     iteration: int
     role: str
-    update: int
+    step_in_block: int  # its index within its block (0 starts the block)
     block_size: int
-    phase: int  # the global index of its phase's first update (the slot itself when S = μ = 1)
+    phase_first: int  # the global index of its phase's first update (the slot itself when S = μ = 1)
     step_in_phase: int = 0
 
     @property
@@ -35,11 +35,11 @@ class Slot:
 
     @property
     def first_of_block(self) -> bool:
-        return self.update == 0
+        return self.step_in_block == 0
 
     @property
     def last_of_block(self) -> bool:
-        return self.update == self.block_size - 1
+        return self.step_in_block == self.block_size - 1
 
 
 def trained_roles(cfg: Any) -> list[str]:
@@ -67,7 +67,7 @@ def plan_updates(cfg: Any) -> list[Slot]:
             n = sizes[role] if role in roles else 0
             for u in range(n):
                 first = len(slots) - u % per_phase
-                slots.append(Slot(len(slots), it, role, u, n, phase=first, step_in_phase=u % per_phase))
+                slots.append(Slot(len(slots), it, role, u, n, phase_first=first, step_in_phase=u % per_phase))
     return slots
 
 
@@ -76,6 +76,6 @@ def phase_steps(cfg: Any) -> int:
     return int(cfg.schedule.steps_per_generation) * int(cfg.trainer.num_iterations)
 
 
-def seed_for(base: int, update: int, stage: int) -> int:
-    """The generation seed of one stage of one update: a pure function of the run seed and position."""
-    return (int(base) * 1_000_003 + int(update) * 7_919 + int(stage) * 104_729) % (2**31 - 1)
+def seed_for(base: int, update: int, stream: int) -> int:
+    """The generation seed of one stream (a generation stage) of one update: a pure function of the run seed and position."""
+    return (int(base) * 1_000_003 + int(update) * 7_919 + int(stream) * 104_729) % (2**31 - 1)

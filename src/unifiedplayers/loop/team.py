@@ -192,10 +192,10 @@ class Team:
 
     def recompute_old_logprobs(self, role: str, batches: Optional[list[list[Any]]]) -> None:
         """π_old of the phase's samples := the trainer's own forward (``trainer.recompute_old_logprobs``), before the
-        phase's first step. Every rank calls it: rank 0 with the phase's units' batches, the others with None (they
-        receive rank 0's, and each rank runs its micro-batches of every unit)."""
+        phase's first step. Every rank calls it: rank 0 with the phase's minibatches' batches, the others with None (they
+        receive rank 0's, and each rank runs its micro-batches of every minibatch)."""
         if self.cfg.trainer.recompute_old_logprobs:
-            for batch in self.dist.broadcast(batches):  # unit by unit: the micro-batches the unit's update will make
+            for batch in self.dist.broadcast(batches):  # minibatch by minibatch: the micro-batches the minibatch's update will make
                 self.players[role].trainer.recompute_old_logprobs(batch)
 
     def block_diagnostics(self, role: str) -> dict[str, Any]:

@@ -4,7 +4,7 @@
 Curriculum (``agent0_curriculum``, a batch source: the repetition penalty needs the whole batch):
 
   R_unc(x)  = 1 − 2·|p̂(x) − 1/2|                  (p̂: the Executor's self-consistency over its K samples)
-  R_tool(x) = (1/K)·Σ_k γ·min(n_k, C)               (n_k tool calls of sample k; γ = ``method.tool_bonus``
+  R_tool(x) = (1/K)·Σ_k γ·min(n_k, C)               (n_k tool calls of sample k; γ = ``method.extra.tool_bonus``
                                                      = 0.05, C = ``method.extra.tool_call_cap`` = 4)
   R_rep(x)  = λ·|C(x)|/B                            (R-Zero's within-batch BLEU clustering, λ = 1)
   R_C(x)    = R_format(x)·max(0, R_unc + R_tool − R_rep)      (paper form, ``method.extra.reward_form=paper``)
@@ -97,16 +97,15 @@ class AdpoSettings:
 class Agent0Settings(ChallengerSettings):
     """``method.extra`` of Agent0: the Curriculum's tool term and penalty, the Executor's frontier and ADPO."""
 
+    tool_bonus: float = DEFAULT_TOOL_WEIGHT  # γ
     tool_call_cap: int = DEFAULT_TOOL_CALL_CAP  # C
     frontier_band: list[float] = field(default_factory=lambda: list(FRONTIER_BAND))
     adpo: AdpoSettings = field(default_factory=AdpoSettings)
 
 
 def _tool_reward_of(fb: TaskFeedback) -> float:
-    m = fb.method_cfg
-    weight = float(getattr(m, "tool_bonus", DEFAULT_TOOL_WEIGHT)) if m is not None else DEFAULT_TOOL_WEIGHT
-    cap = fb.settings.tool_call_cap if isinstance(fb.settings, Agent0Settings) else DEFAULT_TOOL_CALL_CAP
-    return tool_reward(fb.tool_calls, weight, int(cap))
+    s = fb.settings if isinstance(fb.settings, Agent0Settings) else Agent0Settings()
+    return tool_reward(fb.tool_calls, float(s.tool_bonus), int(s.tool_call_cap))
 
 
 @register_reward_source("planning", "agent0_curriculum", batch=True)

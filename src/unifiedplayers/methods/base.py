@@ -32,9 +32,9 @@ Hooks, in the order a sampling phase calls them:
   played, so no reward source sees it; ``reward.malformed_task_reward`` by default, Absolute Zero's
   composite reward tells a format error from an invalid proposal);
 - :meth:`Method.group_shape` shapes each task's GRPO group (R-Zero's band, Agent0's ADPO);
-- :meth:`Method.unit_batch` may replace a unit's GRPO batch (Socratic-Zero: DPO pairs, imitation);
-- :meth:`Method.unit_metrics` and :meth:`Method.record_meta` add to the metrics line and the records (they get
-  the unit's played tasks, or the one task, with the data ``after_rollouts`` left on them);
+- :meth:`Method.minibatch_samples` may replace a minibatch's GRPO batch (Socratic-Zero: DPO pairs, imitation);
+- :meth:`Method.minibatch_metrics` and :meth:`Method.record_meta` add to the metrics line and the records (they get
+  the minibatch's played tasks, or the one task, with the data ``after_rollouts`` left on them);
 - :meth:`Method.state_dict` / :meth:`Method.load_state_dict` travel with the run state.
 """
 from __future__ import annotations
@@ -192,16 +192,16 @@ class Method:
         """Once the phase's solutions are in (rank 0; ``played``: its :class:`~unifiedplayers.loop.sampling.PlayedTask`
         records, task and rollouts filled). A method keeps its own data of a task in ``played[i].method_data``
         (the hooks below read it back from the same record) and returns its figures of the whole phase, added to
-        each unit's metrics line."""
+        each minibatch's metrics line."""
         return {}
 
-    # ------------------------------------------------------------------ a unit's batch, metrics and records
-    def unit_batch(self, role: str, unit: Sequence[Any], tokenizer: Any, player_cfg: Any) -> Optional[list]:
-        """A batch that replaces the GRPO batch of a unit (``unit``: its played tasks); None: GRPO."""
+    # ------------------------------------------------------------------ a minibatch's batch, metrics and records
+    def minibatch_samples(self, role: str, minibatch: Sequence[Any], tokenizer: Any, player_cfg: Any) -> Optional[list]:
+        """A batch that replaces the GRPO batch of a minibatch (``minibatch``: its played tasks); None: GRPO."""
         return None
 
-    def unit_metrics(self, role: str, unit: Sequence[Any]) -> dict[str, Any]:
-        """The method's figures of a unit's played tasks ``unit``."""
+    def minibatch_metrics(self, role: str, minibatch: Sequence[Any]) -> dict[str, Any]:
+        """The method's figures of a minibatch's played tasks ``minibatch``."""
         return {}
 
     def record_meta(self, played: Any) -> dict[str, Any]:

@@ -1,9 +1,10 @@
 """Socratic-Zero (Appendix G.1; Wang et al. 2025, arXiv 2509.24726): a fixed Teacher and two trained players.
 
-- **Teacher** (not trained): an external model behind an OpenAI-compatible endpoint (``method.teacher_endpoint``,
-  ``method.teacher_model``). It has two functions: V(q, y) ∈ {0, 1}, the grade of a solution
-  (:meth:`TeacherClient.grade`), and G(q, y_fail) → (q', y'_ref), which turns a problem the Solver failed
-  into a new problem aimed at that failure, with a worked reference solution (:meth:`TeacherClient.refine`).
+- **Teacher** (not trained): an external model behind an OpenAI-compatible endpoint
+  (``method.extra.teacher_endpoint``, ``method.extra.teacher_model``). It has two functions: V(q, y) ∈ {0, 1}, the
+  grade of a solution (:meth:`TeacherClient.grade`), and G(q, y_fail) → (q', y'_ref), which turns a problem the
+  Solver failed into a new problem aimed at that failure, with a worked reference solution
+  (:meth:`TeacherClient.refine`).
 - **Solver** (the Execution role, no tools): trained on Teacher-judged preference pairs with DPO. For each
   problem, its K solutions split into Y_w (graded correct) and Y_l (graded wrong); when no solution is
   correct, the Teacher's reference solution is the one winner (:func:`preference_pairs`). The loss is
@@ -176,6 +177,8 @@ _CLIENTS: dict[tuple, TeacherClient] = {}
 class SocraticSettings:
     """``method.extra`` of Socratic-Zero (conf/method/socratic_zero.yaml says what each does)."""
 
+    teacher_endpoint: Optional[str] = None  # the Teacher's OpenAI-compatible endpoint, http://HOST:PORT/v1
+    teacher_model: Optional[str] = None  # the model name the endpoint serves
     api_key_env: str = "OPENAI_API_KEY"  # the environment variable holding the endpoint's API key, if any
     teacher_timeout_s: float = 60.0
     utility_mu: float = 0.5  # U(s) peaks where the Solver succeeds half the time
@@ -188,20 +191,28 @@ class SocraticSettings:
     failure_pool: int = 64  # recent Solver failures (q, y_fail) the Generator is prompted with
 
 
-def teacher_for(method_cfg: Any, settings: Optional[SocraticSettings] = None) -> TeacherClient:
+def teacher_for(settings: Optional[SocraticSettings], method_name: str = "socratic_zero") -> TeacherClient:
+    """The client of the Teacher that ``settings`` (``method.extra``) name, one per endpoint and model."""
     s = settings if isinstance(settings, SocraticSettings) else SocraticSettings()
-    key = (method_cfg.teacher_endpoint, method_cfg.teacher_model)
+    require_teacher(s.teacher_endpoint, s.teacher_model, method_name)
+    key = (s.teacher_endpoint, s.teacher_model)
     if key not in _CLIENTS:
-        _CLIENTS[key] = TeacherClient(method_cfg.teacher_endpoint, method_cfg.teacher_model,
-                                      os.environ.get(s.api_key_env), float(s.teacher_timeout_s))
+        _CLIENTS[key] = TeacherClient(s.teacher_endpoint, s.teacher_model, os.environ.get(s.api_key_env),
+                                      float(s.teacher_timeout_s))
     return _CLIENTS[key]
 
 
 def check_teacher(method_cfg: Any) -> None:
-    if not method_cfg.teacher_endpoint or not method_cfg.teacher_model:
+    """The Teacher sources' start-up check (``check(method_cfg)``): ``method.extra`` names an endpoint and a model."""
+    extra = getattr(method_cfg, "extra", None) or {}
+    require_teacher(extra.get("teacher_endpoint"), extra.get("teacher_model"), str(method_cfg.name))
+
+
+def require_teacher(endpoint: Optional[str], model: Optional[str], method_name: str) -> None:
+    if not endpoint or not model:
         raise ValueError(
-            f"method={method_cfg.name}: the Teacher is an external model behind an OpenAI-compatible endpoint; "
-            "set method.teacher_endpoint=http://HOST:PORT/v1 and method.teacher_model=NAME "
+            f"method={method_name}: the Teacher is an external model behind an OpenAI-compatible endpoint; "
+            "set method.extra.teacher_endpoint=http://HOST:PORT/v1 and method.extra.teacher_model=NAME "
             "(none is configured, so this method cannot run)"
         )
 
@@ -368,7 +379,7 @@ def socratic_phase(teacher: TeacherClient, tasks: Sequence[Any], rollouts: Seque
 def _reply_sample(tokenizer: Any, prompt: str, reply: str, advantage: float, group: int) -> Any:
     """A TrainSample of ``prompt`` + ``reply`` (+ eos) with only the reply trained; behaviour log-probs 0 (text
     not sampled by the policy: neither DPO nor SFT reads them)."""
-    from unifiedplayers.trainer.player_trainer import TrainSample
+    from unifiedplayers.trainer.sample import TrainSample
 
     p = tokenizer(prompt, add_special_tokens=False)["input_ids"]
     r = tokenizer(reply, add_special_tokens=False)["input_ids"]
@@ -382,7 +393,7 @@ def preference_samples(tokenizer: Any, player_cfg: Any, tasks: Sequence[Any], ro
     """The Solver's DPO batch: each pair is a group of two adjacent samples, chosen (+1) then rejected (−1).
     A Teacher reference (REFERENCE) is rendered after the Solver's own Execution prompt."""
     from unifiedplayers.players.execution import execution_prompt
-    from unifiedplayers.trainer.player_trainer import sample_from_segments
+    from unifiedplayers.trainer.sample import sample_from_segments
 
     out, group = [], 0
     for task, group_rollouts, task_pairs, ref in zip(tasks, rollouts, fb.pairs, fb.references):
@@ -475,7 +486,7 @@ class SocraticZero(Method):
 
     State (saved with the run state): the curriculum, the refinements the Generator has not imitated yet
     (``fresh``), and the Solver's recent failures (the Generator's prompts). A phase's Teacher feedback of each
-    task lives on the task's record (:class:`SocraticTask`), where its unit's batch, metrics and record read it.
+    task lives on the task's record (:class:`SocraticTask`), where its minibatch's batch, metrics and record read it.
     """
 
     Settings = SocraticSettings
@@ -483,9 +494,9 @@ class SocraticZero(Method):
     def __init__(self, cfg: Any) -> None:
         super().__init__(cfg)
         s = self.settings
-        check_teacher(self.method_cfg)
+        require_teacher(s.teacher_endpoint, s.teacher_model, self.name)
         check_loop_trainers(cfg)
-        self.teacher = teacher_for(self.method_cfg, s)
+        self.teacher = teacher_for(s, self.name)
         self.share = float(s.curriculum_share)
         if not 0.0 <= self.share <= 1.0:
             raise ValueError(f"method.extra.curriculum_share={self.share}: need 0..1")
@@ -555,28 +566,28 @@ class SocraticZero(Method):
         return {"socratic/refinements": len(fb.refinements), "socratic/teacher_failures": len(fb.failures),
                 "socratic/curriculum_size": len(self.curriculum)}
 
-    def unit_batch(self, role: str, unit: Sequence[Any], tokenizer: Any, player_cfg: Any) -> Optional[list]:
-        """Execution: the Solver's DPO pairs of the unit's tasks. Planning: the Generator's weighted SFT
-        examples (the unit's refinements, weighted by U(s)). Evaluation: not trained by this method."""
+    def minibatch_samples(self, role: str, minibatch: Sequence[Any], tokenizer: Any, player_cfg: Any) -> Optional[list]:
+        """Execution: the Solver's DPO pairs of the minibatch's tasks. Planning: the Generator's weighted SFT
+        examples (the minibatch's refinements, weighted by U(s)). Evaluation: not trained by this method."""
         if role == "evaluation":
             return None
-        data = [socratic_data(p) for p in unit]
+        data = [socratic_data(p) for p in minibatch]
         if role == "execution":
             fb = SocraticFeedback([d.grades for d in data], [d.pairs for d in data], [d.reference for d in data])
-            return preference_samples(tokenizer, player_cfg, [p.task for p in unit], [p.rollouts for p in unit], fb)
+            return preference_samples(tokenizer, player_cfg, [p.task for p in minibatch], [p.rollouts for p in minibatch], fb)
         return imitation_samples(tokenizer, player_cfg.planning,
                                  [d.imitation for d in data if d.imitation is not None])
 
-    def unit_metrics(self, role: str, unit: Sequence[Any]) -> dict[str, Any]:
-        """The unit's Teacher figures (the phase's are :meth:`after_rollouts`')."""
+    def minibatch_metrics(self, role: str, minibatch: Sequence[Any]) -> dict[str, Any]:
+        """The minibatch's Teacher figures (the phase's are :meth:`after_rollouts`')."""
         if role == "evaluation":
             return {}
-        data = [socratic_data(p) for p in unit]
+        data = [socratic_data(p) for p in minibatch]
         weights = [d.imitation.weight for d in data if d.imitation is not None]
         return {
             "socratic/solver_success": _mean([g for d in data for g in d.grades if g is not None]),
             "socratic/pairs": sum(len(d.pairs) for d in data),
-            "socratic/teacher_tasks": sum(getattr(p.task, "socratic", None) is not None for p in unit),
+            "socratic/teacher_tasks": sum(getattr(p.task, "socratic", None) is not None for p in minibatch),
             "socratic/imitation_examples": len(weights) if role == "planning" else 0,
             "socratic/imitation_weight_mean": _mean(weights) if role == "planning" else None,
         }
@@ -608,17 +619,15 @@ class SocraticZero(Method):
 @register_reward_source("execution", "teacher", check=check_teacher)
 def execution_teacher(fb: TaskFeedback) -> np.ndarray:
     """The Teacher's grade of each of the K final answers (1 correct, 0 incorrect, missing or ungraded). (K,)"""
-    check_teacher(fb.method_cfg)
-    client = teacher_for(fb.method_cfg, fb.settings)
+    client = teacher_for(fb.settings)
     return np.array([client.grade(fb.question, a) or 0.0 for a in fb.answers], dtype=np.float64)
 
 
 @register_reward_source("planning", "socratic_utility", check=check_teacher)
 def planning_socratic_utility(fb: TaskFeedback) -> float:
     """U(s) of the Generator's problem, s the Solver's graded success rate on it (0 when nothing was graded)."""
-    check_teacher(fb.method_cfg)
     s = fb.settings if isinstance(fb.settings, SocraticSettings) else SocraticSettings()
-    rate = success_rate([teacher_for(fb.method_cfg, s).grade(fb.question, a) for a in fb.answers])
+    rate = success_rate([teacher_for(s).grade(fb.question, a) for a in fb.answers])
     if rate is None:
         return 0.0
     return generator_utility(rate, float(s.utility_mu), float(s.utility_sigma))

@@ -71,12 +71,23 @@ def register_reward_source(role: str, name: str, *, batch: bool = False, reads_v
 
 
 def reward_source(role: str, name: str) -> RewardSource:
-    """``role``'s source ``name``; an unknown name fails naming the known ones (the baselines' included)."""
+    """``role``'s source ``name``; an unknown name fails naming the known ones (the baselines' included).
+
+    ``"module:name"`` names a source registered outside the package: the module (on ``PYTHONPATH``) is imported,
+    which registers it, so a new reward term is one Python file and the ``method.<role>_reward`` key."""
     if role not in REWARD_SOURCES:
         raise ValueError(f"unknown role {role!r}; roles: {ROLES}")
-    if name not in REWARD_SOURCES[role]:  # a baseline's source registers when its module is imported
-        for module in BUILTIN_MODULES.values():
+    module, sep, short = name.rpartition(":")
+    if sep:
+        try:
             importlib.import_module(module)
+        except ImportError as err:
+            raise ValueError(f"method.{role}_reward={name!r}: cannot import {module!r} ({err}); put the folder "
+                             "that holds it on PYTHONPATH") from None
+        name = short
+    if name not in REWARD_SOURCES[role]:  # a baseline's source registers when its module is imported
+        for builtin in BUILTIN_MODULES.values():
+            importlib.import_module(builtin)
     return REWARD_SOURCES[role].get(name)
 
 
@@ -100,7 +111,7 @@ def self_consistency(fb: Any) -> float:
 @register_reward_source("execution", "verdict", reads_verdicts=True)
 def execution_verdict(fb: Any) -> np.ndarray:
     """Eq. 4: r_S(τ_k) = share of the valid verifiers that accept τ_k. Shape (K,)."""
-    return np.asarray(fb.rewards.execution, dtype=np.float64)
+    return np.asarray(fb.terms.execution, dtype=np.float64)
 
 
 @register_reward_source("execution", "majority_vote")
@@ -117,7 +128,7 @@ def execution_majority_vote(fb: Any) -> np.ndarray:
 @register_reward_source("planning", "unifiedplayers", reads_verdicts=True)
 def planning_unifiedplayers(fb: Any) -> float:
     """Eq. 2: r_T(q) = w_unc U(q) + w_ver V(q) − w_rep R(q)."""
-    return float(fb.rewards.planning)
+    return float(fb.terms.planning)
 
 
 @register_reward_source("planning", "uncertainty_repetition")
@@ -125,10 +136,10 @@ def planning_uncertainty_repetition(fb: Any) -> float:
     """w_unc U(q) − w_rep R(q), R(q) against the history (no verifier term; R-Zero's own reward, with the
     within-batch penalty, is ``r_zero_challenger``)."""
     c = fb.reward_cfg
-    return float(c.w_unc * fb.rewards.uncertainty - c.w_rep * fb.rewards.repetition)
+    return float(c.w_unc * fb.terms.uncertainty - c.w_rep * fb.terms.repetition)
 
 
 @register_reward_source("evaluation", "verdict", reads_verdicts=True)
 def evaluation_verdict(fb: Any) -> np.ndarray:
     """Eq. 5 for the valid verifiers, ``invalid_verifier_reward`` for the others. Shape (M,)."""
-    return np.asarray(fb.rewards.evaluation, dtype=np.float64)
+    return np.asarray(fb.terms.evaluation, dtype=np.float64)

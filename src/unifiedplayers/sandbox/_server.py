@@ -1,14 +1,14 @@
 """The sandbox's warm fork server (standard library only; run as ``python -P -s -S _server.py``).
 
 Started once per :class:`~unifiedplayers.sandbox.Sandbox` with an empty environment, it imports the
-modules that model-written code usually needs and starts two *slots* per core. Each slot is a *forker*
+modules that model-written code usually needs and starts two *cells* per core. Each cell is a *forker*
 process that takes, once, every isolation layer that does not change from call to call, and then forks
 one short process per call, so a call pays for a fork and a few system calls only:
 
 - the whole server: an empty network namespace (unshared once at start-up, as root);
 - each forker: its own unprivileged uid (as root), RLIMIT_NPROC on that uid against fork bombs,
   a clean environment, ``sys.path`` limited to a mirror of the standard library, and a Landlock
-  domain: read-only access to that mirror and the system's shared libraries, full access to the slot's
+  domain: read-only access to that mirror and the system's shared libraries, full access to the cell's
   own directory only, no ``execve``, no TCP, no signals or abstract sockets outside the domain;
 - each call: a fresh empty working directory (removed afterwards), its own session, a nested Landlock
   domain (so it cannot signal its forker), and RLIMIT_AS/DATA (memory), CPU, FSIZE and NOFILE.
@@ -17,7 +17,7 @@ The forker enforces the call's CPU-time limit (and a wall-clock cap) and afterwa
 (``kill(-1)``) and, as their subreaper, reaps them all before the next call, so nothing a call started
 outlives it or holds the uid's process bound. The server does the rest of the bookkeeping, so
 that the forker, whose every written page costs a copy-on-write fault after each fork, writes few: it
-dispatches requests to free slots, reads each call's stdout, stderr and result from the slot's pipes,
+dispatches requests to free cells, reads each call's stdout, stderr and result from the cell's pipes,
 truncates them and stops floods, builds the results, watches the forkers (a dead or stuck one is killed,
 swept and replaced, and its call recorded as failed) and answers the client. Messages with the client
 are 4-byte big-endian lengths + UTF-8 JSON.
@@ -193,8 +193,8 @@ class Landlock:
                          ctypes.byref(attr), 0) != 0:
             raise OSError(ctypes.get_errno(), "landlock_add_rule")
 
-    def ruleset(self, slot_dir):
-        """A ruleset: the read-only paths plus everything but execute beneath ``slot_dir``."""
+    def ruleset(self, cell_dir):
+        """A ruleset: the read-only paths plus everything but execute beneath ``cell_dir``."""
         attr = _RulesetAttr(self.handled_fs, self.handled_net, self.scoped)
         size = ctypes.sizeof(_RulesetAttr) if self.abi >= 6 else 16
         ruleset = _libc.syscall(SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(size), 0)
@@ -202,7 +202,7 @@ class Landlock:
             raise OSError(ctypes.get_errno(), "landlock_create_ruleset")
         for fd, rights in self.rules:
             self._add(ruleset, fd, rights)
-        wd = os.open(slot_dir, os.O_PATH | os.O_CLOEXEC)
+        wd = os.open(cell_dir, os.O_PATH | os.O_CLOEXEC)
         self._add(ruleset, wd, self.handled_fs & ~FS_EXECUTE)
         os.close(wd)
         return int(ruleset)
@@ -210,7 +210,7 @@ class Landlock:
     @staticmethod
     def restrict(ruleset, no_new_privs=True):
         """Confine the calling process and its future children. ``no_new_privs=False`` where the flag is
-        already set (it is inherited: a call's fork of a confined slot worker has it)."""
+        already set (it is inherited: a call's fork of a confined cell worker has it)."""
         if no_new_privs and _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
             raise OSError(ctypes.get_errno(), "prctl(NO_NEW_PRIVS)")
         if _libc.syscall(SYS_LANDLOCK_RESTRICT_SELF, ruleset, 0) != 0:
@@ -514,7 +514,7 @@ def _deterministic_call(on, seed=0):
 
 def _call_process(kind, text, code, function, payload, timeout, cfg, workdir, out_w, err_w, res_w, null_fd,
                   ruleset, seed=0):
-    """Runs in the fork of a slot's forker. Never returns. ``text``: the program (kind "run") or the source
+    """Runs in the fork of a cell's forker. Never returns. ``text``: the program (kind "run") or the source
     (kind "call"); ``code``: that source compiled by the forker (None: compile it here); ``payload``: the
     function's argument as JSON bytes. The memory, file-size and descriptor limits are the forker's own,
     inherited; the CPU limit is per call."""
@@ -522,7 +522,7 @@ def _call_process(kind, text, code, function, payload, timeout, cfg, workdir, ou
         os.setsid()  # its own session and process group
         if not cfg["_uid_isolation"]:
             # Under a uid of its own the call dies with its forker by the forker's sweep (see
-            # _take_slot_uid); without one, by this signal. (Each ctypes call costs a fork ~0.1 ms of
+            # _take_cell_uid); without one, by this signal. (Each ctypes call costs a fork ~0.1 ms of
             # copy-on-write faults here, so the calls make as few as they can.)
             _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         os.dup2(out_w, 1)
@@ -595,7 +595,7 @@ def _call_process(kind, text, code, function, payload, timeout, cfg, workdir, ou
 
 
 # ---------------------------------------------------------------------------------------------------
-# A slot worker: one call at a time, under its own uid and Landlock domain.
+# A cell worker: one call at a time, under its own uid and Landlock domain.
 
 
 # re functions -> index of their ``flags`` argument
@@ -647,7 +647,7 @@ def _literal_patterns(source):
 
 
 def _warm_regexes(source):
-    """Compile the literal regular expressions of ``source`` into ``re``'s cache in the slot worker,
+    """Compile the literal regular expressions of ``source`` into ``re``'s cache in the cell worker,
     so that each call of that source finds them compiled (the same ``re._compile`` the call would run;
     compiling a pattern in a fresh fork costs ~0.5 ms here, mostly copy-on-write faults)."""
     try:
@@ -660,7 +660,7 @@ def _warm_regexes(source):
         pass
 
 
-CODE_CACHE_ENTRIES = 64  # compiled sources kept per slot
+CODE_CACHE_ENTRIES = 64  # compiled sources kept per cell
 CODE_CACHE_MAX_SOURCE = 1 << 16  # larger sources are compiled by their call
 
 # Messages. Server -> forker: MSG_RUN + RUN_HEADER + text + function NUL payload, or MSG_KILL (end the
@@ -669,7 +669,7 @@ CODE_CACHE_MAX_SOURCE = 1 << 16  # larger sources are compiled by their call
 # source's key in the forker's code cache (0: none), a key the forker may drop from its cache (0: none),
 # the lengths of text and of function NUL payload, the timeout, the call's seed. ``text`` is the program (run), or the
 # source (call) the first time the forker sees that key, else empty. Forker -> server: DONE (after the
-# call was reaped and swept), SLOT_ERROR (this call could not be run) or FATAL (the slot could not start),
+# call was reaped and swept), CELL_ERROR (this call could not be run) or FATAL (the cell could not start),
 # the last two followed by a 4-byte length and UTF-8 text.
 # A call's result pipe: RESULT_VALUE and the return value's JSON when the call returned normally, else a
 # JSON object (exit_code, memory_exceeded, ok, value, error, traceback).
@@ -677,33 +677,33 @@ MSG_RUN, MSG_KILL = b"R", b"K"
 RESULT_VALUE = b"\x01"
 RUN_HEADER = struct.Struct(">BIIIIdI")
 KIND_RUN, KIND_CALL = 0, 1
-DONE, SLOT_ERROR, FATAL = b"D", b"E", b"F"
+DONE, CELL_ERROR, FATAL = b"D", b"E", b"F"
 DONE_BODY = struct.Struct(">iBd")  # wait status, how it was ended (0 itself, 1 timeout, 2 killed), seconds
 ENDED, TIMED_OUT, KILLED = 0, 1, 2
 
 
 # ---------------------------------------------------------------------------------------------------
-# A slot: one *forker* process under its own uid and Landlock domain, which forks one process per call.
+# A cell: one *forker* process under its own uid and Landlock domain, which forks one process per call.
 #
 # Every fork write-protects all the memory of the process that forks, so each page that process writes
 # afterwards costs it a page fault (dear in this VM, several microseconds each). The forker therefore does
 # as little as it can per call: read the request, fork, wait (enforcing the wall clock), sweep, report.
-# The call's stdout, stderr and result travel through three pipes that live as long as the slot, which the
+# The call's stdout, stderr and result travel through three pipes that live as long as the cell, which the
 # server reads, limits and turns into results; the server never forks per call, so that bookkeeping costs
-# no faults. One call at a time per slot, so a pipe's bytes always belong to the slot's current call: the
+# no faults. One call at a time per cell, so a pipe's bytes always belong to the cell's current call: the
 # server sends the next request only after the DONE of the previous one, once it has drained the pipes.
 
 
 class Forker:
-    def __init__(self, cfg, iso, slot_dir, ruleset, fds):
+    def __init__(self, cfg, iso, cell_dir, ruleset, fds):
         self.cfg = dict(cfg, _uid_isolation=bool(iso["uid"]))
         self.wall_factor = float(cfg.get("wall_timeout_factor") or 1.0)
-        self.iso, self.dir, self.ruleset = iso, slot_dir, ruleset
+        self.iso, self.dir, self.ruleset = iso, cell_dir, ruleset
         self.ctl, self.st, self.out_w, self.err_w, self.res_w = fds
-        # Every call of this slot works in the same path, created empty before the call and removed after
+        # Every call of this cell works in the same path, created empty before the call and removed after
         # it, so HOME and TMPDIR are set once here and not in each call (where setting os.environ costs
         # some 35 copy-on-write faults).
-        self.work = os.path.join(slot_dir, "w")
+        self.work = os.path.join(cell_dir, "w")
         os.environ["HOME"] = os.environ["TMPDIR"] = self.work
         self.stale = 0
         self.null = os.open("/dev/null", os.O_RDWR)
@@ -740,7 +740,7 @@ class Forker:
             pass
 
     def reap(self, pgid):
-        """After a call: kill what it left running and, under the slot's own uid, wait until no process
+        """After a call: kill what it left running and, under the cell's own uid, wait until no process
         of that uid but this forker is left: killed and reaped (the forker is their subreaper, so every
         orphan of a call is its child). A process counts against the uid's RLIMIT_NPROC until it is
         reaped, so a fork bomb's leftovers would otherwise make the next calls' forks fail."""
@@ -749,7 +749,7 @@ class Forker:
             try:
                 while os.waitpid(-1, os.WNOHANG)[0]:
                     pass
-            except ChildProcessError:  # none left: the slot is clean
+            except ChildProcessError:  # none left: the cell is clean
                 return
             time.sleep(0.001)  # some are still dying
             self.sweep(pgid)  # or were forked after the last kill
@@ -856,8 +856,8 @@ class Forker:
             try:
                 self.run(request)
             except BaseException:  # noqa: BLE001 - report, and keep serving
-                text = ("sandbox slot failed: " + traceback.format_exc()[-1500:]).encode()
-                _write_all(self.st, SLOT_ERROR + struct.pack(">I", len(text)) + text)
+                text = ("sandbox cell failed: " + traceback.format_exc()[-1500:]).encode()
+                _write_all(self.st, CELL_ERROR + struct.pack(">I", len(text)) + text)
 
 
 def _build_result(req, limit, value_limit, out, err, res, out_total, err_total, res_total, status, how,
@@ -915,7 +915,7 @@ def _build_result(req, limit, value_limit, out, err, res, out_total, err_total, 
 
 
 def _keep_only(fds, ruleset):
-    """Close every inherited descriptor but the slot's pipes and its Landlock ruleset; those of 0-2 that
+    """Close every inherited descriptor but the cell's pipes and its Landlock ruleset; those of 0-2 that
     are not kept point at /dev/null."""
     keep = sorted(set(fds) | ({ruleset} if ruleset is not None else set()))
     lo = 0
@@ -929,18 +929,18 @@ def _keep_only(fds, ruleset):
             os.dup2(null, fd)
 
 
-def _take_slot_uid(cfg, iso, slot):
-    """With uid isolation, become the slot's own uid (RLIMIT_NPROC on it) and kill whatever that uid left
+def _take_cell_uid(cfg, iso, cell):
+    """With uid isolation, become the cell's own uid (RLIMIT_NPROC on it) and kill whatever that uid left
     running; then arrange to hear of the server's death: with a uid, SIGTERM, on which the forker kills
     every process of its uid, its calls included, and exits; without, SIGKILL."""
     if iso["uid"]:
-        uid = iso["uid_base"] + slot
+        uid = iso["uid_base"] + cell
         os.setgroups([])
         os.setgid(uid)
         os.setuid(uid)
         # The forker counts too; a call may run max_processes processes at once.
         _set_rlimit(resource.RLIMIT_NPROC, int(cfg["max_processes"]) + 1)
-        _await_uid_empty(uid, os.getpid())  # leftovers of an earlier server or forker of this slot
+        _await_uid_empty(uid, os.getpid())  # leftovers of an earlier server or forker of this cell
         _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # a call's orphans become this forker's children
         # When the server dies this forker is told (after setuid, which clears the setting) and
         # kills every process of its uid, its calls included, before it exits.
@@ -964,11 +964,11 @@ def _take_slot_uid(cfg, iso, slot):
 
 def _calls_interpreter(iso):
     """The interpreter state every call inherits: ``sys.path`` limited to the standard library mirror,
-    SIGXFSZ and SIGPIPE ignored, and text streams on fds 0-2 (which each call points at the slot's pipes)."""
+    SIGXFSZ and SIGPIPE ignored, and text streams on fds 0-2 (which each call points at the cell's pipes)."""
     sys.path[:] = iso["sys_path"]
     sys.path_importer_cache.clear()
     # The packages loaded before (encodings, json, re, collections, ctypes) look for their submodules in
-    # their ``__path__``: the standard library's own directory, which a slot's uid cannot read. Point it
+    # their ``__path__``: the standard library's own directory, which a cell's uid cannot read. Point it
     # at the mirror, or ``import encodings.idna`` fails, and with it every codec not loaded yet (a
     # hostname lookup raised "LookupError: unknown encoding: idna" instead of a network error).
     old, new = os.path.join(STDLIB, ""), os.path.join(iso["sys_path"][0], "")
@@ -979,7 +979,7 @@ def _calls_interpreter(iso):
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an oversized write fails with EFBIG instead
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     sys.argv = ["<sandbox>"]
-    # Streams for the calls, bound to fds 0-2, which each call points at the slot's pipes.
+    # Streams for the calls, bound to fds 0-2, which each call points at the cell's pipes.
     sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
     sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8",
                                   errors="backslashreplace")
@@ -997,22 +997,22 @@ def _calls_rlimits(cfg):
     _set_rlimit(resource.RLIMIT_NOFILE, 256)
 
 
-def _slot_main(cfg, iso, slot, slot_dir, ruleset, fds):
-    """Take the per-slot isolation layers, then fork calls. Never returns."""
+def _cell_main(cfg, iso, cell, cell_dir, ruleset, fds):
+    """Take the per-cell isolation layers, then fork calls. Never returns."""
     st = fds[1]
     try:
         os.setsid()
         _keep_only(fds, ruleset)
-        os.chdir(slot_dir)
+        os.chdir(cell_dir)
         os.environ.clear()
         os.environ.update({"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"})  # HOME, TMPDIR: see Forker
-        _take_slot_uid(cfg, iso, slot)
+        _take_cell_uid(cfg, iso, cell)
         _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # no ptrace by the calls (same uid)
         if ruleset is not None:
             Landlock.restrict(ruleset)
         _set_rlimit(resource.RLIMIT_CORE, 0)
         _calls_interpreter(iso)
-        forker = Forker(cfg, iso, slot_dir, ruleset, fds)
+        forker = Forker(cfg, iso, cell_dir, ruleset, fds)
         _calls_rlimits(cfg)
         # Everything alive now is shared copy-on-write with every call: keep the collector from
         # walking (and so copying) it in each call.
@@ -1059,7 +1059,7 @@ def _await_uid_empty(uid, me, timeout=2.0):
 
 
 def _clean_uid(uid, timeout=5.0):
-    """In the server, after a slot's forker died: kill every process of ``uid`` and wait until none is
+    """In the server, after a cell's forker died: kill every process of ``uid`` and wait until none is
     left. The forker's orphans are the server's children (it is their subreaper): reaped here."""
     deadline = time.monotonic() + timeout
     while True:
@@ -1091,21 +1091,21 @@ def _sweep_uid(uid):
 
 
 # ---------------------------------------------------------------------------------------------------
-# The server: dispatch to slots, watch them, answer the client.
+# The server: dispatch to cells, watch them, answer the client.
 
 
-class Slot:
-    """The server's side of one slot: the forker's pipes and the call it is running, if any."""
+class Cell:
+    """The server's side of one cell: the forker's pipes and the call it is running, if any."""
 
     __slots__ = ("index", "pid", "pidfd", "ctl", "st", "out", "err", "res", "stbuf", "req", "deadline",
                  "bufs", "totals", "kill_sent", "cached")
 
 
 def _take_isolation(cfg, root, claim_uids):
-    """The isolation layers the server process takes once for all its slots: ``(iso, landlock)``. ``iso`` says
+    """The isolation layers the server process takes once for all its cells: ``(iso, landlock)``. ``iso`` says
     which layers it got (uid, netns, tmpfs, landlock), ``notes`` and ``reasons`` why one is missing (a layer the
     config switched off has no reason), and ``sys_path`` the calls' standard library; ``landlock``: the rules
-    for the slots' rulesets, None without Landlock. ``claim_uids(cfg)``: the first uid of a free block."""
+    for the cells' rulesets, None without Landlock. ``claim_uids(cfg)``: the first uid of a free block."""
     notes = []
     reasons = {}  # layer -> why the machine did not give it (switched off by the config: no entry)
     iso = {"uid": False, "netns": False, "landlock": False}
@@ -1153,12 +1153,12 @@ def _take_isolation(cfg, root, claim_uids):
 
 
 class Server:
-    grace = 5.0  # beyond a call's own timeout, before its slot worker is declared stuck
+    grace = 5.0  # beyond a call's own timeout, before its cell worker is declared stuck
 
     def __init__(self, cfg):
         self.cfg = cfg
-        # Two slots per core: a slot is idle while the server turns its finished call into a result and
-        # sends it the next one, and a second slot keeps the core busy meanwhile.
+        # Two cells per core: a cell is idle while the server turns its finished call into a result and
+        # sends it the next one, and a second cell keeps the core busy meanwhile.
         self.workers = int(cfg["workers"]) or 2 * (os.cpu_count() or 1)
         self.timeout = float(cfg["timeout_s"])
         self.wall_factor = float(cfg.get("wall_timeout_factor") or 1.0)
@@ -1171,16 +1171,16 @@ class Server:
         iso, landlock = _take_isolation(cfg, self.root, self.claim_uids)
         iso["workers"] = self.workers
         self.iso = iso
-        # One directory per slot, owned by the slot's uid: a call can reach only its own slot.
-        self.slot_dirs, self.rulesets = [], []
+        # One directory per cell, owned by the cell's uid: a call can reach only its own cell.
+        self.cell_dirs, self.rulesets = [], []
         for i in range(self.workers):
             d = os.path.join(self.root, "s%d" % i)
             os.mkdir(d, 0o700)
             if iso["uid"]:
                 os.chown(d, iso["uid_base"] + i, iso["uid_base"] + i)
-            self.slot_dirs.append(d)
+            self.cell_dirs.append(d)
             self.rulesets.append(landlock.ruleset(d) if landlock else None)
-        self.slots = [self.spawn(i) for i in range(self.workers)]
+        self.cells = [self.spawn(i) for i in range(self.workers)]
         self.queue = collections.deque()
         self.inbuf = FrameReader()
         self.source_keys = collections.OrderedDict()  # source text -> key of the forkers' code caches
@@ -1214,11 +1214,11 @@ class Server:
         res_r, res_w = os.pipe()
         pid = os.fork()
         if pid == 0:
-            _slot_main(self.cfg, self.iso, i, self.slot_dirs[i], self.rulesets[i],
+            _cell_main(self.cfg, self.iso, i, self.cell_dirs[i], self.rulesets[i],
                        (ctl_r, st_w, out_w, err_w, res_w))
         for fd in (ctl_r, st_w, out_w, err_w, res_w):
             os.close(fd)
-        s = Slot()
+        s = Cell()
         s.index, s.pid, s.pidfd, s.ctl = i, pid, os.pidfd_open(pid), ctl_w
         s.st, s.out, s.err, s.res = st_r, out_r, err_r, res_r
         for fd in (st_r, out_r, err_r, res_r):
@@ -1242,12 +1242,12 @@ class Server:
             _clean_uid(self.iso["uid_base"] + s.index)
         for fd in (s.pidfd, s.ctl, s.st, s.out, s.err, s.res):
             os.close(fd)
-        for name in os.listdir(self.slot_dirs[s.index]):
-            _rmtree(os.path.join(self.slot_dirs[s.index], name))
+        for name in os.listdir(self.cell_dirs[s.index]):
+            _rmtree(os.path.join(self.cell_dirs[s.index], name))
         if s.req is not None:
             _send({"id": s.req["id"], "exit_code": -signal.SIGKILL, "ok": False, "stdout": "", "stderr": "",
                    "timed_out": error.startswith("timed out"), "error": error})
-        self.slots[s.index] = self.spawn(s.index)
+        self.cells[s.index] = self.spawn(s.index)
 
     def start_call(self, s, req):
         s.req = req
@@ -1284,10 +1284,10 @@ class Server:
         try:
             _write_all(s.ctl, MSG_RUN + header + text + rest)
         except OSError:
-            self.replace(s, "sandbox slot worker died")
+            self.replace(s, "sandbox cell worker died")
 
     def read_output(self, s, k):
-        """Read what is waiting in pipe ``k`` (0 stdout, 1 stderr, 2 result) of slot ``s``; False once
+        """Read what is waiting in pipe ``k`` (0 stdout, 1 stderr, 2 result) of cell ``s``; False once
         it is empty. Bytes beyond the limits are counted, not kept; a flood is stopped."""
         fd = (s.out, s.err, s.res)[k]
         try:
@@ -1297,7 +1297,7 @@ class Server:
         if not chunk:
             return False
         if s.req is None:
-            return True  # bytes of no call (a leftover of a replaced slot): dropped
+            return True  # bytes of no call (a leftover of a replaced cell): dropped
         buf = s.bufs[k]
         s.totals[k] += len(chunk)
         if k == 2:
@@ -1321,7 +1321,7 @@ class Server:
         except (BlockingIOError, InterruptedError):
             return
         if not chunk:
-            return  # the forker is gone; its pidfd says so and the slot is replaced
+            return  # the forker is gone; its pidfd says so and the cell is replaced
         s.stbuf += chunk
         while s.stbuf:
             kind = bytes(s.stbuf[:1])
@@ -1340,8 +1340,8 @@ class Server:
             text = bytes(s.stbuf[5:5 + n]).decode("utf-8", errors="replace")
             del s.stbuf[:5 + n]
             if kind == FATAL:
-                raise RuntimeError("sandbox slot could not start: " + text)
-            if s.req is not None:  # SLOT_ERROR: the forker could not run this call
+                raise RuntimeError("sandbox cell could not start: " + text)
+            if s.req is not None:  # CELL_ERROR: the forker could not run this call
                 req, s.req = s.req, None
                 _send({"id": req["id"], "exit_code": -signal.SIGKILL, "ok": False, "stdout": "",
                        "stderr": "", "error": text})
@@ -1366,15 +1366,15 @@ class Server:
     def serve(self):
         _send({"ready": True, "isolation": self.iso, "pid": os.getpid()})
         os.set_blocking(0, False)
-        while self.stdin_open or self.queue or any(s.req is not None for s in self.slots):
-            for s in self.slots:
+        while self.stdin_open or self.queue or any(s.req is not None for s in self.cells):
+            for s in self.cells:
                 if s.req is None and self.queue:
                     self.start_call(s, self.queue.popleft())
-            busy = [s for s in self.slots if s.req is not None]
+            busy = [s for s in self.cells if s.req is not None]
             wait = None
             if busy:
                 wait = max(0.0, min(s.deadline for s in busy) - time.monotonic())
-            rl = [s.st for s in self.slots] + [s.pidfd for s in self.slots]
+            rl = [s.st for s in self.cells] + [s.pidfd for s in self.cells]
             for s in busy:
                 rl += (s.out, s.err, s.res)
             if self.stdin_open:
@@ -1386,19 +1386,19 @@ class Server:
             ready = set(ready)
             if 0 in ready:
                 self.on_stdin()
-            for s in list(self.slots):
+            for s in list(self.cells):
                 for k, fd in enumerate((s.out, s.err, s.res)):
                     if fd in ready:
                         self.read_output(s, k)
                 if s.st in ready:
                     self.on_status(s)
                 if s.pidfd in ready:
-                    self.replace(s, "sandbox slot worker died")
+                    self.replace(s, "sandbox cell worker died")
                 elif s.req is not None and time.monotonic() > s.deadline:
-                    self.replace(s, "timed out (the slot worker did not answer; replaced)")
-        for s in self.slots:
+                    self.replace(s, "timed out (the cell worker did not answer; replaced)")
+        for s in self.cells:
             os.close(s.ctl)
-        for s in self.slots:
+        for s in self.cells:
             try:
                 os.waitpid(s.pid, 0)
             except ChildProcessError:
@@ -1414,7 +1414,7 @@ class Server:
             # The client is gone: stop everything now rather than finish the queue.
             self.stdin_open = False
             self.queue.clear()
-            for s in list(self.slots):
+            for s in list(self.cells):
                 if s.req is not None:
                     self.replace(s, "client closed the sandbox")
             return

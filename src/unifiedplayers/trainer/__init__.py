@@ -10,27 +10,20 @@ Public interface::
     trainer.offload_state()              # block over: only the weights it samples with stay in memory
     trainer.block_diagnostics()          # grad-norm median / CV, entropy retention
 
-Modules: ``base`` (the interface: samples, optimizer, backend registry, :class:`BaseTrainer` with the
-shared update), ``batching`` (micro-batches), ``player_trainer`` (torch backend, :class:`PlayerTrainer`),
-``deepspeed_backend`` (ZeRO-2/3, imported when built), ``offload`` (an idle player's state in files), ``logprobs``,
-``checkpoint``, ``diagnostics``, ``flops``. Backends import ``base``, never each other.
+Modules: ``sample`` (:class:`TrainSample`, what an update trains on), ``optim`` (AdamW and the warm-up
+schedule), ``base`` (the interface: :class:`BaseTrainer` with the shared update), ``backends`` (the backend
+registry, :func:`build_trainer`), ``batching`` (micro-batches), ``player_trainer`` (torch backend,
+:class:`PlayerTrainer`), ``deepspeed_backend`` (ZeRO-2/3, imported when built), ``offload`` (an idle player's state
+in files), ``logprobs``, ``checkpoint``, ``diagnostics``, ``flops``. Backends import ``base``, never each other.
 """
-from unifiedplayers.trainer.base import (
-    TRAINER_BACKENDS,
-    BaseTrainer,
-    TrainSample,
-    as_sample,
-    build_trainer,
-    make_optimizer,
-    make_scheduler,
-    register_trainer_backend,
-    sample_from_completion,
-    sample_from_segments,
-)
+from unifiedplayers.trainer.backends import TRAINER_BACKENDS, build_trainer, register_trainer_backend
+from unifiedplayers.trainer.base import BaseTrainer
 from unifiedplayers.trainer.checkpoint import atomic_directory, capture_rng_state, restore_rng_state
 from unifiedplayers.trainer.diagnostics import EntropyRetention, grad_norm_block_stats
 from unifiedplayers.trainer.logprobs import mean_token_entropy, selected_token_logprobs
+from unifiedplayers.trainer.optim import make_optimizer, make_scheduler
 from unifiedplayers.trainer.player_trainer import PlayerTrainer  # the torch backend; registers "torch"
+from unifiedplayers.trainer.sample import TrainSample, as_sample, sample_from_completion, sample_from_segments
 
 __all__ = [
     "TRAINER_BACKENDS",

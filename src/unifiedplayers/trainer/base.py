@@ -1,19 +1,18 @@
-"""The trainer interface (§3.3, Appendix B.3, D.1): samples, optimizer, backend registry and the shared GRPO update.
+"""The trainer interface (§3.3, Appendix B.3): :class:`BaseTrainer`, the shared GRPO update, and the hooks a
+backend supplies.
 
-Built like verl's engine base and registry: this module is the interface every backend imports, and
-backends never import each other.
+Built like verl's engine base: this module is the interface every backend imports, and backends never import
+each other.
 
-- :class:`TrainSample` and its constructors (:func:`sample_from_segments`, :func:`sample_from_completion`,
-  :func:`as_sample`): what an update trains on.
-- :func:`make_optimizer`, :func:`make_scheduler`: AdamW and the warm-up schedule every backend uses.
 - :class:`BaseTrainer`: the backend-independent logic of one player's trainer (reference policy, the
   update, diagnostics, checkpoints). A backend subclass supplies optimizer, backward, step and checkpoint
   I/O through the ``_backend`` hooks (:class:`TrainerHooks`): plain torch in
   :mod:`unifiedplayers.trainer.player_trainer`, DeepSpeed ZeRO-2/3 in
-  :mod:`unifiedplayers.trainer.deepspeed_backend`.
-- :data:`TRAINER_BACKENDS`, :func:`register_trainer_backend`, :func:`build_trainer`: backends by name
-  (``trainer.backend``). The built-in ones are listed as ``"module:Class"`` and imported on first use, so
-  this module imports no backend.
+  :mod:`unifiedplayers.trainer.deepspeed_backend`. Backends are built by name (``trainer.backend``) by
+  :func:`~unifiedplayers.trainer.backends.build_trainer`.
+- What an update trains on is :class:`~unifiedplayers.trainer.sample.TrainSample`
+  (:mod:`unifiedplayers.trainer.sample`); AdamW and the warm-up schedule every backend uses are in
+  :mod:`unifiedplayers.trainer.optim`.
 
 The maths lives in :mod:`unifiedplayers.trainer.grpo`; this module only feeds it. One :meth:`BaseTrainer.update` =
 one optimizer step over a batch of samples (one block update):
@@ -50,16 +49,14 @@ import copy
 import os
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Iterable, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterable, Mapping, Optional, Sequence
 
 import torch
 from torch import nn
 
-from unifiedplayers.trainer import grpo
+import unifiedplayers.trainer.grpo as grpo
 from unifiedplayers.distributed import SINGLE, DistContext
-from unifiedplayers.registry import Registry
 from unifiedplayers.trainer.batching import (
     MicroBatchPlan,
     _as_tensor,
@@ -73,97 +70,14 @@ from unifiedplayers.trainer.logprobs import TokenLogprobs
 from unifiedplayers.trainer.offload import ParkedTensors
 from unifiedplayers.trainer.precision import cast_parameters, logprob_mismatch, resolve_setting
 from unifiedplayers.trainer.reference import ReferencePolicy
+from unifiedplayers.trainer.sample import as_sample
+
+if TYPE_CHECKING:  # annotations only
+    from unifiedplayers.trainer.sample import TrainSample
 
 Tensor = torch.Tensor
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-# ---------------------------------------------------------------------------------------------- samples
-@dataclass
-class TrainSample:
-    """One candidate of a group, as the rollout flattens it.
-
-    ``old_logprobs[t]`` is the behaviour log-prob of ``token_ids[t]`` (any value where ``loss_mask[t] == 0``);
-    ``loss_mask[t] = 1`` marks a trainable completion token (prompt, padding and tool-observation tokens
-    are 0).
-    """
-
-    token_ids: Sequence[int] | Tensor
-    loss_mask: Sequence[int] | Tensor
-    old_logprobs: Sequence[float] | Tensor
-    advantage: float
-    group: int
-    clip_high: Optional[float] = None  # per-sample upper clip ε_high (Agent0's ADPO); None: trainer.clip_eps
-    # The log-probs recorded at sampling when ``old_logprobs`` were recomputed by the trainer
-    # (``trainer.recompute_old_logprobs``); None: ``old_logprobs`` are the behaviour log-probs.
-    behaviour_logprobs: Optional[Sequence[float] | Tensor] = None
-
-
-def sample_from_segments(segments: Sequence[Any], advantage: float, group: int) -> TrainSample:
-    """A :class:`TrainSample` from a rollout's segment list (prompt, generated turns, tool observations)."""
-    from unifiedplayers.rollout.types import flatten_segments
-
-    token_ids, loss_mask, old_logprobs = flatten_segments(segments)
-    return TrainSample(token_ids, loss_mask, old_logprobs, advantage, group)
-
-
-def sample_from_completion(completion: Any, advantage: float, group: int) -> TrainSample:
-    """A :class:`TrainSample` from a single-turn rollout ``Completion`` (prompt tokens are not trained)."""
-    prompt, generated = list(completion.prompt_ids), list(completion.token_ids)
-    return TrainSample(
-        prompt + generated,
-        [0] * len(prompt) + [1] * len(generated),
-        [0.0] * len(prompt) + [float(x) for x in completion.logprobs],
-        advantage,
-        group,
-    )
-
-
-def as_sample(item: Any) -> TrainSample:
-    """Accept a :class:`TrainSample`, a mapping or any object with the same field names."""
-    if isinstance(item, TrainSample):
-        return item
-    get = item.__getitem__ if isinstance(item, Mapping) else lambda k: getattr(item, k)
-    return TrainSample(get("token_ids"), get("loss_mask"), get("old_logprobs"), get("advantage"), get("group"))
-
-
-# ---------------------------------------------------------------------------------------------- optimizer
-def optimizer_param_groups(cfg, model: nn.Module) -> list[dict[str, Any]]:
-    """AdamW's parameter groups (Appendix D.1: weight decay 0.01): no decay on biases and norm gains (1-D)."""
-    decay, no_decay = [], []
-    for p in model.parameters():
-        if p.requires_grad:
-            (decay if p.ndim >= 2 else no_decay).append(p)
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}]
-    if no_decay:
-        groups.append({"params": no_decay, "weight_decay": 0.0})
-    return groups
-
-
-def make_optimizer(cfg, model: nn.Module) -> torch.optim.Optimizer:
-    """AdamW (Appendix D.1: β = (0.9, 0.95)) over :func:`optimizer_param_groups`."""
-    groups = optimizer_param_groups(cfg, model)
-    # The fused kernel makes one pass over parameters and state instead of a dozen foreach passes
-    # (135M parameters on CPU: 0.13 s per step instead of 0.85 s); same update rule.
-    fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for g in groups for p in g["params"])
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.adam_eps, fused=fused or None)
-
-
-def make_scheduler(cfg, optimizer: torch.optim.Optimizer):
-    """Linear warm-up over ``lr_warmup_steps`` optimizer steps, then constant."""
-    warmup = int(cfg.lr_warmup_steps)
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, _Warmup(warmup))
-
-
-class _Warmup:
-    """Picklable LR multiplier (a lambda would be dropped from the scheduler's state dict)."""
-
-    def __init__(self, steps: int) -> None:
-        self.steps = steps
-
-    def __call__(self, step: int) -> float:
-        return 1.0 if self.steps <= 0 else min(1.0, (step + 1) / self.steps)
 
 
 # ---------------------------------------------------------------------------------------------- backend hooks
@@ -264,7 +178,7 @@ class TrainerHooks:
 class BaseTrainer(ReferencePolicy, BlockDiagnostics, TrainerHooks):
     """GRPO trainer of one player, whatever the backend.
 
-    Build with :func:`build_trainer`. Typical use inside a block::
+    Build with :func:`~unifiedplayers.trainer.backends.build_trainer`. Typical use inside a block::
 
         trainer.start_outer_iteration()        # once per outer iteration: π_ref := current weights
         trainer.start_block()                  # resets block diagnostics, records initial bank entropy
@@ -572,30 +486,3 @@ def host_copy(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
             copies[key] = t.to("cpu", copy=True)
         out[name] = copies[key]
     return out
-
-
-# ---------------------------------------------------------------------------------------------- registry
-# name -> factory(cfg, model, **kwargs), or "module:Class" imported on first use (the built-in backends:
-# importing a backend module registers its classes here, replacing the strings).
-TRAINER_BACKENDS = Registry("trainer backend", "trainer.backend")
-TRAINER_BACKENDS.register("torch", "unifiedplayers.trainer.player_trainer:PlayerTrainer")
-TRAINER_BACKENDS.register("deepspeed_zero2", "unifiedplayers.trainer.deepspeed_backend:DeepSpeedZero2Trainer")
-TRAINER_BACKENDS.register("deepspeed_zero3", "unifiedplayers.trainer.deepspeed_backend:DeepSpeedZero3Trainer")
-
-
-def register_trainer_backend(name: str):
-    """Class or factory decorator: build it for ``trainer.backend: name`` (a name already taken is refused)."""
-    return TRAINER_BACKENDS.register(name)
-
-
-def _resolve_backend(name: str) -> Callable[..., BaseTrainer]:
-    return TRAINER_BACKENDS.get(name)
-
-
-def build_trainer(cfg, model: nn.Module, **kwargs) -> BaseTrainer:
-    """Build the trainer of one player for ``cfg.backend`` (torch | deepspeed_zero2 | deepspeed_zero3).
-
-    Keyword arguments: ``role`` (name used in file names and logs), ``entropy_bank`` (held-out role
-    contexts as token-id lists), ``pad_token_id``, ``dist`` (data-parallel ranks; one process by default).
-    """
-    return _resolve_backend(cfg.backend)(cfg, model, **kwargs)

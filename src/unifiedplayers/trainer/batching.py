@@ -1,7 +1,7 @@
 """Micro-batches of one update (Appendix B.3, Eq. 21): the split of a batch, right-padded collation, metric merging.
 
 Pure data handling, no model and no optimizer; :class:`~unifiedplayers.trainer.base.BaseTrainer` calls it.
-Samples are :class:`~unifiedplayers.trainer.base.TrainSample`-like (``token_ids``, ``loss_mask``,
+Samples are :class:`~unifiedplayers.trainer.sample.TrainSample`-like (``token_ids``, ``loss_mask``,
 ``old_logprobs``, ``advantage``, ``group``, optional ``clip_high``).
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from unifiedplayers.trainer import grpo
+import unifiedplayers.trainer.grpo as grpo
 
 Tensor = torch.Tensor
 

@@ -1,9 +1,9 @@
 """DeepSpeed ZeRO-2 / ZeRO-3 backends of :class:`~unifiedplayers.trainer.base.BaseTrainer`.
 
 Same update as the torch backend (:mod:`unifiedplayers.trainer.player_trainer`; the two import only the
-interface, :mod:`unifiedplayers.trainer.base`, never each other); DeepSpeed owns backward, gradient
-clipping, the optimizer step and checkpoint files. DeepSpeed's gradient accumulation count stays 1; we
-call ``backward`` once per micro-batch without its 1/gas scaling (our Eq. 21 weights already sum to 1 over
+interface, :mod:`unifiedplayers.trainer.base` with ``backends`` and ``optim``, never each other); DeepSpeed owns
+backward, gradient clipping, the optimizer step and checkpoint files. DeepSpeed's gradient accumulation count stays
+1; we call ``backward`` once per micro-batch without its 1/gas scaling (our Eq. 21 weights already sum to 1 over
 the batch), mark only the last micro-batch as the accumulation boundary
 (``set_gradient_accumulation_boundary``) and call ``step`` once per update, whatever the number of
 micro-batches. The engine wraps
@@ -28,7 +28,7 @@ JIT-built once (about a minute) into ``TORCH_EXTENSIONS_DIR``, which defaults to
 
 ZeRO-Offload (``trainer.offload_optimizer``) steps on the host with DeepSpeed's CPU Adam (as OpenRLHF and TRL
 do; DeepSpeed refuses a torch optimizer there), over the same parameter groups and hyper-parameters as
-:func:`~unifiedplayers.trainer.base.make_optimizer`. Its C++ op is JIT-built on first use, into the same
+:func:`~unifiedplayers.trainer.optim.make_optimizer`. Its C++ op is JIT-built on first use, into the same
 directory (about 1.5 CPU-minutes with gcc; 2.6 min wall on a busy 2-core machine).
 
 The code is tested with the DeepSpeed versions of :data:`DEEPSPEED_WINDOW` (also the pin of pyproject.toml and
@@ -48,15 +48,11 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 from torch import nn
 
-from unifiedplayers.trainer.base import (
-    BaseTrainer,
-    make_optimizer,
-    make_scheduler,
-    optimizer_param_groups,
-    register_trainer_backend,
-)
+from unifiedplayers.trainer.backends import register_trainer_backend
+from unifiedplayers.trainer.base import BaseTrainer
 from unifiedplayers.trainer.logprobs import TokenLogprobModel
 from unifiedplayers.trainer.offload import ParkedStorages
+from unifiedplayers.trainer.optim import make_optimizer, make_scheduler, optimizer_param_groups
 from unifiedplayers.models import float32_buffers, restore_buffers
 from unifiedplayers.trainer.precision import resolve_setting
 

@@ -9,9 +9,6 @@ ranks sum their gradients with :meth:`~unifiedplayers.distributed.DistContext.al
 An idle player (:meth:`~unifiedplayers.trainer.base.BaseTrainer.offload_state`) keeps only the weights it samples
 with: its AdamW state goes to a file without a name, and so do its float32 master weights (on the host) when
 neither its rollouts nor its forward use them (a bf16 copy does both).
-
-The interface pieces (:class:`TrainSample`, :func:`build_trainer`, ...) are re-exported from here for code
-that imports them from this module.
 """
 from __future__ import annotations
 
@@ -24,21 +21,12 @@ from typing import Any, ContextManager, Mapping, Optional
 import torch
 from torch import nn
 
-from unifiedplayers.trainer.base import (  # noqa: F401  (re-exported)
-    TRAINER_BACKENDS,
-    BaseTrainer,
-    TrainSample,
-    as_sample,
-    build_trainer,
-    make_optimizer,
-    make_scheduler,
-    register_trainer_backend,
-    sample_from_completion,
-    sample_from_segments,
-)
+from unifiedplayers.trainer.backends import register_trainer_backend
+from unifiedplayers.trainer.base import BaseTrainer
 from unifiedplayers.trainer.batching import _as_tensor, _collate, _combine_metrics, _MicroBatch  # noqa: F401
 from unifiedplayers.trainer.logprobs import TokenLogprobModel
 from unifiedplayers.trainer.offload import ParkedTensors, offload_file
+from unifiedplayers.trainer.optim import make_optimizer, make_scheduler
 from unifiedplayers.trainer.precision import cast_parameters, copy_weights, move_gradients
 
 Tensor = torch.Tensor
