@@ -8,8 +8,11 @@
     prefilled once) and true again (second call: the prefix comes from the store); are the greedy tokens
     identical in float32?
 (c) the batch of (a) decoded by a bfloat16 copy of the model against float32.
+(d) one decoding step of 8 rows (the prompts of (a), 40 new tokens each), float32 and bfloat16, with
+    ``rollout.packed_linears`` false, auto and true, interleaved: the median time between two decoding forwards
+    (the step), the forward's share, and whether tokens and log-probs are bit-equal to ``false``.
 
-    python benchmarks/hf_decoding.py [--repeats 2] [--parts abc]
+    python benchmarks/hf_decoding.py [--repeats 2] [--parts abcd]
 
 Wall times are the best of ``--repeats``; the load average and CPU time are printed beside them.
 """
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import math
 import os
 import sys
@@ -173,10 +177,51 @@ def bench_bf16(model, tok, prompts, repeats: int) -> None:
               f"load {os.getloadavg()}")
 
 
+def bench_steps(model, tok, prompts, repeats: int, steps: int = 40) -> None:
+    import statistics
+
+    settings = ("false", "auto", "true")
+    for name, m in (("float32", model), ("bfloat16", cast_parameters(copy.deepcopy(model), torch.bfloat16))):
+        starts, forwards, outs = [], [], {}
+        times = {s: ([], []) for s in settings}
+        forward = m.forward
+
+        @functools.wraps(forward)  # the engine reads the forward's keywords from its signature
+        def timed_forward(*args, **kw):
+            t0 = time.perf_counter()
+            out = forward(*args, **kw)
+            if kw["input_ids"].shape[1] == 1:  # a decoding step
+                starts.append(t0)
+                forwards.append(time.perf_counter() - t0)
+            return out
+
+        m.forward = timed_forward
+        for _ in range(repeats):
+            for s in settings:  # interleaved, so that the neighbours' load falls on all three alike
+                cfg = RolloutConfig(batch_size=0, prefix_cache="false")
+                cfg.packed_linears = s
+                starts.clear()
+                forwards.clear()
+                outs[s] = build_rollout(cfg, m, tok).generate(prompts, n=1, max_new_tokens=steps, temperature=1.0,
+                                                              seed=0, ignore_eos=True)
+                times[s][0].extend(b - a for a, b in zip(starts, starts[1:]))
+                times[s][1].extend(forwards)
+        del m.forward
+        base = statistics.median(times["false"][0])
+        for s in settings:
+            step, fwd = statistics.median(times[s][0]), statistics.median(times[s][1])
+            rows = [(x, y) for ra, rb in zip(outs[s], outs["false"]) for x, y in zip(ra, rb)]
+            same_tokens = all(x.token_ids == y.token_ids for x, y in rows)
+            worst = max(abs(a - b) for x, y in rows for a, b in zip(x.logprobs, y.logprobs))
+            print(f"(d) {name} packed_linears={s}: {step * 1e3:.1f} ms per step of 8 rows (forward {fwd * 1e3:.1f} ms, "
+                  f"the engine's own {(step - fwd) * 1e3:.1f} ms), {base / step:.2f}x false; tokens as false: "
+                  f"{same_tokens}, largest log-prob difference {worst:.1e}; load {os.getloadavg()}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--parts", default="abc", help="which of (a), (b), (c) to run, e.g. ab")
+    parser.add_argument("--parts", default="abcd", help="which of (a), (b), (c), (d) to run, e.g. ab")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch.set_num_threads(1)
@@ -188,6 +233,8 @@ def main() -> None:
         bench_prefix(model, tok, args.repeats)
     if "c" in args.parts:
         bench_bf16(model, tok, [chat(tok, q) for q in QUESTIONS], args.repeats)
+    if "d" in args.parts:
+        bench_steps(model, tok, [chat(tok, q) for q in QUESTIONS], args.repeats)
 
 
 if __name__ == "__main__":

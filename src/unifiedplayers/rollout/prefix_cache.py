@@ -26,9 +26,9 @@ _SAMPLES = 8  # values per parameter in a WeightsStamp
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values (1, heads, length, head_dim)
 
 
-def prefix_setting(value: Any) -> Optional[bool]:
-    """``rollout.prefix_cache`` as True (always), False (never) or None (auto: on unless the model samples in
-    float32). Hydra may hand a YAML ``true``/``false`` as a bool."""
+def prefix_setting(value: Any, name: str = "rollout.prefix_cache") -> Optional[bool]:
+    """An auto/true/false setting (``rollout.prefix_cache``, ``rollout.packed_linears``) as True (always), False
+    (never) or None (auto: the engine decides). Hydra may hand a YAML ``true``/``false`` as a bool."""
     if value is None or isinstance(value, bool):
         return value
     text = str(value).strip().lower()
@@ -38,7 +38,7 @@ def prefix_setting(value: Any) -> Optional[bool]:
         return True
     if text in ("false", "off", "0", "no"):
         return False
-    raise ValueError(f"rollout.prefix_cache={value!r}: expected auto, true or false")
+    raise ValueError(f"{name}={value!r}: expected auto, true or false")
 
 
 def shared_length(a: Sequence[int], b: Sequence[int], limit: Optional[int] = None) -> int:

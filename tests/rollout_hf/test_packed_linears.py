@@ -1,0 +1,158 @@
+"""The hf engine's packed linear layers (``rollout.packed_linears``, :func:`hf_engine.packed_linears`, issue 32):
+oneDNN-packed weight copies for the decoding steps' small products. In bfloat16 (auto) they must give the very
+tokens and log-probs of the unpacked engine; float32 is packed only when asked; large batches (prefill) and the
+layers' own forwards are left as they were. Each test names the plant it catches."""
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from unifiedplayers.config import RolloutConfig
+from unifiedplayers.models import cast_parameters
+from unifiedplayers.rollout import build_rollout
+from unifiedplayers.rollout import hf_engine
+from unifiedplayers.rollout.hf_engine import SKINNY_ROWS, packed_linears, skinny_linears
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_hf_decoding import one_thread, tiny  # noqa: E402,F401
+
+pytestmark = pytest.mark.skipif(not hf_engine.packing_available(), reason="torch built without oneDNN")
+
+
+def net_of(dtype: torch.dtype) -> torch.nn.Sequential:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.Linear(96, 32, bias=False)).to(dtype)
+
+
+def packed_calls(monkeypatch, *models: torch.nn.Module) -> list[int]:
+    """Record the rows of every packed product from now on, ``models``' exactness self-checks done beforehand (so
+    that their probes are not recorded)."""
+    for model in models:
+        with packed_linears(model, None):
+            pass
+    calls: list[int] = []
+    product = hf_engine._packed_product
+    monkeypatch.setattr(hf_engine, "_packed_product",
+                        lambda m, p, x: (calls.append(x.numel() // x.shape[-1]), product(m, p, x))[1])
+    return calls
+
+
+@pytest.mark.parametrize("rows", [(1,), (3,), (2, 5), (SKINNY_ROWS + 1,)])
+def test_bf16_packed_layers_give_the_linear_values_bit_for_bit_and_are_restored(rows, monkeypatch):
+    """Catches a packed copy of another layer's weight (or the wrong orientation), a dropped bias, and forwards
+    left patched on exit."""
+    net = net_of(torch.bfloat16)
+    x = torch.randn(*rows, 64).to(torch.bfloat16)
+    want = net(x)
+    calls = packed_calls(monkeypatch, net)
+    with packed_linears(net, None):
+        assert all("forward" in m.__dict__ for m in net)
+        got = net(x)
+    assert all("forward" not in m.__dict__ for m in net)
+    assert torch.equal(got, want)
+    # Only batches of at most SKINNY_ROWS rows take the packed product (a prefill keeps F.linear).
+    assert calls == ([] if rows[0] > SKINNY_ROWS else [x.numel() // 64] * 2)
+
+
+def test_float32_is_packed_only_when_asked_and_large_batches_keep_the_engines_own_product(monkeypatch):
+    """Catches auto packing float32 (whose packed product rounds differently from the skinny one), True not
+    packing, and a prefill-sized batch going through the packed product (the row limit dropped)."""
+    net = net_of(torch.float32)
+    small, large = torch.randn(4, 64), torch.randn(SKINNY_ROWS + 1, 64)
+    with skinny_linears(net):
+        own_small, own_large = net(small), net(large)
+    calls = packed_calls(monkeypatch, net)
+    with skinny_linears(net), packed_linears(net, None):
+        assert torch.equal(net(small), own_small) and calls == []
+    with skinny_linears(net), packed_linears(net, True):
+        got_small, got_large = net(small), net(large)
+    assert calls == [4, 4]
+    assert torch.allclose(got_small, own_small, atol=1e-5, rtol=1e-5) and torch.equal(got_large, own_large)
+    with packed_linears(net, False):
+        assert all("forward" not in m.__dict__ for m in net)
+
+
+def test_auto_packs_only_layers_whose_packed_product_is_exact(monkeypatch):
+    """Catches a self-check that is skipped or always passes: a packed product one ulp off is not used by auto,
+    but is by True."""
+    monkeypatch.setattr(hf_engine, "_PACKING_EXACT", {})
+    product = hf_engine._packed_product
+    monkeypatch.setattr(hf_engine, "_packed_product", lambda m, p, x: product(m, p, x) * (1 + 2 ** -7))
+    net = net_of(torch.bfloat16)
+    with packed_linears(net, None):
+        assert all("forward" not in m.__dict__ for m in net)
+    with packed_linears(net, True):
+        assert all("forward" in m.__dict__ for m in net)
+
+
+def generate(model, tok, setting: str, **kw):
+    cfg = RolloutConfig(batch_size=0, prefix_cache="false")
+    cfg.packed_linears = setting  # a key of RolloutConfig to come; the engine reads it with getattr
+    prompts = [tok.encode("hello world, this is")[:6], tok.encode("one")[:2], tok.encode("a b c d e f g h")[:9]]
+    return build_rollout(cfg, model, tok).generate(prompts, **kw)
+
+
+def exactly_equal(a, b) -> bool:
+    return all(x.token_ids == y.token_ids and x.logprobs == y.logprobs and x.finish_reason == y.finish_reason
+               for ra, rb in zip(a, b) for x, y in zip(ra, rb))
+
+
+@pytest.mark.parametrize("kw", [dict(n=3, max_new_tokens=12, temperature=1.0, seed=3, ignore_eos=True),
+                                dict(n=1, max_new_tokens=12, greedy=True, ignore_eos=True)])
+def test_bf16_engine_with_packed_layers_gives_the_same_tokens_and_logprobs(tiny, monkeypatch, kw):
+    """The engine's default (auto) in bfloat16 packs every linear layer of the decoding steps and changes no token
+    and no log-prob bit. Catches auto resolved as off, and any packed product that is not the unpacked one."""
+    model, tok = tiny
+    half = cast_parameters(copy.deepcopy(model), torch.bfloat16)
+    plain = generate(half, tok, "false", **kw)
+    calls = packed_calls(monkeypatch, half)
+    packed = generate(half, tok, "auto", **kw)
+    assert exactly_equal(packed, plain)
+    layers = sum(isinstance(m, torch.nn.Linear) for m in half.modules())
+    assert len(calls) >= layers * (kw["max_new_tokens"] - 1)  # every layer at every decoding step
+    assert all("forward" not in m.__dict__ for m in half.modules())
+
+
+def test_float32_engine_is_unchanged_by_auto_and_close_with_true(tiny, monkeypatch):
+    model, tok = tiny
+    kw = dict(n=2, max_new_tokens=10, temperature=1.0, seed=1, ignore_eos=True)
+    plain = generate(model, tok, "false", **kw)
+    calls = packed_calls(monkeypatch, model)
+    assert exactly_equal(generate(model, tok, "auto", **kw), plain) and calls == []
+    forced = generate(model, tok, "true", **kw)
+    assert calls
+    for ra, rb in zip(forced, plain):
+        for x, y in zip(ra, rb):
+            assert x.token_ids == y.token_ids
+            assert torch.allclose(torch.tensor(x.logprobs), torch.tensor(y.logprobs), atol=1e-4, rtol=0)
+
+
+def test_packed_linears_setting_is_checked(tiny):
+    model, tok = tiny
+    cfg = RolloutConfig()
+    cfg.packed_linears = "sometimes"
+    with pytest.raises(ValueError, match="rollout.packed_linears"):
+        build_rollout(cfg, model, tok)
+
+
+def test_a_packing_failure_falls_back_to_the_unpacked_product_with_one_warning(monkeypatch):
+    """Catches a CPU or torch build whose oneDNN cannot pack a layer crashing the rollout instead of decoding
+    unpacked."""
+    def refuse(*args, **kwargs):
+        raise RuntimeError("no packing kernel for this CPU")
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", refuse, raising=False)
+    monkeypatch.setattr(hf_engine, "_PACKING_WARNED", [])
+    net = net_of(torch.bfloat16)
+    x = torch.randn(3, 64).to(torch.bfloat16)
+    with pytest.warns(RuntimeWarning, match="rollout.packed_linears: packing the linear weights failed"):
+        with packed_linears(net, None):
+            assert all("forward" not in m.__dict__ for m in net)  # nothing overridden
+            got = net(x)
+    assert torch.equal(got, net(x))
+    with packed_linears(net, True):  # warned once per process
+        pass
