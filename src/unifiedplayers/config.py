@@ -406,6 +406,7 @@ class MethodConfig:
     _target_: Optional[str] = None
     trainable: bool = True
     roles: list[str] = field(default_factory=lambda: ["planning", "execution", "evaluation"])
+    # The reward sources (methods/sources.py); "module:name": a source registered in a module of your own.
     execution_reward: str = "verdict"  # verdict (Eq. 4) | majority_vote (pseudo-label agreement)
     planning_reward: str = "unifiedplayers"  # unifiedplayers (Eq. 2) | uncertainty_repetition (R-Zero-like)
     evaluation_reward: str = "verdict"  # verdict (Eq. 5)

@@ -100,7 +100,7 @@ def test_each_sample_has_the_same_seed_whichever_rank_makes_it(world):
     """vLLM seeds sample j of a call's i-th prompt with the call's seed + i·n + j (rollout/vllm_engine.py), so a
     sample's seed is that of the one-process call, and rank 0's call seed is the one-process seed."""
     sampler = SimpleNamespace(cfg=SimpleNamespace(seed=7))
-    slot, stage, prompts, n = SimpleNamespace(phase=3), 20, 8, 4
+    slot, stage, prompts, n = SimpleNamespace(phase_first=3), 20, 8, 4
     single = PhaseSampler.seed(sampler, slot, stage, range(prompts), n)
     for rank in range(world):
         mine = prompt_shard(prompts, rank, world)

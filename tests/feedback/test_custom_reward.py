@@ -40,3 +40,9 @@ def test_a_method_without_verifiers_refuses_it_and_a_missing_module_is_named(cop
         build_method(compose(["experiment=tiny", "method=r_zero", f"method.execution_reward={SOURCE}"]))
     with pytest.raises(ValueError, match="cannot import 'no_such_module'.*PYTHONPATH"):
         build_method(compose(["experiment=tiny", "method.execution_reward=no_such_module:anything"]))
+
+
+def test_a_module_path_names_a_source_of_that_module_only(copy):
+    # answer_bonus registers verdict_with_answer_bonus, not the built-in verdict: a typo never picks a built-in
+    with pytest.raises(ValueError, match="answer_bonus registers no execution reward source 'verdict'"):
+        build_method(compose(["experiment=tiny", "method.execution_reward=answer_bonus:verdict"]))

@@ -48,7 +48,7 @@ Evaluation (M = 3) for a task with answer a (42 or 8):
 
 Variants (which variant a rule picks is random, but every verdict below holds for every draw):
   τ0: all 5 apply. arg_mutation changes 6 or 7 by ±1/±2 -> output in {28,35,49,56,30,36,48,54} != 42,
-      answer still 42; step_drop leaves 3 steps; step_swap moves the code minibatch to index 0 or 2;
+      answer still 42; step_drop leaves 3 steps; step_swap moves the code span to index 0 or 2;
       early_terminate cuts at step 1 or 3 and sets a distractor of 42 (41,43,40,46,38,0); tool_substitute
       sets lang bash. vA rejects only early_terminate (1 of 5); vS rejects all 5.
   τ2: all 5 apply; arg_mutation outputs {11,12,14,15} != 13; distractors of 13 (12,14,10,0). vA rejects all 5

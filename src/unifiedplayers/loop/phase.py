@@ -3,7 +3,7 @@
 A block of ``<role>_updates`` optimizer steps is cut into phases of S × μ steps (S =
 ``schedule.steps_per_generation``, μ = ``trainer.num_iterations``). A phase samples the data of S steps at
 once with the policies as they stand at its start, builds the perturbations, verdict matrices and rewards
-once, and splits the active player's GRPO groups into S disjoint *minibatches* (mini-batches). The trainer then
+once, and splits the active player's GRPO groups into S disjoint *mini-batches*. The trainer then
 takes μ passes over the S minibatches, one optimizer step per minibatch, always against the behaviour log-probs
 recorded at sampling (sg[D_p^(b)]): π_θ moves away from π_old inside the phase, so the ratio of Eq. 18
 moves off 1 and the clip of Eq. 19 can bind.
@@ -32,7 +32,7 @@ from unifiedplayers.config import role_trainer_config
 from unifiedplayers.feedback.pipeline import FeedbackContext, phase_feedback
 from unifiedplayers.methods import GroupShape, shape_advantages
 from unifiedplayers.diagnostics.records import InteractionRecord
-from unifiedplayers.trainer.sample import TrainSample, sample_from_completion, sample_from_segments
+from unifiedplayers.trainer.sample import TrainSample, as_sample, sample_from_completion, sample_from_segments
 
 PHASE_FILE = "phase.pt"
 
@@ -89,17 +89,20 @@ class Phase:
         return cls(d["first"], minibatches, dict(d["timing"]))
 
 
-def _sample_fields(sample: TrainSample) -> dict[str, Any]:
+def _sample_fields(sample: Any) -> dict[str, Any]:
+    sample = as_sample(sample)  # a method's own batch may hold mappings (the trainer reads them the same way)
     return {f.name: getattr(sample, f.name) for f in dataclasses.fields(TrainSample)}
 
 
 class _PhaseUnpickler(pickle.Unpickler):
     """Unpickles phase.pt. Runs written before the samples were saved as dicts pickled the TrainSample objects under
-    the class's old path, ``unifiedplayers.trainer.base.TrainSample``; it is mapped to the class where it now lives,
-    so that such a run, stopped inside a phase, still resumes."""
+    the class's old paths (``unifiedplayers.trainer.base``, and ``unifiedplayers.trainer.player_trainer`` before
+    that); they are mapped to the class where it now lives, so that such a run, stopped inside a phase, resumes."""
+
+    OLD_PATHS = {("unifiedplayers.trainer.base", "TrainSample"), ("unifiedplayers.trainer.player_trainer", "TrainSample")}
 
     def find_class(self, module: str, name: str) -> Any:
-        if (module, name) == ("unifiedplayers.trainer.base", "TrainSample"):
+        if (module, name) in self.OLD_PATHS:
             return TrainSample
         return super().find_class(module, name)
 

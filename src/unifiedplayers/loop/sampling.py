@@ -16,6 +16,7 @@ from unifiedplayers.config import role_temperature
 from unifiedplayers.players.evaluation import write_verifiers
 from unifiedplayers.players.execution import solve
 from unifiedplayers.players.planning import PlanningTask, generate_tasks
+from unifiedplayers.diagnostics.timing import StageClock
 from unifiedplayers.loop.schedule import Slot, seed_for
 
 # Seed streams of a phase's generation calls (a call's seed: seed_for(seed, phase, stream) + its first sample,
@@ -133,7 +134,7 @@ class PhaseSampler:
     def sample(self, slot: Slot, num_minibatches: int) -> PhaseSample:
         """Tasks, then K trajectories and M verifiers per task, for a phase of ``num_minibatches`` updates; timed as
         the stage ``generation`` of the sandbox's clock (the tool calls inside are its ``sandbox`` stage)."""
-        clock = self.sandbox.clock
+        clock = getattr(self.sandbox, "clock", None) or StageClock()  # a plain sandbox (tests): a clock of its own
         before = dict(clock.seconds)
         with clock("generation"):
             groups, played, unused, versions = self._generate(slot, num_minibatches)

@@ -104,8 +104,9 @@ class Agent0Settings(ChallengerSettings):
 
 
 def _tool_reward_of(fb: TaskFeedback) -> float:
-    s = fb.settings if isinstance(fb.settings, Agent0Settings) else Agent0Settings()
-    return tool_reward(fb.tool_calls, float(s.tool_bonus), int(s.tool_call_cap))
+    if not isinstance(fb.settings, Agent0Settings):  # another method picking this source: γ = 0, as before the move
+        return tool_reward(fb.tool_calls, 0.0, DEFAULT_TOOL_CALL_CAP)
+    return tool_reward(fb.tool_calls, float(fb.settings.tool_bonus), int(fb.settings.tool_call_cap))
 
 
 @register_reward_source("planning", "agent0_curriculum", batch=True)

@@ -528,8 +528,7 @@ class SocraticZero(Method):
         whose success rate gives the imitation weights. The Teacher's problems are one extra group."""
         if role == "execution":
             tasks = mix_tasks(self.curriculum, used, n, self.share)
-            chosen = {id(t) for t in tasks}
-            unused = list(unused) + [t for t in used if id(t) not in chosen]
+            unused = list(unused) + [t for t in used if not any(t is c for c in tasks)]  # the Generator's left out
             teacher = [t for t in tasks if getattr(t, "socratic", None) is not None]
         elif role == "planning":
             take, self.fresh = self.fresh[: self.imitation_limit], self.fresh[self.imitation_limit:]

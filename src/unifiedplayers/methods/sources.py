@@ -81,10 +81,15 @@ def reward_source(role: str, name: str) -> RewardSource:
     if sep:
         try:
             importlib.import_module(module)
-        except ImportError as err:
+        except ModuleNotFoundError as err:
+            if err.name is None or not module.startswith(err.name):  # the module itself imports something missing
+                raise
             raise ValueError(f"method.{role}_reward={name!r}: cannot import {module!r} ({err}); put the folder "
                              "that holds it on PYTHONPATH") from None
-        name = short
+        found = REWARD_SOURCES[role].get(short, None)
+        if found is None or getattr(found.fn, "__module__", None) != module:
+            raise ValueError(f"method.{role}_reward={name!r}: {module} registers no {role} reward source {short!r}")
+        return found
     if name not in REWARD_SOURCES[role]:  # a baseline's source registers when its module is imported
         for builtin in BUILTIN_MODULES.values():
             importlib.import_module(builtin)

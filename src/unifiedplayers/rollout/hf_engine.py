@@ -140,13 +140,19 @@ def _plain_cpu_linear(m: torch.nn.Module, dtypes: tuple[torch.dtype, ...]) -> bo
 
 
 PACKABLE = (torch.float32, torch.bfloat16)
-_PACKING_EXACT: dict[tuple, bool] = {}  # (out, in, bias, dtype, threads) -> packed product bit-equal to the own
+PACKED_ROWS = 64  # batches of at most this many rows (the decoding steps) take the packed product
+# (out, in, bias, dtype, threads, rows) -> whether the packed product is bit-equal to the engine's own at that many rows
+_PACKING_EXACT: dict[tuple, bool] = {}
 
 
-def packing_available() -> bool:
-    """Whether this torch can keep oneDNN-packed copies of linear weights (built with oneDNN)."""
-    return (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-            and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+def packing_available(dtype: torch.dtype = torch.float32) -> bool:
+    """Whether this torch and CPU can multiply by oneDNN-packed copies of linear weights of ``dtype`` (oneDNN's
+    bf16 kernels need AVX512-BF16 or AMX; without them a bf16 weight is never packed)."""
+    ops = torch.ops.mkldnn
+    if not (torch.backends.mkldnn.is_available() and hasattr(ops, "_reorder_linear_weight")
+            and hasattr(ops, "_linear_pointwise")):
+        return False
+    return dtype != torch.bfloat16 or bool(getattr(ops, "_is_mkldnn_bf16_supported", lambda: False)())
 
 
 def _own_linear(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
@@ -156,16 +162,16 @@ def _own_linear(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return F.linear(x, module.weight, module.bias)
 
 
-def _packing_exact(module: torch.nn.Linear, packed: torch.Tensor) -> bool:
-    """Whether the packed product of ``module`` is bit-equal to :func:`_own_linear` (probed once per shape, dtype,
-    bias and thread count with 1 and 8 random rows: oneDNN picks its kernel by shape, not by values)."""
+def _packing_exact(module: torch.nn.Linear, packed: torch.Tensor, rows: int) -> bool:
+    """Whether the packed product of ``module`` is bit-equal to :func:`_own_linear` for ``rows`` rows: probed once per
+    shape, dtype, bias, thread count and row count with random rows (oneDNN picks its kernel and its split of the
+    sums by shape and threads, never by values), with a generator of its own (the run's streams are untouched)."""
     w = module.weight
-    key = (*w.shape, module.bias is not None, w.dtype, torch.get_num_threads())
+    key = (*w.shape, module.bias is not None, w.dtype, torch.get_num_threads(), rows)
     if key not in _PACKING_EXACT:
-        g = torch.Generator().manual_seed(0)
-        probes = [torch.randn(rows, w.shape[1], generator=g).to(w.dtype) for rows in (1, 8)]
-        _PACKING_EXACT[key] = all(torch.equal(_packed_product(module, packed, x), _own_linear(module, x))
-                                  for x in probes)
+        x = torch.randn(rows, w.shape[1], generator=torch.Generator().manual_seed(rows)).to(w.dtype)
+        with torch.no_grad():
+            _PACKING_EXACT[key] = torch.equal(_packed_product(module, packed, x), _own_linear(module, x))
     return _PACKING_EXACT[key]
 
 
@@ -185,29 +191,33 @@ def _packed_product(module: torch.nn.Linear, packed: torch.Tensor, x: torch.Tens
 
 def packed_linears(model: torch.nn.Module, setting: Optional[bool]) -> ContextManager[None]:
     """While inside, the CPU float32/bfloat16 ``nn.Linear`` layers of ``model`` multiply a batch of at most
-    :data:`SKINNY_ROWS` rows (every decoding step) by a copy of their weight packed once for oneDNN, instead of
+    :data:`PACKED_ROWS` rows (the decoding steps) by a copy of their weight packed once for oneDNN, instead of
     repacking it at every call (``F.linear``), which is most of the cost of a decoding step's small products
-    (1.65x faster in bf16, 1.8x in float32, 8 rows on Zen 5). Larger batches (prefill) keep the engine's own
-    product. ``setting`` (``rollout.packed_linears``): None (auto) packs only the layers whose packed product is
-    bit-equal to the engine's own (bfloat16 here: the same oneDNN kernel); True packs all (float32 then rounds
-    differently from :func:`skinny_linears`); False none. The copies (one more copy of the weights) are made on
-    entry, so they hold the weights of this call, and dropped on exit."""
-    if setting is False or not packing_available():
+    (1.5x per bf16 step of 8 rows on Zen 5). Larger batches (prefills) keep the engine's own product.
+    ``setting`` (``rollout.packed_linears``): None (auto) uses the packed product only at the row counts where it
+    is bit-equal to the engine's own (:func:`_packing_exact`; bfloat16 here, the same oneDNN kernel); True at
+    every row count (float32 then rounds differently from :func:`skinny_linears`); False never. The copies (one
+    more copy of the weights) are made on entry, so they hold the weights of this call, and dropped on exit. A
+    layer oneDNN cannot pack or multiply leaves every layer unpacked, with one warning."""
+    if setting is False:
         return contextlib.nullcontext()
     packed: dict[torch.nn.Module, torch.Tensor] = {}
     try:
         with torch.no_grad():
             for m in model.modules():
-                if _plain_cpu_linear(m, PACKABLE):
+                if _plain_cpu_linear(m, PACKABLE) and packing_available(m.weight.dtype):
                     p = torch.ops.mkldnn._reorder_linear_weight(m.weight.detach(), 8)
-                    if setting or _packing_exact(m, p):
+                    if setting or _packing_exact(m, p, 1):  # never exact at one row: not worth packing (float32)
+                        _packed_product(m, p, torch.zeros(1, m.weight.shape[1], dtype=m.weight.dtype))  # runs
                         packed[m] = p
     except RuntimeError as err:  # a CPU or build whose oneDNN cannot pack this layer: the unpacked product
         _warn_packing_once(err)
         return contextlib.nullcontext()
 
     def forward(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-        if x.numel() // max(x.shape[-1], 1) > SKINNY_ROWS or x.dtype != module.weight.dtype:
+        rows = x.numel() // max(x.shape[-1], 1)
+        if (rows > PACKED_ROWS or x.dtype != module.weight.dtype
+                or not (setting or _packing_exact(module, packed[module], rows))):
             return _own_linear(module, x)
         return _packed_product(module, packed[module], x)
 
