@@ -23,6 +23,13 @@ from test_hf_decoding import one_thread, tiny  # noqa: E402,F401
 pytestmark = pytest.mark.skipif(not hf_engine.packing_available(), reason="torch built without oneDNN")
 
 
+@pytest.fixture(autouse=True)
+def plain_linear(monkeypatch):
+    """The aten linear as ``F.linear``: DeepSpeed's ZeRO-3, set up by another test of the same process, leaves its
+    own matmul-based ``F.linear`` in place, with which the packed product is not bit-equal (and so not used)."""
+    monkeypatch.setattr(torch.nn.functional, "linear", torch._C._nn.linear)
+
+
 def net_of(dtype: torch.dtype) -> torch.nn.Sequential:
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.Linear(96, 32, bias=False)).to(dtype)
@@ -159,6 +166,20 @@ def test_packed_linears_setting_is_checked(tiny):
     cfg.packed_linears = "sometimes"
     with pytest.raises(ValueError, match="rollout.packed_linears"):
         build_rollout(cfg, model, tok)
+
+
+def test_a_replaced_f_linear_is_probed_again(monkeypatch):
+    """Catches an exactness answer cached for one ``F.linear`` and trusted after another replaced it (DeepSpeed's
+    ZeRO-3 does, process-wide): the probe must compare with the product the layer would compute now."""
+    net = net_of(torch.bfloat16)
+    x = torch.randn(3, 64).to(torch.bfloat16)
+    with packed_linears(net, None):
+        net(x)  # exact with the aten linear: cached
+    monkeypatch.setattr(torch.nn.functional, "linear",
+                        lambda x, w, b=None: torch._C._nn.linear(x, w, b) * (1 + 2 ** -7))
+    want = net(x)
+    with packed_linears(net, None):
+        assert torch.equal(net(x), want)
 
 
 def test_a_packing_failure_falls_back_to_the_unpacked_product_with_one_warning(monkeypatch):

@@ -141,7 +141,7 @@ def _plain_cpu_linear(m: torch.nn.Module, dtypes: tuple[torch.dtype, ...]) -> bo
 
 PACKABLE = (torch.float32, torch.bfloat16)
 PACKED_ROWS = 64  # batches of at most this many rows (the decoding steps) take the packed product
-# (out, in, bias, dtype, threads, rows) -> whether the packed product is bit-equal to the engine's own at that many rows
+# (out, in, bias, dtype, threads, rows, F.linear) -> whether the packed product is bit-equal to the engine's own there
 _PACKING_EXACT: dict[tuple, bool] = {}
 
 
@@ -167,7 +167,8 @@ def _packing_exact(module: torch.nn.Linear, packed: torch.Tensor, rows: int) -> 
     shape, dtype, bias, thread count and row count with random rows (oneDNN picks its kernel and its split of the
     sums by shape and threads, never by values), with a generator of its own (the run's streams are untouched)."""
     w = module.weight
-    key = (*w.shape, module.bias is not None, w.dtype, torch.get_num_threads(), rows)
+    # F.linear too: DeepSpeed's ZeRO-3 replaces it process-wide (its own matmul), and the probe compares with it
+    key = (*w.shape, module.bias is not None, w.dtype, torch.get_num_threads(), rows, F.linear)
     if key not in _PACKING_EXACT:
         x = torch.randn(rows, w.shape[1], generator=torch.Generator().manual_seed(rows)).to(w.dtype)
         with torch.no_grad():
