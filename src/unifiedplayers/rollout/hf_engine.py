@@ -162,13 +162,18 @@ def _own_linear(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return F.linear(x, module.weight, module.bias)
 
 
+def _exact_key(module: torch.nn.Linear, rows: int) -> tuple:
+    w = module.weight
+    # F.linear too: DeepSpeed's ZeRO-3 replaces it process-wide (its own matmul), and the probe compares with it
+    return (*w.shape, module.bias is not None, w.dtype, torch.get_num_threads(), rows, F.linear)
+
+
 def _packing_exact(module: torch.nn.Linear, packed: torch.Tensor, rows: int) -> bool:
     """Whether the packed product of ``module`` is bit-equal to :func:`_own_linear` for ``rows`` rows: probed once per
     shape, dtype, bias, thread count and row count with random rows (oneDNN picks its kernel and its split of the
     sums by shape and threads, never by values), with a generator of its own (the run's streams are untouched)."""
     w = module.weight
-    # F.linear too: DeepSpeed's ZeRO-3 replaces it process-wide (its own matmul), and the probe compares with it
-    key = (*w.shape, module.bias is not None, w.dtype, torch.get_num_threads(), rows, F.linear)
+    key = _exact_key(module, rows)
     if key not in _PACKING_EXACT:
         x = torch.randn(rows, w.shape[1], generator=torch.Generator().manual_seed(rows)).to(w.dtype)
         with torch.no_grad():
@@ -206,7 +211,8 @@ def packed_linears(model: torch.nn.Module, setting: Optional[bool]) -> ContextMa
     try:
         with torch.no_grad():
             for m in model.modules():
-                if _plain_cpu_linear(m, PACKABLE) and packing_available(m.weight.dtype):
+                if (_plain_cpu_linear(m, PACKABLE) and packing_available(m.weight.dtype)
+                        and (setting or _PACKING_EXACT.get(_exact_key(m, 1)) is not False)):  # known inexact: no copy
                     p = torch.ops.mkldnn._reorder_linear_weight(m.weight.detach(), 8)
                     if setting or _packing_exact(m, p, 1):  # never exact at one row: not worth packing (float32)
                         _packed_product(m, p, torch.zeros(1, m.weight.shape[1], dtype=m.weight.dtype))  # runs
