@@ -13,7 +13,7 @@ from unifiedplayers.config import compose
 from unifiedplayers.feedback.pipeline import TaskFeedback
 from unifiedplayers.methods import GroupShape, build_method
 from unifiedplayers.methods import agent0
-from unifiedplayers.trainer.player_trainer import _collate
+from unifiedplayers.trainer.batching import _collate
 from unifiedplayers.trainer.sample import TrainSample
 
 pytestmark = pytest.mark.cpu

@@ -21,7 +21,7 @@ from unifiedplayers.trainer import (
     sample_from_completion,
     selected_token_logprobs,
 )
-from unifiedplayers.trainer.player_trainer import _collate
+from unifiedplayers.trainer.batching import _collate
 
 from trainer_helpers import synthetic_batch, tiny_model, trainer_config
 

@@ -59,7 +59,6 @@ import unifiedplayers.trainer.grpo as grpo
 from unifiedplayers.distributed import SINGLE, DistContext
 from unifiedplayers.trainer.batching import (
     MicroBatchPlan,
-    _as_tensor,
     _combine_metrics,
     _MicroBatch,
     plan_micro_batches,

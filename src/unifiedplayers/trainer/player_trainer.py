@@ -23,7 +23,6 @@ from torch import nn
 
 from unifiedplayers.trainer.backends import register_trainer_backend
 from unifiedplayers.trainer.base import BaseTrainer
-from unifiedplayers.trainer.batching import _as_tensor, _collate, _combine_metrics, _MicroBatch  # noqa: F401
 from unifiedplayers.trainer.logprobs import TokenLogprobModel
 from unifiedplayers.trainer.offload import ParkedTensors, offload_file
 from unifiedplayers.trainer.optim import make_optimizer, make_scheduler
