@@ -182,6 +182,9 @@ class TrainerConfig:
     # over the phase's samples at the phase's start (verl's default), which removes the train/rollout mismatch.
     recompute_old_logprobs: bool = False
     num_threads: int = 0  # torch.set_num_threads when > 0 (CPU)
+    # torch threads for the update (forward, backward, optimizer step) and the π_old pass, the count restored after
+    # (0: num_threads's). On CPU the update's large GEMMs gain from a second thread more than sampling does.
+    update_threads: int = 0
     ds_config: dict[str, Any] = field(default_factory=dict)  # merged over the generated DeepSpeed config
     # μ: passes over each sampling phase's records (§3.3, B.3: the records and their behaviour log-probs stay
     # fixed while the policy is optimised on them). Each pass takes schedule.steps_per_generation optimizer

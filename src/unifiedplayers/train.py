@@ -17,10 +17,17 @@ from __future__ import annotations
 import os
 import sys
 
-import hydra
-from omegaconf import DictConfig
+# Idle OpenMP threads sleep instead of spinning, unless the caller chose a policy (read once, when torch loads its
+# OpenMP runtime, so only where torch is not yet imported). Measured on 2 cores beside one busy core: a 2-thread
+# bf16 update took 20.8 s spinning, 10.7 s sleeping and 9.5 s with one thread; on an idle machine 5.4, 6.5 and
+# 9.4 s (benchmarks/README.md, "Threads").
+if "torch" not in sys.modules:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from unifiedplayers.config import CONF_DIR, moved_key_overrides, register_configs
+import hydra  # noqa: E402
+from omegaconf import DictConfig  # noqa: E402
+
+from unifiedplayers.config import CONF_DIR, moved_key_overrides, register_configs  # noqa: E402
 
 register_configs()
 

@@ -76,6 +76,32 @@ def test_first_update_ratio_is_one_and_kl_zero_with_own_behaviour_logprobs():
     assert m["actor/pg_clipfrac"] == 0.0
 
 
+def test_update_threads_hold_for_the_update_and_the_old_logprob_pass_only():
+    model, _ = tiny_model()
+    batch = synthetic_batch(model, torch.Generator().manual_seed(3))
+    before = torch.get_num_threads()
+    try:
+        trainer = build_trainer(trainer_config(num_threads=1, update_threads=2, kl_coef=0.0), model)
+        seen = []
+        model.model.register_forward_hook(lambda *_: seen.append(torch.get_num_threads()))  # the decoder stack
+        trainer.start_outer_iteration()
+        trainer.recompute_old_logprobs(batch)
+        assert seen and set(seen) == {2} and torch.get_num_threads() == 1
+        seen.clear()
+        trainer.update(batch)
+        assert seen and set(seen) == {2} and torch.get_num_threads() == 1
+        with pytest.raises(ValueError, match="empty batch"):
+            trainer.update([])
+        assert torch.get_num_threads() == 1  # restored when the update fails too
+        # 0 leaves the count as it is
+        trainer.cfg.update_threads = 0
+        seen.clear()
+        trainer.update(batch)
+        assert set(seen) == {1}
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_ratio_uses_recorded_behaviour_logprobs_not_recomputed():
     # Record behaviour log-probs that are log 2 lower than the policy's: ϱ = π_θ/π_old = 2 on every
     # trainable token, so the recorded values, not a recomputation, must have been used.

@@ -46,6 +46,7 @@ shards its state (``collective_checkpoint``).
 from __future__ import annotations
 
 import copy
+import functools
 import os
 import tempfile
 import time
@@ -174,6 +175,23 @@ class TrainerHooks:
 
 
 # ---------------------------------------------------------------------------------------------- the trainer
+def in_update_threads(method: Callable) -> Callable:
+    """``method`` run with ``trainer.update_threads`` torch threads (0: the count as it is), the count restored after."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args: Any, **kwargs: Any) -> Any:
+        wanted, before = getattr(self.cfg, "update_threads", 0), torch.get_num_threads()
+        if wanted <= 0 or wanted == before:
+            return method(self, *args, **kwargs)
+        torch.set_num_threads(wanted)
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            torch.set_num_threads(before)
+
+    return wrapper
+
+
 class BaseTrainer(ReferencePolicy, BlockDiagnostics, TrainerHooks):
     """GRPO trainer of one player, whatever the backend.
 
@@ -277,6 +295,7 @@ class BaseTrainer(ReferencePolicy, BlockDiagnostics, TrainerHooks):
         self._policy_is_reference = True
         self._discard_reference()
 
+    @in_update_threads
     def update(self, batch: Iterable[Any], on_policy: bool = False) -> dict[str, float]:
         """One GRPO optimizer step over ``batch`` (a list of :class:`TrainSample`-like items). ``on_policy``: the
         weights are those the batch was sampled with (a phase's first step): ``actor/logprob_mismatch`` reports
@@ -389,6 +408,7 @@ class BaseTrainer(ReferencePolicy, BlockDiagnostics, TrainerHooks):
         )
 
     @torch.no_grad()
+    @in_update_threads
     def recompute_old_logprobs(self, samples: Sequence[TrainSample]) -> None:
         """π_old := this trainer's own forward over ``samples`` (``trainer.recompute_old_logprobs``; verl's default),
         before the phase's first step. Each sample keeps what it was sampled with in ``behaviour_logprobs``.

@@ -313,7 +313,7 @@ def _softmax_stats_(z: Tensor, targets: Tensor, lse: Tensor, chosen: Tensor, ent
         lse[s : s + _BLOCK] = (top + log_total).squeeze(-1)
         chosen[s : s + _BLOCK] = (t.gather(-1, targets[s : s + _BLOCK, None]) - log_total).squeeze(-1)
         if ent is not None:
-            ent[s : s + _BLOCK] = (log_total - torch.bmm(e[:, None, :], t[:, :, None]).squeeze(-1) / total).squeeze(-1)
+            ent[s : s + _BLOCK] = (log_total - torch.linalg.vecdot(e, t)[:, None] / total).squeeze(-1)
         if to_probs:
             torch.div(e, total, out=t)
 
