@@ -169,6 +169,29 @@ def test_lean_layers_equal_the_models_own_values_and_gradients_and_keep_less(par
         assert kept0 >= 2 * rows * hidden  # autograd: the input and the normalised rows at least
 
 
+def test_lean_mlp_gradients_are_autograds_bit_for_bit_in_bf16():
+    # The lean backward recomputes silu(gate) with the forward's own op and takes silu's derivative with autograd's
+    # own fused op, so in bf16 too its gradients are autograd's, not a differently rounded chain of bf16 products.
+    from unifiedplayers.trainer.logprobs import lean_layers
+
+    model, _ = tiny_model()
+    model = model.to(torch.bfloat16)
+    module = model.model.layers[0].mlp
+    x0 = torch.randn(2, 5, model.config.hidden_size, generator=torch.Generator().manual_seed(5)).bfloat16()
+    grad_out = torch.randn(2, 5, model.config.hidden_size, generator=torch.Generator().manual_seed(6)).bfloat16()
+    results = []
+    for lean in (False, True):
+        module.zero_grad(set_to_none=True)
+        x = x0.clone().requires_grad_(True)
+        with lean_layers(model) if lean else contextlib.nullcontext():
+            y = module(x)
+        y.backward(grad_out)
+        results.append((y.detach(), x.grad, {k: p.grad for k, p in module.named_parameters()}))
+    (y0, gx0, g0), (y1, gx1, g1) = results
+    assert torch.equal(y1, y0) and torch.equal(gx1, gx0)
+    assert all(torch.equal(g1[k], g0[k]) for k in g0)
+
+
 def test_lean_layers_cover_every_norm_and_mlp_of_the_tiny_llama():
     from unifiedplayers.trainer.logprobs import lean_layers
 
