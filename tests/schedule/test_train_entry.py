@@ -41,3 +41,18 @@ def test_a_bare_run_says_it_trains_the_defaults_not_a_paper_preset():
                                                          compose(["model=qwen3_4b_base", "model.device=cuda"]))
     assert default_run_notice(["experiment=smoke"], compose(["experiment=smoke"])) is None  # what `make run` runs
     assert default_run_notice(["+experiment=tiny"], compose(["experiment=tiny"])) is None
+
+
+def test_the_entry_point_lets_idle_openmp_threads_sleep_unless_told_otherwise():
+    # OpenMP reads OMP_WAIT_POLICY once, when torch loads it: the entry point sets it only where torch is not yet
+    # imported, and never over the caller's own policy.
+    def policy(code: str, **extra: str) -> str:
+        env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"} | extra
+        done = subprocess.run([sys.executable, "-c", code + "; print(os.environ.get('OMP_WAIT_POLICY'))"],
+                              capture_output=True, text=True, env=env, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stdout.strip().splitlines()[-1]
+
+    assert policy("import os, unifiedplayers.train, torch") == "PASSIVE"
+    assert policy("import os, unifiedplayers.train", OMP_WAIT_POLICY="ACTIVE") == "ACTIVE"
+    assert policy("import os, torch, unifiedplayers.train") == "None"  # too late to take effect: left alone
