@@ -116,14 +116,11 @@ def build_tools_missing() -> Optional[str]:
 
 def load_cpu_adam() -> float:
     """JIT-build (or load from ``TORCH_EXTENSIONS_DIR``) DeepSpeed's CPU Adam op; the seconds it took."""
-    from unifiedplayers.trainer.deepspeed_backend import DEFAULT_EXTENSIONS_DIR, ensure_single_process_env
+    from unifiedplayers.trainer.deepspeed_backend import ensure_single_process_env, load_cpu_adam_op
 
-    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(DEFAULT_EXTENSIONS_DIR))
     ensure_single_process_env()
-    from deepspeed.ops.op_builder import CPUAdamBuilder
-
     t0 = time.perf_counter()
-    CPUAdamBuilder().load()
+    load_cpu_adam_op()
     return time.perf_counter() - t0
 
 

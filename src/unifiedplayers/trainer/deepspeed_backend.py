@@ -29,7 +29,7 @@ JIT-built once (about a minute) into ``TORCH_EXTENSIONS_DIR``, which defaults to
 ZeRO-Offload (``trainer.offload_optimizer``) steps on the host with DeepSpeed's CPU Adam (as OpenRLHF and TRL
 do; DeepSpeed refuses a torch optimizer there), over the same parameter groups and hyper-parameters as
 :func:`~unifiedplayers.trainer.optim.make_optimizer`. Its C++ op is JIT-built on first use, into the same
-directory (about 1.5 CPU-minutes with gcc; 2.6 min wall on a busy 2-core machine).
+directory (:func:`load_cpu_adam_op`: without debug information, about 1.5 CPU-minutes with gcc).
 
 The code is tested with the DeepSpeed versions of :data:`DEEPSPEED_WINDOW` (also the pin of pyproject.toml and
 environment.yml); a backend refuses to start with another (:func:`check_deepspeed_version`).
@@ -129,6 +129,22 @@ def offloads_optimizer(ds: Mapping[str, Any]) -> bool:
     return offload.get("device", "none") in ("cpu", "nvme")
 
 
+def load_cpu_adam_op() -> Any:
+    """DeepSpeed's CPU Adam op, JIT-built on first use into ``TORCH_EXTENSIONS_DIR`` without debug information.
+
+    DeepSpeed's builder compiles with ``-O3 -g``; the debug information of two translation units that include
+    torch's headers is most of the build (82 s against 46 s per unit on 2 cores of an Intel Xeon, the same ``-O3``
+    code) and of the 35 MB left on disk. The op loaded here is what :class:`DeepSpeedCPUAdam` then finds in
+    DeepSpeed's table of loaded ops, so it builds nothing more."""
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(DEFAULT_EXTENSIONS_DIR))
+    from deepspeed.ops.op_builder import CPUAdamBuilder
+
+    builder = CPUAdamBuilder()
+    cxx_args = builder.cxx_args
+    builder.cxx_args = lambda: [arg for arg in cxx_args() if arg != "-g"]
+    return builder.load()
+
+
 def make_ds_optimizer(cfg, model: nn.Module, ds: Mapping[str, Any]) -> torch.optim.Optimizer:
     """The optimizer handed to ``deepspeed.initialize``: under ZeRO-Offload, DeepSpeed's CPU Adam in AdamW mode
     with :func:`make_optimizer`'s parameter groups, betas and eps (its C++ op is JIT-built on first use); else
@@ -137,6 +153,7 @@ def make_ds_optimizer(cfg, model: nn.Module, ds: Mapping[str, Any]) -> torch.opt
         return make_optimizer(cfg, model)
     from deepspeed.ops.adam import DeepSpeedCPUAdam
 
+    load_cpu_adam_op()
     return DeepSpeedCPUAdam(optimizer_param_groups(cfg, model), lr=cfg.lr, betas=tuple(cfg.betas),
                             eps=cfg.adam_eps, adamw_mode=True)
 
