@@ -1,8 +1,8 @@
 """DeepSpeed ZeRO-2/3 on CPU (gloo) against the torch backend, and DeepSpeed checkpoints.
 
 One ZeRO-2 engine is shared by the module (DeepSpeed start-up is the slow part); the tests run in file
-order on it. The first ever run JIT-builds DeepSpeed's shm extension (~1-2 min) into
-~/.cache/unifiedplayers/torch_extensions; later runs reuse it.
+order on it. DeepSpeed's shared-memory all-reduce op (its inference engine's) is not built: training needs no
+C++ op of DeepSpeed's without ZeRO-Offload.
 """
 from __future__ import annotations
 
@@ -64,6 +64,14 @@ def test_generated_config_has_no_deepspeed_gas_and_our_clip():
     ds = deepspeed_config(trainer_config(grad_clip=0.7, ds_config={"zero_optimization": {"overlap_comm": False}}), 2)
     assert ds["gradient_accumulation_steps"] == 1 and ds["gradient_clipping"] == 0.7
     assert ds["zero_optimization"] == {"stage": 2, "overlap_comm": False}  # ds_config merged, not replaced
+
+
+def test_deepspeed_builds_no_inference_comm_op(zero2):
+    """Its communication backend started without the shared-memory op (DeepSpeed-Inference's all-reduce, JIT-built
+    on a CPU otherwise): the steps below reduce through torch.distributed."""
+    from deepspeed.comm import comm as ds_comm
+
+    assert ds_comm.cdb is not None and ds_comm.cdb.shm_comm_op is None
 
 
 def test_zero2_step_equals_torch_step(zero2, torch_run):

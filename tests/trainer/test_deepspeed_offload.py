@@ -1,8 +1,7 @@
 """ZeRO-Offload (DeepSpeed's CPU Adam), what an idle player's engine offloads, and the DeepSpeed version window.
 
-The first ever run JIT-builds DeepSpeed's CPU Adam op (about 1.5 CPU-minutes; 2.6 min wall on a busy 2-core
-machine) into ~/.cache/unifiedplayers/torch_extensions/cpu_adam, next to the shm extension; later runs load it
-in a few seconds.
+The first ever run JIT-builds DeepSpeed's CPU Adam op (without debug information: about 1.5 CPU-minutes, 43 s on a
+quiet 2-core machine) into ~/.cache/unifiedplayers/torch_extensions/cpu_adam; later runs load it in a few seconds.
 """
 from __future__ import annotations
 

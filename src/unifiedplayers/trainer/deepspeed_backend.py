@@ -21,10 +21,10 @@ micro-batches (``lockstep_micro_batches``), and checkpoints are written by every
 (``collective_checkpoint``: each rank's optimizer partition). Under ZeRO-3 reading the full weights
 (:meth:`gathered_weights`, :meth:`full_state_dict`) is a collective too.
 
-Runs on CPU (gloo + DeepSpeed's ``deepspeed_shm_comm`` extension) as well as on GPUs. A single process
-without a launcher gets MASTER_ADDR/PORT, RANK, LOCAL_RANK and WORLD_SIZE defaults. The extension is
-JIT-built once (about a minute) into ``TORCH_EXTENSIONS_DIR``, which defaults to
-``~/.cache/unifiedplayers/torch_extensions`` so later runs reuse it.
+Runs on CPU (gloo) as well as on GPUs. A single process without a launcher gets MASTER_ADDR/PORT, RANK,
+LOCAL_RANK and WORLD_SIZE defaults. DeepSpeed's shared-memory all-reduce op, which serves its inference engine only,
+is not built (:func:`skip_inference_comm_op`). DeepSpeed's C++ ops are JIT-built into ``TORCH_EXTENSIONS_DIR``,
+which defaults to ``~/.cache/unifiedplayers/torch_extensions`` so later runs reuse them.
 
 ZeRO-Offload (``trainer.offload_optimizer``) steps on the host with DeepSpeed's CPU Adam (as OpenRLHF and TRL
 do; DeepSpeed refuses a torch optimizer there), over the same parameter groups and hyper-parameters as
@@ -129,6 +129,18 @@ def offloads_optimizer(ds: Mapping[str, Any]) -> bool:
     return offload.get("device", "none") in ("cpu", "nvme")
 
 
+def skip_inference_comm_op() -> None:
+    """Keep DeepSpeed from building its shared-memory all-reduce op (``deepspeed_shm_comm``), which its
+    communication backend builds on start on a CPU. Only DeepSpeed-Inference's ``inference_all_reduce`` calls it;
+    training reduces through torch.distributed (gloo here), and the inference call falls back to it as well. Its
+    JIT build took 34 s alone on 2 cores (68 CPU-seconds), once per machine and Python environment."""
+    import deepspeed.ops
+
+    compatible = getattr(deepspeed.ops, "__compatible_ops__", None)
+    if isinstance(compatible, dict):
+        compatible["deepspeed_shm_comm"] = False
+
+
 def load_cpu_adam_op() -> Any:
     """DeepSpeed's CPU Adam op, JIT-built on first use into ``TORCH_EXTENSIONS_DIR`` without debug information.
 
@@ -202,6 +214,7 @@ class DeepSpeedTrainer(BaseTrainer):
         ensure_single_process_env()
         import deepspeed
 
+        skip_inference_comm_op()
         if not torch.distributed.is_initialized():
             deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
         config = deepspeed_config(self.cfg, self.stage, str(self.compute_dtype).removeprefix("torch."))
