@@ -13,7 +13,8 @@ export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 PYTEST_ARGS ?=
 # `make test` runs the suite in TEST_WORKERS processes (pytest-xdist), a test file to a process (its module
-# fixtures run once); each takes one torch thread (tests/conftest.py). TEST_WORKERS=0: one process.
+# fixtures run once), the heaviest files first (tests/file_seconds.json); each takes one torch thread
+# (tests/conftest.py). TEST_WORKERS=0: one process.
 # Its first line names the machine (CPU, bf16 flags, torch and threads; tests/conftest.py), for a red CI log.
 TEST_WORKERS ?= 2
 ARGS ?=
@@ -70,7 +71,7 @@ run: setup
 	$(PY) -m unifiedplayers.train experiment=smoke $(ARGS)
 
 test: setup
-	$(PY) -m pytest -q $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder) $(PYTEST_ARGS)
 
 bench: setup
 	$(PY) benchmarks/sandbox_throughput.py

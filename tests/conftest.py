@@ -12,6 +12,9 @@
   may change theirs), a composition that fails is not kept (it fails again, with the same error, each time),
   and another config directory or a ``hydra.*`` override (a search path into a temporary copy) is composed
   every time. Subprocesses (the CLI tests) compose for themselves, as always.
+- The heaviest test files come first (tests/file_seconds.json, measured; tests/file_seconds.py remakes it): ``make
+  test`` hands whole files to its workers in collection order (``--dist loadfile --no-loadscope-reorder``), and a
+  heavy file handed out last kept one worker busy minutes after the other had run out of work.
 - The first lines name the machine (CPU, bf16 flags, cores, torch and its threads, Python, GPUs;
   ``unifiedplayers.machine``), so that a red CI log can be traced to its machine (issue 28); ``-q`` (``make test``)
   hides pytest's header, so the line is written there too.
@@ -75,6 +78,22 @@ def pytest_sessionstart(session):
     if reporter is not None and not reporter.showheader and not os.environ.get("PYTEST_XDIST_WORKER"):
         for line in _machine_lines(session.config):
             reporter.write_line(line)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Heaviest files first (longest processing time first), each file's tests in their own order; every xdist
+    worker collects the same order, as it must."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    try:
+        from file_seconds import DEFAULT_SECONDS, load
+    finally:
+        sys.path.pop(0)
+    seconds = load()
+    rank = {}
+    for n, item in enumerate(items):
+        path = item.nodeid.split("::", 1)[0]
+        rank.setdefault(path, (-seconds.get(path, DEFAULT_SECONDS), n))
+    items.sort(key=lambda item: rank[item.nodeid.split("::", 1)[0]])
 
 
 @pytest.fixture()

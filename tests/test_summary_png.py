@@ -52,6 +52,9 @@ def test_write_summary_writes_the_png_beside_the_text(tmp_path):
     S.write_summary(tmp_path)
     assert (tmp_path / "summary.md").exists()
     assert (tmp_path / "summary.png").read_bytes()[:8] == PNG_MAGIC
+    (tmp_path / "summary.png").unlink()
+    S.write_summary(tmp_path, png=False)  # schedule.summary_png=false: the text summary only
+    assert (tmp_path / "summary.md").exists() and not (tmp_path / "summary.png").exists()
 
 
 def test_no_metrics_no_png_and_a_plot_error_is_a_warning(tmp_path, monkeypatch):

@@ -61,7 +61,7 @@ def check_known_keys(cfg: Any) -> None:
     """Every key of the config is one of the typed schema's (Hydra's ``+key=value`` appends past the schema)."""
     from omegaconf import DictConfig, OmegaConf
 
-    from unifiedplayers.config import Config
+    from unifiedplayers.config import typed_schema
 
     def walk(node: Any, schema: Any, prefix: str) -> None:
         if not isinstance(node, DictConfig) or not isinstance(schema, DictConfig):
@@ -75,7 +75,7 @@ def check_known_keys(cfg: Any) -> None:
                                  f"the keys of {prefix[:-1] or 'the config'}: {sorted(str(k) for k in schema.keys())}")
             walk(node._get_node(key), schema._get_node(key), name + ".")
 
-    walk(cfg, OmegaConf.structured(Config), "")
+    walk(cfg, typed_schema(), "")
 
 
 def check_precision(cfg: Any) -> None:

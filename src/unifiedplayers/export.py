@@ -17,6 +17,7 @@ checkpoint files on disk, with the same code.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -87,8 +88,9 @@ def export_dtype(run_cfg: Any, dtype: Optional[str]) -> str:
     return name
 
 
+@functools.lru_cache(maxsize=1)
 def git_commit() -> Optional[str]:
-    """The commit of the code that exports (None outside a git checkout)."""
+    """The commit of the code that exports (None outside a git checkout); asked once a process."""
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
                              text=True, timeout=10)
@@ -99,11 +101,12 @@ def git_commit() -> Optional[str]:
 
 
 def export_player(run_dir: str | os.PathLike, role: str, out: str | os.PathLike,
-                  dtype: Optional[str] = None) -> Path:
+                  dtype: Optional[str] = None, run: Optional[tuple[dict[str, Any], Any]] = None) -> Path:
     """Write ``role``'s last checkpoint of the run in ``run_dir`` to ``out`` as ``save_pretrained`` files (the module
-    docstring). ``out`` is written whole or not at all; an earlier export there is replaced. Returns ``out``."""
+    docstring). ``out`` is written whole or not at all; an earlier export there is replaced. Returns ``out``.
+    ``run``: the run's (state, config) when the caller has read them (:func:`read_run`)."""
     run_dir, out = Path(run_dir).expanduser(), Path(out).expanduser()
-    state, run_cfg = read_run(run_dir)
+    state, run_cfg = run or read_run(run_dir)
     ckpt = player_checkpoint(run_dir, state, role)
     name = export_dtype(run_cfg, dtype)
     if out.exists() and not (out.is_dir() and (not any(out.iterdir()) or (out / EXPORT_META).is_file())):
@@ -153,11 +156,12 @@ def export_run(run_dir: str | os.PathLike, role: str = "all", out: Optional[str 
     run_dir = Path(run_dir).expanduser()
     if role != "all":
         return [export_player(run_dir, role, out or run_dir / EXPORT_DIR / role, dtype)]
-    roles = exported_roles(read_run(run_dir)[0])
+    run = read_run(run_dir)  # read once for every player (config.yaml's parse is ~0.1 s)
+    roles = exported_roles(run[0])
     if not roles:
         raise ExportError(f"{run_dir} has no checkpoint of any player (no player trained, or none saved yet)")
     root = Path(out).expanduser() if out else run_dir / EXPORT_DIR
-    return [export_player(run_dir, r, root / r, dtype) for r in roles]
+    return [export_player(run_dir, r, root / r, dtype, run) for r in roles]
 
 
 def export_at_end(run_dir: Path) -> None:

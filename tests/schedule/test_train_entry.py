@@ -15,13 +15,14 @@ def test_hydra_entry_point_runs_in_its_output_dir_and_resumes(tmp_path):
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "unifiedplayers.train", "experiment=tiny", f"hydra.run.dir={out}",
            "schedule.planning_updates=0", "schedule.evaluation_updates=0", "trainer.num_threads=1",
-           "schedule.print_summary=true"]
+           "schedule.print_summary=true", "schedule.summary_png=true"]
     env = dict(os.environ, WANDB_MODE="offline", HF_HUB_OFFLINE="1")
     first = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert first.returncode == 0, first.stderr[-3000:]
     assert "Verdict matrix" in first.stdout and "Mean reward per update" in first.stdout
     assert json.loads((out / "summary.json").read_text())["updates"] == 1
     assert (out / "records.jsonl").exists() and (out / ".hydra" / "config.yaml").exists()
+    assert (out / "summary.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # the tiny preset draws none by default
     again = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert again.returncode != 0 and "resume=true" in again.stderr  # never overwrites a run
     resumed = subprocess.run(cmd + ["resume=true"], capture_output=True, text=True, env=env, timeout=600)

@@ -82,6 +82,7 @@ def build_summary(run_dir: Path, timing: Optional[dict] = None) -> tuple[dict[st
     for r in records:
         s = r.meta.get("status", "?")
         statuses[s] = statuses.get(s, 0) + 1
+    cfg = _run_config(run_dir)
     summary = {
         "run_dir": str(run_dir),
         "updates": len(metrics),
@@ -93,8 +94,8 @@ def build_summary(run_dir: Path, timing: Optional[dict] = None) -> tuple[dict[st
         "timing": timing,
         "last": {k: v for k, v in (metrics[-1] if metrics else {}).items()},
         "execution_pool": pool_summary(metrics, run_dir),
-        "precision": precision_summary(run_dir, metrics),
-        "machine": machine_summary(run_dir),
+        "precision": precision_summary(run_dir, metrics, cfg),
+        "machine": machine_summary(run_dir, cfg),
     }
     return summary, pick_sample(records)
 
@@ -107,22 +108,24 @@ def _run_config(run_dir: Path) -> Optional[Any]:
     return OmegaConf.load(config) if config.exists() else None
 
 
-def machine_summary(run_dir: Path) -> list[dict[str, Any]]:
+def machine_summary(run_dir: Path, cfg: Optional[Any] = None) -> list[dict[str, Any]]:
     """Where each start of the run ran and the sandbox isolation it got (``config.yaml``'s ``machine``, written by
-    :func:`unifiedplayers.machine.record_start`); empty for a run of an earlier version."""
+    :func:`unifiedplayers.machine.record_start`); empty for a run of an earlier version. ``cfg``: the run's config
+    when read already."""
     from omegaconf import OmegaConf
 
-    cfg = _run_config(run_dir)
+    cfg = _run_config(run_dir) if cfg is None else cfg
     starts = OmegaConf.select(cfg, "machine", default=None) if cfg is not None else None
     return list(OmegaConf.to_container(starts)) if OmegaConf.is_list(starts) else []
 
 
-def precision_summary(run_dir: Path, metrics: list[dict[str, Any]]) -> dict[str, Any]:
+def precision_summary(run_dir: Path, metrics: list[dict[str, Any]],
+                      cfg: Optional[Any] = None) -> dict[str, Any]:
     """The run's dtypes (``config.yaml``: as ``auto`` resolved at its start, and why) and, per player, the
     train/rollout log-prob mismatch: mean |log π_train − log π_behaviour| at each phase's on-policy step (at every
     step when π_old is recomputed)."""
     out: dict[str, Any] = {}
-    cfg = _run_config(run_dir)
+    cfg = _run_config(run_dir) if cfg is None else cfg
     if cfg is not None:
         from omegaconf import OmegaConf
 
@@ -224,8 +227,8 @@ def render_summary(summary: dict[str, Any], sample: Optional[Any]) -> str:
     return "\n".join(out)
 
 
-def write_summary(run_dir: Path, timing: Optional[dict] = None) -> tuple[dict[str, Any], str]:
-    """Write ``summary.json`` and ``summary.md``; return the summary and its text."""
+def write_summary(run_dir: Path, timing: Optional[dict] = None, png: bool = True) -> tuple[dict[str, Any], str]:
+    """Write ``summary.json``, ``summary.md`` and (``png``) ``summary.png``; return the summary and its text."""
     run_dir = Path(run_dir)
     summary, sample = build_summary(run_dir, timing)
     metrics = read_metrics(run_dir) if (run_dir / "metrics.jsonl").exists() else []
@@ -235,6 +238,8 @@ def write_summary(run_dir: Path, timing: Optional[dict] = None) -> tuple[dict[st
     tmp.write_text(json.dumps(summary, indent=2, default=lambda o: o.tolist() if isinstance(o, np.ndarray) else str(o)))
     tmp.replace(run_dir / "summary.json")
     (run_dir / "summary.md").write_text(text + "\n")
+    if not png:
+        return summary, text
     try:
         write_summary_png(run_dir, metrics)
     except Exception as exc:  # a plot must never fail a finished run; the text summary is written already

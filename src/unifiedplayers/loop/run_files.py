@@ -113,13 +113,14 @@ class DiagnosticPool:
 
 def finish(cfg: Any, run_dir: Path, dist: Any, completed: int, finished: bool,
            timing: Optional[dict[str, float]]) -> dict[str, Any]:
-    """The end of a process: the summary (rank 0; printed when ``schedule.print_summary``) and, for a finished
-    run, ``schedule.checkpoint_retention``. ``timing`` None: the summary of an already finished run."""
+    """The end of a process: the summary (rank 0; printed when ``schedule.print_summary``, drawn when
+    ``schedule.summary_png``) and, for a finished run, ``schedule.checkpoint_retention``. ``timing`` None: the
+    summary of an already finished run."""
     from unifiedplayers.diagnostics.summary import write_summary
 
     if not dist.is_main:
         return {"completed": completed, "finished": finished, "rank": dist.rank}
-    summary, text = write_summary(run_dir, timing=timing)
+    summary, text = write_summary(run_dir, timing=timing, png=cfg.schedule.summary_png)
     if finished:
         prune(run_dir, cfg.schedule.checkpoint_retention)
     if cfg.schedule.print_summary:

@@ -56,10 +56,10 @@ def _without_unused(flat: dict[str, Any]) -> dict[str, Any]:
 def is_schema_default(key: str, value: Any) -> bool:
     """Whether ``value`` is the typed schema's default for ``key``: a setting added to the code after a run
     started, left at its default, is no change to that run (it behaves as before)."""
-    from unifiedplayers.config import Config
+    from unifiedplayers.config import typed_schema
 
     try:
-        default = OmegaConf.select(OmegaConf.structured(Config), key, throw_on_missing=False)
+        default = OmegaConf.select(typed_schema(), key, throw_on_missing=False)
     except Exception:  # noqa: BLE001 - an interpolation or a node without a default: treat as a change
         return False
     if OmegaConf.is_config(default):
