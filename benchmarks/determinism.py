@@ -75,16 +75,20 @@ def first_difference(run_a: Path, run_b: Path) -> Optional[str]:
     return None
 
 
-def start_neighbour() -> subprocess.Popen:
-    """A process that keeps one core busy until it is killed."""
-    return subprocess.Popen([sys.executable, "-c", "while True:\n    pass"])
+def start_neighbour(niceness: int = 0) -> subprocess.Popen:
+    """A process that keeps one core busy until it is killed; ``niceness`` > 0: it takes only what nothing else
+    wants of the core (beside other work, as in the test suite, the core is busy either way)."""
+    return subprocess.Popen([sys.executable, "-c", "while True:\n    pass"],
+                            preexec_fn=(lambda: os.nice(niceness)) if niceness else None)
 
 
-def run_pair(overrides: Sequence[str], workdir: Path, neighbour: bool = True, timeout_s: float = 3600) -> dict:
+def run_pair(overrides: Sequence[str], workdir: Path, neighbour: bool = True, timeout_s: float = 3600,
+             niceness: int = 0) -> dict:
     """Two runs of ``overrides`` started together (each ``run_dir=workdir/{a,b}``, one torch thread), beside a
-    busy neighbour when ``neighbour``; returns the verdict, the wall time and the load average."""
+    busy neighbour when ``neighbour`` (of that ``niceness``); returns the verdict, the wall time and the load
+    average."""
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", WANDB_MODE="offline")
-    busy = start_neighbour() if neighbour else None
+    busy = start_neighbour(niceness) if neighbour else None
     t0 = time.monotonic()
     procs = {}
     try:

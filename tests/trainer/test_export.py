@@ -25,9 +25,9 @@ TEXT = "<|im_start|>user\nTom has 3 apples and buys 4 more.<|im_end|>\n<|im_star
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> Path:
-    """A finished tiny run: one update of each player, exported at its end (the default)."""
+    """A finished tiny run: one update of each player, exported at its end (on by default; the tiny preset's off)."""
     d = tmp_path_factory.mktemp("export") / "run"
-    OuterLoop(compose(["experiment=tiny"]), d).run()
+    OuterLoop(compose(["experiment=tiny", "schedule.export_at_end=true"]), d).run()
     return d
 
 
