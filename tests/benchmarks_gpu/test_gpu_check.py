@@ -28,6 +28,7 @@ from unifiedplayers.distributed import without_rendezvous
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
 SHELL = ROOT / "experiments" / "gpu_check.sh"
+UNIT_MARK = "=== the paper unit with bugs planted ==="
 PAPER_ITEMS = ("offload_state", "reference", "save_cadence", "exact_resume", "peak_memory")
 NOT_CHECKED = ("device pinning per rank", "NCCL collectives", "ZeRO-3 sharding across ranks", "vLLM")
 # DeepSpeed's requirements that experiments/gpu_check.sh does not carry, and why.
@@ -60,17 +61,25 @@ def _paper_lines(stdout: str) -> dict[str, str]:
     return {m.group(1): m.group(2) for m in re.finditer(rf"^paper_zero3 ({names}): (.*)$", stdout, re.M)}
 
 
-def _run_paper_unit(tmp_path: Path, plant: str = "") -> tuple[subprocess.CompletedProcess, dict, float]:
-    """The paper unit on CPU, tiny shape, in a subprocess (``plant``: Python run first, to plant a bug)."""
-    argv = ["--device", "cpu", "--shape", "tiny", "--backends", "paper_zero3", "--out", str(tmp_path)]
-    code = (f"import sys; sys.path.insert(0, {str(SCRIPT.parent)!r})\n{plant}\n"
-            f"import gpu_check\nsys.exit(gpu_check.main({argv!r}))")
-    t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600,
+def _paper_units(root: Path, plant: str) -> dict[str, tuple[int, str, dict, float]]:
+    """The paper unit on CPU, tiny shape, twice in one subprocess: as it is, then with ``plant`` (Python that plants
+    bugs) run first. ``{"clean" | "planted": (exit code, its stdout, gpu_check.json, seconds)}``. One process
+    for both saves a start-up (torch, transformers, DeepSpeed and the CPU Adam op: ~10 CPU-s)."""
+    outs = {name: root / name for name in ("clean", "planted")}
+    argv = {name: ["--device", "cpu", "--shape", "tiny", "--backends", "paper_zero3", "--out", str(out)]
+            for name, out in outs.items()}
+    code = (f"import json, sys, time\nsys.path.insert(0, {str(SCRIPT.parent)!r})\nimport gpu_check\n"
+            f"t0 = time.perf_counter()\nclean = gpu_check.main({argv['clean']!r})\n"
+            f"seconds = time.perf_counter() - t0\nprint({UNIT_MARK!r}, flush=True)\n{plant}\n"
+            f"planted = gpu_check.main({argv['planted']!r})\n"
+            f"print({UNIT_MARK!r} + json.dumps([clean, planted, seconds]))\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=900,
                           env=without_rendezvous(os.environ))  # this process may hold a one-rank group's port
-    seconds = time.perf_counter() - t0
-    report = json.loads((tmp_path / "gpu_check.json").read_text())
-    return proc, report, seconds
+    parts = proc.stdout.split(UNIT_MARK)
+    assert proc.returncode == 0 and len(parts) == 3, proc.stdout[-4000:] + proc.stderr[-4000:]
+    clean, planted, seconds = json.loads(parts[2])
+    return {"clean": (clean, parts[0], json.loads((outs["clean"] / "gpu_check.json").read_text()), seconds),
+            "planted": (planted, parts[1], json.loads((outs["planted"] / "gpu_check.json").read_text()), 0.0)}
 
 
 def test_qwen3_4b_shape_on_the_meta_device():
@@ -182,14 +191,19 @@ def test_save_cadence_and_capacity_plan_of_the_paper_unit_without_an_engine():
     assert 0 < plan["compared_bytes"] < plan["plan_bytes"] < 16 * 2**30
 
 
+@pytest.fixture(scope="module")
+def paper_units(tmp_path_factory):
+    return _paper_units(tmp_path_factory.mktemp("paper_units"), PLANT)
+
+
 @pytest.mark.slow
 @pytest.mark.cpu
-def test_paper_unit_on_cpu_passes_every_item(tmp_path):
+def test_paper_unit_on_cpu_passes_every_item(paper_units):
     """ZeRO-3 + CPU Adam + ref_mode precompute on the tiny shape: every item PASS (peak memory: the plan's figure,
     not measured on CPU), the two-GPU items listed as NOT CHECKED; under 90 s once the CPU Adam op is built."""
-    proc, report, seconds = _run_paper_unit(tmp_path)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    lines = _paper_lines(proc.stdout)
+    code, stdout, report, seconds = paper_units["clean"]
+    assert code == 0, stdout[-4000:]
+    lines = _paper_lines(stdout)
     for item in PAPER_ITEMS[:-1]:
         assert lines[item].startswith("PASS"), (item, lines.get(item))
     assert re.match(r"NOT RUN \(not measured on CPU; the plan for one GPU: \d+\.\d+ GiB", lines["peak_memory"])
@@ -231,10 +245,10 @@ ds.DeepSpeedTrainer._load_backend = load_losing_adam
 
 @pytest.mark.slow
 @pytest.mark.cpu
-def test_paper_unit_fails_under_planted_bugs(tmp_path):
-    proc, report, _ = _run_paper_unit(tmp_path, PLANT)
-    assert proc.returncode == 1, proc.stdout[-4000:] + proc.stderr[-4000:]
-    lines = _paper_lines(proc.stdout)
+def test_paper_unit_fails_under_planted_bugs(paper_units):
+    code, stdout, report, _ = paper_units["planted"]
+    assert code == 1, stdout[-4000:]
+    lines = _paper_lines(stdout)
     assert lines["offload_state"].startswith("FAIL (update 3 after offload_state() vs the twin that stayed active: "
                                              "NOT equal"), lines["offload_state"]
     assert lines["exact_resume"].startswith("FAIL (loaded state NOT equal"), lines["exact_resume"]
