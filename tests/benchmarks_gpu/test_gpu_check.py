@@ -4,7 +4,7 @@ experiments/gpu_check.sh carries to the GPU machine.
 The check itself is meant for a machine with one GPU and no network (experiments/gpu_check.sh); here it runs on the
 2-layer toy shape on CPU, end to end in a subprocess as it runs there, and the 4B architecture is checked on the meta
 device (no memory allocated). The paper unit (``--backends paper_zero3``) needs DeepSpeed's CPU Adam op: the first
-run ever JIT-builds it (43 s on a quiet 2-core machine) into ~/.cache/unifiedplayers/torch_extensions; later runs load it.
+run ever JIT-builds it (58 s of one core on a quiet 2-core machine) into ~/.cache/unifiedplayers/torch_extensions; later runs load it.
 """
 from __future__ import annotations
 

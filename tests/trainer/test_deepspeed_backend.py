@@ -137,3 +137,28 @@ def test_bf16_engine_keeps_float32_rotary_buffers(batches):
     trainer.update(batches[0])
     assert next(trainer.model.parameters()).dtype == torch.bfloat16
     assert set(_rotary_dtypes(trainer.model).values()) == {torch.float32}
+
+
+def test_the_cpu_adam_op_is_one_unit_that_changes_with_its_sources(tmp_path):
+    """load_cpu_adam_op builds DeepSpeed's two CPU Adam sources as one translation unit (torch's headers parsed once).
+    The unit includes them in order by absolute path and names their SHA-256, so that a changed source (a DeepSpeed
+    upgrade) changes the unit and torch rebuilds the op; an unchanged unit is not written again."""
+    import hashlib
+    import os
+
+    from unifiedplayers.trainer.deepspeed_backend import cpu_adam_unity_source
+
+    a, b = tmp_path / "src" / "a.cpp", tmp_path / "src" / "b.cpp"
+    a.parent.mkdir()
+    a.write_text("int a() { return 1; }\n")
+    b.write_text("int b() { return 2; }\n")
+    unity = cpu_adam_unity_source([str(a), str(b)], tmp_path / "ext")
+    text = unity.read_text()
+    includes = [line for line in text.splitlines() if line.startswith("#include")]
+    assert includes == [f'#include "{a.resolve()}"', f'#include "{b.resolve()}"']
+    assert hashlib.sha256(a.read_bytes()).hexdigest() in text and hashlib.sha256(b.read_bytes()).hexdigest() in text
+    os.utime(unity, (1, 1))
+    assert cpu_adam_unity_source([str(a), str(b)], tmp_path / "ext").stat().st_mtime == 1  # unchanged: not rewritten
+    b.write_text("int b() { return 3; }\n")
+    assert cpu_adam_unity_source([str(a), str(b)], tmp_path / "ext").read_text() != text
+    assert sorted(p.name for p in (tmp_path / "ext").iterdir()) == ["cpu_adam_unity.cpp"]  # no temporary file left

@@ -1,7 +1,7 @@
 """ZeRO-Offload (DeepSpeed's CPU Adam), what an idle player's engine offloads, and the DeepSpeed version window.
 
-The first ever run JIT-builds DeepSpeed's CPU Adam op (without debug information: about 1.5 CPU-minutes, 43 s on a
-quiet 2-core machine) into ~/.cache/unifiedplayers/torch_extensions/cpu_adam; later runs load it in a few seconds.
+The first ever run JIT-builds DeepSpeed's CPU Adam op (without debug information, one translation unit: 58 s of one
+core on a quiet 2-core machine) into ~/.cache/unifiedplayers/torch_extensions/cpu_adam; later runs load it in a few seconds.
 """
 from __future__ import annotations
 

@@ -29,7 +29,8 @@ which defaults to ``~/.cache/unifiedplayers/torch_extensions`` so later runs reu
 ZeRO-Offload (``trainer.offload_optimizer``) steps on the host with DeepSpeed's CPU Adam (as OpenRLHF and TRL
 do; DeepSpeed refuses a torch optimizer there), over the same parameter groups and hyper-parameters as
 :func:`~unifiedplayers.trainer.optim.make_optimizer`. Its C++ op is JIT-built on first use, into the same
-directory (:func:`load_cpu_adam_op`: without debug information, about 1.5 CPU-minutes with gcc).
+directory (:func:`load_cpu_adam_op`: without debug information, one translation unit: about one CPU-minute with
+gcc).
 
 The code is tested with the DeepSpeed versions of :data:`DEEPSPEED_WINDOW` (also the pin of pyproject.toml and
 environment.yml); a backend refuses to start with another (:func:`check_deepspeed_version`).
@@ -37,11 +38,12 @@ environment.yml); a backend refuses to start with another (:func:`check_deepspee
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib.metadata
 import os
 import socket
 from pathlib import Path
-from typing import Any, ContextManager, Mapping
+from typing import Any, ContextManager, Mapping, Sequence
 
 import torch
 from packaging.specifiers import SpecifierSet
@@ -142,19 +144,43 @@ def skip_inference_comm_op() -> None:
 
 
 def load_cpu_adam_op() -> Any:
-    """DeepSpeed's CPU Adam op, JIT-built on first use into ``TORCH_EXTENSIONS_DIR`` without debug information.
+    """DeepSpeed's CPU Adam op, JIT-built on first use into ``TORCH_EXTENSIONS_DIR``: DeepSpeed's sources and flags,
+    without debug information, as one translation unit.
 
-    DeepSpeed's builder compiles with ``-O3 -g``; the debug information of two translation units that include
-    torch's headers is most of the build (82 s against 46 s per unit on 2 cores of an Intel Xeon, the same ``-O3``
-    code) and of the 35 MB left on disk. The op loaded here is what :class:`DeepSpeedCPUAdam` then finds in
-    DeepSpeed's table of loaded ops, so it builds nothing more."""
+    DeepSpeed's builder compiles two translation units with ``-O3 -g``. The debug information was most of the build
+    (82 s against 46 s a unit on an Intel Xeon core, the same ``-O3`` code) and of the 35 MB left on disk, and each
+    unit parses torch's headers again: 34 of a unit's 46 s went to parsing (``-fsyntax-only``). One unit that
+    includes both sources (:func:`cpu_adam_unity_source`) parses them once: 58 s of one core against 43 s of two
+    (~90 CPU-s) for the two units side by side. The op loaded here is what
+    :class:`DeepSpeedCPUAdam` then finds in DeepSpeed's table of loaded ops, so it builds nothing more."""
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(DEFAULT_EXTENSIONS_DIR))
     from deepspeed.ops.op_builder import CPUAdamBuilder
 
     builder = CPUAdamBuilder()
-    cxx_args = builder.cxx_args
+    cxx_args, sources = builder.cxx_args, [builder.deepspeed_src_path(p) for p in builder.sources()]
     builder.cxx_args = lambda: [arg for arg in cxx_args() if arg != "-g"]
+    unity = cpu_adam_unity_source(sources, Path(os.environ["TORCH_EXTENSIONS_DIR"]))
+    builder.sources = lambda: [str(unity)]
     return builder.load()
+
+
+def cpu_adam_unity_source(sources: Sequence[str], directory: Path) -> Path:
+    """``directory/cpu_adam_unity.cpp``: one translation unit that includes ``sources`` (absolute paths) in order.
+    It names their SHA-256 too: torch rebuilds an op when a listed source's text changes, and the included files
+    are not listed, so a DeepSpeed upgrade changes this file. Written whole (a rename), and only when it differs,
+    for processes that build the op at the same time."""
+    lines = ["// DeepSpeed's CPU Adam op as one translation unit (unifiedplayers.trainer.deepspeed_backend)."]
+    for source in sources:
+        digest = hashlib.sha256(Path(source).read_bytes()).hexdigest()
+        lines += [f"// sha256 {digest}", f'#include "{Path(source).resolve()}"']
+    text = "\n".join(lines) + "\n"
+    path = directory / "cpu_adam_unity.cpp"
+    if not path.is_file() or path.read_text() != text:
+        directory.mkdir(parents=True, exist_ok=True)
+        tmp = directory / f".cpu_adam_unity.cpp.tmp-{os.getpid()}"
+        tmp.write_text(text)
+        tmp.replace(path)
+    return path
 
 
 def make_ds_optimizer(cfg, model: nn.Module, ds: Mapping[str, Any]) -> torch.optim.Optimizer:
