@@ -7,6 +7,9 @@ checkpoint, take a step, load the checkpoint and take the step again; dumps this
 recomputed log-probs.
 ``loop RUN_DIR DUMP OVERRIDES...``: runs or resumes an outer loop of ``experiment=tiny``; ``rollout=vllm``
 runs here on :class:`CopyingEngine` (a copy of the weights, synced like vLLM's). Dumps the full weights.
+``reference DUMP``: a ZeRO-3 trainer with π_ref precomputed takes :data:`REFERENCE_STEPS` updates (π_ref swapped in
+from rank 0 from the second on; rank 1 runs one micro-batch of three and a zero-weight pad); dumps whether the rank
+holds π_ref, the KL of each update and the full weights.
 ``paper RUN_DIR DUMP OVERRIDES...``: the same with an idle player's DeepSpeed state offloaded as on a GPU
 (:func:`offload_as_on_a_gpu`), for the paper rehearsal (tests/distributed/paper_rehearsal.py); also dumps the
 offload and reload calls and whether each model checkpoints its activations.
@@ -33,6 +36,7 @@ from unifiedplayers.trainer import build_trainer  # noqa: E402
 from trainer_helpers import synthetic_batch, tiny_model, trainer_config  # noqa: E402
 
 STEPS = 2
+REFERENCE_STEPS = 3
 # ZeRO-2 with the reference as a copy, ZeRO-3 with the reference swapped into the (partitioned) policy.
 BACKENDS = {"deepspeed_zero2": {"ref_mode": "copy"}, "deepspeed_zero3": {"ref_mode": "precompute"}}
 
@@ -66,6 +70,16 @@ def trainers(dump: str, dist) -> None:
         out[backend] = {"metrics": metrics, "steps": steps, "after": after, "again": trainer.full_state_dict(),
                         "old_logprobs": [s.old_logprobs for s in redone], "recompute_forwards": forwards}
     torch.save(out, f"{dump}.rank{dist.rank}.pt")
+
+
+def reference(dump: str, dist) -> None:
+    """Only rank 0 keeps π_ref under ZeRO-3 with ``ref_mode: precompute`` (tests/distributed/test_data_parallel_deepspeed.py)."""
+    trainer = build_trainer(trainer_config(backend="deepspeed_zero3", ref_mode="precompute", kl_coef=0.1),
+                            tiny_model()[0], dist=dist)
+    trainer.start_outer_iteration()
+    kl = [trainer.update(b)["actor/kl"] for b in batches(REFERENCE_STEPS)]
+    torch.save({"holds_reference": trainer._ref_state is not None, "has_reference": trainer._has_reference,
+                "kl": kl, "weights": trainer.full_state_dict()}, f"{dump}.rank{dist.rank}.pt")
 
 
 class CopyingEngine(HFRollout):
@@ -161,6 +175,8 @@ def main(*argv: str) -> None:
         for mode, *args in jobs(list(argv)):
             if mode == "trainer":
                 trainers(args[0], dist)
+            elif mode == "reference":
+                reference(args[0], dist)
             else:
                 loop(args[0], args[1], dist, *args[2:], paper=mode == "paper")
     finally:

@@ -11,6 +11,8 @@ subprocess (tests/distributed/ds_worker.py).
   ref_mode precompute, gradient checkpointing, S = 4, a cadence save) with a weight-copying engine per rank (what
   vLLM does) gathers the partitions collectively for every copy, recomputes π_old at each phase's start on both
   ranks, and offloads an idle player's DeepSpeed state as on a GPU.
+- host memory (issue 29, defect 6): under ZeRO-3 with ``ref_mode: precompute`` only rank 0 keeps π_ref; rank 1's KL
+  terms are still the single process's (tests/trainer/test_idle_player_memory.py tests one process).
 """
 from __future__ import annotations
 
@@ -61,15 +63,16 @@ def torchrun(*jobs: list[str]) -> None:
 
 @pytest.fixture(scope="module")
 def launches(tmp_path_factory):
-    """Two launches serve the three two-rank tests: the first runs the trainer-level steps, the ZeRO-2 outer loop
-    up to its stop after the Planning block and the paper rehearsal (a ZeRO-3 outer loop); the second resumes the
-    ZeRO-2 run in a fresh job (a resume is a new launch). Each job has its own directory."""
+    """Two launches serve the four two-rank tests: the first runs the trainer-level steps, the reference's ranks, the
+    ZeRO-2 outer loop up to its stop after the Planning block and the paper rehearsal (a ZeRO-3 outer loop); the
+    second resumes the ZeRO-2 run in a fresh job (a resume is a new launch). Each job has its own directory."""
     root = tmp_path_factory.mktemp("ds")
-    d = {name: root / name for name in ("trainer", "zero2", "paper")}
+    d = {name: root / name for name in ("trainer", "zero2", "paper", "reference")}
     for path in d.values():
         path.mkdir()
     zero2 = ["loop", str(d["zero2"] / "run"), str(d["zero2"] / "weights"), *LOOP, "trainer=deepspeed_zero2"]
     torchrun(["trainer", str(d["trainer"] / "trainer")],
+             ["reference", str(d["reference"] / "dump")],
              zero2 + ["schedule.max_updates=2"],
              ["paper", str(d["paper"] / "run"), str(d["paper"] / "weights"), *rehearsal_overrides()[1:],
               "rollout.backend=vllm"])
@@ -133,6 +136,26 @@ def test_zero_stages_over_two_ranks_take_the_single_process_step(launches):
         assert sorted(p.name for p in state.glob("*optim_states.pt")) == [  # each rank wrote its partition
             "zero_pp_rank_0_mp_rank_00_optim_states.pt", "zero_pp_rank_1_mp_rank_00_optim_states.pt"]
     assert not list(tmp_path.glob("**/.*.tmp-*"))
+
+
+def test_under_zero3_only_rank_0_keeps_the_reference(launches):
+    from ds_worker import REFERENCE_STEPS, batches
+
+    ranks_out = [torch.load(launches.dirs["reference"] / f"dump.rank{r}.pt", weights_only=False) for r in (0, 1)]
+    assert [r["holds_reference"] for r in ranks_out] == [True, False]
+    assert all(r["has_reference"] for r in ranks_out)
+    assert same(ranks_out[0]["weights"], ranks_out[1]["weights"])
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        single = build_trainer(trainer_config(kl_coef=0.1), tiny_model()[0])  # one process, the torch backend
+        single.start_outer_iteration()
+        kls = [single.update(b)["actor/kl"] for b in batches(REFERENCE_STEPS)]
+    finally:
+        torch.set_num_threads(before)
+    assert kls[-1] > 0
+    assert ranks_out[0]["kl"] == pytest.approx(kls, rel=1e-4, abs=1e-9)  # every rank's tokens saw π_ref
 
 
 def test_zero2_outer_loop_over_two_ranks_writes_once_and_resumes(launches):

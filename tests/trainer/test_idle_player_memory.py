@@ -8,12 +8,11 @@
   the torch backend and for DeepSpeed ZeRO-3 with ZeRO-Offload (the paper presets), whose idle engine parks every host
   tensor of its optimizer (master partitions, Adam moments, gradient buffers) while its weights stay for sampling.
 - Two ranks (torchrun, gloo): under ZeRO-3 with ``ref_mode: precompute`` only rank 0 keeps π_ref; rank 1's KL terms
-  are still the single process's. Before: every rank kept a full copy.
+  are still the single process's. Before: every rank kept a full copy. That test runs in the two-rank DeepSpeed
+  launch of tests/distributed/test_data_parallel_deepspeed.py (one start-up of the ranks for all its jobs).
 """
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -234,29 +233,3 @@ def test_an_idle_zero3_offload_engine_parks_its_optimizer_and_keeps_its_weights(
         assert torch.equal(idle.model(input_ids=ids).logits, before)
     metrics = (straight.update(batches[0]), idle.update(batches[0]))
     _same_run(straight, idle, [metrics[0]], [metrics[1]])
-
-
-# ---------------------------------------------------------------------------------------------- two ranks
-WORKER = Path(__file__).with_name("reference_rank_worker.py")
-
-
-@pytest.mark.slow
-def test_under_zero3_only_rank_0_keeps_the_reference(tmp_path):
-    sys.path.insert(0, str(Path(__file__).parents[1] / "distributed"))
-    from launch import torchrun
-
-    from reference_rank_worker import STEPS, batches
-    from unifiedplayers.trainer.deepspeed_backend import DEFAULT_EXTENSIONS_DIR
-
-    torchrun(WORKER, str(tmp_path / "dump"), timeout=600,
-             env={"TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(DEFAULT_EXTENSIONS_DIR))})
-    ranks = [torch.load(tmp_path / f"dump.rank{r}.pt", weights_only=False) for r in (0, 1)]
-    assert [r["holds_reference"] for r in ranks] == [True, False]
-    assert all(r["has_reference"] for r in ranks)
-    assert all(torch.equal(ranks[0]["weights"][k], ranks[1]["weights"][k]) for k in ranks[0]["weights"])
-
-    single = build_trainer(trainer_config(kl_coef=0.1), tiny_model()[0])  # one process, the torch backend
-    single.start_outer_iteration()
-    kls = [single.update(b)["actor/kl"] for b in batches(STEPS)]
-    assert kls[-1] > 0
-    assert ranks[0]["kl"] == pytest.approx(kls, rel=1e-4, abs=1e-9)  # every rank's tokens saw π_ref
