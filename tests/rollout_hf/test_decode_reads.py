@@ -1,0 +1,58 @@
+"""benchmarks/outer_loop.py --floors counts the weight reads of generation: one pass over the sampling model's
+weights per sampled token of each batch's longest row. Checked against the completions of a real tiny-Llama call."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from unifiedplayers.config import ModelConfig, RolloutConfig
+from unifiedplayers.models import load_model
+from unifiedplayers.rollout import build_rollout
+from unifiedplayers.rollout.hf_engine import HFRollout
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def _outer_loop_benchmark():
+    sys.path.insert(0, str(BENCH))
+    spec = importlib.util.spec_from_file_location("outer_loop_benchmark", BENCH / "outer_loop.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield load_model(ModelConfig(name="tiny", source="tiny_random", device="cpu", seed=0))
+    torch.set_num_threads(n)
+
+
+def test_decode_reads_count_the_longest_row_of_each_batch_in_the_models_weight_bytes(tiny):
+    model, tok = tiny
+    bench = _outer_loop_benchmark()
+    from precision_floors import weight_bytes
+
+    engine = build_rollout(RolloutConfig(backend="hf", batch_size=3), model, tok)
+    prompts = [tok.encode("a b c"), tok.encode("d e f g h")]
+    reads = bench.DecodeReads()
+    plain = HFRollout._sample_batch
+    with reads.counting():
+        out = engine.generate(prompts, n=3, max_new_tokens=7, temperature=1.0, seed=3)
+    assert HFRollout._sample_batch is plain  # restored on exit
+    rows = [c for group in out for c in group]
+    # batch_size 3: the 6 rows (3 samples of each prompt, shorter prompt first) decode as two batches of 3
+    lengths = sorted((len(c.token_ids) for c in rows[:3]), reverse=True), sorted((len(c.token_ids) for c in rows[3:]), reverse=True)
+    assert reads.batches == 2
+    assert reads.passes == lengths[0][0] + lengths[1][0]
+    assert reads.bytes == reads.passes * weight_bytes(model, "float32")
+    with reads.counting():
+        engine.generate(prompts[:1], n=1, max_new_tokens=1, temperature=1.0, seed=3)
+    assert (reads.batches, reads.passes) == (3, lengths[0][0] + lengths[1][0] + 1)
