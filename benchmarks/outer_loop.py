@@ -35,14 +35,18 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # precision_floors, run as a script or loaded by path
 
 
+def total(metrics: list[dict], key: str) -> float:
+    """``key`` summed over the run's metrics lines (a missing or null value counts 0)."""
+    return sum(m.get(key) or 0.0 for m in metrics)
+
+
 def report(run_dir: Path, wall: float | None = None, timing: dict | None = None) -> None:
     from unifiedplayers.diagnostics.logging import read_metrics
 
     metrics = read_metrics(run_dir)
-    tot = lambda k: sum(m.get(k) or 0.0 for m in metrics)  # noqa: E731
-    gen, sb, upd, total = tot("timing/generation_s"), tot("timing/sandbox_s"), tot("timing/update_s"), tot("timing/total_s")
+    gen, sb, upd, whole = (total(metrics, f"timing/{k}_s") for k in ("generation", "sandbox", "update", "total"))
     print(f"run dir {run_dir}: {len(metrics)} updates")
-    rows = [("generation", gen), ("sandbox", sb), ("GRPO updates", upd), ("other per-update work", total - gen - sb - upd)]
+    rows = [("generation", gen), ("sandbox", sb), ("GRPO updates", upd), ("other per-update work", whole - gen - sb - upd)]
     if timing:
         rows.append(("records, checkpoints, state", timing.get("checkpoint_s", 0.0)))
         rows.append(("model load", timing.get("model_load_s", 0.0)))
@@ -99,7 +103,6 @@ def report_floors(cfg, run_dir: Path, reads: DecodeReads, model) -> None:
     from unifiedplayers.diagnostics.logging import read_metrics
 
     metrics = read_metrics(run_dir)
-    tot = lambda k: sum(m.get(k) or 0.0 for m in metrics)  # noqa: E731
     dtype = str(cfg.trainer.dtype)  # the run resolved ``auto``
     threads = torch.get_num_threads()
     torch.set_num_threads(max(cfg.trainer.num_threads, 1))
@@ -111,14 +114,14 @@ def report_floors(cfg, run_dir: Path, reads: DecodeReads, model) -> None:
     gen_floor = reads.bytes / (bw * 1e9)
     tflop = sum(v or 0.0 for m in metrics for k, v in m.items() if k.endswith("/update_tflop"))  # "{role}/update_tflop"
     upd_floor = tflop * 1e12 / (rate * 1e9)
-    gen, upd = tot("timing/generation_s"), tot("timing/update_s")
+    gen, upd = total(metrics, "timing/generation_s"), total(metrics, "timing/update_s")
     print(f"  floors ({os.getloadavg()[0]:.2f} load): {reads.batches} sampled batches, {reads.passes} weight passes "
           f"({reads.bytes / 1e9:.1f} GB) at {bw:.1f} GB/s ({max(cfg.trainer.num_threads, 1)} thread(s))")
     print(f"    generation    {gen:7.1f} s against a floor of {gen_floor:6.1f} s ({gen / max(gen_floor, 1e-9):.1f}x)")
     print(f"    GRPO updates  {upd:7.1f} s against a floor of {upd_floor:6.1f} s ({upd / max(upd_floor, 1e-9):.1f}x;"
           f" {tflop:.2f} TFLOP at {rate:.0f} GFLOP/s, {dtype})")
-    rest = tot("timing/sandbox_s")
-    print(f"    generation + updates + sandbox at their floors: {gen_floor + upd_floor + rest:.1f} s")
+    print(f"    generation + updates + sandbox at their floors: "
+          f"{gen_floor + upd_floor + total(metrics, 'timing/sandbox_s'):.1f} s")
 
 
 def main() -> None:
