@@ -233,10 +233,12 @@ class RewardConfig:
     execution_reward_no_valid_verifier: float = 0.0
     # r_C of a verifier that does not parse/compile/define check: below the lowest valid r_C (−γ).
     invalid_verifier_reward: float = -1.0
-    # A check error (raises, times out, no verdict) on a variant is 0 in Z_adv: true (the paper, Eq. 11)
-    # counts it as a rejection in ρ_adv and V(q); false gives it no credit (an error is no evidence that the
-    # perturbation was caught). Errors are recorded apart from rejections either way (error_orig, error_adv).
-    variant_error_credit: bool = True
+    # A check error (raises, times out, no verdict) on a variant is 0 in Z_adv but no verdict (B.1 defines v_i(τ)
+    # only for a completed evaluation): false (the default) gives it no ρ_adv credit, so it raises neither r_C nor
+    # V(q); true counts it as a rejection, the "errors credited" ablation (reward=errors_credited), which the
+    # Evaluation player exploits by writing checks that crash on answered trajectories (issue 47). Errors are
+    # recorded apart from rejections either way (error_orig, error_adv).
+    variant_error_credit: bool = False
     # r_T of a Planning output that is not a well-formed task: below the lowest valid r_T (−w_rep).
     malformed_task_reward: float = -1.0
     # p̂ counts all K samples; False: a missing answer joins no cluster (it can never be the majority);

@@ -1,6 +1,6 @@
 """Check errors kept apart from rejections (issue 13, fidelity item 5): a raise, a timeout or a
 non-verdict return is 0 in Z (the paper's Z), marked in error masks, recorded in ξ(q); a verifier that
-errors on every original is invalid; an error on a variant earns no ρ_adv credit (by default)."""
+errors on every original is invalid; an error on a variant earns no ρ_adv credit (unless reward=errors_credited)."""
 from __future__ import annotations
 
 import types
@@ -30,15 +30,19 @@ T0 = Trajectory(Q, [reason_step("Count."), code_step("print(4 * 2 + 1)"), output
 T1 = Trajectory(Q, [reason_step("Count."), code_step("print(4 * 2)"), output_step("8")], "8")
 
 
-@pytest.fixture(scope="module")
-def reward_cfg():
+def _compose_reward(preset):
     from hydra import compose, initialize_config_dir
 
     from unifiedplayers.config import register_configs
 
     register_configs()
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
-        cfg = compose("config", overrides=["reward=default"]).reward
+        return compose("config", overrides=[f"reward={preset}"]).reward
+
+
+@pytest.fixture(scope="module")
+def reward_cfg():
+    cfg = _compose_reward("default")
     assert (cfg.alpha, cfg.beta, cfg.gamma) == (0.4, 0.5, 0.1) and cfg.invalid_verifier_reward == -1.0
     return cfg
 
@@ -83,11 +87,9 @@ def test_crash_always_is_invalid_and_cannot_raise_v(sandbox, reward_cfg):
     assert r.evaluation[1] < r.evaluation[0]
 
 
-def test_an_error_on_a_variant_is_a_rejection_unless_variant_error_credit_is_off(sandbox, reward_cfg):
-    assert reward_cfg.variant_error_credit  # the default: the paper's Z, an error counts as a rejection
-    # reward.variant_error_credit = false: an error on a variant earns no rejection credit
-    strict = types.SimpleNamespace(**{**dict(reward_cfg), "variant_error_credit": False})
-    record, r = _feedback(sandbox, strict, [HONEST, CRASHY])
+def test_an_error_on_a_variant_earns_no_credit_unless_errors_are_credited(sandbox, reward_cfg):
+    assert not reward_cfg.variant_error_credit  # the default (SPEC §5, issue 47): an error is not a verdict
+    record, r = _feedback(sandbox, reward_cfg, [HONEST, CRASHY])
     # Z (the paper's): both accept the originals and have 0 on the bash variants
     np.testing.assert_array_equal(record.z_orig, [[1, 1], [1, 1]])
     np.testing.assert_array_equal(record.z_adv, [[[0], [0]], [[0], [0]]])
@@ -101,10 +103,14 @@ def test_an_error_on_a_variant_is_a_rejection_unless_variant_error_credit_is_off
     assert r.red[0] == pytest.approx(r.red[1])
     assert r.evaluation[0] - r.evaluation[1] == pytest.approx(0.5)
     np.testing.assert_allclose(r.evaluation, [0.4 + 0.5 - 0.1 * r.red[0], 0.4 - 0.1 * r.red[0]])
-    # V(q) = (1 + 0) / 2 = 0.5 (the paper-literal Eq. 11 would give (1 + 1) / 2 = 1)
+    # V(q) = (1 + 0) / 2 = 0.5 (crediting errors would give (1 + 1) / 2 = 1)
     assert r.writability == pytest.approx(0.5)
-    # the default (reward.variant_error_credit = true): the paper-literal ρ_adv (errors count as rejections)
-    _, r_lit = _feedback(sandbox, reward_cfg, [HONEST, CRASHY])
+    # reward=errors_credited (the ablation): an error on a variant counts as a rejection (Eq. 11 read literally)
+    credited = _compose_reward("errors_credited")
+    assert credited.variant_error_credit and credited.name == "errors_credited"
+    assert {k: v for k, v in dict(credited).items() if k not in ("name", "variant_error_credit")} == \
+        {k: v for k, v in dict(reward_cfg).items() if k not in ("name", "variant_error_credit")}
+    _, r_lit = _feedback(sandbox, credited, [HONEST, CRASHY])
     np.testing.assert_allclose(r_lit.adv, [1.0, 1.0])
     assert r_lit.writability == pytest.approx(1.0)
 

@@ -8,10 +8,12 @@ Choices the paper leaves open (set in ``conf/reward/``, see ``RewardConfig``):
 - ρ_adv with masked variants (a rule that could not apply) averages over the variants that exist;
   with none at all (P = 0, the "none" rule set) it is 0.
 - Check errors (a raise, a timeout, a non-verdict return; ``verdict.VerdictMatrix.error_adv``): Z keeps
-  the paper's 0 and, by default (``reward.variant_error_credit: true``, Eq. 11 as written), a rejection
-  in ρ_adv. ``variant_error_credit: false`` gives an error on a variant no ρ_adv credit: it stays in the
-  count K·P and adds nothing to the sum (an error is no evidence the perturbation was caught). A
-  verifier that errors on every original is invalid (``verdict``), so it never reaches Eq. 5 or V(q).
+  the paper's 0, but an error is not a verdict (B.1 defines v_i(τ) only "for a completed evaluation").
+  By default (``reward.variant_error_credit: false``) an error on a variant earns no ρ_adv credit: it
+  stays in the count K·P and adds nothing to the sum, so it raises neither r_C nor V(q). On an original it
+  is 0 in Z_orig: not accepted in r_S and ρ_gold. ``variant_error_credit: true`` (``reward=errors_credited``,
+  an ablation) counts it as a rejection, which the Evaluation player exploits (issue 47). A verifier that
+  errors on every original is invalid (``verdict``), so it never reaches Eq. 5 or V(q).
 - r_C of an invalid verifier: ``invalid_verifier_reward``; r_T of a malformed task: ``malformed_task_reward``.
 - p̂ with missing answers: every sample counts in the denominator; a missing answer joins no cluster
   unless ``missing_in_majority`` (then all missing answers form one cluster).
@@ -346,10 +348,10 @@ def task_rewards(
 ) -> TaskRewards:
     """Eq. 2, 4, 5 for one task; ``cfg`` is a ``RewardConfig`` (``conf/reward/``).
 
-    ``adv_errors``: ``VerdictMatrix.error_adv``; errors on variants count as rejections (Eq. 11 as written)
-    unless ``cfg.variant_error_credit`` is false (then they earn no ρ_adv credit, in r_C and V(q)).
+    ``adv_errors``: ``VerdictMatrix.error_adv``; errors on variants earn no ρ_adv credit (in r_C and V(q))
+    unless ``cfg.variant_error_credit`` is true (the "errors credited" ablation: they count as rejections).
     """
-    if getattr(cfg, "variant_error_credit", True):
+    if getattr(cfg, "variant_error_credit", False):
         adv_errors = None
     red = redundancy(valid_sources, cfg.redundancy_similarity)
     gold = gold_pass_rate(z_orig)

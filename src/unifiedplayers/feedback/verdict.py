@@ -14,8 +14,9 @@ than a verdict (``verifier.ERROR_KINDS``) is an *error*, kept apart from a rejec
   is not counted in M_q, gets ``invalid_verifier_reward`` and adds nothing to V(q). Otherwise a
   crash-always verifier (ρ_gold = 0, ρ_adv = 1 under Eq. 11) would out-score an accept-all one under
   Eq. 5 (0.5 against 0.4 at α, β = 0.4, 0.5) and raise V(q). ``runtime_invalid`` gives the reasons.
-- Errors on variants count as rejections in ρ_adv by default, as Eq. 11 is written
-  (``reward.variant_error_credit=false`` gives them no credit; see ``rewards.adversarial_rejection_rate``).
+- Errors on variants earn no ρ_adv credit by default: an error is not a verdict (B.1) and no evidence that the
+  perturbation was caught (``reward.variant_error_credit=true``, the "errors credited" ablation, counts them as
+  rejections; see ``rewards.adversarial_rejection_rate``).
 """
 from __future__ import annotations
 
