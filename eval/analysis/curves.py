@@ -8,7 +8,9 @@ From ``metrics.jsonl`` (keys in ``eval.analysis.rundir.KEYS``), per outer iterat
 - adversarial rejection: mean of ``evaluation/rho_adv``.
 Where the metrics lack U or the rejection rate, they are computed from the records of that
 iteration instead: U(q) from the trajectories' final answers (``unifiedplayers.feedback.rewards.uncertainty``),
-the rejection rate as the mean ρ_adv of the valid verifiers (Eq. 11, applied perturbations only).
+the rejection rate as the mean ρ_adv of the valid verifiers (Eq. 11, applied perturbations only; a check that
+errored on a variant is no rejection, as in the default reward, issue 47). ``evaluation/rho_adv`` is the reward's
+term: in a run with ``reward=errors_credited`` it counts those errors as rejections.
 Writes ``analysis/curves.png`` (three panels, paper endpoints as reference marks) and ``curves.json``.
 """
 from __future__ import annotations
@@ -47,7 +49,7 @@ def _from_records(run: RunData, what: str) -> dict[int, float]:
         if what == "mean_U":
             groups[int(rec.iteration)].append(uncertainty([t.final_answer for t in rec.trajectories]))
         elif what == "adversarial_rejection" and np.asarray(rec.z_adv).shape[0] > 0:
-            groups[int(rec.iteration)].extend(adversarial_rejection_rate(rec.z_adv, rec.adv_mask).tolist())
+            groups[int(rec.iteration)].extend(adversarial_rejection_rate(rec.z_adv, rec.adv_mask, rec.error_adv).tolist())
     return {it: float(np.mean(v)) for it, v in groups.items() if v}
 
 

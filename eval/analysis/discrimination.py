@@ -4,9 +4,14 @@
 From each record ξ(q): Z_orig (M_q, K), Z_adv (M_q, K, P) and the mask of applied perturbations
 (K, P). A verdict is *right* when it accepts an original (Z = 1) or rejects a perturbation (Z = 0).
 
-- ``verifier`` level: every (valid verifier, trajectory) verdict counts.
-- ``pool`` level: one verdict per trajectory, the strict majority of the valid verifiers (accept when
-  more than half accept; a tie rejects).
+- ``verifier`` level: every (valid verifier, trajectory) check counts.
+- ``pool`` level: one verdict per trajectory, the strict majority of the valid verifiers whose check completed
+  (accept when more than half of them accept; a tie rejects).
+
+A check that errored (raised, timed out, returned no verdict: the record's ``error_orig`` / ``error_adv``) is no
+verdict (issue 47; the paper defines v_i(τ) only for a completed evaluation, B.1): it counts in the total and is
+never right, neither an acceptance of an original nor a rejection of a perturbation. A trajectory on which no
+check completed gets no pool verdict and counts as a miss. Records without error masks read as error-free.
 
 Per rule j: accuracy on originals (acceptance), on perturbations of rule j (rejection), and their
 mean, the balanced accuracy. Overall: the balanced accuracy over all rules (originals vs all
@@ -36,6 +41,20 @@ def _balanced(a: Optional[float], b: Optional[float]) -> Optional[float]:
     return None if a is None or b is None else 0.5 * (a + b)
 
 
+def _errors(rec: Any, name: str, shape: tuple[int, ...]) -> np.ndarray:
+    """The record's error mask ``name`` (all False where the record has none)."""
+    e = getattr(rec, name, None)
+    return np.zeros(shape, dtype=bool) if e is None else np.asarray(e, dtype=bool).reshape(shape)
+
+
+def _majority(z: np.ndarray, done: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The pool's verdict over axis 0 from the completed checks only: accept when more than half of them accept;
+    ``done`` False where no check completed (no verdict)."""
+    n = done.sum(axis=0, keepdims=True)
+    accepts = (z * done).sum(axis=0, keepdims=True)
+    return (accepts > n / 2).astype(float), n > 0
+
+
 def discrimination(records: Sequence[Any]) -> dict[str, Any]:
     """Accuracies per rule and overall, at verifier and pool level (see the module docstring)."""
     levels = {}
@@ -49,19 +68,20 @@ def discrimination(records: Sequence[Any]) -> dict[str, Any]:
             m_q = z_orig.shape[0]
             if m_q == 0:
                 continue  # no valid verifier: no verdicts
+            done_orig, done_adv = ~_errors(rec, "error_orig", z_orig.shape), ~_errors(rec, "error_adv", z_adv.shape)
             if level == "pool":
-                z_orig = (z_orig.mean(axis=0, keepdims=True) > 0.5).astype(float)
-                z_adv = (z_adv.mean(axis=0, keepdims=True) > 0.5).astype(float)
-            orig["right"] += z_orig.sum()
+                z_orig, done_orig = _majority(z_orig, done_orig)
+                z_adv, done_adv = _majority(z_adv, done_adv)
+            orig["right"] += (z_orig * done_orig).sum()
             orig["total"] += z_orig.size
             for j, rule in enumerate(rec.rules):
                 applied = mask[:, j]  # (K,)
-                verdicts = z_adv[:, applied, j]  # (rows, applied K)
+                rejected = (1.0 - z_adv[:, applied, j]) * done_adv[:, applied, j]  # (rows, applied K)
                 c = per_rule.setdefault(rule, _counts())
-                c["right"] += (1.0 - verdicts).sum()
-                c["total"] += verdicts.size
-                adv_all["right"] += (1.0 - verdicts).sum()
-                adv_all["total"] += verdicts.size
+                c["right"] += rejected.sum()
+                c["total"] += rejected.size
+                adv_all["right"] += rejected.sum()
+                adv_all["total"] += rejected.size
         acc_orig, acc_adv = _ratio(orig), _ratio(adv_all)
         rules = {}
         for rule, c in per_rule.items():

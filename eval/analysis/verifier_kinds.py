@@ -1,12 +1,16 @@
 """What kinds of verifier the Evaluation reward favours: ``python -m eval.analysis.verifier_kinds RUN_DIR``.
 
-Every generated verifier of every played record is put in one of four kinds by its verdicts Z on that
-record (as the reward saw them: a check error is a 0), over the K originals and their applied variants:
+Every generated verifier of every played record is put in one of five kinds by its verdicts Z on that record and
+the record's error masks, over the K originals and their applied variants
+(:mod:`unifiedplayers.feedback.kinds`, the classes of the training metrics ``evaluation/kind/<kind>/*`` too):
 
 - ``invalid``: not in V(q) (does not compile, no ``check``, or errored on every original);
-- ``rejects all``: valid, Z = 0 on every original and every variant;
-- ``accepts all``: valid, Z = 1 on every original and every variant;
-- ``splits``: valid, anything else (it tells some trajectories from others, rightly or not).
+- ``crashes_answered`` ("errors on answered originals"): valid, its check errored on every original that has a
+  final answer (it passes only on unanswered ones): the prefix-crasher of issue 47, which a reward that credits
+  errors as rejections pays like a clean reject-all. Earlier versions counted it under "rejects all";
+- ``rejects_all``: valid, Z = 0 on every original and every variant;
+- ``accepts_all``: valid, Z = 1 on every original and every variant;
+- ``discriminating``: valid, anything else (it tells some trajectories from others, rightly or not).
 
 Per kind: how many, the mean Evaluation reward r_C (§3.2: α ρ_gold + β ρ_adv − γ ρ_red; invalid verifiers get
 ``reward.invalid_verifier_reward``), the mean ρ_red of its valid verifiers, and the mean GRPO advantage
@@ -28,6 +32,11 @@ With a response prefix that writes the first part of ``check()`` for every verif
 ``player.evaluation.response_prefix``), all verifiers of a task share those tokens and ρ_red is about 0.8
 for every kind (0.68-0.95 by kind, most 0.8-0.9, on the records of the Figure-1 ablation, issue 22), so
 γ ρ_red takes about the same 0.08-0.09 off each kind's mean r_C.
+
+A check error earns no ρ_adv credit (``reward.variant_error_credit=false``, the default since issue 47), so an
+``crashes_answered`` verifier scores below a clean reject-all on the same task: its errors on the answered
+originals' variants add nothing, where the reject-all's rejections earn β each. With ``reward=errors_credited``
+(the ablation) the two are paid alike, and the Figure-1 runs show the Evaluation player learning the crasher.
 """
 from __future__ import annotations
 
@@ -36,21 +45,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from eval.analysis.rundir import RunData, single_run_main
-
-KINDS = ("invalid", "rejects all", "accepts all", "splits")
-
-
-def verifier_kind(valid_row: Optional[int], z_orig: np.ndarray, z_adv: np.ndarray, adv_mask: np.ndarray) -> str:
-    """The kind of one generated verifier: ``valid_row`` is its row in Z (None: not valid)."""
-    if valid_row is None:
-        return "invalid"
-    verdicts = np.concatenate([np.asarray(z_orig)[valid_row].ravel(),
-                               np.asarray(z_adv)[valid_row][np.asarray(adv_mask, dtype=bool)].ravel()])
-    if not verdicts.any():
-        return "rejects all"
-    if verdicts.all():
-        return "accepts all"
-    return "splits"
+from unifiedplayers.feedback.kinds import KINDS, LABELS
 
 
 def _empty() -> dict[str, list[float]]:
@@ -70,9 +65,7 @@ def _table(acc: dict[str, dict[str, list[float]]]) -> dict[str, Any]:
 
 def verifier_kinds(records: Sequence[Any], eps: float = 1e-6) -> dict[str, Any]:
     """Kinds, rewards and advantages of the generated verifiers of ``records`` (see the module docstring)."""
-    import torch
-
-    from unifiedplayers.trainer.grpo import group_advantages
+    from unifiedplayers.diagnostics.verifier_kinds import record_kinds
 
     scopes: dict[str, dict[str, dict[str, list[float]]]] = {}
     answered: dict[str, list[float]] = {}
@@ -80,17 +73,15 @@ def verifier_kinds(records: Sequence[Any], eps: float = 1e-6) -> dict[str, Any]:
         rewards = (rec.rewards or {}).get("evaluation")
         if not rewards or rec.num_generated == 0 or len(rewards) != rec.num_generated:
             continue  # a verdict-free method, or a record without Evaluation rewards
-        r = torch.tensor(rewards, dtype=torch.float64)
-        adv = group_advantages(r, torch.zeros(len(rewards), dtype=torch.long), eps=eps).tolist()
+        kinds, adv = record_kinds(rec, eps)
         row_of = {int(v): i for i, v in enumerate(rec.valid)}
         block = (rec.meta or {}).get("block")
         names = ["all", f"iteration {rec.iteration}"]
         if block == "evaluation":
             names.append("trained (evaluation blocks)")
         share = float(np.mean([t.final_answer is not None for t in rec.trajectories])) if rec.trajectories else None
-        for i in range(rec.num_generated):
+        for i, kind in enumerate(kinds):
             row = row_of.get(i)
-            kind = verifier_kind(row, rec.z_orig, rec.z_adv, rec.adv_mask)
             for name in names:
                 acc = scopes.setdefault(name, {k: _empty() for k in KINDS})
                 acc[kind]["reward"].append(float(rewards[i]))
@@ -115,7 +106,7 @@ def _f(x: Optional[float], pct: bool = False) -> str:
 def to_markdown(result: dict[str, Any]) -> str:
     lines = ["**Verifier kinds** (what the Evaluation reward favours; advantage: mean GRPO advantage within "
              "the record's M verifiers; ρ_red: mean redundancy of the kind's valid verifiers)", "",
-             "| records | originals answered | " + " | ".join(f"{k}: share, r_C, advantage, ρ_red" for k in KINDS)
+             "| records | originals answered | " + " | ".join(f"{LABELS[k]}: share, r_C, advantage, ρ_red" for k in KINDS)
              + " |",
              "|" + "---|" * (len(KINDS) + 2)]
     for name, row in result.items():

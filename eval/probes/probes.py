@@ -209,7 +209,10 @@ def evaluation_metrics(verdicts: Sequence[Any], rules: Sequence[str]) -> dict[st
     verifiers' checks of applied variants that *rejected* (a check that errored is not a rejection, as in
     the rewards: it gets no ρ_adv credit); writability = mean over questions of Eq. 12's
     V(q) = (1/M) Σ_{i valid} ρ_adv_i; check_errors = share of the valid verifiers' checks that raised, timed
-    out or returned a non-verdict; discrimination = §4.5's accuracy of telling originals from perturbed
+    out or returned a non-verdict; original_errors and original_rejections = the shares of the generated
+    verifiers' checks of the originals (M·K per question; a verifier that does not compile runs none) that errored
+    and that rejected with a verdict, kept apart (issue 47: an error is no verdict; a verifier that errors on a
+    probe question's one original is run-time invalid); discrimination = §4.5's accuracy of telling originals from perturbed
     trajectories, the verifier-level balanced accuracy (original_acceptance + adv_rejection) / 2, by
     :func:`eval.analysis.discrimination.discrimination` (an errored check counts as neither right verdict).
     """
@@ -228,9 +231,14 @@ def evaluation_metrics(verdicts: Sequence[Any], rules: Sequence[str]) -> dict[st
         rejected = ~z_adv & ~errors & mask
         adv_n += int(mask.sum())
         adv_rej += float(rejected.sum())
-        # discrimination() counts Z = 0 on a variant as a right rejection: an errored check is marked 1.
-        records.append(SimpleNamespace(z_orig=v.z_orig, z_adv=(z_adv | errors).astype(np.int8), adv_mask=v.adv_mask,
-                                       rules=list(rules)))
+        records.append(SimpleNamespace(z_orig=v.z_orig, z_adv=v.z_adv, adv_mask=v.adv_mask, rules=list(rules),
+                                       error_orig=v.error_orig, error_adv=v.error_adv))
+    # Every generated verifier's checks of the originals, its run-time-invalid ones too: accepted, rejected with a
+    # verdict, or errored (no verdict); a verifier that does not compile runs none.
+    on_orig = [c.outcome for v in verdicts for c in v.checks if c.variant is None]
+    orig_slots = sum(v.num_generated * int(np.asarray(v.z_orig).shape[1]) for v in verdicts)
+    orig_errors = sum(o.is_error for o in on_orig)
+    orig_rejections = sum(o.kind == "rejected" for o in on_orig)
     errors_summary = [v.error_summary() for v in verdicts]
     checks = sum(e["checks"] for e in errors_summary)
     errored = sum(e["errors_orig"] + e["errors_adv"] for e in errors_summary)
@@ -253,6 +261,8 @@ def evaluation_metrics(verdicts: Sequence[Any], rules: Sequence[str]) -> dict[st
         "writability": writability, "writability_se": writability_se,
         "check_errors": _rate(errored, checks), "n_checks": checks,
         "runtime_invalid": sum(e["runtime_invalid"] for e in errors_summary),
+        "original_errors": _rate(orig_errors, orig_slots), "original_errors_n": orig_errors,
+        "original_rejections": _rate(orig_rejections, orig_slots), "n_original_slots": orig_slots,
     }
 
 
@@ -461,9 +471,13 @@ def run_probes(cfg: Any, ckpt: Checkpoint, roles: Sequence[str] = ROLES, sizes: 
             # figure1.json's name of the originals' acceptance (the key above is kept for older readers)
             metrics["evaluation/originals_accepted"] = res["original_acceptance"]
             metrics["evaluation/originals_accepted_se"] = res["original_acceptance_se"]
+            # errors on the originals kept apart from rejections (issue 47), over the generated verifiers' checks
+            for k in ("original_errors", "original_rejections", "runtime_invalid"):
+                metrics[f"evaluation/{k}"] = res[k]
             log(f"[probe] evaluation: valid {_pct(res['valid'], res['valid_se'])} (n={res['verifiers']}), originals "
                 f"accepted {_pct(res['original_acceptance'], res['original_acceptance_se'])}, variants rejected "
-                f"{_pct(res['adv_rejection'], res['adv_rejection_se'])}, discrimination "
+                f"{_pct(res['adv_rejection'], res['adv_rejection_se'])}, errors on originals "
+                f"{_pct(res['original_errors'], None)}, discrimination "
                 f"{_pct(res['discrimination'], res['discrimination_se'])} ({seconds['evaluation']:.0f} s)")
         if "planning" in roles:
             t = time.perf_counter()

@@ -68,6 +68,35 @@ def test_discrimination_per_rule_and_overall(tmp_path):
     assert (run / "analysis" / "discrimination.md").read_text().count("|") > 10
 
 
+def test_discrimination_counts_an_error_as_no_verdict(tmp_path):
+    # K = 2, P = 1 (step_drop), three valid verifiers. Z as the reward saw it (an error is 0):
+    #   v0: accepts both originals, rejects both variants with a verdict
+    #   v1: accepts original 0, errors on original 1; errors on both variants (Z 0 but no rejection)
+    #   v2: rejects original 0, accepts original 1; accepts variant 0, errors on variant 1
+    rec = record([[1, 1], [1, 0], [0, 1]], [[[0], [0]], [[0], [0]], [[1], [0]]], [[True], [True]], ["step_drop"],
+                 ["1", "2"])
+    rec["error_orig"] = [[False, False], [False, True], [False, False]]
+    rec["error_adv"] = [[[False], [False]], [[True], [True]], [[False], [True]]]
+    res = discrimination.main([str(write_run(tmp_path, records=[rec]))])
+    v = res["levels"]["verifier"]
+    # originals: right = accepted = 1 + 1 + 0 + ... -> v0 2, v1 1, v2 1 of 6 = 4/6; variants: only v0's 2 clean
+    # rejections are right, of 6 checks (v1's two errors and v2's error are no rejection) = 2/6
+    assert v["original_acceptance"] == pytest.approx(4 / 6)
+    assert v["perturbation_rejection"] == pytest.approx(2 / 6)
+    assert v["balanced_accuracy"] == pytest.approx(0.5 * (4 / 6 + 2 / 6))
+    pool = res["levels"]["pool"]
+    # pool, over the completed checks: original 0: 3 completed, 2 accept -> accept; original 1: v0 and v2 completed,
+    # both accept -> accept (2/2). Variant 0: v0 rejects, v2 accepts (v1 errored): 1 of 2 accept, a tie -> reject
+    # (right); variant 1: only v0 completed and rejects -> reject (right).
+    assert pool["original_acceptance"] == pytest.approx(1.0)
+    assert pool["perturbation_rejection"] == pytest.approx(1.0)
+    # reading the same Z without its masks (an older record) counts v1's and v2's errors as rejections
+    del rec["error_orig"], rec["error_adv"]
+    (tmp_path / "old").mkdir()
+    old = discrimination.main([str(write_run(tmp_path / "old", records=[rec]))])["levels"]["verifier"]
+    assert old["perturbation_rejection"] == pytest.approx(5 / 6) and old["original_acceptance"] == pytest.approx(4 / 6)
+
+
 def test_reward_variance_against_majority_vote(tmp_path):
     r1 = record([[1, 1, 0, 0], [1, 0, 0, 0]], [[[]] * 4] * 2, [[]] * 4, [], ["2", "2", "2.0", "3"])
     r2 = record([[1, 0, 1, 0]], [[[]] * 4], [[]] * 4, [], [r"\frac{1}{2}", "0.5", "1/2", None])

@@ -2,7 +2,8 @@
 
 It is rebuilt from the run directory alone (``metrics.jsonl``, ``records.jsonl``): per-player reward
 trajectories, time spent in generation, sandbox and updates, the Execution player's accuracy on the fixed
-diagnostic pool with its negative-step rate and maximum drop (Appendix D.2), one sample task with a trajectory
+diagnostic pool with its negative-step rate and maximum drop (Appendix D.2), per outer iteration the kinds of
+verifier in the Evaluation blocks with their shares and mean advantages (issue 47), one sample task with a trajectory
 and a verifier, and the verdict matrix of that task.
 
 ``summary.png`` beside them (:func:`write_summary_png`, matplotlib without a display) plots per update each
@@ -23,6 +24,7 @@ from unifiedplayers.diagnostics.execution_pool import pool_summary
 from unifiedplayers.diagnostics.logging import read_metrics
 from unifiedplayers.feedback.perturbation import RULES
 from unifiedplayers.diagnostics.records import RECORDS_FILENAME, iter_records
+from unifiedplayers.diagnostics.verifier_kinds import iteration_kinds, kinds_lines
 from unifiedplayers.feedback.trajectory import render
 
 from unifiedplayers.roles import ROLES
@@ -96,6 +98,7 @@ def build_summary(run_dir: Path, timing: Optional[dict] = None) -> tuple[dict[st
         "execution_pool": pool_summary(metrics, run_dir),
         "precision": precision_summary(run_dir, metrics, cfg),
         "machine": machine_summary(run_dir, cfg),
+        "verifier_kinds": iteration_kinds(records),
     }
     return summary, pick_sample(records)
 
@@ -184,6 +187,7 @@ def render_summary(summary: dict[str, Any], sample: Optional[Any]) -> str:
                    + ", ".join(f"{role} {v['mean']:.2e} (max {v['max']:.2e}, {v['steps']} steps)"
                                for role, v in prec["logprob_mismatch"].items()))
     out.append("")
+    out.extend(kinds_lines(summary.get("verifier_kinds") or {}))
     pool = summary.get("execution_pool")
     if pool:
         out.append("## Execution accuracy on the fixed diagnostic pool (§4.4, Appendix D.2)")

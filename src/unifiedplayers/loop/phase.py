@@ -32,6 +32,7 @@ from unifiedplayers.config import role_trainer_config
 from unifiedplayers.feedback.pipeline import FeedbackContext, phase_feedback
 from unifiedplayers.methods import GroupShape, shape_advantages
 from unifiedplayers.diagnostics.records import InteractionRecord
+from unifiedplayers.diagnostics.verifier_kinds import kind_metrics, task_kinds_and_advantages
 from unifiedplayers.trainer.sample import TrainSample, as_sample, sample_from_completion, sample_from_segments
 
 PHASE_FILE = "phase.pt"
@@ -227,6 +228,11 @@ def minibatch_metrics(role: str, groups: Sequence[Sequence[Any]], played: Sequen
                                             if generated else None)
     for kind in ("raised", "timeout", "bad_return"):
         m[f"evaluation/errors_{kind}"] = sum(e[f"errors/{kind}"] for e in errors)
+    # What the Evaluation reward pays each kind of verifier (issue 47): share and mean advantage within the M.
+    m.update(kind_metrics([task_kinds_and_advantages(fb.verdicts.num_generated, fb.verdicts.valid, fb.verdicts.z_orig,
+                                                     fb.verdicts.z_adv, fb.verdicts.adv_mask, fb.verdicts.error_orig,
+                                                     fb.answers, p.rewards.get("evaluation"))
+                           for p, fb in zip(played, feedback) if fb.verdicts.num_generated]))
     return m
 
 
