@@ -25,7 +25,7 @@ loop.players[role].model, records.jsonl, metrics.jsonl (block, phase_step, <role
 
 ------------------------------------------------------------------------------------------------------------
 The scenario and its rewards, by hand (conf/reward/default.yaml: α, β, γ = 0.4, 0.5, 0.1; w_unc, w_ver,
-w_rep = 1.0, 1.0, 0.5; invalid verifier -1; variant errors count as rejections; a missing answer joins no
+w_rep = 1.0, 1.0, 0.5; invalid verifier -1; a variant error earns no ρ_adv credit (none occurs here); a missing answer joins no
 cluster; ρ_red = difflib ratio of canonical code tokens; R(q) = max sentence-BLEU/100 against the history;
 perturbation=all: P = 5 rules, a rule that cannot apply is masked out of ρ_adv and V(q)).
 
@@ -324,6 +324,29 @@ def test_records_hold_hand_computed_rewards(run):
         (PLANNING_A_FIRST_BLOCK + PLANNING_B_FIRST_BLOCK) / 2)
     assert first["execution"]["execution/reward_mean"] == pytest.approx(sum(A_EXECUTION) / 4)  # 0.375
     assert first["evaluation"]["evaluation/reward_mean"] == pytest.approx(sum(A_EVALUATION) / 3)
+
+
+def test_verifier_kinds_in_the_metrics_and_the_summary(run):
+    """Issue 47: each update's kind shares and mean advantages, and the summary's table per outer iteration.
+    Task A's verifiers: vA (Z_orig [1,0,0,0]) and vS ([1,0,1,0]) discriminate, vX is invalid; no check errors."""
+    import json
+
+    from unifiedplayers.diagnostics.summary import write_summary
+
+    adv = EXPECTED_ADVANTAGES["evaluation"]
+    line = next(m for m in run["metrics"] if m["block"] == "evaluation")  # plays task A only
+    assert line["evaluation/kind/invalid/share"] == pytest.approx(1 / 3)
+    assert line["evaluation/kind/discriminating/share"] == pytest.approx(2 / 3)
+    for kind in ("crashes_answered", "rejects_all", "accepts_all"):
+        assert line[f"evaluation/kind/{kind}/share"] == 0.0 and line[f"evaluation/kind/{kind}/advantage"] is None
+    assert line["evaluation/kind/invalid/advantage"] == pytest.approx(adv["vX"], rel=1e-6)
+    assert line["evaluation/kind/discriminating/advantage"] == pytest.approx((adv["vA"] + adv["vS"]) / 2, rel=1e-6)
+    summary, text = write_summary(run["dir"], png=False)
+    table = summary["verifier_kinds"]  # the Evaluation block's records: task A, played once
+    assert list(table) == [1] and table[1]["invalid"]["n"] == 1 and table[1]["discriminating"]["n"] == 2
+    assert table[1]["discriminating"]["advantage"] == pytest.approx((adv["vA"] + adv["vS"]) / 2, rel=1e-6)
+    assert "| 1 | 33%, -1.40 | 0%, – | 0%, – | 0%, – | 67%, +0.70 |" in text
+    assert json.loads((run["dir"] / "summary.json").read_text())["verifier_kinds"]["1"]["invalid"]["n"] == 1
 
 
 @pytest.mark.parametrize("role", ROLES)
