@@ -125,6 +125,10 @@ def test_partial_errors_are_masked_summarised_and_saved(sandbox, reward_cfg, tmp
     np.testing.assert_array_equal(record.error_orig, [[False, True]])
     np.testing.assert_array_equal(record.error_adv, [[[False], [True]]])
     np.testing.assert_allclose(r.execution, [1.0, 0.0])  # r_S reads Z_orig unchanged
+    from unifiedplayers.diagnostics.summary import verdict_table
+
+    # the summary's verdict matrix shows an error as e, not as a 0 that reads like a rejection
+    assert verdict_table(record).splitlines()[1].split() == ["v0", "1", "1", "e", "e"]
     # checks = M_q·K + M_q·(present variants) = 1·2 + 1·2 = 4; errors 1 + 1 -> rate 2/4
     summary = record.error_summary()
     assert summary == {"checks": 4, "errors_orig": 1, "errors_adv": 1, "error_rate": 0.5, "runtime_invalid": 0}

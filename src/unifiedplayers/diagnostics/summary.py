@@ -61,15 +61,17 @@ def verdict_table(record: Any) -> str:
         head.append(f"t{kk}:orig")
         head.extend(f"t{kk}:{RULES[r].abbrev if r in RULES else r}" for r in record.rules)
     rows = []
+    cell = lambda z, err: "e" if err else str(int(z))  # noqa: E731
     for i in range(m_q):
         row = [f"v{record.valid[i]}"]
         for kk in range(k):
-            row.append(str(int(record.z_orig[i, kk])))
-            row.extend(str(int(record.z_adv[i, kk, j])) if record.adv_mask[kk, j] else "." for j in range(p))
+            row.append(cell(record.z_orig[i, kk], record.error_orig[i, kk]))
+            row.extend(cell(record.z_adv[i, kk, j], record.error_adv[i, kk, j]) if record.adv_mask[kk, j] else "."
+                       for j in range(p))
         rows.append(row)
     widths = [max(len(r[c]) for r in [head] + rows) for c in range(len(head))]
     lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in [head] + rows]
-    return "\n".join(lines) + "\n(1 accept, 0 reject, . rule could not apply)"
+    return "\n".join(lines) + "\n(1 accept, 0 reject, e check error: no verdict, 0 in Z; . rule could not apply)"
 
 
 def build_summary(run_dir: Path, timing: Optional[dict] = None) -> tuple[dict[str, Any], Optional[Any]]:
