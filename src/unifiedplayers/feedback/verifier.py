@@ -8,8 +8,9 @@
    ``trajectory.steps``, ``s.type``, ``s.result``, ``s.code``, ``s.lang``, ``s.text`` and
    ``trajectory.question`` work (``trajectory["steps"]`` too), then calls the model's ``check``.
 3. :func:`outcome_of` reads the sandbox's ``CallResult``: only ``True`` or a tuple whose first element
-   is ``True`` accepts; ``False`` or a tuple whose first element is ``False`` rejects. A raise, a
-   timeout, or any other value (``1``, ``"True"``, ``[True]``, ``None``) is an *error*
+   is ``True`` accepts; ``False`` or a tuple whose first element is ``False`` rejects (an exact ``tuple``: not a
+   subclass such as a namedtuple; the prelude decides both by identity, so neither depends on how the other
+   items print). A raise, a timeout, or any other value (``1``, ``"True"``, ``[True]``, ``None``) is an *error*
    (:data:`ERROR_KINDS`): 0 in the verdict matrix like a rejection (§3.1, Eq. 10: only an acceptance is 1),
    but recorded apart from one (``CheckOutcome.is_error``; see ``verdict`` for what an error costs the verifier).
 """
@@ -126,12 +127,14 @@ def __unifiedplayers_verdict__(payload, _g=globals(), _type=type, _tuple=tuple, 
     view["steps"] = [_view(s) for s in payload.get("steps") or []]
     result = _g["check"](view)
     accepted = result is True or (_type(result) is _tuple and _len(result) >= 1 and result[0] is True)
-    is_pair = _type(result) is _tuple and _len(result) >= 2 and _type(result[1]) is _int
+    rejected = result is False or (_type(result) is _tuple and _len(result) >= 1 and result[0] is False)
+    is_pair = (_type(result) is _tuple and _len(result) >= 2 and _type(result[1]) is _int
+               and -(1 << 63) <= result[1] < 1 << 63)  # an int JSON can carry (not past the 4300-digit str limit)
     try:
         shown = _repr(result)[:200]
     except BaseException:
         shown = "<unprintable>"
-    return {"accepted": accepted, "returned": _type(result).__name__, "repr": shown,
+    return {"accepted": accepted, "rejected": rejected, "returned": _type(result).__name__, "repr": shown,
             "fail_step": result[1] if is_pair else None}
 
 
@@ -164,6 +167,16 @@ class CheckOutcome:
         return self.kind in ERROR_KINDS
 
 
+def _text(reason: str) -> str:
+    """``reason`` as text UTF-8 can hold: a lone surrogate (a model's ``repr`` or exception message can return one)
+    is escaped (``\\ud800``), so the record that keeps the reason can be written."""
+    try:
+        reason.encode("utf-8")
+        return reason
+    except UnicodeEncodeError:
+        return reason.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def outcome_of(call: Any) -> CheckOutcome:
     """Read a sandbox ``CallResult`` of :data:`ENTRY_POINT` as a verdict."""
     duration = float(getattr(call, "duration_s", 0.0) or 0.0)
@@ -175,7 +188,7 @@ def outcome_of(call: Any) -> CheckOutcome:
         tb = (getattr(call, "traceback", None) or getattr(call, "stderr", "") or "").strip()
         detail = tb.splitlines()[-1] if tb else ""
         reason = f"check failed: {error}" + (f" ({detail})" if detail and detail not in error else "")
-        return CheckOutcome(False, "raised", reason[:500], None, duration)
+        return CheckOutcome(False, "raised", _text(reason)[:500], None, duration)
     value = call.value
     if not isinstance(value, dict) or "accepted" not in value:
         return CheckOutcome(False, "bad_return", f"malformed verdict {value!r:.200}", None, duration)
@@ -184,7 +197,10 @@ def outcome_of(call: Any) -> CheckOutcome:
         return CheckOutcome(True, "accepted", "accepted", fail_step, duration)
     returned = value.get("returned")
     shown = value.get("repr")
-    if returned == "bool" or (returned == "tuple" and str(shown).startswith("(False")):
-        return CheckOutcome(False, "rejected", f"check returned {shown}", fail_step, duration)
-    return CheckOutcome(False, "bad_return", f"check returned {returned} {shown}; only True or (True, ...) accepts",
-                        fail_step, duration)
+    rejected = value.get("rejected")  # the prelude's reading: False, or an exact tuple whose first item is False
+    if rejected is None:  # a value without it (not from this prelude): read the type's name and the printed text
+        rejected = returned == "bool" or (returned == "tuple" and str(shown).startswith("(False"))
+    if rejected is True:
+        return CheckOutcome(False, "rejected", _text(f"check returned {shown}"), fail_step, duration)
+    reason = f"check returned {returned} {shown}; only True or (True, ...) accepts"
+    return CheckOutcome(False, "bad_return", _text(reason), fail_step, duration)
