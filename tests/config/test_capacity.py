@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -177,3 +179,59 @@ def test_the_command_line_prints_the_table():
     for text in ("Capacity plan: experiment=tiny", "Host RAM per node, GiB", "backward", "total",
                  "Disk: one checkpoint", "Compute per optimizer step", "tokens generated", "Assumptions:"):
         assert text in out, text
+
+
+def test_parked_state_counts_on_the_run_disk_unless_offload_dir_has_its_own() -> None:
+    """The idle players' parked state lies in trainer.offload_dir: on the run directory's disk when that is the same
+    file system (``Machine.offload_disk`` None), judged against its own free space alone when it is not."""
+    p = plan(compose(["experiment=paper_qwen3_4b"]), PAPER_NODE)
+    # By hand (N = QWEN_N; ZeRO-3, trainer.dtype bf16, KL on, ref_mode precompute, fresh feedback, export_at_end):
+    # one checkpoint = model.pt 2N + deepspeed/ 12N + reference.pt 2N = 16N; the save replay's peak is 11 of them
+    # (test_checkpoint_disk_replays_the_save_cadence), the end 9 + the export of 3 players x 2N, so the run's peak is
+    # max(11 x 16N, 9 x 16N + 6N) = 176N. Parked: max(3 players x 18N optimizer state,
+    # 2 idle x (18N + pi_ref on 1 holder x 2N)) = max(54N, 40N) = 54N.
+    assert p.run_disk == 176 * QWEN_N and p.parked.bytes == 54 * QWEN_N
+    exact = replace(PAPER_NODE, disk=176 * QWEN_N, name="run disk just big enough for the checkpoints")
+    # No separate offload disk: 176N + 54N = 230N must fit in 176N; it does not.
+    with pytest.raises(CapacityError) as refused:
+        check_fits(p, exact)
+    message = str(refused.value)
+    assert "disk at the run directory" in message and "idle players' parked state" in message
+    assert "disk in trainer.offload_dir" not in message
+    # An offload disk of exactly 54N: the run disk holds 176N of 176N, the offload disk 54N of 54N; both fit.
+    check_fits(p, replace(exact, offload_disk=54 * QWEN_N))
+    # One byte short on the offload disk: refused there, and only there (the run disk is not charged the 54N).
+    with pytest.raises(CapacityError) as refused:
+        check_fits(p, replace(exact, offload_disk=54 * QWEN_N - 1))
+    message = str(refused.value)
+    assert "disk in trainer.offload_dir" in message and "disk at the run directory" not in message
+
+
+def test_a_resumed_runs_checkpoints_count_as_free_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``machine_here``: the disk a run can use is the free space plus its own checkpoints/ (a resumed run replaces
+    and thins them, so their bytes are its to reuse); other files of the run directory are not counted."""
+    free = 7_000_000_000
+    monkeypatch.setattr(capacity.shutil, "disk_usage", lambda path: SimpleNamespace(total=2 * free, used=free,
+                                                                                    free=free))
+    run = tmp_path / "run"
+    (run / "checkpoints" / "iter1" / "execution").mkdir(parents=True)
+    (run / "checkpoints" / "resume" / "planning-a").mkdir(parents=True)
+    (run / "checkpoints" / "iter1" / "execution" / "model.pt").write_bytes(b"w" * 1000)
+    (run / "checkpoints" / "resume" / "planning-a" / "optimizer.pt").write_bytes(b"o" * 234)
+    (run / "state.pt").write_bytes(b"s" * 50)  # beside checkpoints/: not counted
+    cfg = compose(["experiment=tiny", f"trainer.offload_dir={tmp_path / 'offload'}"])
+    # 7e9 free + 1000 + 234 bytes under checkpoints/ = 7_000_001_234; offload_dir on the same file system: None.
+    machine = capacity.machine_here(cfg, 1, str(run))
+    assert machine.disk == 7_000_001_234 and machine.offload_disk is None
+    # A fresh run directory (not made yet): the free space of its nearest existing parent, nothing added.
+    assert capacity.machine_here(cfg, 1, str(tmp_path / "new")).disk == free
+
+
+def test_a_frozen_players_weights_are_held_whole_under_zero3() -> None:
+    """A frozen player (Table 3's schedule.train_evaluation=false) has no trainer: ``Team.setup`` casts its module to
+    model.dtype on every rank (loop/team.py), so ZeRO-3 shards only the trained players' weights."""
+    p = plan(compose(["experiment=paper_qwen3_4b", "schedule.train_evaluation=false"]), PAPER_NODE)
+    weights = item(p.gpu_peak.items, "3 players' weights")
+    # bf16 (2 bytes): Planning and Execution 1/8 each on 8 GPUs, Evaluation whole: 2N x (2/8 + 1) = 2.5N per GPU
+    # (= 10_056_170_240 bytes), against 3 x 2N / 8 = 0.75N when all three train.
+    assert weights.bytes == 2 * QWEN_N * (2 / 8 + 1) == 10_056_170_240

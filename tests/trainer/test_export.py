@@ -12,8 +12,9 @@ import torch
 from omegaconf import OmegaConf
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from unifiedplayers import precision
 from unifiedplayers.config import compose
-from unifiedplayers.export import EXPORT_DIR, EXPORT_META, main
+from unifiedplayers.export import EXPORT_DIR, EXPORT_META, export_dtype, main
 from unifiedplayers.loop.outer import OuterLoop
 from unifiedplayers.models import cast_parameters, load_model
 from unifiedplayers.roles import ROLES
@@ -148,3 +149,48 @@ def test_a_thinned_checkpoint_says_so(run_dir, tmp_path):
     (copy / "checkpoints" / "iter1" / "planning" / "model.pt").unlink()
     with pytest.raises(SystemExit, match=r"iter1/planning holds no model.pt \(removed by schedule.checkpoint_ret"):
         main([str(copy), "--role", "planning", "--out", str(tmp_path / "out")])
+
+
+def test_auto_exports_bfloat16(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """``model.dtype=auto`` exports bfloat16: a run on a bf16 machine stores the bfloat16 it chose, and a config that
+    still says ``auto`` gives bfloat16 on any machine (the module docstring, ``--dtype``'s help). The CPU flags are
+    faked (``precision.cpu_flags``, as tests/schedule/test_precision_run.py does), so this holds on an AVX2 CPU."""
+    monkeypatch.setattr(precision, "cpu_flags", lambda path="/proc/cpuinfo": frozenset({"avx2", "amx_bf16"}))
+    run = tmp_path / "run"
+    OuterLoop(compose(["experiment=tiny", "model.dtype=auto", "schedule.export_at_end=false"]), run).run()
+    run_cfg = OmegaConf.load(run / "config.yaml")
+    assert run_cfg.model.dtype == "bfloat16" and "amx_bf16" in run_cfg.precision_reason  # resolved at the start
+    out = tmp_path / "execution"
+    main([str(run), "--role", "execution", "--out", str(out)])
+    assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
+    assert json.loads((out / EXPORT_META).read_text())["dtype"] == "bfloat16"
+    # A config.yaml that left model.dtype auto (written by hand, or by a tool that does not resolve it), exported on an
+    # AVX2-only machine, where a run's auto would pick float32: still bfloat16, the export's own default.
+    monkeypatch.setattr(precision, "cpu_flags", lambda path="/proc/cpuinfo": frozenset({"avx2", "fma"}))
+    run_cfg.model.dtype = "auto"
+    assert export_dtype(run_cfg, None) == "bfloat16" and export_dtype(run_cfg, "float32") == "float32"
+    OmegaConf.save(run_cfg, run / "config.yaml")
+    main([str(run), "--role", "execution", "--out", str(out)])  # out holds our earlier export: replaced
+    assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
+    assert json.loads((out / EXPORT_META).read_text())["dtype"] == "bfloat16"
+    assert all(p.dtype == torch.bfloat16 for p in AutoModelForCausalLM.from_pretrained(out).parameters())
+
+
+def test_another_models_directory_is_refused_untouched_and_an_empty_one_accepted(run_dir: Path,
+                                                                                 tmp_path: Path) -> None:
+    """Only our marker file (``unifiedplayers_export.json``) makes an existing ``--out`` ours to replace: another
+    tool's Hugging Face directory has a config.json and weights too, and must survive byte for byte."""
+    other = tmp_path / "someone_elses_model"
+    other.mkdir()
+    files = {"config.json": b'{"model_type": "llama", "hidden_size": 8}\n', "model.safetensors": bytes(range(256)) * 4,
+             "tokenizer.json": b"{}\n"}
+    for name, data in files.items():
+        (other / name).write_bytes(data)
+    with pytest.raises(SystemExit, match="not an export of this tool"):
+        main([str(run_dir), "--role", "execution", "--out", str(other)])
+    assert {p.name: p.read_bytes() for p in other.iterdir()} == files
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["someone_elses_model"]  # no temporary directory left
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main([str(run_dir), "--role", "execution", "--out", str(empty)]) == [empty]
+    assert (empty / EXPORT_META).is_file() and (empty / "model.safetensors").stat().st_size > 100
