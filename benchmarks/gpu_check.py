@@ -1,7 +1,8 @@
 """GPU check: the paper preset's model shape with random weights, through our rollout, sandbox and trainer.
 
-For a machine with one GPU (an H200), torch and transformers only and no network (``experiments/gpu_check.sh``
-sends the missing packages as wheels). Per player and trainer backend (``--backends torch,deepspeed_zero2,...``):
+For a machine with one GPU (an H200), torch and an older transformers only and no network
+(``experiments/gpu_check.sh`` sends the missing packages and our transformers as wheels). Per player and trainer
+backend (``--backends torch,deepspeed_zero2,...``):
 
 1. a ``Qwen3ForCausalLM`` of Qwen3-4B-Base's architecture (``--shape qwen3_4b``) or a 2-layer toy of it
    (``--shape tiny``), random weights initialised on the device, seeded; no download;

@@ -6,13 +6,20 @@
 # the save cadence, exact resume, peak memory against the capacity plan) on the shape cut to 2 layers with the full
 # vocabulary. vLLM is reported as not run (its CUDA wheel alone is far over what such a machine can be sent).
 #
-# Such a machine has torch and transformers (so numpy, packaging, tqdm) but no Hydra or DeepSpeed, cannot reach
-# any network, and receives the working tree plus at most 64 MiB of extra files. Two steps:
+# Such a machine (KINDS.md of the device tool: Python 3.12, torch 2.11.0, transformers 5.17.0, huggingface_hub
+# 1.33.0, tokenizers 0.23.2, safetensors 0.8.0, accelerate 1.15.0, numpy, pyyaml, regex, ...) has no Hydra or
+# DeepSpeed and a transformers older than the >=5.24 we require, cannot reach any network, and receives the working
+# tree plus at most 64 MiB of extra files. Two steps:
 #
 #   experiments/gpu_check.sh prepare      here, with the network: build .gpu_wheels/ (the packages such a
-#                                          machine lacks, as wheels) and print its size against the 64 MiB
-#   experiments/gpu_check.sh run [ARGS]    there: install .gpu_wheels/ into a temporary folder (nothing is
-#                                          fetched) and run the check (timeout 480 s); ARGS go to the script
+#                                          machine lacks or has too old, as wheels) and print its size against
+#                                          the 64 MiB
+#   experiments/gpu_check.sh run [ARGS]    there: install .gpu_wheels/ into a temporary folder put first on
+#                                          PYTHONPATH (nothing is fetched; a carried package wins over the
+#                                          image's), print what is imported from where (PROBLEM: lines for a
+#                                          shadowed package or an unmet requirement; GPU_CHECK_STRICT=1 stops
+#                                          there), and run the check (timeout 480 s); ARGS go to the script
+#                                          (`run --device cpu --shape tiny` rehearses it all on a CPU)
 #
 # Run time on one H200, estimated: installing the wheels 10-20 s; the torch players and their resume check about
 # 2.5 min; the paper unit about 2-3 min, a minute of it JIT-building DeepSpeed's CPU Adam op there (it needs a C++
@@ -22,11 +29,16 @@
 #
 # What is carried: DeepSpeed's declared requirements except torch, numpy and packaging, which such a machine has
 # (tests/benchmarks_gpu/test_gpu_check.py keeps the lists complete), plus Hydra's and pydantic's, and setuptools
-# (torch.utils.cpp_extension imports it to build the op). The wheels with compiled code (pydantic-core, msgpack,
-# psutil, and ninja's binary) are downloaded for CPython 3.10-3.13 on manylinux x86_64 (GPU_PY_VERSIONS to
-# change), everything else is a pure-Python wheel; `run` installs the one matching its interpreter. DeepSpeed and
-# antlr4 4.9.3 have no wheel on PyPI: `prepare` builds them here from their sdists (DeepSpeed without building any
-# op: its ops are JIT-built where used).
+# (torch.utils.cpp_extension imports it to build the op); and transformers at our version with what it needs that
+# the image's transformers 5.17.0 did not: huggingface_hub >= 2.4 (the image's is 1.33.0) and its new HTTP stack
+# (httpx2, httpcore2, truststore, and anyio, idna, h11 at the versions httpx2 needs), and kernels (a declared
+# requirement of transformers >= 5.24; transformers imports it when present) with tomlkit. What transformers and
+# huggingface_hub need beside these (tokenizers, safetensors, regex, pyyaml, filelock, fsspec, click, hf-xet, typer,
+# numpy, packaging) the image has at versions that satisfy them (the test checks the bounds). The wheels with
+# compiled code (pydantic-core, msgpack, psutil, kernels, and ninja's binary) are downloaded for CPython 3.10-3.13
+# on manylinux x86_64 (GPU_PY_VERSIONS to change), everything else is a pure-Python wheel; `run` installs the one
+# matching its interpreter. DeepSpeed and antlr4 4.9.3 have no wheel on PyPI: `prepare` builds them here from their
+# sdists (DeepSpeed without building any op: its ops are JIT-built where used).
 # `make gpu-check` is `experiments/gpu_check.sh run $(ARGS)`.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -37,8 +49,9 @@ LIMIT_MIB=64  # the working tree and everything sent with it
 # ninja is a binary in a py3-none-manylinux wheel: listed with the compiled ones, so that it is downloaded for the
 # GPU machine's platform, not built for this one's.
 PURE="hydra-core omegaconf antlr4-python3-runtime deepspeed hjson py-cpuinfo einops pydantic annotated-types
-      typing-inspection typing-extensions tqdm setuptools"
-COMPILED="pydantic-core msgpack psutil ninja"
+      typing-inspection typing-extensions tqdm setuptools
+      transformers huggingface-hub httpx2 httpcore2 truststore anyio idna h11 tomlkit"
+COMPILED="pydantic-core msgpack psutil ninja kernels"
 
 prepare() {
   local py="${PY:-.venv/bin/python}" v pkgs=() bin=()
@@ -76,7 +89,9 @@ install_wheels() {  # $1: python, $2: target folder
   local names
   names=$(ls "$WHEELS" | grep '\.whl$' | sed 's/-.*//' | sort -u | tr '\n' ' ')
   if "$py" -m pip --version > /dev/null 2>&1; then
-    "$py" -m pip install -q --no-index --no-deps --disable-pip-version-check --find-links "$WHEELS" \
+    # --target ignores what the image has installed; --no-compile: only what is imported gets byte-compiled
+    # (compiling all of transformers took 11 of the 14 s of this install on 2 cores).
+    "$py" -m pip install -q --no-index --no-deps --no-compile --disable-pip-version-check --find-links "$WHEELS" \
       --target "$site" $names
   else  # no pip there: a wheel is a zip archive; unpack the best match of each package for this interpreter
     "$py" - "$WHEELS" "$site" << 'EOF'
@@ -112,24 +127,96 @@ EOF
   echo "installed from $WHEELS into $site: $names"
 }
 
+report_imports() {  # $1: python, $2: the folder the wheels went to; PYTHONPATH already set
+  # What is imported, its version and from where (the carried folder or the image), and whether a carried
+  # distribution is shadowed or a carried one's requirement is unmet. GPU_CHECK_STRICT=1: exit 3 on a problem.
+  "$1" - "$WHEELS" "$2" << 'EOF'
+import importlib, importlib.metadata as md, os, pathlib, sys
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name, parse_wheel_filename
+
+wheels, site = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2]).resolve()
+carried = {}
+if wheels.is_dir():
+    for wheel in wheels.glob("*.whl"):
+        name, version, _, _ = parse_wheel_filename(wheel.name)
+        carried[name] = str(version)
+problems = []
+first = next((pathlib.Path(p).resolve() for p in sys.path if p), None)
+print(f"python {sys.version.split()[0]} ({sys.executable}); {len(carried)} carried distributions in {site}, "
+      f"first on sys.path: {first == site}")
+if first != site:
+    problems.append(f"sys.path starts with {first}, not the carried folder {site}")
+# 1. Each carried distribution: the first one found on sys.path must be the carried one.
+for name, version in sorted(carried.items()):
+    try:
+        dist = md.distribution(name)
+    except md.PackageNotFoundError:
+        problems.append(f"{name} {version}: carried but not found on sys.path")
+        continue
+    where = pathlib.Path(dist.locate_file("")).resolve()
+    if dist.version != version or where != site:
+        problems.append(f"{name}: carried {version}, but {dist.version} from {where} is found first")
+# 2. Their requirements (extras aside) against what is found first.
+for name in sorted(carried):
+    try:
+        requires = md.requires(name) or []
+    except md.PackageNotFoundError:
+        continue
+    for text in requires:
+        req = Requirement(text)
+        if req.marker and not req.marker.evaluate({"extra": ""}):
+            continue
+        try:
+            have = md.version(req.name)
+        except md.PackageNotFoundError:
+            problems.append(f"{name} requires {req}: not installed")
+            continue
+        if not req.specifier.contains(have, prereleases=True):
+            problems.append(f"{name} requires {req}: {have} is installed")
+# 3. What the check imports: version and origin.
+for module, dist in (("torch", "torch"), ("transformers", "transformers"), ("huggingface_hub", "huggingface-hub"),
+                     ("tokenizers", "tokenizers"), ("safetensors", "safetensors"), ("accelerate", "accelerate"),
+                     ("kernels", "kernels"), ("deepspeed", "deepspeed"), ("hydra", "hydra-core"),
+                     ("omegaconf", "omegaconf"), ("pydantic", "pydantic")):
+    try:
+        mod = importlib.import_module(module)
+    except Exception as exc:  # noqa: BLE001 - report it; the check says what it cannot run
+        problems.append(f"import {module} failed: {type(exc).__name__}: {exc}")
+        print(f"{module:<16} import FAILED: {type(exc).__name__}: {exc}")
+        continue
+    path = pathlib.Path(mod.__file__).resolve()
+    origin = "carried" if site in path.parents else "image"
+    version = getattr(mod, "__version__", None) or md.version(dist)
+    extra = f", cuda {mod.version.cuda}, GPU {mod.cuda.is_available()}" if module == "torch" else ""
+    print(f"{module:<16} {version:<14} {origin:<8} {path.parent}{extra}")
+    if canonicalize_name(dist) in carried and origin != "carried":
+        problems.append(f"{module} is imported from {path.parent}, not from the carried {site}")
+for line in problems:
+    print(f"PROBLEM: {line}")
+print(f"imports: {len(problems)} problem(s)")
+sys.exit(3 if problems and os.environ.get("GPU_CHECK_STRICT") == "1" else 0)
+EOF
+}
+
 run() {
   local py="${PYTHON:-python3}" site="${GPU_SITE:-${TMPDIR:-/tmp}/unifiedplayers-gpu-site}"
   local out="${OUT:-runs/gpu_check}"
   mkdir -p "$out"
   install_wheels "$py" "$site"
+  # The carried folder first: it wins over the image's site-packages (an older transformers there included).
   export PYTHONPATH="$site:$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PATH="$site/bin:$PATH"  # ninja's binary in bin/
   # cuBLAS's deterministic workspace (the exact-resume check); must be set before CUDA starts.
   export CUBLAS_WORKSPACE_CONFIG="${CUBLAS_WORKSPACE_CONFIG:-:4096:8}"
   export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false WANDB_MODE=offline
-  "$py" -c "import sys, torch, transformers; print('python', sys.version.split()[0], 'torch', torch.__version__,
-      'cuda', torch.version.cuda, 'transformers', transformers.__version__)"
+  report_imports "$py" "$site" 2>&1 | tee "$out/gpu_check.log"
   # DeepSpeed's CPU Adam op is JIT-built there, under TORCH_EXTENSIONS_DIR (default ~/.cache/unifiedplayers/...).
   timeout 480 "$py" benchmarks/gpu_check.py --device cuda --shape qwen3_4b --steps 2 \
-    --backends torch,paper_zero3 --budget-s 420 --out "$out" "$@" 2>&1 | tee "$out/gpu_check.log"
+    --backends torch,paper_zero3 --budget-s 420 --out "$out" "$@" 2>&1 | tee -a "$out/gpu_check.log"
 }
 
 case "${1:-}" in
   prepare) prepare ;;
   run) shift; run "$@" ;;
-  *) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '2,/^# `make gpu-check`/p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

@@ -1,5 +1,6 @@
 """The CPU half of the GPU check (benchmarks/gpu_check.py, gpu_check_paper.py), its Qwen3-4B shape, and what
-experiments/gpu_check.sh carries to the GPU machine.
+experiments/gpu_check.sh carries to the GPU machine (with what that machine's image has, everything the check
+imports meets its requirements).
 
 The check itself is meant for a machine with one GPU and no network (experiments/gpu_check.sh); here it runs on the
 2-layer toy shape on CPU, end to end in a subprocess as it runs there, and the 4B architecture is checked on the meta
@@ -37,6 +38,20 @@ ON_THE_GPU_MACHINE = {
     "numpy": "torch and transformers need it, so the machine has it (a compiled wheel per Python is ~16 MB)",
     "packaging": "transformers needs it, and `run` itself imports it to unpack the wheels before anything is installed",
 }
+# The GPU machine's image (the device tool's KINDS.md, pip list read there in 2026-11: Python 3.12.3): the versions it
+# has of what the carried packages need and are not carried.
+GPU_IMAGE = {"torch": "2.11.0", "numpy": "2.5.2", "tokenizers": "0.23.2", "safetensors": "0.8.0",
+             "accelerate": "1.15.0"}
+# The image's other packages of that kind, version not read: the lower bound it meets, because its transformers 5.17.0
+# and huggingface_hub 1.33.0 require it (their Requires-Dist on PyPI; the upper bounds are the same as ours), except
+# pyyaml: 6.0.1 is the first PyYAML with a wheel for CPython 3.12 (kernels needs >= 6).
+GPU_IMAGE_AT_LEAST = {"packaging": "20.9", "pyyaml": "6.0.1", "regex": "2025.10.22", "typer": "0", "click": "8.4.2",
+                      "filelock": "3.10.0", "fsspec": "2023.5.0", "hf-xet": "1.6.0"}
+# What the check imports, at the top of the carried packages' requirements; setuptools: the CPU Adam op's build.
+CARRIED_ROOTS = ("transformers", "deepspeed", "hydra-core", "setuptools")
+GPU_MARKERS = {"python_version": "3.12", "python_full_version": "3.12.3", "implementation_name": "cpython",
+               "platform_python_implementation": "CPython", "sys_platform": "linux", "platform_system": "Linux",
+               "platform_machine": "x86_64", "os_name": "posix", "extra": ""}
 
 
 def _module():
@@ -151,6 +166,47 @@ def test_carried_wheels_cover_deepspeeds_requirements():
     # What the carried ones need in turn, and the C++ op build (torch.utils.cpp_extension imports setuptools).
     assert {"deepspeed", "pydantic-core", "annotated-types", "typing-inspection", "typing-extensions",
             "setuptools", "hydra-core", "omegaconf", "antlr4-python3-runtime"} <= carried
+
+
+def test_carried_wheels_with_the_gpu_image_meet_every_requirement():
+    """From what the check imports (:data:`CARRIED_ROOTS`), every declared requirement (extras aside, markers of the
+    GPU machine's Python 3.12) is carried, or met by the image's version (:data:`GPU_IMAGE`) or by the bound it is
+    known to meet (:data:`GPU_IMAGE_AT_LEAST`); every carried package is reached so (nothing is carried for
+    nothing); transformers is carried because the image's is older than our pin, and what it needs beside (the
+    ``accelerate`` it imports, our pin and its own) is met by the image."""
+    carried = _shell_list("PURE") | _shell_list("COMPILED")
+    assert {canonicalize_name(n) for n in CARRIED_ROOTS} <= carried
+    reached, todo, unmet = set(), [canonicalize_name(n) for n in CARRIED_ROOTS], []
+    while todo:
+        name = todo.pop()
+        if name in reached:
+            continue
+        reached.add(name)
+        for text in importlib.metadata.requires(name) or []:
+            req = Requirement(text)
+            if req.marker and not req.marker.evaluate(GPU_MARKERS):
+                continue
+            dep = canonicalize_name(req.name)
+            if dep in carried:
+                todo.append(dep)
+                continue
+            image = GPU_IMAGE.get(dep) or GPU_IMAGE_AT_LEAST.get(dep)
+            if image is None or not req.specifier.contains(image, prereleases=True):
+                unmet.append(f"{name} requires {req}; the GPU image has {image or 'none'}")
+    assert not unmet, "carry these (experiments/gpu_check.sh PURE/COMPILED): " + "; ".join(unmet)
+    assert carried <= reached, f"carried but needed by nothing the check imports: {sorted(carried - reached)}"
+    assert not (set(GPU_IMAGE) | set(GPU_IMAGE_AT_LEAST)) & carried  # a carried one is not the image's
+    pins = {canonicalize_name(Requirement(r).name): Requirement(r)  # pyproject.toml's, as installed
+            for r in importlib.metadata.requires("unifiedplayers") if "extra" not in r}
+    # `prepare` carries the version of this venv: it meets our pin; the image's does not (why it is carried).
+    assert pins["transformers"].specifier.contains(importlib.metadata.version("transformers"))
+    assert not pins["transformers"].specifier.contains("5.17.0")
+    from transformers.dependency_versions_table import deps  # checked when transformers is imported
+
+    for name in ("accelerate", "tokenizers", "safetensors", "numpy"):
+        assert Requirement(deps[name]).specifier.contains(GPU_IMAGE[name]), deps[name]
+        if name in pins:
+            assert pins[name].specifier.contains(GPU_IMAGE[name]), pins[name]
 
 
 def test_ninja_of_an_unpacked_wheel_is_found_and_made_executable(tmp_path, monkeypatch):
