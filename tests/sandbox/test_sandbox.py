@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -249,6 +251,44 @@ def test_process_bound_stops_a_fork_bomb(sb):
     assert r.exit_code == 0
     assert 0 < int(r.stdout) < sb.config.max_processes  # the bound, not the loop, stopped it
     assert sb.run("print('next')").stdout == "next\n"
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="per-call uids need root")
+def test_two_servers_with_different_temp_folders_take_different_uid_blocks():
+    """The uids are the machine's: servers whose working folders differ (two TMPDIRs) must not take one block, or
+    each one's sweeps kill the other's calls. Both lock in client.uid_lock_root(), whatever their workdir_root."""
+    from unifiedplayers.sandbox import Sandbox, SandboxConfig
+    from unifiedplayers.sandbox.client import uid_lock_root
+
+    # Two working roots the per-call uids can reach (pytest's own tmp_path lies under a 0700 folder of root's).
+    roots = [tempfile.mkdtemp(prefix="up-sandbox-test-", dir="/tmp") for _ in range(2)]
+    try:
+        for r in roots:
+            os.chmod(r, 0o755)
+        with Sandbox(SandboxConfig(timeout_s=2, workdir_root=roots[0])) as one, \
+                Sandbox(SandboxConfig(timeout_s=2, workdir_root=roots[1])) as two:
+            r1, r2 = one.run("print(1)"), two.run("print(2)")
+            assert (r1.stdout.strip(), r2.stdout.strip()) == ("1", "2"), (r1, r2)
+            a, b = one.isolation["uid_base"], two.isolation["uid_base"]
+            n = max(one.isolation["workers"], two.isolation["workers"])
+            assert abs(a - b) >= n, (a, b)
+    finally:
+        for r in roots:
+            shutil.rmtree(r, ignore_errors=True)
+    assert uid_lock_root().endswith(f"unifiedplayers-sandbox-uids-{os.geteuid()}")
+
+
+def test_uid_lock_root_refuses_a_folder_others_can_write(tmp_path):
+    from unifiedplayers.sandbox.client import SandboxError, uid_lock_root
+
+    shared = tmp_path / "shared"
+    (shared / f"unifiedplayers-sandbox-uids-{os.geteuid()}").mkdir(parents=True)
+    os.chmod(shared / f"unifiedplayers-sandbox-uids-{os.geteuid()}", 0o777)
+    ok = tmp_path / "ok"
+    ok.mkdir()
+    assert uid_lock_root([str(shared), str(ok)]) == str(ok / f"unifiedplayers-sandbox-uids-{os.geteuid()}")
+    with pytest.raises(SandboxError, match="no folder to lock"):
+        uid_lock_root([str(shared), str(tmp_path / "missing")])
 
 
 def test_output_is_truncated(sb):

@@ -1192,11 +1192,12 @@ class Server:
 
         Several sandboxes may run at once (tests, an evaluation beside training); each holds an
         exclusive lock on its block for its lifetime, so one server's sweeps never touch another's
-        calls.
+        calls. The locks lie in one folder per machine (``uid_lock_root``), not under TMPDIR.
         """
         block = max(64, self.workers)
         for k in range(4096):
-            fd = os.open(os.path.join(cfg["mirror_root"], "uids-%d.lock" % k), os.O_CREAT | os.O_RDWR, 0o600)
+            lock_dir = cfg.get("uid_lock_root") or cfg["mirror_root"]  # one folder per machine (client.uid_lock_root)
+            fd = os.open(os.path.join(lock_dir, "uids-%d.lock" % k), os.O_CREAT | os.O_RDWR, 0o600)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:

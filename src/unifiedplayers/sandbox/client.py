@@ -23,6 +23,26 @@ _SERVER = Path(__file__).with_name("_server.py")
 _ISOLATED_FLAGS = ("-P", "-s", "-S") if sys.version_info >= (3, 11) else ("-s", "-S")
 
 
+# Where a server locks its block of per-call uids, the first of these that exists (see uid_lock_root).
+UID_LOCK_DIRS = ("/run/lock", "/dev/shm", "/tmp")
+
+
+def uid_lock_root(dirs: Sequence[str] = UID_LOCK_DIRS) -> str:
+    """The folder in which every sandbox server of this user locks its block of per-call uids: one per machine,
+    whatever ``TMPDIR`` or ``sandbox.workdir_root`` say. The uids belong to the machine, so two servers that locked
+    them in two folders (two processes with different TMPDIRs) took the same block, and each one's sweeps killed the
+    other's calls. Refuses a folder another user owns or can write."""
+    for base in dirs:
+        if not (os.path.isdir(base) and os.access(base, os.W_OK | os.X_OK)):
+            continue
+        path = os.path.join(base, f"unifiedplayers-sandbox-uids-{os.geteuid()}")
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        st = os.stat(path)
+        if st.st_uid == os.geteuid() and not st.st_mode & 0o022:
+            return path
+    raise SandboxError(f"no folder to lock the sandbox's uids in: none of {', '.join(dirs)} is writable and ours")
+
+
 class SandboxError(RuntimeError):
     """The sandbox could not start (not raised for anything the sandboxed code does)."""
 
@@ -161,6 +181,8 @@ class Sandbox:
         settings = asdict(self.config)
         settings["workdir_root"] = self._workroot
         settings["mirror_root"] = parent
+        # Per-call uids (root only) are locked machine-wide; without them the server claims none.
+        settings["uid_lock_root"] = uid_lock_root() if os.geteuid() == 0 else None
         self._stderr_file = tempfile.TemporaryFile()
         # LD_BIND_NOW: the server's shared libraries resolve their symbols at start-up, not on first use,
         # when each call's fork would pay a copy-on-write fault for the write. The forkers clear their
