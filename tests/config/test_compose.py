@@ -59,6 +59,9 @@ def test_every_config_file_composes(group, name):
     cfg = compose([f"{group}={name}"], config_name=_root_for(group))
     # Resolve everything, so that a bad interpolation or a missing mandatory value fails here.
     OmegaConf.to_container(cfg, resolve=True, throw_on_missing=group not in {"ablation"})
+    # A check error earns no ρ_adv credit in every preset: crediting it is the named ablation alone (SPEC §5).
+    if group in ("experiment", "ablation", "method") or (group == "reward" and name != "errors_credited"):
+        assert cfg.reward.variant_error_credit is False, f"{group}={name} credits check errors"
 
 
 def chain(exc: BaseException) -> str:
