@@ -212,3 +212,8 @@ def progress(iterable: Optional[Iterable] = None, *, total: Optional[int] = None
 
         return _Null(iterable)
     return tqdm(iterable, total=total, desc=desc, leave=leave, position=position, initial=initial, dynamic_ncols=True)
+
+
+def verdict_progress(items: Iterable, desc: str):
+    """The feedback core's progress display (``FeedbackContext.progress``): a tqdm bar on the second line."""
+    return progress(items, desc=desc, position=1)

@@ -65,7 +65,9 @@ class FeedbackContext:
     verifiers: bool = True  # False: a method without verifiers (no perturbations: nothing would check them)
     method_cfg: Any = None
     settings: Any = None
-    show_progress: bool = False
+    # Wraps the tasks' verdict stage for a progress display: progress(items, description) -> the same items, in
+    # order (the loop passes a tqdm bar; the feedback core imports no display of its own).
+    progress: Optional[Callable[[Sequence[Any], str], Any]] = None
 
 
 def phase_feedback(tasks: Sequence[FeedbackTask], ctx: FeedbackContext) -> list[TaskFeedback]:
@@ -76,18 +78,16 @@ def phase_feedback(tasks: Sequence[FeedbackTask], ctx: FeedbackContext) -> list[
     2. The verdict matrix of each task (Eq. 9; the sandbox runs every check).
     3. All terms of Eq. 2-5 (:func:`unifiedplayers.feedback.rewards.task_rewards`), R(q) against ``ctx.history``.
     """
-    from unifiedplayers.diagnostics.logging import progress
-
     flat = [t for task in tasks for t in task.trajectories]
     if ctx.verifiers:
         variants_flat = iter(ctx.perturber.perturb_many(flat))
     else:
         variants_flat = iter([[None] * len(ctx.perturber.rules) for _ in flat])
     variants = [[next(variants_flat) for _ in task.trajectories] for task in tasks]
+    items = list(zip(tasks, variants))
     verdicts = [verdict_matrix(list(task.verifier_sources) if ctx.verifiers else [], list(task.trajectories),
                                task_variants, ctx.sandbox)
-                for task, task_variants in progress(list(zip(tasks, variants)), desc="sandbox: verdicts",
-                                                    enabled=ctx.show_progress, position=1)]
+                for task, task_variants in (ctx.progress(items, "sandbox: verdicts") if ctx.progress else items)]
     history = list(ctx.history)
     return [_task_feedback(task, vm, task_variants, history, ctx)
             for task, vm, task_variants in zip(tasks, verdicts, variants)]

@@ -34,6 +34,7 @@ from unifiedplayers.machine import earlier_starts, record_start
 from unifiedplayers.feedback.perturbation import PerturbationEngine
 from unifiedplayers.precision import resolve_run_precision
 from unifiedplayers.feedback.pipeline import FeedbackContext
+from unifiedplayers.diagnostics.logging import verdict_progress
 from unifiedplayers.loop.phase import PHASE_FILE, Phase, PhaseContext, add_feedback, build_minibatches, phase_records, \
     train_step
 from unifiedplayers.feedback.rewards import QuestionHistory
@@ -204,7 +205,7 @@ class OuterLoop:
         add_feedback(played, self.method, FeedbackContext(  # R(q) against the history at the block's start
             self.perturber, self.sandbox, self.cfg.reward, list(self.history),
             verifiers=self.method.writes_verifiers, method_cfg=self.method.method_cfg,
-            settings=self.method.settings, show_progress=bool(self.cfg.logger.progress)))
+            settings=self.method.settings, progress=verdict_progress if self.cfg.logger.progress else None))
         ctx = PhaseContext(slot, sample.groups, sample.unused, sample.versions, self.cfg, self.method,
                            self.team.tokenizer, self.player_cfg, self.perturber.rules, method_metrics)
         phase_minibatches = build_minibatches(played, ctx)
