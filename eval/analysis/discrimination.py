@@ -72,7 +72,7 @@ def discrimination(records: Sequence[Any]) -> dict[str, Any]:
             if level == "pool":
                 z_orig, done_orig = _majority(z_orig, done_orig)
                 z_adv, done_adv = _majority(z_adv, done_adv)
-            orig["right"] += (z_orig * done_orig).sum()
+            orig["right"] += z_orig.sum()  # an errored check is a 0 in Z already: never an acceptance
             orig["total"] += z_orig.size
             for j, rule in enumerate(rec.rules):
                 applied = mask[:, j]  # (K,)

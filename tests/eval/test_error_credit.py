@@ -50,3 +50,14 @@ def test_compare_by_hand(tmp_path):
     assert t["discrimination_within_0.02_of_control"]  # |0.53 - 0.52| = 0.01
     text = EC.to_markdown(res)
     assert "| fix | 0 | +0.05 | 20 % → 30 % |" in text and "50 %, -1.00" in text
+
+
+def test_one_seed_below_the_floor_fails_the_every_seed_target(tmp_path):
+    fix, control = tmp_path / "fix", tmp_path / "control"
+    for s, last in ((0, 0.65), (1, 0.45)):  # Δ valid +0.05 and −0.15: mean −0.05
+        _probe(fix / f"seed{s}", 0, 0.60, 0.10, 0.90, 0.52)
+        _probe(fix / f"seed{s}", 3, last, 0.10, 0.90, 0.52)
+    res = EC.compare(fix, control)
+    assert [r["valid_delta"] for r in res["arms"]["fix"].values()] == [pytest.approx(0.05), pytest.approx(-0.15)]
+    assert res["targets"]["valid_delta_mean_ge_0"] is False
+    assert res["targets"]["valid_delta_every_seed_gt_-0.10"] is False

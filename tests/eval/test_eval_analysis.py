@@ -138,6 +138,11 @@ def test_curves_from_metrics_and_from_records(tmp_path):
     assert res2["mean_U"] == pytest.approx({"1": 0.25})  # p̂ = 3/4
     assert res2["adversarial_rejection"] == pytest.approx({"1": 0.75})
     assert res2["source"]["execution_accuracy"] == "missing"
+    # A check that errored on a variant is no rejection: with the third variant's 0 an error, 2 of 4 are rejections.
+    rec["error_adv"] = [[[False], [False], [True], [False]]]
+    (tmp_path / "b2").mkdir()
+    assert curves.main([str(write_run(tmp_path / "b2", records=[rec]))])["adversarial_rejection"] == \
+        pytest.approx({"1": 0.5})
 
     # The trainer's per-update accuracy against the verifier pool stands in for the fixed-pool accuracy.
     (tmp_path / "c").mkdir()

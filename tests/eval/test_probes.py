@@ -59,17 +59,19 @@ def test_evaluation_metrics_by_hand():
     # The checks of the originals (the rest of the rates read Z and its masks): A accepted, B rejected with a verdict.
     checks = [CheckRecord(0, 0, None, _outcome(True)), CheckRecord(2, 0, None, _outcome(False))]
     q1 = VerdictMatrix(z_orig, z_adv, mask, [0, 2], [OK, BAD, OK], checks, error_adv=error_adv)
-    # Question 2: M = 3 generated, none valid: two do not compile, one compiles and errors on the original (run-time
-    # invalid, no verdict at all).
+    # Question 2: M = 3 generated, none valid: one does not compile, two compile and error on the original (one
+    # raises, one times out: run-time invalid, no verdict at all).
     q2 = VerdictMatrix(np.zeros((0, 1), np.int8), np.zeros((0, 1, 5), np.int8), np.ones((1, 5), bool), [],
-                       [BAD, OK, BAD], [CheckRecord(1, 0, None, _outcome(False, "raised"))],
-                       runtime_invalid={1: "check errored on every original trajectory (raised): boom"})
+                       [BAD, OK, OK], [CheckRecord(1, 0, None, _outcome(False, "raised")),
+                                       CheckRecord(2, 0, None, _outcome(False, "timeout"))],
+                       runtime_invalid={1: "check errored on every original trajectory (raised): boom",
+                                        2: "check errored on every original trajectory (timeout): check timed out"})
     m = P.evaluation_metrics([q1, q2], rules)
-    # the originals' checks of all 6 generated verifiers (one original each): 1 accepted, 1 rejected, 1 errored,
-    # 3 never run (no compile): errors 1/6 and rejections 1/6, apart
-    assert m["original_errors"] == pytest.approx(1 / 6) and m["original_errors_n"] == 1
+    # the originals' checks of all 6 generated verifiers (one original each): 1 accepted, 1 rejected, 2 errored,
+    # 2 never run (no compile): errors 2/6 and rejections 1/6, apart
+    assert m["original_errors"] == pytest.approx(2 / 6) and m["original_errors_n"] == 2
     assert m["original_rejections"] == pytest.approx(1 / 6) and m["n_original_slots"] == 6
-    assert m["runtime_invalid"] == 1
+    assert m["runtime_invalid"] == 2
     assert m["valid"] == pytest.approx(2 / 6)  # 2 valid of 6 generated
     assert m["original_acceptance"] == pytest.approx(0.5)  # A 1, B 0
     assert m["adv_rejection"] == pytest.approx(6 / 8)  # (3 + 3) of 2 x 4 applied variants

@@ -104,3 +104,9 @@ def test_a_check_that_errors_on_every_answered_original_is_its_own_kind(tmp_path
         == "crashes_answered"
     assert verifier_kind(None, np.zeros((1, 3)), np.zeros((1, 3, 1)), np.ones((3, 1), bool), err, [True] * 3) == \
         "invalid"
+    # accepting 5 of 6 cells is not accepting all: one rejected variant makes it discriminating
+    z_adv = np.ones((1, 3, 1))
+    z_adv[0, 2, 0] = 0
+    assert verifier_kind(0, np.ones((1, 3)), z_adv, np.ones((3, 1), bool), None, [True] * 3) == "discriminating"
+    assert verifier_kind(0, np.ones((1, 3)), np.ones((1, 3, 1)), np.ones((3, 1), bool), None, [True] * 3) == \
+        "accepts_all"

@@ -162,3 +162,20 @@ def test_records_written_before_error_masks_still_load():
     back = InteractionRecord.from_dict(d)
     np.testing.assert_array_equal(back.error_orig, [[False]])
     assert back.error_adv.shape == (1, 1, 0) and back.runtime_invalid == {}
+
+
+def test_the_progress_callback_sees_every_task_in_order(sandbox, reward_cfg):
+    """FeedbackContext.progress wraps the verdict stage (the loop's tqdm bar): it gets the tasks in order, once."""
+    from unifiedplayers.feedback.pipeline import task_feedback
+
+    seen = []
+
+    def progress(items, desc):
+        seen.append((len(items), desc))
+        return items
+
+    engine = PerturbationEngine(["tool_substitute"], seed=0)
+    with_bar = task_feedback(Q, [T0, T1], [fenced(ACCEPT_ALL)], engine, sandbox, reward_cfg, progress=progress)
+    assert seen == [(1, "sandbox: verdicts")]
+    plain = task_feedback(Q, [T0, T1], [fenced(ACCEPT_ALL)], engine, sandbox, reward_cfg)
+    np.testing.assert_allclose(with_bar.terms.evaluation, plain.terms.evaluation)
