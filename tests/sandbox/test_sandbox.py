@@ -291,6 +291,35 @@ def test_uid_lock_root_refuses_a_folder_others_can_write(tmp_path):
         uid_lock_root([str(shared), str(tmp_path / "missing")])
 
 
+def test_stdlib_mirror_follows_symbolic_links_as_a_distribution_s_stdlib_has_them(tmp_path):
+    """Debian's stdlib names _sysconfigdata__linux_*.py as a relative link to a sibling (found on the GPU image:
+    the mirror held the link itself, dangling, and the server did not start) and sitecustomize.py as a link out
+    of the tree; each must be mirrored as the file it names, readable, and a dangling link left out."""
+    from unifiedplayers.sandbox._server import stdlib_mirror
+
+    src = tmp_path / "lib" / "python3"
+    (src / "lib-dynload").mkdir(parents=True)
+    outside = tmp_path / "etc" / "sitecustomize.py"
+    outside.parent.mkdir()
+    outside.write_text("SITE = 1\n")
+    outside.chmod(0o600)  # not world-readable: the mirror copies it, never chmods the installed file
+    (src / "zz_sysconfigdata.py").write_text("BUILD = 'x86_64'\n")
+    (src / "_sysconfigdata__linux.py").symlink_to("zz_sysconfigdata.py")  # walked before its target
+    (src / "sitecustomize.py").symlink_to(outside)
+    (src / "gone.py").symlink_to("nowhere.py")
+    (src / "lib-dynload" / "_mod.so").write_bytes(b"\x7fELF")
+    dst = stdlib_mirror(str(tmp_path / "cache"), src=str(src))
+    got = {p.name: p for p in map(lambda n: tmp_path / "cache" / dst / n, os.listdir(dst))}
+    assert set(got) == {"zz_sysconfigdata.py", "_sysconfigdata__linux.py", "sitecustomize.py", "lib-dynload"}
+    assert not any(p.is_symlink() for p in got.values())
+    assert got["_sysconfigdata__linux.py"].read_text() == "BUILD = 'x86_64'\n"
+    assert got["sitecustomize.py"].read_text() == "SITE = 1\n"
+    assert all(p.stat().st_mode & 0o444 == 0o444 for p in got.values())
+    assert outside.stat().st_mode & 0o777 == 0o600
+    assert (tmp_path / "cache" / dst / "lib-dynload" / "_mod.so").read_bytes() == b"\x7fELF"
+    assert stdlib_mirror(str(tmp_path / "cache"), src=str(src)) == dst  # built once, then reused
+
+
 def test_output_is_truncated(sb):
     r = sb.run("print('a' * 100000)\nimport sys\nprint('b' * 100000, file=sys.stderr)")
     assert r.exit_code == 0

@@ -217,14 +217,13 @@ class Landlock:
             raise OSError(ctypes.get_errno(), "landlock_restrict_self")
 
 
-def stdlib_mirror(cache_root):
+def stdlib_mirror(cache_root, src=STDLIB):
     """A world-readable mirror of the standard library (hard links where possible).
 
     A call that runs under an unprivileged uid cannot read an interpreter installed under a private
     home (pyenv under /root, mode 700). The mirror leaves out site-packages, so third-party packages
     stay out of reach even by path.
     """
-    src = STDLIB
     dynload = os.path.join(src, "lib-dynload")
     # A stable name (str hashes are salted per process): one mirror per interpreter, reused.
     tag = "stdlib-%s-%08x" % (sys.version.split()[0], _fnv32("%s|%s" % (src, sys.version)))
@@ -234,11 +233,22 @@ def stdlib_mirror(cache_root):
     tmp = dst + ".tmp%d" % os.getpid()
 
     def link(s, d):
-        try:
-            os.link(s, d)
-        except OSError:  # another file system: copy
-            with open(s, "rb") as fi, open(d, "wb") as fo:
-                fo.write(fi.read())
+        # A symbolic link is mirrored as the file it names: a distribution's stdlib has relative ones (Debian's
+        # _sysconfigdata__linux_*.py -> its sibling, which may not be mirrored yet) and ones that leave the
+        # tree (sitecustomize.py -> /etc/...), and a hard link to the link itself would dangle in the mirror.
+        # One that names nothing is left out, as the interpreter itself could not import it.
+        real = os.path.realpath(s)
+        if not os.path.isfile(real):
+            return
+        if os.stat(real).st_mode & 0o444 == 0o444:  # already world-readable: share the inode
+            try:
+                os.link(real, d)
+                return
+            except OSError:  # another file system: copy
+                pass
+        # a copy (never a chmod through a hard link, which would change the installed file's mode)
+        with open(real, "rb") as fi, open(d, "wb") as fo:
+            fo.write(fi.read())
         os.chmod(d, 0o644)
 
     for root, dirs, files in os.walk(src):
