@@ -684,14 +684,19 @@ def run_paper_unit(check: Check, unavailable: Optional[str]) -> None:
     paper.print_items(result)
 
 
-def paper_module():
-    """benchmarks/gpu_check_paper.py, loaded from its path (this folder need not be on sys.path)."""
-    if "gpu_check_paper" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("gpu_check_paper", Path(__file__).with_name("gpu_check_paper.py"))
+def sibling(name: str):
+    """benchmarks/<name>.py, loaded from its path (this folder need not be on sys.path)."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
         module = importlib.util.module_from_spec(spec)
-        sys.modules["gpu_check_paper"] = module
+        sys.modules[name] = module
         spec.loader.exec_module(module)
-    return sys.modules["gpu_check_paper"]
+    return sys.modules[name]
+
+
+def paper_module():
+    """benchmarks/gpu_check_paper.py (the paper unit)."""
+    return sibling("gpu_check_paper")
 
 
 def paper_verdict(unit: dict) -> str:

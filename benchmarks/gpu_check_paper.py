@@ -68,6 +68,8 @@ from typing import Any, Callable, Optional
 
 import gpu_check as gc
 
+cuda_peak = gc.sibling("cuda_peak")
+
 PRESET = "paper_qwen3_4b"
 STEPS_BEFORE = 2  # k: updates before the checkpoint and before the idle spell; the phase holds k + 1
 MEMORY_BAND = (0.5, 1.1)
@@ -399,11 +401,28 @@ class PaperUnit:
             torch.cuda.reset_peak_memory_stats(self.check.device)
         return torch.cuda.max_memory_allocated(self.check.device)
 
+    @staticmethod
+    def _replay(recorder) -> dict:
+        try:
+            return recorder.stop()
+        except Exception as exc:  # noqa: BLE001 - a diagnosis that failed is reported, never the item's verdict
+            return {"error": f"{type(exc).__name__}: {exc}"}
+
     def _uninterrupted(self, settings, path: Path) -> dict:
         """T: updates 1..k, the checkpoint, update k + 1; the peak memory of its updates (not of the save)."""
         trainer = self._build(settings, self.seed)
         self._peak(reset=True)
-        batches, metrics = self._phase(trainer)
+        # the allocator's history over the phase's updates: what was live at their peak, by site (cuda_peak)
+        recorder, replay = None, None
+        if self.cuda:
+            try:
+                recorder = cuda_peak.Recorder(self.check.device).start()
+            except Exception as exc:  # noqa: BLE001 - reported; the item's verdict does not depend on it
+                replay = {"error": f"{type(exc).__name__}: {exc}"}
+        try:
+            batches, metrics = self._phase(trainer)
+        finally:
+            replay = self._replay(recorder) if recorder is not None else replay
         peak = self._peak()
         before = state_on_host(trainer)
         t0 = time.perf_counter()
@@ -421,6 +440,7 @@ class PaperUnit:
         moved = same_state(*({k: v for k, v in state.items() if k.startswith("weights.")} for state in (before, after)))
         files = sorted(str(f.relative_to(path)) for f in path.rglob("*") if f.is_file())
         return {"batches": batches, "metrics": metrics, "before": before, "after": after, "peak": peak,
+                "peak_breakdown": replay,
                 "held": held, "files": files, "moved": moved["max_abs_diff"], "save_s": round(save_s, 3),
                 "checkpoint_bytes": sum(f.stat().st_size for f in path.rglob("*") if f.is_file())}
 
@@ -526,7 +546,8 @@ class PaperUnit:
         low, high = MEMORY_BAND
         passed = low * compared <= measured <= high * compared
         return {"status": "PASS" if passed else "FAIL", "measured_bytes": measured, "band": [low, high],
-                "ratio": measured / compared if compared else float("inf"), **plan}
+                "ratio": measured / compared if compared else float("inf"), **plan,
+                "breakdown": self.parts["T"].get("peak_breakdown")}
 
 
 def run_unit(check) -> dict:
@@ -548,6 +569,10 @@ def print_items(unit: dict) -> None:
         detail = DETAILS[name](item) if item["status"] in ("PASS", "FAIL") and "reason" not in item else ""
         reason = item.get("reason") or detail
         print(f"paper_zero3 {name}: {item['status']}" + (f" ({reason})" if reason else ""), flush=True)
+        replay = item.get("breakdown") if name == "peak_memory" else None
+        if replay:
+            shown = [f"allocator replay failed: {replay['error']}"] if "error" in replay else cuda_peak.lines(replay)
+            print("\n".join(f"  peak_memory {line}" for line in shown), flush=True)
     for name, why in NOT_CHECKED.items():
         print(f"paper_zero3 {name}: NOT CHECKED ({why})")
 

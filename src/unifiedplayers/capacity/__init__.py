@@ -49,6 +49,7 @@ VLLM_OVERHEAD = 2 * GiB  # inside vLLM's budget: activations, CUDA graphs, sampl
 VLLM_CPU_KV = 4 * GiB  # vLLM's CPU build: VLLM_CPU_KVCACHE_SPACE's default
 # DeepSpeed's defaults (trainer.ds_config.zero_optimization overrides them): elements.
 DS_DEFAULTS = {"reduce_bucket_size": 5e8, "stage3_prefetch_bucket_size": 5e7}
+ZERO3_NORM_CHUNK = 250_000_000  # DeepSpeed ZeRO-3's buffered gradient norm: elements per float64 chunk
 OPTIMIZER_STATE_BYTES = 18  # per parameter, ZeRO: fp32 master 4, Adam 8, fp32 gradients 4, bf16 gradient buffer 2
 CPU_ADAM_PARAMS_PER_S = 2e9  # DeepSpeed's CPU Adam over a node's ranks (ZeRO-Offload), parameters a second
 PCIE_BYTES_PER_S = 20e9  # per GPU, gradients to the host and weights back (ZeRO-Offload)
@@ -523,7 +524,24 @@ def pass_items(s: Setup, load: RoleLoad, kind: str) -> list[Item]:
         if s.deepspeed:
             items.append(Item("DeepSpeed gradient reduce bucket", ds_setting(cfg, "reduce_bucket_size") * b,
                               "trainer.ds_config.zero_optimization.reduce_bucket_size"))
+        if s.deepspeed and cfg.trainer.offload_optimizer:
+            items += offload_gradient_items(s)
     return items
+
+
+def offload_gradient_items(s: Setup) -> list[Item]:
+    """ZeRO-Offload at the end of the backward, on the largest parameter's shard (the embedding), measured on an
+    H200 (docs/gpu/): ZeRO-3 copies the host gradient partition back onto the GPU (``stage3.partition_grads``)
+    and takes its norm in float64 in chunks of 250M elements (``_constant_buffered_norm2``); ZeRO-2 takes the
+    norm of a parameter's partition in float64 whole."""
+    shard = s.arch.embedding_parameters / s.world
+    if s.backend != "deepspeed_zero3":
+        return [Item("gradient norm in float64 (ZeRO-Offload, the largest parameter's partition)", 8 * shard,
+                     "trainer.offload_optimizer")]
+    return [Item("gradient partition back on the GPU (ZeRO-Offload, the largest parameter's)",
+                 s.compute_width * shard, "trainer.offload_optimizer"),
+            Item("gradient norm's float64 chunk (ZeRO-Offload, 250M elements at most)",
+                 8 * min(shard, ZERO3_NORM_CHUNK), "trainer.offload_optimizer")]
 
 
 def rollout_items(s: Setup, loads: Mapping[str, RoleLoad]) -> list[Item]:
