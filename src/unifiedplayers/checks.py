@@ -116,6 +116,13 @@ def check_ranges(cfg: Any) -> None:
             raise ValueError(f"trainer.micro_batch_size (or trainer.roles.{role}.micro_batch_size)={t.micro_batch_size}: need >= 1")
         if t.grad_accum_steps < 0:
             raise ValueError(f"trainer.grad_accum_steps (or trainer.roles.{role}.grad_accum_steps)={t.grad_accum_steps}: need >= 0")
+        budget = getattr(t, "max_tokens_per_micro_batch", None)
+        if budget is not None and not budget > 0:
+            raise ValueError(f"trainer.max_tokens_per_micro_batch={budget}: need > 0 tokens, or null for "
+                             "micro_batch_size samples a micro-batch")
+        if budget is not None and t.grad_accum_steps > 0:
+            raise ValueError(f"trainer.max_tokens_per_micro_batch={budget} and trainer.grad_accum_steps="
+                             f"{t.grad_accum_steps} both split the batch: set one")
 
 
 def check_library_versions(cfg: Any) -> None:

@@ -151,6 +151,10 @@ class TrainerConfig:
     # (gradient accumulation; Eq. 21 weights are computed over the whole batch, so the split is exact).
     micro_batch_size: int = 4
     grad_accum_steps: int = 0  # > 0: split every batch into this many micro-batches instead; 0: use micro_batch_size
+    # A token budget instead of a count (verl's dynamic batch size): the samples longest first, each micro-batch
+    # filled while rows x its longest sample stays within it, so short samples are not padded to long ones; the
+    # π_old and π_ref passes split the same way. null: micro_batch_size (or grad_accum_steps) samples.
+    max_tokens_per_micro_batch: Optional[int] = None
     adv_estimator: str = "grpo"  # grpo.ADV_ESTIMATORS: grpo (Eq. 17) | grpo_no_std
     adv_eps: float = 1.0e-6  # ε of Eq. 17
     policy_loss: str = "grpo_clip"  # grpo.POLICY_LOSSES (Eqs. 18-21)

@@ -263,7 +263,8 @@ def run(tmp_path_factory):
                 after = float(token_logprobs(model, ids)[mask].sum())
                 cands[name_of(role, text)] = {"sample": s, "ids": ids, "mask": mask, "after": after}
                 count += 1
-        seen[role] = {"metrics": line, "candidates": cands, "count": count}
+        lengths = [len(s.token_ids) for minibatch in saved.minibatches for s in minibatch.batch]  # batch order
+        seen[role] = {"metrics": line, "candidates": cands, "count": count, "lengths": lengths}
 
     loop = OuterLoop(cfg, run_dir, rollout_factory=factory, hooks=[hook])
     loop.run()
@@ -347,6 +348,25 @@ def test_verifier_kinds_in_the_metrics_and_the_summary(run):
     assert table[1]["discriminating"]["advantage"] == pytest.approx((adv["vA"] + adv["vS"]) / 2, rel=1e-6)
     assert "| 1 | 33%, -1.40 | 0%, – | 0%, – | 0%, – | 67%, +0.70 |" in text
     assert json.loads((run["dir"] / "summary.json").read_text())["verifier_kinds"]["1"]["invalid"]["n"] == 1
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_pad_share_of_each_update_in_the_metrics_and_the_summary(run, role):
+    """``<role>/pad_share``: the padded positions of the update's micro-batches over those processed, from the batch's
+    lengths (phase.pt); the summary gives each player's mean over its updates."""
+    from unifiedplayers.config import role_trainer_config
+    from unifiedplayers.diagnostics.summary import write_summary
+    from unifiedplayers.trainer.batching import micro_batch_members, pad_share
+
+    lengths = run["seen"][role]["lengths"]
+    members = micro_batch_members(lengths, role_trainer_config(run["cfg"].trainer, role))
+    expected = pad_share(lengths, members)
+    assert len(set(lengths)) > 1 and 0.0 < expected < 1.0
+    assert run["seen"][role]["metrics"][f"{role}/pad_share"] == pytest.approx(expected, abs=1e-12)
+    values = [m[f"{role}/pad_share"] for m in run["metrics"] if f"{role}/pad_share" in m]
+    summary, text = write_summary(run["dir"], png=False)
+    assert summary["pad_share"][role] == pytest.approx(sum(values) / len(values), abs=1e-12)
+    assert f"{role} {100 * summary['pad_share'][role]:.1f} %" in text.split("padding in the updates' micro-batches")[1]
 
 
 @pytest.mark.parametrize("role", ROLES)

@@ -101,8 +101,20 @@ def build_summary(run_dir: Path, timing: Optional[dict] = None) -> tuple[dict[st
         "precision": precision_summary(run_dir, metrics, cfg),
         "machine": machine_summary(run_dir, cfg),
         "verifier_kinds": iteration_kinds(records),
+        "pad_share": pad_shares(metrics),
     }
     return summary, pick_sample(records)
+
+
+def pad_shares(metrics: list[dict[str, Any]]) -> dict[str, float]:
+    """Each trained player's padded positions / positions processed by its updates' micro-batches, the mean over its
+    updates (``<role>/pad_share``; ``trainer.max_tokens_per_micro_batch`` lowers it)."""
+    out = {}
+    for role in ROLES:
+        values = [m[f"{role}/pad_share"] for m in metrics if m.get(f"{role}/pad_share") is not None]
+        if values:
+            out[role] = float(sum(values) / len(values))
+    return out
 
 
 def _run_config(run_dir: Path) -> Optional[Any]:
@@ -175,6 +187,9 @@ def render_summary(summary: dict[str, Any], sample: Optional[Any]) -> str:
     t = summary["timing_from_metrics"]
     out.append(f"time in updates: generation {t['generation_s']:.1f} s, sandbox {t['sandbox_s']:.1f} s, "
                f"GRPO updates {t['update_s']:.1f} s (total {t['total_s']:.1f} s)")
+    if summary.get("pad_share"):
+        out.append("padding in the updates' micro-batches (padded / processed positions, mean over updates): "
+                   + ", ".join(f"{role} {100 * v:.1f} %" for role, v in summary["pad_share"].items()))
     if summary.get("timing") and summary["timing"].get("model_load_s"):
         out.append(f"model load {summary['timing']['model_load_s']:.1f} s; checkpoints and state "
                    f"{summary['timing'].get('checkpoint_s', 0.0):.1f} s")

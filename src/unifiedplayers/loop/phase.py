@@ -41,7 +41,8 @@ PHASE_FILE = "phase.pt"
 # metrics.jsonl); these keep the names the metrics files have always had, and ``perf/*`` timings go with the
 # other timings (``timing/*``).
 RENAMED_METRICS = {"actor/ratio_outside_clip_frac": "clip_frac", "actor/pg_clipfrac": "pg_clip_frac",
-                   "entropy_bank/retention": "entropy_ratio", "perf/update_tflop": "update_tflop"}
+                   "entropy_bank/retention": "entropy_ratio", "perf/update_tflop": "update_tflop",
+                   "perf/pad_share": "pad_share"}  # the micro-batches' padding: the data's, not a timing
 
 
 def minibatch_of_step(step_in_phase: int, steps_per_generation: int) -> tuple[int, int]:

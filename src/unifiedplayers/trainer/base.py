@@ -338,6 +338,7 @@ class BaseTrainer(ReferencePolicy, BlockDiagnostics, TrainerHooks):
                 "actor/lr": lr,
                 "actor/num_samples": float(len(samples)),
                 "actor/num_micro_batches": float(plan.num_micro),
+                "perf/pad_share": plan.pad_share,
                 "actor/global_step": float(self.global_step),
                 "perf/time_ref": timings["perf/time_ref"],
                 "perf/time_forward": timings["perf/time_forward"],
@@ -422,10 +423,10 @@ class BaseTrainer(ReferencePolicy, BlockDiagnostics, TrainerHooks):
                                   lockstep=self.lockstep_micro_batches, device=self.device, pad_id=self.pad_token_id)
         module = self._forward_module()
         mine = [self._ref_pass(module, mb).logprobs.float().cpu() for mb in plan.micro][: plan.real]
-        by_rank, size, world = self.dist.all_gather(mine), plan.size, self.dist.world_size
-        for index in range(plan.num_micro):  # micro-batch i ran on rank i mod N, as in an update
+        by_rank, world = self.dist.all_gather(mine), self.dist.world_size
+        for index, members in enumerate(plan.members):  # micro-batch i ran on rank i mod N, as in an update
             logprobs = by_rank[index % world][index // world]
-            for row, sample in enumerate(samples[index * size : (index + 1) * size]):
+            for row, sample in enumerate(samples[i] for i in members):
                 if sample.behaviour_logprobs is None:
                     sample.behaviour_logprobs = sample.old_logprobs
                 sample.old_logprobs = logprobs[row, : len(sample.token_ids)].clone()

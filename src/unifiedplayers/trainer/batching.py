@@ -7,7 +7,8 @@ Samples are :class:`~unifiedplayers.trainer.sample.TrainSample`-like (``token_id
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import warnings
+from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 import torch
@@ -79,7 +80,44 @@ class MicroBatchPlan:
     micro: list[_MicroBatch]  # this rank's share, plus a zero-weight lockstep copy where needed
     num_micro: int  # micro-batches of the whole batch, over all ranks
     real: int  # leading entries of ``micro`` that hold tokens of the batch (the rest are lockstep padding)
-    size: int = 0  # samples per micro-batch (the last may hold fewer)
+    members: list[list[int]] = field(default_factory=list)  # every micro-batch's sample indices, over all ranks
+    pad_share: float = 0.0  # padded positions / positions processed, over the whole batch's micro-batches
+
+
+_warned_over_budget: set[int] = set()
+
+
+def micro_batch_members(lengths: Sequence[int], cfg) -> list[list[int]]:
+    """The sample indices of each micro-batch of one update, over all ranks.
+
+    ``trainer.max_tokens_per_micro_batch`` unset: consecutive samples, ``micro_batch_size`` of them (or the batch in
+    ``grad_accum_steps`` parts). Set: a token budget (what verl calls dynamic batch size): the samples longest first
+    (ties in batch order), each micro-batch filled while its right-padded size, rows x its longest sample, stays
+    within the budget; a sample longer than the budget is a micro-batch of its own (one warning)."""
+    n = len(lengths)
+    budget = getattr(cfg, "max_tokens_per_micro_batch", None)
+    if budget is None:
+        size = math.ceil(n / cfg.grad_accum_steps) if cfg.grad_accum_steps > 0 else cfg.micro_batch_size
+        return [list(range(i, min(i + size, n))) for i in range(0, n, size)]
+    order = sorted(range(n), key=lambda i: -lengths[i])  # stable: equal lengths keep the batch's order
+    members: list[list[int]] = []
+    for i in order:
+        if members and (len(members[-1]) + 1) * lengths[members[-1][0]] <= budget:
+            members[-1].append(i)
+        else:
+            members.append([i])
+    longest = lengths[order[0]] if order else 0
+    if longest > budget and budget not in _warned_over_budget:
+        _warned_over_budget.add(budget)
+        warnings.warn(f"trainer.max_tokens_per_micro_batch={budget} is below the longest sample ({longest} tokens): "
+                      f"each such sample is a micro-batch of its own", stacklevel=2)
+    return members
+
+
+def pad_share(lengths: Sequence[int], members: Sequence[Sequence[int]]) -> float:
+    """Padded positions / positions processed when each micro-batch is right-padded to its longest sample."""
+    processed = sum(len(m) * max(lengths[i] for i in m) for m in members)
+    return 1.0 - sum(lengths[i] for m in members for i in m) / processed if processed else 0.0
 
 
 def plan_micro_batches(
@@ -92,27 +130,31 @@ def plan_micro_batches(
     device: torch.device,
     pad_id: int,
 ) -> MicroBatchPlan:
-    """Split ``samples`` into micro-batches and collate this rank's share (Appendix B.3).
+    """Split ``samples`` into micro-batches (:func:`micro_batch_members`) and collate this rank's share
+    (Appendix B.3).
 
     The Eq. 21 aggregation weights are computed over the *whole* batch, so micro-batches with gradient
-    accumulation give exactly the loss and gradient of the full batch. Rank ``r`` of ``world_size`` runs
-    the micro-batches ``i`` with ``i mod world_size = r``. Under ``lockstep`` (a backend whose forward and
-    backward are collectives) a rank with one micro-batch fewer than the others runs a zero-weight copy of
-    the first one.
+    accumulation give exactly the loss and gradient of the full batch, however the samples are grouped. Rank
+    ``r`` of ``world_size`` runs the micro-batches ``i`` with ``i mod world_size = r``. Under ``lockstep`` (a
+    backend whose forward and backward are collectives) a rank with one micro-batch fewer than the others runs a
+    zero-weight copy of the first one.
     """
     counts = torch.tensor([int(_as_tensor(s.loss_mask, torch.long).sum()) for s in samples])
     groups = torch.tensor([int(s.group) for s in samples])
     weights = grpo.get_aggregation(cfg.aggregation)(counts, groups)
-    size = math.ceil(len(samples) / cfg.grad_accum_steps) if cfg.grad_accum_steps > 0 else cfg.micro_batch_size
-    starts = list(range(0, len(samples), size))
-    num_micro = len(starts)
-    mine = starts[rank::world_size]  # this rank's share (all of them on one rank)
-    micro = [_collate(samples[i : i + size], weights[i : i + size], device, pad_id) for i in mine]
+    lengths = [len(s.token_ids) for s in samples]
+    members = micro_batch_members(lengths, cfg)
+
+    def collate(idx: list[int], w: Tensor) -> _MicroBatch:
+        return _collate([samples[i] for i in idx], w, device, pad_id)
+
+    num_micro = len(members)
+    micro = [collate(idx, weights[idx]) for idx in members[rank::world_size]]  # this rank's share
     real = len(micro)
     if lockstep and real < math.ceil(num_micro / world_size):
         # Zero Eq. 21 weights: no loss, no gradient, but the same collectives as the other ranks.
-        micro.append(_collate(samples[:size], torch.zeros(min(size, len(samples))), device, pad_id))
-    return MicroBatchPlan(micro, num_micro, real, size)
+        micro.append(collate(members[0], torch.zeros(len(members[0]))))
+    return MicroBatchPlan(micro, num_micro, real, members, pad_share(lengths, members))
 
 
 def _combine_metrics(parts: list[dict[str, float]]) -> dict[str, float]:
