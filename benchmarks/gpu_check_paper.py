@@ -256,7 +256,7 @@ def cadence_item() -> dict:
             "saves_per_iteration": sum(len(v) for v in blocks.values()), "logic_ok": every > 0 and blocks == expected}
 
 
-def planned_peak(check, layers: int, role: str, prompt: int) -> dict:
+def planned_peak(check, layers: int, role: str, prompt: int, extra: tuple[str, ...] = ()) -> dict:
     """The capacity plan's per-GPU peak of what T does (see the module docstring): a batch of --prompts x --samples
     rows of ``prompt`` + --max-new-tokens tokens in the preset's micro-batches; its instant, its total, and the figure
     compared with max_memory_allocated (the total without the fixed CUDA-context item)."""
@@ -265,7 +265,7 @@ def planned_peak(check, layers: int, role: str, prompt: int) -> dict:
 
     from unifiedplayers import capacity
 
-    cfg = paper_config(check.dtype_name, ("model.device=cuda", "rollout.backend=hf"))
+    cfg = paper_config(check.dtype_name, ("model.device=cuda", "rollout.backend=hf", *extra))
     memory = torch.cuda.get_device_properties(check.device).total_memory if check.cuda else 0.0
     machine = capacity.Machine(gpus=1, gpu_memory=float(memory), bf16=check.dtype_name == "bfloat16",
                                name="the check's GPU")

@@ -87,6 +87,24 @@ def test_lm_head_logits_block():
     assert item(forward.items, "LM-head float32 block").bytes == 1024 * 151936 * 4
 
 
+def test_micro_batch_rows_under_a_token_budget():
+    """trainer.max_tokens_per_micro_batch: as many rows at their budget as it holds (at least one, at most the
+    batch); the LM-head block and checkpointed inputs follow those rows."""
+    cfg = compose(["experiment=paper_qwen3_4b", "trainer.max_tokens_per_micro_batch=null"])
+    loads = capacity.role_loads(cfg)
+    ex, pl = loads["execution"], loads["planning"]
+    assert [capacity.micro_rows(cfg, load) for load in (ex, pl)] == [2, 2]  # micro_batch_size
+    budget = compose(["experiment=paper_qwen3_4b"])  # the preset's: two of Execution's longest rows
+    assert budget.trainer.max_tokens_per_micro_batch == 2 * ex.length
+    assert capacity.micro_rows(budget, ex) == 2  # 2 x 6824 tokens: the same as micro_batch_size 2 there
+    assert capacity.micro_rows(budget, pl) == min(pl.rows, 2 * ex.length // pl.length) == pl.rows  # all 8 rows
+    small = compose(["experiment=paper_qwen3_4b", "trainer.max_tokens_per_micro_batch=100"])
+    assert capacity.micro_rows(small, ex) == 1  # a row over the budget is a micro-batch of its own
+    whole = plan(budget, PAPER_NODE)
+    backward = next(i for i in whole.gpu if i.name.startswith("backward"))
+    assert item(backward.items, "checkpointed layer inputs").name.startswith(f"checkpointed layer inputs (2 x {ex.length}")
+
+
 def test_tokens_and_sandbox_calls_per_update():
     roles = plan(compose(["experiment=paper_qwen3_4b"]), PAPER_NODE).roles
     # Execution: 8 tasks drawn (1 prompt x G_T 8, 512 tokens), 2 tasks x K 8 x 4 turns x 1024, 2 x M 4 x 768.

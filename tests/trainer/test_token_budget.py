@@ -118,19 +118,29 @@ def test_old_logprobs_recomputed_under_a_budget_go_back_to_their_own_samples():
                                    rtol=0)
 
 
-@pytest.mark.parametrize("world", [2, 3])
-def test_ranks_share_every_micro_batch_once_and_run_as_many_passes(world):
+@pytest.mark.parametrize("world", [2, 3, 16])
+def test_ranks_share_every_sample_once_balanced_by_tokens_and_run_as_many_passes(world):
     batch = _batch(n=8)
-    cfg = trainer_config(max_tokens_per_micro_batch=2 * max(len(s.token_ids) for s in batch))
+    lengths = [len(s.token_ids) for s in batch]
+    cfg = trainer_config(max_tokens_per_micro_batch=2 * max(lengths))
     plans = [plan_micro_batches(batch, cfg, rank=r, world_size=world, lockstep=True, device=torch.device("cpu"),
                                 pad_id=0) for r in range(world)]
-    members = plans[0].members
-    assert sorted(i for m in members for i in m) == list(range(len(batch)))
-    assert sum(p.real for p in plans) == len(members) == plans[0].num_micro
+    per_rank = plans[0].per_rank
+    assert sorted(i for share in per_rank for m in share for i in m) == list(range(len(batch)))
+    assert sum(p.real for p in plans) == plans[0].num_micro == sum(len(share) for share in per_rank)
+    assert [p.real for p in plans] == [len(share) for share in per_rank]
     assert len({len(p.micro) for p in plans}) == 1  # lockstep: as many forwards and backwards on every rank
     for p in plans:
         for mb in p.micro[p.real:]:
             assert float(mb.weights.abs().sum()) == 0.0
+    tokens = sorted(sum(lengths[i] for m in share for i in m) for share in per_rank)
+    if world <= len(batch):  # longest first to the emptiest rank: no rank idle, none above another by a sample
+        assert tokens[0] > 0 and tokens[-1] - tokens[0] <= max(lengths)
+    else:
+        assert tokens.count(0) == world - len(batch)
+    fixed = [plan_micro_batches(batch, trainer_config(micro_batch_size=3), rank=r, world_size=world, lockstep=False,
+                                device=torch.device("cpu"), pad_id=0).per_rank[r] for r in range(world)]
+    assert fixed[0][0] == [0, 1, 2] and fixed[1] == [[3, 4, 5]]  # micro-batch i on rank i mod N
 
 
 @pytest.mark.parametrize("value, message", [

@@ -422,10 +422,24 @@ def observation_tokens(player: Any) -> int:
 
 
 def micro_rows(cfg: Any, load: RoleLoad) -> int:
-    """Rows of one micro-batch (``trainer.batching.plan_micro_batches``)."""
+    """Rows of one micro-batch (``trainer.batching.micro_batch_members``) with every row at its budget: under
+    trainer.max_tokens_per_micro_batch as many rows of ``load.length`` as the budget holds (at least one)."""
     t = cfg.trainer
-    size = math.ceil(load.rows / t.grad_accum_steps) if t.grad_accum_steps > 0 else int(t.micro_batch_size)
+    budget = t.get("max_tokens_per_micro_batch")
+    if budget is not None:
+        size = int(budget) // load.length
+    else:
+        size = math.ceil(load.rows / t.grad_accum_steps) if t.grad_accum_steps > 0 else int(t.micro_batch_size)
     return max(1, min(size, load.rows))
+
+
+def busiest_rank_rows(cfg: Any, load: RoleLoad, world: int) -> int:
+    """Rows the busiest rank runs in one update, padding copies included (lockstep: the ranks wait for it): whole
+    micro-batches round-robin, or under a token budget the rows spread over the ranks, then filled."""
+    micro = micro_rows(cfg, load)
+    if cfg.trainer.get("max_tokens_per_micro_batch") is not None:
+        return math.ceil(load.rows / world)
+    return math.ceil(math.ceil(load.rows / micro) / world) * micro
 
 
 def ds_setting(cfg: Any, key: str) -> float:
@@ -775,8 +789,7 @@ def role_compute(s: Setup, role: str, loads: Mapping[str, RoleLoad]) -> RoleComp
     seconds: dict[str, float] = {}
     if s.on_gpu:
         seconds["generation"] = sum(stage_seconds(s, st) for st in stages) / per_phase
-        micro = micro_rows(cfg, load)
-        per_rank = math.ceil(math.ceil(load.rows / micro) / s.world) * micro  # lockstep: ranks wait for the busiest
+        per_rank = busiest_rank_rows(cfg, load, s.world)
         redo = 1 if cfg.trainer.gradient_checkpointing else 0  # checkpointing runs each forward twice
         seconds["training"] = per_rank * row * (3 + redo + passes) / (m.gpu_flops * m.utilisation)
         seconds["optimizer step"] = optimizer_seconds(s)

@@ -77,41 +77,58 @@ def _collate(samples: list[Any], weights: Tensor, device: torch.device, pad_id: 
 class MicroBatchPlan:
     """This rank's micro-batches of one update."""
 
-    micro: list[_MicroBatch]  # this rank's share, plus a zero-weight lockstep copy where needed
+    micro: list[_MicroBatch]  # this rank's share, plus zero-weight lockstep copies where needed
     num_micro: int  # micro-batches of the whole batch, over all ranks
     real: int  # leading entries of ``micro`` that hold tokens of the batch (the rest are lockstep padding)
-    members: list[list[int]] = field(default_factory=list)  # every micro-batch's sample indices, over all ranks
+    per_rank: list[list[list[int]]] = field(default_factory=list)  # each rank's micro-batches' sample indices
     pad_share: float = 0.0  # padded positions / positions processed, over the whole batch's micro-batches
 
 
 _warned_over_budget: set[int] = set()
 
 
-def micro_batch_members(lengths: Sequence[int], cfg) -> list[list[int]]:
-    """The sample indices of each micro-batch of one update, over all ranks.
+def rank_micro_batches(lengths: Sequence[int], cfg, world_size: int = 1) -> list[list[list[int]]]:
+    """Each rank's micro-batches of one update (sample indices), in the order it runs them.
 
     ``trainer.max_tokens_per_micro_batch`` unset: consecutive samples, ``micro_batch_size`` of them (or the batch in
-    ``grad_accum_steps`` parts). Set: a token budget (what verl calls dynamic batch size): the samples longest first
-    (ties in batch order), each micro-batch filled while its right-padded size, rows x its longest sample, stays
-    within the budget; a sample longer than the budget is a micro-batch of its own (one warning)."""
+    ``grad_accum_steps`` parts), micro-batch ``i`` on rank ``i mod world_size``. Set: a token budget (what verl calls
+    dynamic batch size): the samples longest first (ties in batch order) go each to the rank holding the fewest
+    tokens so far, and each rank fills its micro-batches in that order while rows x the micro-batch's longest
+    sample stays within the budget; a sample longer than the budget is a micro-batch of its own (one warning)."""
     n = len(lengths)
     budget = getattr(cfg, "max_tokens_per_micro_batch", None)
     if budget is None:
         size = math.ceil(n / cfg.grad_accum_steps) if cfg.grad_accum_steps > 0 else cfg.micro_batch_size
-        return [list(range(i, min(i + size, n))) for i in range(0, n, size)]
+        members = [list(range(i, min(i + size, n))) for i in range(0, n, size)]
+        return [members[r::world_size] for r in range(world_size)]
     order = sorted(range(n), key=lambda i: -lengths[i])  # stable: equal lengths keep the batch's order
-    members: list[list[int]] = []
+    shares: list[list[int]] = [[] for _ in range(world_size)]
+    tokens = [0] * world_size
     for i in order:
-        if members and (len(members[-1]) + 1) * lengths[members[-1][0]] <= budget:
-            members[-1].append(i)
-        else:
-            members.append([i])
+        r = min(range(world_size), key=lambda k: (tokens[k], k))
+        shares[r].append(i)
+        tokens[r] += lengths[i]
     longest = lengths[order[0]] if order else 0
     if longest > budget and budget not in _warned_over_budget:
         _warned_over_budget.add(budget)
         warnings.warn(f"trainer.max_tokens_per_micro_batch={budget} is below the longest sample ({longest} tokens): "
                       f"each such sample is a micro-batch of its own", stacklevel=2)
+    return [_fill(share, lengths, budget) for share in shares]
+
+
+def _fill(share: list[int], lengths: Sequence[int], budget: int) -> list[list[int]]:
+    members: list[list[int]] = []
+    for i in share:  # longest first: a micro-batch's first sample is its longest
+        if members and (len(members[-1]) + 1) * lengths[members[-1][0]] <= budget:
+            members[-1].append(i)
+        else:
+            members.append([i])
     return members
+
+
+def micro_batch_members(lengths: Sequence[int], cfg, world_size: int = 1) -> list[list[int]]:
+    """Every micro-batch of one update (:func:`rank_micro_batches`), rank by rank."""
+    return [m for share in rank_micro_batches(lengths, cfg, world_size) for m in share]
 
 
 def pad_share(lengths: Sequence[int], members: Sequence[Sequence[int]]) -> float:
@@ -130,31 +147,32 @@ def plan_micro_batches(
     device: torch.device,
     pad_id: int,
 ) -> MicroBatchPlan:
-    """Split ``samples`` into micro-batches (:func:`micro_batch_members`) and collate this rank's share
+    """Split ``samples`` into micro-batches (:func:`rank_micro_batches`) and collate this rank's share
     (Appendix B.3).
 
     The Eq. 21 aggregation weights are computed over the *whole* batch, so micro-batches with gradient
-    accumulation give exactly the loss and gradient of the full batch, however the samples are grouped. Rank
-    ``r`` of ``world_size`` runs the micro-batches ``i`` with ``i mod world_size = r``. Under ``lockstep`` (a
-    backend whose forward and backward are collectives) a rank with one micro-batch fewer than the others runs a
-    zero-weight copy of the first one.
+    accumulation give exactly the loss and gradient of the full batch, however the samples are grouped and
+    whichever rank runs them. Under ``lockstep`` (a backend whose forward and backward are collectives) a rank with
+    fewer micro-batches than the busiest runs zero-weight copies of one until it has as many.
     """
     counts = torch.tensor([int(_as_tensor(s.loss_mask, torch.long).sum()) for s in samples])
     groups = torch.tensor([int(s.group) for s in samples])
     weights = grpo.get_aggregation(cfg.aggregation)(counts, groups)
     lengths = [len(s.token_ids) for s in samples]
-    members = micro_batch_members(lengths, cfg)
+    per_rank = rank_micro_batches(lengths, cfg, world_size)
 
     def collate(idx: list[int], w: Tensor) -> _MicroBatch:
         return _collate([samples[i] for i in idx], w, device, pad_id)
 
-    num_micro = len(members)
-    micro = [collate(idx, weights[idx]) for idx in members[rank::world_size]]  # this rank's share
+    micro = [collate(idx, weights[idx]) for idx in per_rank[rank]]
     real = len(micro)
-    if lockstep and real < math.ceil(num_micro / world_size):
+    busiest = max(len(share) for share in per_rank)
+    if lockstep and real < busiest:
         # Zero Eq. 21 weights: no loss, no gradient, but the same collectives as the other ranks.
-        micro.append(collate(members[0], torch.zeros(len(members[0]))))
-    return MicroBatchPlan(micro, num_micro, real, members, pad_share(lengths, members))
+        first = next(share[0] for share in [per_rank[rank], *per_rank] if share)
+        micro += [collate(first, torch.zeros(len(first))) for _ in range(busiest - real)]
+    members = [m for share in per_rank for m in share]
+    return MicroBatchPlan(micro, len(members), real, per_rank, pad_share(lengths, members))
 
 
 def _combine_metrics(parts: list[dict[str, float]]) -> dict[str, float]:
