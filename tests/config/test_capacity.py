@@ -105,6 +105,45 @@ def test_micro_batch_rows_under_a_token_budget():
     assert item(backward.items, "checkpointed layer inputs").name.startswith(f"checkpointed layer inputs (2 x {ex.length}")
 
 
+@pytest.mark.parametrize("every, block, scorings", [(0, 200, 2), (1, 4, 5), (2, 5, 4), (2, 4, 3), (0, 1, 2)])
+def test_entropy_bank_scorings_by_hand(every, block, scorings):
+    """The block's start and end, and after every n-th update (the end not twice): 0 over 200 updates, 2; 1 over 4,
+    the start and 4; 2 over 5, the start, 2, 4 and the end; 2 over 4, the start, 2 and 4."""
+    cfg = compose(["experiment=paper_qwen3_4b", f"trainer.entropy_every={every}", f"schedule.planning_updates={block}"])
+    assert capacity.bank_scorings_per_update(cfg, "planning") == pytest.approx(scorings / block, abs=1e-15)
+
+
+def test_the_bank_and_the_pool_are_split_over_the_ranks():
+    """Both diagnostics run on every rank, each its share: the plan's seconds fall with the ranks."""
+    cfg = compose(["experiment=paper_qwen3_4b", "trainer.entropy_every=1"])
+    one, eight = (plan(cfg, replace(PAPER_NODE, gpus=g)) for g in (1, 8))
+    for role in ("planning", "execution", "evaluation"):
+        assert eight.roles[role].seconds["entropy bank"] == pytest.approx(one.roles[role].seconds["entropy bank"] / 8)
+    assert 0 < eight.pool_seconds < one.pool_seconds / 4
+    default = plan(compose(["experiment=paper_qwen3_4b"]), PAPER_NODE)
+    bank = sum(default.updates[r] * c.seconds["entropy bank"] for r, c in default.roles.items())
+    assert bank < 0.05 * default.wall_seconds and default.pool_seconds < 0.05 * default.wall_seconds
+
+
+def test_what_the_plan_leaves_out_is_estimated_apart():
+    """Checkpoint writes (the bytes of every save at 1 GB/s), the weight copies into vLLM per optimizer step, and
+    the prefill the prefix cache saves (K - 1 of K per prompt), none of them in wall_seconds."""
+    whole = plan(compose(["experiment=paper_qwen3_4b"]), PAPER_NODE)
+    omitted = dict(whole.omitted)
+    written = item(whole.disk, "written by").bytes
+    writes = next(v for k, v in omitted.items() if k.startswith("checkpoint writes"))
+    assert writes == pytest.approx(written / capacity.DISK_WRITE_BYTES_PER_S)
+    copies = next(v for k, v in omitted.items() if k.startswith("weight copies into vLLM"))
+    weights = 2 * whole.arch.sampled_parameters
+    assert copies == pytest.approx(sum(whole.updates.values()) * (weights * 7 / 8 / capacity.GPU_LINK_BYTES_PER_S
+                                                                  + weights / PAPER_NODE.gpu_bandwidth))
+    saved = next(v for k, v in omitted.items() if k.startswith("prefill saved"))
+    assert saved < 0
+    off = dict(plan(compose(["experiment=paper_qwen3_4b", "rollout.enable_prefix_caching=false"]), PAPER_NODE).omitted)
+    assert not any(k.startswith("prefill saved") for k in off)
+    assert plan(compose(["experiment=smoke"]), Machine(gpus=0)).omitted == ()
+
+
 def test_tokens_and_sandbox_calls_per_update():
     roles = plan(compose(["experiment=paper_qwen3_4b"]), PAPER_NODE).roles
     # Execution: 8 tasks drawn (1 prompt x G_T 8, 512 tokens), 2 tasks x K 8 x 4 turns x 1024, 2 x M 4 x 768.

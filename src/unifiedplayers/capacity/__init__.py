@@ -49,6 +49,8 @@ VLLM_OVERHEAD = 2 * GiB  # inside vLLM's budget: activations, CUDA graphs, sampl
 VLLM_CPU_KV = 4 * GiB  # vLLM's CPU build: VLLM_CPU_KVCACHE_SPACE's default
 # DeepSpeed's defaults (trainer.ds_config.zero_optimization overrides them): elements.
 DS_DEFAULTS = {"reduce_bucket_size": 5e8, "stage3_prefetch_bucket_size": 5e7}
+DISK_WRITE_BYTES_PER_S = 1e9  # checkpoint writes to the run's disk (an assumption: a local NVMe or a fast share)
+GPU_LINK_BYTES_PER_S = 150e9  # per GPU, ZeRO-3's all-gather of the weights (an assumption: NVLink within a node)
 ZERO3_NORM_CHUNK = 250_000_000  # DeepSpeed ZeRO-3's buffered gradient norm: elements per float64 chunk
 OPTIMIZER_STATE_BYTES = 18  # per parameter, ZeRO: fp32 master 4, Adam 8, fp32 gradients 4, bf16 gradient buffer 2
 CPU_ADAM_PARAMS_PER_S = 2e9  # DeepSpeed's CPU Adam over a node's ranks (ZeRO-Offload), parameters a second
@@ -292,6 +294,7 @@ class Plan:
     updates: dict[str, int]
     pool_seconds: float  # the Appendix D.2 diagnostic pool, wall
     assumptions: tuple[str, ...]
+    omitted: tuple[tuple[str, float], ...] = ()  # (what, estimated wall seconds) left out of wall_seconds
 
     @property
     def gpu_peak(self) -> Optional[Instant]:
@@ -785,7 +788,7 @@ def role_compute(s: Setup, role: str, loads: Mapping[str, RoleLoad]) -> RoleComp
                      + verifiers * k * (1 + rules))
     row = a.forward_flops(load.length, load.response)
     passes = (1 if t.kl_coef != 0 else 0) + (1 / mu if cfg.trainer.recompute_old_logprobs else 0)
-    bank = entropy_flops(s, load) / max(1, int(cfg.trainer.entropy_every)) if cfg.trainer.entropy_every > 0 else 0.0
+    bank = entropy_flops(s, load) * bank_scorings_per_update(cfg, role)
     seconds: dict[str, float] = {}
     if s.on_gpu:
         seconds["generation"] = sum(stage_seconds(s, st) for st in stages) / per_phase
@@ -793,12 +796,25 @@ def role_compute(s: Setup, role: str, loads: Mapping[str, RoleLoad]) -> RoleComp
         redo = 1 if cfg.trainer.gradient_checkpointing else 0  # checkpointing runs each forward twice
         seconds["training"] = per_rank * row * (3 + redo + passes) / (m.gpu_flops * m.utilisation)
         seconds["optimizer step"] = optimizer_seconds(s)
-        seconds["entropy bank"] = bank / (m.gpu_flops * m.utilisation)  # every rank scores the whole bank
+        seconds["entropy bank"] = bank / s.world / (m.gpu_flops * m.utilisation)  # the bank split over the ranks
     return RoleCompute(
         generated=sum(st.prompts * st.samples * st.steps for st in stages) / per_phase,
         trained=load.rows * load.response, sandbox_calls=calls / per_phase,
         generation_flops=sum(stage_flops(a, st) for st in stages) / per_phase,
         training_flops=3 * load.rows * row, no_grad_flops=passes * load.rows * row + bank, seconds=seconds)
+
+
+def bank_scorings_per_update(cfg: Any, role: str) -> float:
+    """How often the entropy bank is scored, per update of ``role`` (``trainer.diagnostics``): at each block's start
+    and end, and after every ``trainer.entropy_every``-th update when it is above 0 (the end not twice)."""
+    if int(cfg.trainer.entropy_bank_size) <= 0:
+        return 0.0
+    block, every = int(cfg.schedule[f"{role}_updates"]), int(cfg.trainer.entropy_every)
+    if block <= 0:
+        return 0.0
+    within = block // every if every > 0 else 0
+    end = 0 if every > 0 and block % every == 0 else 1
+    return (1 + within + end) / block
 
 
 def entropy_flops(s: Setup, load: RoleLoad) -> float:
@@ -817,8 +833,9 @@ def optimizer_seconds(s: Setup) -> float:
 
 
 def pool_seconds(s: Setup, loads: Mapping[str, RoleLoad]) -> float:
-    """The Appendix D.2 pool (schedule.execution_pool): rank 0 answers it alone, greedily, at the start and every
-    ``every`` Execution updates, while the other ranks wait."""
+    """The Appendix D.2 pool (schedule.execution_pool), answered greedily at the start and every ``every``
+    Execution updates, its questions split over the ranks (``execution_pool.evaluate_pool``): the busiest rank's
+    share."""
     pool, p = s.cfg.schedule.execution_pool, resolve_player_config(s.cfg)
     if not s.on_gpu or pool.every <= 0 or "execution" not in s.trained:
         return 0.0
@@ -828,7 +845,7 @@ def pool_seconds(s: Setup, loads: Mapping[str, RoleLoad]) -> float:
     steps = turns * int(pool.max_new_tokens or p.execution_max_new_tokens)
     one = Stage("pool", int(pool.math_size + pool.general_size), 1, ex.prompt, steps,
                 (turns - 1) * observation_tokens(p), turns)
-    return runs * stage_seconds(replace(s, world=1), one)
+    return runs * stage_seconds(s, one)
 
 
 # --------------------------------------------------------------------------- the plan
@@ -853,7 +870,39 @@ def plan(cfg: Any, machine: Machine = Machine()) -> Plan:
         machine=machine, on_gpu=s.on_gpu, world=s.world, loads=loads, gpu=device if s.on_gpu else (),
         host=host_instants(s, device), checkpoint=checkpoint, disk=disk_items(s, checkpoint), parked=parked_item(s),
         vllm_kv=vllm_kv, roles={r: role_compute(s, r, loads) for r in s.trained}, updates=updates,
-        pool_seconds=pool_seconds(s, loads), assumptions=assumptions(s))
+        pool_seconds=pool_seconds(s, loads), assumptions=assumptions(s),
+        omitted=omitted_seconds(s, loads, disk_items(s, checkpoint), updates))
+
+
+def omitted_seconds(s: Setup, loads: Mapping[str, RoleLoad], disk: Sequence[Item],
+                    updates: Mapping[str, int]) -> tuple[tuple[str, float], ...]:
+    """Wall time the plan does not count, estimated: checkpoint writes (at DISK_WRITE_BYTES_PER_S), the weights
+    copied into vLLM after each optimizer step (ZeRO-3 gathers them over the GPU links, then vLLM reloads them at
+    HBM bandwidth), and, for scale, the prefill vLLM's prefix cache saves (K - 1 of a prompt's K prefills, which
+    the generation stage already leaves out)."""
+    if not s.on_gpu:
+        return ()
+    out = []
+    written = sum(i.bytes for i in disk if i.name.startswith("written by"))
+    out.append((f"checkpoint writes ({written / TB:.2f} TB at an assumed {DISK_WRITE_BYTES_PER_S / 1e9:g} GB/s)",
+                written / DISK_WRITE_BYTES_PER_S))
+    if s.cfg.rollout.backend == "vllm":
+        weights = s.sample_width * s.arch.sampled_parameters
+        copy = weights * (s.world - 1) / s.world / GPU_LINK_BYTES_PER_S + weights / s.machine.gpu_bandwidth
+        steps = sum(updates.values())
+        out.append((f"weight copies into vLLM ({steps:,} steps x {weights / GB:.1f} GB, GPU links at an assumed "
+                    f"{GPU_LINK_BYTES_PER_S / 1e9:g} GB/s)", steps * copy))
+        if s.cfg.rollout.get("enable_prefix_caching", True):
+            saved = sum(updates[r] * prefix_saved_flops(s, r, loads) for r in s.trained)
+            out.append(("prefill saved by vLLM's prefix cache (not spent: already outside the generation figure)",
+                        -saved / s.world / (s.machine.gpu_flops * s.machine.utilisation)))
+    return tuple(out)
+
+
+def prefix_saved_flops(s: Setup, role: str, loads: Mapping[str, RoleLoad]) -> float:
+    """The prompt prefills one optimizer step of ``role`` would repeat without a prefix cache: K - 1 per prompt."""
+    stages = phase_stages(s.cfg, role, loads)
+    return sum(st.prompts * (st.samples - 1) * s.arch.forward_flops(st.prompt, 0) for st in stages) / phase_steps(s.cfg)
 
 
 def assumptions(s: Setup) -> tuple[str, ...]:

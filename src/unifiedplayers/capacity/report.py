@@ -105,12 +105,15 @@ def compute_lines(plan: Plan) -> list[str]:
         return out
     stages = plan.roles[roles[0]].seconds
     by_stage = {st: sum(plan.updates[r] * plan.roles[r].seconds[st] for r in roles) for st in stages}
-    by_stage["diagnostic pool (rank 0)"] = plan.pool_seconds
+    by_stage["diagnostic pool"] = plan.pool_seconds
     wall = plan.wall_seconds
     split = ", ".join(f"{st} {s / wall:.0%}" for st, s in sorted(by_stage.items(), key=lambda x: -x[1]))
     out.append(f"GPU-hours per seed: {plan.gpu_hours:.0f} ({wall / 3600:.1f} h wall x {plan.world} GPUs at "
                f"{plan.machine.utilisation:.0%} MFU, decoding at {plan.machine.decode_efficiency:.0%} of HBM "
                f"bandwidth); wall by stage: {split}.")
+    for what, seconds in plan.omitted:
+        out.append(f"  not in it: {what}: {'saves ' if seconds < 0 else ''}~{abs(seconds) / 3600:.2f} h wall, "
+                   f"{abs(seconds) * plan.world / 3600:.1f} GPU-hours")
     out.append(f"  {PAPER_NOTE}; this plan: {plan.gpu_hours / PAPER_GPU_HOURS:.2f} x that." if
                plan.model.startswith("Qwen3-4B") else f"  {PAPER_NOTE}; the paper gives no figure for {plan.model}.")
     return out
