@@ -32,7 +32,8 @@ KEYS = {
     "kl": "{player}/kl",
     "clip_frac": "{player}/clip_frac",
     "entropy": "{player}/entropy",  # on the fixed bank of held-out role contexts
-    "entropy_ratio": "{player}/entropy_ratio",  # final / initial, when the trainer logs it directly
+    # final / initial, as the trainer logs it: at each block's end; after every n-th update with trainer.entropy_every=n
+    "entropy_ratio": ("{player}/entropy_bank/retention", "{player}/entropy_ratio"),
     "accuracy": ("{player}/pool_accuracy", "{player}/accuracy", "{player}/accuracy_vs_pool"),
     # compute
     "timing_total": ("timing/total_s", "timing/step_s"),  # wall seconds of one whole update (rollout included)

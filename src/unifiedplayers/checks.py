@@ -106,6 +106,9 @@ def check_ranges(cfg: Any) -> None:
                          "32 MB; default 512)")
     if sb.max_processes < 1:
         raise ValueError(f"sandbox.max_processes={sb.max_processes}: need >= 1")
+    if cfg.trainer.entropy_every < 0:
+        raise ValueError(f"trainer.entropy_every={cfg.trainer.entropy_every}: need >= 0 (0: the entropy bank scored at "
+                         "each block's start and end only; n > 0: also after every n-th update)")
     for role in trained_roles(cfg):
         t = role_trainer_config(cfg.trainer, role)
         if not t.lr >= 0:

@@ -165,7 +165,9 @@ class TrainerConfig:
     ref_mode: str = "copy"  # copy: frozen reference model; precompute: ref weights on host, swapped in once per batch
     lr_warmup_steps: int = 0
     entropy_bank_size: int = 256  # held-out role contexts for entropy retention (Appendix D.2)
-    entropy_every: int = 1  # measure bank entropy after every n-th update (0: never)
+    # When the bank's mean token entropy is scored (Appendix D.2 reports final / initial per block): 0, at each block's
+    # start and end only; n > 0, also after every n-th update (the end is not scored twice). Negative: refused.
+    entropy_every: int = 0
     compute_entropy: bool = True  # actor/entropy of the sampled tokens in each update
     # π_θ log-probs use logits / temperature: set it to the rollout temperature so that the ratio of Eq. 18
     # compares like with like (the behaviour log-probs were taken under that temperature).

@@ -169,6 +169,15 @@ def test_diagnostics_table4(tmp_path):
     assert "0.73 / 0.31" in md and "2.50 / 0.45" in md
 
 
+def test_diagnostics_reads_the_retention_of_the_last_block_end(tmp_path):
+    """trainer.entropy_every=0 logs the ratio only on a block's last line (entropy_bank/retention), not per update;
+    the sampled tokens' entropy (``<player>/entropy``) is not the bank's and is not used while the ratio is logged."""
+    metrics = [{"execution/entropy": 2.0}, {"execution/entropy": 1.0, "execution/entropy_bank/retention": 0.9},
+               {"execution/entropy": 1.0, "execution/entropy_bank/retention": 0.8}]
+    [row] = diagnostics.main([str(write_run(tmp_path, metrics=metrics))])
+    assert row["entropy_ratio"] == pytest.approx(0.8)
+
+
 def test_compute_accounting(tmp_path):
     metrics = [
         {"outer_iteration": 1, "block": "planning", "timing/total_s": 1800.0},

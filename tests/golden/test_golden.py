@@ -24,7 +24,11 @@ A change of behaviour on purpose regenerates the files in one commit that says w
     UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/golden -q
 
 The files in tests/golden/data/ were made on an AMD EPYC (AVX2, no native bf16), torch 2.13.0 CPU, one
-torch thread, at commit cf02bc5's behaviour.
+torch thread, at commit cf02bc5's behaviour. Changed on purpose since, with every other value kept as made there:
+``<role>/entropy_bank_mean`` and ``<role>/entropy_ratio`` per update are gone (``trainer.entropy_every`` now defaults
+to 0: the bank is scored at a block's start and end only; with ``entropy_every=1`` the old files match), and
+``<role>/pad_share`` and the verifier kinds' ``evaluation/kind/*`` keys were added (from a run on an Intel Xeon with
+AMX; they are counts and shares, not gradient figures).
 """
 from __future__ import annotations
 

@@ -8,13 +8,14 @@ Public interface::
     metrics = trainer.update(samples)    # one optimizer step; samples: TrainSample-like items
     trainer.save_checkpoint(path); trainer.load_checkpoint(path)
     trainer.offload_state()              # block over: only the weights it samples with stay in memory
-    trainer.block_diagnostics()          # grad-norm median / CV, entropy retention
+    trainer.block_diagnostics()          # block over: final bank entropy, retention, grad-norm median / CV
 
 Modules: ``sample`` (:class:`TrainSample`, what an update trains on), ``optim`` (AdamW and the warm-up
 schedule), ``base`` (the interface: :class:`BaseTrainer` with the shared update), ``backends`` (the backend
 registry, :func:`build_trainer`), ``batching`` (micro-batches), ``player_trainer`` (torch backend,
 :class:`PlayerTrainer`), ``deepspeed_backend`` (ZeRO-2/3, imported when built), ``offload`` (an idle player's state
-in files), ``logprobs``, ``checkpoint``, ``diagnostics``, ``flops``. Backends import ``base``, never each other.
+in files), ``logprobs``, ``checkpoint``, ``diagnostics``, ``entropy`` (the bank's entropy shared by the ranks),
+``flops``. Backends import ``base``, never each other.
 """
 from unifiedplayers.trainer.backends import TRAINER_BACKENDS, build_trainer, register_trainer_backend
 from unifiedplayers.trainer.base import BaseTrainer

@@ -65,7 +65,7 @@ from unifiedplayers.trainer.batching import (
     plan_micro_batches,
 )
 from unifiedplayers.trainer.checkpoint import RNG_FILE, atomic_directory, capture_rng_state, restore_rng_state
-from unifiedplayers.trainer.diagnostics import BlockDiagnostics, EntropyRetention
+from unifiedplayers.trainer.diagnostics import BlockDiagnostics, EntropyRetention, torch_threads
 from unifiedplayers.trainer.logprobs import TokenLogprobs
 from unifiedplayers.trainer.offload import ParkedTensors
 from unifiedplayers.trainer.precision import cast_parameters, logprob_mismatch, resolve_setting
@@ -180,14 +180,8 @@ def in_update_threads(method: Callable) -> Callable:
 
     @functools.wraps(method)
     def wrapper(self, *args: Any, **kwargs: Any) -> Any:
-        wanted, before = getattr(self.cfg, "update_threads", 0), torch.get_num_threads()
-        if wanted <= 0 or wanted == before:
+        with torch_threads(getattr(self.cfg, "update_threads", 0)):
             return method(self, *args, **kwargs)
-        torch.set_num_threads(wanted)
-        try:
-            return method(self, *args, **kwargs)
-        finally:
-            torch.set_num_threads(before)
 
     return wrapper
 
@@ -332,21 +326,9 @@ class BaseTrainer(ReferencePolicy, BlockDiagnostics, TrainerHooks):
         metrics = _combine_metrics(parts)
         seconds = time.perf_counter() - t0
         metrics["perf/update_tflop_per_s"] = metrics["perf/update_tflop"] / seconds if seconds > 0 else 0.0
-        metrics.update(
-            {
-                "actor/grad_norm": grad_norm,
-                "actor/lr": lr,
-                "actor/num_samples": float(len(samples)),
-                "actor/num_micro_batches": float(plan.num_micro),
-                "perf/pad_share": plan.pad_share,
-                "actor/global_step": float(self.global_step),
-                "perf/time_ref": timings["perf/time_ref"],
-                "perf/time_forward": timings["perf/time_forward"],
-                "perf/time_backward": timings["perf/time_backward"],
-                "perf/time_optimizer": timings["perf/time_optimizer"],
-                "perf/time_weight_sync": timings["perf/time_weight_sync"],
-            }
-        )
+        metrics.update({"actor/grad_norm": grad_norm, "actor/lr": lr, "actor/num_samples": float(len(samples)),
+                        "actor/num_micro_batches": float(plan.num_micro), "perf/pad_share": plan.pad_share,
+                        "actor/global_step": float(self.global_step), **timings})
         self._record_bank_entropy(metrics)
         return metrics
 
@@ -423,13 +405,13 @@ class BaseTrainer(ReferencePolicy, BlockDiagnostics, TrainerHooks):
                                   lockstep=self.lockstep_micro_batches, device=self.device, pad_id=self.pad_token_id)
         module = self._forward_module()
         mine = [self._ref_pass(module, mb).logprobs.float().cpu() for mb in plan.micro][: plan.real]
-        by_rank, world = self.dist.all_gather(mine), self.dist.world_size
-        for index, members in enumerate(plan.members):  # micro-batch i ran on rank i mod N, as in an update
-            logprobs = by_rank[index % world][index // world]
-            for row, sample in enumerate(samples[i] for i in members):
-                if sample.behaviour_logprobs is None:
-                    sample.behaviour_logprobs = sample.old_logprobs
-                sample.old_logprobs = logprobs[row, : len(sample.token_ids)].clone()
+        by_rank = self.dist.all_gather(mine)
+        for rank, share in enumerate(plan.per_rank):  # each rank's micro-batches, as in an update
+            for members, logprobs in zip(share, by_rank[rank]):
+                for row, sample in enumerate(samples[i] for i in members):
+                    if sample.behaviour_logprobs is None:
+                        sample.behaviour_logprobs = sample.old_logprobs
+                    sample.old_logprobs = logprobs[row, : len(sample.token_ids)].clone()
 
     def _sync_copies(self) -> None:
         """Bring the lower-precision copies of the weights (compute, rollouts) up to the master weights."""
@@ -466,7 +448,7 @@ class BaseTrainer(ReferencePolicy, BlockDiagnostics, TrainerHooks):
                 "global_step": self.global_step,
                 "outer_iteration": self.outer_iteration,
                 "policy_is_reference": self._policy_is_reference,
-                "entropy_history": list(self.entropy.history),
+                **self.entropy.state(),
                 "block_grad_norms": list(self.block_grad_norms),
             },
             directory / "trainer_state.pt",
@@ -484,7 +466,7 @@ class BaseTrainer(ReferencePolicy, BlockDiagnostics, TrainerHooks):
         self.global_step = state["global_step"]
         self.outer_iteration = state["outer_iteration"]
         self._policy_is_reference = state["policy_is_reference"]
-        self.entropy.history = list(state["entropy_history"])
+        self.entropy = EntropyRetention.from_state(state)
         self.block_grad_norms = list(state["block_grad_norms"])
         self._discard_reference()
         if (directory / "reference.pt").exists() and self.cfg.kl_coef != 0.0:

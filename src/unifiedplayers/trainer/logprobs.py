@@ -419,33 +419,62 @@ class TokenLogprobModel(nn.Module):
         )
 
 
+ENTROPY_BATCH = 16  # held-out contexts per forward of the entropy bank
+ENTROPY_ROWS = 512  # positions per (rows, V) logits block of the entropy bank
+
+
+@contextlib.contextmanager
+def eval_mode(model: nn.Module) -> Iterator[None]:
+    """``model`` in eval mode while inside, its mode restored after."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
+
+
+def context_rows(body: nn.Module, contexts: list[Tensor], device: torch.device) -> Tensor:
+    """Last hidden states (positions, H) at every position of ``contexts``, run as one right-padded batch."""
+    length = max(len(c) for c in contexts)
+    ids = torch.zeros(len(contexts), length, dtype=torch.long, device=device)
+    att = torch.zeros(len(contexts), length, dtype=torch.long, device=device)
+    for i, c in enumerate(contexts):
+        ids[i, : len(c)] = c.to(device)
+        att[i, : len(c)] = 1
+    hidden = body(input_ids=ids, attention_mask=att, use_cache=False).last_hidden_state
+    return hidden[att.bool()]
+
+
+def rows_entropy_sum(head: nn.Module, rows: Tensor) -> float:
+    """Σ over ``rows`` (M, H) of the entropy of the next-token distribution, H = −Σ_v p_v log p_v."""
+    logp = torch.log_softmax(head(rows).float(), dim=-1)
+    return float(-(logp.exp() * logp).sum())
+
+
 @torch.no_grad()
-def mean_token_entropy(model: nn.Module, contexts: list[Tensor], batch_size: int = 16) -> float:
+def entropy_part_sums(body: nn.Module, head: nn.Module, contexts: list[Tensor],
+                      device: torch.device) -> list[tuple[float, int]]:
+    """One forward over ``contexts``; per :data:`ENTROPY_ROWS`-row part of its positions (bounding the (rows, V)
+    logits), the part's (Σ token entropy, rows)."""
+    rows = context_rows(body, contexts, device)
+    return [(rows_entropy_sum(head, part), part.shape[0]) for part in rows.split(ENTROPY_ROWS)]
+
+
+@torch.no_grad()
+def mean_token_entropy(model: nn.Module, contexts: list[Tensor], batch_size: int = ENTROPY_BATCH) -> float:
     """Mean entropy of the next-token distribution over all positions of held-out contexts.
 
-    Used for entropy retention (Appendix D.2): the same fixed bank is scored at block start and after each
-    update. Every position of each context contributes one token entropy.
+    Used for entropy retention (Appendix D.2): the same fixed bank is scored at the block's start and end. Every
+    position of each context contributes one token entropy. The part sums are added in bank order, as
+    :mod:`unifiedplayers.trainer.entropy` adds them when the ranks share the bank.
     """
     body, head = split_causal_lm(model)
     device = next(model.parameters()).device
     total, count = 0.0, 0
-    was_training = model.training
-    model.eval()
-    try:
+    with eval_mode(model):
         for start in range(0, len(contexts), batch_size):
-            chunk = contexts[start : start + batch_size]
-            length = max(len(c) for c in chunk)
-            ids = torch.zeros(len(chunk), length, dtype=torch.long, device=device)
-            att = torch.zeros(len(chunk), length, dtype=torch.long, device=device)
-            for i, c in enumerate(chunk):
-                ids[i, : len(c)] = c.to(device)
-                att[i, : len(c)] = 1
-            hidden = body(input_ids=ids, attention_mask=att, use_cache=False).last_hidden_state
-            rows = hidden[att.bool()]
-            for part in rows.split(512):  # bound the (rows, V) logits
-                logp = torch.log_softmax(head(part).float(), dim=-1)
-                total += float(-(logp.exp() * logp).sum())
-                count += part.shape[0]
-    finally:
-        model.train(was_training)
+            for part_sum, rows in entropy_part_sums(body, head, contexts[start : start + batch_size], device):
+                total += part_sum
+                count += rows
     return total / max(count, 1)
