@@ -12,7 +12,8 @@ Who does what (``unifiedplayers.loop.schedule`` and ``unifiedplayers.trainer``):
   trainer's weights (:mod:`unifiedplayers.rollout.vllm_engine` on how vLLM shares the process group);
 - sampling is split by prompt: rank r generates all n samples (G_T tasks, K trajectories, M verifiers) of the
   prompts of :func:`prompt_shard` (P, r, N), a contiguous block, so every rank is busy as soon as P >= N
-  and each engine sees whole prompts; the blocks are gathered in rank order, which is the prompt order;
+  and each engine sees whole prompts; the blocks are gathered in rank order, which is the prompt order; the
+  diagnostic pool's questions are split the same way (:class:`unifiedplayers.loop.run_files.DiagnosticPool`);
 - rank 0 alone runs the perturbations, the verdict matrices, the rewards and the advantages, writes
   records, metrics, checkpoints, the state and the summary, and broadcasts the update's batch;
 - the update is data-parallel: every rank processes its share of the batch's micro-batches with the
@@ -26,7 +27,7 @@ Who does what (``unifiedplayers.loop.schedule`` and ``unifiedplayers.trainer``):
   over several ranks needs ``rollout=vllm`` (hf generation from partitioned weights would be a collective
   per token) and fresh feedback.
 
-The other ranks wait at the next collective while rank 0 works alone (verdicts, the diagnostic pool), so
+The other ranks wait at the next collective while rank 0 works alone (perturbations, verdicts, rewards), so
 the process group's timeout is long: ``UNIFIEDPLAYERS_DIST_TIMEOUT_MIN`` minutes (120).
 
 On GPUs each rank is pinned to the GPU of its ``LOCAL_RANK`` before CUDA starts (:func:`_pin_gpu`):

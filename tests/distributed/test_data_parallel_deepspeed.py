@@ -203,7 +203,7 @@ def test_the_paper_rehearsal_over_two_ranks(launches):
     # π_old recomputed at every phase's start, against the behaviour log-probs of an engine synced after every step
     assert all(0.0 <= m[f"{m['block']}/logprob_mismatch"] < 1e-4 for m in metrics)
     assert all(m[f"{m['block']}/num_micro_batches"] == 2 for m in metrics[8:])  # one per rank
-    assert metrics[11]["execution/pool_step"] == 4  # rank 0 evaluated, rank 1 synced its engine along
+    assert metrics[11]["execution/pool_step"] == 4  # each rank answered its half of the pool; rank 0 logged it
     # What an idle player's engine moves off a GPU (here: called as on a GPU): under ZeRO-Offload ZeRO-3 keeps all
     # but its contiguous gradient buffer on the host. All three players go idle, and the Execution and Evaluation
     # players (idle during the Planning block) come back for their first step; both ranks alike (collectives).

@@ -7,6 +7,11 @@ the first ``general_size`` of another (by default the GSM8K and MMLU subsets the
 with, loaded and graded by the harness's own code: :mod:`unifiedplayers.data.benchmarks`,
 :mod:`unifiedplayers.feedback.answers`); a file holding fewer problems caps its share.
 
+Over several ranks each rank answers a contiguous block of the questions with its own engine and sandbox and
+rank 0 gathers the graded answers in question order (:func:`evaluate_pool`'s ``split``): the same items, hence the
+same accuracies and log lines, as one rank. Decoding is greedy, so a question's text does not depend on the rank
+that answers it, up to the float rounding of the batch it is decoded in (vLLM does not promise batch invariance).
+
 Over the run this gives one accuracy per checkpoint (updates e = N, 2N, ...), from which the run summary
 reports the **negative-step rate** (the share of adjacent checkpoints where accuracy falls) and the
 **maximum drop** (:func:`negative_steps`).
@@ -26,7 +31,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 POOL_FILENAME = "execution_pool.jsonl"
 DOMAINS = ("math", "general")
@@ -121,13 +126,11 @@ def grade_text(q: PoolQuestion, text: str) -> tuple[Optional[str], bool]:
     return answer, bool(grade(q.answer_type, answer, q.problem.reference))
 
 
-def evaluate_pool(engine: Any, sandbox: Any, tokenizer: Any, player_cfg: Any, pool_cfg: Any,
-                  questions: Sequence[PoolQuestion]) -> dict[str, Any]:
-    """Greedy answers of the Execution player (its tool loop, its prompt) to ``questions``, graded.
-
-    Returns ``accuracy`` (all questions), ``accuracy_math``, ``accuracy_general`` (``None`` for an empty
-    domain), the counts, the tool-loop statuses and one item per question.
-    """
+def answer_questions(engine: Any, sandbox: Any, tokenizer: Any, player_cfg: Any, pool_cfg: Any,
+                     questions: Sequence[PoolQuestion]) -> list[dict[str, Any]]:
+    """One graded item per question, in order: the Execution player's greedy answer (its tool loop, its prompt),
+    in tool-loop calls of ``pool_cfg.batch_size`` questions. Greedy decoding draws nothing, so a question's answer
+    does not depend on the seed nor, up to the float rounding of a batch's shape, on its batch-mates."""
     from unifiedplayers.players.prompts import render_prompt
     from unifiedplayers.players.tool_loop import ToolLoopConfig, run_tool_loop
 
@@ -151,7 +154,30 @@ def evaluate_pool(engine: Any, sandbox: Any, tokenizer: Any, player_cfg: Any, po
         items.append({"domain": q.domain, "benchmark": q.benchmark, "id": q.problem.id, "extracted": answer,
                       "reference": q.problem.reference, "correct": correct, "status": r.status,
                       "tool_calls": r.num_tool_calls, "text_tail": r.text[-TEXT_TAIL_CHARS:]})
-    return summarise(items)
+    return items
+
+
+Split = Callable[..., Optional[list[list[Any]]]]  # DistContext.split_prompts: (generate, num_prompts, to_all)
+
+
+def evaluate_pool(engine: Any, sandbox: Any, tokenizer: Any, player_cfg: Any, pool_cfg: Any,
+                  questions: Sequence[PoolQuestion], split: Optional[Split] = None) -> Optional[dict[str, Any]]:
+    """Greedy answers of the Execution player (its tool loop, its prompt) to ``questions``, graded.
+
+    Returns ``accuracy`` (all questions), ``accuracy_math``, ``accuracy_general`` (``None`` for an empty
+    domain), the counts, the tool-loop statuses and one item per question.
+
+    ``split``: over several ranks, :meth:`unifiedplayers.distributed.DistContext.split_prompts`, called on every
+    rank: each rank answers its block of the questions (:func:`unifiedplayers.distributed.prompt_shard`) with its
+    own engine and sandbox, and rank 0 gathers the items in question order and summarises them (the other ranks
+    get ``None``); a rank without questions still joins the gather.
+    """
+    def answer(mine: range) -> list[list[dict[str, Any]]]:
+        return [[item] for item in answer_questions(engine, sandbox, tokenizer, player_cfg, pool_cfg,
+                                                    [questions[i] for i in mine])]
+
+    rows = answer(range(len(questions))) if split is None else split(answer, len(questions), to_all=False)
+    return None if rows is None else summarise([row[0] for row in rows])
 
 
 def summarise(items: list[dict[str, Any]]) -> dict[str, Any]:
@@ -270,15 +296,20 @@ class FixedPool:
         """Whether the checkpoint after ``execution_step`` Execution updates is evaluated."""
         return self.cfg.every > 0 and execution_step >= 0 and execution_step % self.cfg.every == 0
 
+    def decodes(self, execution_step: int) -> bool:
+        """Whether :meth:`evaluate` answers the pool for this checkpoint: it has questions and no logged line."""
+        return bool(self.questions) and self.log.get(execution_step) is None
+
     def evaluate(self, execution_step: int, where: dict[str, Any], engine: Any, sandbox: Any, tokenizer: Any,
-                 player_cfg: Any) -> dict[str, Any]:
-        """The logged evaluation of this checkpoint if there is one, else a new one (appended to the log)."""
+                 player_cfg: Any, split: Optional[Split] = None) -> dict[str, Any]:
+        """The logged evaluation of this checkpoint if there is one, else a new one (appended to the log).
+        ``split``: as for :func:`evaluate_pool`; the other ranks call it exactly when :meth:`decodes` is true."""
         entry = self.log.get(execution_step)
         if entry is not None:
             return entry
         t = time.perf_counter()
-        if self.questions:
-            result = evaluate_pool(engine, sandbox, tokenizer, player_cfg, self.cfg, self.questions)
+        if self.decodes(execution_step):
+            result = evaluate_pool(engine, sandbox, tokenizer, player_cfg, self.cfg, self.questions, split=split)
         else:
             result = summarise([])
             result["skipped"] = "no pool questions (see missing)"

@@ -4,8 +4,8 @@
   (one line per update), and the progress bar;
 - :class:`DiagnosticPool`: the fixed diagnostic pool (Appendix D.2, ``schedule.execution_pool``): after every
   ``every``-th Execution update the Execution player answers it greedily; its accuracies go into that update's
-  metrics line and execution_pool.jsonl. It leaves the RNG states as it found them, so a run with the pool on
-  trains exactly as one without it;
+  metrics line and execution_pool.jsonl. Every rank answers its share of the questions; rank 0 writes. It leaves
+  the RNG states as it found them, so a run with the pool on trains exactly as one without it;
 - :func:`finish`: the end-of-run summary and the checkpoint retention.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any, Optional, Sequence
 from omegaconf import OmegaConf
 
 from unifiedplayers.loop.checkpoints import prune
-from unifiedplayers.diagnostics.execution_pool import FixedPool, metrics_of
+from unifiedplayers.diagnostics.execution_pool import FixedPool, evaluate_pool, metrics_of
 from unifiedplayers.diagnostics.logging import RunLogger, progress
 from unifiedplayers.diagnostics.records import RECORDS_FILENAME, RecordWriter
 from unifiedplayers.loop.schedule import Slot
@@ -67,13 +67,21 @@ class RunFiles:
 
 
 class DiagnosticPool:
-    """The fixed diagnostic pool of the Execution player (see the module docstring)."""
+    """The fixed diagnostic pool of the Execution player (see the module docstring).
+
+    Over several ranks every rank answers its block of the questions with its own engine and sandbox
+    (:meth:`~unifiedplayers.distributed.DistContext.split_prompts`, as sampling does); rank 0 reads the pool's files,
+    gathers the graded answers in question order and writes execution_pool.jsonl and the metrics, as one rank does.
+    """
 
     def __init__(self, cfg: Any, run_dir: Path, trained: Sequence[str], slots: Sequence[Slot], dist: Any) -> None:
         self.dist = dist
         self.on = "execution" in trained
-        self.pool = FixedPool(cfg.schedule.execution_pool, run_dir) if (
-            cfg.schedule.execution_pool.every > 0 and self.on and dist.is_main) else None  # rank 0 evaluates it
+        self.cfg = cfg.schedule.execution_pool
+        evaluated = self.cfg.every > 0 and self.on
+        self.pool = FixedPool(self.cfg, run_dir) if evaluated and dist.is_main else None  # rank 0 reads and logs it
+        # rank 0's questions on every rank (one reading of the files, one set of warnings)
+        self.questions = dist.broadcast(self.pool.questions if self.pool is not None else None) if evaluated else []
         # Execution updates done once slot i is complete (the pool's checkpoint index).
         self.execution_steps, n = [], 0
         for s in slots:
@@ -82,33 +90,44 @@ class DiagnosticPool:
 
     def metrics(self, slot: Slot, team: Any, sandbox: Any, execution_cfg: Any, timing: dict[str, float],
                 progress: Any = None, before: bool = False) -> dict[str, Any]:
-        """The pool's metrics after update ``slot``, when an evaluation is due; {} otherwise.
+        """The pool's metrics after update ``slot``, when an evaluation is due; {} otherwise (and on ranks but 0).
 
         ``before``: the initial checkpoint (update 0, Appendix D.2), evaluated before the run's first update
         (whatever its block: with a shared model a Planning update already moves the Execution weights), on
-        the first line under ``execution/pool0_*``. Rank 0 evaluates; the other ranks swap the Execution
-        weights into their engines with it, since that swap can be a collective (ZeRO-3).
+        the first line under ``execution/pool0_*``. Every rank swaps the Execution weights into its engine, since
+        that swap can be a collective (ZeRO-3), and answers its share of the questions when rank 0 decodes.
         """
         if not self.on or (slot.role != "execution" and not before) or (before and slot.index != 0):
             return {}
         step = 0 if before else self.execution_steps[slot.index]
-        if not self.dist.broadcast(self.pool is not None and self.pool.due(step)):
-            return {}
-        if not self.dist.is_main:
-            team.engine("execution", "execution")
+        decodes = self.dist.broadcast(self._decodes(step) if self.dist.is_main else None)
+        if decodes is None:
             return {}
         if progress is not None:
-            progress(f"execution pool ({len(self.pool.questions)} questions)")
+            progress(f"execution pool ({len(self.questions)} questions)")
         rng = capture_rng_state()  # greedy decoding; the run's RNG streams must not notice the evaluation
         engine, ver = team.engine("execution", "execution")
+        if not self.dist.is_main:
+            if decodes:
+                evaluate_pool(engine, sandbox, team.tokenizer, execution_cfg, self.cfg, self.questions,
+                              split=self.dist.split_prompts)
+            restore_rng_state(rng)
+            return {}
         entry = self.pool.evaluate(
             step, {"global_update": slot.index - (1 if before else 0), "outer_iteration": slot.iteration,
-                   "checkpoint": ver}, engine, sandbox, team.tokenizer, execution_cfg)
+                   "checkpoint": ver}, engine, sandbox, team.tokenizer, execution_cfg, split=self.dist.split_prompts)
         restore_rng_state(rng)
         timing["pool_s"] += entry.get("seconds", 0.0)
         out = metrics_of(entry)
         return {k.replace("execution/pool_", "execution/pool0_") if before else k: v for k, v in out.items()
                 if not (before and k.startswith("timing/"))}
+
+    def _decodes(self, step: int) -> Optional[bool]:
+        """Rank 0's plan for checkpoint ``step``: None (not due), False (logged already, or no questions: no
+        decoding), True (the ranks answer the pool; :meth:`FixedPool.evaluate` then calls the split)."""
+        if self.pool is None or not self.pool.due(step):
+            return None
+        return self.pool.decodes(step)
 
 
 def finish(cfg: Any, run_dir: Path, dist: Any, completed: int, finished: bool,
