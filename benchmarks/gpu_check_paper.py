@@ -326,7 +326,7 @@ class PaperUnit:
                     settings = self.parts["settings"]["trainer"]
                     report["settings"] = {k: settings[k] for k in (
                         "backend", "offload_optimizer", "ref_mode", "gradient_checkpointing", "recompute_old_logprobs",
-                        "kl_coef", "micro_batch_size", "lr", "dtype")}
+                        "kl_coef", "micro_batch_size", "max_tokens_per_micro_batch", "lr", "dtype")}
                     report["settings_differing_from_preset"] = self.parts["settings"]["differences"]
                     with gc.deterministic(self.cuda) as caught:
                         self._trainers(settings, directory / "ckpt")
