@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 from unifiedplayers.config import CONF_DIR, resolve_player_config, role_trainer_config
+from unifiedplayers.loop.sampling import phase_calls
 from unifiedplayers.loop.schedule import BLOCK_ORDER, phase_steps, plan_updates, trained_roles
 
 GiB, GB, TB = float(2**30), 1e9, 1e12
@@ -398,25 +399,30 @@ def prompt_tokens(prompts: Any, filled_chars: int) -> int:
 
 
 def role_loads(cfg: Any) -> dict[str, RoleLoad]:
-    """Each player's mini-batch at its budgets: Planning G_T tasks of each questioner prompt, Execution K
-    trajectories of max_turns generations with a tool output between two, Evaluation M verifiers per task. A
-    task's question is task_max_chars long; a method without tools takes one turn (``sampling.execution_config``)."""
+    """Each player's mini-batch at its budgets, from the calls one update's phase makes
+    (``loop.sampling.phase_calls``): Planning G_T tasks of each questioner prompt, Execution K trajectories of
+    max_turns generations with a tool output between two, Evaluation M verifiers per task. A task's question is
+    task_max_chars long."""
     from unifiedplayers.feedback.trajectory import TRAJECTORY_SCHEMA
 
     p = resolve_player_config(cfg)
-    turns = int(p.max_turns) if cfg.method.use_tools else 1
+    tasks, trajectories, *verifiers = phase_calls_of(cfg, p, "execution", 1)
     observation = observation_tokens(p)
-    verifiers = int(p.num_verifiers) if cfg.method.verifiers else 0
     return {
-        "planning": RoleLoad("planning", p.prompts_per_update * p.tasks_per_prompt,
-                             prompt_tokens(p.planning, TOPIC_CHARS), int(p.planning_max_new_tokens), 0),
-        "execution": RoleLoad("execution", p.tasks_per_update * p.num_trajectories,
-                              prompt_tokens(p.execution, p.task_max_chars), turns * int(p.execution_max_new_tokens),
-                              (turns - 1) * observation),
-        "evaluation": RoleLoad("evaluation", p.tasks_per_update * verifiers,
+        "planning": RoleLoad("planning", tasks.prompts * tasks.samples, prompt_tokens(p.planning, TOPIC_CHARS),
+                             tasks.max_new_tokens, 0),
+        "execution": RoleLoad("execution", trajectories.prompts * trajectories.samples,
+                              prompt_tokens(p.execution, p.task_max_chars),
+                              trajectories.turns * trajectories.max_new_tokens, (trajectories.turns - 1) * observation),
+        "evaluation": RoleLoad("evaluation", sum(v.prompts * v.samples for v in verifiers),
                                prompt_tokens(p.evaluation, p.task_max_chars + len(TRAJECTORY_SCHEMA)),
                                int(p.evaluation_max_new_tokens), 0),
     }
+
+
+def phase_calls_of(cfg: Any, player: Any, role: str, minibatches: int) -> list[Any]:
+    """``loop.sampling.phase_calls`` with the method's tools and verifiers as its config sets them."""
+    return phase_calls(player, role, minibatches, bool(cfg.method.use_tools), bool(cfg.method.verifiers))
 
 
 def observation_tokens(player: Any) -> int:
@@ -738,18 +744,14 @@ class Stage:
 
 
 def phase_stages(cfg: Any, role: str, loads: Mapping[str, RoleLoad]) -> list[Stage]:
-    """What a phase of ``role`` samples (``sampling.PhaseSampler.sample``): tasks (one round of Planning prompts;
-    up to player.task_attempts when too few are well-formed), then K trajectories and M verifiers per task."""
+    """What a phase of ``role`` samples: ``loop.sampling.phase_calls`` (the calls ``PhaseSampler`` makes) with the
+    prompt and tool-output lengths of ``loads``; a phase's tasks all well-formed (one round of Planning prompts)."""
     p, s = resolve_player_config(cfg), int(cfg.schedule.steps_per_generation)
-    tasks = s * (p.prompts_per_update * p.tasks_per_prompt if role == "planning" else p.tasks_per_update)
-    ex, ev = loads["execution"], loads["evaluation"]
-    turns = int(p.max_turns) if cfg.method.use_tools else 1
-    stages = [Stage("tasks", s * p.prompts_per_update, p.tasks_per_prompt, loads["planning"].prompt,
-                    loads["planning"].response),
-              Stage("trajectories", tasks, p.num_trajectories, ex.prompt, ex.response, ex.observations, turns)]
-    if ev.rows:
-        stages.append(Stage("verifiers", tasks, ev.rows // p.tasks_per_update, ev.prompt, ev.response))
-    return stages
+    prompts = {"tasks": loads["planning"].prompt, "trajectories": loads["execution"].prompt,
+               "verifiers": loads["evaluation"].prompt}
+    observations = {"trajectories": loads["execution"].observations}
+    return [Stage(c.name, c.prompts, c.samples, prompts[c.name], c.turns * c.max_new_tokens,
+                  observations.get(c.name, 0), c.turns) for c in phase_calls_of(cfg, p, role, s)]
 
 
 def stage_flops(a: Arch, st: Stage) -> float:

@@ -32,6 +32,36 @@ def execution_config(player_cfg: Any, use_tools: bool) -> Any:
     return player_cfg if use_tools else OmegaConf.merge(player_cfg, {"max_turns": 1})
 
 
+@dataclass(frozen=True)
+class SamplingCall:
+    """One generation call of a phase: ``samples`` of each of ``prompts`` prompts, at most ``max_new_tokens`` a
+    turn over ``turns`` turns (a tool output between two)."""
+
+    name: str  # tasks | trajectories | verifiers
+    prompts: int
+    samples: int
+    max_new_tokens: int
+    turns: int = 1
+
+
+def phase_calls(player_cfg: Any, role: str, num_minibatches: int, use_tools: bool,
+                writes_verifiers: bool) -> list[SamplingCall]:
+    """What a phase of ``num_minibatches`` updates training ``role`` samples, as :class:`PhaseSampler` samples it:
+    one round of Planning prompts (up to player.task_attempts rounds while too few tasks are well-formed), then K
+    trajectories and M verifiers for each task played: every well-formed task in a Planning phase (at most all of
+    them), ``tasks_per_update`` an update otherwise. The capacity plan reads the same calls
+    (:func:`unifiedplayers.capacity.phase_stages`)."""
+    p = player_cfg
+    prompts = num_minibatches * p.prompts_per_update
+    played = prompts * p.tasks_per_prompt if role == "planning" else num_minibatches * p.tasks_per_update
+    calls = [SamplingCall("tasks", prompts, int(p.tasks_per_prompt), int(p.planning_max_new_tokens)),
+             SamplingCall("trajectories", played, int(p.num_trajectories), int(p.execution_max_new_tokens),
+                          int(execution_config(p, use_tools).max_turns))]
+    if writes_verifiers:
+        calls.append(SamplingCall("verifiers", played, int(p.num_verifiers), int(p.evaluation_max_new_tokens)))
+    return calls
+
+
 @dataclass
 class PlayedTask:
     """One played task's way through a phase, built once and added to by each stage: sampling gives the task, its
@@ -179,7 +209,8 @@ class PhaseSampler:
         used: list[PlanningTask] = []
         unused: list[PlanningTask] = []
         attempts = 1 if slot.role == "planning" else p.task_attempts
-        prompts, wanted = num_minibatches * p.prompts_per_update, num_minibatches * p.tasks_per_update
+        calls = phase_calls(p, "execution", num_minibatches, self.method.use_tools, False)  # a round, K per task
+        prompts, wanted = calls[0].prompts, calls[1].prompts
         # the method's own Planning prompts (Socratic-Zero: the Solver's failures); None: the topic prompts
         own_prompts = self.dist.broadcast(self.method.planning_prompts(self.tokenizer, p, prompts)
                                           if self.dist.is_main else None)
