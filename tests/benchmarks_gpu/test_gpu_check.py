@@ -279,7 +279,8 @@ def test_paper_unit_on_cpu_passes_every_item(paper_units):
     assert report["paper_check"] == "PASS"
     assert unit["settings"] == {"backend": "deepspeed_zero3", "offload_optimizer": True, "ref_mode": "precompute",
                                 "gradient_checkpointing": True, "recompute_old_logprobs": True, "kl_coef": 0.04,
-                                "micro_batch_size": 2, "lr": 1e-3, "dtype": "float32"}
+                                "micro_batch_size": 2, "max_tokens_per_micro_batch": 13648, "lr": 1e-3,
+                                "dtype": "float32"}
     assert set(unit["settings_differing_from_preset"]) == {"trainer.lr", "trainer.dtype", "trainer.entropy_bank_size",
                                                            "trainer.offload_dir"}
     items = unit["items"]

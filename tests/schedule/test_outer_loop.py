@@ -96,9 +96,13 @@ def test_end_to_end_one_outer_iteration(fresh):
                     "timing/generation_s", "timing/sandbox_s", "timing/update_s"):
             assert key in m, key
         role = m["block"]
-        for key in ("grad_norm", "kl", "clip_frac", "entropy_ratio"):
+        for key in ("grad_norm", "kl", "clip_frac", "pad_share"):
             assert f"{role}/{key}" in m, (role, key)
         assert m[f"{role}/update_tflop"] > 0 and m["timing/update_tflop_per_s"] > 0
+    # the bank's retention at each block's end (trainer.entropy_every 0: scored at the block's start and end only)
+    ends = [i for i, m in enumerate(metrics) if i + 1 == len(metrics) or metrics[i + 1]["block"] != m["block"]]
+    for i, m in enumerate(metrics):
+        assert (f"{m['block']}/entropy_bank/retention" in m) == (i in ends), (i, m["block"])
     records = load_records(d / "records.jsonl")
     played = [r for r in records if r.meta["status"] == "played"]
     # Planning block: 1 prompt x G_T = 2 tasks per update, all played; other blocks: 1 task played.
