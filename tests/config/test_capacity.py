@@ -105,6 +105,20 @@ def test_micro_batch_rows_under_a_token_budget():
     assert item(backward.items, "checkpointed layer inputs").name.startswith(f"checkpointed layer inputs (2 x {ex.length}")
 
 
+def test_busiest_rank_rows_by_hand():
+    """8 Planning rows over 8 ranks: micro-batches of 2 round-robin leave 4 ranks idle and the busiest runs 2; a token
+    budget spreads the rows first (1 each). 16 Execution rows: 2 on every rank either way; 9 rows over 8: 2 and 2."""
+    cfg = compose(["experiment=paper_qwen3_4b"])
+    fixed = compose(["experiment=paper_qwen3_4b", "trainer.max_tokens_per_micro_batch=null"])
+    loads = capacity.role_loads(cfg)
+    pl, ex = loads["planning"], loads["execution"]
+    assert (pl.rows, ex.rows) == (8, 16)
+    assert capacity.busiest_rank_rows(fixed, pl, 8) == 2 and capacity.busiest_rank_rows(cfg, pl, 8) == 1
+    assert capacity.busiest_rank_rows(fixed, ex, 8) == 2 == capacity.busiest_rank_rows(cfg, ex, 8)
+    nine = replace(ex, rows=9)
+    assert capacity.busiest_rank_rows(fixed, nine, 8) == 2 and capacity.busiest_rank_rows(cfg, nine, 8) == 2
+
+
 @pytest.mark.parametrize("every, block, scorings", [(0, 200, 2), (1, 4, 5), (2, 5, 4), (2, 4, 3), (0, 1, 2)])
 def test_entropy_bank_scorings_by_hand(every, block, scorings):
     """The block's start and end, and after every n-th update (the end not twice): 0 over 200 updates, 2; 1 over 4,

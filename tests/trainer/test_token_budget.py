@@ -29,6 +29,9 @@ def test_split_and_pad_share_by_hand():
     fixed = micro_batch_members(LENGTHS, trainer_config(micro_batch_size=2))
     assert fixed == [[0, 1], [2, 3], [4, 5]]
     assert pad_share(LENGTHS, fixed) == pytest.approx(1 - 37 / 50, abs=1e-15)  # 18 + 18 + 14 = 50
+    # a budget met exactly still fills: 2 x 9 = 18, then 3 x 7 = 21 > 18 and 2 x 7 = 14; 2 x 4 = 8
+    assert micro_batch_members(LENGTHS, trainer_config(max_tokens_per_micro_batch=18)) == [[1, 3], [5, 0], [4, 2]]
+    assert micro_batch_members(LENGTHS, trainer_config(max_tokens_per_micro_batch=17)) == [[1], [3], [5, 0], [4, 2]]
     assert micro_batch_members(LENGTHS, trainer_config(micro_batch_size=2, max_tokens_per_micro_batch=1000)) == [
         [1, 3, 5, 0, 4, 2]]
 

@@ -445,9 +445,9 @@ def micro_rows(cfg: Any, load: RoleLoad) -> int:
 def busiest_rank_rows(cfg: Any, load: RoleLoad, world: int) -> int:
     """Rows the busiest rank runs in one update, padding copies included (lockstep: the ranks wait for it): whole
     micro-batches round-robin, or under a token budget the rows spread over the ranks, then filled."""
-    micro = micro_rows(cfg, load)
     if cfg.trainer.get("max_tokens_per_micro_batch") is not None:
         return math.ceil(load.rows / world)
+    micro = micro_rows(cfg, load)
     return math.ceil(math.ceil(load.rows / micro) / world) * micro
 
 
