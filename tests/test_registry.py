@@ -105,6 +105,17 @@ def test_a_loader_string_is_imported_on_first_use_and_taken_over_by_what_it_name
     assert reg2.get("d") is definition and reg2.origin("d").startswith("unifiedplayers.registry.definition")
 
 
+def test_a_loader_string_is_taken_over_only_by_its_own_module_s_object():
+    """A class of the same name from another module is not what the string names: refused, not taken over."""
+    reg = Registry("widget")
+    reg.register("d", "unifiedplayers.registry:definition")
+    namesake = type("definition", (), {})  # qualname "definition", defined in this test module
+    assert namesake.__qualname__ == "definition" and namesake.__module__ == __name__
+    with pytest.raises(DuplicateName, match="by loader 'unifiedplayers.registry:definition'"):
+        reg.register("d", namesake)
+    assert reg.names() == ["d"] and isinstance(reg._entries["d"], str)  # still the loader string
+
+
 # --------------------------------------------------------------------------------------------------
 # Every extension point refuses a duplicate: a new name taken twice, and a built-in's name
 

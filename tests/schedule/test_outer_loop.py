@@ -154,7 +154,16 @@ def test_players_are_frozen_outside_their_block(fresh):
 
 
 def test_stale_feedback_holds_updates_back_until_the_next_iteration(tmp_path):
-    loop = run(tmp_path, ["schedule.feedback=stale", "schedule.outer_iterations=2", "schedule.planning_updates=1"])
+    published = []  # the stale copies on disk while the run goes on
+
+    def see(event, loop, slot):
+        if event == "block_end":
+            published.append(sorted(p.name for p in (tmp_path / "checkpoints" / "published").glob("*.pt")))
+
+    loop = run(tmp_path, ["schedule.feedback=stale", "schedule.outer_iterations=2", "schedule.planning_updates=1",
+                          "schedule.checkpoint_retention=weights"], hooks=[see])
+    assert published[-1] == ["evaluation.pt", "execution.pt", "planning.pt"]
+    assert not (tmp_path / "checkpoints" / "published").exists()  # the finished run's retention drops them
     seen = {}
     for r in load_records(tmp_path / "records.jsonl"):
         seen.setdefault((r.meta["outer_iteration"], r.meta["block"]), r.meta["checkpoints"])

@@ -62,10 +62,10 @@ def held(player) -> dict[str, int]:
     }
 
 
-def _team(ref_mode: str, tmp_path: Path) -> Team:
+def _team(ref_mode: str, tmp_path: Path, shared_model: bool = False) -> Team:
     cfg = compose(["experiment=tiny", "model.dtype=bfloat16", "trainer.dtype=bfloat16", f"trainer.ref_mode={ref_mode}",
                    "trainer.kl_coef=0.05", "trainer.micro_batch_size=4", f"trainer.offload_dir={tmp_path / 'offload'}"])
-    team = Team(cfg, resolve_player_config(cfg), trained_roles(cfg), False, SINGLE)
+    team = Team(cfg, resolve_player_config(cfg), trained_roles(cfg), shared_model, SINGLE)
     team.setup(*team.load_backbone(None, {"model_load_s": 0.0}))
     return team
 
@@ -189,6 +189,23 @@ def test_a_team_frees_a_player_unwritten_only_after_its_last_block(tmp_path):
     team.update("planning", 2, batch)
     team.end_block("planning", {"execution"})  # its last block: freed, not written
     assert team.players["planning"].trainer._offloaded_to is None
+
+
+def test_a_shared_model_keeps_its_state_while_its_other_role_trains_later(tmp_path):
+    """Absolute Zero's shared model: Planning's last block is not the trainer's last when Execution trains later."""
+    team = _team("precompute", tmp_path, shared_model=True)
+    trainer = team.players["planning"].trainer
+    assert team.players["execution"].trainer is trainer
+    batch = synthetic_batch(team.players["planning"].model, torch.Generator().manual_seed(0))
+    team.start_iteration(tmp_path, {})
+    team.start_block("planning")
+    team.update("planning", 1, batch, on_policy=True)
+    team.end_block("planning", {"execution", "evaluation"})  # Planning's last block; Execution's is still to come
+    assert trainer._offloaded_to is not None  # written, not freed
+    team.start_block("execution")
+    team.update("execution", 1, batch)  # trains on from the state written
+    team.end_block("execution", {"evaluation"})  # the shared trainer's last block: freed, not written
+    assert trainer._offloaded_to is None
 
 
 def test_storages_parked_without_contents_come_back_unwritten(tmp_path):
