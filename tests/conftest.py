@@ -18,6 +18,8 @@
 - The first lines name the machine (CPU, bf16 flags, cores, torch and its threads, Python, GPUs;
   ``unifiedplayers.machine``), so that a red CI log can be traced to its machine (issue 28); ``-q`` (``make test``)
   hides pytest's header, so the line is written there too.
+- Under ``UNIFIEDPLAYERS_NO_SKIPS=1`` (``make test-vllm`` sets it) a skip is a failure, at collection too: the vLLM
+  tests skip where vllm is not importable, which must never pass for a green run of the environment built for them.
 """
 from __future__ import annotations
 
@@ -78,6 +80,28 @@ def pytest_sessionstart(session):
     if reporter is not None and not reporter.showheader and not os.environ.get("PYTEST_XDIST_WORKER"):
         for line in _machine_lines(session.config):
             reporter.write_line(line)
+
+
+NO_SKIPS = "UNIFIEDPLAYERS_NO_SKIPS"
+
+
+def _skip_is_a_failure(report) -> None:
+    if report.skipped and os.environ.get(NO_SKIPS) == "1" and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+        report.outcome = "failed"
+        report.longrepr = f"{report.nodeid} skipped under {NO_SKIPS}=1 (make test-vllm), where a skip fails: {reason}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    outcome = yield
+    _skip_is_a_failure(outcome.get_result())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    _skip_is_a_failure(outcome.get_result())
 
 
 def pytest_collection_modifyitems(config, items):
