@@ -34,7 +34,7 @@ host with DeepSpeed's CPU Adam, JIT-built there, ref_mode precompute, gradient c
 β_p > 0) on the shape cut to 2 layers with the full vocabulary (``--resume-layers``), one player, a phase of 3
 updates; printed as one line per item, ``paper_zero3 <item>: PASS | FAIL | NOT RUN (reason)``: offload_state (an
 idle spell leaves the next update bitwise equal to a twin's that stayed active), reference (KL > 0 after the first
-update, π_ref held on the host), save_cadence (``checkpoints.save_due`` with the preset's save_every, and a
+update, π_ref held on the host), save_cadence (``schedule.save_due`` with the preset's save_every, and a
 checkpoint written and loaded through the ZeRO-3 engine), exact_resume (a fresh trainer loads the checkpoint and
 repeats the update bitwise), peak_memory (``torch.cuda.max_memory_allocated`` within x 0.5 .. x 1.1 of the capacity
 plan's figure for the same update; on CPU the plan's figure only); and NOT CHECKED (needs 2 GPUs): device pinning

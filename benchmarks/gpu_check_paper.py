@@ -30,7 +30,7 @@ Three trainers, one after the other:
   CPU Adam is elementwise. A difference is reported as the largest absolute one.
 - ``reference``: the KL term (``actor/kl``) is 0 at update 1 (π_θ = π_ref) and > 0 at updates 2..k+1; π_ref is held
   as weights on the host (ref_mode precompute: no reference module, every tensor on the CPU), and parked while idle.
-- ``save_cadence``: ``checkpoints.save_due`` with the preset's save_every (50) and S (4) over each block of an
+- ``save_cadence``: ``schedule.save_due`` with the preset's save_every (50) and S (4) over each block of an
   iteration (200 / 300 / 200 updates) saves at the first phase end at or past each multiple of save_every and at
   the block's end (52, 100, 152, 200, ...: 14 an iteration, as the preset says); and T's checkpoint was written
   through the ZeRO-3 engine (its optimizer and model state files, model.pt, reference.pt) and loaded by R.
@@ -238,9 +238,8 @@ def expected_saves(block: int, save_every: int, per_phase: int) -> list[int]:
 
 def cadence_item() -> dict:
     """``save_due`` over each block of the preset's first iteration against :func:`expected_saves`."""
-    from unifiedplayers.loop.checkpoints import save_due
     from unifiedplayers.config import compose
-    from unifiedplayers.loop.schedule import phase_steps, plan_updates
+    from unifiedplayers.schedule import phase_steps, plan_updates, save_due
 
     cfg = compose([f"experiment={PRESET}"])
     every, per_phase = int(cfg.schedule.save_every), phase_steps(cfg)

@@ -61,12 +61,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from update_inputs import MESSAGES, load_fp32_model, model_cfg, prompt_ids
+
 ROOT = Path(__file__).resolve().parents[1]
-# 49 prompt tokens with SmolLM2's chat template, so that a row is 49 + 256 = 305 tokens as in the issue's
-# figures (without a system message the template adds a 41-token default one).
-SYSTEM = "Reason step by step."
-QUESTION = "A train leaves at 3 pm and travels 240 km at 80 km/h. At what time does it arrive there?"
-MESSAGES = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTION}]
 NUM_COMPLETIONS = 8
 NEW_TOKENS = 256
 WARMUP_TOKENS = 16
@@ -92,29 +89,6 @@ def _trainer_preset() -> dict:
     return {"micro_batch": int(yaml.micro_batch_size), "chunk_rows": int(yaml.logprob_chunk_rows)}
 
 
-def _model_cfg():
-    """The preset's model, loaded in float32 whatever its ``dtype`` says: the torch trainer's master weights are
-    float32 (as ``Team`` loads them for a trained player), and each configuration casts its own copies."""
-    from omegaconf import OmegaConf
-
-    from unifiedplayers.config import ModelConfig
-
-    yaml = OmegaConf.load(ROOT / "conf" / "model" / "smollm2_135m_instruct.yaml")
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), yaml, {"dtype": "float32"}))
-
-
-def load_fp32_model():
-    """(model, tokenizer) of the benchmark, float32 weights."""
-    from unifiedplayers.models import load_model
-
-    return load_model(_model_cfg())
-
-
-def _prompt_ids(tokenizer) -> list[int]:
-    prompt = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=False)
-    return tokenizer(prompt, add_special_tokens=False)["input_ids"]
-
-
 # ---------------------------------------------------------------------------------------------- ours
 def worker_ours(beta: float, steps: int, backend: str, micro_batch: int, chunk_rows: int, dtype: str = "float32",
                 new_tokens: int = NEW_TOKENS) -> dict:
@@ -127,7 +101,7 @@ def worker_ours(beta: float, steps: int, backend: str, micro_batch: int, chunk_r
 
     torch.manual_seed(0)
     model, tokenizer = load_fp32_model()
-    prompt_ids = _prompt_ids(tokenizer)
+    prompt = prompt_ids(tokenizer)
     cfg = TrainerConfig(
         backend=backend,
         lr=LR,
@@ -147,14 +121,14 @@ def worker_ours(beta: float, steps: int, backend: str, micro_batch: int, chunk_r
     trainer.start_outer_iteration()
     # Warm-up update on short completions: first-call costs (Adam state allocation, kernel caches) are paid
     # here, and the policy moves away from π_ref, so a measured β > 0 step includes its reference pass.
-    warm = rollout.generate([prompt_ids], n=NUM_COMPLETIONS, max_new_tokens=min(WARMUP_TOKENS, new_tokens),
+    warm = rollout.generate([prompt], n=NUM_COMPLETIONS, max_new_tokens=min(WARMUP_TOKENS, new_tokens),
                             ignore_eos=True, seed=99)[0]
     warm_adv = grpo.group_advantages(torch.tensor([letter_reward(c.text) for c in warm]), torch.zeros(len(warm)))
     trainer.update([sample_from_completion(c, float(a), 0) for c, a in zip(warm, warm_adv)])
     records = []
     for step in range(steps):
         t0, c0 = time.perf_counter(), time.process_time()
-        outs = rollout.generate([prompt_ids], n=NUM_COMPLETIONS, ignore_eos=True, seed=step)[0]
+        outs = rollout.generate([prompt], n=NUM_COMPLETIONS, ignore_eos=True, seed=step)[0]
         t_gen, c_gen = time.perf_counter() - t0, time.process_time() - c0
         assert all(len(c.token_ids) == new_tokens for c in outs)
         rewards = torch.tensor([letter_reward(c.text) for c in outs])
@@ -198,7 +172,7 @@ def worker_floor(micro_batch: int, chunk_rows: int, dtypes: list[str], new_token
     from precision_floors import gemm_floors, memory_bandwidth, update_rows, weight_bytes
 
     model, tokenizer = load_fp32_model()
-    rows, head_rows = update_rows(len(_prompt_ids(tokenizer)), new_tokens, micro_batch, chunk_rows)
+    rows, head_rows = update_rows(len(prompt_ids(tokenizer)), new_tokens, micro_batch, chunk_rows)
     gemm = gemm_floors(model, rows, head_rows, dtypes)
     bandwidth = memory_bandwidth()
     plain = None
@@ -226,7 +200,7 @@ def worker_trl(beta: float, steps: int, dtype: str = "float32", new_tokens: int 
 
     from unifiedplayers.models import load_model, model_cache_dir
 
-    cfg = _model_cfg()
+    cfg = model_cfg()
     load_model(cfg)  # makes sure the safetensors cache exists (first load dequantizes the GGUF file)
     model_dir = str(model_cache_dir(cfg))
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

@@ -251,7 +251,7 @@ def main() -> None:
     import torch
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from grpo_update import _prompt_ids, load_fp32_model  # the benchmark's prompt and model
+    from update_inputs import load_fp32_model, prompt_ids  # the update benchmark's model and prompt
 
     from unifiedplayers.precision import auto_dtype
 
@@ -259,17 +259,17 @@ def main() -> None:
     dtypes = resolve_dtypes(a.dtypes)
     names = list(dict.fromkeys(d for _, d, _ in dtypes))
     model, tokenizer = load_fp32_model()
-    prompt_ids = _prompt_ids(tokenizer)
+    prompt = prompt_ids(tokenizer)
     print(f"SmolLM2-135M, CPU, {a.threads} threads; {load_average()} at start")
     chosen, why = auto_dtype("cpu")
     print(f"This CPU: {why}. auto -> {chosen}")
 
     t = time.perf_counter()
-    rows, head_rows = update_rows(len(prompt_ids), a.new_tokens, a.micro_batch, a.chunk_rows)
+    rows, head_rows = update_rows(len(prompt), a.new_tokens, a.micro_batch, a.chunk_rows)
     floors = list(gemm_floors(model, rows, head_rows, names).values())
     print(f"[GEMM floors measured in {time.perf_counter() - t:.0f} s; {load_average()}]")
     bw = memory_bandwidth()
-    decode = [measure_decode_step(model, tokenizer, prompt_ids, n, a.rows, a.decode_tokens) for n in names]
+    decode = [measure_decode_step(model, tokenizer, prompt, n, a.rows, a.decode_tokens) for n in names]
 
     print_gemm_floors(floors)
     print(f"Memory bandwidth: {bw['read_gb_s']:.1f} GB/s read (sum over {bw['mib']} MiB), {bw['copy_gb_s']:.1f} GB/s "

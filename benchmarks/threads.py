@@ -30,14 +30,14 @@ def cell(threads: int, dtype: str, new_tokens: int) -> dict:
     import torch
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    import grpo_update as G
+    import update_inputs as U
 
     from unifiedplayers.config import RolloutConfig, TrainerConfig
     from unifiedplayers.rollout import build_rollout
     from unifiedplayers.trainer import TrainSample, build_trainer
 
     torch.set_num_threads(threads)
-    model, tokenizer = G.load_fp32_model()
+    model, tokenizer = U.load_fp32_model()
     trainer = build_trainer(TrainerConfig(lr=1e-6, micro_batch_size=4, entropy_every=0, num_threads=threads, dtype=dtype),
                             model, role="bench", pad_token_id=0)
     trainer.start_outer_iteration()
@@ -53,7 +53,7 @@ def cell(threads: int, dtype: str, new_tokens: int) -> dict:
     update = time.perf_counter() - t
     rollout = build_rollout(RolloutConfig(max_new_tokens=new_tokens, temperature=1.0),
                             trainer.sampling_model(getattr(torch, dtype)), tokenizer)
-    prompt = G._prompt_ids(tokenizer)
+    prompt = U.prompt_ids(tokenizer)
     rollout.generate([prompt], n=8, max_new_tokens=8, ignore_eos=True, seed=1)
     t = time.perf_counter()
     rollout.generate([prompt], n=8, max_new_tokens=new_tokens, ignore_eos=True, seed=0)

@@ -10,7 +10,7 @@ from unifiedplayers.config import (RoleHyperparameters, did_you_mean, resolve_pl
                                    role_trainer_config)
 from unifiedplayers.distributed import SINGLE, DistContext
 from unifiedplayers.methods import Method, build_method
-from unifiedplayers.loop.schedule import BLOCK_ORDER, phase_steps, trained_roles
+from unifiedplayers.schedule import BLOCK_ORDER, phase_steps, trained_roles
 
 FEEDBACK_MODES = ("fresh", "stale")
 RETENTION_MODES = ("all", "weights", "execution_weights")

@@ -338,7 +338,7 @@ class ExecutionPoolConfig:
 
 @dataclass
 class ScheduleConfig:
-    """The outer loop (``unifiedplayers.loop.schedule``); §3.3, Appendix B.4."""
+    """The outer loop (``unifiedplayers.schedule``); §3.3, Appendix B.4."""
 
     outer_iterations: int = 3
     planning_updates: int = 200

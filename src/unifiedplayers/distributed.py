@@ -5,7 +5,7 @@ Launched with ``torchrun --nproc_per_node=N -m unifiedplayers.train ...`` (or an
 ``WORLD_SIZE=1``, :func:`init_distributed` returns :data:`SINGLE` and nothing here does anything: the
 single-process path is unchanged.
 
-Who does what (``unifiedplayers.loop.schedule`` and ``unifiedplayers.trainer``):
+Who does what (``unifiedplayers.schedule`` and ``unifiedplayers.trainer``):
 
 - every rank holds all three players and its own rollout engine and sandbox (the tool loop runs code);
   with ``rollout=vllm`` an in-process engine on the rank's GPU, into which the rank copies its own

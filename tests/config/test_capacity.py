@@ -159,13 +159,14 @@ def test_what_the_plan_leaves_out_is_estimated_apart():
 
 
 def test_the_plan_reads_the_sampling_shapes_from_the_sampler(monkeypatch):
-    """role_loads and phase_stages take a phase's calls from loop.sampling.phase_calls (what PhaseSampler samples),
+    """role_loads and phase_stages take a phase's calls from schedule.phase_calls (what PhaseSampler samples),
     not from a copy: a change there moves the plan."""
+    from unifiedplayers import schedule
     from unifiedplayers.loop import sampling
 
     cfg = compose(["experiment=paper_qwen3_4b"])
     p = capacity.resolve_player_config(cfg)
-    calls = sampling.phase_calls(p, "execution", 1, True, True)
+    calls = schedule.phase_calls(p, "execution", 1, True, True)
     loads = capacity.role_loads(cfg)
     assert [c.name for c in calls] == ["tasks", "trajectories", "verifiers"]
     assert loads["execution"].rows == calls[1].prompts * calls[1].samples == p.tasks_per_update * p.num_trajectories
@@ -173,17 +174,17 @@ def test_the_plan_reads_the_sampling_shapes_from_the_sampler(monkeypatch):
     stages = capacity.phase_stages(cfg, "planning", loads)
     s = int(cfg.schedule.steps_per_generation)
     assert [(st.prompts, st.samples) for st in stages] == [(c.prompts, c.samples) for c in
-                                                            sampling.phase_calls(p, "planning", s, True, True)]
-    original = sampling.phase_calls
+                                                            schedule.phase_calls(p, "planning", s, True, True)]
+    original = schedule.phase_calls
 
     def doubled(*args):
-        return [sampling.SamplingCall(c.name, c.prompts, 2 * c.samples, c.max_new_tokens, c.turns) for c in original(*args)]
+        return [schedule.SamplingCall(c.name, c.prompts, 2 * c.samples, c.max_new_tokens, c.turns) for c in original(*args)]
 
-    assert capacity.phase_calls is sampling.phase_calls  # the sampler's own function, not a copy
+    assert capacity.phase_calls is sampling.phase_calls is schedule.phase_calls  # the sampler's own, not a copy
     monkeypatch.setattr(capacity, "phase_calls", doubled)
     assert capacity.role_loads(cfg)["execution"].rows == 2 * loads["execution"].rows
     assert [st.samples for st in capacity.phase_stages(cfg, "planning", loads)] == [2 * st.samples for st in stages]
-    no_tools = sampling.phase_calls(p, "execution", 1, False, False)
+    no_tools = schedule.phase_calls(p, "execution", 1, False, False)
     assert [c.name for c in no_tools] == ["tasks", "trajectories"] and no_tools[1].turns == 1
 
 

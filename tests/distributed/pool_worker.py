@@ -29,7 +29,7 @@ from unifiedplayers.config import compose
 from unifiedplayers.diagnostics.execution_pool import POOL_FILENAME, pool_summary
 from unifiedplayers.distributed import destroy, init_distributed, sandbox_config
 from unifiedplayers.loop.run_files import DiagnosticPool
-from unifiedplayers.loop.schedule import plan_updates, trained_roles
+from unifiedplayers.schedule import plan_updates, trained_roles
 from unifiedplayers.sandbox import Sandbox
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "players"))

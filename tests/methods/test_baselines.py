@@ -17,7 +17,7 @@ from unifiedplayers.methods import socratic_zero
 from unifiedplayers.diagnostics.records import load_records
 from unifiedplayers.sandbox import Sandbox, SandboxConfig
 from unifiedplayers.loop.outer import OuterLoop
-from unifiedplayers.loop.schedule import trained_roles
+from unifiedplayers.schedule import trained_roles
 
 from stub_teacher import serve_teacher
 

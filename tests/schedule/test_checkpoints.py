@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from unifiedplayers.loop.checkpoints import prune, save_active
-from unifiedplayers.loop.schedule import Slot
+from unifiedplayers.schedule import Slot
 
 pytestmark = pytest.mark.cpu
 

@@ -12,7 +12,7 @@ from unifiedplayers.config import compose
 from unifiedplayers.diagnostics.logging import read_metrics
 from unifiedplayers.diagnostics.records import load_records
 from unifiedplayers.loop.outer import OuterLoop, StopRun
-from unifiedplayers.loop.schedule import plan_updates, seed_for
+from unifiedplayers.schedule import plan_updates, seed_for
 
 pytestmark = pytest.mark.cpu
 

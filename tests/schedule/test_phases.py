@@ -19,7 +19,7 @@ from unifiedplayers.diagnostics.logging import read_metrics
 from unifiedplayers.loop.phase import split_minibatches, minibatch_of_step
 from unifiedplayers.loop.engines import SamplingTemperature
 from unifiedplayers.loop.outer import OuterLoop
-from unifiedplayers.loop.schedule import plan_updates
+from unifiedplayers.schedule import plan_updates
 
 pytestmark = pytest.mark.cpu
 

@@ -11,7 +11,7 @@ from unifiedplayers.config import compose, resolve_player_config
 from unifiedplayers.distributed import DistContext, prompt_shard
 from unifiedplayers.loop import sampling
 from unifiedplayers.loop.sampling import TASK_STREAM, PhaseSampler
-from unifiedplayers.loop.schedule import Slot, seed_for
+from unifiedplayers.schedule import Slot, seed_for
 from unifiedplayers.players.planning import PlanningTask
 
 pytestmark = pytest.mark.cpu

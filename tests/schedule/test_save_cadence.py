@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from unifiedplayers.loop import outer as loop_module
-from unifiedplayers.loop.checkpoints import save_due
+from unifiedplayers.schedule import save_due
 from unifiedplayers.config import compose
 from unifiedplayers.diagnostics.logging import read_metrics
 from unifiedplayers.loop.outer import OuterLoop, StopRun
 from unifiedplayers.loop.phase import PHASE_FILE
-from unifiedplayers.loop.schedule import phase_steps, plan_updates
+from unifiedplayers.schedule import phase_steps, plan_updates
 
 pytestmark = pytest.mark.cpu
 

@@ -20,7 +20,7 @@ import torch
 
 from unifiedplayers.config import compose, resolve_player_config
 from unifiedplayers.distributed import SINGLE
-from unifiedplayers.loop.schedule import trained_roles
+from unifiedplayers.schedule import trained_roles
 from unifiedplayers.loop.team import Team
 from unifiedplayers.trainer import build_trainer
 

@@ -10,7 +10,7 @@ The plan reads the model's configuration, never its weights (``model.path`` may 
   passes, forward, backward, optimizer step, the entropy bank, generation); the peak is the largest instant.
 - **Host RAM per node**, at start-up (the backbone read on the host) and during an update.
 - **Disk**: one checkpoint, the run's peak and what a finished run keeps, replayed from the save cadence
-  (:func:`unifiedplayers.loop.checkpoints.save_due`), and the idle players' state parked in ``trainer.offload_dir``.
+  (:func:`unifiedplayers.schedule.save_due`), and the idle players' state parked in ``trainer.offload_dir``.
 - **Compute**: tokens, sandbox calls and FLOPs per update (:mod:`unifiedplayers.trainer.flops` conventions), and
   GPU-hours per seed at a stated utilisation.
 
@@ -30,8 +30,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 from unifiedplayers.config import CONF_DIR, resolve_player_config, role_trainer_config
-from unifiedplayers.loop.sampling import phase_calls
-from unifiedplayers.loop.schedule import BLOCK_ORDER, phase_steps, plan_updates, trained_roles
+from unifiedplayers.schedule import BLOCK_ORDER, phase_calls, phase_steps, plan_updates, save_due, trained_roles
 
 GiB, GB, TB = float(2**30), 1e9, 1e12
 # The backbones' config.json figures, kept in the repository (the hub may be out of reach). MiMo-7B-Base's were
@@ -400,7 +399,7 @@ def prompt_tokens(prompts: Any, filled_chars: int) -> int:
 
 def role_loads(cfg: Any) -> dict[str, RoleLoad]:
     """Each player's mini-batch at its budgets, from the calls one update's phase makes
-    (``loop.sampling.phase_calls``): Planning G_T tasks of each questioner prompt, Execution K trajectories of
+    (``schedule.phase_calls``): Planning G_T tasks of each questioner prompt, Execution K trajectories of
     max_turns generations with a tool output between two, Evaluation M verifiers per task. A task's question is
     task_max_chars long."""
     from unifiedplayers.feedback.trajectory import TRAJECTORY_SCHEMA
@@ -421,7 +420,7 @@ def role_loads(cfg: Any) -> dict[str, RoleLoad]:
 
 
 def phase_calls_of(cfg: Any, player: Any, role: str, minibatches: int) -> list[Any]:
-    """``loop.sampling.phase_calls`` with the method's tools and verifiers as its config sets them."""
+    """``schedule.phase_calls`` with the method's tools and verifiers as its config sets them."""
     return phase_calls(player, role, minibatches, bool(cfg.method.use_tools), bool(cfg.method.verifiers))
 
 
@@ -662,12 +661,10 @@ def checkpoint_items(s: Setup) -> tuple[Item, ...]:
 
 def checkpoint_disk(cfg: Any, full: float, weights: float) -> tuple[float, float, float, int]:
     """(the peak bytes of checkpoints/ during the run, at its end, what the finished run keeps, saves), replayed over
-    the run's updates with :func:`unifiedplayers.loop.checkpoints.save_due`. An in-block save writes the resume copy the
+    the run's updates with :func:`unifiedplayers.schedule.save_due`. An in-block save writes the resume copy the
     run state does not name (up to three at once: the named copy, the one being replaced, the new one), a block end
     a named checkpoint; the role's resume copies then go, and every named checkpoint the state no longer names is
     thinned as ``schedule.checkpoint_retention`` says (a running run keeps what a finished one would)."""
-    from unifiedplayers.loop.checkpoints import save_due
-
     s, per_phase = cfg.schedule, phase_steps(cfg)
     kept = {"all": lambda role: full, "weights": lambda role: weights,
             "execution_weights": lambda role: weights if role == "execution" else 0.0}[s.checkpoint_retention]
@@ -744,7 +741,7 @@ class Stage:
 
 
 def phase_stages(cfg: Any, role: str, loads: Mapping[str, RoleLoad]) -> list[Stage]:
-    """What a phase of ``role`` samples: ``loop.sampling.phase_calls`` (the calls ``PhaseSampler`` makes) with the
+    """What a phase of ``role`` samples: ``schedule.phase_calls`` (the calls ``PhaseSampler`` makes) with the
     prompt and tool-output lengths of ``loads``; a phase's tasks all well-formed (one round of Planning prompts)."""
     p, s = resolve_player_config(cfg), int(cfg.schedule.steps_per_generation)
     prompts = {"tasks": loads["planning"].prompt, "trajectories": loads["execution"].prompt,

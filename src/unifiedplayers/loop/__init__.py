@@ -1,7 +1,8 @@
 """The outer loop and what it drives (§3.3, Appendix B.4).
 
 - :mod:`.outer`: the loop itself, Planning -> Execution -> Evaluation blocks, one slot at a time;
-- :mod:`.schedule`: the slots of a run; :mod:`.phase`: one sampling phase cut into mini-batches;
+- :mod:`unifiedplayers.schedule` (outside the loop, which the start-up checks and the capacity plan read too): the
+  slots of a run; :mod:`.phase`: one sampling phase cut into mini-batches;
 - :mod:`.sampling`: tasks, trajectories and verifiers of a phase, one :class:`~.sampling.PlayedTask` per task;
 - :mod:`.team`: the players' weights, trainers and engines; :mod:`.engines`: the rollout engines and sandbox;
 - :mod:`.run_state`, :mod:`.checkpoints`: what a run saves and resumes from; :mod:`.run_files`: the files it writes.

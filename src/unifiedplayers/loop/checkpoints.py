@@ -1,4 +1,5 @@
-"""The run's checkpoints (``checkpoints/`` of the run directory) and when they are written (:func:`save_due`).
+"""The run's checkpoints (``checkpoints/`` of the run directory): what a save writes and what retention keeps. When
+a save falls is the run's plan (:func:`unifiedplayers.schedule.save_due`).
 
 - ``iter<t>/<role>/``: the trained player's checkpoint at the end of each of its blocks (``model.pt``, what
   eval/ reads; the optimizer state; π_ref; RNG).
@@ -18,21 +19,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Optional
 
-from unifiedplayers.loop.schedule import Slot
-
-
-def save_due(slot: Slot, save_every: int, per_phase: int, saved_phase: Optional[int]) -> bool:
-    """Whether update ``slot`` ends with a save: the last update of a block; the end of a sampling phase (of
-    ``per_phase`` updates) in which the block's update count reaches a multiple of ``save_every`` (<= 0: none
-    inside a block); the end of the phase that the last saved state stops inside (``saved_phase``: a clean stop
-    there), so that the next phase's ``phase.pt`` never replaces the one a state names. Only a clean stop saves
-    inside a phase: a cadence save there would need a second one at the phase's end."""
-    if slot.last_of_block:
-        return True
-    if slot.step_in_phase != per_phase - 1:
-        return False
-    done = slot.step_in_block + 1
-    return saved_phase == slot.phase_first or (save_every > 0 and done // save_every > (done - per_phase) // save_every)
+from unifiedplayers.schedule import Slot
 
 
 def save_active(team: Any, slot: Slot, run_dir: Path, checkpoints: dict[str, Optional[str]],

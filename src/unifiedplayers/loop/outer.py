@@ -8,7 +8,7 @@ updates. Each update runs these stages in order:
    perturb, verdict matrices, rewards (``phase.add_feedback``: ``feedback.phase_feedback``, then the method's
    reward sources); **GRPO minibatches** with advantages (Eq. 17; ``phase.build_minibatches``); the phase's records;
 3. **train**: one optimizer step on the active player's minibatch, against the behaviour log-probs (Eq. 18-19);
-4. the metrics line; on the save cadence (``checkpoints.save_due``) the **checkpoint**, then the **run state**
+4. the metrics line; on the save cadence (``schedule.save_due``) the **checkpoint**, then the **run state**
    naming it: a killed run replays the updates after its last save exactly. R(q)'s question history is fixed
    within a block; the block's questions join it at its end.
 
@@ -24,7 +24,7 @@ from typing import Any, Callable, Optional, Sequence
 from omegaconf import OmegaConf
 
 from unifiedplayers.loop.run_files import DiagnosticPool, RunFiles, finish
-from unifiedplayers.loop.checkpoints import save_active, save_due, thin_at_block_end
+from unifiedplayers.loop.checkpoints import save_active, thin_at_block_end
 from unifiedplayers.checks import validate
 from unifiedplayers.config import resolve_player_config
 from unifiedplayers.distributed import SINGLE, DistContext, sandbox_config
@@ -41,8 +41,8 @@ from unifiedplayers.feedback.rewards import QuestionHistory
 from unifiedplayers.roles import ROLES
 from unifiedplayers.loop.run_state import CONFIG_FILE, STATE_FILE, RunState, atomic_torch_save, restore, saved_state, \
     write_state
-from unifiedplayers.loop.sampling import PhaseSampler, execution_config
-from unifiedplayers.loop.schedule import Slot, phase_steps, plan_updates, trained_roles
+from unifiedplayers.loop.sampling import PhaseSampler
+from unifiedplayers.schedule import Slot, execution_config, phase_steps, plan_updates, save_due, trained_roles
 from unifiedplayers.loop.team import Team
 
 class StopRun(Exception):

@@ -19,7 +19,7 @@ from unifiedplayers.loop.checkpoints import prune
 from unifiedplayers.diagnostics.execution_pool import FixedPool, evaluate_pool, metrics_of
 from unifiedplayers.diagnostics.logging import RunLogger, progress
 from unifiedplayers.diagnostics.records import RECORDS_FILENAME, RecordWriter
-from unifiedplayers.loop.schedule import Slot
+from unifiedplayers.schedule import Slot
 from unifiedplayers.trainer import capture_rng_state, restore_rng_state
 
 

@@ -74,7 +74,7 @@ CONFIG_FILE = "config.yaml"
 @dataclass
 class RunState:
     """Where a run stands after its last completed update; ``state.pt`` holds it as of the last save (the
-    checkpoint it names: ``schedule.save_every``, :func:`unifiedplayers.loop.checkpoints.save_due`).
+    checkpoint it names: ``schedule.save_every``, :func:`unifiedplayers.schedule.save_due`).
 
     ``records`` and ``metrics`` count the lines of records.jsonl and metrics.jsonl that belong to completed
     updates (a resumed run cuts the rest: the lines of the updates after the last save, which it replays);

@@ -17,49 +17,11 @@ from unifiedplayers.players.evaluation import write_verifiers
 from unifiedplayers.players.execution import solve
 from unifiedplayers.players.planning import PlanningTask, generate_tasks
 from unifiedplayers.diagnostics.timing import StageClock
-from unifiedplayers.loop.schedule import Slot, seed_for
+from unifiedplayers.schedule import Slot, execution_config, phase_calls, seed_for
 
 # Seed streams of a phase's generation calls (a call's seed: seed_for(seed, phase, stream) + its first sample,
 # PhaseSampler.seed).
 TASK_STREAM, TRAJECTORY_STREAM, VERIFIER_STREAM = 10, 20, 30
-
-
-def execution_config(player_cfg: Any, use_tools: bool) -> Any:
-    """The Execution player's settings: a method without tools (R-Zero, Socratic-Zero) gets one generation per
-    trajectory, its code never run."""
-    from omegaconf import OmegaConf
-
-    return player_cfg if use_tools else OmegaConf.merge(player_cfg, {"max_turns": 1})
-
-
-@dataclass(frozen=True)
-class SamplingCall:
-    """One generation call of a phase: ``samples`` of each of ``prompts`` prompts, at most ``max_new_tokens`` a
-    turn over ``turns`` turns (a tool output between two)."""
-
-    name: str  # tasks | trajectories | verifiers
-    prompts: int
-    samples: int
-    max_new_tokens: int
-    turns: int = 1
-
-
-def phase_calls(player_cfg: Any, role: str, num_minibatches: int, use_tools: bool,
-                writes_verifiers: bool) -> list[SamplingCall]:
-    """What a phase of ``num_minibatches`` updates training ``role`` samples, as :class:`PhaseSampler` samples it:
-    one round of Planning prompts (up to player.task_attempts rounds while too few tasks are well-formed), then K
-    trajectories and M verifiers for each task played: every well-formed task in a Planning phase (at most all of
-    them), ``tasks_per_update`` an update otherwise. The capacity plan reads the same calls
-    (:func:`unifiedplayers.capacity.phase_stages`)."""
-    p = player_cfg
-    prompts = num_minibatches * p.prompts_per_update
-    played = prompts * p.tasks_per_prompt if role == "planning" else num_minibatches * p.tasks_per_update
-    calls = [SamplingCall("tasks", prompts, int(p.tasks_per_prompt), int(p.planning_max_new_tokens)),
-             SamplingCall("trajectories", played, int(p.num_trajectories), int(p.execution_max_new_tokens),
-                          int(execution_config(p, use_tools).max_turns))]
-    if writes_verifiers:
-        calls.append(SamplingCall("verifiers", played, int(p.num_verifiers), int(p.evaluation_max_new_tokens)))
-    return calls
 
 
 @dataclass
