@@ -1,8 +1,9 @@
-"""The capacity and compute plan (unifiedplayers.capacity, issue 30): its arithmetic against hand-worked figures, the
+"""The capacity and compute plan (unifiedplayers.capacity): its arithmetic against hand-worked figures, the
 paper presets on the paper's node, the start-up refusal, and the command line."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import replace
@@ -12,8 +13,10 @@ from types import SimpleNamespace
 import pytest
 
 from unifiedplayers import capacity
-from unifiedplayers.capacity import GiB, TB, CapacityError, Machine, check_fits, checkpoint_disk, model_arch, plan
-from unifiedplayers.config import compose
+from unifiedplayers.capacity import (GiB, TB, CapacityError, Machine, check_fits, checkpoint_disk, count, model_arch,
+                                     plan, workload)
+from unifiedplayers.capacity.report import format_plan
+from unifiedplayers.config import compose, resolve_player_config
 
 ROOT = Path(__file__).resolve().parents[2]
 QWEN_N = 4_022_468_096
@@ -165,7 +168,7 @@ def test_the_plan_reads_the_sampling_shapes_from_the_sampler(monkeypatch):
     from unifiedplayers.loop import sampling
 
     cfg = compose(["experiment=paper_qwen3_4b"])
-    p = capacity.resolve_player_config(cfg)
+    p = resolve_player_config(cfg)
     calls = schedule.phase_calls(p, "execution", 1, True, True)
     loads = capacity.role_loads(cfg)
     assert [c.name for c in calls] == ["tasks", "trajectories", "verifiers"]
@@ -180,8 +183,8 @@ def test_the_plan_reads_the_sampling_shapes_from_the_sampler(monkeypatch):
     def doubled(*args):
         return [schedule.SamplingCall(c.name, c.prompts, 2 * c.samples, c.max_new_tokens, c.turns) for c in original(*args)]
 
-    assert capacity.phase_calls is sampling.phase_calls is schedule.phase_calls  # the sampler's own, not a copy
-    monkeypatch.setattr(capacity, "phase_calls", doubled)
+    assert workload.phase_calls is sampling.phase_calls is schedule.phase_calls  # the sampler's own, not a copy
+    monkeypatch.setattr(workload, "phase_calls", doubled)
     assert capacity.role_loads(cfg)["execution"].rows == 2 * loads["execution"].rows
     assert [st.samples for st in capacity.phase_stages(cfg, "planning", loads)] == [2 * st.samples for st in stages]
     no_tools = schedule.phase_calls(p, "execution", 1, False, False)
@@ -282,6 +285,22 @@ def test_the_command_line_prints_the_table():
         assert text in out, text
 
 
+def test_one_number_formatter_for_the_item_names_and_the_printout():
+    """``capacity.count`` is the plan's only number formatter: three significant figures and a decimal prefix, B for a
+    billion, in the items' names (the parameters) and in the printed compute table alike; a value that rounds up to
+    the next prefix takes it (999.6k is 1M, not 1e+03k)."""
+    assert [count(x) for x in (QWEN_N, 134_515_008, 290_816, 2048, 768, 999_600, 999.6)] == [
+        "4.02B", "135M", "291k", "2.05k", "768", "1M", "1k"]
+    p = plan(compose(["experiment=paper_qwen3_4b"]), PAPER_NODE)
+    assert item(p.gpu_peak.items, "3 players' weights").name.startswith(f"3 players' weights ({count(QWEN_N)} x ")
+    text = format_plan(p)
+    rows = {line[:40].strip(): line[40:].split() for line in text.splitlines() if line.startswith("  ")}
+    assert rows["tokens generated"] == [count(p.roles[r].generated) for r in p.roles] == ["291k", "75.8k", "75.8k"]
+    assert rows["sandbox calls (tools, re-runs, checks)"] == [count(p.roles[r].sandbox_calls) for r in p.roles]
+    total = sum(p.updates[r] * p.roles[r].generated for r in p.roles)
+    assert f"Run: {count(total)} tokens generated" in text
+
+
 def test_parked_state_counts_on_the_run_disk_unless_offload_dir_has_its_own() -> None:
     """The idle players' parked state lies in trainer.offload_dir: on the run directory's disk when that is the same
     file system (``Machine.offload_disk`` None), judged against its own free space alone when it is not."""
@@ -312,7 +331,7 @@ def test_a_resumed_runs_checkpoints_count_as_free_disk(tmp_path: Path, monkeypat
     """``machine_here``: the disk a run can use is the free space plus its own checkpoints/ (a resumed run replaces
     and thins them, so their bytes are its to reuse); other files of the run directory are not counted."""
     free = 7_000_000_000
-    monkeypatch.setattr(capacity.shutil, "disk_usage", lambda path: SimpleNamespace(total=2 * free, used=free,
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: SimpleNamespace(total=2 * free, used=free,
                                                                                     free=free))
     run = tmp_path / "run"
     (run / "checkpoints" / "iter1" / "execution").mkdir(parents=True)

@@ -5,7 +5,11 @@ from __future__ import annotations
 import sys
 from typing import Optional, Sequence
 
-from unifiedplayers.capacity import GB, PAPER_GPU_HOURS, TB, CapacityError, GiB, Instant, Machine, Plan, check_fits, plan
+from unifiedplayers.capacity.fits import CapacityError, check_fits
+from unifiedplayers.capacity.hardware import Machine
+from unifiedplayers.capacity.memory import Instant
+from unifiedplayers.capacity.run_plan import PAPER_GPU_HOURS, Plan, plan
+from unifiedplayers.capacity.units import GB, TB, GiB, count
 
 INSTANTS = ("gather: a player's weights gathered whole (its copy into vLLM after each step, the pi_ref swap); "
             "no-grad: the pi_old and pi_ref passes; step: the optimizer step; bank: the entropy bank (Appendix D.2)")
@@ -87,9 +91,9 @@ def compute_lines(plan: Plan) -> list[str]:
     if not roles:
         return ["Compute: no trained player."]
     rows = [("updates in the run", lambda r: f"{plan.updates[r]:,}"),
-            ("tokens generated", lambda r: _count(plan.roles[r].generated)),
-            ("tokens trained (in the loss)", lambda r: _count(plan.roles[r].trained)),
-            ("sandbox calls (tools, re-runs, checks)", lambda r: _count(plan.roles[r].sandbox_calls)),
+            ("tokens generated", lambda r: count(plan.roles[r].generated)),
+            ("tokens trained (in the loss)", lambda r: count(plan.roles[r].trained)),
+            ("sandbox calls (tools, re-runs, checks)", lambda r: count(plan.roles[r].sandbox_calls)),
             ("FLOPs: generation", lambda r: f"{plan.roles[r].generation_flops:.2e}"),
             ("FLOPs: training (3 x forward)", lambda r: f"{plan.roles[r].training_flops:.2e}"),
             ("FLOPs: pi_old, pi_ref, entropy bank", lambda r: f"{plan.roles[r].no_grad_flops:.2e}")]
@@ -99,7 +103,7 @@ def compute_lines(plan: Plan) -> list[str]:
     out += [f"  {name:<38}" + "".join(f"{cell(r):>12}" for r in roles) for name, cell in rows]
     tokens = sum(plan.updates[r] * plan.roles[r].generated for r in roles)
     calls = sum(plan.updates[r] * plan.roles[r].sandbox_calls for r in roles)
-    out.append(f"Run: {_count(tokens)} tokens generated, {_count(calls)} sandbox calls, {plan.total_flops:.2e} FLOPs.")
+    out.append(f"Run: {count(tokens)} tokens generated, {count(calls)} sandbox calls, {plan.total_flops:.2e} FLOPs.")
     if plan.gpu_hours is None:
         out.append("GPU-hours: none (a CPU run).")
         return out
@@ -125,13 +129,6 @@ def _size(x: float) -> str:
         if x >= unit:
             return f"{x / unit:.2f} {name}"
     return f"{x / 1e3:.0f} kB"
-
-
-def _count(x: float) -> str:
-    for unit, name in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if x >= unit:
-            return f"{x / unit:.1f}{name}"
-    return f"{x:.0f}"
 
 
 # --------------------------------------------------------------------------- command line
@@ -182,4 +179,3 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"\n{err}")
         return 1
     return 0
-

@@ -1,0 +1,91 @@
+"""Disk: one trained player's checkpoint, the run directory replayed over the save cadence
+(:func:`unifiedplayers.schedule.save_due`), and the idle players' state parked in ``trainer.offload_dir``."""
+from __future__ import annotations
+
+import tempfile
+from typing import Any, Optional, Sequence
+
+from unifiedplayers.capacity.memory import OPTIMIZER_STATE_BYTES, Item
+from unifiedplayers.capacity.workload import Setup
+from unifiedplayers.schedule import phase_steps, plan_updates, save_due
+
+
+def checkpoint_items(s: Setup) -> tuple[Item, ...]:
+    """One trained player's checkpoint (``PlayerTrainer.save_checkpoint``): model.pt (DeepSpeed: the module's
+    weights in trainer.dtype; torch: the float32 masters), the optimizer state (DeepSpeed: fp32 master and Adam
+    partitions, 12N; torch: AdamW, 8N) and π_ref."""
+    n = s.n
+    items = [Item("model.pt: the weights", (s.compute_width if s.deepspeed else 4) * n, "trainer.dtype")]
+    if s.deepspeed:
+        items.append(Item("deepspeed/: fp32 master + Adam partitions", 12 * n, "schedule.checkpoint_retention"))
+    else:
+        items.append(Item("optimizer.pt: AdamW state", 8 * n, "schedule.checkpoint_retention"))
+    if s.kl:
+        items.append(Item("reference.pt: pi_ref", s.compute_width * n, "schedule.checkpoint_retention"))
+    return tuple(items)
+
+
+def checkpoint_disk(cfg: Any, full: float, weights: float) -> tuple[float, float, float, int]:
+    """(the peak bytes of checkpoints/ during the run, at its end, what the finished run keeps, saves), replayed over
+    the run's updates with :func:`unifiedplayers.schedule.save_due`. An in-block save writes the resume copy the
+    run state does not name (up to three at once: the named copy, the one being replaced, the new one), a block end
+    a named checkpoint; the role's resume copies then go, and every named checkpoint the state no longer names is
+    thinned as ``schedule.checkpoint_retention`` says (a running run keeps what a finished one would)."""
+    s, per_phase = cfg.schedule, phase_steps(cfg)
+    kept = {"all": lambda role: full, "weights": lambda role: weights,
+            "execution_weights": lambda role: weights if role == "execution" else 0.0}[s.checkpoint_retention]
+    named: list[list[Any]] = []  # [role, bytes] of checkpoints/iter<t>/<role>
+    resume: dict[str, float] = {}  # checkpoints/resume/<role>-a|b
+    pointer: dict[str, str] = {}
+    peak, saves = 0.0, 0
+    for slot in plan_updates(cfg):
+        if not save_due(slot, s.save_every, per_phase, None):
+            continue
+        saves += 1
+        peak = max(peak, sum(b for _, b in named) + sum(resume.values()) + full)
+        if slot.last_of_block and s.checkpoint_every_block:
+            named.append([slot.role, full])
+            resume = {k: b for k, b in resume.items() if not k.startswith(slot.role + "-")}
+            pointer[slot.role] = "named"
+            latest = {role: i for i, (role, _) in enumerate(named)}
+            named = [[r, b if latest[r] == i else min(b, kept(r))] for i, (r, b) in enumerate(named)]
+            continue
+        name = f"{slot.role}-{'b' if pointer.get(slot.role, '').endswith('-a') else 'a'}"
+        resume[name], pointer[slot.role] = full, name
+        if slot.last_of_block:  # thin_at_block_end: the role's copy the state does not name goes
+            resume = {k: b for k, b in resume.items() if not k.startswith(slot.role + "-") or k == name}
+    end = sum(b for _, b in named) + sum(resume.values())
+    finished = sum(kept(r) for r, _ in named) + sum(kept(k.split("-")[0]) for k in resume)
+    return peak, end, finished, saves
+
+
+def disk_items(s: Setup, checkpoint: Sequence[Item]) -> tuple[Item, ...]:
+    """The run directory: the checkpoints' peak (plus stale feedback's published copies, and the Hugging Face export of
+    each trained player at the end, schedule.export_at_end), what a finished run keeps, what the saves write in all."""
+    if not s.trained:
+        return (Item("checkpoints (no trained player)", 0.0, "method"),)
+    full = sum(i.bytes for i in checkpoint)
+    peak, end, finished, saves = checkpoint_disk(s.cfg, full, checkpoint[0].bytes)
+    published = s.trained_models * s.sample_width * s.n if s.cfg.schedule.feedback == "stale" else 0.0
+    export = s.trained_models * s.sample_width * s.n if s.cfg.schedule.get("export_at_end", False) else 0.0
+    return (Item("run directory at its peak (checkpoints, published copies, export)",
+                 max(peak + published, end + export),
+                 "schedule.save_every; schedule.checkpoint_retention; schedule.checkpoint_every_block"),
+            Item("a finished run keeps", finished + export, "schedule.checkpoint_retention"),
+            Item(f"written by {saves} saves in all", saves * full, "schedule.save_every"))
+
+
+def parked_item(s: Setup) -> Optional[Item]:
+    """The idle trained players' state in files without a name (``trainer/offload.py``): optimizer state (and the
+    torch backend's float32 masters when it samples from a copy), π_ref. At start-up every trained player's optimizer
+    state waits there; later the idle ones' with their π_ref."""
+    if not s.trained:
+        return None
+    n = s.n
+    opt = OPTIMIZER_STATE_BYTES * n if s.deepspeed else 8 * n + (4 * n if s.sample_width != 4 else 0)
+    holders = 1 if (s.backend == "deepspeed_zero3" and s.cfg.trainer.ref_mode == "precompute") else s.world
+    ref = holders * s.compute_width * n if s.kl else 0.0
+    worst = max(s.trained_models * opt, (s.trained_models - 1) * (opt + ref))
+    where = s.cfg.trainer.offload_dir or tempfile.gettempdir()
+    return Item(f"idle players' parked state (trainer.offload_dir: {where})", worst,
+                "trainer.offload_dir (a local disk, not tmpfs)")

@@ -1,0 +1,58 @@
+"""The start-up refusal: :func:`check_fits` raises :class:`CapacityError` for a plan that exceeds its machine."""
+from __future__ import annotations
+
+from typing import Sequence
+
+from unifiedplayers.capacity.hardware import Machine
+from unifiedplayers.capacity.memory import Item
+from unifiedplayers.capacity.run_plan import Plan
+from unifiedplayers.capacity.units import GB, GiB
+
+
+class CapacityError(ValueError):
+    """A run whose plan exceeds the machine it is on."""
+
+
+def check_fits(plan: Plan, machine: Machine) -> None:
+    """Refuse (:class:`CapacityError`) a plan that exceeds ``machine``: GPU memory per GPU (skipped when
+    machine.gpu_memory is 0: no GPU), vLLM's KV cache, host RAM per node, free disk at the run directory and in
+    trainer.offload_dir. The message names each item over its limit and the settings to change."""
+    problems = []
+    peak = plan.gpu_peak
+    if peak is not None and machine.gpu_memory > 0 and peak.total > machine.gpu_memory:
+        problems.append(_over(f"GPU memory per GPU ({_at(peak.name)})", peak.total, machine.gpu_memory, peak.items,
+                              GiB, "GiB"))
+    if plan.vllm_kv is not None and machine.gpu_memory > 0 and plan.vllm_kv[0] < plan.vllm_kv[1]:
+        problems.append(f"vLLM KV cache: {plan.vllm_kv[0] / GiB:.1f} GiB left in rollout.gpu_memory_utilization x "
+                        f"{machine.gpu_memory / GiB:.0f} GiB after its weights, < {plan.vllm_kv[1] / GiB:.1f} GiB for "
+                        "one sequence of its context: raise rollout.gpu_memory_utilization or lower "
+                        "rollout.max_model_len")
+    host = plan.host_peak
+    if host.total > machine.host_ram:
+        problems.append(_over(f"host RAM per node ({_at(host.name)})", host.total, machine.host_ram, host.items, GiB,
+                              "GiB"))
+    parked = plan.parked.bytes if plan.parked else 0.0
+    disk = plan.run_disk + (parked if machine.offload_disk is None else 0.0)
+    if disk > machine.disk:
+        items = plan.disk[:1] + ((plan.parked,) if plan.parked and machine.offload_disk is None else ())
+        problems.append(_over("disk at the run directory", disk, machine.disk, items, GB, "GB", "free"))
+    if machine.offload_disk is not None and parked > machine.offload_disk:
+        problems.append(_over("disk in trainer.offload_dir", parked, machine.offload_disk, (plan.parked,), GB, "GB",
+                              "free"))
+    if problems:
+        raise CapacityError(
+            f"capacity: experiment={plan.experiment} does not fit this machine ({machine.name}):\n- "
+            + "\n- ".join(problems)
+            + f"\nThe plan: python -m unifiedplayers.capacity experiment={plan.experiment} (estimates; "
+              "capacity.check=false starts the run anyway)")
+
+
+def _at(instant: str) -> str:
+    return "at start-up" if instant == "start-up" else f"at the {instant}"
+
+
+def _over(what: str, need: float, have: float, items: Sequence[Item], unit: float, name: str,
+          verb: str = "available") -> str:
+    top = sorted(items, key=lambda i: -i.bytes)[:3]
+    largest = "; ".join(f"{i.name} {i.bytes / unit:.1f} {name} (change: {i.setting})" for i in top)
+    return f"{what}: plan {need / unit:.1f} {name} > {have / unit:.1f} {name} {verb}; largest items: {largest}"

@@ -1,0 +1,90 @@
+"""The machine a plan is checked against: :class:`Machine` (the paper's node by default), and :func:`machine_here`,
+this process's machine read from torch, ``/proc`` and the file systems."""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from unifiedplayers.capacity.units import GB, TB, GiB
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What a plan is checked against and timed on; the defaults are the paper's node, 8 × A100 80GB (Appendix H.2).
+    Memory in bytes (an "80GB" A100 has 80 GiB), disk in bytes (disks are sold in decimal TB)."""
+
+    gpus: int = 8  # ranks of a GPU run (torchrun --nproc_per_node), one GPU each
+    gpu_memory: float = 80 * GiB  # per GPU; 0: no GPU (a GPU plan is then not checked)
+    host_ram: float = 512 * GiB  # per node
+    disk: float = 2 * TB  # free where the run directory lies
+    offload_disk: Optional[float] = None  # free in trainer.offload_dir when another file system; None: the same
+    cpu_ranks: int = 1  # processes of a CPU run
+    gpu_flops: float = 312e12  # dense bf16 matmul peak per GPU (A100)
+    gpu_bandwidth: float = 2.039e12  # HBM bytes a second per GPU (A100 80GB SXM)
+    utilisation: float = 0.35  # MFU of the compute-bound passes (training, prefill, no-grad passes)
+    decode_efficiency: float = 0.6  # share of gpu_bandwidth that decoding reaches (it reads weights and KV each step)
+    bf16: Optional[bool] = None  # whether dtype auto resolves to bfloat16 here; None: on a GPU yes, on a CPU no
+    name: str = "8 x A100 80GB, 512 GiB RAM, 2 TB disk (the paper's node)"
+
+
+def machine_here(cfg: Any, world: int, run_dir: Optional[str] = None) -> Machine:
+    """The machine this process runs on: its GPU (``torch.cuda.get_device_properties``; none: no GPU check), the
+    host RAM available (/proc/meminfo MemAvailable, plus what this node's ranks already hold), the free disk at the
+    run directory (plus the checkpoints a resumed run already has there) and in trainer.offload_dir."""
+    import torch
+
+    from unifiedplayers.precision import native_bf16
+
+    gpu, name = 0.0, "no GPU"
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        gpu, name = float(props.total_memory), props.name
+    ram = _meminfo("MemAvailable") + _rss() * int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    run = Path(run_dir or os.getcwd()).expanduser().resolve()
+    disk = _free(run) + _bytes_under(run / "checkpoints")
+    offload = Path(cfg.trainer.offload_dir or tempfile.gettempdir()).expanduser().resolve()
+    other = _device(offload) != _device(run)
+    return Machine(gpus=world, gpu_memory=gpu, host_ram=ram, disk=disk, offload_disk=_free(offload) if other else None,
+                   cpu_ranks=world, bf16=native_bf16(str(cfg.model.device))[0],
+                   name=f"{world} rank(s), {name}, {ram / GiB:.0f} GiB RAM available, {disk / GB:.0f} GB free at {run}")
+
+
+def _meminfo(key: str) -> float:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def _rss() -> float:
+    try:
+        return float(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def _existing(path: Path) -> Path:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _free(path: Path) -> float:
+    return float(shutil.disk_usage(_existing(path)).free)
+
+
+def _device(path: Path) -> int:
+    return _existing(path).stat().st_dev
+
+
+def _bytes_under(path: Path) -> float:
+    if not path.is_dir():
+        return 0.0
+    return float(sum(f.stat().st_size for f in path.rglob("*") if f.is_file()))

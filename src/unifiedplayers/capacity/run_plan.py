@@ -1,0 +1,115 @@
+"""The whole plan of a run on a machine (:func:`plan`): memory, disk and compute put together, with the assumptions
+its figures rest on."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from unifiedplayers.capacity.arch import Arch
+from unifiedplayers.capacity.compute import (CPU_ADAM_PARAMS_PER_S, RoleCompute, omitted_seconds, pool_seconds,
+                                             role_compute)
+from unifiedplayers.capacity.disk import checkpoint_items, disk_items, parked_item
+from unifiedplayers.capacity.hardware import Machine
+from unifiedplayers.capacity.memory import (CPU_RANK_OVERHEAD, GPU_RANK_OVERHEAD, VLLM_OVERHEAD, Instant, Item,
+                                            device_instants, host_instants)
+from unifiedplayers.capacity.units import GiB
+from unifiedplayers.capacity.workload import CHARS_PER_TOKEN, RoleLoad, Setup, phase_stages, role_loads, setup_of
+from unifiedplayers.schedule import plan_updates
+
+PAPER_GPU_HOURS = 432  # Appendix H.2 (its Table 3 paragraph) and Table 16's M = 4 row: full UnifiedPlayers on
+# Qwen3-4B-Base, 8 x A100 80GB, local GPU-hours per seed (Table 14's body is missing from our copy of the paper)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a run needs of a machine (:func:`plan`)."""
+
+    experiment: str
+    model: str
+    arch: Arch
+    machine: Machine
+    on_gpu: bool
+    world: int  # ranks
+    loads: dict[str, RoleLoad]
+    gpu: tuple[Instant, ...]  # per GPU; () on a CPU run
+    host: tuple[Instant, ...]  # per node
+    checkpoint: tuple[Item, ...]  # one checkpoint of a trained player
+    disk: tuple[Item, ...]  # at the run directory: the run's peak first
+    parked: Optional[Item]  # the idle players' state in trainer.offload_dir
+    # per GPU: (vLLM's KV budget, one max_model_len sequence's KV, the largest generation call's KV on one rank)
+    vllm_kv: Optional[tuple[float, float, float]]
+    roles: dict[str, RoleCompute]
+    updates: dict[str, int]
+    pool_seconds: float  # the Appendix D.2 diagnostic pool, wall
+    assumptions: tuple[str, ...]
+    omitted: tuple[tuple[str, float], ...] = ()  # (what, estimated wall seconds) left out of wall_seconds
+
+    @property
+    def gpu_peak(self) -> Optional[Instant]:
+        return max(self.gpu, key=lambda i: i.total) if self.gpu else None
+
+    @property
+    def host_peak(self) -> Instant:
+        return max(self.host, key=lambda i: i.total)
+
+    @property
+    def run_disk(self) -> float:
+        return self.disk[0].bytes
+
+    @property
+    def wall_seconds(self) -> float:
+        return sum(self.updates[r] * sum(c.seconds.values()) for r, c in self.roles.items()) + self.pool_seconds
+
+    @property
+    def gpu_hours(self) -> Optional[float]:
+        return self.wall_seconds * self.world / 3600 if self.on_gpu else None
+
+    @property
+    def total_flops(self) -> float:
+        return sum(self.updates[r] * (c.generation_flops + c.training_flops + c.no_grad_flops)
+                   for r, c in self.roles.items())
+
+
+def plan(cfg: Any, machine: Machine = Machine()) -> Plan:
+    """The capacity and compute plan of ``cfg`` on ``machine``."""
+    s = setup_of(cfg, machine)
+    loads = role_loads(cfg)
+    device = device_instants(s, loads)
+    checkpoint = checkpoint_items(s) if s.trained else ()
+    updates = {r: sum(1 for slot in plan_updates(cfg) if slot.role == r) for r in s.trained}
+    vllm_kv = None
+    if s.on_gpu and cfg.rollout.backend == "vllm":
+        weights = s.sample_width * s.arch.sampled_parameters
+        budget = float(cfg.rollout.gpu_memory_utilization) * machine.gpu_memory - weights
+        context = int(cfg.rollout.max_model_len or s.arch.max_position_embeddings)
+        per_token = s.arch.kv_bytes_per_token(s.sample_width)
+        demand = max((math.ceil(st.prompts / s.world) * st.samples * (st.prompt + st.steps + st.observations)
+                      for r in s.trained for st in phase_stages(cfg, r, loads)), default=0)
+        vllm_kv = (budget - VLLM_OVERHEAD, context * per_token, demand * per_token)
+    return Plan(
+        experiment=str(cfg.get("experiment") or "(defaults)"), model=str(cfg.model.name), arch=s.arch,
+        machine=machine, on_gpu=s.on_gpu, world=s.world, loads=loads, gpu=device if s.on_gpu else (),
+        host=host_instants(s, device), checkpoint=checkpoint, disk=disk_items(s, checkpoint), parked=parked_item(s),
+        vllm_kv=vllm_kv, roles={r: role_compute(s, r, loads) for r in s.trained}, updates=updates,
+        pool_seconds=pool_seconds(s, loads), assumptions=assumptions(s),
+        omitted=omitted_seconds(s, loads, disk_items(s, checkpoint), updates))
+
+
+def assumptions(s: Setup) -> tuple[str, ...]:
+    out = [
+        f"sequences at their token budgets (player.*_max_new_tokens x max_turns, tool outputs of "
+        f"observation_max_chars); prompts at {CHARS_PER_TOKEN:g} characters a token, questions of task_max_chars",
+        "auto dtypes: bfloat16 on a GPU, float32 on a CPU; one node; a phase's tasks all well-formed",
+        f"host RAM per rank beyond its tensors: {(GPU_RANK_OVERHEAD if s.on_gpu else CPU_RANK_OVERHEAD) / GiB:g} GiB",
+    ]
+    if s.on_gpu:
+        m = s.machine
+        out += [
+            f"GPU-hours: wall time x {s.world} GPUs; compute at {m.utilisation:.0%} of {m.gpu_flops / 1e12:g} TFLOP/s "
+            f"(training, prefill, no-grad passes), decoding at {m.decode_efficiency:.0%} of "
+            f"{m.gpu_bandwidth / 1e12:g} TB/s (it reads the weights and every row's KV cache each step)",
+            f"host optimizer (ZeRO-Offload) at {CPU_ADAM_PARAMS_PER_S / 1e9:g}e9 parameters/s; sandbox time, weight "
+            "copies into vLLM, checkpoint writes and start-up not counted (the GPUs idle through them)",
+        ]
+    return tuple(out)
