@@ -430,9 +430,9 @@ class PaperUnit:
         self._peak(reset=True)
         metrics.append(trainer.update(batches[STEPS_BEFORE]))
         peak = max(peak, self._peak()) if self.cuda else None
-        ref = trainer._ref_state or {}
-        held = {"ref_module": trainer._ref_model is not None, "ref_tensors": len(ref),
-                "ref_devices": sorted({t.device.type for t in ref.values()}),
+        ref = trainer.held_reference
+        held = {"ref_module": ref.module is not None, "ref_tensors": len(ref.weights),
+                "ref_devices": sorted({t.device.type for t in ref.weights.values()}),
                 "policy_device": trainer.device.type}
         after = state_on_host(trainer)
         gc.release(trainer)
@@ -451,9 +451,8 @@ class PaperUnit:
         trainer.offload_state()
         park_s = time.perf_counter() - t0
         parked = {"optimizer_state_present": trainer.has_optimizer_state,
-                  "optimizer_bytes": trainer._parked.nbytes if trainer._parked is not None else 0,
-                  "reference_bytes": (trainer._reference_parked.nbytes if trainer._reference_parked is not None
-                                      else 0), "park_s": round(park_s, 3)}
+                  "optimizer_bytes": trainer.parked_optimizer_bytes,
+                  "reference_bytes": trainer.held_reference.parked_bytes, "park_s": round(park_s, 3)}
         t0 = time.perf_counter()
         metrics.append(trainer.update(batches[STEPS_BEFORE]))  # brings the state back first
         parked["back_and_update_s"] = round(time.perf_counter() - t0, 3)

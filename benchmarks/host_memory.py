@@ -103,8 +103,8 @@ def player_items(player) -> dict[str, list[torch.Tensor]]:
         for name in ("grad_partitions_flat_buffer", "averaged_gradients"):
             items["gradients"] += list(_tensors(getattr(zero, name, None)))
         items["other"] = [t for v in vars(zero).values() for t in _tensors(v)]
-    items["reference"] = _module_tensors(getattr(trainer, "_ref_model", None))
-    items["reference"] += list(_tensors(getattr(trainer, "_ref_state", None) or {}))
+    reference = trainer.held_reference
+    items["reference"] = _module_tensors(reference.module) + list(_tensors(dict(reference.weights)))
     return items
 
 

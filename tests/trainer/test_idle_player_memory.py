@@ -51,8 +51,8 @@ def held(player) -> dict[str, int]:
     masters = list(trainer._model.parameters())
     optimizer = [] if trainer.optimizer is None else [t for s in trainer.optimizer.state.values() for t in s.values()]
     copies = [p for m in trainer._copies.values() for p in m.parameters()]
-    reference = list(trainer._ref_model.parameters()) if trainer._ref_model is not None else []
-    reference += list((trainer._ref_state or {}).values())
+    ref = trainer.held_reference
+    reference = (list(ref.module.parameters()) if ref.module is not None else []) + list(ref.weights.values())
     return {
         "sampling weights": _bytes(player.model.parameters(), seen),
         "master weights": _bytes(masters, seen),
@@ -137,7 +137,15 @@ def test_parked_and_back_the_torch_trainer_changes_no_bit(ref_mode, tmp_path):
     straight_metrics = _updates(straight, batches, idle_between=False)
     idle_metrics = _updates(idle, batches, idle_between=True)
     assert idle_metrics[-1]["actor/kl"] > 0
+    held, reference = straight.held_reference, idle.held_reference  # where π_ref is, as a benchmark reads it
+    assert (held.module is not None, bool(held.weights)) == ((True, False) if ref_mode == "copy" else (False, True))
+    assert all(t.device.type == "cpu" for t in held.weights.values()) and held.parked_bytes == 0
+    with pytest.raises(TypeError):
+        held.weights["x"] = torch.zeros(1)  # read-only
+    tensors = reference.module.parameters() if reference.module is not None else reference.weights.values()
+    nbytes = sum(t.numel() * t.element_size() for t in tensors)
     idle.offload_state()
+    assert idle.held_reference.parked_bytes == nbytes > 0  # every byte of π_ref, parked while idle
     idle.save_checkpoint(tmp_path / "while_idle")  # a checkpoint of an idle player is whole
     straight.save_checkpoint(tmp_path / "straight")
     for name in ("model.pt", "reference.pt"):
@@ -242,11 +250,15 @@ def test_an_idle_zero3_offload_engine_parks_its_optimizer_and_keeps_its_weights(
     parked = [t for t in held_by_optimizer
               if t.untyped_storage().nbytes() >= 64 * 1024 and t.untyped_storage().data_ptr() not in weights]
     assert sum(t.untyped_storage().nbytes() for t in parked) > 8 * sum(p.ds_numel for p in idle.model.parameters())
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in parked}
+    assert straight.parked_optimizer_bytes == idle.parked_optimizer_bytes == 0
     idle.offload_state()
     assert not idle.has_optimizer_state
     assert all(t.untyped_storage().nbytes() == 0 for t in parked)  # master, moments, gradients: none in memory
-    assert idle._ref_state is None or all(t.numel() == 0 for t in idle._ref_state.values())
+    assert idle.parked_optimizer_bytes >= sum(storages.values())  # what the paper unit of the GPU check reports as parked
+    assert all(t.numel() == 0 for t in idle.held_reference.weights.values())
     with torch.no_grad(), idle.gathered_weights():
         assert torch.equal(idle.model(input_ids=ids).logits, before)
     metrics = (straight.update(batches[0]), idle.update(batches[0]))
     _same_run(straight, idle, [metrics[0]], [metrics[1]])
+    assert idle.parked_optimizer_bytes == 0  # brought back

@@ -386,6 +386,11 @@ class DeepSpeedTrainer(BaseTrainer):
     def has_optimizer_state(self) -> bool:
         return not self._offloaded and self._parked is None
 
+    @property
+    def parked_optimizer_bytes(self) -> int:
+        """Bytes of the optimizer's host tensors parked in a file while the player is idle (0: none parked)."""
+        return self._parked.nbytes if self._parked is not None else 0
+
 
 def _tensors(value: Any, depth: int = 3):
     """The tensors in ``value`` (a tensor, or lists, tuples and dicts of them, ``depth`` deep) and their gradients."""

@@ -3,7 +3,8 @@ when it is taken, where it lives, and the reference pass. A mixin of :class:`~un
 kept apart so that the trainer's update reads in one sitting."""
 from __future__ import annotations
 
-from typing import Mapping, Optional
+from types import MappingProxyType
+from typing import Mapping, NamedTuple, Optional
 
 import torch
 from torch import nn
@@ -15,8 +16,24 @@ from unifiedplayers.trainer.offload import ParkedTensors
 Tensor = torch.Tensor
 
 
+class HeldReference(NamedTuple):
+    """Where a trainer holds π_ref now (:attr:`ReferencePolicy.held_reference`), for measurements: read it, never
+    change the trainer through it."""
+
+    module: Optional[nn.Module]  # ref_mode copy: π_ref as a module beside the policy; None under precompute
+    weights: Mapping[str, Tensor]  # ref_mode precompute: π_ref's weights on the host (read-only); {} under copy
+    parked_bytes: int  # π_ref's bytes parked in a file while the player is idle; 0 when it is not parked
+
+
 class ReferencePolicy:
     """The reference methods of :class:`~unifiedplayers.trainer.base.BaseTrainer` (its attributes are the trainer's)."""
+
+    @property
+    def held_reference(self) -> HeldReference:
+        """π_ref as this rank holds it now: its module (ref_mode copy), its host weights (precompute; none before it
+        is taken, nor on a rank that does not hold it), and the bytes parked while the player is idle."""
+        parked = self._reference_parked.nbytes if self._reference_parked is not None else 0
+        return HeldReference(self._ref_model, MappingProxyType(self._ref_state or {}), parked)
 
     def _take_reference(self) -> None:
         """π_ref := the current weights, on the ranks that hold it (every rank calls it: a collective under ZeRO-3)."""
