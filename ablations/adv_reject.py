@@ -37,6 +37,7 @@ if _ROOT not in sys.path:
 
 from unifiedplayers.feedback.perturbation import ALL_RULES  # noqa: E402
 from unifiedplayers.feedback.trajectory import Trajectory  # noqa: E402
+from unifiedplayers import rundir  # noqa: E402
 
 HELDOUT = Path(__file__).resolve().parent / "data" / "table15_heldout.jsonl"
 RESULT_FILE = "adv_reject.json"  # under <run>/eval/
@@ -206,7 +207,7 @@ def measure_run(run_dir: Path, sandbox_cfg: Any = None, log=print) -> Optional[d
     from unifiedplayers.rollout import build_rollout
     from unifiedplayers.sandbox import Sandbox
 
-    run_cfg = OmegaConf.load(run_dir / "config.yaml")
+    run_cfg = OmegaConf.load(run_dir / rundir.CONFIG)
     tasks = load()
     model, tokenizer = load_model(run_cfg.model)
     source = "backbone (no Evaluation checkpoint)"
@@ -222,8 +223,8 @@ def measure_run(run_dir: Path, sandbox_cfg: Any = None, log=print) -> Optional[d
         out = measure(engine, run_cfg.player, sb, tasks, seed=int(run_cfg.get("seed", 0)))
     out.update(heldout=HELDOUT.name, heldout_sha256=file_digest(), checkpoint=source,
                trained_rules=list(OmegaConf.select(run_cfg, "perturbation.rules") or []))
-    (run_dir / "eval").mkdir(parents=True, exist_ok=True)
-    (run_dir / "eval" / RESULT_FILE).write_text(json.dumps(out, indent=2))
+    (run_dir / rundir.EVAL).mkdir(parents=True, exist_ok=True)
+    (run_dir / rundir.EVAL / RESULT_FILE).write_text(json.dumps(out, indent=2))
     log(f"[adv_reject] {run_dir}: Adv. Reject {out['adv_reject']} over {out['valid_verifiers']} valid verifiers "
         f"({source})")
     return out

@@ -48,8 +48,8 @@ if _ROOT not in sys.path:  # `python ablations/aggregate.py` as well as `python 
     sys.path.insert(0, _ROOT)
 
 from ablations import paper_numbers as paper  # noqa: E402
+from unifiedplayers import rundir  # noqa: E402
 
-EVAL_DIR = "eval"
 RESULTS_FILE = "results.json"
 ADV_REJECT_FILE = "adv_reject.json"  # ablations.adv_reject.RESULT_FILE
 ADV_REJECT_KEY = "evaluation/rho_adv"
@@ -67,19 +67,6 @@ def _get(d: Any, dotted: str, default: Any = None) -> Any:
             return default
         d = d[part]
     return d
-
-
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                break  # a torn last line of a killed run
-    return rows
 
 
 def benchmark_domain(name: str) -> str:
@@ -148,13 +135,13 @@ def load_run_row(run_dir: str | Path, mode: Optional[str] = None) -> dict[str, A
     import yaml
 
     run_dir = Path(run_dir)
-    cfg_path = run_dir / "config.yaml"
+    cfg_path = run_dir / rundir.CONFIG
     if not cfg_path.exists():
         raise FileNotFoundError(f"{cfg_path} not found: not a run directory")
     config = yaml.safe_load(cfg_path.read_text()) or {}
-    summary_path = run_dir / "summary.json"
+    summary_path = run_dir / rundir.SUMMARY_JSON
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
-    metrics = _read_jsonl(run_dir / "metrics.jsonl")
+    metrics = rundir.read_jsonl(run_dir / rundir.METRICS, missing_ok=True)
     reward = config.get("reward", {}) or {}
     rules = _get(config, "perturbation.rules", []) or []
     row: dict[str, Any] = {
@@ -186,11 +173,11 @@ def load_run_row(run_dir: str | Path, mode: Optional[str] = None) -> dict[str, A
         "evaluated": False,
     }
     row["wall_h"], row["device_h"] = compute_hours(run_dir, metrics, config, summary) if metrics else (0.0, 0.0)
-    adv_path = run_dir / EVAL_DIR / ADV_REJECT_FILE
+    adv_path = run_dir / rundir.EVAL / ADV_REJECT_FILE
     if adv_path.exists():
         adv = json.loads(adv_path.read_text()).get("adv_reject")
         row["adv_reject"] = float(adv) if adv is not None else np.nan
-    res_path = run_dir / EVAL_DIR / RESULTS_FILE
+    res_path = run_dir / rundir.EVAL / RESULTS_FILE
     if res_path.exists():
         scores = eval_scores(json.loads(res_path.read_text()), mode)
         row.update(scores)
@@ -203,7 +190,7 @@ def find_run_dirs(root: str | Path) -> list[Path]:
     root = Path(root)
     if not root.is_dir():
         raise FileNotFoundError(f"sweep directory {root} does not exist")
-    dirs = {p.parent for p in root.rglob("config.yaml") if ".hydra" not in p.parts and "wandb" not in p.parts}
+    dirs = {p.parent for p in root.rglob(rundir.CONFIG) if ".hydra" not in p.parts and rundir.WANDB not in p.parts}
     return sorted(dirs)
 
 
@@ -619,9 +606,9 @@ def table1(root: str | Path, out_dir: Path, backbone: Optional[str] = None) -> s
     from eval.tables import rows_from_results, write_tables
 
     rows, bb = [], backbone
-    paths = sorted(Path(root).rglob(f"{EVAL_DIR}/{RESULTS_FILE}"))
+    paths = sorted(Path(root).rglob(f"{rundir.EVAL}/{RESULTS_FILE}"))
     if not paths:
-        raise FileNotFoundError(f"no {EVAL_DIR}/{RESULTS_FILE} under {root}: evaluate the runs first")
+        raise FileNotFoundError(f"no {rundir.EVAL}/{RESULTS_FILE} under {root}: evaluate the runs first")
     for p in paths:
         res = json.loads(p.read_text())
         bb = bb or res.get("backbone")

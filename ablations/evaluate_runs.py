@@ -31,7 +31,8 @@ _ROOT = str(Path(__file__).resolve().parents[1])
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
-from ablations.aggregate import ADV_REJECT_FILE, EVAL_DIR, RESULTS_FILE, find_run_dirs  # noqa: E402
+from ablations.aggregate import ADV_REJECT_FILE, RESULTS_FILE, find_run_dirs  # noqa: E402
+from unifiedplayers import rundir  # noqa: E402
 
 
 def eval_config(run_cfg: Any, preset: str, overrides: Sequence[str] = ()) -> Any:
@@ -60,9 +61,9 @@ def evaluate_run(run_dir: Path, preset: str, overrides: Sequence[str] = (), log=
     also measures Table 15's Adv. Reject on the fixed held-out set (``ablations.adv_reject``), once."""
     from eval.run import build_engine, evaluate
 
-    out = run_dir / EVAL_DIR
-    run_cfg = OmegaConf.load(run_dir / "config.yaml")
-    if run_cfg.method.trainable and not (run_dir / "summary.json").exists():
+    out = run_dir / rundir.EVAL
+    run_cfg = OmegaConf.load(run_dir / rundir.CONFIG)
+    if run_cfg.method.trainable and not (run_dir / rundir.SUMMARY_JSON).exists():
         log(f"[evaluate] {run_dir}: training not finished, skipped (rerun the sweep to resume it)")
         return None
     if adv_reject and has_evaluation_player(run_cfg) and not (out / ADV_REJECT_FILE).exists():

@@ -137,15 +137,16 @@ def write_eval_only_members(sweep: Sweep, scale: Scale, out: Path, extra: Sequen
     """A run directory (config.yaml only) per evaluation-only method: evaluate_runs scores the backbone."""
     from omegaconf import OmegaConf
 
+    from unifiedplayers import rundir
     from unifiedplayers.config import compose
 
     made = []
     for method in sweep.eval_only_methods:
         d = out / f"method={method}"
-        if not (d / "config.yaml").exists():
+        if not (d / rundir.CONFIG).exists():
             cfg = compose([f"ablation={sweep.name}", f"experiment={scale.experiment}", f"method={method}", *extra])
             d.mkdir(parents=True, exist_ok=True)
-            OmegaConf.save(cfg, d / "config.yaml", resolve=True)
+            OmegaConf.save(cfg, d / rundir.CONFIG, resolve=True)
         made.append(d)
     return made
 
@@ -228,14 +229,15 @@ def members(multiruns: Sequence[Sequence[str]], scale: Scale, out: Path, nproc: 
     launched on a member that ``nproc`` ranks cannot run (:data:`RANK_FALLBACKS` aside)."""
     from unifiedplayers.checks import check_ranks
     from unifiedplayers.distributed import DistContext
-    from unifiedplayers.loop.run_state import STATE_FILE, check_resumable, load_state
+    from unifiedplayers.loop.run_state import check_resumable
+    from unifiedplayers import rundir
 
     found = []
     for run in multiruns:
         for job in expand([*run, f"experiment={scale.experiment}", "resume=true", *extra]):
             cfg, dirname = compose_job(job)
             run_dir = out / dirname
-            state = load_state(run_dir / STATE_FILE) if (run_dir / STATE_FILE).exists() else None
+            state = rundir.load_state(run_dir / rundir.STATE) if (run_dir / rundir.STATE).exists() else None
             ranks = int(state.get("world_size", 1)) if state else nproc
             fallback = RANK_FALLBACKS.get((cfg.trainer.backend, cfg.schedule.feedback)) if ranks > 1 else None
             if fallback:

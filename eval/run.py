@@ -38,6 +38,7 @@ if _ROOT not in sys.path:  # `python eval/run.py` as well as `python -m eval.run
 from eval.benchmarks import (REGISTRY, MissingDataset, import_benchmark_modules, prepare_command,  # noqa: E402
                              resolve_path)
 from eval.config import register_eval_configs  # noqa: E402
+from unifiedplayers import rundir  # noqa: E402
 from eval.harness import evaluate_benchmark  # noqa: E402
 from eval.tables import METHOD_LABELS, ScoreRow, default_ticks, rows_from_results, write_tables  # noqa: E402
 
@@ -86,7 +87,7 @@ def method_label(cfg: Any, mode: str) -> str:
     return "Tool-augmented" if mode == "tool" else "Vanilla"
 
 
-RUN_CONFIG = "config.yaml"  # the resolved config a training run saves in its directory
+RUN_CONFIG = rundir.CONFIG  # the resolved config a training run saves in its directory
 
 
 def find_run_config(ckpt: str, max_up: int = 5) -> Optional[Path]:
@@ -323,11 +324,11 @@ def resolve_checkpoint(ckpt: str, player: str = "execution") -> tuple[str, Path]
         return "pretrained", path
     if path.is_file() and path.suffix == ".pt":
         return "state_dict", path
-    if (path / "model.pt").is_file():
-        return "state_dict", path / "model.pt"
-    iters = sorted((path / "checkpoints").glob("iter*"), key=lambda p: int("".join(c for c in p.name if c.isdigit()) or 0))
-    if iters and (iters[-1] / player / "model.pt").is_file():
-        return "state_dict", iters[-1] / player / "model.pt"
+    if (path / rundir.MODEL_WEIGHTS).is_file():
+        return "state_dict", path / rundir.MODEL_WEIGHTS
+    iters = sorted((path / rundir.CHECKPOINTS).glob("iter*"), key=lambda p: int("".join(c for c in p.name if c.isdigit()) or 0))
+    if iters and (iters[-1] / player / rundir.MODEL_WEIGHTS).is_file():
+        return "state_dict", iters[-1] / player / rundir.MODEL_WEIGHTS
     raise SystemExit(f"[eval] ckpt={ckpt}: no config.json, model.pt or checkpoints/iter*/{player}/model.pt there")
 
 

@@ -7,7 +7,6 @@ import pytest
 
 from unifiedplayers.config import compose
 from unifiedplayers.diagnostics.execution_pool import (
-    POOL_FILENAME,
     FixedPool,
     PoolLog,
     PoolQuestion,
@@ -18,6 +17,7 @@ from unifiedplayers.diagnostics.execution_pool import (
     summarise,
     user_message,
 )
+from unifiedplayers.rundir import EXECUTION_POOL
 from unifiedplayers.data.benchmarks import Problem
 
 pytestmark = pytest.mark.cpu
@@ -93,12 +93,13 @@ def test_grading_follows_the_harness():
 
 
 def test_the_log_keeps_one_line_per_checkpoint_and_drops_a_torn_line(tmp_path):
-    path = tmp_path / POOL_FILENAME
+    path = tmp_path / EXECUTION_POOL
     log = PoolLog(path)
     log.append({"execution_step": 2, "accuracy": 0.5})
     log.append({"execution_step": 2, "accuracy": 0.9})  # already logged: not written again
     with open(path, "a") as f:
         f.write('{"execution_step": 4, "acc')  # killed while writing
-    again = PoolLog(path)
+    with pytest.warns(RuntimeWarning, match="torn"):
+        again = PoolLog(path)
     assert list(again.entries) == [2] and again.get(2)["accuracy"] == 0.5 and again.get(4) is None
     assert [json.loads(x)["execution_step"] for x in path.read_text().splitlines()] == [2]

@@ -15,7 +15,8 @@ import pytest
 pytest.importorskip("vllm")
 
 from unifiedplayers.config import compose  # noqa: E402
-from unifiedplayers.export import EXPORT_DIR, EXPORT_META, main  # noqa: E402
+from unifiedplayers.export import EXPORT_META, main  # noqa: E402
+from unifiedplayers.rundir import EXPORT  # noqa: E402
 from unifiedplayers.loop.outer import OuterLoop  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -33,7 +34,7 @@ def run_dir(tmp_path_factory) -> Path:
 
 
 def test_vllm_decodes_the_export_as_transformers_does(run_dir, capsys):
-    export = run_dir / EXPORT_DIR / "execution"
+    export = run_dir / EXPORT / "execution"
     assert json.loads((export / EXPORT_META).read_text())["dtype"] == "float32"
     result = export_greedy.compare(export, tokens=24, dtype="float32")
     with capsys.disabled():  # the figures, in `make test-vllm`'s output

@@ -1,6 +1,7 @@
 """The one loader of a training run directory, and the metric keys the analyses read.
 
-A run directory (written by ``python -m unifiedplayers.train``) holds:
+A run directory (written by ``python -m unifiedplayers.train``; its files are named in ``unifiedplayers.rundir``)
+holds:
 
 - ``records.jsonl``: one interaction record ξ(q) per task (``unifiedplayers.diagnostics.records``);
 - ``metrics.jsonl``: one JSON object per update with ``outer_iteration``, ``block``
@@ -17,6 +18,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
+
+from unifiedplayers import rundir
 
 KEYS = {
     "iteration": "outer_iteration",
@@ -40,10 +43,6 @@ KEYS = {
     "timing_prefix": "timing/",
     "devices": "timing/devices",  # accelerators used by the update (0 on CPU)
 }
-RECORDS_FILE = "records.jsonl"
-METRICS_FILE = "metrics.jsonl"
-CONFIG_FILES = ("config.yaml", ".hydra/config.yaml")
-SUMMARY_FILE = "summary.json"
 
 
 @dataclass
@@ -84,47 +83,31 @@ class RunData:
         return [r for r in self.records if len(r.trajectories) > 0]
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    rows = []
-    if not path.exists():
-        return rows
-    lines = path.read_text(encoding="utf-8").splitlines()
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            if i == len(lines) - 1:  # a torn last line of a killed run
-                continue
-            raise ValueError(f"{path}:{i + 1}: not JSON")
-    return rows
-
-
 def load_run(run_dir: str | Path, need_records: bool = False, need_metrics: bool = False) -> RunData:
     """Everything the analyses read from ``run_dir``; raises ``FileNotFoundError`` naming what is missing."""
     path = Path(run_dir)
     if not path.is_dir():
         raise FileNotFoundError(f"run directory {path} does not exist")
     records: list[Any] = []
-    rec_path = path / RECORDS_FILE
+    rec_path = path / rundir.RECORDS
     if rec_path.exists():
         from unifiedplayers.diagnostics.records import load_records
 
         records = load_records(rec_path)
     elif need_records:
         raise FileNotFoundError(f"{rec_path} not found: this analysis reads the interaction records ξ(q)")
-    metrics = _read_jsonl(path / METRICS_FILE)
+    metrics = rundir.read_jsonl(path / rundir.METRICS, missing_ok=True)
     if need_metrics and not metrics:
-        raise FileNotFoundError(f"{path / METRICS_FILE} not found or empty: this analysis reads per-update metrics")
+        raise FileNotFoundError(f"{path / rundir.METRICS} not found or empty: this analysis reads per-update metrics")
     config: dict[str, Any] = {}
-    for name in CONFIG_FILES:
+    for name in (rundir.CONFIG, rundir.HYDRA_CONFIG):
         if (path / name).exists():
             import yaml
 
             config = yaml.safe_load((path / name).read_text()) or {}
             break
-    summary = json.loads((path / SUMMARY_FILE).read_text()) if (path / SUMMARY_FILE).exists() else {}
+    summary_path = path / rundir.SUMMARY_JSON
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
     return RunData(path=path, records=records, metrics=metrics, config=config, summary=summary)
 
 
@@ -138,7 +121,7 @@ def key(name: str, player: Optional[str] = None) -> Any:
 
 def write_outputs(run: RunData, name: str, data: dict[str, Any], markdown: str, out_dir: Optional[Path] = None) -> Path:
     """Write ``analysis/<name>.json`` and ``analysis/<name>.md`` under the run (or ``out_dir``)."""
-    out = out_dir or (run.path / "analysis")
+    out = out_dir or (run.path / rundir.ANALYSIS)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{name}.json").write_text(json.dumps(data, indent=2, default=float))
     (out / f"{name}.md").write_text(markdown)

@@ -36,9 +36,10 @@ def load_config(target: str, run: Optional[str] = None, overrides: Sequence[str]
     in, else the composed default config; ``overrides`` (Hydra-style ``key=value``) are set over it."""
     from omegaconf import OmegaConf
 
+    from unifiedplayers import rundir
     from unifiedplayers.config import compose
 
-    path = Path(run) / "config.yaml" if run else find_run_config(target)
+    path = Path(run) / rundir.CONFIG if run else find_run_config(target)
     if path is None:
         return compose(list(overrides))
     if not path.is_file():

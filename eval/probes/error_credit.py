@@ -35,13 +35,15 @@ _ROOT = Path(__file__).resolve().parents[2]
 if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
 
+from unifiedplayers import rundir  # noqa: E402
+
 PROBE_KEYS = ("valid", "original_errors", "adv_rejection", "originals_accepted", "discrimination")
 
 
 def probe_iterations(run: Path) -> dict[int, dict[str, Optional[float]]]:
     """``{iteration: {key: value}}`` of the Evaluation probe files ``run/probes/iter<i>.evaluation.json``."""
     out = {}
-    for path in (run / "probes").glob("iter*.evaluation.json"):
+    for path in (run / rundir.PROBES).glob("iter*.evaluation.json"):
         it = int(re.fullmatch(r"iter(\d+)\.evaluation\.json", path.name).group(1))
         res = json.loads(path.read_text())["evaluation"]
         errors = res.get("original_errors")
@@ -64,7 +66,7 @@ def seed_row(run: Path) -> dict[str, Any]:
         row[k] = [None if first is None else first[k], None if last is None else last[k]]
     v0, v1 = row["valid"]
     row["valid_delta"] = None if v0 is None or v1 is None or not probes or max(probes) == 0 else v1 - v0
-    records = run / "records.jsonl"
+    records = run / rundir.RECORDS
     kinds = iteration_kinds(list(iter_records(records))) if records.exists() else {}
     row["training_kinds"] = {str(it): table for it, table in kinds.items()}
     row["crashers_last"] = kinds[max(kinds)]["crashes_answered"] if kinds else None

@@ -31,6 +31,7 @@ import shutil
 import subprocess
 import sys
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -38,6 +39,8 @@ from typing import Any, Optional, Sequence
 _ROOT = Path(__file__).resolve().parents[2]
 if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
+
+from unifiedplayers import rundir  # noqa: E402
 
 SCALES = {"smoke": "figure1_smoke", "paper": "paper_qwen3_4b"}
 # The series of figure1.json (issue 15), in the order of the panels.
@@ -76,16 +79,10 @@ class Job:
 def _metrics_iteration(run_dir: Path) -> int:
     """The highest outer iteration with a logged update (its line is written before its checkpoint; a line of
     iteration i + 1 therefore means iteration i's checkpoints are complete)."""
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
-        return 0
-    best = 0
-    for line in path.read_text().splitlines():
-        try:
-            best = max(best, int(json.loads(line).get("outer_iteration", 0)))
-        except (ValueError, AttributeError):
-            continue  # a torn last line of a run being written
-    return best
+    with warnings.catch_warnings():  # the run may be writing its last line now: it is skipped
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return max((int(m.get("outer_iteration", 0)) for m in rundir.read_jsonl(run_dir / rundir.METRICS,
+                                                                               missing_ok=True)), default=0)
 
 
 def run_jobs(jobs: list[Job], max_jobs: int, env: dict[str, str], log: Any = print, start: bool = True) -> None:
@@ -135,7 +132,7 @@ def run_jobs(jobs: list[Job], max_jobs: int, env: dict[str, str], log: Any = pri
 
 def probe_file(run_dir: Path, iteration: int, role: Optional[str] = None) -> Path:
     """``probes/iter<i>.json`` (all roles in one file) or ``probes/iter<i>.<role>.json`` (one role's probe)."""
-    return run_dir / "probes" / (f"iter{iteration}.json" if role is None else f"iter{iteration}.{role}.json")
+    return run_dir / rundir.PROBES / (f"iter{iteration}.json" if role is None else f"iter{iteration}.{role}.json")
 
 
 def read_probes(run_dir: Path, iteration: int) -> Optional[dict[str, Any]]:
@@ -320,18 +317,18 @@ def build_jobs(root: Path, experiment: str, seeds: Sequence[int], overrides: Seq
         train = Job(f"train seed {s}", [py, "-m", "unifiedplayers.train", f"experiment={experiment}", f"seed={s}",
                                         f"run_dir={run_dir}", "resume=true", *overrides],
                     root / "logs" / f"train-seed{s}.log", ready=lambda: True,
-                    done=lambda rd=run_dir: (rd / "summary.json").exists() and _finished_state(rd), seed=s)
+                    done=lambda rd=run_dir: (rd / rundir.SUMMARY_JSON).exists() and _finished_state(rd), seed=s)
         trains.append(train)
         for i in range(iterations + 1):
             if i == 0 and s != seeds[0]:
                 continue  # the backbone is probed once, for the first seed (share_backbone_probes)
-            target = "backbone" if i == 0 else str(run_dir / "checkpoints" / f"iter{i}")
+            target = "backbone" if i == 0 else str(run_dir / rundir.CHECKPOINTS / f"iter{i}")
 
             def ready(i=i, rd=run_dir, tr=train) -> bool:
                 if tr.rc not in (None, 0):
                     return False  # the run failed: nothing more of it can be probed
                 if i == 0:
-                    return (rd / "config.yaml").exists()
+                    return (rd / rundir.CONFIG).exists()
                 return tr.rc == 0 or _metrics_iteration(rd) > i
 
             for role in PROBE_ROLES:  # one job per role: the last checkpoint's probes share the cores
@@ -367,8 +364,8 @@ def copy_backbone_probes(first: Path, runs: Sequence[Path]) -> list[Path]:
     copy there predates the tool probe and the source has it. Returns the files written."""
     written = []
     for run_dir in runs:
-        for src in sorted((first / "probes").glob("iter0*.json")):
-            dst = run_dir / "probes" / src.name
+        for src in sorted((first / rundir.PROBES).glob("iter0*.json")):
+            dst = run_dir / rundir.PROBES / src.name
             stale = dst.exists() and src.name.endswith(".execution.json") and probe_done(src, "execution") \
                 and not probe_done(dst, "execution")
             if not dst.exists() or stale:
@@ -380,7 +377,7 @@ def copy_backbone_probes(first: Path, runs: Sequence[Path]) -> list[Path]:
 
 def _finished_state(run_dir: Path) -> bool:
     """Whether the run in ``run_dir`` completed (its state says so)."""
-    state = run_dir / "state.pt"
+    state = run_dir / rundir.STATE
     if not state.exists():
         return False
     import torch
@@ -412,7 +409,7 @@ def reproduce(root: Path, experiment: str, seeds: Sequence[int], jobs: int = 2, 
     from unifiedplayers.diagnostics.summary import write_summary_png
 
     for s in seeds:
-        if (root / f"seed{s}" / "metrics.jsonl").exists():
+        if (root / f"seed{s}" / rundir.METRICS).exists():
             write_summary_png(root / f"seed{s}")  # now with the probes beside the training curves
         single = collect(root, [s], its)
         (root / f"seed{s}").mkdir(parents=True, exist_ok=True)

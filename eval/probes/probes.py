@@ -44,6 +44,7 @@ import numpy as np
 DATA_DIR = Path(__file__).resolve().parent / "data"
 PROBE_SEED = 0  # the sampling seed of every probe (not the training seed)
 from unifiedplayers.diagnostics.execution_pool import PoolQuestion
+from unifiedplayers import rundir
 from unifiedplayers.roles import ROLES
 
 
@@ -368,16 +369,16 @@ def resolve_checkpoint(target: str, roles: Sequence[str] = ROLES) -> Checkpoint:
     path = Path(target).expanduser()
     if not path.is_dir():
         raise FileNotFoundError(f"probe target {target!r}: not 'backbone' and not a directory")
-    if (path / "model.pt").is_file():
+    if (path / rundir.MODEL_WEIGHTS).is_file():
         if path.name not in ROLES:
             raise ValueError(f"{path} holds a model.pt but is not named after a role {ROLES}")
-        return Checkpoint(str(path), {r: (path / "model.pt" if r == path.name else None) for r in roles})
-    if (path / "checkpoints").is_dir():
-        iters = sorted((p for p in (path / "checkpoints").glob("iter*") if p.name[4:].isdigit()), key=lambda p: int(p.name[4:]))
+        return Checkpoint(str(path), {r: (path / rundir.MODEL_WEIGHTS if r == path.name else None) for r in roles})
+    if (path / rundir.CHECKPOINTS).is_dir():
+        iters = sorted((p for p in (path / rundir.CHECKPOINTS).glob("iter*") if p.name[4:].isdigit()), key=lambda p: int(p.name[4:]))
         if not iters:
             raise FileNotFoundError(f"{path}/checkpoints holds no iter<N> directory")
         path = iters[-1]
-    found = {r: (path / r / "model.pt" if (path / r / "model.pt").is_file() else None) for r in roles}
+    found = {r: (path / r / rundir.MODEL_WEIGHTS if (path / r / rundir.MODEL_WEIGHTS).is_file() else None) for r in roles}
     if not any(found.values()):
         raise FileNotFoundError(f"{path}: no <role>/model.pt for any of {list(roles)}")
     return Checkpoint(str(path), found)
@@ -388,8 +389,8 @@ def find_run_config(target: str) -> Optional[Path]:
     if target == "backbone":
         return None
     for p in [Path(target).resolve(), *Path(target).resolve().parents]:
-        if (p / "config.yaml").is_file() and (p / "checkpoints").is_dir():
-            return p / "config.yaml"
+        if (p / rundir.CONFIG).is_file() and (p / rundir.CHECKPOINTS).is_dir():
+            return p / rundir.CONFIG
     return None
 
 

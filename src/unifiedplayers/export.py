@@ -33,9 +33,8 @@ from omegaconf import OmegaConf
 from unifiedplayers.models import load_model, resolve_dtype, save_model_dir
 from unifiedplayers.precision import DTYPE_NAMES
 from unifiedplayers.roles import ROLES
-from unifiedplayers.loop.run_state import CONFIG_FILE, STATE_FILE, load_state
+from unifiedplayers.rundir import CONFIG, EXPORT, MODEL_WEIGHTS, STATE, TRAINER_STATE, load_state
 
-EXPORT_DIR = "export"  # RUN_DIR/export/<role>: the end-of-run export
 EXPORT_META = "unifiedplayers_export.json"
 
 
@@ -48,12 +47,12 @@ def read_run(run_dir: Path) -> tuple[dict[str, Any], Any]:
     """(run state, run config) of the run in ``run_dir``."""
     if not run_dir.is_dir():
         raise ExportError(f"{run_dir}: no such run directory")
-    missing = [name for name in (STATE_FILE, CONFIG_FILE) if not (run_dir / name).is_file()]
+    missing = [name for name in (STATE, CONFIG) if not (run_dir / name).is_file()]
     if missing:
         raise ExportError(f"{run_dir} holds no {' or '.join(missing)}: not a training run directory, or a run "
                           "that stopped before its first save (it has no checkpoint yet)")
     try:
-        return load_state(run_dir / STATE_FILE), OmegaConf.load(run_dir / CONFIG_FILE)
+        return load_state(run_dir / STATE), OmegaConf.load(run_dir / CONFIG)
     except RuntimeError as err:  # load_state's message names the file and how to recover
         raise ExportError(str(err)) from None
 
@@ -72,7 +71,7 @@ def player_checkpoint(run_dir: Path, state: dict[str, Any], role: str) -> Path:
     if not rel:
         raise ExportError(f"{run_dir} has no checkpoint of the {role} player (not trained in this run, or not "
                           f"yet saved); players with one: {trained}")
-    if not (run_dir / rel / "model.pt").is_file():
+    if not (run_dir / rel / MODEL_WEIGHTS).is_file():
         raise ExportError(f"{run_dir / rel} holds no model.pt (removed by schedule.checkpoint_retention?); "
                           f"nothing to export for the {role} player")
     return run_dir / rel
@@ -115,7 +114,7 @@ def export_player(run_dir: str | os.PathLike, role: str, out: str | os.PathLike,
     # The backbone the run trained, on CPU, in the export dtype (parameters only: inv_freq stays float32).
     model_cfg = OmegaConf.merge(run_cfg.model, {"device": "cpu", "dtype": name})
     model, tokenizer = load_model(model_cfg)
-    weights = torch.load(ckpt / "model.pt", map_location="cpu", weights_only=True, mmap=True)
+    weights = torch.load(ckpt / MODEL_WEIGHTS, map_location="cpu", weights_only=True, mmap=True)
     model.load_state_dict(weights)  # strict: a checkpoint of another backbone fails here, naming the keys
     model.config.dtype = resolve_dtype(name)  # config.json's dtype: what vLLM serves in by default
     trainer_state = _trainer_state(ckpt)
@@ -145,7 +144,7 @@ def export_player(run_dir: str | os.PathLike, role: str, out: str | os.PathLike,
 
 def _trainer_state(ckpt: Path) -> dict[str, Any]:
     """The checkpoint's ``trainer_state.pt`` (the player's step and outer iteration), {} when thinned away."""
-    path = ckpt / "trainer_state.pt"
+    path = ckpt / TRAINER_STATE
     return torch.load(path, map_location="cpu", weights_only=True) if path.is_file() else {}
 
 
@@ -155,12 +154,12 @@ def export_run(run_dir: str | os.PathLike, role: str = "all", out: Optional[str 
     state names a checkpoint for, each to ``out/<role>`` (default ``RUN_DIR/export``)."""
     run_dir = Path(run_dir).expanduser()
     if role != "all":
-        return [export_player(run_dir, role, out or run_dir / EXPORT_DIR / role, dtype)]
+        return [export_player(run_dir, role, out or run_dir / EXPORT / role, dtype)]
     run = read_run(run_dir)  # read once for every player (config.yaml's parse is ~0.1 s)
     roles = exported_roles(run[0])
     if not roles:
         raise ExportError(f"{run_dir} has no checkpoint of any player (no player trained, or none saved yet)")
-    root = Path(out).expanduser() if out else run_dir / EXPORT_DIR
+    root = Path(out).expanduser() if out else run_dir / EXPORT
     return [export_player(run_dir, r, root / r, dtype, run) for r in roles]
 
 

@@ -26,7 +26,8 @@ import torch
 
 import unifiedplayers.diagnostics.execution_pool as execution_pool
 from unifiedplayers.config import compose
-from unifiedplayers.diagnostics.execution_pool import POOL_FILENAME, pool_summary
+from unifiedplayers.diagnostics.execution_pool import pool_summary
+from unifiedplayers.rundir import EXECUTION_POOL
 from unifiedplayers.distributed import destroy, init_distributed, sandbox_config
 from unifiedplayers.loop.run_files import DiagnosticPool
 from unifiedplayers.schedule import plan_updates, trained_roles
@@ -133,7 +134,7 @@ def scenario(dist: Any, run_dir: Path, name: str) -> dict[str, Any]:
         execution_pool.grade_text = real_grade
     out: dict[str, Any] = {"graded": graded}
     if dist.is_main:
-        rows = [json.loads(x) for x in (run_dir / POOL_FILENAME).read_text().splitlines()]
+        rows = [json.loads(x) for x in (run_dir / EXECUTION_POOL).read_text().splitlines()]
         out.update(lines=lines, rows=[{k: v for k, v in r.items() if k != "seconds"} for r in rows],
                    summary=pool_summary(lines, run_dir))
     return out

@@ -12,7 +12,8 @@ from scripted import ScriptedEngine
 
 import unifiedplayers.diagnostics.execution_pool as execution_pool
 from unifiedplayers.config import compose
-from unifiedplayers.diagnostics.execution_pool import POOL_FILENAME, build_pool, evaluate_pool, negative_steps
+from unifiedplayers.diagnostics.execution_pool import build_pool, evaluate_pool, negative_steps
+from unifiedplayers.rundir import EXECUTION_POOL
 from unifiedplayers.diagnostics.logging import read_metrics
 import unifiedplayers.loop.outer as loop_module
 from unifiedplayers.loop.outer import OuterLoop
@@ -55,7 +56,7 @@ def test_pool_entries_at_every_second_execution_update(pool_run):
             assert m["execution/pool_size"] == 4
             for key in ("execution/pool_accuracy", "execution/pool_accuracy_math", "execution/pool_accuracy_general"):
                 assert 0.0 <= m[key] <= 1.0
-    entries = [json.loads(x) for x in (d / POOL_FILENAME).read_text().splitlines()]
+    entries = [json.loads(x) for x in (d / EXECUTION_POOL).read_text().splitlines()]
     assert [(e["execution_step"], e["global_update"], e["outer_iteration"]) for e in entries] == [(0, -1, 1), (2, 1, 1), (4, 3, 2), (6, 5, 2)]
     for e in entries:
         assert e["num_math"] == 2 and e["num_general"] == 2 and len(e["items"]) == 4 and e["missing"] == []
@@ -72,7 +73,7 @@ def test_pool_entries_at_every_second_execution_update(pool_run):
 def test_the_pool_does_not_change_training(pool_run, tmp_path):
     d, loop = pool_run
     off = run(tmp_path)
-    assert not (tmp_path / POOL_FILENAME).exists()
+    assert not (tmp_path / EXECUTION_POOL).exists()
     assert (d / "records.jsonl").read_text() == (tmp_path / "records.jsonl").read_text()
     pool_keys = ("execution/pool_", "execution/pool0_")
     assert [{k: v for k, v in m.items() if not k.startswith(pool_keys)} for m in without_timing(d)] == without_timing(tmp_path)
@@ -105,7 +106,7 @@ def test_resume_neither_repeats_nor_loses_an_evaluation(pool_run, tmp_path, monk
     run(tmp_path, every + ["resume=true"])
     assert len(calls) == 4  # slot 3 was redone with its logged evaluation; only e = 6 was decoded
     assert without_timing(tmp_path) == without_timing(reference)
-    steps = [json.loads(x)["execution_step"] for x in (tmp_path / POOL_FILENAME).read_text().splitlines()]
+    steps = [json.loads(x)["execution_step"] for x in (tmp_path / EXECUTION_POOL).read_text().splitlines()]
     assert steps == [0, 2, 4, 6]
 
 
@@ -128,7 +129,7 @@ def test_a_replay_after_the_last_save_reuses_the_logged_evaluation(pool_run, tmp
     run(tmp_path, POOL_ON + ["schedule.save_every=0", "resume=true"])
     assert len(calls) == 4  # e = 6 only
     assert without_timing(tmp_path) == without_timing(reference)
-    steps = [json.loads(x)["execution_step"] for x in (tmp_path / POOL_FILENAME).read_text().splitlines()]
+    steps = [json.loads(x)["execution_step"] for x in (tmp_path / EXECUTION_POOL).read_text().splitlines()]
     assert steps == [0, 2, 4, 6]
 
 

@@ -8,7 +8,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from unifiedplayers.config import LoggerConfig
-from unifiedplayers.diagnostics.logging import RunLogger, count_lines, read_metrics, truncate_lines
+from unifiedplayers.diagnostics.logging import RunLogger, read_metrics
+from unifiedplayers.rundir import count_lines, truncate_lines
 
 pytestmark = pytest.mark.cpu
 

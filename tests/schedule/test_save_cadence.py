@@ -16,7 +16,7 @@ from unifiedplayers.schedule import save_due
 from unifiedplayers.config import compose
 from unifiedplayers.diagnostics.logging import read_metrics
 from unifiedplayers.loop.outer import OuterLoop, StopRun
-from unifiedplayers.loop.phase import PHASE_FILE
+from unifiedplayers.rundir import PHASE
 from unifiedplayers.schedule import phase_steps, plan_updates
 
 pytestmark = pytest.mark.cpu
@@ -142,7 +142,7 @@ def test_a_clean_stop_inside_a_phase_resumes_on_its_units_and_saves_at_its_end(t
     run(d, s2, [interrupt(StopRun, 1)])
     state = torch.load(d / "state.pt", weights_only=False)
     assert (state["completed"], state["phase"]) == (1, 0)
-    assert torch.load(d / PHASE_FILE, weights_only=False)["first"] == 0
+    assert torch.load(d / PHASE, weights_only=False)["first"] == 0
     sampled: list[int] = []
     real = OuterLoop._sample_phase
 

@@ -14,7 +14,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from unifiedplayers import precision
 from unifiedplayers.config import compose
-from unifiedplayers.export import EXPORT_DIR, EXPORT_META, export_dtype, main
+from unifiedplayers.export import EXPORT_META, export_dtype, main
+from unifiedplayers.rundir import EXPORT
 from unifiedplayers.loop.outer import OuterLoop
 from unifiedplayers.models import cast_parameters, load_model
 from unifiedplayers.roles import ROLES
@@ -92,7 +93,7 @@ def test_bfloat16_export_keeps_rotary_buffers_float32_and_is_close(run_dir, tmp_
 
 def test_the_end_of_run_export_holds_every_trained_player(run_dir):
     for role in ROLES:
-        out = run_dir / EXPORT_DIR / role
+        out = run_dir / EXPORT / role
         meta = json.loads((out / EXPORT_META).read_text())
         assert meta["role"] == role
         assert meta["source_checkpoint"] == str((run_dir / "checkpoints" / "iter1" / role).resolve())
@@ -105,7 +106,7 @@ def test_the_end_of_run_export_holds_every_trained_player(run_dir):
 
 def test_export_at_end_false_writes_none_and_all_exports_the_trained_players_only(frozen_evaluation_run, tmp_path):
     run_dir = frozen_evaluation_run
-    assert not (run_dir / EXPORT_DIR).exists()
+    assert not (run_dir / EXPORT).exists()
     out = tmp_path / "all"
     assert main([str(run_dir), "--role", "all", "--out", str(out)]) == [out / "planning", out / "execution"]
     assert sorted(p.name for p in out.iterdir()) == ["execution", "planning"]
@@ -145,7 +146,7 @@ def test_bad_input_is_a_message_not_a_traceback(run_dir, tmp_path, capsys, args,
 
 def test_a_thinned_checkpoint_says_so(run_dir, tmp_path):
     copy = tmp_path / "run"
-    shutil.copytree(run_dir, copy, ignore=shutil.ignore_patterns(EXPORT_DIR))
+    shutil.copytree(run_dir, copy, ignore=shutil.ignore_patterns(EXPORT))
     (copy / "checkpoints" / "iter1" / "planning" / "model.pt").unlink()
     with pytest.raises(SystemExit, match=r"iter1/planning holds no model.pt \(removed by schedule.checkpoint_ret"):
         main([str(copy), "--role", "planning", "--out", str(tmp_path / "out")])

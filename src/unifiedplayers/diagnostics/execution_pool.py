@@ -33,7 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-POOL_FILENAME = "execution_pool.jsonl"
+from unifiedplayers.rundir import EXECUTION_POOL, iter_jsonl, repair_tail
+
 DOMAINS = ("math", "general")
 TEXT_TAIL_CHARS = 1000  # the end of each transcript is kept (the answer is there), not the whole of it
 
@@ -213,15 +214,9 @@ class PoolLog:
         self.path = Path(path)
         self.entries: dict[int, dict[str, Any]] = {}
         if self.path.exists():
-            data = self.path.read_bytes()
-            good = data[:data.rfind(b"\n") + 1]
-            if len(good) != len(data):
-                with open(self.path, "rb+") as f:
-                    f.truncate(len(good))
-            for line in good.splitlines():
-                if line.strip():
-                    entry = json.loads(line)
-                    self.entries.setdefault(int(entry["execution_step"]), entry)
+            repair_tail(self.path)
+            for entry in iter_jsonl(self.path):
+                self.entries.setdefault(int(entry["execution_step"]), entry)
 
     def get(self, execution_step: int) -> Optional[dict[str, Any]]:
         return self.entries.get(int(execution_step))
@@ -260,7 +255,7 @@ def pool_summary(metrics: list[dict[str, Any]], run_dir: Path) -> Optional[dict[
         for prefix in ("execution/pool0_", "execution/pool_"):
             if prefix + "step" in m:
                 rows.append({k.replace(prefix, "execution/pool_"): v for k, v in m.items() if k.startswith(prefix)})
-    log_path = Path(run_dir) / POOL_FILENAME
+    log_path = Path(run_dir) / EXECUTION_POOL
     if not rows and not log_path.exists():
         return None
     accuracy = [m.get("execution/pool_accuracy") for m in rows]
@@ -290,7 +285,7 @@ class FixedPool:
         for msg in self.missing:
             warnings.warn(msg, RuntimeWarning, stacklevel=2)
             print(f"[warning] {msg}")
-        self.log = PoolLog(Path(run_dir) / POOL_FILENAME)
+        self.log = PoolLog(Path(run_dir) / EXECUTION_POOL)
 
     def due(self, execution_step: int) -> bool:
         """Whether the checkpoint after ``execution_step`` Execution updates is evaluated."""

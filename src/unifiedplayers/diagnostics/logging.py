@@ -19,7 +19,8 @@ import warnings
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
-METRICS_FILENAME = "metrics.jsonl"
+from unifiedplayers.rundir import METRICS, WANDB, read_jsonl
+
 # Seconds wandb.init may wait for the W&B server in online mode before the run falls back to offline
 # (wandb's own default, 90 s, is what a machine without a network used to stall for at every start).
 WANDB_INIT_TIMEOUT_S = 15.0
@@ -50,7 +51,7 @@ def init_wandb(mode: str, timeout_s: Optional[float] = None, **kwargs: Any) -> A
         return wandb.init(mode="online", settings=wandb.Settings(init_timeout=timeout_s), **kwargs)
     except Exception as exc:  # noqa: BLE001 - any online failure: offline keeps the metrics
         reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
-        where = Path(kwargs.get("dir") or ".") / "wandb"
+        where = Path(kwargs.get("dir") or ".") / WANDB
         msg = (f"W&B online init failed after {time.monotonic() - t0:.0f} s (timeout {timeout_s:g} s; {reason}); "
                f"falling back to offline mode: the run is logged under {where}/offline-run-* (`wandb sync` "
                f"uploads it later). Set WANDB_INIT_TIMEOUT=<seconds> to wait longer, or logger=wandb_offline.")
@@ -81,39 +82,11 @@ def _clean(value: Any) -> Any:
     return value
 
 
-def count_lines(path: Path) -> int:
-    """Complete lines of a JSONL file (a torn last line does not count)."""
-    if not path.exists():
-        return 0
-    with open(path, "rb") as f:
-        return f.read().count(b"\n")
-
-
-def truncate_lines(path: Path, keep: int) -> int:
-    """Cut ``path`` back to its first ``keep`` complete lines (resume); returns the lines dropped."""
-    if not path.exists():
-        if keep:
-            raise ValueError(f"{path} is missing but the run state counts {keep} lines in it")
-        return 0
-    with open(path, "rb+") as f:
-        data = f.read()
-        lines = data.count(b"\n")
-        if lines < keep:
-            raise ValueError(f"{path} has {lines} complete lines but the run state counts {keep}: it was truncated")
-        cut = 0
-        for _ in range(keep):
-            cut = data.index(b"\n", cut) + 1
-        f.truncate(cut)
-        f.flush()
-        os.fsync(f.fileno())
-    return lines - keep
-
-
 class RunLogger:
     """Appends one JSON line per call to ``<run_dir>/metrics.jsonl`` (durably) and mirrors it to W&B."""
 
     def __init__(self, run_dir: Path, cfg: Any, config: Optional[dict] = None, run_id: Optional[str] = None) -> None:
-        self.path = Path(run_dir) / METRICS_FILENAME
+        self.path = Path(run_dir) / METRICS
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._f = open(self.path, "ab")
         self.cfg = cfg
@@ -168,19 +141,9 @@ class RunLogger:
             self.wandb = None
 
 
-def read_metrics(path: Path) -> list[dict[str, Any]]:
-    path = Path(path)
-    if path.is_dir():
-        path = path / METRICS_FILENAME
-    out = []
-    with open(path, "rb") as f:
-        for line in f.read().split(b"\n"):
-            if line.strip():
-                try:
-                    out.append(json.loads(line))
-                except json.JSONDecodeError:
-                    break  # a torn last line
-    return out
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """The lines of ``<run_dir>/metrics.jsonl`` (:func:`unifiedplayers.rundir.read_jsonl`)."""
+    return read_jsonl(Path(run_dir) / METRICS)
 
 
 def progress(iterable: Optional[Iterable] = None, *, total: Optional[int] = None, desc: str = "",

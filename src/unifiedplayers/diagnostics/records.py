@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence, Union
@@ -19,9 +18,7 @@ from typing import Any, Iterator, Optional, Sequence, Union
 import numpy as np
 
 from unifiedplayers.feedback.trajectory import Trajectory
-
-RECORDS_FILENAME = "records.jsonl"
-
+from unifiedplayers.rundir import iter_jsonl, repair_tail
 
 @dataclass
 class InteractionRecord:
@@ -177,51 +174,13 @@ def _jsonable(x: Any) -> Any:
     return x
 
 
-def _repair_tail(path: Path) -> None:
-    """Make the file end on a record boundary before appending: a last line without its newline is
-    completed when it is a whole record (the newline alone was lost) and cut off otherwise (torn)."""
-    if not path.exists() or path.stat().st_size == 0:
-        return
-    with open(path, "rb+") as f:
-        size = f.seek(0, os.SEEK_END)
-        f.seek(size - 1)
-        if f.read(1) == b"\n":
-            return
-        start = max(0, size - (1 << 20))
-        while True:  # find the start of the last line
-            f.seek(start)
-            chunk = f.read(size - start)
-            cut = chunk.rfind(b"\n")
-            if cut >= 0 or start == 0:
-                line_start = start + cut + 1
-                break
-            start = max(0, start - (1 << 20))
-        f.seek(line_start)
-        if _parse_line(f.read()) is not None:
-            f.write(b"\n")
-        else:
-            warnings.warn(f"{path}: dropping a torn last record ({size - line_start} bytes) before appending",
-                          RuntimeWarning, stacklevel=3)
-            f.truncate(line_start)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _parse_line(raw: bytes) -> Optional[dict]:
-    try:
-        d = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        return None
-    return d if isinstance(d, dict) else None
-
-
 class RecordWriter:
     """Appends records to one JSONL file; each append is durable (flush + fsync) before it returns."""
 
     def __init__(self, path: Union[str, os.PathLike]) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        _repair_tail(self.path)
+        repair_tail(self.path)
         self._f = open(self.path, "ab")
 
     def append(self, record: InteractionRecord) -> None:
@@ -248,20 +207,9 @@ def append_record(path: Union[str, os.PathLike], record: InteractionRecord) -> N
 
 
 def iter_records(path: Union[str, os.PathLike]) -> Iterator[InteractionRecord]:
-    """Records of a file in order, streamed. A torn last line (no newline, not a whole record) is
-    skipped with a warning; a bad line anywhere else is corruption and raises ``ValueError``."""
-    path = Path(path)
-    with open(path, "rb") as f:
-        for n, raw in enumerate(f, start=1):
-            if not raw.strip():
-                continue
-            d = _parse_line(raw)
-            if d is None:
-                if not raw.endswith(b"\n"):  # only the last line can lack its newline
-                    warnings.warn(f"{path}: skipping a torn last record (line {n})", RuntimeWarning, stacklevel=2)
-                    return
-                raise ValueError(f"{path}:{n}: not a JSON record")
-            yield InteractionRecord.from_dict(d)
+    """Records of a file in order, streamed (:func:`unifiedplayers.rundir.iter_jsonl`: a torn last line is skipped
+    with a warning, a bad line anywhere else raises ``ValueError``)."""
+    return (InteractionRecord.from_dict(d) for d in iter_jsonl(path))
 
 
 def load_records(path: Union[str, os.PathLike]) -> list[InteractionRecord]:

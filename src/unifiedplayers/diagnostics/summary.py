@@ -21,13 +21,13 @@ from typing import Any, Optional
 import numpy as np
 
 from unifiedplayers.diagnostics.execution_pool import pool_summary
-from unifiedplayers.diagnostics.logging import read_metrics
 from unifiedplayers.feedback.perturbation import RULES
-from unifiedplayers.diagnostics.records import RECORDS_FILENAME, iter_records
+from unifiedplayers.diagnostics.records import iter_records
 from unifiedplayers.diagnostics.verifier_kinds import iteration_kinds, kinds_lines
 from unifiedplayers.feedback.trajectory import render
 
 from unifiedplayers.roles import ROLES
+from unifiedplayers import rundir
 
 
 def _fmt(x: Any) -> str:
@@ -76,8 +76,8 @@ def verdict_table(record: Any) -> str:
 
 def build_summary(run_dir: Path, timing: Optional[dict] = None) -> tuple[dict[str, Any], Optional[Any]]:
     run_dir = Path(run_dir)
-    metrics = read_metrics(run_dir) if (run_dir / "metrics.jsonl").exists() else []
-    records = list(iter_records(run_dir / RECORDS_FILENAME)) if (run_dir / RECORDS_FILENAME).exists() else []
+    metrics = rundir.read_jsonl(run_dir / rundir.METRICS, missing_ok=True)
+    records = list(iter_records(run_dir / rundir.RECORDS)) if (run_dir / rundir.RECORDS).exists() else []
     rewards = {r: [m.get(f"{r}/reward_mean") for m in metrics] for r in ROLES}
     trained = {r: [m.get(f"{r}/reward_mean") for m in metrics if m.get("block") == r] for r in ROLES}
     totals = {k: float(sum(m.get(f"timing/{k}", 0.0) or 0.0 for m in metrics))
@@ -121,7 +121,7 @@ def _run_config(run_dir: Path) -> Optional[Any]:
     """The run's ``config.yaml`` (None when it has none)."""
     from omegaconf import OmegaConf
 
-    config = Path(run_dir) / "config.yaml"
+    config = Path(run_dir) / rundir.CONFIG
     return OmegaConf.load(config) if config.exists() else None
 
 
@@ -252,13 +252,13 @@ def write_summary(run_dir: Path, timing: Optional[dict] = None, png: bool = True
     """Write ``summary.json``, ``summary.md`` and (``png``) ``summary.png``; return the summary and its text."""
     run_dir = Path(run_dir)
     summary, sample = build_summary(run_dir, timing)
-    metrics = read_metrics(run_dir) if (run_dir / "metrics.jsonl").exists() else []
+    metrics = rundir.read_jsonl(run_dir / rundir.METRICS, missing_ok=True)
     summary["blocks"] = [m.get("block") for m in metrics]
     text = render_summary(summary, sample)
-    tmp = run_dir / ".summary.json.tmp"
+    tmp = run_dir / f".{rundir.SUMMARY_JSON}.tmp"
     tmp.write_text(json.dumps(summary, indent=2, default=lambda o: o.tolist() if isinstance(o, np.ndarray) else str(o)))
-    tmp.replace(run_dir / "summary.json")
-    (run_dir / "summary.md").write_text(text + "\n")
+    tmp.replace(run_dir / rundir.SUMMARY_JSON)
+    (run_dir / rundir.SUMMARY_MD).write_text(text + "\n")
     if not png:
         return summary, text
     try:
@@ -292,7 +292,7 @@ def probe_results(run_dir: Path) -> dict[int, dict[str, Any]]:
     the backbone): ``iter<i>.json`` and the per-role ``iter<i>.<role>.json`` merged; unreadable files are
     skipped."""
     out: dict[int, dict[str, Any]] = {}
-    for path in sorted(Path(run_dir).glob("probes/iter*.json")):
+    for path in sorted(Path(run_dir).glob(f"{rundir.PROBES}/iter*.json")):
         try:
             it = int(path.name.split(".")[0][4:])
             out.setdefault(it, {}).update(json.loads(path.read_text())["metrics"])
@@ -312,7 +312,7 @@ def write_summary_png(run_dir: Path, metrics: Optional[list[dict[str, Any]]] = N
 
     run_dir = Path(run_dir)
     if metrics is None:
-        metrics = read_metrics(run_dir) if (run_dir / "metrics.jsonl").exists() else []
+        metrics = rundir.read_jsonl(run_dir / rundir.METRICS, missing_ok=True)
     if not metrics:
         return None
     pool = metric_series(metrics, "execution/pool_accuracy")
@@ -361,8 +361,8 @@ def write_summary_png(run_dir: Path, metrics: Optional[list[dict[str, Any]]] = N
         ax.axis("off")
     fig.suptitle(f"UnifiedPlayers run {run_dir.name}: {len(metrics)} updates", fontsize=11)
     fig.tight_layout()
-    path = run_dir / "summary.png"
-    tmp = run_dir / ".summary.png.tmp"
+    path = run_dir / rundir.SUMMARY_PNG
+    tmp = run_dir / f".{rundir.SUMMARY_PNG}.tmp"
     fig.savefig(tmp, dpi=100, format="png")
     plt.close(fig)
     tmp.replace(path)

@@ -19,6 +19,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Optional
 
+from unifiedplayers import rundir
 from unifiedplayers.schedule import Slot
 
 
@@ -27,12 +28,11 @@ def save_active(team: Any, slot: Slot, run_dir: Path, checkpoints: dict[str, Opt
     """The active player's checkpoint after update ``slot``: named at a block end, else the resume copy the
     state does not use; ``checkpoints`` (role -> path) names it for the player and a shared model's other role."""
     trainer = team.players[slot.role].trainer
-    base = Path("checkpoints")
     if slot.last_of_block and every_block:
-        rel = base / f"iter{slot.iteration}" / slot.role
+        rel = rundir.block_checkpoint(slot.iteration, slot.role)
     else:
         current = checkpoints.get(slot.role) or ""
-        rel = base / "resume" / f"{slot.role}-{'b' if current.endswith('-a') else 'a'}"
+        rel = rundir.resume_checkpoint(slot.role, "b" if current.endswith("-a") else "a")
     trainer.save_checkpoint(run_dir / rel)  # on every rank: rank 0 writes, or every rank its shards
     for role, player in team.players.items():  # a shared model's other role points at the same weights
         if role == slot.role or (player.trainer is trainer and role in team.shared_roles):
@@ -45,22 +45,22 @@ def thin_at_block_end(run_dir: Path, role: str, checkpoints: dict[str, Optional[
     thins a finished run's. Only a checkpoint the state names is ever resumed from, so a run's disk use stays
     near a finished run's instead of growing by a player's optimizer state and π_ref per block."""
     for name in ("a", "b"):
-        rel = f"checkpoints/resume/{role}-{name}"
+        rel = str(rundir.resume_checkpoint(role, name))
         if checkpoints.get(role) != rel:
             shutil.rmtree(run_dir / rel, ignore_errors=True)
     used = {str(Path(p)) for p in checkpoints.values() if p}
-    for ckpt in sorted(p for p in (run_dir / "checkpoints").glob("iter*/*") if p.is_dir()):
+    for ckpt in rundir.block_checkpoints(run_dir):
         if str(ckpt.relative_to(run_dir)) not in used:
             _thin(ckpt, keep)
 
 
 def prune(run_dir: Path, keep: str) -> None:
     """Apply ``schedule.checkpoint_retention`` (``keep``) to a finished run's checkpoints (idempotent)."""
-    root = run_dir / "checkpoints"
+    root = run_dir / rundir.CHECKPOINTS
     if keep == "all" or not root.is_dir():
         return
     for group in sorted(p for p in root.iterdir() if p.is_dir()):
-        if group.name == "published":  # stale feedback's copies: used while the run goes on only
+        if group == run_dir / rundir.PUBLISHED:  # stale feedback's copies: used while the run goes on only
             shutil.rmtree(group, ignore_errors=True)
             continue
         for ckpt in sorted(p for p in group.iterdir() if p.is_dir()):
@@ -75,7 +75,7 @@ def _thin(ckpt: Path, keep: str) -> None:
     if keep == "execution_weights" and ckpt.name.split("-")[0] != "execution":
         shutil.rmtree(ckpt, ignore_errors=True)
         return
-    for name in ("optimizer.pt", "reference.pt"):
+    for name in (rundir.OPTIMIZER, rundir.REFERENCE):
         (ckpt / name).unlink(missing_ok=True)
-    if (ckpt / "model.pt").is_file():  # a DeepSpeed checkpoint's resume state (its optimizer
-        shutil.rmtree(ckpt / "deepspeed", ignore_errors=True)  # partitions); model.pt stays
+    if (ckpt / rundir.MODEL_WEIGHTS).is_file():  # a DeepSpeed checkpoint's resume state (its optimizer
+        shutil.rmtree(ckpt / rundir.DEEPSPEED, ignore_errors=True)  # partitions); model.pt stays

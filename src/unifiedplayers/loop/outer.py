@@ -35,11 +35,12 @@ from unifiedplayers.feedback.perturbation import PerturbationEngine
 from unifiedplayers.precision import resolve_run_precision
 from unifiedplayers.feedback.pipeline import FeedbackContext
 from unifiedplayers.diagnostics.logging import verdict_progress
-from unifiedplayers.loop.phase import PHASE_FILE, Phase, PhaseContext, add_feedback, build_minibatches, phase_records, \
+from unifiedplayers.loop.phase import Phase, PhaseContext, add_feedback, build_minibatches, phase_records, \
     train_step
 from unifiedplayers.feedback.rewards import QuestionHistory
 from unifiedplayers.roles import ROLES
-from unifiedplayers.loop.run_state import CONFIG_FILE, STATE_FILE, RunState, atomic_torch_save, restore, saved_state, \
+from unifiedplayers import rundir
+from unifiedplayers.loop.run_state import RunState, atomic_torch_save, restore, saved_state, \
     write_state
 from unifiedplayers.loop.sampling import PhaseSampler
 from unifiedplayers.schedule import Slot, execution_config, phase_steps, plan_updates, save_due, trained_roles
@@ -83,9 +84,9 @@ class OuterLoop:
             self.state.finished, self.state.completed = True, saved["completed"]
             return finish(self.cfg, self.run_dir, self.dist, self.state.completed, True, None)
         resolve_run_precision(self.cfg, saved["config"] if saved else None)  # auto: once; a resume keeps it
-        self.cfg.machine = earlier_starts(self.run_dir / CONFIG_FILE) if saved is not None else []  # a resume: kept
+        self.cfg.machine = earlier_starts(self.run_dir / rundir.CONFIG) if saved is not None else []  # a resume: kept
         if self.dist.is_main:
-            OmegaConf.save(self.cfg, self.run_dir / CONFIG_FILE, resolve=True)
+            OmegaConf.save(self.cfg, self.run_dir / rundir.CONFIG, resolve=True)
         self.team.setup(*self.team.load_backbone(self._backbone, self.state.timing))
         self.diagnostic_pool = DiagnosticPool(self.cfg, self.run_dir, self.trained, self.slots, self.dist)
         if saved is not None:
@@ -98,7 +99,7 @@ class OuterLoop:
                 self.cfg, self.run_dir, self.dist.is_main, len(self.slots), self.state.completed, self.state.wandb_id
         ) as files:
             record_start(self.cfg, self.state.completed, sandbox,  # where this start runs, its sandbox's layers
-                         self.run_dir / CONFIG_FILE if self.dist.is_main else None)
+                         self.run_dir / rundir.CONFIG if self.dist.is_main else None)
             self.files, self.sandbox = files, TimedSandbox(sandbox)
             self.sampler = PhaseSampler(self.cfg, self.player_cfg, self.execution_cfg, self.method, self.team,
                                         self.sandbox, self.dist, files.progress, self.state.prompt_counter)
@@ -188,7 +189,7 @@ class OuterLoop:
         self.state.timing["generation_s"] += phase.timing["generation_s"]
         self.state.timing["sandbox_s"] += phase.timing["sandbox_s"]
         if phase_steps(self.cfg) > 1:  # a clean stop inside the phase resumes on these minibatches, not on a new sample
-            atomic_torch_save(phase.to_state(), self.run_dir / PHASE_FILE)
+            atomic_torch_save(phase.to_state(), self.run_dir / rundir.PHASE)
         return phase
 
     def _build_phase(self, slot: Slot) -> Phase:
@@ -226,5 +227,5 @@ class OuterLoop:
         self.state.phase = self.phase.first if self.phase is not None else None
         self.state.question_history = list(self.history)
         if self.dist.is_main:
-            write_state(self.state, self.run_dir / STATE_FILE, self.team, self.method, len(self.slots), self.dist,
+            write_state(self.state, self.run_dir / rundir.STATE, self.team, self.method, len(self.slots), self.dist,
                         self.cfg)

@@ -35,7 +35,6 @@ from unifiedplayers.diagnostics.records import InteractionRecord
 from unifiedplayers.diagnostics.verifier_kinds import kind_metrics, task_kinds_and_advantages
 from unifiedplayers.trainer.sample import TrainSample, as_sample, sample_from_completion, sample_from_segments
 
-PHASE_FILE = "phase.pt"
 
 # A trainer metric ``<namespace>/<name>`` is logged as ``<role>/<name>`` (any metric a loss returns reaches
 # metrics.jsonl); these keep the names the metrics files have always had, and ``perf/*`` timings go with the

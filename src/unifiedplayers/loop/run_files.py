@@ -18,7 +18,8 @@ from omegaconf import OmegaConf
 from unifiedplayers.loop.checkpoints import prune
 from unifiedplayers.diagnostics.execution_pool import FixedPool, evaluate_pool, metrics_of
 from unifiedplayers.diagnostics.logging import RunLogger, progress
-from unifiedplayers.diagnostics.records import RECORDS_FILENAME, RecordWriter
+from unifiedplayers.diagnostics.records import RecordWriter
+from unifiedplayers.rundir import RECORDS
 from unifiedplayers.schedule import Slot
 from unifiedplayers.trainer import capture_rng_state, restore_rng_state
 
@@ -30,7 +31,7 @@ class RunFiles:
         self.is_main = is_main
         self.logger = RunLogger(run_dir, cfg.logger, OmegaConf.to_container(cfg, resolve=True),
                                 run_id=run_id) if is_main else None
-        self.writer = RecordWriter(run_dir / RECORDS_FILENAME) if is_main else None
+        self.writer = RecordWriter(run_dir / RECORDS) if is_main else None
         self.bar = progress(total=total, desc="updates", enabled=bool(cfg.logger.progress) and is_main,
                             initial=completed, position=0)
 

@@ -10,7 +10,9 @@ from typing import Any, Optional, Sequence
 import torch
 from omegaconf import OmegaConf
 
+from unifiedplayers import rundir
 from unifiedplayers.precision import matches_stored
+from unifiedplayers.rundir import count_lines, load_state, truncate_lines
 
 # Config keys that may change between a run and its resumption (they steer this process, not the result, or,
 # ``machine``, record where each start ran: a run may resume on another machine).
@@ -65,10 +67,6 @@ def is_schema_default(key: str, value: Any) -> bool:
     if OmegaConf.is_config(default):
         default = OmegaConf.to_container(default, resolve=False)
     return default is not None and default == value
-
-
-STATE_FILE = "state.pt"
-CONFIG_FILE = "config.yaml"
 
 
 @dataclass
@@ -146,20 +144,6 @@ def check_resumable(state: dict[str, Any], cfg: Any, run_dir: Path, world_size: 
         )
 
 
-def load_state(path: Path) -> dict[str, Any]:
-    """``state.pt``; a file that does not read is an error that names it and says how to recover."""
-    try:
-        state = torch.load(path, weights_only=False)
-        if not isinstance(state, dict) or "completed" not in state:
-            raise ValueError("not a run state")
-        return state
-    except Exception as err:  # noqa: BLE001 - an empty, truncated or foreign file
-        raise RuntimeError(
-            f"{path} cannot be read ({type(err).__name__}: {err}). It is the run state of {path.parent}; to restart "
-            f"that run from its first update, delete it (rm {path}) and run again with resume=true (its records are "
-            "cut and rewritten), or start a new run in another run_dir") from None
-
-
 def saved_state(run_dir: Path, cfg: Any, world_size: int, is_main: bool = True) -> Optional[dict[str, Any]]:
     """The run state saved in ``run_dir`` (None for a new run), checked before anything is written or loaded.
 
@@ -168,10 +152,7 @@ def saved_state(run_dir: Path, cfg: Any, world_size: int, is_main: bool = True) 
     restarted from its first update with ``resume=true``: its records and metrics lines are cut, so none is
     written twice.
     """
-    from unifiedplayers.diagnostics.logging import METRICS_FILENAME, count_lines, truncate_lines
-    from unifiedplayers.diagnostics.records import RECORDS_FILENAME
-
-    path = run_dir / STATE_FILE
+    path = run_dir / rundir.STATE
     state = load_state(path) if path.exists() else None
     if state is not None and not cfg.resume:
         raise FileExistsError(
@@ -180,19 +161,19 @@ def saved_state(run_dir: Path, cfg: Any, world_size: int, is_main: bool = True) 
     if state is not None:
         check_resumable(state, cfg, run_dir, world_size)
         return state
-    begun = {name: count_lines(run_dir / name) for name in (RECORDS_FILENAME, METRICS_FILENAME)}
+    begun = {name: count_lines(run_dir / name) for name in (rundir.RECORDS, rundir.METRICS)}
     if any((run_dir / name).exists() and (run_dir / name).stat().st_size for name in begun):
         if not cfg.resume:
             raise FileExistsError(
-                f"{run_dir} already holds a run that stopped before its first save ({begun[RECORDS_FILENAME]} "
+                f"{run_dir} already holds a run that stopped before its first save ({begun[rundir.RECORDS]} "
                 "record(s), no state.pt). Pass resume=true to restart it from its first update, or choose another "
                 "run_dir (or delete it) to start fresh.")
         if is_main:
             for name in begun:
                 truncate_lines(run_dir / name, 0)
-            (run_dir / "phase.pt").unlink(missing_ok=True)
+            (run_dir / rundir.PHASE).unlink(missing_ok=True)
             print(f"[resume] {run_dir} stopped before its first save: restarting it from the first "
-                  f"update (dropped {begun[RECORDS_FILENAME]} record(s) and {begun[METRICS_FILENAME]} metrics line(s))")
+                  f"update (dropped {begun[rundir.RECORDS]} record(s) and {begun[rundir.METRICS]} metrics line(s))")
     return None
 
 
@@ -202,15 +183,13 @@ def restore(state: dict[str, Any], cfg: Any, run_dir: Path, dist: Any, team: Any
     cut to the updates saved (the later ones are replayed: the RNG states and every seed make them the same), the
     phase in progress read back, every player's checkpoint, the RNG states, the reference and published weights
     of the current outer iteration, the method's state. Returns (run state, phase)."""
-    from unifiedplayers.diagnostics.logging import truncate_lines
-    from unifiedplayers.loop.phase import PHASE_FILE, Phase, load_phase_state
-    from unifiedplayers.diagnostics.records import RECORDS_FILENAME
+    from unifiedplayers.loop.phase import Phase, load_phase_state
     from unifiedplayers.trainer import restore_rng_state
 
     dropped_r = dropped_m = 0
     if dist.is_main:  # the other ranks never touch the run's files
-        dropped_r = truncate_lines(run_dir / RECORDS_FILENAME, state["records"])
-        dropped_m = truncate_lines(run_dir / "metrics.jsonl", state["metrics"])
+        dropped_r = truncate_lines(run_dir / rundir.RECORDS, state["records"])
+        dropped_m = truncate_lines(run_dir / rundir.METRICS, state["metrics"])
     if dropped_r or dropped_m:
         print(f"[resume] dropped {dropped_r} record(s) and {dropped_m} metrics line(s) written after the last save "
               "(their updates are replayed)")
@@ -220,9 +199,9 @@ def restore(state: dict[str, Any], cfg: Any, run_dir: Path, dist: Any, team: Any
     run.timing["model_load_s"] = current.timing["model_load_s"]
     phase = None
     if state.get("phase") is not None:  # stopped inside a phase: its sampled minibatches, as saved
-        saved = load_phase_state(run_dir / PHASE_FILE) if dist.is_main else None
+        saved = load_phase_state(run_dir / rundir.PHASE) if dist.is_main else None
         if saved is not None and saved["first"] != state["phase"]:
-            raise RuntimeError(f"{run_dir / PHASE_FILE} holds phase {saved['first']}, the state names "
+            raise RuntimeError(f"{run_dir / rundir.PHASE} holds phase {saved['first']}, the state names "
                                f"phase {state['phase']}")
         phase = Phase.from_state(saved) if saved is not None else Phase(state["phase"], [])
     team.restore(run_dir, state["versions"], run.checkpoints)

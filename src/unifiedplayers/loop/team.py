@@ -25,6 +25,7 @@ from unifiedplayers.players.evaluation import evaluation_prompt
 from unifiedplayers.players.execution import execution_prompt
 from unifiedplayers.players.planning import planning_prompt
 from unifiedplayers.roles import ROLES
+from unifiedplayers.rundir import PUBLISHED
 from unifiedplayers.rollout import check_backend
 from unifiedplayers.loop.run_state import atomic_torch_save
 from unifiedplayers.trainer import build_trainer
@@ -147,7 +148,7 @@ class Team:
             trainer.start_outer_iteration()
         if self.cfg.schedule.feedback != "stale":
             return
-        pub_dir = run_dir / "checkpoints" / "published"
+        pub_dir = run_dir / PUBLISHED
         pub_dir.mkdir(parents=True, exist_ok=True)
         for role, player in self.players.items():
             if player.trainer is None:

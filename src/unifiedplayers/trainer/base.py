@@ -64,7 +64,8 @@ from unifiedplayers.trainer.batching import (
     _MicroBatch,
     plan_micro_batches,
 )
-from unifiedplayers.trainer.checkpoint import RNG_FILE, atomic_directory, capture_rng_state, restore_rng_state
+from unifiedplayers.rundir import REFERENCE, RNG_STATE, TRAINER_STATE
+from unifiedplayers.trainer.checkpoint import atomic_directory, capture_rng_state, restore_rng_state
 from unifiedplayers.trainer.diagnostics import BlockDiagnostics, EntropyRetention, torch_threads
 from unifiedplayers.trainer.logprobs import TokenLogprobs
 from unifiedplayers.trainer.offload import ParkedTensors
@@ -194,7 +195,7 @@ class BaseTrainer(ReferencePolicy, BlockDiagnostics, TrainerHooks):
         trainer.start_outer_iteration()        # once per outer iteration: π_ref := current weights
         trainer.start_block()                  # resets block diagnostics, records initial bank entropy
         metrics = trainer.update(samples)      # one optimizer step
-        trainer.save_checkpoint(run_dir / "checkpoints" / "execution")
+        trainer.save_checkpoint(run_dir / "checkpoints" / "iter1" / "execution")
         trainer.offload_state()                # block over: keep only the weights co-players sample from
     """
 
@@ -438,7 +439,7 @@ class BaseTrainer(ReferencePolicy, BlockDiagnostics, TrainerHooks):
             parked = self._reference_parked is not None
             self._restore_reference()
             ref = self._ref_model.state_dict() if self.cfg.ref_mode == "copy" else self._ref_state
-            torch.save(ref, directory / "reference.pt")
+            torch.save(ref, directory / REFERENCE)
             if parked:
                 self._park_reference()
         torch.save(
@@ -451,14 +452,14 @@ class BaseTrainer(ReferencePolicy, BlockDiagnostics, TrainerHooks):
                 **self.entropy.state(),
                 "block_grad_norms": list(self.block_grad_norms),
             },
-            directory / "trainer_state.pt",
+            directory / TRAINER_STATE,
         )
-        torch.save(capture_rng_state(), directory / RNG_FILE)
+        torch.save(capture_rng_state(), directory / RNG_STATE)
 
     def load_checkpoint(self, path: str | os.PathLike, restore_rng: bool = True) -> None:
         """Restore everything :meth:`save_checkpoint` wrote; continuing equals an uninterrupted run."""
         directory = Path(path)
-        state = torch.load(directory / "trainer_state.pt", weights_only=False)
+        state = torch.load(directory / TRAINER_STATE, weights_only=False)
         if state["backend"] != self.backend:
             raise ValueError(f"checkpoint {directory} was written by backend {state['backend']!r}, not {self.backend!r}")
         self._finished = False  # what final freed comes back (its values from the checkpoint)
@@ -469,12 +470,12 @@ class BaseTrainer(ReferencePolicy, BlockDiagnostics, TrainerHooks):
         self.entropy = EntropyRetention.from_state(state)
         self.block_grad_norms = list(state["block_grad_norms"])
         self._discard_reference()
-        if (directory / "reference.pt").exists() and self.cfg.kl_coef != 0.0:
+        if (directory / REFERENCE).exists() and self.cfg.kl_coef != 0.0:
             if self._holds_reference:
-                self._set_reference(torch.load(directory / "reference.pt", map_location="cpu", weights_only=True))
+                self._set_reference(torch.load(directory / REFERENCE, map_location="cpu", weights_only=True))
             self._has_reference = True  # taken, whichever rank holds it
         if restore_rng:
-            restore_rng_state(torch.load(directory / RNG_FILE, weights_only=False))
+            restore_rng_state(torch.load(directory / RNG_STATE, weights_only=False))
 
 
 def host_copy(state: Mapping[str, Tensor]) -> dict[str, Tensor]:

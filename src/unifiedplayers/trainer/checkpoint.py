@@ -20,8 +20,6 @@ import torch
 
 from unifiedplayers.distributed import SINGLE, DistContext
 
-RNG_FILE = "rng_state.pt"
-
 
 def capture_rng_state() -> dict[str, Any]:
     """Python, numpy and torch (CPU and every CUDA device) generator states."""

@@ -50,6 +50,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 from torch import nn
 
+from unifiedplayers.rundir import DEEPSPEED, MODEL_WEIGHTS
 from unifiedplayers.trainer.backends import register_trainer_backend
 from unifiedplayers.trainer.base import BaseTrainer
 from unifiedplayers.trainer.logprobs import TokenLogprobModel
@@ -323,18 +324,18 @@ class DeepSpeedTrainer(BaseTrainer):
 
     def _save_backend(self, directory: Path) -> None:
         self._ensure_optimizer()
-        self.engine.save_checkpoint(str(directory / "deepspeed"), tag="state", save_latest=False)
+        self.engine.save_checkpoint(str(directory / DEEPSPEED), tag="state", save_latest=False)
         # Also the full weights as the torch backend writes them (model.pt, on the host): what the
         # evaluation harness and the retention policy read, whatever the backend. Every rank is here
         # (a collective checkpoint), so ZeRO-3 can gather its partitions; rank 0 writes.
         with self.gathered_weights():
             if self.dist.is_main:
-                torch.save({k: v.detach().cpu() for k, v in self.model.state_dict().items()}, directory / "model.pt")
+                torch.save({k: v.detach().cpu() for k, v in self.model.state_dict().items()}, directory / MODEL_WEIGHTS)
 
     def _load_backend(self, directory: Path) -> None:
         self._ensure_optimizer()
         path, _ = self.engine.load_checkpoint(
-            str(directory / "deepspeed"), tag="state", load_optimizer_states=True, load_lr_scheduler_states=True
+            str(directory / DEEPSPEED), tag="state", load_optimizer_states=True, load_lr_scheduler_states=True
         )
         if path is None:
             raise FileNotFoundError(f"no DeepSpeed checkpoint under {directory / 'deepspeed'}")

@@ -21,6 +21,7 @@ from typing import Any, ContextManager, Mapping, Optional
 import torch
 from torch import nn
 
+from unifiedplayers.rundir import MODEL_WEIGHTS, OPTIMIZER
 from unifiedplayers.trainer.backends import register_trainer_backend
 from unifiedplayers.trainer.base import BaseTrainer
 from unifiedplayers.trainer.logprobs import TokenLogprobModel
@@ -148,26 +149,26 @@ class PlayerTrainer(BaseTrainer):
         self._sync_copies()
 
     def _save_backend(self, directory: Path) -> None:
-        torch.save(self.model.state_dict(), directory / "model.pt")
+        torch.save(self.model.state_dict(), directory / MODEL_WEIGHTS)
         if self._offloaded_to is not None:  # offloaded: same file format, copy it and keep memory free
             self._offloaded_to.seek(0)
-            with open(directory / "optimizer.pt", "wb") as out:
+            with open(directory / OPTIMIZER, "wb") as out:
                 shutil.copyfileobj(self._offloaded_to, out)
         elif self.optimizer is not None:
             torch.save(
                 {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()},
-                directory / "optimizer.pt",
+                directory / OPTIMIZER,
             )
 
     def _load_backend(self, directory: Path) -> None:
-        state = torch.load(directory / "model.pt", map_location=self.device, weights_only=True)
+        state = torch.load(directory / MODEL_WEIGHTS, map_location=self.device, weights_only=True)
         self._load_policy_weights(state)
         if self._offloaded_to is not None:
             self._offloaded_to.close()
         self.optimizer, self.scheduler, self._offloaded_to = None, None, None
-        if (directory / "optimizer.pt").exists():
+        if (directory / OPTIMIZER).exists():
             self._ensure_optimizer()
-            opt = torch.load(directory / "optimizer.pt", map_location=self.device, weights_only=False)
+            opt = torch.load(directory / OPTIMIZER, map_location=self.device, weights_only=False)
             self.optimizer.load_state_dict(opt["optimizer"])
             self.scheduler.load_state_dict(opt["scheduler"])
 
