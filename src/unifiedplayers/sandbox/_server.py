@@ -42,9 +42,10 @@ import time
 import traceback
 
 # Modules model-written code commonly imports, loaded once here so each fork gets them for free. The
-# list is short on purpose: every call's fork and exit cost grows with this process's memory (about
-# 40 us per MB here), so rarer, larger modules (dataclasses, statistics) are imported by the calls that
-# use them (datetime is imported by the server itself, for the calls' virtual calendar clock). The server itself avoids shutil and sysconfig for the same reason.
+# list is short on purpose: every call's fork and exit cost grows with this process's memory
+# (benchmarks/README.md, "Where the sandbox's time goes"), so rarer, larger modules (dataclasses,
+# statistics) are imported by the calls that use them (datetime is imported by the server itself, for the
+# calls' virtual calendar clock). The server itself avoids shutil and sysconfig for the same reason.
 PRELOAD = (
     "bisect", "cmath", "collections", "copy", "decimal", "enum", "fractions", "functools", "heapq",
     "itertools", "json", "math", "numbers", "operator", "random", "re", "string", "typing",
@@ -659,7 +660,7 @@ def _literal_patterns(source):
 def _warm_regexes(source):
     """Compile the literal regular expressions of ``source`` into ``re``'s cache in the cell worker,
     so that each call of that source finds them compiled (the same ``re._compile`` the call would run;
-    compiling a pattern in a fresh fork costs ~0.5 ms here, mostly copy-on-write faults)."""
+    compiled in a fresh fork instead, a pattern is paid for by every call, mostly in copy-on-write faults)."""
     try:
         for pattern, flags in _literal_patterns(source)[:32]:
             try:
@@ -675,7 +676,7 @@ CODE_CACHE_MAX_SOURCE = 1 << 16  # larger sources are compiled by their call
 
 # Messages. Server -> forker: MSG_RUN + RUN_HEADER + text + function NUL payload, or MSG_KILL (end the
 # running call now: its output is flooding). Binary rather than JSON: a forker that parses JSON touches
-# three times as many pages per call (measured: 75 vs 29 copy-on-write faults). RUN_HEADER: kind, the
+# about three times as many pages per call, each a copy-on-write fault. RUN_HEADER: kind, the
 # source's key in the forker's code cache (0: none), a key the forker may drop from its cache (0: none),
 # the lengths of text and of function NUL payload, the timeout, the call's seed. ``text`` is the program (run), or the
 # source (call) the first time the forker sees that key, else empty. Forker -> server: DONE (after the
