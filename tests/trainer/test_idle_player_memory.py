@@ -46,11 +46,12 @@ def _bytes(tensors, seen: set) -> int:
 
 def held(player) -> dict[str, int]:
     """Host bytes one torch-backend player holds, by item (each storage counted once, in the first item naming it).
-    The trainer's attributes are read as they are: ``trainer.model`` would bring parked masters back."""
+    The trainer's weights are read as held (``held_weights``): ``trainer.model`` would bring parked masters back."""
     trainer, seen = player.trainer, set()
-    masters = list(trainer._model.parameters())
+    weights = trainer.held_weights
+    masters = list(weights.masters.parameters())
     optimizer = [] if trainer.optimizer is None else [t for s in trainer.optimizer.state.values() for t in s.values()]
-    copies = [p for m in trainer._copies.values() for p in m.parameters()]
+    copies = [p for m in weights.copies.values() for p in m.parameters()]
     ref = trainer.held_reference
     reference = (list(ref.module.parameters()) if ref.module is not None else []) + list(ref.weights.values())
     return {
@@ -142,6 +143,10 @@ def test_parked_and_back_the_torch_trainer_changes_no_bit(ref_mode, tmp_path):
     assert all(t.device.type == "cpu" for t in held.weights.values()) and held.parked_bytes == 0
     with pytest.raises(TypeError):
         held.weights["x"] = torch.zeros(1)  # read-only
+    weights = idle.held_weights  # the masters and the bf16 copy it samples from, as held
+    assert weights.masters is idle.model and set(weights.copies) == {torch.bfloat16}
+    with pytest.raises(TypeError):
+        weights.copies[torch.float16] = weights.masters  # read-only
     tensors = reference.module.parameters() if reference.module is not None else reference.weights.values()
     nbytes = sum(t.numel() * t.element_size() for t in tensors)
     idle.offload_state()

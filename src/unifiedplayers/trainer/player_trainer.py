@@ -16,7 +16,8 @@ import contextlib
 import copy
 import shutil
 from pathlib import Path
-from typing import Any, ContextManager, Mapping, Optional
+from types import MappingProxyType
+from typing import Any, ContextManager, Mapping, NamedTuple, Optional
 
 import torch
 from torch import nn
@@ -30,6 +31,15 @@ from unifiedplayers.trainer.optim import make_optimizer, make_scheduler
 from unifiedplayers.trainer.precision import cast_parameters, copy_weights, move_gradients
 
 Tensor = torch.Tensor
+
+
+
+class HeldWeights(NamedTuple):
+    """A torch-backend player's weights as it holds them now (:attr:`PlayerTrainer.held_weights`): read them, never
+    change the trainer through them."""
+
+    masters: nn.Module  # the float32 master weights
+    copies: Mapping[torch.dtype, nn.Module]  # their copies in lower precisions (compute, sampling), read-only
 
 
 @register_trainer_backend("torch")
@@ -69,6 +79,12 @@ class PlayerTrainer(BaseTrainer):
         player's parked masters come back first."""
         self._restore_masters()
         return self._model
+
+    @property
+    def held_weights(self) -> HeldWeights:
+        """The master weights and their lower-precision copies as held now, for measurements: unlike :attr:`model`,
+        an idle player's parked masters are not brought back (their tensors are empty while parked)."""
+        return HeldWeights(self._model, MappingProxyType(self._copies))
 
     @property
     def compute_model(self) -> nn.Module:
