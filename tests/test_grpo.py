@@ -79,7 +79,7 @@ def test_ratio_is_one_at_first_step_and_gradient_is_weighted_advantage():
     loss, m = _loss(logprobs, old, adv, torch.ones(4, 2), groups)
     loss.backward()
     assert m["actor/ratio_mean"] == 1.0 and m["actor/ratio_min"] == 1.0 and m["actor/ratio_max"] == 1.0
-    assert m["actor/pg_clipfrac"] == 0.0 and m["actor/ratio_outside_clip_frac"] == 0.0
+    assert m["actor/pg_clip_frac"] == 0.0 and m["actor/clip_frac"] == 0.0
     assert abs(loss.item()) < 1e-7
     torch.testing.assert_close(logprobs.grad, -adv[:, None].expand(4, 2) / 8)
 
@@ -95,8 +95,8 @@ def test_positive_advantage_beyond_upper_clip_has_no_gradient():
     assert loss.item() == pytest.approx(-0.85, abs=1e-6)
     assert logprobs.grad[0, 0] == 0.0
     assert float(logprobs.grad[0, 1]) == pytest.approx(-0.25, abs=1e-6)
-    assert m["actor/pg_clipfrac"] == 0.5  # only token 0 is on the clipped branch
-    assert m["actor/ratio_outside_clip_frac"] == 1.0  # both ratios lie outside [0.8, 1.2]
+    assert m["actor/pg_clip_frac"] == 0.5  # only token 0 is on the clipped branch
+    assert m["actor/clip_frac"] == 1.0  # both ratios lie outside [0.8, 1.2]
     assert m["actor/ratio_max"] == pytest.approx(1.5, abs=1e-6)
     assert m["actor/ratio_min"] == pytest.approx(0.5, abs=1e-6)
 
@@ -109,7 +109,7 @@ def test_negative_advantage_beyond_upper_clip_keeps_gradient():
     loss.backward()
     assert loss.item() == pytest.approx(1.5, abs=1e-6)
     assert float(logprobs.grad[0, 0]) == pytest.approx(1.5, abs=1e-6)
-    assert m["actor/pg_clipfrac"] == 0.0
+    assert m["actor/pg_clip_frac"] == 0.0
 
 
 def test_masked_tokens_get_zero_gradient_even_with_kl():

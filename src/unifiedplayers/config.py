@@ -412,7 +412,7 @@ class MethodConfig:
     ``name`` picks the registered :class:`unifiedplayers.methods.Method` (or ``_target_`` names its class);
     the reward sources are looked up by name (``unifiedplayers.methods.REWARD_SOURCES``); ``extra`` holds the
     method's own settings, parsed into its typed ``Settings`` dataclass at start-up (Agent0's ``tool_bonus``,
-    Socratic-Zero's ``teacher_endpoint`` and ``teacher_model`` among them: :data:`MOVED_KEYS`).
+    Socratic-Zero's ``teacher_endpoint`` and ``teacher_model`` among them).
     """
 
     name: str = "unifiedplayers"
@@ -437,53 +437,6 @@ class MethodConfig:
     # blocks step the same model, optimizer and π_ref.
     shared_model: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
-
-
-# Keys that moved into a method's own settings: old key -> (new key, the old key's schema default). A command line
-# that sets an old key is read as the new one (:func:`moved_key_overrides`, one warning naming it), and so is the
-# stored config of a run started before the move (:func:`moved_stored_keys`, when it resumes).
-MOVED_KEYS = {
-    "method.tool_bonus": ("method.extra.tool_bonus", 0.0),  # Agent0's γ of R_tool
-    "method.teacher_endpoint": ("method.extra.teacher_endpoint", None),  # Socratic-Zero's Teacher
-    "method.teacher_model": ("method.extra.teacher_model", None),
-}
-
-
-def _moved_warning(message: str) -> None:
-    import warnings
-
-    warnings.warn(message, FutureWarning, stacklevel=3)  # where the caller of the function below was called
-
-
-def moved_key_overrides(overrides: Sequence[str]) -> list[str]:
-    """``overrides`` with each old key of :data:`MOVED_KEYS` written as its new one (``method.tool_bonus=0.1`` ->
-    ``method.extra.tool_bonus=0.1``; a ``+``/``~`` prefix and the value are kept), one warning per old key."""
-    out = []
-    for override in overrides:
-        key, sep, value = override.partition("=")
-        prefix, bare = key[: len(key) - len(key.lstrip("+~"))], key.lstrip("+~").strip()
-        if bare in MOVED_KEYS:
-            new = MOVED_KEYS[bare][0]
-            _moved_warning(f"{bare} is an old name of {new} (the method's own settings, method.extra): read as "
-                           f"{new}; write that instead")
-            override = f"{prefix}{new}{sep}{value}"
-        out.append(override)
-    return out
-
-
-def moved_stored_keys(then: dict[str, Any], now: dict[str, Any]) -> dict[str, Any]:
-    """A stored flat config ``then`` (a run's ``state.pt``) in the keys of :data:`MOVED_KEYS`' new places, to compare
-    with the current one, ``now``. Every run of the old schema stored the old keys, for every method: an old key at
-    its old default that ``now`` does not set is no setting and is dropped; any other moves, with one warning."""
-    out = {k: v for k, v in then.items() if k not in MOVED_KEYS}
-    for old, (new, default) in MOVED_KEYS.items():
-        if old not in then or new in then:
-            continue
-        if then[old] == default and new not in now:
-            continue
-        _moved_warning(f"the run's stored config sets {old}, an old name of {new}: compared as {new}")
-        out[new] = then[old]
-    return out
 
 
 @dataclass
@@ -587,9 +540,8 @@ def compose(
 ) -> DictConfig:
     """Compose ``conf/<config_name>.yaml`` with Hydra overrides, outside a Hydra app (tests, scripts).
 
-    An unknown key or a value of the wrong type raises at once, naming the key; an old key of :data:`MOVED_KEYS`
-    is read as its new one, with a warning. Other roots than ``config`` (``evaluate``) must have registered their
-    schema first.
+    An unknown key or a value of the wrong type raises at once, naming the key. Other roots than ``config``
+    (``evaluate``) must have registered their schema first.
     """
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
@@ -597,7 +549,6 @@ def compose(
 
     register_configs()
     if config_name == "config":
-        overrides = moved_key_overrides(overrides)
         check_override_keys(overrides)
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(config_dir or CONF_DIR), version_base="1.3"):
@@ -631,8 +582,10 @@ def check_override_keys(overrides: Sequence[str]) -> None:
                 break  # a free-form mapping: its keys are checked where they are read
             if part not in node.keys():
                 known = [str(k) for k in node.keys()]
+                own = (f"; a method's own settings are under method.extra (method.extra.{part}=...)"
+                       if prefix == "method." else "")
                 raise ValueError(f"{key}: unknown key{did_you_mean(part, known)}; the keys of "
-                                 f"{prefix[:-1] or 'the config'}: {sorted(known)}")
+                                 f"{prefix[:-1] or 'the config'}: {sorted(known)}{own}")
             node, prefix = node._get_node(part), f"{prefix}{part}."
 
 

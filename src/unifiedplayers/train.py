@@ -28,7 +28,7 @@ if "torch" not in sys.modules:
 import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
-from unifiedplayers.config import CONF_DIR, moved_key_overrides, register_configs  # noqa: E402
+from unifiedplayers.config import CONF_DIR, register_configs  # noqa: E402
 
 register_configs()
 
@@ -125,8 +125,8 @@ def preflight(overrides: list[str]) -> None:
 
 def cli() -> None:
     """The command line: ``preflight``, then the Hydra app (Hydra's own modes, ``--help``, ``--cfg``, ``-m``, go
-    straight to it). An old key that has moved (``config.MOVED_KEYS``) is given to both as its new one."""
-    sys.argv[1:] = args = moved_key_overrides(sys.argv[1:])
+    straight to it)."""
+    args = sys.argv[1:]
     if not any(a.startswith("-") for a in args):
         try:
             preflight(args)

@@ -110,7 +110,7 @@ def test_per_sample_upper_clip_in_the_loss_by_hand():
     assert float(loss.detach()) == pytest.approx(-1.24)
     loss.backward()
     assert logprobs.grad[:, 0].tolist() == pytest.approx([-0.64, 0.0])
-    assert metrics["actor/pg_clipfrac"] == 0.5 and metrics["actor/ratio_outside_clip_frac"] == 0.5
+    assert metrics["actor/pg_clip_frac"] == 0.5 and metrics["actor/clip_frac"] == 0.5
     # without per-sample clips both are clipped at 1.2: loss −1.2
     plain, _ = grpo.policy_loss(logprobs.detach(), old, None, torch.tensor([1.0, 1.0]), mask, torch.tensor([0, 1]),
                                 clip_eps=0.2, kl_coef=0.0)
@@ -175,6 +175,6 @@ def test_the_trainer_applies_each_samples_upper_clip_on_the_tiny_model():
         assert metrics["actor/ratio_mean"] == pytest.approx(1.25, rel=1e-5)
         tokens = [sum(s.loss_mask) for s in batch]
         half = sum(tokens[: len(batch) // 2]) / sum(tokens)
-        fractions[name] = (metrics["actor/ratio_outside_clip_frac"], half)
+        fractions[name] = (metrics["actor/clip_frac"], half)
     assert fractions["none"][0] == 1.0 and fractions["all"][0] == 0.0
     assert fractions["half"][0] == pytest.approx(1.0 - fractions["half"][1])

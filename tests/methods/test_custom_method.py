@@ -59,12 +59,3 @@ def test_the_example_trains_from_a_copy_outside_the_repository(copy, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "_target_: tool_curious.ToolCurious" in (run_dir / "config.yaml").read_text()
     assert (run_dir / "summary.json").is_file() and (run_dir / "records.jsonl").read_text().strip()
-
-
-def test_a_method_defining_a_renamed_hook_is_refused():
-    from unifiedplayers.methods import Method
-
-    with pytest.raises(TypeError, match="unit_batch: renamed to minibatch_samples"):
-        class Old(Method):  # noqa: F841 - defining it is the test
-            def unit_batch(self, role, unit, tokenizer, player_cfg):
-                return None

@@ -1,8 +1,9 @@
 """phase.pt, the sampled mini-batches of a phase in progress (loop/phase.py): what a run stopped inside a
 phase resumes from.
 
-It holds each sample as a dict of its fields, so that it names no class of ours; a phase.pt written before that
-pickled TrainSample under its old path (``unifiedplayers.trainer.base``) still loads.
+It holds each sample as a dict of its fields, so that it names no class of ours; a phase.pt this version cannot
+read (an older version's, which pickled TrainSample under another path or named the minibatches otherwise) is refused
+with what to do.
 """
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ def test_a_phase_round_trips_through_phase_pt(tmp_path):
     phase = _phase()
     torch.save(phase.to_state(), tmp_path / "phase.pt")
     plain = torch.load(tmp_path / "phase.pt", weights_only=False)
-    assert all(type(s) is dict for u in plain["units"] for s in u["batch"])  # no class of ours in the file
+    assert all(type(s) is dict for u in plain["minibatches"] for s in u["batch"])  # no class of ours in the file
     _assert_same_phase(Phase.from_state(load_phase_state(tmp_path / "phase.pt")), phase)
 
 
@@ -57,7 +58,7 @@ _OldTrainSample.__module__ = "unifiedplayers.trainer.base"
 _OldTrainSample.__name__ = _OldTrainSample.__qualname__ = "TrainSample"
 
 
-def test_a_phase_pt_that_pickled_the_old_trainsample_path_still_loads(tmp_path, monkeypatch):
+def test_a_phase_pt_of_an_older_version_is_refused_saying_to_start_a_new_run(tmp_path, monkeypatch):
     phase = _phase()
     old_samples = []
     for minibatch in phase.minibatches:
@@ -66,13 +67,17 @@ def test_a_phase_pt_that_pickled_the_old_trainsample_path_still_loads(tmp_path, 
             old = _OldTrainSample()
             old.__dict__.update({f.name: getattr(s, f.name) for f in dataclasses.fields(TrainSample)})
             old_samples[-1].append(old)
-    # The old to_state: the sample objects themselves.
+    # An older to_state: the sample objects themselves, under the class's old path, in "units".
     old_state = {"first": phase.first, "timing": dict(phase.timing),
                  "units": [{"batch": b, "metrics": u.metrics} for b, u in zip(old_samples, phase.minibatches)]}
     with monkeypatch.context() as m:
         m.setattr(base, "TrainSample", _OldTrainSample, raising=False)  # pickle checks the class is found there
-        torch.save(old_state, tmp_path / "phase.pt")
+        torch.save(old_state, tmp_path / "pickled.pt")
     monkeypatch.delattr(base, "TrainSample", raising=False)  # as now: TrainSample lives in trainer/sample.py
-    with pytest.raises(AttributeError, match="TrainSample"):  # the file names the old path
-        torch.load(tmp_path / "phase.pt", weights_only=False)
-    _assert_same_phase(Phase.from_state(load_phase_state(tmp_path / "phase.pt")), phase)
+    with pytest.raises(RuntimeError, match="older version of this code.*start a new run in another run_dir"):
+        load_phase_state(tmp_path / "pickled.pt")
+    renamed = {**phase.to_state()}
+    renamed["units"] = renamed.pop("minibatches")  # an older layout of plain samples
+    torch.save(renamed, tmp_path / "units.pt")
+    with pytest.raises(RuntimeError, match=r"units\.pt cannot be read .*older version of this code"):
+        load_phase_state(tmp_path / "units.pt")

@@ -90,7 +90,7 @@ def test_grpo_with_four_steps_per_generation_moves_the_ratio_and_still_learns():
             spread = max(metrics["actor/ratio_max"] - 1, 1 - metrics["actor/ratio_min"])
             (first_ratios if step == 0 else later_ratios).append(spread)
             if step:
-                later_clip.append(metrics["actor/ratio_outside_clip_frac"])
+                later_clip.append(metrics["actor/clip_frac"])
         rollout.update_weights(trainer.model)  # the next phase samples with the updated policy
 
     assert max(first_ratios) < 1e-3  # the phase's first step: π_θ = π_old

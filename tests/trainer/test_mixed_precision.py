@@ -147,8 +147,8 @@ def test_recompute_old_logprobs_replaces_pi_old_and_keeps_behaviour():
         assert s.behaviour_logprobs == rec
         assert not torch.allclose(torch.as_tensor(s.old_logprobs), torch.as_tensor(rec))
     m = trainer.update(samples, on_policy=True)
-    assert m_plain["actor/ratio_outside_clip_frac"] > 0.3  # noise 0.1 against a clip of 0.01
-    assert m["actor/ratio_outside_clip_frac"] == 0.0
+    assert m_plain["actor/clip_frac"] > 0.3  # noise 0.1 against a clip of 0.01
+    assert m["actor/clip_frac"] == 0.0
     assert m["actor/logprob_mismatch"] == pytest.approx(m_plain["actor/logprob_mismatch"], rel=1e-5)
     assert m["actor/logprob_mismatch"] > 0.05
 

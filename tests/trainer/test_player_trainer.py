@@ -73,7 +73,7 @@ def test_first_update_ratio_is_one_and_kl_zero_with_own_behaviour_logprobs():
     assert m["actor/ratio_min"] == pytest.approx(1.0, abs=1e-5)
     assert m["actor/ratio_max"] == pytest.approx(1.0, abs=1e-5)
     assert m["actor/kl"] == 0.0  # π_θ = π_ref at the iteration's first update
-    assert m["actor/pg_clipfrac"] == 0.0
+    assert m["actor/pg_clip_frac"] == 0.0
 
 
 def test_update_threads_hold_for_the_update_and_the_old_logprob_pass_only():
@@ -116,7 +116,7 @@ def test_ratio_uses_recorded_behaviour_logprobs_not_recomputed():
     trainer = build_trainer(trainer_config(kl_coef=0.0), model)
     m = trainer.update(shifted)
     assert m["actor/ratio_mean"] == pytest.approx(2.0, rel=1e-5)
-    assert m["actor/ratio_outside_clip_frac"] == 1.0
+    assert m["actor/clip_frac"] == 1.0
     assert "actor/kl" not in m  # β = 0: no reference pass at all
 
 

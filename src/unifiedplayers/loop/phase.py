@@ -18,8 +18,6 @@ sampling (:mod:`unifiedplayers.loop.sampling`), with a :class:`PhaseContext`.
 from __future__ import annotations
 
 import dataclasses
-import pickle
-import types
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Callable, Optional, Sequence
@@ -34,14 +32,6 @@ from unifiedplayers.methods import GroupShape, shape_advantages
 from unifiedplayers.diagnostics.records import InteractionRecord
 from unifiedplayers.diagnostics.verifier_kinds import kind_metrics, task_kinds_and_advantages
 from unifiedplayers.trainer.sample import TrainSample, as_sample, sample_from_completion, sample_from_segments
-
-
-# A trainer metric ``<namespace>/<name>`` is logged as ``<role>/<name>`` (any metric a loss returns reaches
-# metrics.jsonl); these keep the names the metrics files have always had, and ``perf/*`` timings go with the
-# other timings (``timing/*``).
-RENAMED_METRICS = {"actor/ratio_outside_clip_frac": "clip_frac", "actor/pg_clipfrac": "pg_clip_frac",
-                   "entropy_bank/retention": "entropy_ratio", "perf/update_tflop": "update_tflop",
-                   "perf/pad_share": "pad_share"}  # the micro-batches' padding: the data's, not a timing
 
 
 def minibatch_of_step(step_in_phase: int, steps_per_generation: int) -> tuple[int, int]:
@@ -78,15 +68,14 @@ class Phase:
     def to_state(self) -> dict[str, Any]:
         """What phase.pt holds: each sample as a dict of its fields (tensors stay tensors), so that the file names
         no class of ours and a run stopped inside a phase resumes whatever becomes of :class:`TrainSample`."""
-        return {"first": self.first, "timing": dict(self.timing),  # "units": the key older files have
-                "units": [{"batch": [_sample_fields(s) for s in u.batch], "metrics": u.metrics} for u in self.minibatches]}
+        return {"first": self.first, "timing": dict(self.timing),
+                "minibatches": [{"batch": [_sample_fields(s) for s in u.batch], "metrics": u.metrics}
+                                for u in self.minibatches]}
 
     @classmethod
     def from_state(cls, d: dict[str, Any]) -> "Phase":
-        """The phase :meth:`to_state` saved, read with :func:`load_phase_state` (an older phase.pt holds the
-        samples themselves)."""
-        minibatches = [MiniBatch([s if isinstance(s, TrainSample) else TrainSample(**s) for s in u["batch"]],
-                                 u["metrics"]) for u in d["units"]]
+        """The phase :meth:`to_state` saved, read with :func:`load_phase_state`."""
+        minibatches = [MiniBatch([TrainSample(**s) for s in u["batch"]], u["metrics"]) for u in d["minibatches"]]
         return cls(d["first"], minibatches, dict(d["timing"]))
 
 
@@ -95,27 +84,19 @@ def _sample_fields(sample: Any) -> dict[str, Any]:
     return {f.name: getattr(sample, f.name) for f in dataclasses.fields(TrainSample)}
 
 
-class _PhaseUnpickler(pickle.Unpickler):
-    """Unpickles phase.pt. Runs written before the samples were saved as dicts pickled the TrainSample objects under
-    the class's old paths (``unifiedplayers.trainer.base``, and ``unifiedplayers.trainer.player_trainer`` before
-    that); they are mapped to the class where it now lives, so that such a run, stopped inside a phase, resumes."""
-
-    OLD_PATHS = {("unifiedplayers.trainer.base", "TrainSample"), ("unifiedplayers.trainer.player_trainer", "TrainSample")}
-
-    def find_class(self, module: str, name: str) -> Any:
-        if (module, name) in self.OLD_PATHS:
-            return TrainSample
-        return super().find_class(module, name)
-
-
-# torch.load's ``pickle_module``: what it reads of it is ``Unpickler`` (``load`` for the pre-zip file format).
-_PHASE_PICKLE = types.SimpleNamespace(__name__="pickle", Unpickler=_PhaseUnpickler,
-                                      load=lambda f, **kwargs: _PhaseUnpickler(f, **kwargs).load())
-
-
 def load_phase_state(path: Any) -> dict[str, Any]:
-    """phase.pt as :meth:`Phase.to_state` wrote it, or as an older version did (:class:`_PhaseUnpickler`)."""
-    return torch.load(path, weights_only=False, pickle_module=_PHASE_PICKLE)
+    """phase.pt as :meth:`Phase.to_state` wrote it. One this version cannot read (written by an older version, which
+    pickled the samples or named the minibatches otherwise) is refused, saying what to do."""
+    try:
+        state = torch.load(path, weights_only=False)
+        if not isinstance(state, dict) or "minibatches" not in state:
+            raise ValueError("no minibatches in it")
+        return state
+    except Exception as err:  # noqa: BLE001 - a class that has moved, an old layout, a torn file
+        raise RuntimeError(
+            f"{path} cannot be read ({type(err).__name__}: {err}): the sampled phase of a run stopped inside it, written "
+            "by an older version of this code (or damaged); this version cannot resume that run: start a new run in "
+            "another run_dir") from None
 
 
 def group_samples(role: str, groups: Sequence[Sequence[Any]], played: Sequence[Any],
@@ -241,10 +222,12 @@ def trainer_metrics_line(role: str, trainer_metrics: dict[str, float], global_st
     m: dict[str, Any] = {}
     for key, value in trainer_metrics.items():
         namespace, _, name = key.rpartition("/")
-        if key in RENAMED_METRICS:
-            m[f"{role}/{RENAMED_METRICS[key]}"] = value
-        elif namespace == "perf":  # wall times and rates vary between runs: with the timings
-            m[f"timing/{name}" if name == "update_tflop_per_s" else f"timing/{role}_{name}"] = value
+        if namespace == "perf" and name.endswith("_per_s"):  # a rate: varies between runs, with the timings
+            m[f"timing/{name}"] = value
+        elif namespace == "perf" and name.startswith("time_"):  # a wall time: with the timings, per role
+            m[f"timing/{role}_{name}"] = value
+        elif namespace == "perf":  # the update's work (update_tflop, pad_share): the data's, not a timing
+            m[f"{role}/{name}"] = value
         elif namespace == "actor" or not namespace:
             m[f"{role}/{name}"] = value
         else:

@@ -122,20 +122,35 @@ class RunState:
         return out
 
 
-def check_resumable(state: dict[str, Any], cfg: Any, run_dir: Path, world_size: int) -> None:
-    """Refuse to resume a run written by another rank count or with another config (the run-control keys aside). A
-    run stored with a key that has moved since (``config.MOVED_KEYS``) is compared in the key's new place."""
-    from unifiedplayers.config import moved_stored_keys
+def is_schema_key(key: str) -> bool:
+    """Whether the typed schema has ``key`` (a key under a free-form mapping, such as ``method.extra``, counts)."""
+    from unifiedplayers.config import check_override_keys
 
+    try:
+        check_override_keys([f"{key}=0"])
+    except ValueError:
+        return False
+    return True
+
+
+def check_resumable(state: dict[str, Any], cfg: Any, run_dir: Path, world_size: int) -> None:
+    """Refuse to resume a run written by another rank count or with another config (the run-control keys aside), and
+    one written by an older version of this code whose config holds keys this version does not have."""
     if state.get("world_size", 1) != world_size:
         raise ValueError(
             f"{run_dir} holds a run of {state.get('world_size', 1)} rank(s); resume it with as many "
             f"(this process has {world_size}): each rank's sampling seeds depend on the rank count")
     now = result_config(cfg)
-    then = moved_stored_keys(_without_unused(state["config"]), now)
+    then = _without_unused(state["config"])
     diff = sorted(k for k in set(now) | set(then) if now.get(k) != then.get(k)
                   and not (k not in then and is_schema_default(k, now[k]))
                   and not matches_stored(k, now.get(k), then.get(k)))  # dtype auto: the run keeps its dtype
+    gone = [k for k in diff if k not in now and not is_schema_key(k)]
+    if gone:
+        raise ValueError(
+            f"{run_dir} holds a run written by an older version of this code: its config has keys this version does "
+            f"not ({', '.join(gone[:8])}{' ...' if len(gone) > 8 else ''}), so it cannot be resumed; start a new run "
+            "in another run_dir")
     if diff:
         shown = ", ".join(f"{k}: {then.get(k)!r} -> {now.get(k)!r}" for k in diff[:8])
         raise ValueError(

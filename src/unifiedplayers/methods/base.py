@@ -88,15 +88,6 @@ class Method:
     docstring for the hooks; every default changes nothing."""
 
     Settings: ClassVar[type] = NoSettings
-    # Hooks renamed since: a method that still defines the old name would be skipped silently, so it is refused.
-    RENAMED_HOOKS: ClassVar[dict[str, str]] = {"unit_batch": "minibatch_samples", "unit_metrics": "minibatch_metrics"}
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        old = sorted(name for name in Method.RENAMED_HOOKS if name in vars(cls))
-        if old:
-            raise TypeError(f"{cls.__qualname__} defines {', '.join(old)}: renamed to "
-                            f"{', '.join(Method.RENAMED_HOOKS[n] for n in old)} (same arguments)")
 
     def __init__(self, cfg: Any) -> None:
         self.cfg = cfg  # the run config (a method may read the trainer or player settings at start-up)

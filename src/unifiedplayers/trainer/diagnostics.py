@@ -108,7 +108,7 @@ class BlockDiagnostics:
             t5 = time.perf_counter()
             self.entropy.record(self.bank_entropy(), self.global_step)
             metrics["entropy_bank/mean"] = self.entropy.final
-            metrics["entropy_bank/retention"] = self.entropy.ratio
+            metrics["entropy_ratio"] = self.entropy.ratio  # the retention so far: <role>/entropy_ratio
             metrics["perf/time_entropy_bank"] = time.perf_counter() - t5
 
     # ------------------------------------------------------------------ diagnostics (Appendix D.2)

@@ -357,8 +357,8 @@ def _clip_metrics(loss: Tensor, pg_loss: Tensor, ratio: Tensor, clipped_active: 
     return {
         "actor/loss": float(loss.detach()),
         "actor/pg_loss": float(pg_loss.detach()),
-        "actor/pg_clipfrac": float(clipped_active[valid].sum()) / denom,
-        "actor/ratio_outside_clip_frac": float(outside.sum()) / denom,
+        "actor/pg_clip_frac": float(clipped_active[valid].sum()) / denom,  # tokens on the clipped branch of Eq. 19
+        "actor/clip_frac": float(outside.sum()) / denom,  # tokens whose ratio lies outside the clip range
         "actor/ratio_mean": float(r.mean()) if n_tok else 1.0,
         "actor/ratio_min": float(r.min()) if n_tok else 1.0,
         "actor/ratio_max": float(r.max()) if n_tok else 1.0,
@@ -407,8 +407,8 @@ def dpo_loss(logprobs: Tensor, old_logprobs: Tensor, ref_logprobs: Optional[Tens
         m = torch.stack(margins)
         metrics = {
             "actor/loss": float(loss.detach()), "actor/pg_loss": float(loss.detach()),
-            "actor/pg_clipfrac": 0.0,  # nothing is clipped
-            "actor/ratio_outside_clip_frac": float(((r < 1 - clip_eps) | (r > 1 + clip_eps)).sum()) / max(n_tok, 1),
+            "actor/pg_clip_frac": 0.0,  # nothing is clipped
+            "actor/clip_frac": float(((r < 1 - clip_eps) | (r > 1 + clip_eps)).sum()) / max(n_tok, 1),
             "actor/ratio_mean": float(r.mean()) if n_tok else 1.0,
             "actor/ratio_min": float(r.min()) if n_tok else 1.0,
             "actor/ratio_max": float(r.max()) if n_tok else 1.0,
