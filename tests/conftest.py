@@ -16,7 +16,7 @@
   test`` hands whole files to its workers in collection order (``--dist loadfile --no-loadscope-reorder``), and a
   heavy file handed out last kept one worker busy minutes after the other had run out of work.
 - The first lines name the machine (CPU, bf16 flags, cores, torch and its threads, Python, GPUs;
-  ``unifiedplayers.machine``), so that a red CI log can be traced to its machine (issue 28); ``-q`` (``make test``)
+  ``unifiedplayers.machine``), so that a red CI log can be traced to its machine; ``-q`` (``make test``)
   hides pytest's header, so the line is written there too.
 - Under ``UNIFIEDPLAYERS_NO_SKIPS=1`` (``make test-vllm`` sets it) a skip is a failure, at collection too: the vLLM
   tests skip where vllm is not importable, which must never pass for a green run of the environment built for them.

@@ -1,4 +1,4 @@
-"""Where a run ran (``unifiedplayers.machine``, issue 28): the record of this machine, and a tiny run that writes it
+"""Where a run ran (``unifiedplayers.machine``): the record of this machine, and a tiny run that writes it
 into its ``config.yaml`` and summary with its sandbox's isolation, a layer switched off being a warning."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""One registry for every extension point (issue 31): a duplicate name is refused naming the kind, the name and
+"""One registry for every extension point: a duplicate name is refused naming the kind, the name and
 where the first was defined; a miss names the known entries; a module imported again may register its own
 definitions again. Every ``register_*`` of the package refuses a duplicate (none overwrites silently)."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Analyses of a training run directory (§4.4, §4.5, Appendix D.2, H.2; issue 6). Each is runnable on its own::
+"""Analyses of a training run directory (§4.4, §4.5, Appendix D.2, H.2). Each is runnable on its own::
 
     python -m eval.analysis.discrimination RUN_DIR      # verifier accuracy, originals vs perturbations
     python -m eval.analysis.reward_variance RUN_DIR     # verdict reward vs majority-vote agreement

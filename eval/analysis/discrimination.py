@@ -9,7 +9,7 @@ From each record ξ(q): Z_orig (M_q, K), Z_adv (M_q, K, P) and the mask of appli
   (accept when more than half of them accept; a tie rejects).
 
 A check that errored (raised, timed out, returned no verdict: the record's ``error_orig`` / ``error_adv``) is no
-verdict (issue 47; the paper defines v_i(τ) only for a completed evaluation, B.1): it counts in the total and is
+verdict (the paper defines v_i(τ) only for a completed evaluation, B.1): it counts in the total and is
 never right, neither an acceptance of an original nor a rejection of a perturbation. A trajectory on which no
 check completed gets no pool verdict and counts as a miss. Records without error masks read as error-free.
 

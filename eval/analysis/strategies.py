@@ -2,8 +2,8 @@
 
 What each player's reward pays for the degenerate strategies the paper warns about (§3.2: an Evaluation player
 that "may collapse to trivial rules that accept all trajectories, reject all trajectories"), and for the check
-errors of issue 47, computed through the real feedback: hand-made tasks, the Planning parser
-(:func:`unifiedplayers.players.planning.parse_task`), the Execution transcript parser with outputs the sandbox
+errors (a check that crashes on answered trajectories), computed through the real feedback: hand-made tasks, the
+Planning parser (:func:`unifiedplayers.players.planning.parse_task`), the Execution transcript parser with outputs the sandbox
 printed, the perturbation engine with the five rules of ``conf/perturbation/all.yaml`` (P = 5), the sandbox
 running every check, the verdict matrix Z and Eq. 2-5 (:func:`unifiedplayers.feedback.pipeline.phase_feedback`).
 

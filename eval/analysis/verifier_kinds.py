@@ -6,7 +6,7 @@ the record's error masks, over the K originals and their applied variants
 
 - ``invalid``: not in V(q) (does not compile, no ``check``, or errored on every original);
 - ``crashes_answered`` ("errors on answered originals"): valid, its check errored on every original that has a
-  final answer (it passes only on unanswered ones): the prefix-crasher of issue 47, which a reward that credits
+  final answer (it passes only on unanswered ones): the prefix-crasher, which a reward that credits
   errors as rejections pays like a clean reject-all. Earlier versions counted it under "rejects all";
 - ``rejects_all``: valid, Z = 0 on every original and every variant;
 - ``accepts_all``: valid, Z = 1 on every original and every variant;
@@ -30,10 +30,10 @@ tamper detector that accepts every original, right or wrong, and rejects every v
 not they are right (the paper, Appendix B.1: "gold does not imply independently verified correctness").
 With a response prefix that writes the first part of ``check()`` for every verifier (the smoke presets'
 ``player.evaluation.response_prefix``), all verifiers of a task share those tokens and ρ_red is about 0.8
-for every kind (0.68-0.95 by kind, most 0.8-0.9, on the records of the Figure-1 ablation, issue 22), so
+for every kind (0.68-0.95 by kind, most 0.8-0.9, on the records of the Figure-1 ablation), so
 γ ρ_red takes about the same 0.08-0.09 off each kind's mean r_C.
 
-A check error earns no ρ_adv credit (``reward.variant_error_credit=false``, the default since issue 47), so an
+A check error earns no ρ_adv credit (``reward.variant_error_credit=false``, the default), so an
 ``crashes_answered`` verifier scores below a clean reject-all on the same task: its errors on the answered
 originals' variants add nothing, where the reject-all's rejections earn β each. With ``reward=errors_credited``
 (the ablation) the two are paid alike, and the Figure-1 runs show the Evaluation player learning the crasher.

@@ -1,4 +1,4 @@
-"""Held-out probes of the three players (issue 15), and the Figure 1a reproduction built on them.
+"""Held-out probes of the three players, and the Figure 1a reproduction built on them.
 
     python -m eval.probes backbone --run runs/X --out probes.json          # the backbone under run X's config
     python -m eval.probes runs/X/checkpoints/iter2 --roles execution       # one iteration's checkpoints

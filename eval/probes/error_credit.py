@@ -1,5 +1,6 @@
-"""Issue 47's evidence: the Figure-1 runs with check errors given no ρ_adv credit (the default) against the control
-``reward=errors_credited``, per seed, with the issue's targets fixed before any result was read.
+"""Whether check errors should earn ρ_adv credit: the Figure-1 runs with check errors given no ρ_adv credit (the
+default) against the control ``reward=errors_credited``, per seed, with the targets below fixed before any result
+was read.
 
     python -m eval.probes.error_credit --fix runs/figure1/smoke --control runs/figure1_credited/smoke [--json OUT]
 
@@ -15,7 +16,7 @@ and arm, from the held-out Evaluation probe (iteration 0 = the backbone, ``last`
 and from training (the records of the last iteration's Evaluation block, :mod:`unifiedplayers.diagnostics.verifier_kinds`):
 the share and mean GRPO advantage of each verifier kind, ``crashes_answered`` being the prefix-crasher.
 
-Targets for the fixed arm (the issue's, stated before the runs): Δ valid ≥ 0 on the mean over seeds and > −0.10 on
+Targets for the fixed arm (stated before the runs): Δ valid ≥ 0 on the mean over seeds and > −0.10 on
 every seed; crashers ≤ 15 % of the generated verifiers at the last iteration with a negative mean advantage; probe
 discrimination within 0.02 of the control's (mean over seeds). Adversarial rejection is read beside original
 acceptance: a rise with falling acceptance is rejection of everything, not detection.

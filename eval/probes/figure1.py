@@ -12,7 +12,7 @@ so probing overlaps training, and the last checkpoint's three probes share the c
 a finished run returns at once, a written probe file is not probed again (except an Execution probe file
 written before the tool probe existed, which is probed again to add it).
 
-It writes ``figure1.json`` (the issue's schema: one value per iteration per series, the mean over seeds,
+It writes ``figure1.json`` (one value per iteration per series, the mean over seeds,
 and a ``per_seed`` table; :data:`SERIES`) and ``figure1.png`` (three panels as the paper's Figure 1a: Planning
 U(q), Execution accuracy with the tool probe's ``execution/accuracy_tool`` beside it, Evaluation adversarial
 rejection with ``evaluation/originals_accepted``, and the paper's Qwen3-4B-Base endpoints of §4.5 beside ours,
@@ -43,7 +43,7 @@ if str(_ROOT) not in sys.path:
 from unifiedplayers import rundir  # noqa: E402
 
 SCALES = {"smoke": "figure1_smoke", "paper": "paper_qwen3_4b"}
-# The series of figure1.json (issue 15), in the order of the panels.
+# The series of figure1.json, in the order of the panels.
 # execution/accuracy_tool: the tool probe (arithmetic where tools decide correctness), beside GSM8K + MMLU;
 # evaluation/originals_accepted: the valid verifiers' acceptance of the original (correct) trajectories.
 SERIES = ("planning/U", "planning/well_formed", "execution/accuracy", "execution/answered",

@@ -1,4 +1,4 @@
-"""Held-out probes of each player (issue 15): is a checkpoint better at its role than the backbone?
+"""Held-out probes of each player: is a checkpoint better at its role than the backbone?
 
 Each probe runs a player on a fixed set of ``eval/probes/data/`` (made once by
 ``python -m eval.probes.make_sets``, never trained on) and returns rates with their binomial standard
@@ -212,7 +212,7 @@ def evaluation_metrics(verdicts: Sequence[Any], rules: Sequence[str]) -> dict[st
     V(q) = (1/M) Σ_{i valid} ρ_adv_i; check_errors = share of the valid verifiers' checks that raised, timed
     out or returned a non-verdict; original_errors and original_rejections = the shares of the generated
     verifiers' checks of the originals (M·K per question; a verifier that does not compile runs none) that errored
-    and that rejected with a verdict, kept apart (issue 47: an error is no verdict; a verifier that errors on a
+    and that rejected with a verdict, kept apart (an error is no verdict; a verifier that errors on a
     probe question's one original is run-time invalid); discrimination = §4.5's accuracy of telling originals from perturbed
     trajectories, the verifier-level balanced accuracy (original_acceptance + adv_rejection) / 2, by
     :func:`eval.analysis.discrimination.discrimination` (an errored check counts as neither right verdict).
@@ -472,7 +472,7 @@ def run_probes(cfg: Any, ckpt: Checkpoint, roles: Sequence[str] = ROLES, sizes: 
             # figure1.json's name of the originals' acceptance (the key above is kept for older readers)
             metrics["evaluation/originals_accepted"] = res["original_acceptance"]
             metrics["evaluation/originals_accepted_se"] = res["original_acceptance_se"]
-            # errors on the originals kept apart from rejections (issue 47), over the generated verifiers' checks
+            # errors on the originals kept apart from rejections, over the generated verifiers' checks
             for k in ("original_errors", "original_rejections", "runtime_invalid"):
                 metrics[f"evaluation/{k}"] = res[k]
             log(f"[probe] evaluation: valid {_pct(res['valid'], res['valid_se'])} (n={res['verifiers']}), originals "

@@ -242,7 +242,7 @@ class RewardConfig:
     # A check error (raises, times out, no verdict) on a variant is 0 in Z_adv but no verdict (B.1 defines v_i(τ)
     # only for a completed evaluation): false (the default) gives it no ρ_adv credit, so it raises neither r_C nor
     # V(q); true counts it as a rejection, the "errors credited" ablation (reward=errors_credited), which the
-    # Evaluation player exploits by writing checks that crash on answered trajectories (issue 47). Errors are
+    # Evaluation player exploits by writing checks that crash on answered trajectories. Errors are
     # recorded apart from rejections either way (error_orig, error_adv).
     variant_error_credit: bool = False
     # r_T of a Planning output that is not a well-formed task: below the lowest valid r_T (−w_rep).
@@ -441,7 +441,7 @@ class MethodConfig:
 
 @dataclass
 class CapacityConfig:
-    """The start-up capacity check (``unifiedplayers.capacity``, issue 30)."""
+    """The start-up capacity check (``unifiedplayers.capacity``)."""
 
     # true: refuse at start-up a run whose capacity plan (GPU memory per GPU, host RAM, free disk) exceeds the machine
     # it is on, naming the item and the setting to change; false: start anyway (the plan is an estimate).

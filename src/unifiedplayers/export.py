@@ -1,4 +1,4 @@
-"""A trained player in the Hugging Face format (issue 30), for ``vllm serve``, lm-eval-harness and the Hub:
+"""A trained player in the Hugging Face format, for ``vllm serve``, lm-eval-harness and the Hub:
 
     python -m unifiedplayers.export RUN_DIR --role execution --out DIR
     python -m unifiedplayers.export RUN_DIR --role all --out DIR          # every trained player, DIR/<role>

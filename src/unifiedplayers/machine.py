@@ -1,4 +1,4 @@
-"""Where a run ran (issue 28): the CPU, its bf16 flags, the core and thread counts, torch, Python, the GPUs, and
+"""Where a run ran: the CPU, its bf16 flags, the core and thread counts, torch, Python, the GPUs, and
 the isolation its sandbox got.
 
 Gradients and log-probs differ by a few 1e-6 between CPU kinds (AMX against AVX2 kernels), and a sandbox

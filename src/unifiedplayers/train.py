@@ -19,9 +19,8 @@ import os
 import sys
 
 # Idle OpenMP threads sleep instead of spinning, unless the caller chose a policy (read once, when torch loads its
-# OpenMP runtime, so only where torch is not yet imported). Measured on 2 cores beside one busy core: a 2-thread
-# bf16 update took 20.8 s spinning, 10.7 s sleeping and 9.5 s with one thread; on an idle machine 5.4, 6.5 and
-# 9.4 s (benchmarks/README.md, "Threads").
+# OpenMP runtime, so only where torch is not yet imported): spinning threads beside a busy core slow an update down
+# far more than sleeping ones cost on an idle machine (benchmarks/README.md, "Threads").
 if "torch" not in sys.modules:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
@@ -92,9 +91,8 @@ def main(cfg: DictConfig) -> None:
         # Every rank works in rank 0's directory (Hydra's timestamped default can differ between ranks).
         run_dir = dist.broadcast(cfg.run_dir or HydraConfig.get().runtime.output_dir)
         # What the imports made lives as long as the process: out of the collector's sight, a full collection
-        # (DeepSpeed runs one in every offload_states() of an idle player) walks only what the run makes. The
-        # paper rehearsal's overrides (tests/distributed/paper_rehearsal.py; 9 such collections), one thread on
-        # an Intel Xeon: 31.2 s against 35.3 s a run, two interleaved pairs.
+        # (DeepSpeed runs one in every offload_states() of an idle player) walks only what the run makes
+        # (benchmarks/README.md, "Collections after start-up").
         gc.freeze()
         run(cfg, run_dir, dist)
     finally:

@@ -1,4 +1,4 @@
-"""Like-for-like tables (issue 14, "Evaluation"): Table 15's Adv. Reject on one fixed held-out set, every
+"""Like-for-like tables: Table 15's Adv. Reject on one fixed held-out set, every
 average naming its backbone and benchmarks, Table 1's rows and scales, and `make eval CKPT=<run>` taking
 the method and mode from the run's own config."""
 from __future__ import annotations

@@ -106,7 +106,7 @@ def test_a_failed_step_is_retried_then_reported(tmp_path, capsys):
 
 
 # --------------------------------------------------------------------------------------------------
-# GPU scales: member by member (issue 29, items 9, 10 and 14)
+# GPU scales: member by member
 
 
 def _launched(out: str) -> list[list[str]]:

@@ -1,4 +1,4 @@
-"""The paper presets rehearsed on CPU (issue 29, "What to build" 1): the overrides that run ``experiment=tiny``
+"""The paper presets rehearsed on CPU: the overrides that run ``experiment=tiny``
 with every setting of ``experiment=paper_qwen3_4b`` and ``experiment=paper_mimo_7b`` that a CPU and the tiny
 random model can run, derived from the composed presets key by key.
 
@@ -24,7 +24,7 @@ GPU_ONLY: dict[str, tuple[Any, str]] = {
     "model.dtype": (TINY, "auto is bf16 on a bf16 GPU; float32 here, as in every tiny test (auto picks bf16 on an "
                           "AMX or AVX512-BF16 CPU only, and a test must not depend on the CPU)"),
     "trainer.dtype": (TINY, "as model.dtype: DeepSpeed's bf16 mode on a GPU; float32 here"),
-    "rollout.backend": (TINY, "vllm is not in .venv (issue 29 item 2, make test-vllm); one process samples with hf, "
+    "rollout.backend": (TINY, "vllm is not in .venv (make test-vllm); one process samples with hf, "
                               "the two-rank run with rollout.backend=vllm on ds_worker.CopyingEngine, a weight copy "
                               "per rank refreshed by update_weights as vLLM's engine is"),
     "rollout.gpu_memory_utilization": (TINY, "vLLM's share of GPU memory (weights and KV cache)"),

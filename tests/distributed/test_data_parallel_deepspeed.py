@@ -11,7 +11,7 @@ subprocess (tests/distributed/ds_worker.py).
   ref_mode precompute, gradient checkpointing, S = 4, a cadence save) with a weight-copying engine per rank (what
   vLLM does) gathers the partitions collectively for every copy, recomputes π_old at each phase's start on both
   ranks, and offloads an idle player's DeepSpeed state as on a GPU.
-- host memory (issue 29, defect 6): under ZeRO-3 with ``ref_mode: precompute`` only rank 0 keeps π_ref; rank 1's KL
+- host memory: under ZeRO-3 with ``ref_mode: precompute`` only rank 0 keeps π_ref; rank 1's KL
   terms are still the single process's (tests/trainer/test_idle_player_memory.py tests one process).
 """
 from __future__ import annotations

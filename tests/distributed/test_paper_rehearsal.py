@@ -1,4 +1,4 @@
-"""The paper presets rehearsed on CPU (issue 29, "What to build" 1): the trainer and schedule settings of
+"""The paper presets rehearsed on CPU: the trainer and schedule settings of
 ``experiment=paper_qwen3_4b`` and ``paper_mimo_7b`` on the tiny random model for one outer iteration of the three
 players (overrides: tests/distributed/paper_rehearsal.py, derived from the presets key by key).
 

@@ -1,4 +1,4 @@
-"""eval/probes/error_credit.py (issue 47's evidence table) on two hand-written figure-1 roots."""
+"""eval/probes/error_credit.py (the evidence table on crediting check errors) on two hand-written figure-1 roots."""
 import json
 
 import pytest

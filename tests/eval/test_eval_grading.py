@@ -1,4 +1,4 @@
-"""Grading and extraction cases worked out by hand (issue 6)."""
+"""Grading and extraction cases worked out by hand."""
 import pytest
 
 from eval.extract import extract_option_letter, humaneval_program, last_boxed

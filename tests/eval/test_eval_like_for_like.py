@@ -1,4 +1,4 @@
-"""Like-for-like evaluation (issue 14, "Evaluation"): HumanEval graded by a sentinel in the real sandbox,
+"""Like-for-like evaluation: HumanEval graded by a sentinel in the real sandbox,
 tool-mode prompts that keep each benchmark's own answer instruction, and one total token budget per
 problem in both modes."""
 from __future__ import annotations

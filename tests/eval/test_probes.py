@@ -22,7 +22,7 @@ def _outcome(accepted: bool, kind: str = "") -> CheckOutcome:
 
 
 def test_standard_errors_by_hand():
-    # sqrt(0.5 * 0.5 / 100) = 0.05: the "at n = 100, SE <= 5 points"; sqrt(0.9 * 0.1 / 100) = 0.03
+    # sqrt(0.5 * 0.5 / 100) = 0.05: at n = 100 a probe's SE is at most 5 points; sqrt(0.9 * 0.1 / 100) = 0.03
     assert P.binomial_se(0.5, 100) == pytest.approx(0.05)
     assert P.binomial_se(0.9, 100) == pytest.approx(0.03)
     assert P.binomial_se(None, 10) is None and P.binomial_se(0.5, 0) is None

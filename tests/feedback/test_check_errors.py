@@ -1,4 +1,4 @@
-"""Check errors kept apart from rejections (issue 13, fidelity item 5): a raise, a timeout or a
+"""Check errors kept apart from rejections (the paper defines a verdict only for a completed check, B.1): a raise, a timeout or a
 non-verdict return is 0 in Z (the paper's Z), marked in error masks, recorded in ξ(q); a verifier that
 errors on every original is invalid; an error on a variant earns no ρ_adv credit (unless reward=errors_credited)."""
 from __future__ import annotations
@@ -88,7 +88,7 @@ def test_crash_always_is_invalid_and_cannot_raise_v(sandbox, reward_cfg):
 
 
 def test_an_error_on_a_variant_earns_no_credit_unless_errors_are_credited(sandbox, reward_cfg):
-    assert not reward_cfg.variant_error_credit  # the default (SPEC §5, issue 47): an error is not a verdict
+    assert not reward_cfg.variant_error_credit  # the default (SPEC §5): an error is not a verdict
     record, r = _feedback(sandbox, reward_cfg, [HONEST, CRASHY])
     # Z (the paper's): both accept the originals and have 0 on the bash variants
     np.testing.assert_array_equal(record.z_orig, [[1, 1], [1, 1]])

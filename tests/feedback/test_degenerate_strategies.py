@@ -94,7 +94,7 @@ def test_no_failure_strategy_beats_the_verifier_that_completes(table, task, k, v
 
 
 def test_errors_credited_pays_the_prefix_crasher_like_a_reject_all(sandbox, table):
-    # The contrast: reward=errors_credited counts an error on a variant as a rejection (issue 47's exploit).
+    # The contrast: reward=errors_credited counts an error on a variant as a rejection, the exploit of checks that crash on answered trajectories.
     credited = S.compose_config("errors_credited").reward
     assert credited.variant_error_credit
     got = S.strategy_table(sandbox, credited, evaluation=["prefix_raises", "prefix_none", "reject_all",

@@ -1,4 +1,4 @@
-"""early_terminate's distractor pool (Appendix F.1, I.4; issue 13 fidelity item 6): off-by-one,
+"""early_terminate's distractor pool (Appendix F.1, I.4): off-by-one,
 rounded to tens, ±10 % and zero, never equal in value to the original answer."""
 from __future__ import annotations
 

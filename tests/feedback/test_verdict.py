@@ -127,7 +127,7 @@ def test_bad_verifiers_are_recorded_and_the_batch_goes_on(sandbox, tmp_path):
     assert kinds == {0: "timeout", 1: "raised", 2: "bad_return", 3: "raised", 4: "accepted"}
     assert {c.verifier for c in vm.errors} == {0, 1, 2, 3}
     assert "ZeroDivisionError" in next(c.outcome.reason for c in vm.checks if c.verifier == 1)
-    # 0-3 errored on the only original, so they are invalid (issue 13 item 5): only 4 has a row in Z
+    # 0-3 errored on the only original, so they are invalid: only 4 has a row in Z
     assert vm.valid == [4] and sorted(vm.runtime_invalid) == [0, 1, 2, 3]
     np.testing.assert_array_equal(vm.z_orig, [[1]])
     assert vm.validity[4] == "valid" and "timeout" in vm.validity[0] and "bad_return" in vm.validity[2]

@@ -1,4 +1,4 @@
-"""Bad input (issue 47): a verifier that returns junk, floods its output, sleeps past its limit or returns an
+"""Bad input: a verifier that returns junk, floods its output, sleeps past its limit or returns an
 object that raises in ``__eq__``/``__repr__``/... is an error of a named kind (``verifier.ERROR_KINDS``), never a
 verdict; none of them can lose a record.
 

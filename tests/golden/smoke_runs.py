@@ -1,4 +1,4 @@
-"""The golden check on the embedded SmolLM2 (issue 19): the smoke preset in float32, one fixed seed, for
+"""The golden check on the embedded SmolLM2: the smoke preset in float32, one fixed seed, for
 unifiedplayers, r_zero, agent0 and absolute_zero (two players), written by two versions of the code on the
 same machine, must give the same records.jsonl and metrics.jsonl (``timing/*`` and ``perf/*`` keys aside).
 

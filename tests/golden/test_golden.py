@@ -1,5 +1,5 @@
 """Golden runs: the whole outer loop, per method, writes exactly the records and metrics it wrote when the
-golden files were made (a refactor that must not change behaviour proves it here; issue 19).
+golden files were made (a refactor that must not change behaviour proves it here).
 
 Each run drives the tiny random Llama's players with scripted text (tests/players/scripted.py), chosen so
 that every trained player's groups have a spread of rewards: every stage of the loop runs (tasks,

@@ -1,4 +1,4 @@
-"""Methods without tools get a plain-text Execution prompt (issue 14, §4.1, Appendix G.1): no rendered Execution prompt of
+"""Methods without tools get a plain-text Execution prompt (§4.1, Appendix G.1): no rendered Execution prompt of
 such a method mentions Python or a code fence, in every preset that does not set its own prompt."""
 from __future__ import annotations
 

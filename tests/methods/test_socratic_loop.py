@@ -1,4 +1,4 @@
-"""Socratic-Zero's loop wired into the outer loop (methods/socratic_zero.py ``SocraticZero``; issue 14).
+"""Socratic-Zero's loop wired into the outer loop (methods/socratic_zero.py ``SocraticZero``).
 
 The Teacher is a local OpenAI-compatible stub server started here: it grades CORRECT exactly for the answer
 48 and refines any failed problem q into "Practice after '<q>': what is 6 * 8?" with the reference solution

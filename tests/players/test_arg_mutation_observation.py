@@ -1,5 +1,5 @@
 """arg_mutation writes a re-executed output exactly as the Execution tool loop writes observations
-(issue 13, fidelity item 1): same formatter, same ``observation_max_chars`` truncation."""
+(Appendix F.1): same formatter, same ``observation_max_chars`` truncation."""
 from __future__ import annotations
 
 import sys

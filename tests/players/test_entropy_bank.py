@@ -1,4 +1,4 @@
-"""The fixed bank of held-out role contexts for entropy retention (§4.4, Appendix D.2; issue 13 fidelity item 3)."""
+"""The fixed bank of held-out role contexts for entropy retention (§4.4, Appendix D.2)."""
 from __future__ import annotations
 
 import json

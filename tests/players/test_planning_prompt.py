@@ -1,4 +1,4 @@
-"""The Planning prompt of the paper presets and its stop string (issue 13, fidelity item 4)."""
+"""The Planning prompt of the paper presets and its stop string."""
 from __future__ import annotations
 
 import sys

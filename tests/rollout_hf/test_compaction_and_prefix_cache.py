@@ -1,4 +1,4 @@
-"""Tests that catch the bugs an audit planted in the hf engine's decoding economies (issue 32): the ended-rows
+"""Tests that catch the bugs an audit planted in the hf engine's decoding economies: the ended-rows
 compaction (``_Running.drop_ended``) filling a hole with an ended row or reading ``finish`` by batch place, and
 the prefix cache handing back a whole stored prefix on a partial match. Each test names the plant it catches."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The hf engine's packed linear layers (``rollout.packed_linears``, :func:`hf_engine.packed_linears`, issue 32):
+"""The hf engine's packed linear layers (``rollout.packed_linears``, :func:`hf_engine.packed_linears`):
 oneDNN-packed weight copies for the decoding steps' small products. In bfloat16 (auto) they must give the very
 tokens and log-probs of the unpacked engine; float32 is packed only when asked; large batches (prefill) and the
 layers' own forwards are left as they were. Each test names the plant it catches."""

@@ -1,4 +1,4 @@
-"""What a call gives does not depend on the run or the load (issue 28).
+"""What a call gives does not depend on the run or the load.
 
 - Its limit is CPU time, not wall clock: whether a call times out does not depend on what else the machine runs.
   A wall-clock cap, ``wall_timeout_factor`` times the limit, still ends a call that sleeps or blocks.

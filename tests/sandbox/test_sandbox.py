@@ -568,7 +568,7 @@ def test_many_distinct_sources_each_run_its_own_code(sb):
             [[i, i] for i in reversed(range(80))]
 
 
-# -- issue 20, item 5: a dirty cell, a hostname lookup, values JSON cannot hold ----------------------
+# -- bad input: a dirty cell, a hostname lookup, values JSON cannot hold ----------------------
 
 _FORK_BOMB = textwrap.dedent("""
     import os

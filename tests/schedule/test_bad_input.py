@@ -1,5 +1,5 @@
 """Bad input gets a clear error or a recorded failure, never rc 0 with garbage, and no record is lost or
-written twice (issue 20): resume of `make run`, a crash before the first completed update, a refused resume,
+written twice: resume of `make run`, a crash before the first completed update, a refused resume,
 settings that are accepted by type but meaningless, misspelled keys, a damaged state or model file, the paper
 schedule on a CPU."""
 from __future__ import annotations

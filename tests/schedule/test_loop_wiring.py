@@ -328,7 +328,7 @@ def test_records_hold_hand_computed_rewards(run):
 
 
 def test_verifier_kinds_in_the_metrics_and_the_summary(run):
-    """Issue 47: each update's kind shares and mean advantages, and the summary's table per outer iteration.
+    """What the Evaluation reward pays each kind of verifier: each update's kind shares and mean advantages, and the summary's table per outer iteration.
     Task A's verifiers: vA (Z_orig [1,0,0,0]) and vS ([1,0,1,0]) discriminate, vX is invalid; no check errors."""
     import json
 

@@ -79,7 +79,7 @@ def test_malformed_outputs_are_recorded_failures(tmp_path):
     assert played.meta["tool_calls"] == [0, 0, 1, 1, 1]
     assert [t.final_answer for t in played.trajectories] == [None, None, None, "42", "41"]
     assert "ZeroDivisionError" in played.trajectories[4].steps[2].result
-    # the looping check timed out on every original: invalid at run time (issue 13), no row in Z
+    # the looping check timed out on every original: invalid at run time, no row in Z
     assert played.valid == [0] and played.num_generated == 3 and list(played.runtime_invalid) == [2]
     assert "timeout" in played.runtime_invalid[2]
     validity = played.meta["verifier_validity"]

@@ -1,4 +1,4 @@
-"""One seed gives one run whatever the load (issue 28): two runs of the tiny preset started together beside a
+"""One seed gives one run whatever the load: two runs of the tiny preset started together beside a
 process that keeps a core busy write the same records and metrics (benchmarks/determinism.py does the same
 with SmolLM2). The comparison itself is checked on hand-made run directories."""
 from __future__ import annotations

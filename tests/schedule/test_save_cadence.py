@@ -1,4 +1,4 @@
-"""The save cadence (``schedule.save_every``, issue 29): a checkpoint and the run state that names it are written
+"""The save cadence (``schedule.save_every``): a checkpoint and the run state that names it are written
 at block ends, every ``save_every`` updates of a block (at a sampling phase's end) and at a clean stop; a run
 killed between two saves resumes from the last one and replays the updates after it to the same records.jsonl
 and metrics.jsonl (``timing/*`` and ``perf/*`` aside) as an uninterrupted run, at every cadence setting, with

@@ -30,7 +30,7 @@ def test_hydra_entry_point_runs_in_its_output_dir_and_resumes(tmp_path):
 
 
 def test_a_bare_run_says_it_trains_the_defaults_not_a_paper_preset():
-    """Issue 29, item 11: without experiment= (where it may start: a GPU machine) the first line names the model,
+    """Without experiment= (where it may start: a GPU machine) the first line names the model,
     its device and the update count of conf/config.yaml's defaults, and the paper presets."""
     from unifiedplayers.config import compose
     from unifiedplayers.train import default_run_notice

@@ -1,4 +1,4 @@
-"""Exporting a trained player in the Hugging Face format (issue 30, ``unifiedplayers.export``): a tiny run's
+"""Exporting a trained player in the Hugging Face format (``unifiedplayers.export``): a tiny run's
 players, written with ``save_pretrained`` by the CLI and at the end of the run, load with
 ``AutoModelForCausalLM.from_pretrained`` / ``AutoTokenizer.from_pretrained`` and give the trained weights' logits."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Host memory of idle players (issue 29, defect 6): an idle player keeps in memory only the weights it samples with.
+"""Host memory of idle players: an idle player keeps in memory only the weights it samples with.
 
 - Team level, torch backend in bf16 (float32 masters, one bf16 copy for compute and rollouts), both reference modes:
   after its block ends a player holds no optimizer state, no gradients, no π_ref and no float32 masters; a player that

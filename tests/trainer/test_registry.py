@@ -1,4 +1,4 @@
-"""The trainer backend registry (issue 19): backends by name, imported lazily, never importing each other."""
+"""The trainer backend registry: backends by name, imported lazily, never importing each other."""
 from __future__ import annotations
 
 import ast

@@ -1,6 +1,6 @@
 """The rollout copy of the torch backend in another dtype than its compute dtype (``trainer.dtype=float32``,
 ``model.dtype=bfloat16``): the module the engine samples from is refreshed after every step, not only the
-compute copy (issue 32)."""
+compute copy."""
 from __future__ import annotations
 
 import pytest

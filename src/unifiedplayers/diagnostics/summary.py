@@ -3,13 +3,13 @@
 It is rebuilt from the run directory alone (``metrics.jsonl``, ``records.jsonl``): per-player reward
 trajectories, time spent in generation, sandbox and updates, the Execution player's accuracy on the fixed
 diagnostic pool with its negative-step rate and maximum drop (Appendix D.2), per outer iteration the kinds of
-verifier in the Evaluation blocks with their shares and mean advantages (issue 47), one sample task with a trajectory
+verifier in the Evaluation blocks with their shares and mean advantages, one sample task with a trajectory
 and a verifier, and the verdict matrix of that task.
 
 ``summary.png`` beside them (:func:`write_summary_png`, matplotlib without a display) plots per update each
 player's mean reward, clip fraction, KL and grad-norm (the diagnostics of Appendix D.2), and, where
 they were run, the diagnostic pool's accuracy and the held-out probes of ``probes/iter<i>.json``
-(``eval/probes``, issue 15) per outer iteration.
+(``eval/probes``) per outer iteration.
 """
 from __future__ import annotations
 

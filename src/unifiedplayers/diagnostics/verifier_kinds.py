@@ -1,4 +1,4 @@
-"""What the Evaluation reward pays each kind of verifier (issue 47): shares and mean GRPO advantages.
+"""What the Evaluation reward pays each kind of verifier: shares and mean GRPO advantages.
 
 The kinds are :mod:`unifiedplayers.feedback.kinds`' (invalid, errors on answered originals, rejects all, accepts all,
 discriminating). A verifier's advantage is Eq. 17's within its task's group of M verifiers

@@ -1,4 +1,4 @@
-"""Kinds of verifier by what their checks did on one task (issue 47): which strategy the Evaluation reward pays.
+"""Kinds of verifier by what their checks did on one task: which strategy the Evaluation reward pays.
 
 Every generated verifier of a task is put in one kind, read from the verdict matrix and its error masks, in this
 order:

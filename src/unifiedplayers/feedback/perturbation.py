@@ -350,7 +350,7 @@ def _round_half_away(v: Fraction, step: int = 1) -> Fraction:
 
 
 def distractor_candidates(value: Fraction, integral: bool) -> list[tuple[str, Fraction]]:
-    """The early_terminate pool before de-duplication, in order (Appendix F.1, I.4; issue 13):
+    """The early_terminate pool before de-duplication, in order (Appendix F.1, I.4):
     off-by-one below and above, rounded to tens, +10 % and −10 % (rounded to an integer, halves away
     from zero, when the answer is written as an integer; exact otherwise), and zero."""
     def scale(f: Fraction) -> Fraction:

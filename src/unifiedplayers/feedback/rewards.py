@@ -12,8 +12,9 @@ Choices the paper leaves open (set in ``conf/reward/``, see ``RewardConfig``):
   By default (``reward.variant_error_credit: false``) an error on a variant earns no ρ_adv credit: it
   stays in the count K·P and adds nothing to the sum, so it raises neither r_C nor V(q). On an original it
   is 0 in Z_orig: not accepted in r_S and ρ_gold. ``variant_error_credit: true`` (``reward=errors_credited``,
-  an ablation) counts it as a rejection, which the Evaluation player exploits (issue 47). A verifier that
-  errors on every original is invalid (``verdict``), so it never reaches Eq. 5 or V(q).
+  an ablation) counts it as a rejection, which the Evaluation player exploits by writing checks that crash on
+  answered trajectories. A verifier that errors on every original is invalid (``verdict``), so it never reaches
+  Eq. 5 or V(q).
 - r_C of an invalid verifier: ``invalid_verifier_reward``; r_T of a malformed task: ``malformed_task_reward``.
 - p̂ with missing answers: every sample counts in the denominator; a missing answer joins no cluster
   unless ``missing_in_majority`` (then all missing answers form one cluster).

@@ -4,8 +4,8 @@
 and their K·P variants as ONE parallel sandbox batch (``sandbox.call_many``): M_q·K·(1+P) checks, fewer
 where a rule could not apply (those variants are ``None`` and masked out, never run).
 
-Check errors (issue 13, fidelity item 5). A check that raises, times out or returns something other
-than a verdict (``verifier.ERROR_KINDS``) is an *error*, kept apart from a rejection:
+Check errors (the paper defines a verdict only for a check that completed, B.1). A check that raises, times out or
+returns something other than a verdict (``verifier.ERROR_KINDS``) is an *error*, kept apart from a rejection:
 
 - Z keeps the paper's values: an error is 0 in Z_orig and Z_adv (§3.1, Eq. 10: Z is binary, one denotes acceptance),
   and the masks ``error_orig`` (M_q, K) and ``error_adv`` (M_q, K, P) say which zeros are errors.
@@ -188,7 +188,7 @@ def verdict_matrix(
 def check_error_summary(
     error_orig: np.ndarray, error_adv: np.ndarray, adv_mask: np.ndarray, runtime_invalid: int = 0
 ) -> dict[str, Any]:
-    """Per-task check-error counts over the valid verifiers' checks (issue 13, fidelity item 5).
+    """Per-task check-error counts over the valid verifiers' checks (see Check errors, above).
 
     ``checks``: the checks behind Z (M_q·K originals + M_q·present variants); ``errors_orig`` and
     ``errors_adv``: how many of them errored; ``error_rate``: (errors_orig + errors_adv) / checks

@@ -209,7 +209,7 @@ def minibatch_metrics(role: str, groups: Sequence[Sequence[Any]], played: Sequen
                                             if generated else None)
     for kind in ("raised", "timeout", "bad_return"):
         m[f"evaluation/errors_{kind}"] = sum(e[f"errors/{kind}"] for e in errors)
-    # What the Evaluation reward pays each kind of verifier (issue 47): share and mean advantage within the M.
+    # What the Evaluation reward pays each kind of verifier: share and mean advantage within the M.
     m.update(kind_metrics([task_kinds_and_advantages(fb.verdicts.num_generated, fb.verdicts.valid, fb.verdicts.z_orig,
                                                      fb.verdicts.z_adv, fb.verdicts.adv_mask, fb.verdicts.error_orig,
                                                      fb.answers, p.rewards.get("evaluation"))

@@ -1,4 +1,4 @@
-"""What an idle player keeps out of host memory (issue 29, defect 6): tensors parked in a file without a name.
+"""What an idle player keeps out of host memory: tensors parked in a file without a name.
 
 An idle player needs in memory only the weights it samples with, in the sampling dtype. The rest waits for its next
 block in a file without a name (:func:`offload_file`, in ``trainer.offload_dir``): its optimizer state, its float32
