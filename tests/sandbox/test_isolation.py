@@ -18,7 +18,7 @@ from unifiedplayers.sandbox import Sandbox, SandboxConfig, isolation_line, isola
 from unifiedplayers.sandbox.isolation import LAYERS, missing_layer_warnings
 
 IS_ROOT_ON_LINUX = os.geteuid() == 0 and sys.platform == "linux"
-ALL = ["netns", "uid", "landlock", "tmpfs"]
+ALL = ["netns", "uid", "landlock", "tmpfs"]  # as root; through a user namespace pidns takes uid's place
 
 
 def _report(**settings) -> dict:
@@ -31,8 +31,8 @@ def _report(**settings) -> dict:
 @pytest.mark.skipif(not IS_ROOT_ON_LINUX, reason="the uid drop and the private tmpfs need root")
 def test_every_layer_is_present_here():
     report = _report()
-    assert report == {"present": ALL, "missing": {}}
-    assert isolation_line(report) == "netns, uid, landlock, tmpfs (all layers)"
+    assert report == {"mechanism": "root", "present": ALL, "missing": {}}
+    assert isolation_line(report) == "netns, uid, landlock, tmpfs (all layers, as root)"
     assert missing_layer_warnings(report) == []
 
 
@@ -63,7 +63,22 @@ def test_every_missing_layer_has_a_reason():
                                  "uid": "not root (uid 1000): cannot drop to a per-call uid",
                                  "tmpfs": "unavailable on this machine (no reason given)"}
     assert [t.split("'")[1] for t in missing_layer_warnings(report)] == ["netns", "uid", "tmpfs"]
-    assert set(LAYERS) == set(ALL)
+    assert report["mechanism"] == "none" and set(LAYERS) == {*ALL, "pidns"}
+    assert isolation_line(report).startswith("landlock (not root, no user namespace); MISSING netns: unshare")
+
+
+def test_through_a_user_namespace_the_process_layer_is_pidns():
+    """A server that is not root and entered a user namespace reports pidns in the place of uid: present, or
+    missing with the kernel's reason; uid is no layer of that mechanism, whatever drop_privileges says."""
+    iso = {"mechanism": "user namespace", "uid": False, "pidns": True, "netns": True, "landlock": True,
+           "tmpfs": True, "reasons": {}}
+    report = isolation_report(SandboxConfig(drop_privileges=False), iso)
+    assert report == {"mechanism": "user namespace", "present": ["netns", "pidns", "landlock", "tmpfs"], "missing": {}}
+    assert isolation_line(report) == "netns, pidns, landlock, tmpfs (all layers, through a user namespace)"
+    why = "this kernel counts RLIMIT_NPROC per uid over the whole machine"
+    report = isolation_report(SandboxConfig(), dict(iso, pidns=False, reasons={"pidns": why}))
+    assert report["missing"] == {"pidns": why}
+    assert missing_layer_warnings(report) == [f"sandbox isolation: layer 'pidns' is missing ({why}): {LAYERS['pidns']}"]
 
 
 @pytest.mark.skipif(not IS_ROOT_ON_LINUX or shutil.which("capsh") is None, reason="needs root and capsh")
@@ -81,7 +96,7 @@ def test_a_machine_that_refuses_namespaces_gives_the_reason():
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout.strip().splitlines()[-1])
-    assert report["present"] == ["uid", "landlock"]
+    assert report["present"] == ["uid", "landlock"] and report["mechanism"] == "root"
     assert report["missing"] == {
         "netns": "unshare(CLONE_NEWNET) failed: Operation not permitted",
         "tmpfs": "working directories on disk (unshare(CLONE_NEWNS): Operation not permitted)"}

@@ -110,7 +110,8 @@ def test_auto_run_stores_its_dtype_and_resumes_with_it_on_a_bf16_machine(monkeyp
     assert [(m["from_update"], m["bf16_flags"]) for m in starts] == [(0, []), (1, ["amx_bf16"])]
     assert starts[-1]["torch_threads"] == torch.get_num_threads()
     if os.geteuid() == 0 and sys.platform == "linux":  # every isolation layer, recorded at each start
-        assert all(m["sandbox_isolation"] == {"present": ["netns", "uid", "landlock", "tmpfs"], "missing": {}}
+        assert all(m["sandbox_isolation"] == {"mechanism": "root", "present": ["netns", "uid", "landlock", "tmpfs"],
+                                                "missing": {}}
                    for m in starts)
 
 

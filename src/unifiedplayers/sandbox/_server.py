@@ -108,6 +108,9 @@ _libc.syscall.restype = ctypes.c_long
 
 CLONE_NEWNET = 0x40000000
 CLONE_NEWNS = 0x00020000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 1 << 14, 1 << 18
 PR_SET_PDEATHSIG = 1
 PR_SET_DUMPABLE = 4
@@ -288,6 +291,159 @@ def _private_tmpfs(path, size_mb):
     if _libc.mount(b"tmpfs", path.encode(), b"tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, options) != 0:
         return "mount tmpfs: " + os.strerror(ctypes.get_errno())
     return None
+
+
+def _write_id_maps(uid, gid):
+    """Map ``uid`` and ``gid`` to themselves in the user namespace this process has just entered: one line each,
+    after denying setgroups, as the kernel requires of a writer without privileges outside the namespace. The ids
+    stay those of the user who started the sandbox (``geteuid()`` is not 0 inside). Returns an error text or None."""
+    for name, text in (("setgroups", "deny"), ("uid_map", "%d %d 1" % (uid, uid)), ("gid_map", "%d %d 1" % (gid, gid))):
+        try:
+            fd = os.open("/proc/self/" + name, os.O_WRONLY)
+            try:
+                os.write(fd, text.encode())
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            return "writing /proc/self/%s: %s" % (name, exc.strerror)
+    return None
+
+
+def _enter_user_namespace(flags=0):
+    """``unshare(CLONE_NEWUSER | flags)``, then map this process's ids to themselves. Returns an error text or None.
+    A failure after the unshare leaves the process in a namespace without a map: only a throw-away process (the
+    trial, :func:`_user_namespace_trial`) or one that then exits may call this where it can fail."""
+    uid, gid = os.geteuid(), os.getegid()
+    if _libc.unshare(CLONE_NEWUSER | flags) != 0:
+        err = ctypes.get_errno()
+        hint = {28: " (user.max_user_namespaces is 0 or reached)",
+                1: " (unprivileged user namespaces are forbidden here: kernel.unprivileged_userns_clone or an "
+                   "AppArmor/SELinux policy)"}.get(err, "")
+        return "unshare(CLONE_NEWUSER) failed: %s%s" % (os.strerror(err), hint)
+    return _write_id_maps(uid, gid)
+
+
+def _drop_capabilities():
+    """Clear every capability of this process (effective, permitted and inheritable sets; the ambient set goes with
+    the permitted one). A process that makes a user namespace holds every capability inside it; the calls hold none."""
+    header = (ctypes.c_uint32 * 2)(_LINUX_CAPABILITY_VERSION_3, 0)
+    data = (ctypes.c_uint32 * 6)()
+    if _libc.capset(header, data) != 0:
+        raise OSError(ctypes.get_errno(), "capset")
+
+
+def _nproc_counts_per_namespace():
+    """Whether RLIMIT_NPROC counts the processes of a user namespace (Linux 5.14 and later: per namespace and uid),
+    rather than every process of the uid on the machine: a child in a new user namespace, limited to 3 processes,
+    forks three children that wait; the first two forks must succeed (a per-uid count would already exceed 3 with
+    this server and its client) and the third must fail. Returns None, or why the cells' process bound is missing."""
+    pid = os.fork()
+    if pid == 0:
+        code = 3
+        try:
+            if _enter_user_namespace() is None:
+                _set_rlimit(resource.RLIMIT_NPROC, 3)
+                r, w = os.pipe()
+                forked = []
+                for _ in range(3):
+                    try:
+                        kid = os.fork()
+                    except BlockingIOError:
+                        break
+                    if kid == 0:
+                        os.close(w)
+                        os.read(r, 1)  # until the parent closes its end
+                        os._exit(0)
+                    forked.append(kid)
+                os.close(w)
+                for kid in forked:
+                    os.waitpid(kid, 0)
+                code = {2: 0, 0: 1, 3: 2}.get(len(forked), 3)
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    return {0: None,
+            1: "this kernel counts RLIMIT_NPROC per uid over the whole machine, not per user namespace (Linux 5.14 "
+               "and later): a call's process count is not bounded",
+            2: "RLIMIT_NPROC did not bound the processes of a user namespace: a call's process count is not bounded",
+            }.get(code, "could not test how RLIMIT_NPROC counts in a user namespace: a call's process count is not "
+                        "bounded")
+
+
+def _user_namespace_trial(cfg, root):
+    """Try, in a throw-away child, every step the server takes in a user namespace (the namespace and its id map,
+    an empty network namespace, the private tmpfs) and whether RLIMIT_NPROC counts per namespace; the server takes
+    the steps itself only when all of them worked here, so that it never stops half way. Returns ``(why the user
+    namespace cannot serve or None, why the process bound is missing or None)``."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        try:
+            why = _enter_user_namespace()
+            if why is None and not cfg["network"] and _libc.unshare(CLONE_NEWNET) != 0:
+                why = "unshare(CLONE_NEWNET) in the user namespace failed: %s" % os.strerror(ctypes.get_errno())
+            if why is None and int(cfg.get("workdir_tmpfs_mb") or 0) > 0:
+                why = _private_tmpfs(root, int(cfg["workdir_tmpfs_mb"]))
+            answer = {"why": why, "nproc": _nproc_counts_per_namespace() if why is None else None}
+        except BaseException as exc:  # noqa: BLE001 - any failure is a reason to fall back
+            answer = {"why": "%s: %s" % (type(exc).__name__, exc), "nproc": None}
+        finally:
+            _write_all(w, json.dumps(answer).encode())
+            os._exit(0)
+    os.close(w)
+    text = b""
+    while True:
+        chunk = os.read(r, 1 << 16)
+        if not chunk:
+            break
+        text += chunk
+    os.close(r)
+    os.waitpid(pid, 0)
+    try:
+        answer = json.loads(text)
+    except ValueError:
+        return "the user namespace trial died before it answered", None
+    return answer["why"], answer["nproc"]
+
+
+def _enter_cell_namespaces(st):
+    """In a new cell's first process, with the user namespace mechanism: a user and a PID namespace of the cell's
+    own, whose first process (PID 1 there) goes on to become the forker; this process stays as the forker's parent,
+    closes every descriptor, waits for the forker and exits when it has. On SIGTERM (from the server, replacing the
+    cell) it kills the forker: the server's signal goes to its own child, whose pid cannot have been reused, and
+    the forker's to this process's child. Returns in the forker only.
+
+    Everything a call starts lives in the cell's PID namespace and dies with its first process (the forker): the
+    kernel kills the namespace when its init exits, whoever killed it. The cell's user namespace is what
+    RLIMIT_NPROC counts (see :func:`_nproc_counts_per_namespace`), and it is what lets a user without privileges
+    make the PID namespace."""
+    server = os.getppid()
+    try:
+        why = _enter_user_namespace(CLONE_NEWPID)
+        if why is not None:
+            raise OSError(why)
+        forker = os.fork()
+    except BaseException:  # noqa: BLE001
+        text = ("cell namespaces: " + traceback.format_exc()[-1800:]).encode()
+        _write_all(st, FATAL + struct.pack(">I", len(text)) + text)
+        os._exit(70)
+    if forker == 0:
+        return
+    signal.signal(signal.SIGTERM, lambda signum, frame: os.kill(forker, signal.SIGKILL))
+    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # the server gone: this process, then the forker, go
+    if os.getppid() != server:
+        os._exit(0)
+    os.closerange(0, 1 << 16)
+    while True:
+        try:
+            _, status = os.waitpid(forker, 0)
+            break
+        except InterruptedError:
+            continue
+    code = os.waitstatus_to_exitcode(status)
+    os._exit(code if code >= 0 else 128 - code)
 
 
 def _frame(obj):
@@ -531,9 +687,9 @@ def _call_process(kind, text, code, function, payload, timeout, cfg, workdir, ou
     inherited; the CPU limit is per call."""
     try:
         os.setsid()  # its own session and process group
-        if not cfg["_uid_isolation"]:
-            # Under a uid of its own the call dies with its forker by the forker's sweep (see
-            # _take_cell_uid); without one, by this signal. (Each ctypes call costs a fork ~0.1 ms of
+        if not cfg["_contained"]:
+            # Under a uid or in a PID namespace of its own the call dies with its forker, by the forker's sweep
+            # (see _take_cell_uid) or with the namespace; without either, by this signal. (Each ctypes call costs a fork ~0.1 ms of
             # copy-on-write faults here, so the calls make as few as they can.)
             _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         os.dup2(out_w, 1)
@@ -707,7 +863,9 @@ ENDED, TIMED_OUT, KILLED = 0, 1, 2
 
 class Forker:
     def __init__(self, cfg, iso, cell_dir, ruleset, fds):
-        self.cfg = dict(cfg, _uid_isolation=bool(iso["uid"]))
+        # Every process a call starts can be found and killed: all of the cell's uid, or all of its PID namespace.
+        self.contained = bool(iso["uid"] or iso.get("pidns"))
+        self.cfg = dict(cfg, _contained=self.contained)
         self.wall_factor = float(cfg.get("wall_timeout_factor") or 1.0)
         self.iso, self.dir, self.ruleset = iso, cell_dir, ruleset
         self.ctl, self.st, self.out_w, self.err_w, self.res_w = fds
@@ -741,9 +899,10 @@ class Forker:
         return self.codes[key]
 
     def sweep(self, pgid):
-        """Kill every process the call started: all of this uid but this forker, or the call's group."""
+        """Kill every process the call started: all of this uid but this forker, or all of this PID namespace but
+        its first process (this forker), or the call's group."""
         try:
-            if self.iso["uid"]:
+            if self.contained:
                 os.kill(-1, signal.SIGKILL)
             else:
                 os.killpg(pgid, signal.SIGKILL)
@@ -751,12 +910,12 @@ class Forker:
             pass
 
     def reap(self, pgid):
-        """After a call: kill what it left running and, under the cell's own uid, wait until no process
-        of that uid but this forker is left: killed and reaped (the forker is their subreaper, so every
-        orphan of a call is its child). A process counts against the uid's RLIMIT_NPROC until it is
-        reaped, so a fork bomb's leftovers would otherwise make the next calls' forks fail."""
+        """After a call: kill what it left running and, under the cell's own uid or in its PID namespace, wait
+        until no process but this forker is left: killed and reaped (the forker is their subreaper, or the
+        namespace's init, so every orphan of a call is its child). A process counts against RLIMIT_NPROC until it
+        is reaped, so a fork bomb's leftovers would otherwise make the next calls' forks fail."""
         self.sweep(pgid)
-        while self.iso["uid"]:
+        while self.contained:
             try:
                 while os.waitpid(-1, os.WNOHANG)[0]:
                     pass
@@ -941,9 +1100,10 @@ def _keep_only(fds, ruleset):
 
 
 def _take_cell_uid(cfg, iso, cell):
-    """With uid isolation, become the cell's own uid (RLIMIT_NPROC on it) and kill whatever that uid left
-    running; then arrange to hear of the server's death: with a uid, SIGTERM, on which the forker kills
-    every process of its uid, its calls included, and exits; without, SIGKILL."""
+    """The forker's process layer. With uid isolation (root), become the cell's own uid (RLIMIT_NPROC on it) and
+    kill whatever that uid left running; then arrange to hear of the server's death: with a uid, SIGTERM, on which
+    the forker kills every process of its uid, its calls included, and exits; in the cell's PID namespace (a user
+    namespace, not root), RLIMIT_NPROC on the namespace and no capabilities; otherwise SIGKILL."""
     if iso["uid"]:
         uid = iso["uid_base"] + cell
         os.setgroups([])
@@ -969,6 +1129,15 @@ def _take_cell_uid(cfg, iso, cell):
 
         signal.signal(signal.SIGTERM, on_server_death)
         _libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    elif iso.get("cell_namespaces"):
+        # The forker is the first process (init) of the cell's PID namespace (_enter_cell_namespaces): a call's
+        # orphans become its children, kill(-1) reaches every process of the namespace but itself, and the
+        # namespace, with all it holds, ends when it does. RLIMIT_NPROC counts the cell's user namespace: its
+        # first process, this forker and a call's max_processes.
+        if iso["pidns"]:
+            _set_rlimit(resource.RLIMIT_NPROC, int(cfg["max_processes"]) + 2)
+        _drop_capabilities()
+        _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # the cell's first process gone: all of it goes
     else:
         _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
@@ -1114,20 +1283,21 @@ class Cell:
 
 def _take_isolation(cfg, root, claim_uids):
     """The isolation layers the server process takes once for all its cells: ``(iso, landlock)``. ``iso`` says
-    which layers it got (uid, netns, tmpfs, landlock), ``notes`` and ``reasons`` why one is missing (a layer the
-    config switched off has no reason), and ``sys_path`` the calls' standard library; ``landlock``: the rules
-    for the cells' rulesets, None without Landlock. ``claim_uids(cfg)``: the first uid of a free block."""
+    which layers it got (netns, uid or pidns, landlock, tmpfs) and by which ``mechanism`` (``root``; a ``user
+    namespace``, not root; ``none``), ``notes`` and ``reasons`` why one is missing (a layer the config switched off
+    has no reason), and ``sys_path`` the calls' standard library; ``landlock``: the rules for the cells' rulesets,
+    None without Landlock. ``claim_uids(cfg)``: the first uid of a free block."""
     notes = []
     reasons = {}  # layer -> why the machine did not give it (switched off by the config: no entry)
-    iso = {"uid": False, "netns": False, "landlock": False}
-    if cfg["drop_privileges"] and os.geteuid() == 0:
-        iso["uid"] = True
-        iso["uid_base"] = claim_uids(cfg)
-    elif cfg["drop_privileges"]:
-        notes.append("not root: calls run under the caller's uid; descendants that leave the "
-                     "call's process group are not bounded or swept")
-        reasons["uid"] = ("not root (uid %d): cannot drop to a per-call uid, calls run under the caller's uid"
-                          % os.geteuid())
+    iso = {"uid": False, "pidns": False, "netns": False, "landlock": False, "cell_namespaces": False}
+    if os.geteuid() == 0:
+        iso["mechanism"] = "root"
+        if cfg["drop_privileges"]:
+            iso["uid"] = True
+            iso["uid_base"] = claim_uids(cfg)
+    else:
+        _take_user_namespace(cfg, root, iso, notes, reasons)
+    privileged = iso["mechanism"] != "none"
     if not cfg["network"]:
         if _libc.unshare(CLONE_NEWNET) == 0:
             iso["netns"] = True
@@ -1135,7 +1305,7 @@ def _take_isolation(cfg, root, claim_uids):
             notes.append("network namespace unavailable (%s)" % os.strerror(ctypes.get_errno()))
             reasons["netns"] = "unshare(CLONE_NEWNET) failed: %s" % os.strerror(ctypes.get_errno())
     iso["tmpfs"] = False
-    if int(cfg.get("workdir_tmpfs_mb") or 0) > 0 and os.geteuid() == 0:
+    if int(cfg.get("workdir_tmpfs_mb") or 0) > 0 and privileged:
         error = _private_tmpfs(root, int(cfg["workdir_tmpfs_mb"]))
         if error is None:
             iso["tmpfs"] = True
@@ -1161,6 +1331,38 @@ def _take_isolation(cfg, root, claim_uids):
     iso["notes"] = notes
     iso["reasons"] = reasons
     return iso, landlock
+
+
+def _take_user_namespace(cfg, root, iso, notes, reasons):
+    """Not root: enter a user namespace that maps the caller's uid to itself, where the server may make the empty
+    network namespace and mount the private tmpfs as root does, and each cell gets a user and PID namespace of its
+    own (the ``pidns`` layer, in place of root's per-cell uid). Every step is tried first in a throw-away child
+    (:func:`_user_namespace_trial`); where one fails, the server stays where it is (mechanism ``none``, today's
+    layers) and says why."""
+    if not cfg.get("user_namespace", True):
+        iso["mechanism"] = "none"
+        reasons["uid"] = ("not root (uid %d): cannot drop to a per-call uid, calls run under the caller's uid "
+                          "(sandbox.user_namespace=false)" % os.geteuid())
+        notes.append(reasons["uid"])
+        return
+    why, nproc = _user_namespace_trial(cfg, root)
+    if why is not None:
+        iso["mechanism"] = "none"
+        reasons["uid"] = ("not root (uid %d) and no user namespace (%s): calls run under the caller's uid, their "
+                          "descendants not bounded, nor swept once they leave the call's process group"
+                          % (os.geteuid(), why))
+        notes.append(reasons["uid"])
+        iso["user_namespace_error"] = why
+        return
+    why = _enter_user_namespace()
+    if why is not None:  # its trial passed: something changed meanwhile, and this process is now half way
+        raise RuntimeError("entering the user namespace failed after its trial had passed: %s" % why)
+    iso["mechanism"] = "user namespace"
+    iso["cell_namespaces"] = True
+    iso["pidns"] = nproc is None
+    if nproc is not None:
+        reasons["pidns"] = nproc + " (descendants are still swept with their cell's PID namespace)"
+        notes.append(reasons["pidns"])
 
 
 class Server:
@@ -1226,6 +1428,8 @@ class Server:
         res_r, res_w = os.pipe()
         pid = os.fork()
         if pid == 0:
+            if self.iso["cell_namespaces"]:
+                _enter_cell_namespaces(st_w)  # returns in the forker, PID 1 of the cell's namespace
             _cell_main(self.cfg, self.iso, i, self.cell_dirs[i], self.rulesets[i],
                        (ctl_r, st_w, out_w, err_w, res_w))
         for fd in (ctl_r, st_w, out_w, err_w, res_w):
@@ -1242,6 +1446,14 @@ class Server:
 
     def replace(self, s, error):
         """A forker died or hung: fail the call it was running, clean up, start a new forker."""
+        if self.iso["cell_namespaces"]:
+            # The cell's first process (s.pid) kills the forker, the init of the cell's PID namespace, which takes
+            # every process in it along, and exits once the forker has: then none is left.
+            try:
+                os.kill(s.pid, signal.SIGTERM)
+                select.select([s.pidfd], [], [], 5.0)
+            except OSError:
+                pass
         try:
             os.kill(s.pid, signal.SIGKILL)
         except OSError:
@@ -1444,7 +1656,8 @@ def main():
         _send({"ready": False, "error": traceback.format_exc()})
         return
     if cfg.get("require_isolation"):
-        missing = [k for k in ("uid", "netns", "landlock") if not server.iso.get(k)]
+        process = "pidns" if server.iso["mechanism"] == "user namespace" else "uid"
+        missing = [k for k in ("netns", process, "landlock") if not server.iso.get(k)]
         if missing:
             _send({"ready": False, "error": "isolation layers unavailable: %s (%s)"
                    % (", ".join(missing), "; ".join(server.iso["notes"]))})

@@ -19,6 +19,7 @@ class SandboxConfig:
     workers: int = 0  # calls run at once; 0 = two per core
     network: bool = False  # False: each call runs in an empty network namespace
     drop_privileges: bool = True  # as root, run each call under its own unprivileged uid
+    user_namespace: bool = True  # not root: isolate through user namespaces (netns, a PID namespace per cell, tmpfs)
     uid_base: int = 61000  # first uid of the per-worker uids
     landlock: bool = True  # restrict file access to the working directory and the standard library
     deterministic: bool = True  # every run gives a call the same clock (virtual), random seed and str hash

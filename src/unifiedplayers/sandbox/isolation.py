@@ -1,54 +1,81 @@
 """Which isolation layers a sandbox got, and why any is missing (:func:`isolation_report`). Imports nothing of
 the project.
 
-A layer is missing either because the config switched it off or because the machine cannot give it (not root,
-a kernel without Landlock, a container that forbids namespaces); the server names the second kind in its ready
-message (``isolation["reasons"]``). ``sandbox.require_isolation=true`` (``sandbox=strict``) refuses to start
-without the first three layers; otherwise the calls run with the layers there are, and a run says which
-(``unifiedplayers.machine``).
+A layer is missing either because the config switched it off or because the machine cannot give it (a kernel
+without Landlock or without unprivileged user namespaces, a container that forbids namespaces); the server names
+the second kind in its ready message (``isolation["reasons"]``). ``sandbox.require_isolation=true``
+(``sandbox=strict``) refuses to start without the first three layers; otherwise the calls run with the layers there
+are, and a run says which (``unifiedplayers.machine``).
+
+The *mechanism* is how the server got its layers (``isolation["mechanism"]``): ``root``, with a uid of its own for
+each cell (the ``uid`` layer); a ``user namespace``, not root, with a user and PID namespace of its own for each cell
+(the ``pidns`` layer, in the place of ``uid``); or ``none``, not root where no user namespace can serve (Landlock
+only, and the reason in ``reasons["uid"]``).
 """
 from __future__ import annotations
 
 from typing import Any, Mapping
 
-# The layers, in the order they are reported, and what model-written code may do without each.
+# The layers, in the order they are reported, and what model-written code may do without each. A sandbox has one
+# of the two process layers, uid (root) or pidns (a user namespace).
 LAYERS = {
     "netns": "it may use the network, but for TCP where Landlock (ABI 4 or later) blocks it",
     "uid": "it runs as this process's user, reaching that user's files and processes, and descendants that leave "
            "its process group are not bounded or swept",
+    "pidns": "the processes it starts are not bounded in number (they are still swept with its cell's PID namespace)",
     "landlock": "it may read and write files outside its working directory",
     "tmpfs": "its working directory is on disk, what all calls write together not capped",
 }
+MECHANISMS = {"root": "as root", "user namespace": "through a user namespace", "none": "not root, no user namespace"}
 
 
 class IsolationWarning(UserWarning):
     """A run's sandbox lacks an isolation layer (``sandbox=strict`` refuses to start instead)."""
 
 
+def process_layer(isolation: Mapping[str, Any]) -> str:
+    """The layer that bounds and sweeps a call's processes for this mechanism: ``pidns`` in a user namespace, else
+    ``uid`` (a run made before the mechanism was recorded had the uid layer)."""
+    return "pidns" if isolation.get("mechanism") == "user namespace" else "uid"
+
+
+def expected_layers(isolation: Mapping[str, Any]) -> list[str]:
+    """The layers a sandbox of this mechanism can have, in report order."""
+    other = "uid" if process_layer(isolation) == "pidns" else "pidns"
+    return [layer for layer in LAYERS if layer != other]
+
+
 def switched_off(config: Any) -> dict[str, str]:
     """The layers the config itself switches off (``config``: a :class:`SandboxConfig`), each with the key."""
     off = {"netns": ("sandbox.network=true", config.network),
            "uid": ("sandbox.drop_privileges=false", not config.drop_privileges),
+           "pidns": ("sandbox.user_namespace=false", not getattr(config, "user_namespace", True)),
            "landlock": ("sandbox.landlock=false", not config.landlock),
            "tmpfs": ("sandbox.workdir_tmpfs_mb=0", not config.workdir_tmpfs_mb)}
     return {layer: f"switched off by {key}" for layer, (key, is_off) in off.items() if is_off}
 
 
 def isolation_report(config: Any, isolation: Mapping[str, Any]) -> dict[str, Any]:
-    """``{"present": [layers], "missing": {layer: reason in words}}`` of a started sandbox (``isolation``: its
-    ``Sandbox.isolation``). Every missing layer has a reason."""
+    """``{"mechanism": ..., "present": [layers], "missing": {layer: reason in words}}`` of a started sandbox
+    (``isolation``: its ``Sandbox.isolation``). Every missing layer has a reason."""
     off, reasons = switched_off(config), isolation.get("reasons") or {}
+    layers = expected_layers(isolation)
     missing = {layer: off.get(layer) or reasons.get(layer) or "unavailable on this machine (no reason given)"
-               for layer in LAYERS if not isolation.get(layer)}
-    return {"present": [layer for layer in LAYERS if isolation.get(layer)], "missing": missing}
+               for layer in layers if not isolation.get(layer)}
+    mechanism = isolation.get("mechanism") or ("root" if isolation.get("uid") else "none")
+    return {"mechanism": mechanism, "present": [layer for layer in layers if isolation.get(layer)],
+            "missing": missing}
 
 
 def isolation_line(report: Mapping[str, Any]) -> str:
-    """The report in one line: ``netns, uid, landlock, tmpfs (all layers)``, or the layers present and
-    ``MISSING landlock: <why>; tmpfs: <why>``."""
+    """The report in one line: ``netns, uid, landlock, tmpfs (all layers, as root)``, or the layers present and
+    ``MISSING landlock: <why>; tmpfs: <why>``, and the mechanism."""
     present = ", ".join(report.get("present") or []) or "no layer"
+    how = MECHANISMS.get(report.get("mechanism"), "")
     missing = "; ".join(f"{layer}: {why}" for layer, why in (report.get("missing") or {}).items())
-    return present + (f"; MISSING {missing}" if missing else " (all layers)")
+    if not missing:
+        return present + (f" (all layers, {how})" if how else " (all layers)")
+    return present + (f" ({how})" if how else "") + f"; MISSING {missing}"
 
 
 def missing_layer_warnings(report: Mapping[str, Any]) -> list[str]:

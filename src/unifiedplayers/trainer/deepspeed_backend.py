@@ -148,11 +148,10 @@ def load_cpu_adam_op() -> Any:
     """DeepSpeed's CPU Adam op, JIT-built on first use into ``TORCH_EXTENSIONS_DIR``: DeepSpeed's sources and flags,
     without debug information, as one translation unit.
 
-    DeepSpeed's builder compiles two translation units with ``-O3 -g``. The debug information was most of the build
-    (82 s against 46 s a unit on an Intel Xeon core, the same ``-O3`` code) and of the 35 MB left on disk, and each
-    unit parses torch's headers again: 34 of a unit's 46 s went to parsing (``-fsyntax-only``). One unit that
-    includes both sources (:func:`cpu_adam_unity_source`) parses them once: 58 s of one core against 43 s of two
-    (~90 CPU-s) for the two units side by side. The op loaded here is what
+    DeepSpeed's builder compiles two translation units with ``-O3 -g``. The debug information is most of the build's
+    time and of what it leaves on disk, and each unit parses torch's headers again, which is most of a unit's time
+    without it. One unit that includes both sources (:func:`cpu_adam_unity_source`) parses them once
+    (benchmarks/README.md, "Building DeepSpeed's CPU Adam op", for the figures). The op loaded here is what
     :class:`DeepSpeedCPUAdam` then finds in DeepSpeed's table of loaded ops, so it builds nothing more."""
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(DEFAULT_EXTENSIONS_DIR))
     from deepspeed.ops.op_builder import CPUAdamBuilder
