@@ -302,3 +302,19 @@ def test_switched_off_by_the_config(package):
     """.replace("\n    ", "\n"))
     assert got["mechanism"] == "none" and got["present"] == ["landlock"]
     assert got["missing"]["uid"].endswith("(sandbox.user_namespace=false)")
+
+
+@needs_user
+def test_the_node_check_prints_every_layer_and_contained(package):
+    """``python -m unifiedplayers.sandbox``, the check docs/sandbox.md gives a cluster user: the mechanism, each layer,
+    and every attempt refused."""
+    command = ["setpriv", f"--reuid={USER}", f"--regid={USER}", "--clear-groups", PYTHON, "-m", "unifiedplayers.sandbox"]
+    out = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd="/",
+                         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(package), "HOME": "/"})
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "mechanism: user namespace"
+    assert [line.split()[0] for line in lines[1:5]] == ["netns", "pidns", "landlock", "tmpfs"]
+    assert all(line.endswith("present") for line in lines[1:5])
+    assert sum(line.endswith("refused") for line in lines) == 4 and "bounded (max_processes 16)" in out.stdout
+    assert lines[-1] == "contained"
