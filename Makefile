@@ -74,7 +74,7 @@ test: setup
 	$(PY) -m pytest -q $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder) $(PYTEST_ARGS)
 
 bench: setup
-	$(PY) benchmarks/sandbox_throughput.py
+	$(PY) -m benchmarks.sandbox_throughput
 
 # `make plan`: what each preset of EXP needs of a machine and costs, before anything is spent (ARGS: Hydra overrides and
 # --gpus N --gpu-memory-gb G --host-ram-gb R --disk-tb D --utilisation U; the default machine is the paper's node).

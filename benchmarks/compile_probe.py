@@ -1,6 +1,6 @@
 """Does torch.compile pay for the trainer's forward and backward on this CPU? One run, eager against compiled.
 
-    python benchmarks/compile_probe.py [--dtype bfloat16] [--rows 4] [--tokens 305] [--threads 1] [--profile]
+    python -m benchmarks.compile_probe [--dtype bfloat16] [--rows 4] [--tokens 305] [--threads 1] [--profile]
 
 SmolLM2-135M (the embedded model) in ``--dtype``, SDPA attention (transformers' default), a forward and backward of
 ``--rows`` x ``--tokens`` random tokens with a loss over the whole vocabulary, as the trainer's update has them.

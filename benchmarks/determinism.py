@@ -2,10 +2,10 @@
 neighbour process that keeps one core busy; prints the first record or metric in which they differ, or
 "identical", per dtype.
 
-    python benchmarks/determinism.py                          # SmolLM2 smoke runs, float32 and (native bf16 only) bf16
-    python benchmarks/determinism.py --dtypes float32 --preset tiny   # the tiny random model: seconds, not minutes
-    python benchmarks/determinism.py --no-neighbour               # the same, without the busy core
-    python benchmarks/determinism.py -- schedule.planning_updates=1   # extra overrides after --
+    python -m benchmarks.determinism                          # SmolLM2 smoke runs, float32 and (native bf16 only) bf16
+    python -m benchmarks.determinism --dtypes float32 --preset tiny   # the tiny random model: seconds, not minutes
+    python -m benchmarks.determinism --no-neighbour               # the same, without the busy core
+    python -m benchmarks.determinism -- schedule.planning_updates=1   # extra overrides after --
 
 Records (text, verdicts, rewards) and metrics are compared whole, but for ``timing/*`` and ``perf/*`` keys.
 bf16 is left out where the CPU multiplies it only in emulation (it would be slow, and ``auto`` never picks it

@@ -9,7 +9,7 @@ where rounding alone may pick another token). Then one verdict line. Exit status
 1 when one differs, 2 when there is nothing to compare (no export, no vLLM).
 
     make run                                       # trains the smoke preset and exports its players at the end
-    .venv-vllm/bin/python benchmarks/export_greedy.py [EXPORT_DIR] [--tokens 32] [--dtype float32|bfloat16|auto]
+    .venv-vllm/bin/python -m benchmarks.export_greedy [EXPORT_DIR] [--tokens 32] [--dtype float32|bfloat16|auto]
 
 ``--dtype auto``: the dtype the export's config.json names, which both loaders then take. tests/test_export_vllm.py
 runs the same comparison on the tiny run's export in ``make test-vllm``.

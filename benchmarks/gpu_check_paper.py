@@ -66,10 +66,12 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-import gpu_check as gc
+from benchmarks import cuda_peak
+from benchmarks.gpu_check_model import build_model, count_parameters, parameters_label, qwen3_config, render_prompts
+from benchmarks.gpu_check_state import GIB, compare, deterministic, release, weights_on_host
 
-cuda_peak = gc.sibling("cuda_peak")
-
+ROOT = Path(__file__).resolve().parents[1]
+PAPER_UNIT = "paper_zero3"  # its --backends entry in benchmarks/gpu_check.py
 PRESET = "paper_qwen3_4b"
 STEPS_BEFORE = 2  # k: updates before the checkpoint and before the idle spell; the phase holds k + 1
 MEMORY_BAND = (0.5, 1.1)
@@ -129,7 +131,7 @@ def load_cpu_adam() -> float:
 # ---------------------------------------------------------------------------------------------- settings
 def rehearsal():
     """tests/distributed/paper_rehearsal.py: the preset's keys, and those the CPU rehearsal does not run as set."""
-    path = gc.ROOT / "tests" / "distributed" / "paper_rehearsal.py"
+    path = ROOT / "tests" / "distributed" / "paper_rehearsal.py"
     spec = importlib.util.spec_from_file_location("paper_rehearsal", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -173,7 +175,7 @@ def phase_batches(check, role: str, count: int, seed: int) -> list[list]:
 
     a, g = check.args, torch.Generator().manual_seed(seed)
     prompts = [check.tokenizer(p, add_special_tokens=False)["input_ids"]
-               for p in gc.render_prompts(check.tokenizer, role, a.prompts)]
+               for p in render_prompts(check.tokenizer, role, a.prompts)]
     batches = []
     for _ in range(count):
         batch = []
@@ -205,14 +207,14 @@ def optimizer_on_host(trainer) -> dict:
 
 def state_on_host(trainer) -> dict:
     """What an exact step depends on: the gathered weights, the fp32 master partitions and the Adam state."""
-    return {**{f"weights.{k}": v for k, v in gc.weights_on_host(trainer).items()}, **optimizer_on_host(trainer)}
+    return {**{f"weights.{k}": v for k, v in weights_on_host(trainer).items()}, **optimizer_on_host(trainer)}
 
 
 def same_state(ours: dict, theirs: dict) -> dict:
     """Two host states (:func:`state_on_host`): bitwise equal or not, the largest difference and where."""
     differs, diff = set(), 0.0
     for key in ours.keys() & theirs.keys():
-        equal, d = gc.compare({key: ours[key]}, {key: theirs[key]})
+        equal, d = compare({key: ours[key]}, {key: theirs[key]})
         if not equal:
             differs.add(key.split(".")[0])
             diff = max(diff, d)
@@ -268,7 +270,7 @@ def planned_peak(check, layers: int, role: str, prompt: int, extra: tuple[str, .
     memory = torch.cuda.get_device_properties(check.device).total_memory if check.cuda else 0.0
     machine = capacity.Machine(gpus=1, gpu_memory=float(memory), bf16=check.dtype_name == "bfloat16",
                                name="the check's GPU")
-    config = gc.qwen3_config(check.args.shape, num_layers=layers, tokenizer=check.tokenizer)
+    config = qwen3_config(check.args.shape, num_layers=layers, tokenizer=check.tokenizer)
     arch = capacity.arch_from_config({**config.to_dict(), "model_type": "qwen3"}, "benchmarks/gpu_check.py shape")
     setup = replace(capacity.setup_of(cfg, machine), arch=arch, n=arch.parameters, trained=(role,),
                     trained_models=1, models=1)
@@ -291,8 +293,8 @@ class PaperUnit:
         self.cuda = check.cuda
         self.role = "execution" if "execution" in check.args.players else check.args.players[0]
         self.layers = check.resume_layers()
-        self.config = gc.qwen3_config(check.args.shape, num_layers=self.layers, tokenizer=check.tokenizer)
-        self.parameters = gc.count_parameters(self.config)
+        self.config = qwen3_config(check.args.shape, num_layers=self.layers, tokenizer=check.tokenizer)
+        self.parameters = count_parameters(self.config)
         self.seed = check.args.seed + 400
         self.parts: dict[str, dict] = {}
         self.errors: dict[str, str] = {}
@@ -306,7 +308,7 @@ class PaperUnit:
         self._guard("cadence", cadence_item)
         tokenizer = self.check.tokenizer
         prompt = max(len(tokenizer(p, add_special_tokens=False)["input_ids"])  # a micro-batch pads to its longest
-                     for p in gc.render_prompts(tokenizer, self.role, a.prompts))
+                     for p in render_prompts(tokenizer, self.role, a.prompts))
         self._guard("plan", lambda: planned_peak(self.check, self.layers, self.role, prompt))
         root = Path(a.ckpt_dir) if a.ckpt_dir else Path(tempfile.gettempdir())
         root.mkdir(parents=True, exist_ok=True)
@@ -327,7 +329,7 @@ class PaperUnit:
                         "backend", "offload_optimizer", "ref_mode", "gradient_checkpointing", "recompute_old_logprobs",
                         "kl_coef", "micro_batch_size", "max_tokens_per_micro_batch", "lr", "dtype")}
                     report["settings_differing_from_preset"] = self.parts["settings"]["differences"]
-                    with gc.deterministic(self.cuda) as caught:
+                    with deterministic(self.cuda) as caught:
                         self._trainers(settings, directory / "ckpt")
                     report["determinism_warnings"] = caught
             finally:
@@ -345,13 +347,13 @@ class PaperUnit:
         except Exception as exc:  # noqa: BLE001 - report it, go on with the next part
             traceback.print_exc()
             self.errors[part] = f"{type(exc).__name__}: {exc}"[:1000]
-        gc.release()
+        release()
 
     def _disk_short(self, root: Path) -> Optional[str]:
         need = self.parameters * DISK_BYTES_PER_PARAMETER
         free = shutil.disk_usage(root).free
         if free < 1.2 * need:
-            return (f"needs about {need / gc.GIB:.1f} GiB under {root}, {free / gc.GIB:.1f} GiB free "
+            return (f"needs about {need / GIB:.1f} GiB under {root}, {free / GIB:.1f} GiB free "
                     "(--ckpt-dir, --resume-layers)")
         return None
 
@@ -376,7 +378,7 @@ class PaperUnit:
     def _build(self, settings, seed: int):
         from unifiedplayers.trainer import build_trainer
 
-        model = gc.build_model(self.config, self.check.device, seed)
+        model = build_model(self.config, self.check.device, seed)
         return build_trainer(settings, model, role=self.role, pad_token_id=self.check.tokenizer.pad_token_id)
 
     def _phase(self, trainer) -> tuple[list, list]:
@@ -435,7 +437,7 @@ class PaperUnit:
                 "ref_devices": sorted({t.device.type for t in ref.weights.values()}),
                 "policy_device": trainer.device.type}
         after = state_on_host(trainer)
-        gc.release(trainer)
+        release(trainer)
         moved = same_state(*({k: v for k, v in state.items() if k.startswith("weights.")} for state in (before, after)))
         files = sorted(str(f.relative_to(path)) for f in path.rglob("*") if f.is_file())
         return {"batches": batches, "metrics": metrics, "before": before, "after": after, "peak": peak,
@@ -459,7 +461,7 @@ class PaperUnit:
         parked["optimizer_state_back"] = trainer.has_optimizer_state
         t = self.parts["T"]  # compared now, so that only one extra copy of the state is held at a time
         step = same_step((state_on_host(trainer), metrics[-1]), (t["after"], t["metrics"][-1]))
-        gc.release(trainer)
+        release(trainer)
         return {"step": step, "parked": parked}
 
     def _resumed(self, settings, path: Path) -> dict:
@@ -473,7 +475,7 @@ class PaperUnit:
         global_step = trainer.global_step
         metrics = trainer.update(t["batches"][STEPS_BEFORE])
         step = same_step((state_on_host(trainer), metrics), (t["after"], t["metrics"][-1]))
-        gc.release(trainer)
+        release(trainer)
         return {"loaded": loaded, "step": step, "load_s": round(load_s, 3), "global_step": global_step}
 
     # ------------------------------------------------------------------ the items
@@ -535,7 +537,7 @@ class PaperUnit:
         plan = self.parts["plan"]
         if not self.cuda:
             return {"status": "NOT RUN", "reason": f"not measured on CPU; the plan for one GPU: "
-                    f"{plan['compared_bytes'] / gc.GIB:.3f} GiB ({plan['plan_bytes'] / gc.GIB:.3f} GiB with the CUDA "
+                    f"{plan['compared_bytes'] / GIB:.3f} GiB ({plan['plan_bytes'] / GIB:.3f} GiB with the CUDA "
                     f"context) at its '{plan['instant']}' instant", **plan}
         blocked = self._blocked("T")
         if blocked:
@@ -560,7 +562,7 @@ def print_items(unit: dict) -> None:
         status = "FAIL" if unit.get("status") == "error" else "NOT RUN"
         items = {name: {"status": status, "reason": unit.get("reason", "")} for name in ITEMS}
     else:
-        print(f"paper_zero3: the {unit['player']} player, {unit['layers']} layers, {gc._count(unit['parameters'])} "
+        print(f"paper_zero3: the {unit['player']} player, {unit['layers']} layers, {parameters_label(unit['parameters'])} "
               f"parameters; CPU Adam op: {_cpu_adam(unit.get('cpu_adam', {}))}; settings {unit.get('settings')}")
     for name in ITEMS:
         item = items[name]
@@ -626,8 +628,8 @@ def _resume_detail(item: dict) -> str:
 
 def _memory_detail(item: dict) -> str:
     low, high = item["band"]
-    return (f"max_memory_allocated {item['measured_bytes'] / gc.GIB:.2f} GiB vs the plan's "
-            f"{item['compared_bytes'] / gc.GIB:.2f} GiB ({item['plan_bytes'] / gc.GIB:.2f} GiB with the CUDA context) "
+    return (f"max_memory_allocated {item['measured_bytes'] / GIB:.2f} GiB vs the plan's "
+            f"{item['compared_bytes'] / GIB:.2f} GiB ({item['plan_bytes'] / GIB:.2f} GiB with the CUDA context) "
             f"at its '{item['instant']}' instant: x {item['ratio']:.2f}, PASS within x {low} .. x {high}")
 
 

@@ -1,6 +1,6 @@
 """One GRPO step of SmolLM2-135M on CPU: UnifiedPlayers against TRL's GRPOTrainer, in one run.
 
-Settings (issue 4): one prompt of 49 tokens, 8 completions forced to 256 new tokens (8 × 305 tokens),
+Settings (those the update's targets in benchmarks/README.md were set for): one prompt of 49 tokens, 8 completions forced to 256 new tokens (8 × 305 tokens),
 β = 0 and β = 0.04, fp32 (and bf16 with ``--dtypes``, below), AdamW lr 1e-6. Our trainer runs as
 ``conf/trainer/torch.yaml`` configures it (micro-batches of 4 with gradient accumulation, LM-head rows 1024
 at a time); TRL as its ``GRPOConfig`` defaults it (one batch of 8 with gradient checkpointing). Each
@@ -25,8 +25,9 @@ Floor: our trainer reports each update's model FLOPs (``perf/update_tflop``, see
 ``unifiedplayers.trainer.flops``), and a first subprocess times every GEMM shape of the update alone on
 these cores, each at its best operand layout (in each dtype run). Their ratio is the least time any
 implementation of the update needs in that dtype on this machine, which tells whether a wall-clock target can be met here at all.
-The same subprocess times the issue's yardstick, a plain forward+backward of the model over 8 × 305
-tokens (9.5 s on the machine of the issue's figures), and every update is also shown at that machine's speed.
+The same subprocess times the yardstick the targets were set against, a plain forward+backward of the model over
+8 × 305 tokens (9.5 s on the reference machine, where the targets were set), and every update is also shown at that
+machine's speed.
 
 Precision (``--dtypes``, default ``float32,auto``): each of our configurations runs once per dtype, in its own
 subprocess: the rollout samples from ``trainer.sampling_model(dtype)`` and the update runs with
@@ -35,7 +36,7 @@ bf16 copy, which the rollout shares). ``auto`` resolves as a run would (``unifie
 bf16 where the CPU has amx_bf16 or avx512_bf16); the printout names the path and the reason, and an ``auto``
 that resolves to a dtype already in the list is not run twice. TRL runs with ``bf16=True`` (autocast over
 float32 weights) for bf16 and ``bf16=False`` for fp32; ZeRO-2 runs in fp32 only. The table then gives each
-dtype's phases and the ratios of one run: ours fp32 / ours bf16 (the issue's target, on a CPU with native bf16:
+dtype's phases and the ratios of one run: ours fp32 / ours bf16 (the target, on a CPU with native bf16:
 ≥ 2.5× per step) and TRL bf16 / ours bf16 (target > 1), with the load average beside them.
 
 Floors per dtype (``benchmarks/precision_floors.py``): the update's GEMM shapes timed in fp32 and bf16, and
@@ -45,7 +46,7 @@ weight bytes in its dtype / bandwidth`` (target ≤ 2× in the chosen dtype). On
 bf16 rows are emulated and slower than fp32: they are printed as they are.
 
 Run:  .venv/bin/pip install -e '.[bench]'   (TRL is never a runtime dependency)
-      .venv/bin/python benchmarks/grpo_update.py [--steps 1] [--threads 2] [--only ours,trl,zero2]
+      .venv/bin/python -m benchmarks.grpo_update [--steps 1] [--threads 2] [--only ours,trl,zero2]
           [--dtypes float32,bfloat16,auto] [--betas 0,0.04] [--new-tokens 256]
           [--micro-batch 8 --chunk-rows 0]   (default: conf/trainer/torch.yaml's values)
 """
@@ -61,15 +62,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from update_inputs import MESSAGES, load_fp32_model, model_cfg, prompt_ids
+from benchmarks.update_inputs import MESSAGES, load_fp32_model, model_cfg, prompt_ids
 
 ROOT = Path(__file__).resolve().parents[1]
 NUM_COMPLETIONS = 8
 NEW_TOKENS = 256
 WARMUP_TOKENS = 16
 LR = 1e-6
-PLAIN_TOKENS = 305  # the issue's "plain forward+backward over the same 8 × 305 tokens"
-ISSUE_PLAIN_SECONDS = 9.5  # ... took this long on the machine of the issue's figures
+PLAIN_TOKENS = 305  # the yardstick of the targets: a plain forward+backward over the same 8 × 305 tokens
+REFERENCE_PLAIN_SECONDS = 9.5  # ... took this long on the reference machine, where the targets were set
 
 
 def letter_reward(text: str) -> float:
@@ -165,11 +166,11 @@ def worker_floor(micro_batch: int, chunk_rows: int, dtypes: list[str], new_token
     rate of every shape of one micro-batch's forward and backward (the decoder's linear layers on its prompt and
     completion rows, the LM head on a chunk of its completion rows), each at its best operand layout, per dtype; the memory bandwidth and the bytes of the weights
     per dtype (the decoding floor). The update cannot run faster than its model FLOPs at these rates. Also the
-    issue's yardstick, a plain fp32 forward+backward, which relates this machine's speed to the issue's figures
-    (only at the issue's 256 new tokens)."""
+    targets' yardstick, a plain fp32 forward+backward, which relates this machine's speed to the reference
+    machine's (only at the targets' 256 new tokens)."""
     import torch
 
-    from precision_floors import gemm_floors, memory_bandwidth, update_rows, weight_bytes
+    from benchmarks.precision_floors import gemm_floors, memory_bandwidth, update_rows, weight_bytes
 
     model, tokenizer = load_fp32_model()
     rows, head_rows = update_rows(len(prompt_ids(tokenizer)), new_tokens, micro_batch, chunk_rows)
@@ -177,8 +178,8 @@ def worker_floor(micro_batch: int, chunk_rows: int, dtypes: list[str], new_token
     bandwidth = memory_bandwidth()
     plain = None
     if new_tokens == NEW_TOKENS:
-        # The issue's yardstick: a plain forward+backward of the model (transformers' own loss, all logits) over
-        # 8 rows of 49 + 256 tokens, in one batch. It took 9.5 s on the machine of the issue's figures.
+        # The targets' yardstick: a plain forward+backward of the model (transformers' own loss, all logits) over
+        # 8 rows of 49 + 256 tokens, in one batch. It took 9.5 s on the reference machine.
         ids = torch.randint(0, model.config.vocab_size, (NUM_COMPLETIONS, PLAIN_TOKENS),
                             generator=torch.Generator().manual_seed(0))
         model.train()
@@ -195,8 +196,8 @@ def worker_floor(micro_batch: int, chunk_rows: int, dtypes: list[str], new_token
 def worker_trl(beta: float, steps: int, dtype: str = "float32", new_tokens: int = NEW_TOKENS) -> dict:
     import torch
     from datasets import Dataset
-    from transformers import AutoTokenizer, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
+    from transformers import AutoTokenizer
+    from trl import GRPOConfig
 
     from unifiedplayers.models import load_model, model_cache_dir
 
@@ -206,40 +207,7 @@ def worker_trl(beta: float, steps: int, dtype: str = "float32", new_tokens: int 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     tokenizer.padding_side = "left"
     timings: list[dict] = []
-
-    class Timed(GRPOTrainer):
-        def _generate_and_score_completions(self, inputs):
-            t = time.perf_counter()
-            out = super()._generate_and_score_completions(inputs)
-            timings[-1]["generation_and_scoring"] = time.perf_counter() - t
-            return out
-
-        def _generate(self, prompts):
-            t, c = time.perf_counter(), time.process_time()
-            out = super()._generate(prompts)
-            timings[-1]["generation"] = time.perf_counter() - t
-            timings[-1]["cpu_generation"] = time.process_time() - c
-            return out
-
-        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-            t = time.perf_counter()
-            out = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-            timings[-1]["forward"] = time.perf_counter() - t
-            return out
-
-        def training_step(self, model, inputs, num_items_in_batch=None):
-            t = time.perf_counter()
-            out = super().training_step(model, inputs, num_items_in_batch)
-            timings[-1]["training_step"] = time.perf_counter() - t
-            return out
-
-    class StepClock(TrainerCallback):
-        def on_step_begin(self, args, state, control, **kw):
-            timings.append({"t0": time.perf_counter(), "c0": time.process_time()})
-
-        def on_step_end(self, args, state, control, **kw):
-            timings[-1]["step"] = time.perf_counter() - timings[-1].pop("t0")
-            timings[-1]["cpu_step"] = time.process_time() - timings[-1].pop("c0")
+    Timed, StepClock = timed_trl_trainer(timings)
 
     def reward(completions, **kw):
         return [letter_reward(c[0]["content"] if isinstance(c, list) else c) for c in completions]
@@ -280,6 +248,54 @@ def worker_trl(beta: float, steps: int, dtype: str = "float32", new_tokens: int 
         )
         torch.manual_seed(0)
         trainer.train()
+    return {"steps": trl_records(timings), "peak_rss_mib": peak_rss_mib()}
+
+
+def timed_trl_trainer(timings: list[dict]):
+    """(a GRPOTrainer subclass that times its generation, scoring, loss and training step into ``timings[-1]``, a
+    callback that opens a step's entry and closes it with the step's wall and CPU seconds)."""
+    from transformers import TrainerCallback
+    from trl import GRPOTrainer
+
+    class Timed(GRPOTrainer):
+        def _generate_and_score_completions(self, inputs):
+            t = time.perf_counter()
+            out = super()._generate_and_score_completions(inputs)
+            timings[-1]["generation_and_scoring"] = time.perf_counter() - t
+            return out
+
+        def _generate(self, prompts):
+            t, c = time.perf_counter(), time.process_time()
+            out = super()._generate(prompts)
+            timings[-1]["generation"] = time.perf_counter() - t
+            timings[-1]["cpu_generation"] = time.process_time() - c
+            return out
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            t = time.perf_counter()
+            out = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+            timings[-1]["forward"] = time.perf_counter() - t
+            return out
+
+        def training_step(self, model, inputs, num_items_in_batch=None):
+            t = time.perf_counter()
+            out = super().training_step(model, inputs, num_items_in_batch)
+            timings[-1]["training_step"] = time.perf_counter() - t
+            return out
+
+    class StepClock(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kw):
+            timings.append({"t0": time.perf_counter(), "c0": time.process_time()})
+
+        def on_step_end(self, args, state, control, **kw):
+            timings[-1]["step"] = time.perf_counter() - timings[-1].pop("t0")
+            timings[-1]["cpu_step"] = time.process_time() - timings[-1].pop("c0")
+
+    return Timed, StepClock
+
+
+def trl_records(timings: list[dict]) -> list[dict]:
+    """TRL's step timings split as ours are (the module docstring)."""
     records = []
     for t in timings:
         gen = t.get("generation", 0.0)
@@ -301,7 +317,7 @@ def worker_trl(beta: float, steps: int, dtype: str = "float32", new_tokens: int 
                 "cpu_step": t["cpu_step"],
             }
         )
-    return {"steps": records, "peak_rss_mib": peak_rss_mib()}
+    return records
 
 
 # ---------------------------------------------------------------------------------------------- main
@@ -321,7 +337,7 @@ def _ratio(a: float, b: float) -> str:
     return f"{a / b:.2f}×" if b else "n/a"
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=1)
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="torch threads (default: the cores this process may use)")
@@ -330,7 +346,7 @@ def main() -> None:
                         help="float32, bfloat16 and/or auto (resolved as a run resolves it); default float32,auto")
     parser.add_argument("--betas", default="0,0.04", help="KL coefficients β to run (ZeRO-2: β=0.04 only)")
     parser.add_argument("--new-tokens", type=int, default=NEW_TOKENS,
-                        help=f"completion tokens per sample (default {NEW_TOKENS}, the issue's shapes)")
+                        help=f"completion tokens per sample (default {NEW_TOKENS}, the targets' shapes)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--beta", type=float, default=0.0, help=argparse.SUPPRESS)
     parser.add_argument("--backend", default="torch", help=argparse.SUPPRESS)
@@ -343,49 +359,43 @@ def main() -> None:
     a.micro_batch = preset["micro_batch"] if a.micro_batch is None else a.micro_batch
     a.chunk_rows = preset["chunk_rows"] if a.chunk_rows is None else a.chunk_rows
 
-    if a.worker:
-        import torch
+    return a
 
-        torch.set_num_threads(a.threads)
-        if a.worker == "trl":
-            result = worker_trl(a.beta, a.steps, a.dtype, a.new_tokens)
-        elif a.worker == "floor":
-            result = worker_floor(a.micro_batch, a.chunk_rows, a.dtype.split(","), a.new_tokens)
-        else:
-            result = worker_ours(a.beta, a.steps, a.backend, a.micro_batch, a.chunk_rows, a.dtype, a.new_tokens)
-        print("RESULT " + json.dumps(result), flush=True)
-        return
 
-    from precision_floors import resolve_dtypes
+def run_worker(a: argparse.Namespace, worker: str, beta: float = 0.0, backend: str = "torch",
+               dtype: str = "float32") -> dict | None:
+    """One configuration in its own subprocess (its peak RSS its own): its RESULT line, or None when it failed."""
+    cmd = [sys.executable, "-m", "benchmarks.grpo_update", "--worker", worker, "--beta", str(beta),
+           "--steps", str(a.steps), "--threads", str(a.threads), "--backend", backend, "--dtype", dtype,
+           "--new-tokens", str(a.new_tokens), "--micro-batch", str(a.micro_batch), "--chunk-rows", str(a.chunk_rows)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        print(f"{worker} {dtype} β={beta}: FAILED\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}", file=sys.stderr)
+        return None
+    return json.loads(lines[-1][len("RESULT "):])
 
-    from unifiedplayers.precision import auto_dtype
 
-    requested = resolve_dtypes(a.dtypes)
-    dtypes = list(dict.fromkeys(d for _, d, _ in requested))  # resolved, each once, in the order given
-    betas = [float(b) for b in a.betas.split(",")]
-    only = a.only.split(",")
-    native_dtype, native_why = auto_dtype("cpu")
-    path = (f"This CPU: {native_why}. auto -> {native_dtype}"
-            + ("" if "auto" in a.dtypes else " (auto not asked for)"))
-    print(path, flush=True)
+def run_worker_here(a: argparse.Namespace) -> None:
+    """This process is a configuration's subprocess (``--worker``): run it, print its RESULT line."""
+    import torch
 
-    def run_worker(worker: str, beta: float = 0.0, backend: str = "torch", dtype: str = "float32") -> dict | None:
-        cmd = [sys.executable, __file__, "--worker", worker, "--beta", str(beta), "--steps", str(a.steps),
-               "--threads", str(a.threads), "--backend", backend, "--dtype", dtype,
-               "--new-tokens", str(a.new_tokens),
-               "--micro-batch", str(a.micro_batch), "--chunk-rows", str(a.chunk_rows)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-        if proc.returncode != 0 or not lines:
-            print(f"{worker} {dtype} β={beta}: FAILED\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}", file=sys.stderr)
-            return None
-        return json.loads(lines[-1][len("RESULT "):])
+    torch.set_num_threads(a.threads)
+    if a.worker == "trl":
+        result = worker_trl(a.beta, a.steps, a.dtype, a.new_tokens)
+    elif a.worker == "floor":
+        result = worker_floor(a.micro_batch, a.chunk_rows, a.dtype.split(","), a.new_tokens)
+    else:
+        result = worker_ours(a.beta, a.steps, a.backend, a.micro_batch, a.chunk_rows, a.dtype, a.new_tokens)
+    print("RESULT " + json.dumps(result), flush=True)
 
-    load_start = os.getloadavg()[0]
+
+def run_all(a: argparse.Namespace, dtypes: list[str], betas: list[float], only: list[str]) -> tuple[dict | None, list]:
+    """(the floors, measured first when ours runs; one result per configuration, in the order run)."""
     floor = None
     if "ours" in only:
         t = time.perf_counter()
-        floor = run_worker("floor", dtype=",".join(dtypes))
+        floor = run_worker(a, "floor", dtype=",".join(dtypes))
         if floor:
             print(f"done: floors ({', '.join(dtypes)}) in {time.perf_counter() - t:.0f} s", flush=True)
     rows = []
@@ -398,7 +408,7 @@ def main() -> None:
                 if key == "zero2" and beta not in ZERO2_BETAS:
                     continue
                 t, load_before = time.perf_counter(), os.getloadavg()[0]
-                result = run_worker(worker, beta, backend or "torch", dtype)
+                result = run_worker(a, worker, beta, backend or "torch", dtype)
                 if result is None:
                     continue
                 result.update(label=label, dtype=dtype, beta=beta, wall=time.perf_counter() - t,
@@ -407,7 +417,11 @@ def main() -> None:
                 last = result["steps"][-1]
                 print(f"done: {label} {dtype} β={beta}: step {last['step']:.1f} s, update {last['update']:.1f} s, "
                       f"peak RSS {result['peak_rss_mib']:.0f} MiB", flush=True)
+    return floor, rows
 
+
+def print_table(a: argparse.Namespace, rows: list, requested: list, path: str, load_start: float) -> None:
+    """Each configuration's last measured step, phase by phase, wall and CPU seconds."""
     print(f"\nGRPO step, SmolLM2-135M, CPU, {a.threads} threads; 1 prompt × {NUM_COMPLETIONS} completions × "
           f"{a.new_tokens} new tokens; ours: micro-batch {a.micro_batch}, logprob_chunk_rows {a.chunk_rows}; last of "
           f"{a.steps} measured steps; seconds; 1-min load average {load_start:.1f} at start, {os.getloadavg()[0]:.1f} "
@@ -426,15 +440,16 @@ def main() -> None:
               f"{s['backward']:6.1f} {s['optimizer']:6.1f} {_fmt(s.get('weight_sync'), 5, 2)} {s['update']:7.1f} "
               f"{s['step']:6.1f} {r['peak_rss_mib']:8.0f} | {s['cpu_generation']:10.1f} {s['cpu_update']:7.1f} "
               f"{s['cpu_step']:6.1f} | {r['load'][0]:.1f}->{r['load'][1]:.1f}")
-    by = {(r["label"], r["dtype"], r["beta"]): r for r in rows}
 
+
+def print_ratios(a: argparse.Namespace, by: dict, betas: list[float], native: bool) -> None:
+    """The ratios of this run against the targets (benchmarks/README.md), the load average beside them."""
     def load_of(r: dict) -> str:
         return f"load {r['load'][0]:.1f}->{r['load'][1]:.1f}"
 
     print("\nRatios of this run (1-min load average at the start and end of each configuration beside them):")
     if a.new_tokens != NEW_TOKENS:
-        print(f"(issue 4's fp32 targets below are for {NEW_TOKENS} new tokens; this run has {a.new_tokens})")
-    native = native_dtype == "bfloat16"
+        print(f"(the fp32 targets below are for {NEW_TOKENS} new tokens; this run has {a.new_tokens})")
     for beta in betas:
         o32, o16 = by.get(("ours torch", "float32", beta)), by.get(("ours torch", "bfloat16", beta))
         t32, t16 = by.get(("TRL GRPOTrainer", "float32", beta)), by.get(("TRL GRPOTrainer", "bfloat16", beta))
@@ -458,51 +473,59 @@ def main() -> None:
             print(f"β={beta}: TRL bf16/ours bf16 step {_ratio(x['step'], y['step'])} (target > 1); generation "
                   f"{_ratio(x['generation'], y['generation'])}, update {_ratio(x['update'], y['update'])}; CPU seconds: "
                   f"step {_ratio(x['cpu_step'], y['cpu_step'])}; {load_of(t16)}, {load_of(o16)}")
-    if floor:
-        from precision_floors import print_gemm_floors
 
-        print()
-        print_gemm_floors(list(floor["gemm"].values()))
-        bw = floor["bandwidth"]
-        print(f"Memory bandwidth: {bw['read_gb_s']:.1f} GB/s read (sum over {bw['mib']} MiB), {bw['copy_gb_s']:.1f} "
-              f"GB/s copy (read + write); the decoding floor takes {bw['gb_s']:.1f} GB/s")
+
+def print_floors(a: argparse.Namespace, rows: list, floor: dict) -> None:
+    """Each of our updates against its dtype's GEMM floor, phase by phase, and each generation against the memory
+    bandwidth floor; then every update at the reference machine's speed."""
+    from benchmarks.precision_floors import print_gemm_floors
+
+    print()
+    print_gemm_floors(list(floor["gemm"].values()))
+    bw = floor["bandwidth"]
+    print(f"Memory bandwidth: {bw['read_gb_s']:.1f} GB/s read (sum over {bw['mib']} MiB), {bw['copy_gb_s']:.1f} "
+          f"GB/s copy (read + write); the decoding floor takes {bw['gb_s']:.1f} GB/s")
+    for r in rows:
+        s = r["steps"][-1]
+        if "update_tflop" not in s or r["dtype"] not in floor["gemm"]:
+            continue  # TRL: no FLOP count
+        rate = floor["gemm"][r["dtype"]]["gflop_per_s"]
+        name = f"{r['label']} {r['dtype']} β={r['beta']}"
+        need = s["update_tflop"] * 1e3 / rate
+        print(f"{name}: update {s['update']:.1f} s for {s['update_tflop']:.3f} TFLOP = "
+              f"{s['update_tflop'] * 1e3 / s['update']:.1f} GFLOP/s; the {r['dtype']} GEMM floor is {need:.1f} s: "
+              f"{need / s['update']:.0%} of the floor's speed (target ≥ 50% in bf16)")
+        # Where the time goes. The forward's FLOPs are a third of the update's, or a quarter when β > 0 (the
+        # reference pass, a forward over the same tokens, runs: the warm-up update moved the policy off π_ref);
+        # the backward's are twice the forward's. The optimizer and the weight sync have no GEMMs.
+        fwd = s["update_tflop"] * 1e3 / (4 if r["beta"] > 0 else 3)
+        parts = [("forward", s["forward"], fwd), ("backward", s["backward"], 2 * fwd)]
+        if r["beta"] > 0:
+            parts.insert(0, ("ref", s["ref"], fwd))
+        sync = s.get("weight_sync") or 0.0
+        other = s["update"] - sum(sec for _, sec, _ in parts) - s["optimizer"] - sync
+        print("    where it goes: " + ", ".join(f"{p} {sec:.1f} s (floor {gf / rate:.1f} s, {gf / rate / sec:.0%})"
+                                                for p, sec, gf in parts)
+              + f"; optimizer {s['optimizer']:.1f} s, weight sync {sync:.2f} s, other {other:.1f} s (no GEMM floor)")
+        steps = a.new_tokens
+        gen_floor = steps * floor["weight_bytes"][r["dtype"]] / (bw["gb_s"] * 1e9)
+        print(f"    generation {s['generation']:.1f} s vs bandwidth floor {gen_floor:.1f} s ({steps} steps × "
+              f"{floor['weight_bytes'][r['dtype']] / 1e6:.0f} MB of {r['dtype']} weights / {bw['gb_s']:.1f} GB/s) = "
+              f"{s['generation'] / gen_floor:.1f}× the floor (target ≤ 2× in the chosen dtype)")
+    if floor["plain_seconds"]:
+        scale = REFERENCE_PLAIN_SECONDS / floor["plain_seconds"]
+        print(f"Plain fp32 forward+backward of the model over {NUM_COMPLETIONS} × {PLAIN_TOKENS} tokens "
+              f"(transformers' loss, one batch): {floor['plain_seconds']:.1f} s here, {REFERENCE_PLAIN_SECONDS} s on the "
+              f"reference machine, where the targets were set: this machine is {1 / scale:.2f}× slower")
         for r in rows:
             s = r["steps"][-1]
-            if "update_tflop" not in s or r["dtype"] not in floor["gemm"]:
-                continue  # TRL: no FLOP count
-            rate = floor["gemm"][r["dtype"]]["gflop_per_s"]
-            name = f"{r['label']} {r['dtype']} β={r['beta']}"
-            need = s["update_tflop"] * 1e3 / rate
-            print(f"{name}: update {s['update']:.1f} s for {s['update_tflop']:.3f} TFLOP = "
-                  f"{s['update_tflop'] * 1e3 / s['update']:.1f} GFLOP/s; the {r['dtype']} GEMM floor is {need:.1f} s: "
-                  f"{need / s['update']:.0%} of the floor's speed (target ≥ 50% in bf16)")
-            # Where the time goes. The forward's FLOPs are a third of the update's, or a quarter when β > 0 (the
-            # reference pass, a forward over the same tokens, runs: the warm-up update moved the policy off π_ref);
-            # the backward's are twice the forward's. The optimizer and the weight sync have no GEMMs.
-            fwd = s["update_tflop"] * 1e3 / (4 if r["beta"] > 0 else 3)
-            parts = [("forward", s["forward"], fwd), ("backward", s["backward"], 2 * fwd)]
-            if r["beta"] > 0:
-                parts.insert(0, ("ref", s["ref"], fwd))
-            sync = s.get("weight_sync") or 0.0
-            other = s["update"] - sum(sec for _, sec, _ in parts) - s["optimizer"] - sync
-            print("    where it goes: " + ", ".join(f"{p} {sec:.1f} s (floor {gf / rate:.1f} s, {gf / rate / sec:.0%})"
-                                                    for p, sec, gf in parts)
-                  + f"; optimizer {s['optimizer']:.1f} s, weight sync {sync:.2f} s, other {other:.1f} s (no GEMM floor)")
-            steps = a.new_tokens
-            gen_floor = steps * floor["weight_bytes"][r["dtype"]] / (bw["gb_s"] * 1e9)
-            print(f"    generation {s['generation']:.1f} s vs bandwidth floor {gen_floor:.1f} s ({steps} steps × "
-                  f"{floor['weight_bytes'][r['dtype']] / 1e6:.0f} MB of {r['dtype']} weights / {bw['gb_s']:.1f} GB/s) = "
-                  f"{s['generation'] / gen_floor:.1f}× the floor (target ≤ 2× in the chosen dtype)")
-        if floor["plain_seconds"]:
-            scale = ISSUE_PLAIN_SECONDS / floor["plain_seconds"]
-            print(f"Plain fp32 forward+backward of the model over {NUM_COMPLETIONS} × {PLAIN_TOKENS} tokens "
-                  f"(transformers' loss, one batch): {floor['plain_seconds']:.1f} s here, {ISSUE_PLAIN_SECONDS} s on the "
-                  f"machine of the issue's figures: this machine is {1 / scale:.2f}× slower")
-            for r in rows:
-                s = r["steps"][-1]
-                print(f"{r['label']} {r['dtype']} β={r['beta']}: update {s['update']:.1f} s = "
-                      f"{s['update'] / floor['plain_seconds']:.2f}× the plain pass, {s['update'] * scale:.1f} s at the "
-                      f"issue's machine's speed")
+            print(f"{r['label']} {r['dtype']} β={r['beta']}: update {s['update']:.1f} s = "
+                  f"{s['update'] / floor['plain_seconds']:.2f}× the plain pass, {s['update'] * scale:.1f} s at the "
+                  f"reference machine's speed")
+
+
+def print_zero2(by: dict) -> None:
+    """β = 0.04: our torch backend against DeepSpeed ZeRO-2, phase by phase."""
     torch_run, zero2 = by.get(("ours torch", "float32", 0.04)), by.get(("ours DeepSpeed ZeRO-2", "float32", 0.04))
     if torch_run and zero2:
         o, z = torch_run["steps"][-1], zero2["steps"][-1]
@@ -510,6 +533,34 @@ def main() -> None:
               f"(forward {o['forward']:.1f} vs {z['forward']:.1f}, backward {o['backward']:.1f} vs {z['backward']:.1f}, "
               f"optimizer {o['optimizer']:.1f} vs {z['optimizer']:.1f}), "
               f"peak RSS {torch_run['peak_rss_mib']:.0f} vs {zero2['peak_rss_mib']:.0f} MiB")
+
+
+def main() -> None:
+    a = parse_args()
+    if a.worker:
+        run_worker_here(a)
+        return
+    from benchmarks.precision_floors import resolve_dtypes
+
+    from unifiedplayers.precision import auto_dtype
+
+    requested = resolve_dtypes(a.dtypes)
+    dtypes = list(dict.fromkeys(d for _, d, _ in requested))  # resolved, each once, in the order given
+    betas = [float(b) for b in a.betas.split(",")]
+    only = a.only.split(",")
+    native_dtype, native_why = auto_dtype("cpu")
+    path = (f"This CPU: {native_why}. auto -> {native_dtype}"
+            + ("" if "auto" in a.dtypes else " (auto not asked for)"))
+    print(path, flush=True)
+
+    load_start = os.getloadavg()[0]
+    floor, rows = run_all(a, dtypes, betas, only)
+    print_table(a, rows, requested, path, load_start)
+    by = {(r["label"], r["dtype"], r["beta"]): r for r in rows}
+    print_ratios(a, by, betas, native_dtype == "bfloat16")
+    if floor:
+        print_floors(a, rows, floor)
+    print_zero2(by)
     if a.json:
         Path(a.json).write_text(json.dumps({"path": path, "dtypes": requested, "runs": rows, "floor": floor}, indent=2))
 

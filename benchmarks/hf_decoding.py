@@ -12,7 +12,7 @@
     ``rollout.packed_linears`` false, auto and true, interleaved: the median time between two decoding forwards
     (the step), the forward's share, and whether tokens and log-probs are bit-equal to ``false``.
 
-    python benchmarks/hf_decoding.py [--repeats 2] [--parts abcd]
+    python -m benchmarks.hf_decoding [--repeats 2] [--parts abcd]
 
 Wall times are the best of ``--repeats``; the load average and CPU time are printed beside them.
 """
@@ -23,19 +23,17 @@ import copy
 import functools
 import math
 import os
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
+from unifiedplayers.config import RolloutConfig
+from unifiedplayers.models import cast_parameters
+from unifiedplayers.rollout import build_rollout
+from unifiedplayers.rollout import hf_engine
 
-from unifiedplayers.config import RolloutConfig  # noqa: E402
-from unifiedplayers.models import cast_parameters  # noqa: E402
-from unifiedplayers.rollout import build_rollout  # noqa: E402
-from unifiedplayers.rollout import hf_engine  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 BUDGETS = [256, 12, 40, 96, 20, 160, 8, 64]  # new tokens of each row of (a): ended rows are most of the batch
 QUESTIONS = [

@@ -1,7 +1,8 @@
-"""Host memory of the three players (issue 29, defect 6): process RSS and the bytes each player holds, per item.
+"""Host memory of the three players (an idle player keeps only the weights it samples with): process RSS and the
+bytes each player holds, per item.
 
-    python benchmarks/host_memory.py                          # experiment=smoke (SmolLM2-135M, torch backend)
-    python benchmarks/host_memory.py trainer=deepspeed_zero3 trainer.offload_optimizer=true trainer.ref_mode=precompute
+    python -m benchmarks.host_memory                          # experiment=smoke (SmolLM2-135M, torch backend)
+    python -m benchmarks.host_memory trainer=deepspeed_zero3 trainer.offload_optimizer=true trainer.ref_mode=precompute
 
 Builds the players of experiment=smoke on the CPU (the run's precision, ``auto`` resolved as a run resolves it), then
 calls what the outer loop calls around two blocks, without sampling: ``start_iteration``; Planning's block
@@ -87,9 +88,9 @@ def player_items(player) -> dict[str, list[torch.Tensor]]:
         return items
     engine = getattr(trainer, "engine", None)
     if engine is None:  # the torch backend; its module as is (``trainer.model`` brings parked master weights back)
-        masters = trainer._model
-        items["master weights"] = _module_tensors(masters)
-        items["gradients"] = _grads(masters) + [g for m in getattr(trainer, "_copies", {}).values() for g in _grads(m)]
+        held = trainer.held_weights
+        items["master weights"] = _module_tensors(held.masters)
+        items["gradients"] = _grads(held.masters) + [g for m in held.copies.values() for g in _grads(m)]
         if trainer.optimizer is not None:
             items["optimizer state"] = list(_tensors(list(trainer.optimizer.state.values())))
     else:

@@ -1,8 +1,8 @@
 """Wall time of the smoke preset (`make run`), broken into generation, sandbox work and GRPO updates.
 
-    python benchmarks/outer_loop.py                     # a fresh smoke run in a temporary directory
-    python benchmarks/outer_loop.py --run-dir runs/smoke   # the figures of an existing run (no new run)
-    python benchmarks/outer_loop.py trainer.num_threads=1  # extra config overrides
+    python -m benchmarks.outer_loop                     # a fresh smoke run in a temporary directory
+    python -m benchmarks.outer_loop --run-dir runs/smoke   # the figures of an existing run (no new run)
+    python -m benchmarks.outer_loop trainer.num_threads=1  # extra config overrides
 
 Generation = Planning, Execution and Evaluation sampling (sandbox time inside the tool loop excluded);
 sandbox = tool calls, perturbation re-executions and verdict checks; update = trainer.update (GRPO
@@ -24,15 +24,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Iterator
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # precision_floors, run as a script or loaded by path
 
 
 def total(metrics: list[dict], key: str) -> float:
@@ -72,7 +69,7 @@ class DecodeReads:
 
     @contextlib.contextmanager
     def counting(self) -> Iterator[None]:
-        from precision_floors import weight_bytes
+        from benchmarks.precision_floors import weight_bytes
 
         from unifiedplayers.rollout.hf_engine import HFRollout
 
@@ -98,7 +95,7 @@ class DecodeReads:
 
 def report_floors(cfg, run_dir: Path, reads: DecodeReads, model) -> None:
     """Generation and the GRPO updates of the run in ``run_dir`` against this machine's floors (module docstring)."""
-    from precision_floors import gemm_floors, memory_bandwidth, update_rows
+    from benchmarks.precision_floors import gemm_floors, memory_bandwidth, update_rows
 
     from unifiedplayers.diagnostics.logging import read_metrics
 

@@ -1,7 +1,7 @@
 """Time per stage of the paper presets' trainer path on SmolLM2-135M (the smoke run's model, prompts and schedule).
 
-    python benchmarks/paper_path.py                      # a fresh run in a temporary directory
-    python benchmarks/paper_path.py schedule.planning_updates=4 schedule.steps_per_generation=4   # more overrides
+    python -m benchmarks.paper_path                      # a fresh run in a temporary directory
+    python -m benchmarks.paper_path schedule.planning_updates=4 schedule.steps_per_generation=4   # more overrides
 
 The run is ``experiment=smoke`` (2 Planning, 2 Execution, 2 Evaluation updates, one sampling phase of S = 2 per
 block) with every ``trainer.*`` setting of the CPU rehearsal of the paper presets (tests/distributed/
@@ -42,9 +42,9 @@ def main() -> None:
     args = ap.parse_args()
     t0 = time.perf_counter()
     cpu0 = time.process_time()
+    from benchmarks.outer_loop import run_and_report
     from unifiedplayers.config import compose
 
-    run_and_report = _load("outer_loop_benchmark", HERE / "outer_loop.py").run_and_report
     run_dir = Path(tempfile.mkdtemp(prefix="up-paper-path-"))
     overrides = ["experiment=smoke", *paper_trainer_overrides(), f"run_dir={run_dir}", "resume=false",
                  "schedule.print_summary=false", *args.overrides]

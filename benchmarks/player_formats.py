@@ -6,8 +6,8 @@ Samples, with the smoke preset's token budgets and the default sampling temperat
   block, with a \\boxed{} final answer, and the status counts;
 - Evaluation: N verifiers over the same tasks -> share with a valid check() (parses, compiles, defines it).
 
-    python benchmarks/player_formats.py [--n 24] [overrides ...]     # e.g. player.execution.few_shot=[]
-    python benchmarks/player_formats.py --from-run runs/smoke        # the same rates over a run's records
+    python -m benchmarks.player_formats [--n 24] [overrides ...]     # e.g. player.execution.few_shot=[]
+    python -m benchmarks.player_formats --from-run runs/smoke        # the same rates over a run's records
 
 For reference, zero-shot prompts on SmolLM2-135M gave a python block in 22/40 solutions, a \\boxed{} answer
 in 0/40 and a valid check() in 9/40 (measured before these prompts were written).

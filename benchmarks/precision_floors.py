@@ -22,7 +22,7 @@ its bandwidth floor: the figures say so, they do not hide it.
 ``benchmarks/grpo_update.py`` imports the functions here for its floors; run alone, this script prints both
 floors and the fraction of each that our engine reaches:
 
-    .venv/bin/python benchmarks/precision_floors.py [--dtypes float32,bfloat16,auto] [--threads 2]
+    .venv/bin/python -m benchmarks.precision_floors [--dtypes float32,bfloat16,auto] [--threads 2]
         [--new-tokens 256] [--micro-batch 4] [--chunk-rows 1024] [--decode-tokens 32] [--rows 8] [--json FILE]
 
 On a shared machine every figure carries the neighbours' load (printed at the start and the end): a floor is
@@ -34,7 +34,6 @@ import argparse
 import copy
 import json
 import os
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -250,8 +249,7 @@ def main() -> None:
 
     import torch
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from update_inputs import load_fp32_model, prompt_ids  # the update benchmark's model and prompt
+    from benchmarks.update_inputs import load_fp32_model, prompt_ids  # the update benchmark's model and prompt
 
     from unifiedplayers.precision import auto_dtype
 

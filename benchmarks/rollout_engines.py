@@ -13,7 +13,7 @@ checked below); vLLM the settings of tests/test_rollout_vllm.py (in-process engi
 ``--compile``). vLLM is not in the main environment::
 
     make setup-vllm
-    .venv-vllm/bin/python benchmarks/rollout_engines.py [--repeats 2] [--dtypes bfloat16,float32] [--compile]
+    .venv-vllm/bin/python -m benchmarks.rollout_engines [--repeats 2] [--dtypes bfloat16,float32] [--compile]
 """
 from __future__ import annotations
 
@@ -27,8 +27,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
 CHAT = [{"role": "system", "content": "You are a careful math assistant."},
         {"role": "user", "content": "Pencils cost 35 cents each or 3.60 dollars for a box of 12. How much is saved "
@@ -40,7 +38,7 @@ def require_vllm() -> tuple[str, float]:
     the environment that has it."""
     if importlib.util.find_spec("vllm") is None:
         sys.exit(f"vllm is not importable from {sys.executable}: run `make setup-vllm` and use "
-                 ".venv-vllm/bin/python benchmarks/rollout_engines.py")
+                 ".venv-vllm/bin/python -m benchmarks.rollout_engines")
     from unifiedplayers.rollout.vllm_engine import check_vllm_version
 
     version = check_vllm_version()
@@ -150,7 +148,7 @@ def main() -> None:
 
     import torch
 
-    from hf_decoding import model_and_tokenizer
+    from benchmarks.hf_decoding import model_and_tokenizer
     from unifiedplayers.models import cast_parameters
 
     print(f"CPU: {cpu_line()}; torch {torch.__version__}, vllm {version} (import {import_s:.1f} s); "

@@ -1,6 +1,6 @@
 """One torch thread against two, with OpenMP's threads spinning or sleeping, on a quiet machine and beside a busy core.
 
-    python benchmarks/threads.py [--dtype bfloat16] [--new-tokens 64] [--busy both|no|yes]
+    python -m benchmarks.threads [--dtype bfloat16] [--new-tokens 64] [--busy both|no|yes]
 
 Each cell runs in its own subprocess (OpenMP reads ``OMP_WAIT_POLICY`` once, when torch loads it): SmolLM2-135M in
 ``--dtype``, one GRPO ``update()`` of 8 × (49 + 256) random tokens (the smoke preset's micro-batch of 4, after one
@@ -29,8 +29,7 @@ def cell(threads: int, dtype: str, new_tokens: int) -> dict:
     """In this process: one update and one sampling call with ``threads`` torch threads (seconds)."""
     import torch
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import update_inputs as U
+    from benchmarks import update_inputs as U
 
     from unifiedplayers.config import RolloutConfig, TrainerConfig
     from unifiedplayers.rollout import build_rollout
@@ -71,8 +70,9 @@ def run_cell(threads: int, policy: str | None, busy: bool, args) -> dict:
     if spinner:
         spinner.start()
     try:
-        out = subprocess.run([sys.executable, __file__, "--cell", str(threads), "--dtype", args.dtype,
-                              "--new-tokens", str(args.new_tokens)], env=env, capture_output=True, text=True, check=True)
+        out = subprocess.run([sys.executable, "-m", "benchmarks.threads", "--cell", str(threads), "--dtype",
+                              args.dtype, "--new-tokens", str(args.new_tokens)],
+                             env=env, capture_output=True, text=True, check=True, cwd=ROOT)
     finally:
         if spinner:
             spinner.terminate()

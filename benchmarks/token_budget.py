@@ -14,7 +14,7 @@ Batches: ``--phase PATH`` (a run's phase.pt: each of its minibatches, real lengt
 samples of random tokens, lengths spread evenly from the preset's Execution prompt to its longest trajectory,
 ``capacity.role_loads``: one turn to max_turns, in a seeded random order).
 
-    .venv/bin/python benchmarks/token_budget.py --phase runs/smoke/phase.pt --synthetic 8 [--reps 3]
+    .venv/bin/python -m benchmarks.token_budget --phase runs/smoke/phase.pt --synthetic 8 [--reps 3]
         [--experiment smoke] [--budget TOKENS] [overrides ...]
 """
 from __future__ import annotations

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# 49 prompt tokens with SmolLM2's chat template, so that a row is 49 + 256 = 305 tokens as in the issue's
+# 49 prompt tokens with SmolLM2's chat template, so that a row is 49 + 256 = 305 tokens as in the update targets'
 # figures (without a system message the template adds a 41-token default one).
 SYSTEM = "Reason step by step."
 QUESTION = "A train leaves at 3 pm and travels 240 km at 80 km/h. At what time does it arrive there?"

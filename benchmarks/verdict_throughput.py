@@ -7,9 +7,9 @@ re-executions plus K·M·(1+P) = 192 checks. Timed end to end: ``PerturbationEng
 ``python3`` process per re-execution and per check, run over as many threads as the sandbox has
 workers, and must reach the same verdict matrix.
 
-    python benchmarks/verdict_throughput.py [--tasks 5] [--baseline-tasks 1]
+    python -m benchmarks.verdict_throughput [--tasks 5] [--baseline-tasks 1]
 
-Target (issue 3): <= 0.5 s per task on 2 cores and >= 20x faster than the baseline.
+Target (benchmarks/README.md, "Measured figures"): <= 0.5 s per task on 2 cores and >= 20x faster than the baseline.
 """
 from __future__ import annotations
 

@@ -211,7 +211,8 @@ run() {
   export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false WANDB_MODE=offline
   report_imports "$py" "$site" 2>&1 | tee "$out/gpu_check.log"
   # DeepSpeed's CPU Adam op is JIT-built there, under TORCH_EXTENSIONS_DIR (default ~/.cache/unifiedplayers/...).
-  timeout 480 "$py" benchmarks/gpu_check.py --device cuda --shape qwen3_4b --steps 2 \
+  # benchmarks/ is a package: run as a module from the repository's root (the cd above), src/ on PYTHONPATH.
+  timeout 480 "$py" -m benchmarks.gpu_check --device cuda --shape qwen3_4b --steps 2 \
     --backends torch,paper_zero3 --budget-s 420 --out "$out" "$@" 2>&1 | tee -a "$out/gpu_check.log"
 }
 

@@ -7,7 +7,6 @@ is, does the same for SmolLM2's export by ``make run``."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,8 +18,7 @@ from unifiedplayers.export import EXPORT_META, main  # noqa: E402
 from unifiedplayers.rundir import EXPORT  # noqa: E402
 from unifiedplayers.loop.outer import OuterLoop  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import export_greedy  # noqa: E402
+from benchmarks import export_greedy  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 

@@ -1,6 +1,6 @@
 """The package's shape (CONTRIBUTING.md, "Before you push"), read from the source with ``ast`` (nothing is imported):
 
-- no class over 300 lines and no function over 80 in ``src/``;
+- no class over 300 lines and no function over 80 in ``src/`` and ``benchmarks/``;
 - no import cycle among the modules of ``src/``, ``eval/``, ``ablations/`` and ``benchmarks/``;
 - no cycle among the parts of the package (its top-level modules and folders: ``loop`` ↔ ``checks`` is one even when
   no two modules import each other), and the package imports none of the tools beside it.
@@ -8,8 +8,9 @@
 Every import counts, at a module's top or inside a function or class (it runs when the function does, and hides a
 dependency there); one under ``if TYPE_CHECKING:`` never runs and does not count. ``import a.b`` and ``from a.b
 import c`` are edges to ``a.b`` (to ``a.b.c`` when that is a module); the parent packages a dotted import also runs are
-not counted. ``benchmarks/`` holds scripts run from their folder, so a bare ``import x`` there is ``benchmarks/x.py``
-when that file exists. A module loaded from its path (``importlib``) is no import this test can see.
+not counted. The tools are packages run from the repository's root (``python -m benchmarks.gpu_check``), so their
+imports name them in full (``from benchmarks import cuda_peak``). A module loaded from its path (``importlib``) is no
+import this test can see.
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
 PACKAGE = "unifiedplayers"
 TOOLS = ("eval", "ablations", "benchmarks")  # beside the package: they import it, never the reverse
-SCRIPTS = "benchmarks"  # run from their folder: a bare ``import x`` is a sibling
+SIZED = ("benchmarks",)  # tools held to the package's size limits too
 MAX_CLASS_LINES = 300
 MAX_FUNCTION_LINES = 80
 
@@ -103,21 +104,16 @@ def imports(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
 def imported_modules(module: str, tree: ast.Module, modules: dict[str, Path] = ALL_MODULES) -> set[str]:
     """The modules of ``modules`` that ``module`` imports, anywhere in it."""
     is_package = modules[module].name == "__init__.py"
-    sibling = f"{SCRIPTS}." if module.startswith(f"{SCRIPTS}.") else None
     targets: set[str] = set()
     for node in imports(tree):
         if isinstance(node, ast.Import):
-            for alias in node.names:
-                script = f"{sibling}{alias.name}" if sibling else None
-                targets.add(script if script in modules else alias.name)
+            targets.update(alias.name for alias in node.names)
             continue
         base = node.module or ""
         if node.level:  # relative: from the module's package, one level up per extra dot
             package = module.split(".") if is_package else module.split(".")[:-1]
             package = package[: len(package) - node.level + 1]
             base = ".".join([*package, *([base] if base else [])])
-        if sibling and not node.level and f"{sibling}{base}" in modules:
-            base = f"{sibling}{base}"
         for alias in node.names:
             submodule = f"{base}.{alias.name}"
             targets.add(submodule if submodule in modules else base)
@@ -205,7 +201,9 @@ def test_the_package_and_the_tools_are_found():
 
 
 def test_no_class_over_300_lines_and_no_function_over_80():
-    found = [f for name, tree in TREES.items() for f in oversized(tree, name)]
+    sized = {**TREES, **{name: tree for name, tree in TOOL_TREES.items() if name.split(".")[0] in SIZED}}
+    assert "benchmarks.gpu_check" in sized
+    found = [f for name, tree in sized.items() for f in oversized(tree, name)]
     offenders = [f"{kind} {where}: {lines} lines" for kind, where, lines in found if where not in ALLOWED]
     assert not offenders, ("over the limit (split it, or add it to ALLOWED with a reason):\n"
                            + "\n".join(offenders))
@@ -236,16 +234,18 @@ def test_the_package_imports_none_of_the_tools():
 
 def test_the_checks_catch_what_they_look_for():
     """The checks themselves: a long function, a cycle, an import inside a function that is one and a TYPE_CHECKING
-    import that is not, a script's sibling, a cycle between two parts whose modules import each other one way."""
+    import that is not, a tool's imports of its own modules by their full names (a bare name is another module), a
+    cycle between two parts whose modules import each other one way."""
     long_function = ast.parse("def f():\n" + "    x = 1\n" * MAX_FUNCTION_LINES)
     assert oversized(long_function, "m") == [("function", "m:f", MAX_FUNCTION_LINES + 1)]
     assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
     guarded = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import x\nelse:\n    import y\n"
                         "def g():\n    import z\n")
     assert [a.names[0].name for a in imports(guarded)] == ["TYPE_CHECKING", "y", "z"]
-    scripts = {"benchmarks.a": Path("a.py"), "benchmarks.b": Path("b.py")}
-    assert imported_modules("benchmarks.a", ast.parse("def f():\n    from b import g\n    import b as B\n"),
-                            scripts) == {"benchmarks.b"}
+    tools = {"benchmarks": Path("__init__.py"), "benchmarks.a": Path("a.py"), "benchmarks.b": Path("b.py"),
+             "benchmarks.c": Path("c.py"), "b": Path("b.py")}
+    code = "def f():\n    from benchmarks.b import g\n    from benchmarks import c\n    import b\n"
+    assert imported_modules("benchmarks.a", ast.parse(code), tools) == {"benchmarks.b", "benchmarks.c", "b"}
     modules = {f"{PACKAGE}.x.a": {f"{PACKAGE}.y"}, f"{PACKAGE}.y": {f"{PACKAGE}.x.b"}, f"{PACKAGE}.x.b": set()}
     assert import_cycles(modules) == []  # no two modules import each other, yet x -> y -> x
     assert components(part_graph(modules, modules)) == [{f"{PACKAGE}.x", f"{PACKAGE}.y"}]

@@ -2,13 +2,7 @@
 on a trace written by hand."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
-SPEC = importlib.util.spec_from_file_location(
-    "cuda_peak", Path(__file__).resolve().parents[2] / "benchmarks" / "cuda_peak.py")
-cuda_peak = importlib.util.module_from_spec(SPEC)
-SPEC.loader.exec_module(cuda_peak)
+from benchmarks import cuda_peak
 
 OURS = {"filename": "/x/src/unifiedplayers/trainer/loss.py", "line": 40, "name": "policy_loss"}
 DS = {"filename": "/site/deepspeed/runtime/zero/partition_parameters.py", "line": 9, "name": "_all_gather"}

@@ -10,7 +10,6 @@ run ever JIT-builds it (58 s of one core on a quiet 2-core machine) into ~/.cach
 from __future__ import annotations
 
 import importlib.metadata
-import importlib.util
 import json
 import os
 import re
@@ -24,10 +23,10 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from benchmarks import gpu_check, gpu_check_model, gpu_check_paper
 from unifiedplayers.distributed import without_rendezvous
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
 SHELL = ROOT / "experiments" / "gpu_check.sh"
 UNIT_MARK = "=== the paper unit with bugs planted ==="
 PAPER_ITEMS = ("offload_state", "reference", "save_cadence", "exact_resume", "peak_memory")
@@ -54,15 +53,6 @@ GPU_MARKERS = {"python_version": "3.12", "python_full_version": "3.12.3", "imple
                "platform_machine": "x86_64", "os_name": "posix", "extra": ""}
 
 
-def _module():
-    if "gpu_check" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["gpu_check"] = module  # gpu_check_paper.py imports it by name
-        spec.loader.exec_module(module)
-    return sys.modules["gpu_check"]
-
-
 def _shell_list(name: str) -> set[str]:
     """The package names of ``NAME="..."`` (possibly over several lines) in experiments/gpu_check.sh."""
     match = re.search(rf'^{name}="([^"]*)"', SHELL.read_text(), re.M)
@@ -83,7 +73,7 @@ def _paper_units(root: Path, plant: str) -> dict[str, tuple[int, str, dict, floa
     outs = {name: root / name for name in ("clean", "planted")}
     argv = {name: ["--device", "cpu", "--shape", "tiny", "--backends", "paper_zero3", "--out", str(out)]
             for name, out in outs.items()}
-    code = (f"import json, sys, time\nsys.path.insert(0, {str(SCRIPT.parent)!r})\nimport gpu_check\n"
+    code = (f"import json, sys, time\nfrom benchmarks import gpu_check\n"
             f"t0 = time.perf_counter()\nclean = gpu_check.main({argv['clean']!r})\n"
             f"seconds = time.perf_counter() - t0\nprint({UNIT_MARK!r}, flush=True)\n{plant}\n"
             f"planted = gpu_check.main({argv['planted']!r})\n"
@@ -98,7 +88,7 @@ def _paper_units(root: Path, plant: str) -> dict[str, tuple[int, str, dict, floa
 
 
 def test_qwen3_4b_shape_on_the_meta_device():
-    gc = _module()
+    gc = gpu_check_model
     config = gc.qwen3_config("qwen3_4b")
     assert (config.hidden_size, config.intermediate_size, config.num_hidden_layers) == (2560, 9728, 36)
     assert (config.num_attention_heads, config.num_key_value_heads, config.head_dim) == (32, 8, 128)
@@ -117,7 +107,7 @@ def test_qwen3_4b_shape_on_the_meta_device():
 def test_cpu_half_runs_and_resumes_exactly(tmp_path):
     t0 = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--device", "cpu", "--shape", "tiny", "--steps", "2", "--backends", "torch",
+        [sys.executable, "-m", "benchmarks.gpu_check", "--device", "cpu", "--shape", "tiny", "--steps", "2", "--backends", "torch",
          "--out", str(tmp_path)],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )
@@ -212,7 +202,7 @@ def test_carried_wheels_with_the_gpu_image_meet_every_requirement():
 def test_ninja_of_an_unpacked_wheel_is_found_and_made_executable(tmp_path, monkeypatch):
     """Where experiments/gpu_check.sh unpacks wheels without pip, ninja's binary lies in the wheel's data folder
     without its executable bit: the paper unit finds it on sys.path and puts it on PATH."""
-    paper = _module().paper_module()
+    paper = gpu_check_paper
     binary = tmp_path / "site" / "ninja-1.13.2.data" / "scripts" / "ninja"
     binary.parent.mkdir(parents=True)
     binary.write_text("#!/bin/sh\necho 1.13.2\n")
@@ -230,19 +220,19 @@ def test_ninja_of_an_unpacked_wheel_is_found_and_made_executable(tmp_path, monke
 def test_save_cadence_and_capacity_plan_of_the_paper_unit_without_an_engine():
     """The paper unit's two parts that need no engine: save_due over the preset's blocks (14 saves an iteration),
     and the capacity plan of its update on the 4B shape cut to 2 layers (computed, not allocated)."""
-    gc = _module()
-    paper = gc.paper_module()
+    paper = gpu_check_paper
     cadence = paper.cadence_item()
     assert cadence["logic_ok"] and cadence["save_every"] == 50 and cadence["per_phase"] == 4
     assert cadence["saves"]["planning"] == [52, 100, 152, 200] and cadence["saves_per_iteration"] == 14
     assert paper.expected_saves(10, 3, 2) == [4, 6, 10]  # phase ends 2, 4, ..., 10; multiples of 3: 3, 6, 9
     from unifiedplayers.models import build_byte_tokenizer
 
-    args = gc.parse_args(["--device", "cpu", "--shape", "qwen3_4b"])
+    args = gpu_check.parse_args(["--device", "cpu", "--shape", "qwen3_4b"])
     check = types.SimpleNamespace(args=args, dtype_name="bfloat16", cuda=False, device=None,
                                   tokenizer=build_byte_tokenizer())
     plan = paper.planned_peak(check, 2, "execution", 131)
-    assert plan["plan_parameters"] == gc.count_parameters(gc.qwen3_config("qwen3_4b", num_layers=2))
+    assert plan["plan_parameters"] == gpu_check_model.count_parameters(gpu_check_model.qwen3_config("qwen3_4b",
+                                                                                                   num_layers=2))
     assert plan["instant"].split(" ")[0] in ("gather", "no-grad", "forward", "backward", "step")
     assert 0 < plan["compared_bytes"] < plan["plan_bytes"] < 16 * 2**30
     # The H200's measurement of this unit (docs/gpu/): the plan must stay within the check's band of it. Before

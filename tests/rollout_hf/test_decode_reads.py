@@ -2,28 +2,19 @@
 weights per sampled token of each batch's longest row. Checked against the completions of a real tiny-Llama call."""
 from __future__ import annotations
 
-import importlib.util
 import os
-from pathlib import Path
 
 import pytest
 import torch
 
+from benchmarks.outer_loop import DecodeReads
+from benchmarks.precision_floors import weight_bytes
 from unifiedplayers.config import ModelConfig, RolloutConfig
 from unifiedplayers.models import load_model
 from unifiedplayers.rollout import build_rollout
 from unifiedplayers.rollout.hf_engine import HFRollout
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
-
-
-def _outer_loop_benchmark():
-    """benchmarks/outer_loop.py, loaded by path (it puts benchmarks/ on sys.path for precision_floors)."""
-    spec = importlib.util.spec_from_file_location("outer_loop_benchmark", BENCH / "outer_loop.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
@@ -36,12 +27,9 @@ def tiny():
 
 def test_decode_reads_count_the_longest_row_of_each_batch_in_the_models_weight_bytes(tiny):
     model, tok = tiny
-    bench = _outer_loop_benchmark()
-    from precision_floors import weight_bytes
-
     engine = build_rollout(RolloutConfig(backend="hf", batch_size=3), model, tok)
     prompts = [tok.encode("a b c"), tok.encode("d e f g h")]
-    reads = bench.DecodeReads()
+    reads = DecodeReads()
     plain = HFRollout._sample_batch
     with reads.counting():
         out = engine.generate(prompts, n=3, max_new_tokens=7, temperature=1.0, seed=3)

@@ -3,18 +3,14 @@ process that keeps a core busy write the same records and metrics (benchmarks/de
 with SmolLM2). The comparison itself is checked on hand-made run directories."""
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.cpu
+from benchmarks import determinism
 
-_SPEC = importlib.util.spec_from_file_location(
-    "determinism_benchmark", Path(__file__).parents[2] / "benchmarks" / "determinism.py")
-determinism = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(determinism)
+pytestmark = pytest.mark.cpu
 
 
 def _write(run: Path, records: list, metrics: list) -> Path:
