@@ -107,8 +107,8 @@ def packing_note(engine, dtype) -> str:
     """How the hf engine's ``packed_linears=auto`` resolved: oneDNN available for ``dtype``, layer shapes packed."""
     from unifiedplayers.rollout import hf_engine
 
-    assert engine._packed_setting is None, "the hf engine does not run packed_linears=auto"
-    probes = [exact for key, exact in hf_engine._PACKING_EXACT.items() if key[3] == dtype]
+    assert engine.packed_linears_setting is None, "the hf engine does not run packed_linears=auto"
+    probes = hf_engine.packing_probes(dtype)
     return (f"packed_linears=auto in effect; oneDNN packing available for {str(dtype).split('.')[-1]}: "
             f"{hf_engine.packing_available(dtype)}; (shape, row count) probes bit-exact, hence packed: "
             f"{sum(probes)}/{len(probes)}")

@@ -117,6 +117,8 @@ def test_auto_packs_only_layers_whose_packed_product_is_exact(monkeypatch):
     net = net_of(torch.bfloat16)
     with packed_linears(net, None):
         assert all("forward" not in m.__dict__ for m in net)
+    probes = hf_engine.packing_probes(torch.bfloat16)  # what benchmarks/rollout_engines.py reports
+    assert probes and not any(probes) and hf_engine.packing_probes(torch.float32) == []
     with packed_linears(net, True):
         assert all("forward" in m.__dict__ for m in net)
 
@@ -191,6 +193,11 @@ def test_packed_linears_setting_is_checked(tiny):
     cfg.packed_linears = "sometimes"
     with pytest.raises(ValueError, match="rollout.packed_linears"):
         build_rollout(cfg, model, tok)
+    settings = {}
+    for value in ("auto", "true", "false"):
+        cfg.packed_linears = value
+        settings[value] = build_rollout(cfg, model, tok).packed_linears_setting
+    assert settings == {"auto": None, "true": True, "false": False}
 
 
 def test_a_replaced_f_linear_is_probed_again(monkeypatch):

@@ -155,6 +155,12 @@ def packing_available(dtype: torch.dtype = torch.float32) -> bool:
     return dtype != torch.bfloat16 or bool(getattr(ops, "_is_mkldnn_bf16_supported", lambda: False)())
 
 
+def packing_probes(dtype: torch.dtype) -> list[bool]:
+    """Whether the packed product was bit-exact at each (shape, thread count, rows) probed so far for weights of
+    ``dtype``: ``packed_linears=auto`` packs only where it was (read-only, for reports)."""
+    return [exact for key, exact in _PACKING_EXACT.items() if key[3] == dtype]
+
+
 def _own_linear(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """The product the engine computes without packing: :func:`_skinny_linear_forward` in float32, else ``F.linear``."""
     if module.weight.dtype == torch.float32:
@@ -338,6 +344,12 @@ class HFRollout(RolloutEngine):
         self._packed_setting = prefix_setting(getattr(cfg, "packed_linears", "auto"), "rollout.packed_linears")
         self._prefixes = PrefixStore()
         self._cache_arg, self._prefill_kw = _forward_keywords(model)
+
+    @property
+    def packed_linears_setting(self) -> Optional[bool]:
+        """``rollout.packed_linears`` as resolved: True, False, or None for auto (packed where the probes of
+        :func:`packing_probes` were exact)."""
+        return self._packed_setting
 
     def update_weights(self, model: Any) -> None:
         # The hf engine samples from the module it is given: the trainer's updates are already there
