@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from unifiedplayers.capacity.units import GB, TB, GiB
+from unifiedplayers.rundir import CHECKPOINTS
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,7 @@ def machine_here(cfg: Any, world: int, run_dir: Optional[str] = None) -> Machine
         gpu, name = float(props.total_memory), props.name
     ram = _meminfo("MemAvailable") + _rss() * int(os.environ.get("LOCAL_WORLD_SIZE", world))
     run = Path(run_dir or os.getcwd()).expanduser().resolve()
-    disk = _free(run) + _bytes_under(run / "checkpoints")
+    disk = _free(run) + _bytes_under(run / CHECKPOINTS)
     offload = Path(cfg.trainer.offload_dir or tempfile.gettempdir()).expanduser().resolve()
     other = _device(offload) != _device(run)
     return Machine(gpus=world, gpu_memory=gpu, host_ram=ram, disk=disk, offload_disk=_free(offload) if other else None,
