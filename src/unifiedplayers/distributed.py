@@ -28,7 +28,11 @@ Who does what (``unifiedplayers.schedule`` and ``unifiedplayers.trainer``):
   per token) and fresh feedback.
 
 The other ranks wait at the next collective while rank 0 works alone (perturbations, verdicts, rewards), so
-the process group's timeout is long: ``UNIFIEDPLAYERS_DIST_TIMEOUT_MIN`` minutes (120).
+the process group's timeout is long: ``UNIFIEDPLAYERS_DIST_TIMEOUT_MIN`` minutes (120). A rank that hangs or
+fails ends the job sooner, named: every rank beats through the job's store and watches the others'
+(:mod:`unifiedplayers.watchdog`, ``UNIFIEDPLAYERS_HANG_LIMIT_S``, 120 s), and a rank whose run raises posts its
+error there and leaves (:func:`destroy`). The long timeout remains for ranks that all wait, alive, at collectives
+that do not match.
 
 On GPUs each rank is pinned to the GPU of its ``LOCAL_RANK`` before CUDA starts (:func:`_pin_gpu`):
 ``CUDA_VISIBLE_DEVICES`` is narrowed to that GPU and ``LOCAL_RANK`` becomes 0, its ordinal among the visible
@@ -39,6 +43,7 @@ keeps the launcher's value.
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Callable, Mapping, Optional, Sequence, TypeVar
@@ -46,6 +51,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence, TypeVar
 T = TypeVar("T")
 _OBJECT_GROUP: Any = None  # a gloo group for the object collectives when the default group is nccl
 _GROUP_ADOPTED = False  # an in-process vLLM engine took the job's process group over (see adopt_group)
+_WATCHDOG: Any = None  # this rank's unifiedplayers.watchdog.Watchdog, while it is in a job
 
 
 def adopt_group() -> None:
@@ -248,22 +254,58 @@ def init_distributed(backend: Optional[str] = None, pin_gpu: bool = True) -> Dis
         dist.init_process_group(backend=chosen, timeout=timeout)
     if dist.get_backend() == "nccl" and _OBJECT_GROUP is None:
         _OBJECT_GROUP = dist.new_group(backend="gloo", timeout=timeout)  # pickled objects travel on the host
+    global _WATCHDOG
+    if _WATCHDOG is None and dist.is_initialized():
+        from unifiedplayers import watchdog
+
+        _WATCHDOG = watchdog.start(rank, world)
     return DistContext(rank=rank, world_size=world, local_rank=local_rank)
 
 
 def destroy(ctx: DistContext) -> None:
-    """Leave the job's process group (every rank, once, at the end). A group that an in-process vLLM engine
-    adopted (:func:`adopt_group`) is left for that engine's own shutdown at exit."""
-    if ctx.enabled:
-        import torch.distributed as dist
+    """Leave the job's process group (every rank, once, at the end; call it from a ``finally``). A group that an
+    in-process vLLM engine adopted (:func:`adopt_group`) is left for that engine's own shutdown at exit.
 
-        global _OBJECT_GROUP
-        if dist.is_initialized():
-            dist.barrier(group=_OBJECT_GROUP)
-            if _GROUP_ADOPTED:
-                return
-            dist.destroy_process_group()
-        _OBJECT_GROUP = None
+    Called while an exception is on its way out, it leaves at once (:func:`leave_failed`): a barrier would wait for
+    ranks that are at another collective, until the process group's timeout."""
+    if not ctx.enabled:
+        return
+    error = sys.exc_info()[1]
+    if error is not None and not (isinstance(error, SystemExit) and error.code in (0, None)):
+        leave_failed(ctx, error)
+        return
+    import torch.distributed as dist
+
+    global _OBJECT_GROUP, _WATCHDOG
+    if dist.is_initialized():
+        dist.barrier(group=_OBJECT_GROUP)
+    if _WATCHDOG is not None:  # after the barrier, which a hung rank would keep the others at
+        _WATCHDOG.stop()
+        _WATCHDOG = None
+    if dist.is_initialized():
+        if _GROUP_ADOPTED:
+            return
+        dist.destroy_process_group()
+    _OBJECT_GROUP = None
+
+
+def leave_failed(ctx: DistContext, error: BaseException) -> None:
+    """This rank's run raised ``error``: say so, naming the rank, and post it as the job's failure note, so that
+    every other rank ends within seconds (:mod:`unifiedplayers.watchdog`) rather than waiting for this one at its
+    next collective. The process group is left as it is: the process is about to end, and its launcher ends the
+other ranks (torchrun) or their watchdogs do."""
+    text = f"{type(error).__name__}: {error}".splitlines()[0][:500]
+    global _WATCHDOG
+    first = f"rank {ctx.rank}: {text}"
+    if _WATCHDOG is not None:
+        try:
+            first = _WATCHDOG.post_failure(text)
+        except Exception:  # noqa: BLE001 - the store is gone too: the launcher still sees this rank fail
+            pass
+        _WATCHDOG.stop()  # its watch would end this process on its own note, maybe before the traceback is out
+        _WATCHDOG = None
+    after = "" if first == f"rank {ctx.rank}: {text}" else f", after {first}"
+    print(f"[rank {ctx.rank}] failed: {text}{after}; leaving the job", file=sys.stderr, flush=True)
 
 
 def sandbox_config(sandbox_cfg: Any, dist: "DistContext") -> Any:

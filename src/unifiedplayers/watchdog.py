@@ -1,0 +1,205 @@
+"""A rank that hangs or fails ends the whole job within minutes, and the log names it.
+
+Every rank of a job runs two daemon threads, started by :func:`unifiedplayers.distributed.init_distributed`:
+
+- the **pulse** adds 1 to this rank's counter in the job's key-value store (the ``TCPStore`` at
+  ``MASTER_ADDR:MASTER_PORT``, which torchrun's agent hosts) every few seconds, and reads the other ranks'
+  counters and the job's failure note;
+- the **watch** ends this process (``os._exit``, so that torchrun tears the job down) when another rank's counter
+  has not moved for ``UNIFIEDPLAYERS_HANG_LIMIT_S`` seconds (120; 0 turns the watchdog off), when the store has not
+  answered for as long, or when another rank has posted a failure. It prints the reason first, naming the rank,
+  e.g. ``rank 1 has not answered for 121 s (hung or stopped); ending the job``.
+
+A rank counts as silent only when its pulse thread cannot run: the process is stopped (SIGSTOP, a debugger), its
+machine is gone or frozen, or one C call has held the Python interpreter lock for the whole limit. A rank that is
+only busy beats on, whatever its main thread does: rank 0's solo stages (verdicts, the diagnostic pool,
+checkpoints) run Python code, which yields the lock every 5 ms, or C code (torch, the sandbox's pipes and waits)
+that releases it. The watch counts a rank's silence between two reads of the store that both succeeded, and starts
+counting again after a pause of its own (this process stopped, or starved of the CPU), so that a watcher that
+slept never blames the ranks it did not see. A silent rank on the watcher's own machine (the same boot, process
+namespace, pid and start time, as it posted them) is killed at once, rather than after torchrun's 30 s of grace.
+
+A rank whose run raises posts its error as the job's failure note (:meth:`Watchdog.post_failure`, called by
+:func:`unifiedplayers.distributed.destroy`) and leaves without waiting for the others; their watch ends them
+within one pulse, naming it, even where no launcher tears the job down. Ranks that all wait at mismatched
+collectives still beat: that deadlock ends at the process group's timeout (``UNIFIEDPLAYERS_DIST_TIMEOUT_MIN``).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from datetime import timedelta
+from typing import Any, Mapping, Optional
+
+LIMIT_ENV = "UNIFIEDPLAYERS_HANG_LIMIT_S"
+DEFAULT_LIMIT_S = 120.0
+EXIT_CODE = 3  # this rank ended the job because another rank hung or failed
+LEFT = -1  # a rank's counter once it has left the job cleanly
+
+
+def limit_from_env(env: Mapping[str, str] = os.environ) -> float:
+    """Seconds of silence after which a rank counts as hung: ``UNIFIEDPLAYERS_HANG_LIMIT_S`` (120); 0 turns the
+    watchdog off."""
+    value = float(env.get(LIMIT_ENV, DEFAULT_LIMIT_S))
+    if value < 0:
+        raise ValueError(f"{LIMIT_ENV}={value}: a number of seconds, or 0 for no watchdog")
+    return value
+
+
+def process_identity(pid: Optional[int] = None) -> str:
+    """``boot pid-namespace pid start-time`` of a process on this machine: equal only for the same process (a pid
+    reused later, another machine or another container differ). Empty where ``/proc`` cannot tell."""
+    pid = os.getpid() if pid is None else pid
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        namespace = os.readlink("/proc/self/ns/pid")
+        with open(f"/proc/{pid}/stat") as f:
+            start = f.read().rsplit(")", 1)[1].split()[19]  # field 22, the start time in clock ticks
+    except (OSError, IndexError):
+        return ""
+    return f"{boot} {namespace} {pid} {start}"
+
+
+def kill_if_local(identity: str) -> Optional[int]:
+    """SIGKILL the process ``identity`` (:func:`process_identity`) names when it is a process of this machine;
+    returns its pid, else ``None``."""
+    if not identity:
+        return None
+    pid = int(identity.split()[2])
+    if process_identity(pid) != identity:
+        return None
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        return None
+    return pid
+
+
+class Watchdog:
+    """This rank's pulse and its watch over the other ranks (module docstring). ``store`` is a client of the job's
+    key-value store of its own (the threads' requests never queue behind the main thread's)."""
+
+    def __init__(self, store: Any, rank: int, world_size: int, limit_s: float, interval_s: Optional[float] = None,
+                 prefix: str = "unifiedplayers/watchdog") -> None:
+        self.store, self.rank, self.world_size, self.limit_s = store, rank, world_size, limit_s
+        self.interval_s = interval_s or min(5.0, limit_s / 8)
+        self.prefix = prefix
+        self.others = [r for r in range(world_size) if r != rank]
+        now = time.monotonic()
+        self._lock = threading.Lock()
+        self._counts: dict[int, int] = {}
+        self._moved = dict.fromkeys(self.others, now)  # when each rank's counter was last seen to move
+        self._read_at = now  # the last read of the store that succeeded
+        self._failure: Optional[str] = None
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def _key(self, kind: str, rank: Optional[int] = None) -> str:
+        return f"{self.prefix}/{kind}" + ("" if rank is None else f"/{rank}")
+
+    def start(self) -> "Watchdog":
+        self.store.set(self._key("identity", self.rank), process_identity())
+        for r in range(self.world_size):
+            self.store.add(self._key("beat", r), 0)  # every counter exists before anyone reads them all
+        for name, target in (("pulse", self._pulse), ("watch", self._watch)):
+            thread = threading.Thread(target=target, name=f"unifiedplayers-{name}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        return self
+
+    def stop(self) -> None:
+        """Leave cleanly: the others stop watching this rank."""
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=2 * self.interval_s)  # a pulse blocked on a store that does not answer stays behind
+        try:
+            self.store.set(self._key("beat", self.rank), str(LEFT))
+        except Exception:  # noqa: BLE001 - the store is gone: so is the job, and nobody watches this rank
+            pass
+
+    def post_failure(self, text: str) -> str:
+        """Post ``rank <r>: <text>`` as the job's failure note unless another rank posted first; returns the note
+        that stands."""
+        note = f"rank {self.rank}: {text}"
+        return self.store.compare_set(self._key("failure"), "", note).decode()
+
+    # ------------------------------------------------------------------ the two threads
+    def _pulse(self) -> None:
+        beats = [self._key("beat", r) for r in self.others]
+        while not self._stop.is_set():
+            try:
+                self.store.add(self._key("beat", self.rank), 1)
+                counts = [int(v) for v in self.store.multi_get(beats)] if beats else []
+                failure = self.store.get(self._key("failure")).decode() \
+                    if self.store.check([self._key("failure")]) else None
+            except Exception:  # noqa: BLE001 - the store did not answer: the watch counts how long
+                self._stop.wait(self.interval_s)
+                continue
+            now = time.monotonic()
+            with self._lock:
+                for r, count in zip(self.others, counts):
+                    if count != self._counts.get(r):
+                        self._counts[r], self._moved[r] = count, now
+                self._read_at, self._failure = now, failure
+            self._stop.wait(self.interval_s)
+
+    def _watch(self) -> None:
+        last = time.monotonic()
+        while not self._stop.wait(self.interval_s):
+            now = time.monotonic()
+            reason = self._verdict(now, paused=now - last > self.interval_s + self.limit_s / 4)
+            last = now
+            if reason is not None:
+                self._end(*reason)
+
+    def _verdict(self, now: float, paused: bool) -> Optional[tuple[str, Optional[int]]]:
+        """Why this rank must end the job, and the rank to blame (``None`` when there is none to kill)."""
+        with self._lock:
+            if paused:  # this process slept, not the others: start counting again
+                self._read_at = now
+                self._moved = dict.fromkeys(self.others, now)
+                return None
+            if self._failure:
+                return self._failure, None
+            for r in self.others:
+                silent = self._read_at - self._moved[r]
+                if self._counts.get(r) != LEFT and silent > self.limit_s:
+                    return f"rank {r} has not answered for {silent:.0f} s (hung or stopped)", r
+            if now - self._read_at > self.limit_s:
+                return (f"the job's store at {os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')} has "
+                        f"not answered for {now - self._read_at:.0f} s (its host hung or stopped)",
+                        None)
+        return None
+
+    def _end(self, reason: str, culprit: Optional[int]) -> None:
+        """Print ``reason``, kill the silent rank when it runs on this machine, post the reason for the other ranks
+        and end this process."""
+        if culprit is not None:
+            try:
+                pid = kill_if_local(self.store.get(self._key("identity", culprit)).decode())
+                self.post_failure(reason)
+            except Exception:  # noqa: BLE001 - ending the job matters more than the note
+                pid = None
+            if pid is not None:
+                reason += f"; killed its process {pid} on this machine"
+        print(f"[watchdog, rank {self.rank}] {reason}; ending the job", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(EXIT_CODE)
+
+
+def start(rank: int, world_size: int, env: Mapping[str, str] = os.environ) -> Optional[Watchdog]:
+    """This rank's watchdog over the job whose store is at ``MASTER_ADDR:MASTER_PORT``; ``None`` when it is off
+    (``UNIFIEDPLAYERS_HANG_LIMIT_S=0``) or the job has no such store."""
+    limit = limit_from_env(env)
+    if limit == 0 or "MASTER_ADDR" not in env or "MASTER_PORT" not in env:
+        return None
+    import torch.distributed as dist
+
+    store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False, wait_for_workers=False,
+                          timeout=timedelta(seconds=limit))
+    attempt = f"{env.get('TORCHELASTIC_RUN_ID', 'job')}/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    return Watchdog(store, rank, world_size, limit, prefix=f"unifiedplayers/watchdog/{attempt}").start()

@@ -1,0 +1,54 @@
+"""A rank that raises in the middle of a run of the outer loop (two gloo ranks under torchrun, the tiny random
+model) ends the job at once with its error in the log, and a resume from the run's last save gives the records and
+metrics of a run that was never interrupted. The planted failure: failing_worker.py."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from unifiedplayers.distributed import without_rendezvous
+
+sys.path.insert(0, str(Path(__file__).parent))
+from launch import SRC, free_port  # noqa: E402
+from launch import torchrun  # noqa: E402
+
+pytestmark = [pytest.mark.cpu, pytest.mark.slow]
+
+WORKER = Path(__file__).with_name("failing_worker.py")
+# Two Planning updates, one Execution, one Evaluation; a save after each (each update is a phase).
+OVERRIDES = ["trainer.micro_batch_size=1", "schedule.planning_updates=2", "schedule.save_every=1"]
+
+
+def lines(run_dir: Path, name: str) -> list[dict]:
+    """The lines of a run's JSONL file, without their wall times (``timing/*``, ``perf/*``)."""
+    rows = [json.loads(line) for line in (run_dir / name).read_text().splitlines() if line.strip()]
+    return [{k: v for k, v in row.items() if not k.startswith(("timing/", "perf/"))} for row in rows]
+
+
+def test_a_rank_that_raises_mid_run_ends_the_job_and_the_resume_is_uninterrupted(tmp_path):
+    whole, failed = tmp_path / "whole", tmp_path / "failed" / "run"
+    torchrun(WORKER, str(whole), str(tmp_path / "whole-weights"), *OVERRIDES, timeout=240)
+
+    env = without_rendezvous({**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": SRC, "FAIL_RANK": "1",
+                              "FAIL_AFTER": "2", "UNIFIEDPLAYERS_DIST_TIMEOUT_MIN": "1"})
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
+           str(WORKER), str(failed), str(tmp_path / "failed-weights"), *OVERRIDES]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    took, log = time.time() - float((failed.parent / "raised").read_text()), out.stdout + out.stderr
+    print(f"rank 1 raised after 2 updates: the job ended {took:.1f} s later")
+    assert out.returncode != 0
+    assert "[rank 1] failed: RuntimeError: planted failure on rank 1 after 2 updates; leaving the job" in log, log[-4000:]
+    assert took < 30, log[-4000:]
+    assert 2 <= len(lines(failed, "metrics.jsonl")) < 4
+
+    torchrun(WORKER, str(failed), str(tmp_path / "failed-weights"), *OVERRIDES, "resume=true", timeout=240)
+    for name in ("records.jsonl", "metrics.jsonl"):
+        assert lines(failed, name) == lines(whole, name), name
+    assert [(m["block"], m["update"]) for m in lines(whole, "metrics.jsonl")] == [
+        ("planning", 0), ("planning", 1), ("execution", 0), ("evaluation", 0)]
