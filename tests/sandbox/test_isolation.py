@@ -104,7 +104,7 @@ def test_a_machine_that_refuses_namespaces_gives_the_reason():
 
 def test_the_sandbox_package_imports_nothing_of_the_project():
     package = Path(unifiedplayers.sandbox.__file__).parent
-    for path in package.glob("*.py"):
+    for path in package.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else []

@@ -50,7 +50,7 @@ def test_exit_status_and_exceptions(sb):
     r = sb.run("raise ValueError('boom')")
     assert r.exit_code == 1 and "ValueError: boom" in r.stderr
     assert r.error is None  # the program failed, not the sandbox
-    assert "_server.py" not in r.stderr and "unifiedplayers" not in r.stderr  # no host path leaks
+    assert "_server" not in r.stderr and "unifiedplayers" not in r.stderr  # no host path leaks
     assert 'File "<sandbox>", line 1' in r.stderr
     c = sb.call("def f(p):\n    raise KeyError('nope')", "f", None)
     assert not c.ok and "KeyError" in c.error
@@ -208,7 +208,7 @@ def _call_processes(uids) -> list[int]:
                 cwd = os.readlink(f"/proc/{entry}/cwd")
             except OSError:
                 cwd = ""
-            if re.search(r"/s\d+/w$", cwd) or b"_server.py" not in parent_cmd:  # a cell's working dir
+            if re.search(r"/s\d+/w$", cwd) or b"_server" not in parent_cmd:  # a cell's working dir
                 found.append(int(entry))
     return found
 
@@ -295,7 +295,7 @@ def test_stdlib_mirror_follows_symbolic_links_as_a_distribution_s_stdlib_has_the
     """Debian's stdlib names _sysconfigdata__linux_*.py as a relative link to a sibling (found on the GPU image:
     the mirror held the link itself, dangling, and the server did not start) and sitecustomize.py as a link out
     of the tree; each must be mirrored as the file it names, readable, and a dangling link left out."""
-    from unifiedplayers.sandbox._server import stdlib_mirror
+    from unifiedplayers.sandbox._server.files import stdlib_mirror
 
     src = tmp_path / "lib" / "python3"
     (src / "lib-dynload").mkdir(parents=True)
@@ -494,18 +494,12 @@ def test_literal_regular_expressions_give_the_same_answers(sb):
 
 
 def test_literal_patterns_found_for_the_regex_cache():
-    import importlib.util
-    from pathlib import Path
+    from unifiedplayers.sandbox._server import warmup
 
-    import unifiedplayers.sandbox.client as client
-
-    spec = importlib.util.spec_from_file_location("_sandbox_server", Path(client.__file__).with_name("_server.py"))
-    server = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(server)
     source = ("import re\nP = re.compile(r'\\d+')\ndef f(s, q):\n    re.sub('a+', '', s, flags=re.I | re.M)\n"
               "    re.split('x', s, 0, re.S)\n    re.match(q, s)\n    re.search('b', s, flags=unknown)\n"
               "    return re.findall(b'y', s, 2)")
-    found = sorted(server._literal_patterns(source), key=str)
+    found = sorted(warmup._literal_patterns(source), key=str)
     assert found == sorted([("\\d+", 0), ("a+", 2 | 8), ("x", 16), (b"y", 2)], key=str)
 
 

@@ -15,7 +15,7 @@ from typing import Any, Iterable, Optional, Sequence
 
 from unifiedplayers.sandbox.config import SandboxConfig
 
-_SERVER = Path(__file__).with_name("_server.py")
+_SERVER = Path(__file__).with_name("_server")  # a package run by path (its __main__)
 
 
 # The interpreter flags of the server: isolated mode (-I) without its -E. Python 3.10 has no -P (safe path): its

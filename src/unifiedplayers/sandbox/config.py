@@ -16,6 +16,7 @@ class SandboxConfig:
     max_output_bytes: int = 16384  # stdout and stderr are each truncated to this many bytes
     max_file_mb: int = 16  # largest file a call may write in its working directory
     max_value_bytes: int = 1 << 20  # largest JSON return value of a function call
+    max_open_files: int = 256  # descriptors one call may hold open (RLIMIT_NOFILE)
     workers: int = 0  # calls run at once; 0 = two per core
     network: bool = False  # False: each call runs in an empty network namespace
     drop_privileges: bool = True  # as root, run each call under its own unprivileged uid
