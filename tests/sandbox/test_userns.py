@@ -319,3 +319,26 @@ def test_the_node_check_prints_every_layer_and_contained(package):
     assert all(line.endswith("present") for line in lines[1:5])
     assert sum(line.endswith("refused") for line in lines) == 4 and "bounded (max_processes 16)" in out.stdout
     assert lines[-1] == "contained"
+
+
+@needs_user
+def test_closing_during_a_call_replaces_its_cell_and_leaves_nothing(package):
+    """The client goes away while a call (and a setsid'd child of it) runs: the server replaces the busy cell (its
+    first process kills the forker, and with it the namespace) and exits; nothing of the user is left, and the
+    server does not wait out its five-second fallback."""
+    got = as_user(package, PRELUDE + """
+    import threading
+    sb = Sandbox(SandboxConfig(timeout_s=20, workers=2))
+    sb.start()
+    threading.Thread(target=sb.run, args=("import os, time\\nif os.fork() == 0:\\n    os.setsid()\\n"
+                                          "time.sleep(50)",), daemon=True).start()
+    time.sleep(1.0)
+    during = len(processes())
+    t = time.monotonic()
+    sb._proc.stdin.close()  # the client is gone (Sandbox.close would first wait for the running call)
+    sb._proc.wait()
+    print(json.dumps({"during": during, "close_s": time.monotonic() - t, "after": settled(0)}), flush=True)
+    os._exit(0)
+    """.replace("\n    ", "\n"))
+    assert got["during"] == 1 + 2 * 2 + 2, got  # the server, two cells, the call and its child
+    assert got["close_s"] < 4.0 and got["after"] == 0, got
