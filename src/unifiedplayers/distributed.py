@@ -31,8 +31,9 @@ The other ranks wait at the next collective while rank 0 works alone (perturbati
 the process group's timeout is long: ``UNIFIEDPLAYERS_DIST_TIMEOUT_MIN`` minutes (120). A rank that hangs or
 fails ends the job sooner, named: every rank beats through the job's store and watches the others'
 (:mod:`unifiedplayers.watchdog`, ``UNIFIEDPLAYERS_HANG_LIMIT_S``, 120 s), and a rank whose run raises posts its
-error there and leaves (:func:`destroy`). The long timeout remains for ranks that all wait, alive, at collectives
-that do not match.
+error there and leaves (:func:`destroy`). Every collective here notes where the rank waits (:func:`waiting`), so
+ranks that all wait at collectives that do not match end the job too; the long timeout remains for collectives of
+other libraries (DeepSpeed's, vLLM's).
 
 On GPUs each rank is pinned to the GPU of its ``LOCAL_RANK`` before CUDA starts (:func:`_pin_gpu`):
 ``CUDA_VISIBLE_DEVICES`` is narrowed to that GPU and ``LOCAL_RANK`` becomes 0, its ordinal among the visible
@@ -44,6 +45,7 @@ from __future__ import annotations
 
 import os
 import sys
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Callable, Mapping, Optional, Sequence, TypeVar
@@ -60,6 +62,12 @@ def adopt_group() -> None:
     with a traceback if :func:`destroy` already did; so :func:`destroy` then leaves them to it."""
     global _GROUP_ADOPTED
     _GROUP_ADOPTED = True
+
+
+def waiting(name: str) -> Any:
+    """A context for a collective, ``name``: while this rank waits in it, its watchdog tells the other ranks, which
+    end the job when every rank waits at a collective and not all at the same kind (a no-op without a watchdog)."""
+    return _WATCHDOG.at_collective(name) if _WATCHDOG is not None else nullcontext()
 
 
 def share(n: int, rank: int, world_size: int) -> int:
@@ -98,7 +106,8 @@ class DistContext:
         import torch.distributed as dist
 
         box = [obj if self.is_main else None]
-        dist.broadcast_object_list(box, src=0, group=_OBJECT_GROUP)
+        with waiting("broadcast"):
+            dist.broadcast_object_list(box, src=0, group=_OBJECT_GROUP)
         return box[0]
 
     def gather(self, obj: Any) -> Optional[list[Any]]:
@@ -108,7 +117,8 @@ class DistContext:
         import torch.distributed as dist
 
         out: Optional[list[Any]] = [None] * self.world_size if self.is_main else None
-        dist.gather_object(obj, out, dst=0, group=_OBJECT_GROUP)
+        with waiting("gather"):
+            dist.gather_object(obj, out, dst=0, group=_OBJECT_GROUP)
         return out
 
     def all_gather(self, obj: Any) -> list[Any]:
@@ -118,14 +128,16 @@ class DistContext:
         import torch.distributed as dist
 
         out: list[Any] = [None] * self.world_size
-        dist.all_gather_object(out, obj, group=_OBJECT_GROUP)
+        with waiting("all_gather"):
+            dist.all_gather_object(out, obj, group=_OBJECT_GROUP)
         return out
 
     def barrier(self) -> None:
         if self.enabled:
             import torch.distributed as dist
 
-            dist.barrier(group=_OBJECT_GROUP)
+            with waiting("barrier"):
+                dist.barrier(group=_OBJECT_GROUP)
 
     # ------------------------------------------------------------------ split sampling
     def split_prompts(self, generate: Callable[[range], list[list[T]]], num_prompts: int,
@@ -173,7 +185,8 @@ class DistContext:
                     size += p.grad.numel()
                 if bucket and (p is None or size >= bucket_elems):
                     flat = torch.cat([q.grad.reshape(-1) for q in bucket])
-                    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+                    with waiting("all_reduce of the gradients"):
+                        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
                     offset = 0
                     for q in bucket:
                         n = q.grad.numel()
@@ -278,7 +291,8 @@ def destroy(ctx: DistContext) -> None:
 
     global _OBJECT_GROUP, _WATCHDOG
     if dist.is_initialized():
-        dist.barrier(group=_OBJECT_GROUP)
+        with waiting("the barrier at the end"):
+            dist.barrier(group=_OBJECT_GROUP)
     if _WATCHDOG is not None:  # after the barrier, which a hung rank would keep the others at
         _WATCHDOG.stop()
         _WATCHDOG = None

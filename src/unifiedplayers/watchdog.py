@@ -4,10 +4,11 @@ Every rank of a job runs two daemon threads, started by :func:`unifiedplayers.di
 
 - the **pulse** adds 1 to this rank's counter in the job's key-value store (the ``TCPStore`` at
   ``MASTER_ADDR:MASTER_PORT``, which torchrun's agent hosts) every few seconds, and reads the other ranks'
-  counters and the job's failure note;
+  counters, the collectives they wait at, and the job's failure note;
 - the **watch** ends this process (``os._exit``, so that torchrun tears the job down) when another rank's counter
   has not moved for ``UNIFIEDPLAYERS_HANG_LIMIT_S`` seconds (120; 0 turns the watchdog off), when the store has not
-  answered for as long, or when another rank has posted a failure. It prints the reason first, naming the rank,
+  answered for as long, when the ranks wait at collectives that do not match, or when another rank has posted a
+  failure. It prints the reason first, naming the rank,
   e.g. ``rank 1 has not answered for 121 s (hung or stopped); ending the job``.
 
 A rank counts as silent only when its pulse thread cannot run: the process is stopped (SIGSTOP, a debugger), its
@@ -21,8 +22,13 @@ namespace, pid and start time, as it posted them) is killed at once, rather than
 
 A rank whose run raises posts its error as the job's failure note (:meth:`Watchdog.post_failure`, called by
 :func:`unifiedplayers.distributed.destroy`) and leaves without waiting for the others; their watch ends them
-within one pulse, naming it, even where no launcher tears the job down. Ranks that all wait at mismatched
-collectives still beat: that deadlock ends at the process group's timeout (``UNIFIEDPLAYERS_DIST_TIMEOUT_MIN``).
+within one pulse, naming it, even where no launcher tears the job down.
+
+Ranks that all wait at collectives that do not match (one called on one side only) still beat. Each collective of
+:class:`~unifiedplayers.distributed.DistContext` therefore notes where its rank waits (:meth:`Watchdog.at_collective`:
+the collective's name and how many this rank has entered), the pulse posts it, and the watch ends the job when every
+rank has waited for longer than the limit and not all at the same kind. A mismatch with another library's collective
+(DeepSpeed's, vLLM's), which notes nothing, ends at the process group's timeout (``UNIFIEDPLAYERS_DIST_TIMEOUT_MIN``).
 """
 from __future__ import annotations
 
@@ -31,8 +37,9 @@ import signal
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any, Mapping, Optional
+from typing import Any, Iterator, Mapping, Optional
 
 LIMIT_ENV = "UNIFIEDPLAYERS_HANG_LIMIT_S"
 DEFAULT_LIMIT_S = 120.0
@@ -95,6 +102,9 @@ class Watchdog:
         self._moved = dict.fromkeys(self.others, now)  # when each rank's counter was last seen to move
         self._read_at = now  # the last read of the store that succeeded
         self._failure: Optional[str] = None
+        self._calls = 0  # the collectives this rank has entered
+        self._place = ("", now)  # the collective this rank waits at ("<n> <name>", "" outside one), and since when
+        self._places: dict[int, tuple[str, float]] = {}  # the others', and since when this rank has read it
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
@@ -103,8 +113,9 @@ class Watchdog:
 
     def start(self) -> "Watchdog":
         self.store.set(self._key("identity", self.rank), process_identity())
-        for r in range(self.world_size):
-            self.store.add(self._key("beat", r), 0)  # every counter exists before anyone reads them all
+        for r in range(self.world_size):  # every key exists before anyone reads them all
+            self.store.add(self._key("beat", r), 0)
+            self.store.compare_set(self._key("place", r), "", "")  # never overwrites a rank's own
         for name, target in (("pulse", self._pulse), ("watch", self._watch)):
             thread = threading.Thread(target=target, name=f"unifiedplayers-{name}", daemon=True)
             thread.start()
@@ -127,25 +138,46 @@ class Watchdog:
         note = f"rank {self.rank}: {text}"
         return self.store.compare_set(self._key("failure"), "", note).decode()
 
+    @contextmanager
+    def at_collective(self, name: str) -> Iterator[None]:
+        """Note, for the other ranks, that this rank waits at its next collective, ``name``."""
+        self._calls += 1
+        self._place = (f"{self._calls} {name}", time.monotonic())
+        try:
+            yield
+        finally:
+            self._place = ("", time.monotonic())
+
     # ------------------------------------------------------------------ the two threads
     def _pulse(self) -> None:
-        beats = [self._key("beat", r) for r in self.others]
+        keys = [self._key(kind, r) for kind in ("beat", "place") for r in self.others]
+        published = None
         while not self._stop.is_set():
             try:
                 self.store.add(self._key("beat", self.rank), 1)
-                counts = [int(v) for v in self.store.multi_get(beats)] if beats else []
+                place = self._place[0]
+                if place != published:
+                    self.store.set(self._key("place", self.rank), place)
+                    published = place
+                values = [v.decode() for v in self.store.multi_get(keys)] if keys else []
                 failure = self.store.get(self._key("failure")).decode() \
                     if self.store.check([self._key("failure")]) else None
             except Exception:  # noqa: BLE001 - the store did not answer: the watch counts how long
                 self._stop.wait(self.interval_s)
                 continue
-            now = time.monotonic()
-            with self._lock:
-                for r, count in zip(self.others, counts):
-                    if count != self._counts.get(r):
-                        self._counts[r], self._moved[r] = count, now
-                self._read_at, self._failure = now, failure
+            self._read(values[:len(self.others)], values[len(self.others):], failure)
             self._stop.wait(self.interval_s)
+
+    def _read(self, counts: list[str], places: list[str], failure: Optional[str]) -> None:
+        """What one pulse read of the other ranks: their counters, the collectives they wait at, the failure note."""
+        now = time.monotonic()
+        with self._lock:
+            for r, count, place in zip(self.others, counts, places):
+                if int(count) != self._counts.get(r):
+                    self._counts[r], self._moved[r] = int(count), now
+                if place != self._places.get(r, ("", 0.0))[0]:
+                    self._places[r] = (place, now)
+            self._read_at, self._failure = now, failure
 
     def _watch(self) -> None:
         last = time.monotonic()
@@ -156,36 +188,58 @@ class Watchdog:
             if reason is not None:
                 self._end(*reason)
 
-    def _verdict(self, now: float, paused: bool) -> Optional[tuple[str, Optional[int]]]:
-        """Why this rank must end the job, and the rank to blame (``None`` when there is none to kill)."""
+    def _verdict(self, now: float, paused: bool) -> Optional[tuple[str, Optional[int], bool]]:
+        """Why this rank must end the job, the rank to blame (``None`` when there is none to kill), and whether to
+        post the reason for the other ranks (not their own note, nor to a store that does not answer)."""
         with self._lock:
             if paused:  # this process slept, not the others: start counting again
                 self._read_at = now
                 self._moved = dict.fromkeys(self.others, now)
+                self._places = {r: (place, now) for r, (place, _) in self._places.items()}
                 return None
             if self._failure:
-                return self._failure, None
+                return self._failure, None, False
             for r in self.others:
                 silent = self._read_at - self._moved[r]
                 if self._counts.get(r) != LEFT and silent > self.limit_s:
-                    return f"rank {r} has not answered for {silent:.0f} s (hung or stopped)", r
+                    return f"rank {r} has not answered for {silent:.0f} s (hung or stopped)", r, True
             if now - self._read_at > self.limit_s:
                 return (f"the job's store at {os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')} has "
-                        f"not answered for {now - self._read_at:.0f} s (its host hung or stopped)",
-                        None)
-        return None
+                        f"not answered for {now - self._read_at:.0f} s (its host hung or stopped)", None, False)
+            mismatch = self._mismatch(now)
+        return (mismatch, None, True) if mismatch else None
 
-    def _end(self, reason: str, culprit: Optional[int]) -> None:
+    def _mismatch(self, now: float) -> Optional[str]:
+        """Every rank has waited longer than the limit at a collective, and not all at the same kind: none can
+        return (a collective called on one side only). ``None`` while any rank is elsewhere, or all wait at one kind
+        (two broadcasts pair up whatever their counts; a call made outside ``DistContext`` on one side is not
+        counted)."""
+        place, since = self._place
+        places = {self.rank: (place, now - since)}
+        for r in self.others:
+            if self._counts.get(r) != LEFT:
+                other, seen = self._places.get(r, ("", now))
+                places[r] = (other, self._read_at - seen)
+        names = {p.partition(" ")[2] for p, _ in places.values()}  # the counts differ after a call seen on one
+        if any(not p or waited <= self.limit_s for p, waited in places.values()) or len(names) == 1:  # side only
+            return None
+        where = ", ".join(f"rank {r} at {p.partition(' ')[2]} (its collective {p.partition(' ')[0]})"
+                          for r, (p, _) in sorted(places.items()))
+        return f"the ranks have waited for over {self.limit_s:.0f} s at collectives that do not match: {where}"
+
+    def _end(self, reason: str, culprit: Optional[int], post: bool) -> None:
         """Print ``reason``, kill the silent rank when it runs on this machine, post the reason for the other ranks
         and end this process."""
-        if culprit is not None:
-            try:
+        pid = None
+        try:
+            if culprit is not None:
                 pid = kill_if_local(self.store.get(self._key("identity", culprit)).decode())
+            if post:
                 self.post_failure(reason)
-            except Exception:  # noqa: BLE001 - ending the job matters more than the note
-                pid = None
-            if pid is not None:
-                reason += f"; killed its process {pid} on this machine"
+        except Exception:  # noqa: BLE001 - ending the job matters more than the note
+            pass
+        if pid is not None:
+            reason += f"; killed its process {pid} on this machine"
         print(f"[watchdog, rank {self.rank}] {reason}; ending the job", file=sys.stderr, flush=True)
         sys.stdout.flush()
         os._exit(EXIT_CODE)

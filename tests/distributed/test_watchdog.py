@@ -102,8 +102,21 @@ def test_a_rank_that_raises_ends_the_job_with_its_error(tmp_path, failing):
     assert took < 20, log[-4000:]
 
 
+def test_ranks_at_collectives_that_do_not_match_end_the_job_and_are_named(tmp_path):
+    proc = launch("mismatch", tmp_path, steps=1000)
+    wait_for_step(proc, tmp_path, 2)
+    at = time.monotonic()
+    log = finish(proc)
+    took = time.monotonic() - at
+    print(f"rank 0 gathers while rank 1 waits at a broadcast: the job ended {took:.1f} s later")
+    assert proc.returncode != 0
+    assert (f"at collectives that do not match: rank 0 at gather (its collective 4), rank 1 at broadcast (its "
+            "collective 4); ending the job") in log, log[-4000:]
+    assert took < LIMIT_S + 10, log[-4000:]
+
+
 def test_a_long_stage_of_rank_0_alone_does_not_end_the_job(tmp_path):
-    solo = 2.5 * LIMIT_S
+    solo = 2 * LIMIT_S
     start = time.monotonic()
     proc = launch("solo", tmp_path, steps=5, SOLO_S=str(solo))
     log = finish(proc)

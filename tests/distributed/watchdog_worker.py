@@ -6,6 +6,7 @@ torchrun): ``MODE OUT_DIR STEPS``. Each step broadcasts rank 0's step number and
 - ``raise<r>``: rank r raises at step 3 after writing the time to ``OUT_DIR/raised``; a thread that is not a
   daemon keeps its process alive for 60 s more, as a pool that does not shut down would, so that only the failure
   note ends the other rank before its collective times out;
+- ``mismatch``: at step 3 rank 0 gathers while rank 1 waits at the broadcast (a collective edited on one side);
 - ``solo``: at step 2 rank 0 works alone for ``SOLO_S`` seconds (a pure-Python loop, then a sleep) while rank 1 waits
   at the broadcast, as during rank 0's verdicts, pool and checkpoints.
 """
@@ -40,6 +41,8 @@ def run(dist, mode: str, out: Path, steps: int) -> None:
             threading.Thread(target=time.sleep, args=(60,), daemon=False).start()
             (out / "raised").write_text(str(time.time()))
             raise RuntimeError(f"planted failure on rank {dist.rank} at step {step}")
+        if mode == "mismatch" and step == 3 and dist.is_main:
+            dist.gather(step)
         assert dist.broadcast(step) == step
         (out / f"rank{dist.rank}.step").write_text(str(step))
         time.sleep(0.2)
