@@ -247,13 +247,19 @@ class Watchdog:
 
 def start(rank: int, world_size: int, env: Mapping[str, str] = os.environ) -> Optional[Watchdog]:
     """This rank's watchdog over the job whose store is at ``MASTER_ADDR:MASTER_PORT``; ``None`` when it is off
-    (``UNIFIEDPLAYERS_HANG_LIMIT_S=0``) or the job has no such store."""
+    (``UNIFIEDPLAYERS_HANG_LIMIT_S=0``) or the job has no such store (a launcher of another kind: the run goes on
+    without one, and says so)."""
     limit = limit_from_env(env)
     if limit == 0 or "MASTER_ADDR" not in env or "MASTER_PORT" not in env:
         return None
     import torch.distributed as dist
 
-    store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False, wait_for_workers=False,
-                          timeout=timedelta(seconds=limit))
     attempt = f"{env.get('TORCHELASTIC_RUN_ID', 'job')}/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
-    return Watchdog(store, rank, world_size, limit, prefix=f"unifiedplayers/watchdog/{attempt}").start()
+    try:
+        store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False, wait_for_workers=False,
+                              timeout=timedelta(seconds=limit))
+        return Watchdog(store, rank, world_size, limit, prefix=f"unifiedplayers/watchdog/{attempt}").start()
+    except Exception as err:  # noqa: BLE001 - a safety net, not a condition of the run
+        print(f"[watchdog, rank {rank}] not started, no store at {env['MASTER_ADDR']}:{env['MASTER_PORT']} ({err}); "
+              "a hung rank ends the job at the process group's timeout", file=sys.stderr, flush=True)
+        return None

@@ -3,6 +3,7 @@ watcher does after a pause of its own, and which process it may kill. The two-ra
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
 import time
 from datetime import timedelta
@@ -101,6 +102,16 @@ def test_two_pulses_over_one_store_end_on_silence_not_on_leaving(store):
     time.sleep(2)
     a.stop()
     assert Recorded.ended == []
+
+
+def test_without_a_store_the_run_goes_on_without_a_watchdog_and_says_so(capsys):
+    with socket.socket() as s:  # a port nobody listens at
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), watchdog.LIMIT_ENV: "1"}
+    assert watchdog.start(1, 2, env) is None
+    assert "[watchdog, rank 1] not started, no store at 127.0.0.1:" in capsys.readouterr().err
+    assert watchdog.start(1, 2, {**env, watchdog.LIMIT_ENV: "0"}) is None  # off: not even tried
 
 
 def test_only_the_named_process_of_this_machine_is_killed():
