@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from unifiedplayers.roles import ROLES
+from unifiedplayers.roles import ROLES, SPECS, spec
 
 BLOCK_ORDER = ROLES  # ("planning", "execution", "evaluation")
 
@@ -126,10 +126,12 @@ def phase_calls(player_cfg: Any, role: str, num_minibatches: int, use_tools: boo
     (:func:`unifiedplayers.capacity.phase_stages`)."""
     p = player_cfg
     prompts = num_minibatches * p.prompts_per_update
-    played = prompts * p.tasks_per_prompt if role == "planning" else num_minibatches * p.tasks_per_update
-    calls = [SamplingCall("tasks", prompts, int(p.tasks_per_prompt), int(p.planning_max_new_tokens)),
-             SamplingCall("trajectories", played, int(p.num_trajectories), int(p.execution_max_new_tokens),
-                          int(execution_config(p, use_tools).max_turns))]
-    if writes_verifiers:
-        calls.append(SamplingCall("verifiers", played, int(p.num_verifiers), int(p.evaluation_max_new_tokens)))
+    played = prompts * p.tasks_per_prompt if spec(role).plays_every_task else num_minibatches * p.tasks_per_update
+    calls = []
+    for s in SPECS.values():  # in block order: the tasks first, then what each task is played with
+        if s.call == "verifiers" and not writes_verifiers:  # a verdict-free method samples no verifiers (M = 0)
+            continue
+        turns = int(execution_config(p, use_tools).max_turns) if s.multi_turn else 1
+        calls.append(SamplingCall(s.call, prompts if s.grouped_by == "prompt" else played, int(getattr(p, s.samples_key)),
+                                  int(getattr(p, s.tokens_key)), turns))
     return calls

@@ -27,6 +27,7 @@ import torch
 
 from unifiedplayers.trainer import grpo
 from unifiedplayers.config import role_trainer_config
+from unifiedplayers.roles import spec
 from unifiedplayers.feedback.pipeline import FeedbackContext, phase_feedback
 from unifiedplayers.methods import GroupShape, shape_advantages
 from unifiedplayers.diagnostics.records import InteractionRecord
@@ -111,26 +112,24 @@ def group_samples(role: str, groups: Sequence[Sequence[Any]], played: Sequence[A
     makers: list[Callable[[float], Any]] = []
     rewards: list[float] = []
     gids: list[int] = []
-    if role == "planning":
-        reward_at = {p.place: p.rewards["planning"] for p in played}
+    shape = spec(role)
+    if shape.grouped_by == "prompt":
+        reward_at = {p.place: p.rewards[role] for p in played}
         for g, group in enumerate(groups):
             for task in group:
                 r = reward_at[task.place] if task.valid else malformed_reward(task)
                 makers.append(lambda a, c=task.completion, g=g: sample_from_completion(c, a, g))
                 rewards.append(float(r))
                 gids.append(g)
-    elif role == "execution":
-        for g, p in enumerate(played):
-            for r, rew in zip(p.rollouts, p.rewards["execution"]):
-                makers.append(lambda a, s=r.segments, g=g: sample_from_segments(s, a, g))
-                rewards.append(float(rew))
-                gids.append(g)
-    else:
-        for g, p in enumerate(played):
-            for v, rew in zip(p.verifiers, p.rewards["evaluation"]):
-                makers.append(lambda a, c=v.completion, g=g: sample_from_completion(c, a, g))
-                rewards.append(float(rew))
-                gids.append(g)
+        return makers, rewards, gids
+    for g, p in enumerate(played):
+        for x, rew in zip(getattr(p, shape.played_samples), p.rewards[role]):
+            if shape.multi_turn:  # a trajectory: its generated segments, the tool outputs between them masked
+                makers.append(lambda a, s=x.segments, g=g: sample_from_segments(s, a, g))
+            else:
+                makers.append(lambda a, c=x.completion, g=g: sample_from_completion(c, a, g))
+            rewards.append(float(rew))
+            gids.append(g)
     return makers, rewards, gids
 
 
@@ -174,7 +173,7 @@ def minibatch_metrics(role: str, groups: Sequence[Sequence[Any]], played: Sequen
     verdicts = [fb.verdicts for fb in feedback]
     rollouts = [p.rollouts for p in played]
     plan_r = [p.rewards["planning"] for p in played]
-    if role == "planning":
+    if spec(role).grouped_by == "prompt":  # the malformed outputs are in its groups, at the method's reward
         plan_r = plan_r + [malformed_reward(t) for t in all_tasks if not t.valid]
     m["planning/reward_mean"] = _mean(plan_r)
     m["planning/valid_rate"] = sum(t.valid for t in all_tasks) / max(len(all_tasks), 1)
@@ -273,14 +272,14 @@ class PhaseContext:
     def group_minibatch(self) -> list[int]:
         """The minibatch of each group. Planning: a minibatch trains a share of the questioner prompts, malformed outputs
         included; other roles: 0 (only played tasks train, and the Planning outputs are phase-wide figures)."""
-        if self.role != "planning":
+        if spec(self.role).grouped_by != "prompt":
             return [0] * len(self.groups)
         return [u for u, idx in enumerate(split_minibatches(len(self.groups), self.num_minibatches)) for _ in idx]
 
 
 def assign_minibatches(played: Sequence[Any], ctx: PhaseContext) -> None:
     """Each played task's minibatch: Planning, its questioner prompt's; other roles, a share of the tasks."""
-    if ctx.role == "planning":
+    if spec(ctx.role).grouped_by == "prompt":
         for p in played:
             p.minibatch = ctx.group_minibatch[p.group]
         return
@@ -297,7 +296,8 @@ def build_minibatches(played: Sequence[Any], ctx: PhaseContext) -> list[MiniBatc
     out: list[MiniBatch] = []
     for u in range(ctx.num_minibatches):
         minibatch = [p for p in played if p.minibatch == u]
-        groups = [group for group, gu in zip(ctx.groups, ctx.group_minibatch) if ctx.role != "planning" or gu == u]
+        groups = [group for group, gu in zip(ctx.groups, ctx.group_minibatch)
+                  if spec(ctx.role).grouped_by != "prompt" or gu == u]
         out.append(build_minibatch(minibatch, groups, ctx, trainer_cfg))
     return out
 
@@ -307,7 +307,7 @@ def build_minibatch(minibatch: Sequence[Any], groups: Sequence[Sequence[Any]], c
     role, method = ctx.role, ctx.method
     makers, rewards, gids = group_samples(role, groups, minibatch, method.malformed_task_reward)
     shapes = None
-    if role != "planning":  # group g of the minibatch is its task g (a method may shape it)
+    if spec(role).grouped_by == "task":  # group g of the minibatch is its task g (a method may shape it)
         shapes = {g: method.group_shape(role, p.feedback, float(trainer_cfg.clip_eps)) for g, p in enumerate(minibatch)}
     # A method's own batch (Socratic-Zero: the Solver's DPO pairs, the Generator's imitation) replaces GRPO's.
     own = method.minibatch_samples(role, minibatch, ctx.tokenizer, ctx.player_cfg)

@@ -17,11 +17,12 @@ from unifiedplayers.players.evaluation import write_verifiers
 from unifiedplayers.players.execution import solve
 from unifiedplayers.players.planning import PlanningTask, generate_tasks
 from unifiedplayers.diagnostics.timing import StageClock
+from unifiedplayers.roles import ROLES, SPECS, spec
 from unifiedplayers.schedule import Slot, execution_config, phase_calls, seed_for
 
 # Seed streams of a phase's generation calls (a call's seed: seed_for(seed, phase, stream) + its first sample,
-# PhaseSampler.seed).
-TASK_STREAM, TRAJECTORY_STREAM, VERIFIER_STREAM = 10, 20, 30
+# PhaseSampler.seed), one per player (roles.SPECS); Planning's attempt a uses TASK_STREAM + a.
+TASK_STREAM, TRAJECTORY_STREAM, VERIFIER_STREAM = (SPECS[role].stream for role in ROLES)
 
 
 @dataclass
@@ -170,7 +171,8 @@ class PhaseSampler:
         groups: list[list[PlanningTask]] = []
         used: list[PlanningTask] = []
         unused: list[PlanningTask] = []
-        attempts = 1 if slot.role == "planning" else p.task_attempts
+        every = spec(slot.role).plays_every_task  # training Planning: every well-formed task of one round is played
+        attempts = 1 if every else p.task_attempts
         calls = phase_calls(p, "execution", num_minibatches, self.method.use_tools, False)  # a round, K per task
         prompts, wanted = calls[0].prompts, calls[1].prompts
         # the method's own Planning prompts (Socratic-Zero: the Solver's failures); None: the topic prompts
@@ -188,11 +190,11 @@ class PhaseSampler:
             self.prompt_counter += prompts
             groups.extend(got)
             for t in (t for g in got for t in g if t.valid):
-                if slot.role == "planning" or len(used) < wanted:
+                if every or len(used) < wanted:
                     used.append(t)
                 else:
                     unused.append(t)
-            if slot.role == "planning" or len(used) >= wanted:
+            if every or len(used) >= wanted:
                 break
         # the method picks the tasks played (Socratic-Zero: with its curriculum); every rank gets rank 0's choice
         groups, used, unused = self.dist.broadcast(self.method.phase_tasks(slot.role, groups, used, unused, wanted)
