@@ -1,7 +1,7 @@
 """A rank that hangs or fails ends a two-rank job (gloo, torchrun) quickly and is named in the log, while a long
 stage of rank 0 alone does not end it (src/unifiedplayers/watchdog.py). The jobs run a worker that only runs
-collectives (watchdog_worker.py), with a hang limit of LIMIT_S seconds; a process group timeout of 30 s stands
-behind it, so that a watchdog that does not work makes these tests fail rather than hang.
+collectives (watchdog_worker.py), with a hang limit of LIMIT_S seconds; a process group timeout of 30 s (or twice
+the limit) stands behind it, so that a watchdog that does not work makes these tests fail rather than hang.
 
 The ranks are started with torchrun as in launch.py, by hand: the tests need the ranks' pids and the time the job
 takes to end."""
@@ -31,7 +31,7 @@ LIMIT_S = float(os.environ.get("WATCHDOG_TEST_LIMIT_S", 6))  # 120 remakes docs/
 def launch(mode: str, out: Path, steps: int, **env: str) -> subprocess.Popen:
     """``torchrun --nproc_per_node=2 watchdog_worker.py MODE OUT STEPS``, its output (both streams) on a pipe."""
     full = without_rendezvous({**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": SRC,
-                               watchdog.LIMIT_ENV: str(LIMIT_S), "UNIFIEDPLAYERS_DIST_TIMEOUT_MIN": "0.5", **env})
+                               watchdog.LIMIT_ENV: str(LIMIT_S), "UNIFIEDPLAYERS_DIST_TIMEOUT_MIN": str(max(0.5, LIMIT_S / 30)), **env})
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
            str(WORKER), mode, str(out), str(steps)]
     return subprocess.Popen(cmd, env=full, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
