@@ -84,7 +84,7 @@ def test_a_stopped_rank_ends_the_job_and_is_named(tmp_path, stopped):
     named = f"[watchdog, rank {1 - stopped}] rank {stopped} has not answered for"
     assert named in log and f"(hung or stopped); killed its process {pid} on this machine; ending the job" in log, \
         log[-4000:]
-    assert LIMIT_S <= took < LIMIT_S + 10, log[-4000:]
+    assert LIMIT_S <= took < LIMIT_S + 15, log[-4000:]
 
 
 @pytest.mark.parametrize("failing", [1, 0])
@@ -112,7 +112,7 @@ def test_ranks_at_collectives_that_do_not_match_end_the_job_and_are_named(tmp_pa
     assert proc.returncode != 0
     assert (f"at collectives that do not match: rank 0 at gather (its collective 4), rank 1 at broadcast (its "
             "collective 4); ending the job") in log, log[-4000:]
-    assert took < LIMIT_S + 10, log[-4000:]
+    assert took < LIMIT_S + 15, log[-4000:]
 
 
 def test_a_long_stage_of_rank_0_alone_does_not_end_the_job(tmp_path):
