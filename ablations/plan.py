@@ -15,11 +15,11 @@ import sys
 from typing import Optional, Sequence
 
 from ablations.sweeps import SCALES, SWEEPS, compose_job, expand
-from unifiedplayers.capacity import GiB, TB, Machine, Plan, plan
+from unifiedplayers.capacity import GiB, TB, Hardware, Plan, plan
 from unifiedplayers.capacity.report import parse_args
 
 
-def table_plans(table: str, scale: str, machine: Machine) -> list[tuple[str, Plan]]:
+def table_plans(table: str, scale: str, machine: Hardware) -> list[tuple[str, Plan]]:
     """(member's override directory name, its plan) for every member of ``table`` at ``scale``."""
     s = SCALES[scale]
     out = []

@@ -268,7 +268,7 @@ def planned_peak(check, layers: int, role: str, prompt: int, extra: tuple[str, .
 
     cfg = paper_config(check.dtype_name, ("model.device=cuda", "rollout.backend=hf", *extra))
     memory = torch.cuda.get_device_properties(check.device).total_memory if check.cuda else 0.0
-    machine = capacity.Machine(gpus=1, gpu_memory=float(memory), bf16=check.dtype_name == "bfloat16",
+    machine = capacity.Hardware(gpus=1, gpu_memory=float(memory), bf16=check.dtype_name == "bfloat16",
                                name="the check's GPU")
     config = qwen3_config(check.args.shape, num_layers=layers, tokenizer=check.tokenizer)
     arch = capacity.arch_from_config({**config.to_dict(), "model_type": "qwen3"}, "benchmarks/gpu_check.py shape")

@@ -173,7 +173,7 @@ def test_register_reward_source_refuses_a_duplicate():
 
 
 def test_register_trainer_backend_refuses_a_duplicate():
-    from unifiedplayers.trainer import TRAINER_BACKENDS, PlayerTrainer, register_trainer_backend
+    from unifiedplayers.trainer import TRAINER_BACKENDS, TorchTrainer, register_trainer_backend
 
     register_trainer_backend("test_registry_backend")(first)
     try:
@@ -184,7 +184,7 @@ def test_register_trainer_backend_refuses_a_duplicate():
         # deepspeed_zero3, whether still its loader string or already imported: another class is refused
         with pytest.raises(DuplicateName, match="trainer backend 'deepspeed_zero3'"):
             register_trainer_backend("deepspeed_zero3")(second)
-        assert TRAINER_BACKENDS.get("torch") is PlayerTrainer
+        assert TRAINER_BACKENDS.get("torch") is TorchTrainer
     finally:
         TRAINER_BACKENDS.pop("test_registry_backend", None)
 

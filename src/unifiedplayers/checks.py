@@ -42,11 +42,11 @@ def check_capacity(cfg: Any, dist: DistContext = SINGLE) -> None:
     tell is let through, with a warning."""
     import warnings
 
-    from unifiedplayers.capacity import UnknownArchitecture, check_fits, machine_here, plan
+    from unifiedplayers.capacity import UnknownArchitecture, check_fits, hardware_here, plan
 
     if not cfg.get("capacity", {}).get("check", True):
         return
-    machine = machine_here(cfg, dist.world_size, cfg.get("run_dir"))
+    machine = hardware_here(cfg, dist.world_size, cfg.get("run_dir"))
     if str(cfg.model.device).startswith("cuda") and machine.gpu_memory == 0:
         return
     try:

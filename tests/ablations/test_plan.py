@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 
 from ablations.plan import main, table_plans
-from unifiedplayers.capacity import Machine
+from unifiedplayers.capacity import Hardware
 
 pytestmark = pytest.mark.cpu
 
 
 def test_table5_plans_each_member_with_its_own_config(capsys):
-    plans = dict(table_plans("table5", "paper", Machine()))
+    plans = dict(table_plans("table5", "paper", Hardware()))
     assert len(plans) == 6
     full, single = plans["seed=0"], plans["schedule.outer_iterations=1,seed=0"]
     # One outer iteration of three: a third of the updates, so a third of the FLOPs.
@@ -24,7 +24,7 @@ def test_table5_plans_each_member_with_its_own_config(capsys):
 
 
 def test_table3_frozen_players_cost_less_than_trained_ones():
-    plans = dict(table_plans("table3", "paper", Machine()))
+    plans = dict(table_plans("table3", "paper", Hardware()))
     assert len(plans) == 15  # 4 configurations x 3 seeds + the stale control on 3 seeds
     both = plans["schedule.train_evaluation=True,schedule.train_planning=True,seed=0"]
     neither = plans["schedule.train_evaluation=False,schedule.train_planning=False,seed=0"]

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from unifiedplayers import capacity
-from unifiedplayers.capacity import (GiB, TB, CapacityError, Machine, check_fits, checkpoint_disk, count, model_arch,
+from unifiedplayers.capacity import (GiB, TB, CapacityError, Hardware, check_fits, checkpoint_disk, count, model_arch,
                                      plan, workload)
 from unifiedplayers.capacity.report import format_plan
 from unifiedplayers.config import compose, resolve_player_config
@@ -21,7 +21,7 @@ from unifiedplayers.config import compose, resolve_player_config
 ROOT = Path(__file__).resolve().parents[2]
 QWEN_N = 4_022_468_096
 MIMO_N = 7_833_409_536
-PAPER_NODE = Machine()  # 8 x 80 GiB GPUs, 512 GiB of host RAM, 2 TB of disk
+PAPER_NODE = Hardware()  # 8 x 80 GiB GPUs, 512 GiB of host RAM, 2 TB of disk
 
 
 def item(items, prefix):
@@ -158,7 +158,7 @@ def test_what_the_plan_leaves_out_is_estimated_apart():
     assert saved < 0
     off = dict(plan(compose(["experiment=paper_qwen3_4b", "rollout.enable_prefix_caching=false"]), PAPER_NODE).omitted)
     assert not any(k.startswith("prefill saved") for k in off)
-    assert plan(compose(["experiment=smoke"]), Machine(gpus=0)).omitted == ()
+    assert plan(compose(["experiment=smoke"]), Hardware(gpus=0)).omitted == ()
 
 
 def test_the_plan_reads_the_sampling_shapes_from_the_sampler(monkeypatch):
@@ -238,7 +238,7 @@ def test_the_paper_presets_fit_the_paper_node(experiment):
 
 
 def test_a_run_that_cannot_fit_is_refused_naming_the_item_and_setting():
-    small = Machine(gpus=1, gpu_memory=24 * GiB, host_ram=64 * GiB, disk=0.1 * TB, name="1 x 24 GiB (fake)")
+    small = Hardware(gpus=1, gpu_memory=24 * GiB, host_ram=64 * GiB, disk=0.1 * TB, name="1 x 24 GiB (fake)")
     with pytest.raises(CapacityError) as refused:
         check_fits(plan(compose(["experiment=paper_qwen3_4b"]), small), small)
     message = str(refused.value)
@@ -255,19 +255,19 @@ def test_the_start_up_check_uses_this_machine_and_can_be_turned_off(monkeypatch)
 
     tiny = compose(["experiment=tiny"])
     check_capacity(tiny)  # this CPU machine: the tiny preset fits
-    monkeypatch.setattr(capacity, "machine_here", lambda cfg, world, run_dir=None: Machine(
+    monkeypatch.setattr(capacity, "hardware_here", lambda cfg, world, run_dir=None: Hardware(
         gpus=world, gpu_memory=0, host_ram=256 * 2**20, cpu_ranks=world, name="a 256 MiB machine"))
     with pytest.raises(CapacityError, match="host RAM per node"):
         check_capacity(tiny)
     check_capacity(compose(["experiment=tiny", "capacity.check=false"]))
-    monkeypatch.setattr(capacity, "machine_here", lambda cfg, world, run_dir=None: Machine(
+    monkeypatch.setattr(capacity, "hardware_here", lambda cfg, world, run_dir=None: Hardware(
         gpus=world, gpu_memory=24 * GiB, name="one 24 GiB GPU"))
     with pytest.raises(CapacityError, match=r"GPU memory per GPU .* > 24.0 GiB"):
         check_capacity(compose(["experiment=paper_qwen3_4b"]))
 
 
 def test_the_smoke_preset_fits_a_24_gib_cpu_machine():
-    machine = Machine(gpus=0, gpu_memory=0, host_ram=24 * GiB, disk=50e9, name="a 24 GiB CPU machine")
+    machine = Hardware(gpus=0, gpu_memory=0, host_ram=24 * GiB, disk=50e9, name="a 24 GiB CPU machine")
     p = plan(compose(["experiment=smoke"]), machine)
     assert not p.on_gpu and not p.gpu and p.gpu_hours is None
     assert p.host_peak.total < 12 * GiB  # float32 at the token budgets: an upper bound of `make run`
@@ -303,7 +303,7 @@ def test_one_number_formatter_for_the_item_names_and_the_printout():
 
 def test_parked_state_counts_on_the_run_disk_unless_offload_dir_has_its_own() -> None:
     """The idle players' parked state lies in trainer.offload_dir: on the run directory's disk when that is the same
-    file system (``Machine.offload_disk`` None), judged against its own free space alone when it is not."""
+    file system (``Hardware.offload_disk`` None), judged against its own free space alone when it is not."""
     p = plan(compose(["experiment=paper_qwen3_4b"]), PAPER_NODE)
     # By hand (N = QWEN_N; ZeRO-3, trainer.dtype bf16, KL on, ref_mode precompute, fresh feedback, export_at_end):
     # one checkpoint = model.pt 2N + deepspeed/ 12N + reference.pt 2N = 16N; the save replay's peak is 11 of them
@@ -328,7 +328,7 @@ def test_parked_state_counts_on_the_run_disk_unless_offload_dir_has_its_own() ->
 
 
 def test_a_resumed_runs_checkpoints_count_as_free_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``machine_here``: the disk a run can use is the free space plus its own checkpoints/ (a resumed run replaces
+    """``hardware_here``: the disk a run can use is the free space plus its own checkpoints/ (a resumed run replaces
     and thins them, so their bytes are its to reuse); other files of the run directory are not counted."""
     free = 7_000_000_000
     monkeypatch.setattr(shutil, "disk_usage", lambda path: SimpleNamespace(total=2 * free, used=free,
@@ -341,10 +341,10 @@ def test_a_resumed_runs_checkpoints_count_as_free_disk(tmp_path: Path, monkeypat
     (run / "state.pt").write_bytes(b"s" * 50)  # beside checkpoints/: not counted
     cfg = compose(["experiment=tiny", f"trainer.offload_dir={tmp_path / 'offload'}"])
     # 7e9 free + 1000 + 234 bytes under checkpoints/ = 7_000_001_234; offload_dir on the same file system: None.
-    machine = capacity.machine_here(cfg, 1, str(run))
+    machine = capacity.hardware_here(cfg, 1, str(run))
     assert machine.disk == 7_000_001_234 and machine.offload_disk is None
     # A fresh run directory (not made yet): the free space of its nearest existing parent, nothing added.
-    assert capacity.machine_here(cfg, 1, str(tmp_path / "new")).disk == free
+    assert capacity.hardware_here(cfg, 1, str(tmp_path / "new")).disk == free
 
 
 def test_a_frozen_players_weights_are_held_whole_under_zero3() -> None:

@@ -36,7 +36,7 @@ from unifiedplayers.players.planning import PlanningTask
 from unifiedplayers.loop.sampling import PlayedTask
 from unifiedplayers.rollout.types import Segment
 from unifiedplayers.loop.outer import OuterLoop, StopRun
-from unifiedplayers.trainer import player_trainer
+from unifiedplayers.trainer import torch_backend
 
 from stub_teacher import serve_teacher
 
@@ -82,14 +82,14 @@ class Spy:
         self.updates = []
 
     def install(self, monkeypatch):
-        update = player_trainer.PlayerTrainer.update
+        update = torch_backend.TorchTrainer.update
 
         def spy(trainer, batch, **kwargs):
             out = update(trainer, batch, **kwargs)
             self.updates.append((trainer.role, trainer.cfg.policy_loss, list(batch), out))
             return out
 
-        monkeypatch.setattr(player_trainer.PlayerTrainer, "update", spy)
+        monkeypatch.setattr(torch_backend.TorchTrainer, "update", spy)
 
 
 @pytest.fixture(scope="module")

@@ -69,10 +69,10 @@ def _run_killed_in_first_update(run_dir: Path) -> None:
         import os, signal
         from unifiedplayers.config import compose
         from unifiedplayers.loop.outer import OuterLoop
-        from unifiedplayers.trainer.player_trainer import PlayerTrainer
+        from unifiedplayers.trainer.torch_backend import TorchTrainer
         def update(self, batch, **kwargs):  # the first update: records are written, state.pt is not yet
             os.kill(os.getpid(), signal.SIGKILL)
-        PlayerTrainer.update = update
+        TorchTrainer.update = update
         OuterLoop(compose(["experiment=tiny"]), {str(run_dir)!r}).run()
     """)
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600, env=ENV)

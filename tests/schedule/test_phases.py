@@ -169,14 +169,14 @@ def test_resume_after_kill_9_inside_a_phase_equals_an_uninterrupted_run(s4_run, 
         toy_reward.install(pytest.MonkeyPatch())
         from unifiedplayers.config import compose
         from unifiedplayers.loop.outer import OuterLoop
-        from unifiedplayers.trainer.player_trainer import PlayerTrainer
-        real, n = PlayerTrainer.update, [0]
+        from unifiedplayers.trainer.torch_backend import TorchTrainer
+        real, n = TorchTrainer.update, [0]
         def update(self, batch, **kwargs):
             n[0] += 1
             if n[0] == {killed_at}:  # an update of the Execution block's phase: killed mid-update
                 os.kill(os.getpid(), signal.SIGKILL)
             return real(self, batch, **kwargs)
-        PlayerTrainer.update = update
+        TorchTrainer.update = update
         OuterLoop(compose({S4!r}), {str(tmp_path)!r}).run()
     """)
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600,

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 import unifiedplayers.trainer as trainer_pkg
-from unifiedplayers.trainer import TRAINER_BACKENDS, BaseTrainer, PlayerTrainer, build_trainer, register_trainer_backend
-from unifiedplayers.trainer import backends, player_trainer
+from unifiedplayers.trainer import TRAINER_BACKENDS, BaseTrainer, TorchTrainer, build_trainer, register_trainer_backend
+from unifiedplayers.trainer import backends, torch_backend
 
 from trainer_helpers import tiny_model, trainer_config
 
@@ -28,21 +28,21 @@ def _imported_modules(path: Path) -> set[str]:
 
 
 def test_backends_import_the_interface_never_each_other():
-    torch_imports = _imported_modules(TRAINER_DIR / "player_trainer.py")
+    torch_imports = _imported_modules(TRAINER_DIR / "torch_backend.py")
     ds_imports = _imported_modules(TRAINER_DIR / "deepspeed_backend.py")
     assert "unifiedplayers.trainer.base" in torch_imports and "unifiedplayers.trainer.base" in ds_imports
     assert "unifiedplayers.trainer.deepspeed_backend" not in torch_imports
-    assert "unifiedplayers.trainer.player_trainer" not in ds_imports
+    assert "unifiedplayers.trainer.torch_backend" not in ds_imports
     for interface in ("base.py", "backends.py"):  # the registry names the built-in backends by string only
-        assert not {m for m in _imported_modules(TRAINER_DIR / interface) if m.endswith(("player_trainer", "_backend"))}
+        assert not {m for m in _imported_modules(TRAINER_DIR / interface) if m.endswith(("torch_backend", "_backend"))}
 
 
 def test_every_builtin_backend_is_known_and_resolves():
     assert {"torch", "deepspeed_zero2", "deepspeed_zero3"} <= set(TRAINER_BACKENDS)
-    assert TRAINER_BACKENDS["torch"] is PlayerTrainer is player_trainer.PlayerTrainer
+    assert TRAINER_BACKENDS["torch"] is TorchTrainer is torch_backend.TorchTrainer
     for name, stage in (("deepspeed_zero2", 2), ("deepspeed_zero3", 3)):
         cls = backends._resolve_backend(name)  # imports deepspeed_backend (not deepspeed itself)
-        assert issubclass(cls, BaseTrainer) and not issubclass(cls, PlayerTrainer) and cls.stage == stage
+        assert issubclass(cls, BaseTrainer) and not issubclass(cls, TorchTrainer) and cls.stage == stage
         assert TRAINER_BACKENDS[name] is cls
 
 
@@ -50,7 +50,7 @@ def test_build_trainer_uses_the_registered_factory(monkeypatch):
     monkeypatch.setitem(TRAINER_BACKENDS, "torch", TRAINER_BACKENDS["torch"])  # restored after the test
     model, _ = tiny_model()
     trainer = build_trainer(trainer_config(), model)
-    assert type(trainer) is PlayerTrainer and trainer.backend == "torch"
+    assert type(trainer) is TorchTrainer and trainer.backend == "torch"
 
     built = []
 
@@ -62,8 +62,8 @@ def test_build_trainer_uses_the_registered_factory(monkeypatch):
     try:
         assert build_trainer(trainer_config(backend="custom_test_backend"), model, role="r") == "built"
         assert built == [{"role": "r"}]
-        monkeypatch.setitem(TRAINER_BACKENDS, "by_path", "unifiedplayers.trainer.player_trainer:PlayerTrainer")
-        assert type(build_trainer(trainer_config(backend="by_path"), model)) is PlayerTrainer
-        assert TRAINER_BACKENDS["by_path"] is PlayerTrainer  # resolved once, then kept
+        monkeypatch.setitem(TRAINER_BACKENDS, "by_path", "unifiedplayers.trainer.torch_backend:TorchTrainer")
+        assert type(build_trainer(trainer_config(backend="by_path"), model)) is TorchTrainer
+        assert TRAINER_BACKENDS["by_path"] is TorchTrainer  # resolved once, then kept
     finally:
         TRAINER_BACKENDS.pop("custom_test_backend", None)

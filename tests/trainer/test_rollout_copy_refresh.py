@@ -14,7 +14,7 @@ pytestmark = pytest.mark.cpu
 
 def test_bf16_sampling_copy_is_the_float32_master_rounded_after_each_step():
     """Catches the plant "skip refreshing copies whose dtype differs from the compute dtype" in
-    ``PlayerTrainer._sync_copies``: the bf16 copy would keep the weights from before the step."""
+    ``TorchTrainer._sync_copies``: the bf16 copy would keep the weights from before the step."""
     model, _ = tiny_model()
     batch = synthetic_batch(model, torch.Generator().manual_seed(0))
     trainer = build_trainer(trainer_config(dtype="float32", kl_coef=0.0, lr=1e-2), model)

@@ -28,7 +28,7 @@ from unifiedplayers.capacity.compute import (CPU_ADAM_PARAMS_PER_S, DISK_WRITE_B
                                              PCIE_BYTES_PER_S, RoleCompute, bank_scorings_per_update)
 from unifiedplayers.capacity.disk import checkpoint_disk
 from unifiedplayers.capacity.fits import CapacityError, check_fits
-from unifiedplayers.capacity.hardware import Machine, machine_here
+from unifiedplayers.capacity.hardware import Hardware, hardware_here
 from unifiedplayers.capacity.memory import Instant, Item, device_instants
 from unifiedplayers.capacity.run_plan import PAPER_GPU_HOURS, Plan, plan
 from unifiedplayers.capacity.units import GB, TB, GiB, count
@@ -38,7 +38,7 @@ from unifiedplayers.capacity.workload import (RoleLoad, Setup, Stage, busiest_ra
 __all__ = [
     "ARCH_DIR", "Arch", "UnknownArchitecture", "arch_file", "arch_from_config", "model_arch",
     "CPU_ADAM_PARAMS_PER_S", "DISK_WRITE_BYTES_PER_S", "GPU_LINK_BYTES_PER_S", "PCIE_BYTES_PER_S", "RoleCompute",
-    "bank_scorings_per_update", "checkpoint_disk", "CapacityError", "check_fits", "Machine", "machine_here",
+    "bank_scorings_per_update", "checkpoint_disk", "CapacityError", "check_fits", "Hardware", "hardware_here",
     "Instant", "Item", "device_instants", "PAPER_GPU_HOURS", "Plan", "plan", "GB", "TB", "GiB", "count",
     "RoleLoad", "Setup", "Stage", "busiest_rank_rows", "micro_rows", "phase_stages", "role_loads", "setup_of",
 ]

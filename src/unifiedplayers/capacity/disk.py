@@ -11,7 +11,7 @@ from unifiedplayers.schedule import phase_steps, plan_updates, save_due
 
 
 def checkpoint_items(s: Setup) -> tuple[Item, ...]:
-    """One trained player's checkpoint (``PlayerTrainer.save_checkpoint``): model.pt (DeepSpeed: the module's
+    """One trained player's checkpoint (``TorchTrainer.save_checkpoint``): model.pt (DeepSpeed: the module's
     weights in trainer.dtype; torch: the float32 masters), the optimizer state (DeepSpeed: fp32 master and Adam
     partitions, 12N; torch: AdamW, 8N) and π_ref."""
     n = s.n

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from unifiedplayers.capacity.hardware import Machine
+from unifiedplayers.capacity.hardware import Hardware
 from unifiedplayers.capacity.memory import Item
 from unifiedplayers.capacity.run_plan import Plan
 from unifiedplayers.capacity.units import GB, GiB
@@ -13,7 +13,7 @@ class CapacityError(ValueError):
     """A run whose plan exceeds the machine it is on."""
 
 
-def check_fits(plan: Plan, machine: Machine) -> None:
+def check_fits(plan: Plan, machine: Hardware) -> None:
     """Refuse (:class:`CapacityError`) a plan that exceeds ``machine``: GPU memory per GPU (skipped when
     machine.gpu_memory is 0: no GPU), vLLM's KV cache, host RAM per node, free disk at the run directory and in
     trainer.offload_dir. The message names each item over its limit and the settings to change."""

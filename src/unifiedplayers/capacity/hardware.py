@@ -1,4 +1,4 @@
-"""The machine a plan is checked against: :class:`Machine` (the paper's node by default), and :func:`machine_here`,
+"""The machine a plan is checked against: :class:`Hardware` (the paper's node by default), and :func:`hardware_here`,
 this process's machine read from torch, ``/proc`` and the file systems."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from unifiedplayers.rundir import CHECKPOINTS
 
 
 @dataclass(frozen=True)
-class Machine:
+class Hardware:
     """What a plan is checked against and timed on; the defaults are the paper's node, 8 × A100 80GB (Appendix H.2).
     Memory in bytes (an "80GB" A100 has 80 GiB), disk in bytes (disks are sold in decimal TB)."""
 
@@ -32,7 +32,7 @@ class Machine:
     name: str = "8 x A100 80GB, 512 GiB RAM, 2 TB disk (the paper's node)"
 
 
-def machine_here(cfg: Any, world: int, run_dir: Optional[str] = None) -> Machine:
+def hardware_here(cfg: Any, world: int, run_dir: Optional[str] = None) -> Hardware:
     """The machine this process runs on: its GPU (``torch.cuda.get_device_properties``; none: no GPU check), the
     host RAM available (/proc/meminfo MemAvailable, plus what this node's ranks already hold), the free disk at the
     run directory (plus the checkpoints a resumed run already has there) and in trainer.offload_dir."""
@@ -49,7 +49,7 @@ def machine_here(cfg: Any, world: int, run_dir: Optional[str] = None) -> Machine
     disk = _free(run) + _bytes_under(run / CHECKPOINTS)
     offload = Path(cfg.trainer.offload_dir or tempfile.gettempdir()).expanduser().resolve()
     other = _device(offload) != _device(run)
-    return Machine(gpus=world, gpu_memory=gpu, host_ram=ram, disk=disk, offload_disk=_free(offload) if other else None,
+    return Hardware(gpus=world, gpu_memory=gpu, host_ram=ram, disk=disk, offload_disk=_free(offload) if other else None,
                    cpu_ranks=world, bf16=native_bf16(str(cfg.model.device))[0],
                    name=f"{world} rank(s), {name}, {ram / GiB:.0f} GiB RAM available, {disk / GB:.0f} GB free at {run}")
 

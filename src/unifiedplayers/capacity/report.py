@@ -6,7 +6,7 @@ import sys
 from typing import Optional, Sequence
 
 from unifiedplayers.capacity.fits import CapacityError, check_fits
-from unifiedplayers.capacity.hardware import Machine
+from unifiedplayers.capacity.hardware import Hardware
 from unifiedplayers.capacity.memory import Instant
 from unifiedplayers.capacity.run_plan import PAPER_GPU_HOURS, Plan, plan
 from unifiedplayers.capacity.units import GB, TB, GiB, count
@@ -25,7 +25,7 @@ def format_plan(plan: Plan) -> str:
     ranks = (f"{plan.world} ranks (torchrun --nproc_per_node={plan.world})" if plan.on_gpu
              else f"a CPU run, {plan.world} process{'es' if plan.world > 1 else ''} (the GPU figures do not apply)")
     lines = [f"Capacity plan: experiment={plan.experiment}, {plan.model}, N = {a.parameters:,} parameters "
-             f"({a.source})", f"Machine: {m.name}; {ranks}", "Rows per optimizer step (prompt + generated + tool "
+             f"({a.source})", f"Hardware: {m.name}; {ranks}", "Rows per optimizer step (prompt + generated + tool "
              "output tokens): " + ", ".join(f"{r} {l.rows} x {l.prompt} + {l.response} + {l.observations}"
                                             for r, l in plan.loads.items())]
     if plan.gpu:
@@ -132,11 +132,11 @@ def _size(x: float) -> str:
 
 
 # --------------------------------------------------------------------------- command line
-def parse_args(argv: Sequence[str]) -> tuple[Machine, list[str]]:
+def parse_args(argv: Sequence[str]) -> tuple[Hardware, list[str]]:
     """(the machine of the ``--options``, the Hydra overrides)."""
     import argparse
 
-    d = Machine()
+    d = Hardware()
     parser = argparse.ArgumentParser(
         prog="python -m unifiedplayers.capacity",
         description="The capacity and compute plan of a run: python -m unifiedplayers.capacity experiment=NAME "
@@ -154,7 +154,7 @@ def parse_args(argv: Sequence[str]) -> tuple[Machine, list[str]]:
     unknown = [o for o in overrides if o.startswith("-")]
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-    machine = Machine(gpus=args.gpus, gpu_memory=args.gpu_memory_gb * GiB, host_ram=args.host_ram_gb * GiB,
+    machine = Hardware(gpus=args.gpus, gpu_memory=args.gpu_memory_gb * GiB, host_ram=args.host_ram_gb * GiB,
                       disk=args.disk_tb * TB, utilisation=args.utilisation, decode_efficiency=args.decode_efficiency,
                       gpu_flops=args.gpu_tflops * 1e12, gpu_bandwidth=args.gpu_bandwidth_tbs * 1e12,
                       name=f"{args.gpus} x {args.gpu_memory_gb:g} GiB GPU, {args.host_ram_gb:g} GiB RAM, "

@@ -10,7 +10,7 @@ from unifiedplayers.capacity.arch import Arch
 from unifiedplayers.capacity.compute import (CPU_ADAM_PARAMS_PER_S, RoleCompute, omitted_seconds, pool_seconds,
                                              role_compute)
 from unifiedplayers.capacity.disk import checkpoint_items, disk_items, parked_item
-from unifiedplayers.capacity.hardware import Machine
+from unifiedplayers.capacity.hardware import Hardware
 from unifiedplayers.capacity.memory import (CPU_RANK_OVERHEAD, GPU_RANK_OVERHEAD, VLLM_OVERHEAD, Instant, Item,
                                             device_instants, host_instants)
 from unifiedplayers.capacity.units import GiB
@@ -28,7 +28,7 @@ class Plan:
     experiment: str
     model: str
     arch: Arch
-    machine: Machine
+    machine: Hardware
     on_gpu: bool
     world: int  # ranks
     loads: dict[str, RoleLoad]
@@ -71,7 +71,7 @@ class Plan:
                    for r, c in self.roles.items())
 
 
-def plan(cfg: Any, machine: Machine = Machine()) -> Plan:
+def plan(cfg: Any, machine: Hardware = Hardware()) -> Plan:
     """The capacity and compute plan of ``cfg`` on ``machine``."""
     s = setup_of(cfg, machine)
     loads = role_loads(cfg)

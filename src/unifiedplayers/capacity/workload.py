@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
 from unifiedplayers.capacity.arch import Arch, model_arch
-from unifiedplayers.capacity.hardware import Machine
+from unifiedplayers.capacity.hardware import Hardware
 from unifiedplayers.config import resolve_player_config, role_trainer_config
 from unifiedplayers.schedule import BLOCK_ORDER, phase_calls, trained_roles
 from unifiedplayers.roles import SPECS
@@ -43,7 +43,7 @@ class Setup:
 
     cfg: Any
     arch: Arch
-    machine: Machine
+    machine: Hardware
     on_gpu: bool
     world: int
     sample_width: int  # bytes per value of model.dtype (the weights players sample with)
@@ -75,7 +75,7 @@ def dtype_width(setting: str, on_gpu: bool, bf16: Optional[bool] = None) -> int:
     return 4 if setting == "float32" else 2
 
 
-def setup_of(cfg: Any, machine: Machine) -> Setup:
+def setup_of(cfg: Any, machine: Hardware) -> Setup:
     device = str(cfg.model.device)
     on_gpu = device.startswith("cuda") or (device == "auto" and machine.gpu_memory > 0)
     world = machine.gpus if on_gpu else machine.cpu_ranks

@@ -12,8 +12,8 @@ Public interface::
 
 Modules: ``sample`` (:class:`TrainSample`, what an update trains on), ``optim`` (AdamW and the warm-up
 schedule), ``base`` (the interface: :class:`BaseTrainer` with the shared update), ``backends`` (the backend
-registry, :func:`build_trainer`), ``batching`` (micro-batches), ``player_trainer`` (torch backend,
-:class:`PlayerTrainer`), ``deepspeed_backend`` (ZeRO-2/3, imported when built), ``offload`` (an idle player's state
+registry, :func:`build_trainer`), ``batching`` (micro-batches), ``torch_backend`` (torch backend,
+:class:`TorchTrainer`), ``deepspeed_backend`` (ZeRO-2/3, imported when built), ``offload`` (an idle player's state
 in files), ``logprobs``, ``checkpoint``, ``diagnostics``, ``entropy`` (the bank's entropy shared by the ranks),
 ``flops``. Backends import ``base``, never each other.
 """
@@ -23,14 +23,14 @@ from unifiedplayers.trainer.checkpoint import atomic_directory, capture_rng_stat
 from unifiedplayers.trainer.diagnostics import EntropyRetention, grad_norm_block_stats
 from unifiedplayers.trainer.logprobs import mean_token_entropy, selected_token_logprobs
 from unifiedplayers.trainer.optim import make_optimizer, make_scheduler
-from unifiedplayers.trainer.player_trainer import PlayerTrainer  # the torch backend; registers "torch"
+from unifiedplayers.trainer.torch_backend import TorchTrainer  # the torch backend; registers "torch"
 from unifiedplayers.trainer.sample import TrainSample, as_sample, sample_from_completion, sample_from_segments
 
 __all__ = [
     "TRAINER_BACKENDS",
     "BaseTrainer",
     "EntropyRetention",
-    "PlayerTrainer",
+    "TorchTrainer",
     "TrainSample",
     "as_sample",
     "atomic_directory",

@@ -17,7 +17,7 @@ from unifiedplayers.trainer.base import BaseTrainer
 # name -> factory(cfg, model, **kwargs), or "module:Class" imported on first use (the built-in backends:
 # importing a backend module registers its classes here, replacing the strings).
 TRAINER_BACKENDS = Registry("trainer backend", "trainer.backend")
-TRAINER_BACKENDS.register("torch", "unifiedplayers.trainer.player_trainer:PlayerTrainer")
+TRAINER_BACKENDS.register("torch", "unifiedplayers.trainer.torch_backend:TorchTrainer")
 TRAINER_BACKENDS.register("deepspeed_zero2", "unifiedplayers.trainer.deepspeed_backend:DeepSpeedZero2Trainer")
 TRAINER_BACKENDS.register("deepspeed_zero3", "unifiedplayers.trainer.deepspeed_backend:DeepSpeedZero3Trainer")
 

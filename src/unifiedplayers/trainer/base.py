@@ -7,7 +7,7 @@ each other.
 - :class:`BaseTrainer`: the backend-independent logic of one player's trainer (reference policy, the
   update, diagnostics, checkpoints). A backend subclass supplies optimizer, backward, step and checkpoint
   I/O through the ``_backend`` hooks (:class:`TrainerHooks`): plain torch in
-  :mod:`unifiedplayers.trainer.player_trainer`, DeepSpeed ZeRO-2/3 in
+  :mod:`unifiedplayers.trainer.torch_backend`, DeepSpeed ZeRO-2/3 in
   :mod:`unifiedplayers.trainer.deepspeed_backend`. Backends are built by name (``trainer.backend``) by
   :func:`~unifiedplayers.trainer.backends.build_trainer`.
 - What an update trains on is :class:`~unifiedplayers.trainer.sample.TrainSample`

@@ -1,6 +1,6 @@
 """DeepSpeed ZeRO-2 / ZeRO-3 backends of :class:`~unifiedplayers.trainer.base.BaseTrainer`.
 
-Same update as the torch backend (:mod:`unifiedplayers.trainer.player_trainer`; the two import only the
+Same update as the torch backend (:mod:`unifiedplayers.trainer.torch_backend`; the two import only the
 interface, :mod:`unifiedplayers.trainer.base` with ``backends`` and ``optim``, never each other); DeepSpeed owns
 backward, gradient clipping, the optimizer step and checkpoint files. DeepSpeed's gradient accumulation count stays
 1; we call ``backward`` once per micro-batch without its 1/gas scaling (our Eq. 21 weights already sum to 1 over
