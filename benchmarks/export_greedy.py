@@ -1,5 +1,6 @@
-"""vLLM reads what the export writes: an exported player's directory (``python -m unifiedplayers.export``; ``make run``
-leaves SmolLM2's Execution player in runs/smoke/export/execution) loaded twice, by transformers
+"""vLLM reads what the export writes: an exported player's directory (``python -m unifiedplayers.export``; after
+``make run``, ``python -m unifiedplayers.export runs/smoke`` writes SmolLM2's Execution player to
+runs/smoke/export/execution) loaded twice, by transformers
 (``AutoModelForCausalLM.from_pretrained``, a greedy loop of full forwards) and by vLLM (``vllm.LLM`` on the directory,
 as ``vllm serve`` loads it, temperature 0 with ``ignore_eos``), and the greedy tokens of each prompt compared.
 
@@ -8,7 +9,8 @@ Printed per prompt: its length, the tokens compared, how many agree from the fir
 where rounding alone may pick another token). Then one verdict line. Exit status 0 when every prompt's tokens agree,
 1 when one differs, 2 when there is nothing to compare (no export, no vLLM).
 
-    make run                                       # trains the smoke preset and exports its players at the end
+    make run                                       # trains the smoke preset (its export is made on demand:)
+    .venv/bin/python -m unifiedplayers.export runs/smoke --role execution
     .venv-vllm/bin/python -m benchmarks.export_greedy [EXPORT_DIR] [--tokens 32] [--dtype float32|bfloat16|auto]
 
 ``--dtype auto``: the dtype the export's config.json names, which both loaders then take. tests/test_export_vllm.py
@@ -128,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "auto"])
     args = ap.parse_args(argv)
     if not (args.export / "config.json").is_file():
-        print(f"no export in {args.export}: `make run` writes one there (or pass an export directory)")
+        print(f"no export in {args.export}: after `make run`, `python -m unifiedplayers.export runs/smoke` writes "
+              "one there (or pass an export directory)")
         return 2
     if importlib.util.find_spec("vllm") is None:
         print(f"vllm is not importable from {sys.executable}: `make setup-vllm`, then run this with .venv-vllm/bin/python")

@@ -12,7 +12,9 @@ The player's checkpoint is the one the run state (``state.pt``) names for it: it
 parameters are cast; the rotary ``inv_freq`` buffers stay float32 (:func:`unifiedplayers.models.cast_parameters`).
 
 A finished run exports every trained player into ``RUN_DIR/export/<role>`` (``schedule.export_at_end``), from the
-checkpoint files on disk, with the same code.
+checkpoint files on disk, with the same code. The CPU presets (``smoke``, ``figure1_smoke``, ``ablation_smoke``) leave
+that off and export on demand: the export is the checkpoint's float32 ``model.pt`` cast to the sampling dtype, so
+keeping both would hold each player's weights twice (docs/running.md, "The run directory").
 """
 from __future__ import annotations
 
@@ -151,7 +153,7 @@ def _trainer_state(ckpt: Path) -> dict[str, Any]:
 def export_run(run_dir: str | os.PathLike, role: str = "all", out: Optional[str | os.PathLike] = None,
                dtype: Optional[str] = None) -> list[Path]:
     """Export ``role`` to ``out`` (default ``RUN_DIR/export/<role>``), or with ``role="all"`` every player the run
-    state names a checkpoint for, each to ``out/<role>`` (default ``RUN_DIR/export``)."""
+    state names a checkpoint for that still holds its weights, each to ``out/<role>`` (default ``RUN_DIR/export``)."""
     run_dir = Path(run_dir).expanduser()
     if role != "all":
         return [export_player(run_dir, role, out or run_dir / EXPORT / role, dtype)]
@@ -159,6 +161,13 @@ def export_run(run_dir: str | os.PathLike, role: str = "all", out: Optional[str 
     roles = exported_roles(run[0])
     if not roles:
         raise ExportError(f"{run_dir} has no checkpoint of any player (no player trained, or none saved yet)")
+    # A finished run's retention may have kept some players' weights only (execution_weights): export those.
+    thinned = [r for r in roles if not (run_dir / run[0]["checkpoints"][r] / MODEL_WEIGHTS).is_file()]
+    if thinned == roles:
+        player_checkpoint(run_dir, run[0], roles[0])  # raises, naming the missing model.pt
+    if thinned:
+        print(f"[export] skipped {', '.join(thinned)}: schedule.checkpoint_retention kept no model.pt of theirs")
+    roles = [r for r in roles if r not in thinned]
     root = Path(out).expanduser() if out else run_dir / EXPORT
     return [export_player(run_dir, r, root / r, dtype, run) for r in roles]
 
