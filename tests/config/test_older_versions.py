@@ -3,7 +3,7 @@
 A method's own settings live in ``method.extra`` (Agent0's ``tool_bonus``, Socratic-Zero's ``teacher_endpoint`` and
 ``teacher_model``); a key written under ``method.`` itself is refused naming its place there. A run whose stored
 config holds keys this version does not have is refused with "start a new run" (a phase.pt of an older version:
-``tests/schedule/test_phase_state.py``)."""
+``tests/loop/test_phase_state.py``)."""
 from __future__ import annotations
 
 import pytest

@@ -46,7 +46,7 @@ SCALE_ONLY: dict[str, tuple[Any, str]] = {
     "model.num_key_value_heads": (TINY, "a tiny_random architecture key (a pretrained model reads its own)"),
     "model.max_position_embeddings": (TINY, "a tiny_random architecture key (a pretrained model reads its own)"),
     "schedule.outer_iterations": (TINY, "3: one outer iteration here (iteration boundaries at toy scale: "
-                                        "tests/schedule/test_outer_loop.py)"),
+                                        "tests/loop/test_outer_loop.py)"),
     "schedule.planning_updates": (8, "200: two Planning phases of S = 4, with a cadence save between them"),
     "schedule.execution_updates": (4, "300: one phase of S = 4"),
     "schedule.evaluation_updates": (4, "200: one phase of S = 4"),
@@ -74,7 +74,7 @@ SCALE_ONLY: dict[str, tuple[Any, str]] = {
     "player.evaluation.few_shot": (TINY, _PROMPT),
     "player.evaluation.response_prefix": (TINY, _PROMPT),
     "player.evaluation.stop": (TINY, _PROMPT + "; the tiny prefix's verifier ends at its first newline"),
-    "logger.backend": (TINY, "W&B offline, a mirror of metrics.jsonl (tests/schedule/test_logging.py): metrics.jsonl "
+    "logger.backend": (TINY, "W&B offline, a mirror of metrics.jsonl (tests/loop/test_logging.py): metrics.jsonl "
                              "is what the rehearsal compares"),
     "logger.mode": (TINY, "as logger.backend"),
 }

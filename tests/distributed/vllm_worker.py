@@ -1,5 +1,5 @@
 """One rank of a two-rank torchrun job with an in-process vLLM engine per rank (launched by
-tests/test_rollout_vllm.py in the vllm environment): every rank builds its engine, samples its own share
+tests/rollout/test_rollout_vllm.py in the vllm environment): every rank builds its engine, samples its own share
 (different counts and lengths per rank: no lockstep), pushes its own weights (different per rank, as a
 stand-in for its trainer's step) and checks that its engine now decodes greedily as its own hf model does.
 Writes ``DUMP.rank<r>.pt`` with the greedy tokens of both backends."""

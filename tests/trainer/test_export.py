@@ -155,7 +155,7 @@ def test_a_thinned_checkpoint_says_so(run_dir, tmp_path):
 def test_auto_exports_bfloat16(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """``model.dtype=auto`` exports bfloat16: a run on a bf16 machine stores the bfloat16 it chose, and a config that
     still says ``auto`` gives bfloat16 on any machine (the module docstring, ``--dtype``'s help). The CPU flags are
-    faked (``precision.cpu_flags``, as tests/schedule/test_precision_run.py does), so this holds on an AVX2 CPU."""
+    faked (``precision.cpu_flags``, as tests/loop/test_precision_run.py does), so this holds on an AVX2 CPU."""
     monkeypatch.setattr(precision, "cpu_flags", lambda path="/proc/cpuinfo": frozenset({"avx2", "amx_bf16"}))
     run = tmp_path / "run"
     OuterLoop(compose(["experiment=tiny", "model.dtype=auto", "schedule.export_at_end=false"]), run).run()

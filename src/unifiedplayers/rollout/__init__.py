@@ -53,8 +53,8 @@ A new backend is one module and one ``conf/rollout/<name>.yaml``: a :class:`Roll
 ``@register_rollout_engine("<name>")`` (or, outside the package, named by ``_target_: my_module.MyEngine`` in its
 YAML), with its pre-load :meth:`~RolloutEngine.check` and :attr:`~RolloutEngine.samples_from_module`.
 
-Both backends are tested against the same contract: ``tests/test_rollout.py`` (hf, tiny Llama, in
-``make test``) and ``tests/test_rollout_vllm.py`` (vllm, ``make test-vllm`` with the CPU wheel), each
+Both backends are tested against the same contract: ``tests/rollout/test_rollout.py`` (hf, tiny Llama, in
+``make test``) and ``tests/rollout/test_rollout_vllm.py`` (vllm, ``make test-vllm`` with the CPU wheel), each
 checking the behaviour log-probs against a separate teacher-forced forward pass.
 """
 from __future__ import annotations
