@@ -159,7 +159,7 @@ def test_resume_after_kill_9_inside_a_phase_equals_an_uninterrupted_run(s4_run, 
     """Killed in the Execution phase's first update (5: just after the phase was sampled) or its last (8): the
     last save is the Planning block's end (``schedule.save_every``: saves fall at phase ends), so the resumed run
     samples the Execution phase again, from the saved RNG states and seeds, and equals the uninterrupted one.
-    (A clean stop inside a phase saves it and resumes on its minibatches: tests/schedule/test_save_cadence.py.)"""
+    (A clean stop inside a phase saves it and resumes on its minibatches: tests/loop/test_save_cadence.py.)"""
     reference = s4_run[0]
     script = textwrap.dedent(f"""
         import os, signal, sys

@@ -2,7 +2,7 @@
 GPU vLLM). Checked against a teacher-forced transformers pass and against the hf backend, so both
 backends honour the same contract; then an outer iteration with rollout=vllm, each update's weights swapped
 into the engine and checked the same way. Skipped where vllm is not importable (the main environment); the
-version window is tested without vllm in tests/test_rollout_vllm_window.py."""
+version window is tested without vllm in tests/rollout/test_rollout_vllm_window.py."""
 from __future__ import annotations
 
 import copy
@@ -143,10 +143,10 @@ def test_update_weights_pushes_the_trainers_weights(engines):
 def test_one_engine_per_rank_under_torchrun(tmp_path):
     """Two ranks (torchrun, gloo) each build an in-process engine: vLLM adopts the job's process group
     without colliding, the ranks sample independently, and each engine takes its own rank's weights."""
-    sys.path.insert(0, str(Path(__file__).parent / "distributed"))
+    sys.path.insert(0, str(Path(__file__).parents[1] / "distributed"))
     from launch import torchrun
 
-    out = torchrun(Path(__file__).parent / "distributed" / "vllm_worker.py", str(tmp_path / "tokens"), timeout=600)
+    out = torchrun(Path(__file__).parents[1] / "distributed" / "vllm_worker.py", str(tmp_path / "tokens"), timeout=600)
     # The engines' shutdown at exit destroys the process group they adopted: not before, by us.
     assert "Traceback" not in out.stderr, out.stderr[-6000:]
     ranks = [torch.load(tmp_path / f"tokens.rank{r}.pt") for r in (0, 1)]
@@ -184,7 +184,7 @@ def test_an_outer_iteration_swaps_each_update_into_the_engine(tmp_path, capsys, 
     """One outer iteration of the three players (experiment=tiny, 2 Planning updates) sampling with vLLM; the
     loop loads its backbone itself (the start-up version check, then the model). The tiny model earns one
     reward per group (no gradient): the outer-loop tests' toy reward gives every update a real step."""
-    sys.path.insert(0, str(Path(__file__).parent / "schedule"))
+    sys.path.insert(0, str(Path(__file__).parents[1] / "loop"))
     import toy_reward
 
     cfg = compose(["experiment=tiny", "schedule.planning_updates=2", "player.num_trajectories=4", "rollout=vllm",
@@ -232,7 +232,7 @@ def test_the_training_entry_point_trains_with_vllm(tmp_path):
     run_dir = tmp_path / "run"
     cmd = [sys.executable, "-m", "unifiedplayers.train", "experiment=tiny", "rollout=vllm", "rollout.enforce_eager=true",
            f"run_dir={run_dir}"]
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=Path(__file__).parents[1])
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=Path(__file__).parents[2])
     assert out.returncode == 0, out.stderr[-6000:]
     assert "Explicitly set (4.0/" in out.stdout + out.stderr  # vLLM's line: the KV cache the engine asked for
     records = [json.loads(line) for line in (run_dir / "records.jsonl").read_text().splitlines()]

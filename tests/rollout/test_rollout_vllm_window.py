@@ -16,7 +16,7 @@ from unifiedplayers.rollout.vllm_engine import VLLM_WINDOW, check_vllm_version
 
 pytestmark = pytest.mark.cpu
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("version", ["0.6.0", "0.10.1", "0.31.9", "0.33.0", "1.0.0"])
