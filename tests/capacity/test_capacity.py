@@ -355,3 +355,10 @@ def test_a_frozen_players_weights_are_held_whole_under_zero3() -> None:
     # bf16 (2 bytes): Planning and Execution 1/8 each on 8 GPUs, Evaluation whole: 2N x (2/8 + 1) = 2.5N per GPU
     # (= 10_056_170_240 bytes), against 3 x 2N / 8 = 0.75N when all three train.
     assert weights.bytes == 2 * QWEN_N * (2 / 8 + 1) == 10_056_170_240
+
+
+def test_the_plan_counts_the_cpu_kv_cache_the_vllm_engine_asks_for():
+    from unifiedplayers.capacity import memory
+    from unifiedplayers.rollout import vllm_engine
+
+    assert memory.VLLM_CPU_KV == vllm_engine.CPU_KV_CACHE_BYTES
