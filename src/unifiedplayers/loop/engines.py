@@ -76,6 +76,11 @@ class RolloutEngines:
         return self._shared
 
 
+    def built(self) -> list[Any]:
+        """The engines built so far: one per module (hf), or the one shared engine (vLLM)."""
+        return [*self._engines.values(), *([self._shared] if self._shared is not None else [])]
+
+
 class SamplingTemperature:
     """A rollout engine whose default sampling temperature is one player's (``trainer.roles.<role>.temperature``).
 
