@@ -1,12 +1,15 @@
-"""One run over several processes (GPUs): data-parallel ranks that run the outer loop in lockstep.
+"""One run over several processes (GPUs): rank 0 runs the outer loop, the other ranks follow its calls.
 
 Launched with ``torchrun --nproc_per_node=N -m unifiedplayers.train ...`` (or any launcher that sets
 ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``). Without them, or with
 ``WORLD_SIZE=1``, :func:`init_distributed` returns :data:`SINGLE` and nothing here does anything: the
 single-process path is unchanged.
 
-Who does what (``unifiedplayers.schedule`` and ``unifiedplayers.trainer``):
+Who does what (``unifiedplayers.loop.ranks``, the run's one rank boundary, and ``unifiedplayers.trainer``):
 
+- rank 0 runs the outer loop as single-process code; each call that every rank must make (generation, the π_old
+  pass, the update, reading weights, block start and end, saving and loading checkpoints) it sends to the other
+  ranks first, which run it with their own team, engine and sandbox (``loop.ranks.Follower``);
 - every rank holds all three players and its own rollout engine and sandbox (the tool loop runs code);
   with ``rollout=vllm`` an in-process engine on the rank's GPU, into which the rank copies its own
   trainer's weights (:mod:`unifiedplayers.rollout.vllm_engine` on how vLLM shares the process group);
@@ -15,7 +18,7 @@ Who does what (``unifiedplayers.schedule`` and ``unifiedplayers.trainer``):
   and each engine sees whole prompts; the blocks are gathered in rank order, which is the prompt order; the
   diagnostic pool's questions are split the same way (:class:`unifiedplayers.loop.run_files.DiagnosticPool`);
 - rank 0 alone runs the perturbations, the verdict matrices, the rewards and the advantages, writes
-  records, metrics, checkpoints, the state and the summary, and broadcasts the update's batch;
+  records, metrics, checkpoints, the state and the summary, and sends the update's batch with its call;
 - the update is data-parallel: every rank processes its share of the batch's micro-batches with the
   whole batch's Eq. 21 weights, and the gradients are summed over the ranks, so every rank takes the
   batch's optimizer step and the weights stay identical. ``trainer=torch``:
@@ -23,11 +26,11 @@ Who does what (``unifiedplayers.schedule`` and ``unifiedplayers.trainer``):
   averages, so the losses are scaled by N), every rank runs as many micro-batches (zero-weight padding),
   and checkpoints are written by all ranks together (one optimizer partition each);
 - under ZeRO-3 reading a player's full weights is a collective (the reference copy, the copy into a
-  rank's vLLM engine, published snapshots): every rank does it at the same point of the loop. ZeRO-3
+  rank's vLLM engine, published snapshots): every rank does it when rank 0's call arrives. ZeRO-3
   over several ranks needs ``rollout=vllm`` (hf generation from partitioned weights would be a collective
   per token) and fresh feedback.
 
-The other ranks wait at the next collective while rank 0 works alone (perturbations, verdicts, rewards), so
+The other ranks wait for rank 0's next call while it works alone (perturbations, verdicts, rewards), so
 the process group's timeout is long: ``UNIFIEDPLAYERS_DIST_TIMEOUT_MIN`` minutes (120). A rank that hangs or
 fails ends the job sooner, named: every rank beats through the job's store and watches the others'
 (:mod:`unifiedplayers.watchdog`, ``UNIFIEDPLAYERS_HANG_LIMIT_S``, 120 s), and a rank whose run raises posts its

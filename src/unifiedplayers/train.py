@@ -118,7 +118,7 @@ def preflight(overrides: list[str]) -> None:
     except Exception:  # noqa: BLE001 - a composition error: Hydra reports it in its own words next
         return
     if cfg.run_dir:
-        saved_state(Path(cfg.run_dir), cfg, int(os.environ.get("WORLD_SIZE", "1")), is_main=False)
+        saved_state(Path(cfg.run_dir), cfg, int(os.environ.get("WORLD_SIZE", "1")), restart=False)
 
 
 def cli() -> None:

@@ -29,6 +29,7 @@ from unifiedplayers.config import compose
 from unifiedplayers.diagnostics.execution_pool import pool_summary
 from unifiedplayers.rundir import EXECUTION_POOL
 from unifiedplayers.distributed import destroy, init_distributed, sandbox_config
+from unifiedplayers.loop.ranks import TEAM_CALLS, Follower, Leader
 from unifiedplayers.loop.run_files import DiagnosticPool
 from unifiedplayers.schedule import plan_updates, trained_roles
 from unifiedplayers.sandbox import Sandbox
@@ -39,6 +40,7 @@ from scripted import ScriptedEngine  # noqa: E402
 BASE = ["experiment=tiny", "schedule.planning_updates=0", "schedule.evaluation_updates=0",
         "schedule.execution_updates=4", "schedule.execution_pool.every=1", "schedule.execution_pool.max_turns=2",
         "schedule.execution_pool.max_new_tokens=32"]  # the byte tokenizer: one token per character
+CALLS = (*TEAM_CALLS, "at_checkpoint")  # the stand-in team's checkpoint is set on every rank
 SCENARIOS: dict[str, list[str]] = {
     "scripted": ["schedule.execution_pool.math_size=3", "schedule.execution_pool.general_size=2"],
     "one": ["schedule.execution_pool.math_size=1", "schedule.execution_pool.general_size=0"],
@@ -57,6 +59,9 @@ class PoolTeam:
 
     def __init__(self, tokenizer: Any, engine_at: Any) -> None:
         self.tokenizer, self.engine_at, self.step = tokenizer, engine_at, 0
+
+    def at_checkpoint(self, step: int) -> None:
+        self.step = step
 
     def engine(self, role: str, active: str) -> tuple[Any, dict[str, Any]]:
         return self.engine_at(self.step), {"player": "execution", "outer_iteration": 1, "step": self.step}
@@ -94,18 +99,23 @@ def model_engines(cfg: Any) -> tuple[Any, Any]:
 
 
 def evaluate_checkpoints(dist: Any, run_dir: Path, cfg: Any, team: PoolTeam) -> list[dict[str, Any]]:
-    """The pool's metrics lines of the schedule's updates, as the outer loop makes them."""
+    """The pool's metrics lines of the schedule's updates, as the outer loop makes them: rank 0 leads (its team a
+    :class:`Leader`, which also sends each checkpoint's step), the other ranks follow (no lines)."""
     slots = plan_updates(cfg)
-    pool = DiagnosticPool(cfg, run_dir, trained_roles(cfg), slots, dist)
-    timing = {"pool_s": 0.0}
-    lines = []
+    lines: list[dict[str, Any]] = []
     with Sandbox(sandbox_config(cfg.sandbox, dist)) as sandbox:
+        if not dist.is_main:
+            Follower(dist, team, sandbox, calls=CALLS).follow()
+            return lines
+        pool = DiagnosticPool(cfg, run_dir, trained_roles(cfg), slots)
+        lead, timing = Leader(dist, team, calls=CALLS), {"pool_s": 0.0}
         for slot in slots:
-            team.step = 0
-            line = pool.metrics(slot, team, sandbox, cfg.player, timing, before=True)
-            team.step = pool.execution_steps[slot.index]
-            line.update(pool.metrics(slot, team, sandbox, cfg.player, timing))
+            lead.at_checkpoint(0)
+            line = pool.metrics(slot, lead, sandbox, cfg.player, timing, before=True)
+            lead.at_checkpoint(pool.execution_steps[slot.index])
+            line.update(pool.metrics(slot, lead, sandbox, cfg.player, timing))
             lines.append({k: v for k, v in line.items() if not k.startswith("timing/")})
+        lead.stop(len(slots), True)
     return lines
 
 

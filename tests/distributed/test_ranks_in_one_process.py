@@ -2,7 +2,7 @@
 
 - rollouts are split by prompt (:func:`prompt_shard`, :meth:`DistContext.split_prompts`): every rank busy where
   there are as many prompts as ranks, every prompt's samples made by one rank, the prompt order given back, and
-  each sample seeded the same whichever rank makes it (vLLM's per-sample seeds, ``PhaseSampler.seed``);
+  each sample seeded the same whichever rank makes it (vLLM's per-sample seeds; ``loop.sampling``'s generation jobs);
 - device pinning (:func:`init_distributed`): with the node's GPUs faked (``torch.cuda`` patched), DeepSpeed's
   device (``cuda:$LOCAL_RANK``), vLLM's in-process worker (``cuda:0``) and the current device are all the GPU of
   the launcher's ``LOCAL_RANK``.
@@ -12,13 +12,14 @@ from __future__ import annotations
 import os
 import subprocess
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
 
 import unifiedplayers.distributed as D
 from unifiedplayers.distributed import DistContext, prompt_shard, share
-from unifiedplayers.loop.sampling import PhaseSampler
+from unifiedplayers.loop import sampling
 
 pytestmark = [pytest.mark.cpu]
 
@@ -95,19 +96,29 @@ def test_split_prompts_gives_each_rank_whole_prompts_and_the_prompt_order_back(w
     assert [i for r in sorted(calls) for i in calls[r]] == list(range(prompts))
 
 
+def _seeded(rows: int, n: int, seed: int) -> list[list[Any]]:
+    """A generation call's stand-in: each sample says its seed and its prompt's place within the call."""
+    return [[SimpleNamespace(seed=seed + i * n + j, prompt_index=i) for j in range(n)] for i in range(rows)]
+
+
 @pytest.mark.parametrize("world", [1, 2, 3, 8])
-def test_each_sample_has_the_same_seed_whichever_rank_makes_it(world):
+@pytest.mark.parametrize("kind", ["tasks", "solve", "verifiers"])
+def test_each_sample_has_the_same_seed_whichever_rank_makes_it(world, kind, monkeypatch):
     """vLLM seeds sample j of a call's i-th prompt with the call's seed + i·n + j (rollout/vllm_engine.py), so a
-    sample's seed is that of the one-process call, and rank 0's call seed is the one-process seed."""
-    sampler = SimpleNamespace(cfg=SimpleNamespace(seed=7))
-    slot, stage, prompts, n = SimpleNamespace(phase_first=3), 20, 8, 4
-    single = PhaseSampler.seed(sampler, slot, stage, range(prompts), n)
-    for rank in range(world):
-        mine = prompt_shard(prompts, rank, world)
-        seed = PhaseSampler.seed(sampler, slot, stage, mine, n)
-        for local, i in enumerate(mine):
-            assert [seed + local * n + j for j in range(n)] == [single + i * n + j for j in range(n)]
-    assert PhaseSampler.seed(sampler, slot, stage, prompt_shard(prompts, 0, world), n) == single
+    sample's seed is that of the one-process call whichever rank's block of prompts holds it: each generation job
+    seeds its block from ``start`` with seed + start·n (rank 0's: the one-process seed), and a task is numbered by
+    its prompt's place in the whole call."""
+    monkeypatch.setattr(sampling, "generate_tasks", lambda e, t, p, first, rows, n, seed, prompts: _seeded(rows, n, seed))
+    monkeypatch.setattr(sampling, "solve", lambda e, b, t, c, qs, n, seed, **kw: _seeded(len(qs), n, seed))
+    monkeypatch.setattr(sampling, "write_verifiers", lambda e, t, p, qs, n, seed: _seeded(len(qs), n, seed))
+    prompts, n, base, questions = 8, 4, 1000, [f"q{i}" for i in range(8)]
+    job = {"tasks": sampling.TaskJob(None, 0, n, base, None),
+           "solve": sampling.SolveJob(None, questions, n, base, 1.0, 1.0),
+           "verifiers": sampling.VerifierJob(None, questions, n, base)}[kind]
+    rows = [row for rank in range(world) for row in job(None, None, None, prompt_shard(prompts, rank, world))]
+    assert [[x.seed for x in row] for row in rows] == [[base + i * n + j for j in range(n)] for i in range(prompts)]
+    if kind == "tasks":
+        assert [row[0].prompt_index for row in rows] == list(range(prompts))
 
 
 # ---------------------------------------------------------------------------------------------- device pinning

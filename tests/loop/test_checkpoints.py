@@ -27,6 +27,7 @@ def test_cadence_saves_alternate_the_resume_copies_and_never_write_the_one_the_s
     trainer = Writer()
     team = SimpleNamespace(players={"planning": SimpleNamespace(trainer=trainer),
                                     "execution": SimpleNamespace(trainer=Writer())}, shared_roles=[])
+    team.save_checkpoint = lambda role, path: team.players[role].trainer.save_checkpoint(path)  # as Team's
     checkpoints = {"planning": "checkpoints/iter1/planning", "execution": None}
     named = []
     for step in range(4):  # inside a block of 6: never its last update

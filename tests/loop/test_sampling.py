@@ -10,6 +10,7 @@ import pytest
 from unifiedplayers.config import compose, resolve_player_config
 from unifiedplayers.distributed import DistContext, prompt_shard
 from unifiedplayers.loop import sampling
+from unifiedplayers.loop.ranks import Leader
 from unifiedplayers.loop.sampling import TASK_STREAM, PhaseSampler
 from unifiedplayers.schedule import Slot, seed_for
 from unifiedplayers.players.planning import PlanningTask
@@ -57,8 +58,8 @@ def sampler(monkeypatch, dist, prompts_per_update: int, valid_from: int):
     monkeypatch.setattr(sampling, "generate_tasks", generate_tasks)
     method = SimpleNamespace(use_tools=True, planning_prompts=lambda tok, p, n: None, build_task=lambda t, box: t,
                              phase_tasks=lambda role, groups, used, unused, n: (groups, used, unused))
-    team = SimpleNamespace(tokenizer=None, engine=lambda role, active: (None, {}))
-    return PhaseSampler(cfg, p, p, method, team, None, dist, prompt_counter=START), calls
+    team = Leader(dist, SimpleNamespace(tokenizer=None, engine=lambda role, active: (None, {})))
+    return PhaseSampler(cfg, p, p, method, team, None, prompt_counter=START), calls
 
 
 SLOT = Slot(index=3, iteration=1, role="execution", step_in_block=0, block_size=1, phase_first=3)

@@ -5,5 +5,6 @@
   slots of a run; :mod:`.phase`: one sampling phase cut into mini-batches;
 - :mod:`.sampling`: tasks, trajectories and verifiers of a phase, one :class:`~.sampling.PlayedTask` per task;
 - :mod:`.team`: the players' weights, trainers and engines; :mod:`.engines`: the rollout engines and sandbox;
+- :mod:`.ranks`: the one rank boundary: rank 0 runs the loop, the other ranks run the calls it sends them;
 - :mod:`.run_state`, :mod:`.checkpoints`: what a run saves and resumes from; :mod:`.run_files`: the files it writes.
 """

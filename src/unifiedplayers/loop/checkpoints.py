@@ -33,7 +33,7 @@ def save_active(team: Any, slot: Slot, run_dir: Path, checkpoints: dict[str, Opt
     else:
         current = checkpoints.get(slot.role) or ""
         rel = rundir.resume_checkpoint(slot.role, "b" if current.endswith("-a") else "a")
-    trainer.save_checkpoint(run_dir / rel)  # on every rank: rank 0 writes, or every rank its shards
+    team.save_checkpoint(slot.role, run_dir / rel)  # on every rank: rank 0 writes, or every rank its shards
     for role, player in team.players.items():  # a shared model's other role points at the same weights
         if role == slot.role or (player.trainer is trainer and role in team.shared_roles):
             checkpoints[role] = str(rel)

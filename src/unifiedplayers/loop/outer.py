@@ -12,7 +12,8 @@ updates. Each update runs these stages in order:
    naming it: a killed run replays the updates after its last save exactly. R(q)'s question history is fixed
    within a block; the block's questions join it at its end.
 
-Side effects are callbacks (``callbacks``). Several ranks run this loop in lockstep (``distributed``).
+Side effects are callbacks (``callbacks``). Over several ranks rank 0 runs this loop and the others follow its calls
+(``loop.ranks``).
 """
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ from typing import Any, Callable, Optional, Sequence
 
 from omegaconf import OmegaConf
 
+from unifiedplayers.loop import ranks
+from unifiedplayers.loop.ranks import Follower, Leader
 from unifiedplayers.loop.run_files import DiagnosticPool, RunFiles, finish
 from unifiedplayers.loop.checkpoints import save_active, thin_at_block_end
 from unifiedplayers.checks import validate
@@ -63,7 +66,9 @@ class OuterLoop:
         self.slots, self.trained = plan_updates(cfg), trained_roles(cfg)
         self.player_cfg = resolve_player_config(cfg)  # with trainer.roles' group sizes and token budgets
         self.execution_cfg = execution_config(self.player_cfg, self.method.use_tools)
-        self.team = Team(cfg, self.player_cfg, self.trained, self.method.shared_model, dist, rollout_factory)
+        # rank 0's team: what every rank must run is sent to the others first (loop.ranks)
+        self.team = Leader(dist, Team(cfg, self.player_cfg, self.trained, self.method.shared_model, dist,
+                                      rollout_factory))
         self.state = RunState(checkpoints=dict.fromkeys(ROLES), published=dict.fromkeys(ROLES))
         self.history = QuestionHistory(cfg.reward.repetition_history)  # R(q)'s, fixed within a block
         self.phase: Optional[Phase] = None  # the sampling phase in progress
@@ -74,35 +79,38 @@ class OuterLoop:
 
     # ------------------------------------------------------------------ the run
     def run(self) -> dict[str, Any]:
-        """Run (or resume) to the end, or until ``schedule.max_updates`` updates or a :class:`StopRun`."""
+        """Run (or resume) to the end, or until ``schedule.max_updates`` updates or a :class:`StopRun`. Over several
+        ranks rank 0 runs it and the others follow (:mod:`unifiedplayers.loop.ranks`)."""
+        return ranks.run(self.dist, self._lead, self._follow)
+
+    def _lead(self) -> dict[str, Any]:
         from unifiedplayers.sandbox import Sandbox
 
         self.run_dir.mkdir(parents=True, exist_ok=True)  # a run there is resumed with resume=true, never overwritten
-        saved = saved_state(self.run_dir, self.cfg, self.dist.world_size, self.dist.is_main)
+        saved = saved_state(self.run_dir, self.cfg, self.dist.world_size)
         if saved is not None and saved["finished"]:
             print(f"[resume] the run in {self.run_dir} is already complete ({saved['completed']} updates)")
             self.state.finished, self.state.completed = True, saved["completed"]
-            return finish(self.cfg, self.run_dir, self.dist, self.state.completed, True, None)
+            self.team.stop(self.state.completed, True)
+            return finish(self.cfg, self.run_dir, True, None)
         resolve_run_precision(self.cfg, saved["config"] if saved else None)  # auto: once; a resume keeps it
         self.cfg.machine = earlier_starts(self.run_dir / rundir.CONFIG) if saved is not None else []  # a resume: kept
-        if self.dist.is_main:
-            OmegaConf.save(self.cfg, self.run_dir / rundir.CONFIG, resolve=True)
+        OmegaConf.save(self.cfg, self.run_dir / rundir.CONFIG, resolve=True)
+        self.team.start(saved["config"] if saved else None, saved["completed"] if saved else 0)
         self.team.setup(*self.team.load_backbone(self._backbone, self.state.timing))
-        self.diagnostic_pool = DiagnosticPool(self.cfg, self.run_dir, self.trained, self.slots, self.dist)
+        self.diagnostic_pool = DiagnosticPool(self.cfg, self.run_dir, self.trained, self.slots)
         if saved is not None:
-            self.state, self.phase = restore(saved, self.cfg, self.run_dir, self.dist, self.team, self.method,
-                                             self.slots, self.state)
+            self.state, self.phase = restore(saved, self.cfg, self.run_dir, self.team, self.method, self.slots,
+                                             self.state)
             self.history = QuestionHistory(self.cfg.reward.repetition_history, self.state.question_history)
             self.saved = self.state.completed
         self.state.wandb_id = self.state.wandb_id or f"up-{os.urandom(4).hex()}"
         with Sandbox(sandbox_config(self.cfg.sandbox, self.dist)) as sandbox, RunFiles(  # closed whatever happens
-                self.cfg, self.run_dir, self.dist.is_main, len(self.slots), self.state.completed, self.state.wandb_id
-        ) as files:
-            record_start(self.cfg, self.state.completed, sandbox,  # where this start runs, its sandbox's layers
-                         self.run_dir / rundir.CONFIG if self.dist.is_main else None)
+                self.cfg, self.run_dir, len(self.slots), self.state.completed, self.state.wandb_id) as files:
+            record_start(self.cfg, self.state.completed, sandbox, self.run_dir / rundir.CONFIG)  # its sandbox's layers
             self.files, self.sandbox = files, TimedSandbox(sandbox)
             self.sampler = PhaseSampler(self.cfg, self.player_cfg, self.execution_cfg, self.method, self.team,
-                                        self.sandbox, self.dist, files.progress, self.state.prompt_counter)
+                                        self.sandbox, files.progress, self.state.prompt_counter)
             self.perturber = PerturbationEngine.from_config(  # arg_mutation shows outputs as the tool loop does
                 self.cfg.perturbation, seed=self.cfg.seed, sandbox=self.sandbox,
                 observation_max_chars=self.player_cfg.observation_max_chars)
@@ -110,11 +118,22 @@ class OuterLoop:
         if self.state.completed >= len(self.slots) and not self.state.finished:
             self.state.finished = True
             self._write_state()
-            if self.cfg.schedule.export_at_end and self.dist.is_main:  # before finish(): retention may drop weights
+            if self.cfg.schedule.export_at_end:  # before finish(): retention may drop weights
                 export_at_end(self.run_dir)
+        self.team.stop(self.state.completed, self.state.finished)
         if not self.state.finished:
             return {"completed": self.state.completed, "finished": False}
-        return finish(self.cfg, self.run_dir, self.dist, self.state.completed, True, self.state.timing)
+        return finish(self.cfg, self.run_dir, True, self.state.timing)
+
+    def _follow(self, start: dict[str, Any]) -> dict[str, Any]:
+        """A rank but 0: set up as rank 0 did (its dtypes, the players, a sandbox), then run its calls."""
+        from unifiedplayers.sandbox import Sandbox
+
+        resolve_run_precision(self.cfg, start["stored_config"])
+        self.team.setup(*self.team.load_backbone(self._backbone, self.state.timing))
+        with Sandbox(sandbox_config(self.cfg.sandbox, self.dist)) as sandbox:
+            record_start(self.cfg, start["completed"], sandbox)  # a missing isolation layer is warned about here too
+            return Follower(self.dist, self.team.team, sandbox).follow()
 
     def _updates(self) -> None:
         budget, done_here = self.cfg.schedule.max_updates, 0
@@ -149,7 +168,7 @@ class OuterLoop:
                                                   self.state.timing, self.files.progress, before=True))
         if self.phase is None or self.phase.first != slot.phase_first:  # else: resumed inside this phase
             self.phase = self._sample_phase(slot)
-        metrics, update_s = train_step(slot, self.phase, self.team, self.dist, int(self.cfg.schedule.steps_per_generation),
+        metrics, update_s = train_step(slot, self.phase, self.team, int(self.cfg.schedule.steps_per_generation),
                                        phase_steps(self.cfg), self.files.progress)
         self.state.timing["update_s"] += update_s
         metrics.update(extra)
@@ -170,8 +189,7 @@ class OuterLoop:
             self._save(slot)
         if slot.last_of_block:
             self.team.end_block(slot.role, {s.role for s in self.slots[slot.index + 1:]})
-            if self.dist.is_main:
-                thin_at_block_end(self.run_dir, slot.role, self.state.checkpoints, self.cfg.schedule.checkpoint_retention)
+            thin_at_block_end(self.run_dir, slot.role, self.state.checkpoints, self.cfg.schedule.checkpoint_retention)
         self.state.timing["checkpoint_s"] += time.perf_counter() - t
 
     def _sample_phase(self, slot: Slot) -> Phase:
@@ -181,8 +199,6 @@ class OuterLoop:
         before = dict(clock.seconds)
         with clock("feedback"):
             phase = self._build_phase(slot)
-        if not self.dist.is_main:
-            return phase
         spent = clock.since(before)
         phase.timing = {f"{name}_s": spent.get(name, 0.0) for name in ("generation", "sandbox", "feedback")}
         phase.timing["total_s"] = sum(phase.timing.values())
@@ -196,9 +212,6 @@ class OuterLoop:
         sample = self.sampler.sample(slot, int(self.cfg.schedule.steps_per_generation))
         self.state.prompt_counter = self.sampler.prompt_counter
         self.state.block_questions.extend(sample.questions)
-        if not self.dist.is_main:  # the other ranks take part in the updates only (rank 0 broadcasts each batch)
-            self.team.recompute_old_logprobs(slot.role, None)  # and in π_old's forward (rank 0's call below)
-            return Phase(slot.phase_first, [])
         played = sample.played  # one record per played task, added to by each stage below
         self.files.progress("method feedback")  # the method's own (Socratic-Zero: the Teacher grades, refines)
         method_metrics = self.method.after_rollouts(slot.role, played) or {}
@@ -210,7 +223,8 @@ class OuterLoop:
         ctx = PhaseContext(slot, sample.groups, sample.unused, sample.versions, self.cfg, self.method,
                            self.team.tokenizer, self.player_cfg, self.perturber.rules, method_metrics)
         phase_minibatches = build_minibatches(played, ctx)
-        self.team.recompute_old_logprobs(slot.role, [u.batch for u in phase_minibatches])  # trainer.recompute_old_logprobs
+        if self.cfg.trainer.recompute_old_logprobs:  # π_old := the trainer's own forward (on every rank)
+            self.team.recompute_old_logprobs(slot.role, [u.batch for u in phase_minibatches])
         records = phase_records(played, ctx)
         self.files.records(records)
         self.state.records += len(records)
@@ -226,6 +240,5 @@ class OuterLoop:
     def _write_state(self) -> None:
         self.state.phase = self.phase.first if self.phase is not None else None
         self.state.question_history = list(self.history)
-        if self.dist.is_main:
-            write_state(self.state, self.run_dir / rundir.STATE, self.team, self.method, len(self.slots), self.dist,
-                        self.cfg)
+        write_state(self.state, self.run_dir / rundir.STATE, self.team, self.method, len(self.slots),
+                    self.dist.world_size, self.cfg)

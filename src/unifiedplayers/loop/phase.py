@@ -59,8 +59,7 @@ class MiniBatch:
 
 @dataclass
 class Phase:
-    """A sampled phase: its first update and its minibatches (empty on ranks other than 0, which receive each
-    step's batch by broadcast)."""
+    """A sampled phase (rank 0's): its first update and its minibatches."""
 
     first: int
     minibatches: list[MiniBatch]
@@ -408,17 +407,15 @@ def update_metrics(slot: Any, phase: Phase, minibatch: MiniBatch, n_pass: int, m
     return metrics
 
 
-def train_step(slot: Any, phase: Phase, team: Any, dist: Any, steps_per_generation: int, per_phase: int,
+def train_step(slot: Any, phase: Phase, team: Any, steps_per_generation: int, per_phase: int,
                progress: Callable[[str], None]) -> tuple[dict[str, Any], float]:
-    """One optimizer step of the active player on its minibatch of the phase (rank 0 broadcasts the batch; the update
-    is data-parallel): (the step's metrics line, empty on other ranks; the update's seconds)."""
+    """One optimizer step of the active player on its minibatch of the phase (over several ranks the team sends the
+    batch to every rank, and the update is data-parallel): (the step's metrics line, the update's seconds)."""
     n_pass, u = minibatch_of_step(slot.step_in_phase, steps_per_generation)
-    minibatch = phase.minibatches[u] if dist.is_main else None
+    minibatch = phase.minibatches[u]
     progress(f"GRPO update of {slot.role} (phase step {slot.step_in_phase + 1}/{per_phase})")
-    batch = dist.broadcast(minibatch.batch if minibatch is not None else None)
-    trainer_metrics, update_s = team.update(slot.role, slot.iteration, batch, on_policy=slot.step_in_phase == 0)
-    if minibatch is None:
-        return {}, update_s
+    trainer_metrics, update_s = team.update(slot.role, slot.iteration, minibatch.batch,
+                                            on_policy=slot.step_in_phase == 0)
     progress("records, checkpoint")
     return update_metrics(slot, phase, minibatch, n_pass, u, trainer_metrics, team.players[slot.role].trainer.global_step,
                           update_s), update_s

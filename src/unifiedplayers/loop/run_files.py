@@ -1,11 +1,11 @@
-"""The outer loop's side effects, kept out of it (rank 0 writes every file; other ranks get no-ops):
+"""The outer loop's side effects, kept out of it (rank 0 writes every file; the other ranks only follow its calls):
 
 - :class:`RunFiles`: records.jsonl (one interaction record ξ(q) per Planning output), metrics.jsonl and W&B
   (one line per update), and the progress bar;
 - :class:`DiagnosticPool`: the fixed diagnostic pool (Appendix D.2, ``schedule.execution_pool``): after every
   ``every``-th Execution update the Execution player answers it greedily; its accuracies go into that update's
-  metrics line and execution_pool.jsonl. Every rank answers its share of the questions; rank 0 writes. It leaves
-  the RNG states as it found them, so a run with the pool on trains exactly as one without it;
+  metrics line and execution_pool.jsonl. Every rank answers its share of the questions (``Leader.pool_split``). It
+  leaves the RNG states as it found them, so a run with the pool on trains exactly as one without it;
 - :func:`finish`: the end-of-run summary and the checkpoint retention.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any, Optional, Sequence
 from omegaconf import OmegaConf
 
 from unifiedplayers.loop.checkpoints import prune
-from unifiedplayers.diagnostics.execution_pool import FixedPool, evaluate_pool, metrics_of
+from unifiedplayers.diagnostics.execution_pool import FixedPool, metrics_of
 from unifiedplayers.diagnostics.logging import RunLogger, progress
 from unifiedplayers.diagnostics.records import RecordWriter
 from unifiedplayers.rundir import RECORDS
@@ -25,27 +25,22 @@ from unifiedplayers.trainer import capture_rng_state, restore_rng_state
 
 
 class RunFiles:
-    """records.jsonl, metrics.jsonl (and W&B), and the progress bar of one process of a run."""
+    """records.jsonl, metrics.jsonl (and W&B), and the progress bar of a run (rank 0's)."""
 
-    def __init__(self, cfg: Any, run_dir: Path, is_main: bool, total: int, completed: int, run_id: str) -> None:
-        self.is_main = is_main
-        self.logger = RunLogger(run_dir, cfg.logger, OmegaConf.to_container(cfg, resolve=True),
-                                run_id=run_id) if is_main else None
-        self.writer = RecordWriter(run_dir / RECORDS) if is_main else None
-        self.bar = progress(total=total, desc="updates", enabled=bool(cfg.logger.progress) and is_main,
-                            initial=completed, position=0)
+    def __init__(self, cfg: Any, run_dir: Path, total: int, completed: int, run_id: str) -> None:
+        self.logger = RunLogger(run_dir, cfg.logger, OmegaConf.to_container(cfg, resolve=True), run_id=run_id)
+        self.writer = RecordWriter(run_dir / RECORDS)
+        self.bar = progress(total=total, desc="updates", enabled=bool(cfg.logger.progress), initial=completed,
+                            position=0)
 
     def __enter__(self) -> "RunFiles":
-        if self.writer is not None:
-            self.writer.__enter__()
+        self.writer.__enter__()
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.bar.close()
-        if self.writer is not None:
-            self.writer.__exit__(*exc)
-        if self.logger is not None:
-            self.logger.close()
+        self.writer.__exit__(*exc)
+        self.logger.close()
 
     def progress(self, name: str) -> None:
         """Show what the current update is doing."""
@@ -55,13 +50,11 @@ class RunFiles:
         self.bar.set_description_str(f"it {slot.iteration} {slot.role} {slot.step_in_block + 1}/{slot.block_size}")
 
     def records(self, records: Sequence[Any]) -> None:
-        if self.writer is not None:
-            for rec in records:
-                self.writer.append(rec)
+        for rec in records:
+            self.writer.append(rec)
 
     def metrics(self, metrics: dict[str, Any], step: int) -> None:
-        if self.logger is not None:
-            self.logger.log(metrics, step=step)
+        self.logger.log(metrics, step=step)
 
     def end_update(self) -> None:
         self.bar.update(1)
@@ -71,18 +64,14 @@ class DiagnosticPool:
     """The fixed diagnostic pool of the Execution player (see the module docstring).
 
     Over several ranks every rank answers its block of the questions with its own engine and sandbox
-    (:meth:`~unifiedplayers.distributed.DistContext.split_prompts`, as sampling does); rank 0 reads the pool's files,
+    (:meth:`~unifiedplayers.loop.ranks.Leader.pool_split`, as sampling splits); rank 0 reads the pool's files,
     gathers the graded answers in question order and writes execution_pool.jsonl and the metrics, as one rank does.
     """
 
-    def __init__(self, cfg: Any, run_dir: Path, trained: Sequence[str], slots: Sequence[Slot], dist: Any) -> None:
-        self.dist = dist
+    def __init__(self, cfg: Any, run_dir: Path, trained: Sequence[str], slots: Sequence[Slot]) -> None:
         self.on = "execution" in trained
         self.cfg = cfg.schedule.execution_pool
-        evaluated = self.cfg.every > 0 and self.on
-        self.pool = FixedPool(self.cfg, run_dir) if evaluated and dist.is_main else None  # rank 0 reads and logs it
-        # rank 0's questions on every rank (one reading of the files, one set of warnings)
-        self.questions = dist.broadcast(self.pool.questions if self.pool is not None else None) if evaluated else []
+        self.pool = FixedPool(self.cfg, run_dir) if self.cfg.every > 0 and self.on else None
         # Execution updates done once slot i is complete (the pool's checkpoint index).
         self.execution_steps, n = [], 0
         for s in slots:
@@ -91,55 +80,40 @@ class DiagnosticPool:
 
     def metrics(self, slot: Slot, team: Any, sandbox: Any, execution_cfg: Any, timing: dict[str, float],
                 progress: Any = None, before: bool = False) -> dict[str, Any]:
-        """The pool's metrics after update ``slot``, when an evaluation is due; {} otherwise (and on ranks but 0).
+        """The pool's metrics after update ``slot``, when an evaluation is due; {} otherwise.
 
         ``before``: the initial checkpoint (update 0, Appendix D.2), evaluated before the run's first update
         (whatever its block: with a shared model a Planning update already moves the Execution weights), on
-        the first line under ``execution/pool0_*``. Every rank swaps the Execution weights into its engine, since
-        that swap can be a collective (ZeRO-3), and answers its share of the questions when rank 0 decodes.
+        the first line under ``execution/pool0_*``. ``team``: rank 0's (:class:`~unifiedplayers.loop.ranks.Leader`):
+        every rank swaps the Execution weights into its engine, since that swap can be a collective (ZeRO-3), and
+        answers its share of the questions when the pool decodes.
         """
         if not self.on or (slot.role != "execution" and not before) or (before and slot.index != 0):
             return {}
         step = 0 if before else self.execution_steps[slot.index]
-        decodes = self.dist.broadcast(self._decodes(step) if self.dist.is_main else None)
-        if decodes is None:
+        if self.pool is None or not self.pool.due(step):
             return {}
         if progress is not None:
-            progress(f"execution pool ({len(self.questions)} questions)")
+            progress(f"execution pool ({len(self.pool.questions)} questions)")
         rng = capture_rng_state()  # greedy decoding; the run's RNG streams must not notice the evaluation
         engine, ver = team.engine("execution", "execution")
-        if not self.dist.is_main:
-            if decodes:
-                evaluate_pool(engine, sandbox, team.tokenizer, execution_cfg, self.cfg, self.questions,
-                              split=self.dist.split_prompts)
-            restore_rng_state(rng)
-            return {}
         entry = self.pool.evaluate(
             step, {"global_update": slot.index - (1 if before else 0), "outer_iteration": slot.iteration,
-                   "checkpoint": ver}, engine, sandbox, team.tokenizer, execution_cfg, split=self.dist.split_prompts)
+                   "checkpoint": ver}, engine, sandbox, team.tokenizer, execution_cfg,
+            split=team.pool_split(execution_cfg, self.cfg, self.pool.questions))
         restore_rng_state(rng)
         timing["pool_s"] += entry.get("seconds", 0.0)
         out = metrics_of(entry)
         return {k.replace("execution/pool_", "execution/pool0_") if before else k: v for k, v in out.items()
                 if not (before and k.startswith("timing/"))}
 
-    def _decodes(self, step: int) -> Optional[bool]:
-        """Rank 0's plan for checkpoint ``step``: None (not due), False (logged already, or no questions: no
-        decoding), True (the ranks answer the pool; :meth:`FixedPool.evaluate` then calls the split)."""
-        if self.pool is None or not self.pool.due(step):
-            return None
-        return self.pool.decodes(step)
 
-
-def finish(cfg: Any, run_dir: Path, dist: Any, completed: int, finished: bool,
-           timing: Optional[dict[str, float]]) -> dict[str, Any]:
-    """The end of a process: the summary (rank 0; printed when ``schedule.print_summary``, drawn when
+def finish(cfg: Any, run_dir: Path, finished: bool, timing: Optional[dict[str, float]]) -> dict[str, Any]:
+    """The end of a run: the summary (printed when ``schedule.print_summary``, drawn when
     ``schedule.summary_png``) and, for a finished run, ``schedule.checkpoint_retention``. ``timing`` None: the
     summary of an already finished run."""
     from unifiedplayers.diagnostics.summary import write_summary
 
-    if not dist.is_main:
-        return {"completed": completed, "finished": finished, "rank": dist.rank}
     summary, text = write_summary(run_dir, timing=timing, png=cfg.schedule.summary_png)
     if finished:
         prune(run_dir, cfg.schedule.checkpoint_retention)

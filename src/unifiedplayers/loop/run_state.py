@@ -159,13 +159,13 @@ def check_resumable(state: dict[str, Any], cfg: Any, run_dir: Path, world_size: 
         )
 
 
-def saved_state(run_dir: Path, cfg: Any, world_size: int, is_main: bool = True) -> Optional[dict[str, Any]]:
+def saved_state(run_dir: Path, cfg: Any, world_size: int, restart: bool = True) -> Optional[dict[str, Any]]:
     """The run state saved in ``run_dir`` (None for a new run), checked before anything is written or loaded.
 
     A run there is never overwritten: without ``resume=true`` it is an error; with it the config must match
     (:func:`check_resumable`). A run that stopped before its first save (records but no state) is
     restarted from its first update with ``resume=true``: its records and metrics lines are cut, so none is
-    written twice.
+    written twice (``restart``; false: only check, as the command line does before a launch).
     """
     path = run_dir / rundir.STATE
     state = load_state(path) if path.exists() else None
@@ -183,7 +183,7 @@ def saved_state(run_dir: Path, cfg: Any, world_size: int, is_main: bool = True) 
                 f"{run_dir} already holds a run that stopped before its first save ({begun[rundir.RECORDS]} "
                 "record(s), no state.pt). Pass resume=true to restart it from its first update, or choose another "
                 "run_dir (or delete it) to start fresh.")
-        if is_main:
+        if restart:
             for name in begun:
                 truncate_lines(run_dir / name, 0)
             (run_dir / rundir.PHASE).unlink(missing_ok=True)
@@ -192,19 +192,17 @@ def saved_state(run_dir: Path, cfg: Any, world_size: int, is_main: bool = True) 
     return None
 
 
-def restore(state: dict[str, Any], cfg: Any, run_dir: Path, dist: Any, team: Any, method: Any, slots: Sequence[Any],
+def restore(state: dict[str, Any], cfg: Any, run_dir: Path, team: Any, method: Any, slots: Sequence[Any],
             current: RunState) -> tuple[RunState, Any]:
     """Bring a fresh process to the state after update ``state['completed']`` (the last save): records and metrics
     cut to the updates saved (the later ones are replayed: the RNG states and every seed make them the same), the
     phase in progress read back, every player's checkpoint, the RNG states, the reference and published weights
-    of the current outer iteration, the method's state. Returns (run state, phase)."""
+    of the current outer iteration, the method's state. ``team``: rank 0's (``loop.ranks.Leader``), which loads
+    the checkpoints and RNG states on every rank. Returns (run state, phase)."""
     from unifiedplayers.loop.phase import Phase, load_phase_state
-    from unifiedplayers.trainer import restore_rng_state
 
-    dropped_r = dropped_m = 0
-    if dist.is_main:  # the other ranks never touch the run's files
-        dropped_r = truncate_lines(run_dir / rundir.RECORDS, state["records"])
-        dropped_m = truncate_lines(run_dir / rundir.METRICS, state["metrics"])
+    dropped_r = truncate_lines(run_dir / rundir.RECORDS, state["records"])
+    dropped_m = truncate_lines(run_dir / rundir.METRICS, state["metrics"])
     if dropped_r or dropped_m:
         print(f"[resume] dropped {dropped_r} record(s) and {dropped_m} metrics line(s) written after the last save "
               "(their updates are replayed)")
@@ -214,13 +212,13 @@ def restore(state: dict[str, Any], cfg: Any, run_dir: Path, dist: Any, team: Any
     run.timing["model_load_s"] = current.timing["model_load_s"]
     phase = None
     if state.get("phase") is not None:  # stopped inside a phase: its sampled minibatches, as saved
-        saved = load_phase_state(run_dir / rundir.PHASE) if dist.is_main else None
-        if saved is not None and saved["first"] != state["phase"]:
+        saved = load_phase_state(run_dir / rundir.PHASE)
+        if saved["first"] != state["phase"]:
             raise RuntimeError(f"{run_dir / rundir.PHASE} holds phase {saved['first']}, the state names "
                                f"phase {state['phase']}")
-        phase = Phase.from_state(saved) if saved is not None else Phase(state["phase"], [])
+        phase = Phase.from_state(saved)
     team.restore(run_dir, state["versions"], run.checkpoints)
-    restore_rng_state(state["rng"])
+    team.restore_rng_state(state["rng"])
     if run.completed < len(slots):
         nxt = slots[run.completed]
         if not (nxt.first_of_block and nxt.role == next(s.role for s in slots if s.iteration == nxt.iteration)):
@@ -231,8 +229,9 @@ def restore(state: dict[str, Any], cfg: Any, run_dir: Path, dist: Any, team: Any
     return run, phase
 
 
-def write_state(state: RunState, path: Path, team: Any, method: Any, total_updates: int, dist: Any, cfg: Any) -> None:
+def write_state(state: RunState, path: Path, team: Any, method: Any, total_updates: int, world_size: int,
+                cfg: Any) -> None:
     """``state.pt``, atomically, with the players' versions, the method's state and the RNG states."""
     atomic_torch_save(state.to_dict({r: p.version for r, p in team.players.items()},
                                     {r: p.published_version for r, p in team.players.items()}, method.state_dict(),
-                                    total_updates, dist.world_size, cfg), path)
+                                    total_updates, world_size, cfg), path)

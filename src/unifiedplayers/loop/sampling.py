@@ -3,9 +3,10 @@ player (tool loop) and M verifiers per task from the Evaluation player, with the
 phase's start (:class:`PhaseSampler`). Every generation is seeded from (seed, the phase's first update, stream),
 so a resumed run samples what an uninterrupted one does.
 
-Several ranks: each generation call is split over the ranks by prompt (each rank draws all the samples of a
-block of prompts, :meth:`~unifiedplayers.distributed.DistContext.split_prompts`) and gathered in prompt order on
-rank 0; rank 0 builds the tasks and every rank gets them.
+Several ranks: rank 0 samples; each generation call is a picklable job (:class:`TaskJob`, :class:`SolveJob`,
+:class:`VerifierJob`) that every rank runs on its block of the prompts, with its own engine and sandbox, gathered
+in prompt order on rank 0 (:meth:`~unifiedplayers.loop.ranks.Leader.split`). The seeds of a block are those of
+its prompts in the whole call, so the samples do not depend on the number of ranks' split.
 """
 from __future__ import annotations
 
@@ -102,27 +103,79 @@ def place_outputs(groups: list[list[PlanningTask]]) -> None:
             task.place = (g, j)
 
 
+@dataclass(frozen=True)
+class TaskJob:
+    """The G_T tasks of each questioner prompt of a block (indices into the attempt's prompts), numbered by their
+    place among all of the attempt's prompts. ``first_prompt``: the prompt counter at the attempt's start;
+    ``seed``: the attempt's; ``prompts``: the method's own Planning prompts (None: the topic prompts)."""
+
+    player_cfg: Any
+    first_prompt: int
+    n: int
+    seed: int
+    prompts: Optional[list[Any]]
+
+    def __call__(self, engine: Any, sandbox: Any, tokenizer: Any, mine: range) -> list[list[PlanningTask]]:
+        got = generate_tasks(engine, tokenizer, self.player_cfg, self.first_prompt + mine.start, len(mine), self.n,
+                             seed=self.seed + mine.start * self.n,
+                             prompts=None if self.prompts is None else self.prompts[mine.start:mine.stop])
+        for task in (t for g in got for t in g):
+            task.prompt_index += mine.start
+        return got
+
+
+@dataclass(frozen=True)
+class SolveJob:
+    """K Execution rollouts (the tool loop, in the rank's sandbox) of each question of a block."""
+
+    execution_cfg: Any
+    questions: list[str]
+    k: int
+    seed: int
+    temperature: float
+    top_p: float
+
+    def __call__(self, engine: Any, sandbox: Any, tokenizer: Any, mine: range) -> list[list[Any]]:
+        return solve(engine, sandbox, tokenizer, self.execution_cfg, [self.questions[i] for i in mine], self.k,
+                     seed=self.seed + mine.start * self.k, temperature=self.temperature, top_p=self.top_p)
+
+
+@dataclass(frozen=True)
+class VerifierJob:
+    """M Evaluation verifiers of each question of a block."""
+
+    player_cfg: Any
+    questions: list[str]
+    m: int
+    seed: int
+
+    def __call__(self, engine: Any, sandbox: Any, tokenizer: Any, mine: range) -> list[list[Any]]:
+        return write_verifiers(engine, tokenizer, self.player_cfg, [self.questions[i] for i in mine], self.m,
+                               seed=self.seed + mine.start * self.m)
+
+
 class PhaseSampler:
-    """Samples the phases of a run. ``team.engine(role, active) -> (engine, version)`` gives the engine a
-    player samples with while ``active`` trains (:class:`unifiedplayers.loop.team.Team`); ``progress(name)`` shows
-    progress. ``prompt_counter`` (the questioner prompts used so far: it rotates the topics) is run state."""
+    """Samples the phases of a run. ``team``: rank 0's (:class:`unifiedplayers.loop.ranks.Leader`):
+    ``team.engine(role, active) -> (engine, version)`` gives the engine a player samples with while ``active``
+    trains, and ``team.split`` runs a generation job over the ranks; ``progress(name)`` shows progress.
+    ``prompt_counter`` (the questioner prompts used so far: it rotates the topics) is run state."""
 
     def __init__(self, cfg: Any, player_cfg: Any, execution_cfg: Any, method: Any, team: Any, sandbox: Any,
-                 dist: Any, progress: Callable[[str], None] = lambda name: None, prompt_counter: int = 0) -> None:
+                 progress: Callable[[str], None] = lambda name: None, prompt_counter: int = 0) -> None:
         self.cfg, self.player_cfg, self.execution_cfg = cfg, player_cfg, execution_cfg
         self.method, self.team, self.tokenizer, self.sandbox = method, team, team.tokenizer, sandbox
-        self.dist, self.progress = dist, progress
+        self.progress = progress
         self.prompt_counter = prompt_counter
 
     def engine(self, role: str, active: str) -> tuple[Any, dict[str, Any]]:
         return self.team.engine(role, active)
 
-    def seed(self, slot: Slot, stream: int, prompts: range, n: int) -> int:
-        """The seed of one generation call of a phase's seed ``stream`` (``TASK_STREAM`` + attempt,
-        ``TRAJECTORY_STREAM``, ``VERIFIER_STREAM``): the ``n`` samples of each prompt of ``prompts`` (indices into the stream's prompts). vLLM seeds sample j of the call's i-th prompt with seed + i·n + j
-        (``rollout/vllm_engine.py``), so each sample's seed is the same whichever rank draws it; the hf engine
-        draws a call from one generator. One process: seed_for(seed, phase, stream)."""
-        return seed_for(self.cfg.seed, slot.phase_first, stream) + prompts.start * n
+    def seed(self, slot: Slot, stream: int) -> int:
+        """The seed of a phase's generation call of seed ``stream`` (``TASK_STREAM`` + attempt, ``TRAJECTORY_STREAM``,
+        ``VERIFIER_STREAM``); a job's block of prompts from ``start`` draws with seed + start·n. vLLM seeds sample j
+        of the call's i-th prompt with seed + i·n + j (``rollout/vllm_engine.py``), so each sample's seed is the same
+        whichever rank draws it; the hf engine draws a call from one generator."""
+        return seed_for(self.cfg.seed, slot.phase_first, stream)
 
     def sample(self, slot: Slot, num_minibatches: int) -> PhaseSample:
         """Tasks, then K trajectories and M verifiers per task, for a phase of ``num_minibatches`` updates; timed as
@@ -140,25 +193,18 @@ class PhaseSampler:
         _, plan_ver = self.team.sampler("planning", slot.role)
         questions = [task.question for task in tasks]
         self.progress(f"execution: {len(tasks)} x {p.num_trajectories} trajectories")
-        exec_engine, exec_ver = self.engine("execution", slot.role)
-        k = p.num_trajectories
-        rollouts = self.dist.split_prompts(
-            lambda mine: solve(exec_engine, self.sandbox, self.tokenizer, self.execution_cfg,
-                               [questions[i] for i in mine], k, seed=self.seed(slot, TRAJECTORY_STREAM, mine, k),
-                               temperature=role_temperature(cfg, "execution"), top_p=cfg.rollout.top_p),
-            len(questions), to_all=False)
-        eval_engine, eval_ver = self.engine("evaluation", slot.role)
+        _, exec_ver = self.engine("execution", slot.role)
+        solve_job = SolveJob(self.execution_cfg, questions, p.num_trajectories, self.seed(slot, TRAJECTORY_STREAM),
+                             role_temperature(cfg, "execution"), cfg.rollout.top_p)
+        rollouts = self.team.split(solve_job, ("execution", slot.role), len(questions), self.sandbox)
+        _, eval_ver = self.engine("evaluation", slot.role)
         if self.method.writes_verifiers:
             self.progress(f"evaluation: {len(tasks)} x {p.num_verifiers} verifiers")
-            m = p.num_verifiers
-            verifiers = self.dist.split_prompts(
-                lambda mine: write_verifiers(eval_engine, self.tokenizer, p, [questions[i] for i in mine], m,
-                                             seed=self.seed(slot, VERIFIER_STREAM, mine, m)),
-                len(questions), to_all=False)
+            verifier_job = VerifierJob(p, questions, p.num_verifiers, self.seed(slot, VERIFIER_STREAM))
+            verifiers = self.team.split(verifier_job, ("evaluation", slot.role), len(questions), self.sandbox)
         else:  # a verdict-free method: no Evaluation samples (M = 0)
-            verifiers = [[] for _ in questions] if self.dist.is_main else None
-        played = ([PlayedTask(t, list(rs), list(vs)) for t, rs, vs in zip(tasks, rollouts, verifiers)]
-                  if self.dist.is_main else [PlayedTask(t) for t in tasks])
+            verifiers = [[] for _ in questions]
+        played = [PlayedTask(t, list(rs), list(vs)) for t, rs, vs in zip(tasks, rollouts, verifiers)]
         return groups, played, unused, {"planning": plan_ver, "execution": exec_ver, "evaluation": eval_ver}
 
     def tasks(self, slot: Slot, num_minibatches: int
@@ -167,7 +213,7 @@ class PhaseSampler:
         tasks played, and the well-formed ones beyond ``num_minibatches × tasks_per_update`` (recorded, not
         played)."""
         p = self.player_cfg
-        engine, _ = self.engine("planning", slot.role)
+        self.engine("planning", slot.role)
         groups: list[list[PlanningTask]] = []
         used: list[PlanningTask] = []
         unused: list[PlanningTask] = []
@@ -176,14 +222,13 @@ class PhaseSampler:
         calls = phase_calls(p, "execution", num_minibatches, self.method.use_tools, False)  # a round, K per task
         prompts, wanted = calls[0].prompts, calls[1].prompts
         # the method's own Planning prompts (Socratic-Zero: the Solver's failures); None: the topic prompts
-        own_prompts = self.dist.broadcast(self.method.planning_prompts(self.tokenizer, p, prompts)
-                                          if self.dist.is_main else None)
+        own_prompts = self.method.planning_prompts(self.tokenizer, p, prompts)
         for attempt in range(attempts):
-            got = self.dist.split_prompts(
-                lambda mine: self._generate_tasks(engine, slot, attempt, mine, own_prompts), prompts)
-            # Rank 0 builds the tasks (Absolute Zero's run code in the sandbox); every rank then holds the same.
-            got = self.dist.broadcast([[self.method.build_task(t, self.sandbox) for t in g] for g in got]
-                                      if self.dist.is_main else None)
+            job = TaskJob(p, self.prompt_counter, p.tasks_per_prompt, self.seed(slot, TASK_STREAM + attempt),
+                          own_prompts)
+            got = self.team.split(job, ("planning", slot.role), prompts, self.sandbox)
+            # the method builds the tasks (Absolute Zero: runs their code in the sandbox)
+            got = [[self.method.build_task(t, self.sandbox) for t in g] for g in got]
             for g in got:
                 for t in g:
                     t.prompt_index += len(groups)
@@ -196,20 +241,7 @@ class PhaseSampler:
                     unused.append(t)
             if every or len(used) >= wanted:
                 break
-        # the method picks the tasks played (Socratic-Zero: with its curriculum); every rank gets rank 0's choice
-        groups, used, unused = self.dist.broadcast(self.method.phase_tasks(slot.role, groups, used, unused, wanted)
-                                                   if self.dist.is_main else None)
+        # the method picks the tasks played (Socratic-Zero: with its curriculum)
+        groups, used, unused = self.method.phase_tasks(slot.role, groups, used, unused, wanted)
         place_outputs(groups)
         return groups, used, unused
-
-    def _generate_tasks(self, engine: Any, slot: Slot, attempt: int, mine: range,
-                        own_prompts: Optional[list[Any]]) -> list[list[PlanningTask]]:
-        """The G_T tasks of each questioner prompt of ``mine`` (indices into the attempt's prompts), numbered by
-        their place among all of the attempt's prompts."""
-        n = self.player_cfg.tasks_per_prompt
-        got = generate_tasks(engine, self.tokenizer, self.player_cfg, self.prompt_counter + mine.start, len(mine), n,
-                             seed=self.seed(slot, TASK_STREAM + attempt, mine, n),
-                             prompts=None if own_prompts is None else own_prompts[mine.start:mine.stop])
-        for task in (t for g in got for t in g):
-            task.prompt_index += mine.start
-        return got

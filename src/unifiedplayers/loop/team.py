@@ -142,14 +142,13 @@ class Team:
         return SamplingTemperature(engine, role_temperature(self.cfg, role)), ver
 
     # ------------------------------------------------------------------ iterations, blocks, updates
-    def start_iteration(self, run_dir: Path, published: dict[str, Optional[str]]) -> None:
-        """π_ref := the current weights; stale feedback publishes every trained player's weights."""
+    def start_iteration(self, run_dir: Optional[Path], published: dict[str, Optional[str]]) -> None:
+        """π_ref := the current weights; stale feedback publishes every trained player's weights: a copy in memory,
+        and, given ``run_dir`` (rank 0), its file there, named in ``published``."""
         for trainer in self.trainers():
             trainer.start_outer_iteration()
         if self.cfg.schedule.feedback != "stale":
             return
-        pub_dir = run_dir / PUBLISHED
-        pub_dir.mkdir(parents=True, exist_ok=True)
         for role, player in self.players.items():
             if player.trainer is None:
                 continue  # a frozen player never changes: its current weights are the published ones
@@ -159,11 +158,11 @@ class Team:
                 with torch.no_grad():
                     player.published_model.load_state_dict(player.model.state_dict())
             player.published_version = dict(player.version)
-            path = pub_dir / f"{role}.pt"
             weights = player.trainer.full_state_dict()  # a collective under ZeRO-3: on every rank
-            if self.dist.is_main:
-                atomic_torch_save(weights, path)
-            published[role] = str(path.relative_to(run_dir))
+            if run_dir is not None:
+                (run_dir / PUBLISHED).mkdir(parents=True, exist_ok=True)
+                atomic_torch_save(weights, run_dir / PUBLISHED / f"{role}.pt")
+                published[role] = f"{PUBLISHED}/{role}.pt"
 
     def start_block(self, role: str) -> dict[str, Any]:
         """The other players are frozen in this block: eval mode, in memory only the weights they sample with
@@ -191,13 +190,16 @@ class Team:
                     player.version = version(role, iteration, active.trainer.global_step)
         return metrics, time.perf_counter() - t
 
-    def recompute_old_logprobs(self, role: str, batches: Optional[list[list[Any]]]) -> None:
+    def recompute_old_logprobs(self, role: str, batches: list[list[Any]]) -> None:
         """π_old of the phase's samples := the trainer's own forward (``trainer.recompute_old_logprobs``), before the
-        phase's first step. Every rank calls it: rank 0 with the phase's minibatches' batches, the others with None (they
-        receive rank 0's, and each rank runs its micro-batches of every minibatch)."""
-        if self.cfg.trainer.recompute_old_logprobs:
-            for batch in self.dist.broadcast(batches):  # minibatch by minibatch: the micro-batches the minibatch's update will make
-                self.players[role].trainer.recompute_old_logprobs(batch)
+        phase's first step, minibatch by minibatch: the micro-batches each minibatch's update will make (over several
+        ranks, each rank runs its share of them)."""
+        for batch in batches:
+            self.players[role].trainer.recompute_old_logprobs(batch)
+
+    def save_checkpoint(self, role: str, path: Path) -> None:
+        """``role``'s trainer's checkpoint in ``path`` (over several ranks: rank 0 writes, or every rank its shards)."""
+        self.players[role].trainer.save_checkpoint(path)
 
     def block_diagnostics(self, role: str) -> dict[str, Any]:
         """The trainer's figures over the block just ended (grad-norm median and CV, entropy retention)."""
