@@ -107,11 +107,8 @@ def pytest_runtest_makereport(item, call):
 def pytest_collection_modifyitems(config, items):
     """Heaviest files first (longest processing time first), each file's tests in their own order; every xdist
     worker collects the same order, as it must."""
-    sys.path.insert(0, str(Path(__file__).parent))
-    try:
-        from file_seconds import DEFAULT_SECONDS, load
-    finally:
-        sys.path.pop(0)
+    from tests.file_seconds import DEFAULT_SECONDS, load
+
     seconds = load()
     rank = {}
     for n, item in enumerate(items):

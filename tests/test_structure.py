@@ -15,6 +15,7 @@ import this test can see.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 from typing import Iterable
 
@@ -230,6 +231,25 @@ def test_the_package_imports_none_of_the_tools():
     graph = import_graph()
     found = sorted(f"{m} -> {t}" for m in MODULES for t in graph[m] if t in TOOL_MODULES)
     assert not found, found
+
+
+def path_edits(text: str) -> list[str]:
+    """The lines of a module that edit ``sys.path`` (assignments, insert, append, extend), outside string literals'
+    code meant for another interpreter (the sandbox's escape attempts)."""
+    edit = re.compile(r"^\s*sys\.path(\.(insert|append|extend)\(|\[[^\]]*\]\s*=)")
+    return [line.strip() for line in text.splitlines() if edit.search(line)]
+
+
+def test_no_test_module_edits_sys_path():
+    """The tests are packages and import their shared helpers by full name (``tests.players.scripted``)."""
+    tests = ROOT / "tests"
+    found = [f"{p.relative_to(ROOT)}: {line}" for p in sorted(tests.rglob("*.py")) for line in path_edits(p.read_text())]
+    assert found == []
+    missing = sorted(str(d.relative_to(ROOT)) for d in {p.parent for p in tests.rglob("*.py")}
+                     if "__pycache__" not in d.parts and not (d / "__init__.py").exists())
+    assert missing == [], "a test folder without __init__.py is not a package"
+    assert path_edits("import sys\nsys.path.insert(0, 'x')\n    sys.path[:0] = ['y']\n") == [
+        "sys.path.insert(0, 'x')", "sys.path[:0] = ['y']"]
 
 
 def test_the_checks_catch_what_they_look_for():

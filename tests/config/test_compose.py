@@ -36,11 +36,6 @@ OTHER_ROOTS = {"eval": "evaluate"}
 def _root_for(group: str) -> str:
     root = OTHER_ROOTS.get(group, "config")
     if root == "evaluate":
-        import sys
-
-        repo = str(CONF_DIR.parent)
-        if repo not in sys.path:
-            sys.path.insert(0, repo)
         from eval.config import register_eval_configs  # the harness lives in the repo's eval/
 
         register_eval_configs()

@@ -44,7 +44,7 @@ def main(out: str, *loop: str) -> None:
         broadcast_and_grade(dist, out)
         if loop:
             import torch
-            from dp_worker import run
+            from tests.distributed.dp_worker import run
 
             torch.set_num_threads(1)
             run(dist, *loop)

@@ -27,15 +27,13 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "trainer"))
-
 from unifiedplayers.config import compose  # noqa: E402
 from unifiedplayers.distributed import destroy, init_distributed  # noqa: E402
 from unifiedplayers.rollout.hf_engine import HFRollout  # noqa: E402
 from unifiedplayers.loop.outer import OuterLoop  # noqa: E402
 from unifiedplayers.trainer import build_trainer  # noqa: E402
 
-from trainer_helpers import synthetic_batch, tiny_model, trainer_config  # noqa: E402
+from tests.trainer.trainer_helpers import synthetic_batch, tiny_model, trainer_config  # noqa: E402
 
 STEPS = 2
 REFERENCE_STEPS = 3

@@ -9,9 +9,7 @@ import time
 from pathlib import Path
 
 from unifiedplayers.distributed import DistContext, destroy, init_distributed
-
-sys.path.insert(0, str(Path(__file__).parent))
-from dp_worker import run  # noqa: E402
+from tests.distributed.dp_worker import run  # noqa: E402
 
 
 def plant(run_dir: Path, rank: int, after: int) -> None:

@@ -14,7 +14,8 @@ import torch
 
 from unifiedplayers.distributed import without_rendezvous
 
-SRC = str(Path(__file__).parents[2] / "src")
+# A worker's PYTHONPATH: the package's source, and the repository, from which it imports tests.* by name.
+SRC = os.pathsep.join([str(Path(__file__).parents[2] / "src"), str(Path(__file__).parents[2])])
 
 
 def free_port() -> int:

@@ -33,9 +33,7 @@ from unifiedplayers.loop.ranks import TEAM_CALLS, Follower, Leader
 from unifiedplayers.loop.run_files import DiagnosticPool
 from unifiedplayers.schedule import plan_updates, trained_roles
 from unifiedplayers.sandbox import Sandbox
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "players"))
-from scripted import ScriptedEngine  # noqa: E402
+from tests.players.scripted import ScriptedEngine  # noqa: E402
 
 BASE = ["experiment=tiny", "schedule.planning_updates=0", "schedule.evaluation_updates=0",
         "schedule.execution_updates=4", "schedule.execution_pool.every=1", "schedule.execution_pool.max_turns=2",

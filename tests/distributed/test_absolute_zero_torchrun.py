@@ -7,9 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
-from launch import torchrun  # noqa: E402
+from tests.distributed.launch import torchrun  # noqa: E402
 
 pytestmark = [pytest.mark.cpu]
 
@@ -51,7 +49,7 @@ def test_an_absolute_zero_run_over_two_ranks(launch):
     it finishes and both ranks end with the same weights."""
     import torch
 
-    from launch import same  # noqa: E402
+    from tests.distributed.launch import same  # noqa: E402
 
     from unifiedplayers.diagnostics.logging import read_metrics
     from unifiedplayers.diagnostics.records import load_records

@@ -14,10 +14,8 @@ from unifiedplayers.config import compose
 from unifiedplayers.diagnostics.logging import read_metrics
 from unifiedplayers.diagnostics.records import load_records
 from unifiedplayers.loop.outer import OuterLoop
-
-sys.path.insert(0, str(Path(__file__).parent))
-from launch import same  # noqa: E402
-from launch import torchrun as torchrun_worker  # noqa: E402
+from tests.distributed.launch import same  # noqa: E402
+from tests.distributed.launch import torchrun as torchrun_worker  # noqa: E402
 
 pytestmark = [pytest.mark.cpu, pytest.mark.slow]
 

@@ -35,13 +35,10 @@ from unifiedplayers.diagnostics.records import load_records  # noqa: E402
 from unifiedplayers.loop.outer import OuterLoop  # noqa: E402
 from unifiedplayers.trainer import build_trainer  # noqa: E402
 from unifiedplayers.trainer.deepspeed_backend import DEFAULT_EXTENSIONS_DIR  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "trainer"))
-sys.path.insert(0, str(Path(__file__).parent))
-from launch import same  # noqa: E402
-from launch import torchrun as torchrun_worker  # noqa: E402
-from paper_rehearsal import rehearsal_overrides  # noqa: E402
-from trainer_helpers import synthetic_batch, tiny_model, trainer_config  # noqa: E402
+from tests.distributed.launch import same  # noqa: E402
+from tests.distributed.launch import torchrun as torchrun_worker  # noqa: E402
+from tests.distributed.paper_rehearsal import rehearsal_overrides  # noqa: E402
+from tests.trainer.trainer_helpers import synthetic_batch, tiny_model, trainer_config  # noqa: E402
 
 pytestmark = [pytest.mark.cpu, pytest.mark.slow]
 
@@ -89,8 +86,7 @@ def ranks(dump: Path) -> list[dict]:
 def single_process_run():
     """The torch trainer in this process on the worker's batches: metrics and weights after each step, and the
     first batch's π_old recomputed at the start."""
-    sys.path.insert(0, str(WORKER.parent))
-    from ds_worker import STEPS, batches
+    from tests.distributed.ds_worker import STEPS, batches
 
     before = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -139,7 +135,7 @@ def test_zero_stages_over_two_ranks_take_the_single_process_step(launches):
 
 
 def test_under_zero3_only_rank_0_keeps_the_reference(launches):
-    from ds_worker import REFERENCE_STEPS, batches
+    from tests.distributed.ds_worker import REFERENCE_STEPS, batches
 
     ranks_out = [torch.load(launches.dirs["reference"] / f"dump.rank{r}.pt", weights_only=False) for r in (0, 1)]
     assert [r["holds_reference"] for r in ranks_out] == [True, False]

@@ -26,9 +26,8 @@ from pathlib import Path
 import pytest
 import torch
 from omegaconf import OmegaConf
-
-sys.path.insert(0, str(Path(__file__).parent))
-from paper_rehearsal import (  # noqa: E402
+from tests.distributed.launch import SRC  # noqa: E402
+from tests.distributed.paper_rehearsal import (  # noqa: E402
     GPU_ONLY,
     NOT_REHEARSED,
     PRESETS,
@@ -49,7 +48,6 @@ _SPEC = importlib.util.spec_from_file_location(
 determinism = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(determinism)
 
-SRC = str(Path(__file__).parents[2] / "src")
 UPDATES = 16  # 8 Planning, 4 Execution, 4 Evaluation (SCALE_ONLY)
 
 

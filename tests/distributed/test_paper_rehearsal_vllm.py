@@ -29,12 +29,9 @@ from omegaconf import OmegaConf  # noqa: E402
 from unifiedplayers.config import compose  # noqa: E402
 from unifiedplayers.diagnostics.logging import read_metrics  # noqa: E402
 from unifiedplayers.distributed import without_rendezvous  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).parent))
-sys.path.insert(0, str(Path(__file__).parents[2]))
 from benchmarks.determinism import first_difference  # noqa: E402
-from launch import SRC, descendants, free_port, kill_job, same  # noqa: E402
-from paper_rehearsal import rehearsal_overrides  # noqa: E402
+from tests.distributed.launch import SRC, descendants, free_port, kill_job, same  # noqa: E402
+from tests.distributed.paper_rehearsal import rehearsal_overrides  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.cpu, pytest.mark.slow]
 

@@ -13,10 +13,8 @@ import pytest
 import torch
 
 from unifiedplayers.distributed import SINGLE, prompt_shard
-
-sys.path.insert(0, str(Path(__file__).parent))
-from launch import torchrun  # noqa: E402
-from pool_worker import right_at, run_scenarios  # noqa: E402
+from tests.distributed.launch import torchrun  # noqa: E402
+from tests.distributed.pool_worker import right_at, run_scenarios  # noqa: E402
 
 pytestmark = [pytest.mark.cpu, pytest.mark.slow]
 

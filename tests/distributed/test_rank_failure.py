@@ -14,10 +14,8 @@ from pathlib import Path
 import pytest
 
 from unifiedplayers.distributed import without_rendezvous
-
-sys.path.insert(0, str(Path(__file__).parent))
-from launch import SRC, free_port  # noqa: E402
-from launch import torchrun  # noqa: E402
+from tests.distributed.launch import SRC, free_port  # noqa: E402
+from tests.distributed.launch import torchrun  # noqa: E402
 
 pytestmark = [pytest.mark.cpu, pytest.mark.slow]
 

@@ -18,9 +18,7 @@ import pytest
 
 from unifiedplayers import watchdog
 from unifiedplayers.distributed import without_rendezvous
-
-sys.path.insert(0, str(Path(__file__).parent))
-from launch import SRC, free_port  # noqa: E402
+from tests.distributed.launch import SRC, free_port  # noqa: E402
 
 pytestmark = [pytest.mark.cpu, pytest.mark.slow]
 

@@ -14,7 +14,7 @@ from eval.tables import ScoreRow, latex_table, markdown_table
 from unifiedplayers.models import build_byte_tokenizer
 from unifiedplayers.rollout.types import Completion, find_stop
 
-from eval_compose import compose_eval
+from tests.eval.eval_compose import compose_eval
 
 pytestmark = pytest.mark.cpu
 

@@ -15,7 +15,7 @@ from eval.prompts import build_prompt, user_message
 from unifiedplayers.models import build_byte_tokenizer
 from unifiedplayers.rollout.types import Completion, find_stop
 
-from eval_compose import compose_eval
+from tests.eval.eval_compose import compose_eval
 
 pytestmark = pytest.mark.cpu
 

@@ -12,9 +12,7 @@ import pytest
 
 from eval.probes import make_tool_set as T
 from eval.probes import probes as P
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "players"))
-from scripted import ScriptedEngine  # noqa: E402
+from tests.players.scripted import ScriptedEngine  # noqa: E402
 
 SHIPPED = P.DATA_DIR / T.FILENAME
 

@@ -12,7 +12,7 @@ from eval.benchmarks import load_benchmark
 from unifiedplayers.models import build_byte_tokenizer
 from unifiedplayers.rollout.types import Completion
 
-from eval_compose import compose_eval
+from tests.eval.eval_compose import compose_eval
 
 pytestmark = pytest.mark.cpu
 

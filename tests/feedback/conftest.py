@@ -1,14 +1,7 @@
 """Fixtures of the feedback-core tests (trajectory, perturbation, verifier, verdict, rewards, records)."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
-
-# Under --import-mode=importlib test directories are not on sys.path; the tests import their shared
-# data module (paper_examples.py) by name.
-sys.path.insert(0, str(Path(__file__).parent))
 
 
 @pytest.fixture(scope="session")

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from loop_feedback import feedback_and_record
-from paper_examples import fenced
+from tests.feedback.loop_feedback import feedback_and_record
+from tests.feedback.paper_examples import fenced
 
 from unifiedplayers.feedback import rewards
 from unifiedplayers.feedback.perturbation import PerturbationEngine

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from loop_feedback import feedback_and_record
-from paper_examples import TRAJ1, VERIFIER_1_1, VERIFIER_1_2, fenced
+from tests.feedback.loop_feedback import feedback_and_record
+from tests.feedback.paper_examples import TRAJ1, VERIFIER_1_1, VERIFIER_1_2, fenced
 
 from unifiedplayers.feedback.perturbation import PerturbationEngine
 from unifiedplayers.diagnostics.records import RecordWriter, load_records, records_dataframe

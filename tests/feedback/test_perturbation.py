@@ -7,7 +7,7 @@ import random
 from pathlib import Path
 
 import pytest
-from paper_examples import PAPER_TRAJECTORIES, TRAJ1, TRAJ2
+from tests.feedback.paper_examples import PAPER_TRAJECTORIES, TRAJ1, TRAJ2
 
 from unifiedplayers.feedback.perturbation import (
     ALL_RULES,

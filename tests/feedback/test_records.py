@@ -13,7 +13,7 @@ import warnings
 import numpy as np
 import pandas as pd
 import pytest
-from paper_examples import TRAJ1, TRAJ2, VERIFIER_1_1, VERIFIER_1_2
+from tests.feedback.paper_examples import TRAJ1, TRAJ2, VERIFIER_1_1, VERIFIER_1_2
 
 from unifiedplayers.feedback.perturbation import PerturbationEngine
 from unifiedplayers.diagnostics.records import InteractionRecord, RecordWriter, append_record, load_records, records_dataframe
@@ -114,9 +114,7 @@ def test_a_writer_killed_mid_write_leaves_every_earlier_record_readable(tmp_path
     path = tmp_path / "records.jsonl"
     # A child appends large records as fast as it can; it is killed by SIGKILL at an arbitrary point.
     child = textwrap.dedent(f"""
-        import sys
-        sys.path.insert(0, {os.path.dirname(__file__)!r})
-        from test_records import make_record
+        from tests.feedback.test_records import make_record
         from unifiedplayers.diagnostics.records import RecordWriter
         rec = make_record()
         rec.meta["pad"] = "x" * 200_000
@@ -128,7 +126,8 @@ def test_a_writer_killed_mid_write_leaves_every_earlier_record_readable(tmp_path
                 w.append(rec)
                 i += 1
     """)
-    proc = subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE)
+    proc = subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE,
+                            cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))  # tests.* importable
     assert proc.stdout.readline().strip() == b"ready"
     deadline = time.time() + 20
     while (not path.exists() or path.stat().st_size < 2_000_000) and time.time() < deadline:

@@ -5,7 +5,7 @@ import json
 import random
 
 import pytest
-from paper_examples import PAPER_TRAJECTORIES, TRAJ1
+from tests.feedback.paper_examples import PAPER_TRAJECTORIES, TRAJ1
 
 from unifiedplayers.feedback.trajectory import (
     Step,

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from paper_examples import TRAJ1, VERIFIER_1_1, VERIFIER_1_2, fenced
+from tests.feedback.paper_examples import TRAJ1, VERIFIER_1_1, VERIFIER_1_2, fenced
 
 from unifiedplayers.feedback import rewards
 from unifiedplayers.feedback.perturbation import PerturbationEngine

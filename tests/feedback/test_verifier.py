@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import pytest
-from paper_examples import TRAJ1, VERIFIER_1_1, VERIFIER_1_2, VERIFIER_1_3, fenced
+from tests.feedback.paper_examples import TRAJ1, VERIFIER_1_1, VERIFIER_1_2, VERIFIER_1_3, fenced
 
 from unifiedplayers.feedback.perturbation import PerturbationEngine
 from unifiedplayers.feedback.trajectory import Trajectory, code_step, output_step, reason_step

@@ -40,8 +40,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from loop_feedback import feedback_and_record
-from paper_examples import fenced
+from tests.feedback.loop_feedback import feedback_and_record
+from tests.feedback.paper_examples import fenced
 
 from unifiedplayers.diagnostics.records import RecordWriter, load_records
 from unifiedplayers.feedback import pipeline

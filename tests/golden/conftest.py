@@ -1,15 +1,8 @@
-"""Golden-run tests: the comparison, the scripted engine and the stub Teacher importable by name, one torch thread."""
+"""Golden-run tests: one torch thread."""
 from __future__ import annotations
-
-import sys
-from pathlib import Path
 
 import pytest
 import torch
-
-sys.path.insert(0, str(Path(__file__).parent))  # golden_compare
-sys.path.insert(0, str(Path(__file__).parents[1] / "players"))  # scripted
-sys.path.insert(0, str(Path(__file__).parents[1] / "methods"))  # stub_teacher
 
 
 @pytest.fixture(scope="package", autouse=True)

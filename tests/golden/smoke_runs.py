@@ -4,9 +4,9 @@ same machine, must give the same records.jsonl and metrics.jsonl (``timing/*`` a
 
 Too slow for the test suite (4 to 12 minutes a run on 2 cores); run it by hand around a refactor:
 
-    python tests/golden/smoke_runs.py run OUT_BEFORE     # on the commit before (PYTHONPATH=<its src>)
-    python tests/golden/smoke_runs.py run OUT_AFTER      # on the commit after
-    python tests/golden/smoke_runs.py compare OUT_BEFORE OUT_AFTER
+    python -m tests.golden.smoke_runs run OUT_BEFORE     # on the commit before (PYTHONPATH=<its src>)
+    python -m tests.golden.smoke_runs run OUT_AFTER      # on the commit after
+    python -m tests.golden.smoke_runs compare OUT_BEFORE OUT_AFTER
 
 It drives the command line only (``python -m unifiedplayers.train``), so any version of the package runs it.
 """
@@ -51,9 +51,7 @@ def _lines(path: Path) -> list:
 
 
 def compare(a: Path, b: Path) -> int:
-    here = Path(__file__).parent
-    sys.path[:0] = [str(here), str(here.parent / "players"), str(here.parent / "methods")]
-    from test_golden import assert_same
+    from tests.golden.test_golden import assert_same
 
     bad = 0
     for name in METHODS:

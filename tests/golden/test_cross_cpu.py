@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from golden_compare import DATA, TRAINER_RTOL, assert_same, float_tolerance, read_lines
+from tests.golden.golden_compare import DATA, TRAINER_RTOL, assert_same, float_tolerance, read_lines
 
 pytestmark = pytest.mark.cpu
 

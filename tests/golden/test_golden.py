@@ -44,9 +44,9 @@ import torch
 from unifiedplayers.config import compose
 from unifiedplayers.rollout.types import flatten_segments
 
-from golden_compare import DATA, assert_same, read_lines
-from scripted import ScriptedEngine
-from stub_teacher import serve_teacher
+from tests.golden.golden_compare import DATA, assert_same, read_lines
+from tests.players.scripted import ScriptedEngine
+from tests.methods.stub_teacher import serve_teacher
 
 pytestmark = pytest.mark.cpu
 

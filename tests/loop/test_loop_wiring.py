@@ -76,7 +76,7 @@ from unifiedplayers.config import compose
 from unifiedplayers.diagnostics.logging import read_metrics
 from unifiedplayers.diagnostics.records import load_records
 from unifiedplayers.rollout.types import flatten_segments
-from scripted import ScriptedEngine
+from tests.players.scripted import ScriptedEngine
 
 from unifiedplayers.loop.outer import OuterLoop
 from unifiedplayers.loop.phase import Phase, load_phase_state

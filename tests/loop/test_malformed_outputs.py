@@ -11,7 +11,7 @@ from unifiedplayers.config import compose
 from unifiedplayers.diagnostics.logging import read_metrics
 from unifiedplayers.diagnostics.records import load_records
 from unifiedplayers.loop.outer import OuterLoop
-from scripted import ScriptedEngine
+from tests.players.scripted import ScriptedEngine
 
 pytestmark = pytest.mark.cpu
 

@@ -11,7 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-import toy_reward
+from tests.loop import toy_reward
 import torch
 
 from unifiedplayers.config import compose, resolve_player_config, role_temperature, role_trainer_config
@@ -163,9 +163,8 @@ def test_resume_after_kill_9_inside_a_phase_equals_an_uninterrupted_run(s4_run, 
     reference = s4_run[0]
     script = textwrap.dedent(f"""
         import os, signal, sys
-        sys.path.insert(0, {str(Path(__file__).parent)!r})
         import pytest
-        import toy_reward
+        from tests.loop import toy_reward
         toy_reward.install(pytest.MonkeyPatch())
         from unifiedplayers.config import compose
         from unifiedplayers.loop.outer import OuterLoop
@@ -180,7 +179,7 @@ def test_resume_after_kill_9_inside_a_phase_equals_an_uninterrupted_run(s4_run, 
         OuterLoop(compose({S4!r}), {str(tmp_path)!r}).run()
     """)
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+                          env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=Path(__file__).parents[2])  # tests.* importable
     assert proc.returncode == -9, proc.stderr[-2000:]
     state = torch.load(tmp_path / "state.pt", weights_only=False)
     assert state["completed"] == 4 and state["phase"] is None  # the Planning block's end

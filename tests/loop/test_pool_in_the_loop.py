@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from scripted import ScriptedEngine
+from tests.players.scripted import ScriptedEngine
 
 import unifiedplayers.diagnostics.execution_pool as execution_pool
 from unifiedplayers.config import compose

@@ -17,9 +17,7 @@ from unifiedplayers.methods import build_method, reward_source
 from unifiedplayers.methods import absolute_zero as azr
 from unifiedplayers.players.planning import PlanningTask
 from unifiedplayers.sandbox import Sandbox, SandboxConfig
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "players"))
-from scripted import ScriptedEngine  # noqa: E402
+from tests.players.scripted import ScriptedEngine  # noqa: E402
 
 pytestmark = pytest.mark.cpu
 

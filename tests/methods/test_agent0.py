@@ -149,9 +149,7 @@ def test_the_trainer_applies_each_samples_upper_clip_on_the_tiny_model():
     """
     import sys
     from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "trainer"))
-    from trainer_helpers import synthetic_batch, tiny_model, trainer_config
+    from tests.trainer.trainer_helpers import synthetic_batch, tiny_model, trainer_config
 
     from unifiedplayers.trainer import build_trainer, selected_token_logprobs
 

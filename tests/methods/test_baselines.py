@@ -19,7 +19,7 @@ from unifiedplayers.sandbox import Sandbox, SandboxConfig
 from unifiedplayers.loop.outer import OuterLoop
 from unifiedplayers.schedule import trained_roles
 
-from stub_teacher import serve_teacher
+from tests.methods.stub_teacher import serve_teacher
 
 pytestmark = pytest.mark.cpu
 

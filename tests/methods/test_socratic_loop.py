@@ -38,7 +38,7 @@ from unifiedplayers.rollout.types import Segment
 from unifiedplayers.loop.outer import OuterLoop, StopRun
 from unifiedplayers.trainer import torch_backend
 
-from stub_teacher import serve_teacher
+from tests.methods.stub_teacher import serve_teacher
 
 pytestmark = pytest.mark.cpu
 

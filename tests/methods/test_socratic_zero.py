@@ -21,7 +21,7 @@ from unifiedplayers.models import build_byte_tokenizer
 from unifiedplayers.players.planning import PlanningTask
 from unifiedplayers.rollout.types import Segment
 
-from stub_teacher import serve_teacher
+from tests.methods.stub_teacher import serve_teacher
 
 pytestmark = pytest.mark.cpu
 
@@ -268,9 +268,7 @@ def test_dpo_and_weighted_sft_train_the_tiny_model():
     margin 0), the implicit reward margin then grows; the weighted NLL of the Teacher's problem falls."""
     import sys
     from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).parents[1] / "trainer"))
-    from trainer_helpers import tiny_model, trainer_config
+    from tests.trainer.trainer_helpers import tiny_model, trainer_config
 
     from unifiedplayers.trainer import build_trainer
 

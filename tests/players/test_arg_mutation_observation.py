@@ -12,9 +12,7 @@ from unifiedplayers.feedback.observation import observation_body, truncate_obser
 from unifiedplayers.feedback.perturbation import PerturbationEngine
 from unifiedplayers.players.tool_loop import ToolLoopConfig, run_tool_loop
 from unifiedplayers.sandbox import Sandbox, SandboxConfig
-
-sys.path.insert(0, str(Path(__file__).parent))
-from scripted import ScriptedEngine  # noqa: E402
+from tests.players.scripted import ScriptedEngine  # noqa: E402
 
 pytestmark = pytest.mark.cpu
 

@@ -11,9 +11,7 @@ from unifiedplayers.config import compose
 from unifiedplayers.models import build_byte_tokenizer
 from unifiedplayers.players import generate_tasks, parse_task, planning_prompt, topic_at
 from unifiedplayers.players.planning import MAX_CONTINUATIONS
-
-sys.path.insert(0, str(Path(__file__).parent))
-from scripted import ScriptedEngine  # noqa: E402
+from tests.players.scripted import ScriptedEngine  # noqa: E402
 
 pytestmark = pytest.mark.cpu
 

@@ -24,9 +24,7 @@ from unifiedplayers.players import (
 from unifiedplayers.feedback.rewards import TaskRewards
 from unifiedplayers.feedback.trajectory import TRAJECTORY_SCHEMA
 from unifiedplayers.feedback.verifier import compile_verifier
-
-sys.path.insert(0, str(Path(__file__).parent))
-from scripted import ScriptedEngine  # noqa: E402
+from tests.players.scripted import ScriptedEngine  # noqa: E402
 
 pytestmark = pytest.mark.cpu
 

@@ -15,9 +15,7 @@ from unifiedplayers.config import RolloutConfig
 from unifiedplayers.rollout import build_rollout
 from unifiedplayers.rollout import hf_engine
 from unifiedplayers.rollout.prefix_cache import MIN_PREFIX, common_prefix_length
-
-sys.path.insert(0, str(Path(__file__).parent))
-from test_hf_decoding import assert_same, engines, generate_both_ways, one_thread, shared_prompts, tiny  # noqa: E402,F401
+from tests.rollout.test_hf_decoding import assert_same, engines, generate_both_ways, one_thread, shared_prompts, tiny  # noqa: E402,F401
 
 pytestmark = pytest.mark.skipif(hf_engine.DynamicLayer is None, reason="transformers without per-layer caches")
 

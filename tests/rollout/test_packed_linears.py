@@ -16,9 +16,7 @@ from unifiedplayers.models import cast_parameters
 from unifiedplayers.rollout import build_rollout
 from unifiedplayers.rollout import hf_engine
 from unifiedplayers.rollout.hf_engine import PACKED_ROWS, packed_linears, skinny_linears
-
-sys.path.insert(0, str(Path(__file__).parent))
-from test_hf_decoding import one_thread, tiny  # noqa: E402,F401
+from tests.rollout.test_hf_decoding import one_thread, tiny  # noqa: E402,F401
 
 pytestmark = pytest.mark.skipif(not hf_engine.packing_available(), reason="torch built without oneDNN")
 

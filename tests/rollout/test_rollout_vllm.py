@@ -143,8 +143,7 @@ def test_update_weights_pushes_the_trainers_weights(engines):
 def test_one_engine_per_rank_under_torchrun(tmp_path):
     """Two ranks (torchrun, gloo) each build an in-process engine: vLLM adopts the job's process group
     without colliding, the ranks sample independently, and each engine takes its own rank's weights."""
-    sys.path.insert(0, str(Path(__file__).parents[1] / "distributed"))
-    from launch import torchrun
+    from tests.distributed.launch import torchrun
 
     out = torchrun(Path(__file__).parents[1] / "distributed" / "vllm_worker.py", str(tmp_path / "tokens"), timeout=600)
     # The engines' shutdown at exit destroys the process group they adopted: not before, by us.
@@ -184,8 +183,7 @@ def test_an_outer_iteration_swaps_each_update_into_the_engine(tmp_path, capsys, 
     """One outer iteration of the three players (experiment=tiny, 2 Planning updates) sampling with vLLM; the
     loop loads its backbone itself (the start-up version check, then the model). The tiny model earns one
     reward per group (no gradient): the outer-loop tests' toy reward gives every update a real step."""
-    sys.path.insert(0, str(Path(__file__).parents[1] / "loop"))
-    import toy_reward
+    from tests.loop import toy_reward
 
     cfg = compose(["experiment=tiny", "schedule.planning_updates=2", "player.num_trajectories=4", "rollout=vllm",
                    "rollout.enforce_eager=true"])

@@ -1,14 +1,8 @@
-"""Trainer tests: make the shared helper module (trainer_helpers.py) importable by name."""
+"""Trainer tests: one torch thread (their shared helpers are ``tests.trainer.trainer_helpers``)."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-# Under --import-mode=importlib test directories are not on sys.path.
-sys.path.insert(0, str(Path(__file__).parent))
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
 
 @pytest.fixture(autouse=True)

@@ -13,14 +13,12 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-
 from unifiedplayers.distributed import destroy, init_distributed  # noqa: E402
 from unifiedplayers.trainer import build_trainer, mean_token_entropy  # noqa: E402
 from unifiedplayers.trainer.entropy import bank_part_sums  # noqa: E402
 from unifiedplayers.trainer.logprobs import split_causal_lm  # noqa: E402
 
-from trainer_helpers import tiny_model, trainer_config  # noqa: E402
+from tests.trainer.trainer_helpers import tiny_model, trainer_config  # noqa: E402
 
 # 35 contexts: micro-batches of 16, 16 and 3 (two ranks: rank 0 scores two, rank 1 one); the first holds 600 + 15
 # short positions, two 512-row parts, so under lockstep each rank's pass makes as many LM-head calls as the other's.

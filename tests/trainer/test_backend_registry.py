@@ -10,7 +10,7 @@ import unifiedplayers.trainer as trainer_pkg
 from unifiedplayers.trainer import TRAINER_BACKENDS, BaseTrainer, TorchTrainer, build_trainer, register_trainer_backend
 from unifiedplayers.trainer import backends, torch_backend
 
-from trainer_helpers import tiny_model, trainer_config
+from tests.trainer.trainer_helpers import tiny_model, trainer_config
 
 pytestmark = pytest.mark.cpu
 

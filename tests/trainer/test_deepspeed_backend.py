@@ -14,7 +14,7 @@ pytest.importorskip("deepspeed")
 from unifiedplayers.trainer import build_trainer  # noqa: E402
 from unifiedplayers.trainer.deepspeed_backend import deepspeed_config  # noqa: E402
 
-from trainer_helpers import (  # noqa: E402
+from tests.trainer.trainer_helpers import (  # noqa: E402
     assert_equals_torch_run,
     synthetic_batch,
     tiny_model,

@@ -20,7 +20,7 @@ from unifiedplayers.trainer.deepspeed_backend import (  # noqa: E402
     states_to_offload,
 )
 
-from trainer_helpers import (  # noqa: E402
+from tests.trainer.trainer_helpers import (  # noqa: E402
     assert_equals_torch_run,
     synthetic_batch,
     tiny_model,

@@ -10,7 +10,7 @@ import torch
 from unifiedplayers.config import compose
 from unifiedplayers.trainer import build_trainer
 
-from trainer_helpers import synthetic_batch, tiny_model, trainer_config
+from tests.trainer.trainer_helpers import synthetic_batch, tiny_model, trainer_config
 
 pytestmark = pytest.mark.cpu
 

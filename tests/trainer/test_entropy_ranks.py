@@ -16,11 +16,9 @@ import torch
 from unifiedplayers.trainer import mean_token_entropy
 from unifiedplayers.trainer.entropy import bank_part_sums, head_calls, mean_of_parts, rank_passes
 
-from trainer_helpers import tiny_model
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "distributed"))
-from launch import torchrun  # noqa: E402
-from entropy_worker import LENGTHS, bank  # noqa: E402
+from tests.trainer.trainer_helpers import tiny_model
+from tests.distributed.launch import torchrun  # noqa: E402
+from tests.trainer.entropy_worker import LENGTHS, bank  # noqa: E402
 
 pytestmark = pytest.mark.cpu
 

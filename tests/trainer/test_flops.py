@@ -15,7 +15,7 @@ from unifiedplayers.trainer.flops import (
 )
 from unifiedplayers.trainer.logprobs import split_causal_lm
 
-from trainer_helpers import tiny_model, trainer_config
+from tests.trainer.trainer_helpers import tiny_model, trainer_config
 
 pytestmark = pytest.mark.cpu
 

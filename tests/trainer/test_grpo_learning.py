@@ -15,7 +15,7 @@ from unifiedplayers.config import RolloutConfig
 from unifiedplayers.rollout import build_rollout
 from unifiedplayers.trainer import build_trainer, sample_from_completion
 
-from trainer_helpers import tiny_model, trainer_config
+from tests.trainer.trainer_helpers import tiny_model, trainer_config
 
 pytestmark = [pytest.mark.cpu, pytest.mark.slow]
 

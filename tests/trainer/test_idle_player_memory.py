@@ -24,7 +24,7 @@ from unifiedplayers.schedule import trained_roles
 from unifiedplayers.loop.team import Team
 from unifiedplayers.trainer import build_trainer
 
-from trainer_helpers import synthetic_batch, tiny_model, trainer_config
+from tests.trainer.trainer_helpers import synthetic_batch, tiny_model, trainer_config
 
 pytestmark = pytest.mark.cpu
 

@@ -9,7 +9,7 @@ from torch.nn import functional as F
 
 from unifiedplayers.trainer import build_trainer, selected_token_logprobs
 
-from trainer_helpers import synthetic_batch, tiny_model, trainer_config
+from tests.trainer.trainer_helpers import synthetic_batch, tiny_model, trainer_config
 
 pytestmark = pytest.mark.cpu
 

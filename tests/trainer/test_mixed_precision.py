@@ -14,7 +14,7 @@ import torch
 
 from unifiedplayers.trainer import TrainSample, build_trainer
 from unifiedplayers.trainer.precision import cast_parameters, logprob_mismatch
-from trainer_helpers import synthetic_batch, tiny_model, trainer_config
+from tests.trainer.trainer_helpers import synthetic_batch, tiny_model, trainer_config
 
 pytestmark = pytest.mark.cpu
 

@@ -14,7 +14,7 @@ from unifiedplayers.trainer import build_trainer
 from unifiedplayers.trainer import batching
 from unifiedplayers.trainer.batching import micro_batch_members, pad_share, plan_micro_batches
 
-from trainer_helpers import synthetic_batch, tiny_model, trainer_config
+from tests.trainer.trainer_helpers import synthetic_batch, tiny_model, trainer_config
 
 LENGTHS = [5, 9, 3, 9, 4, 7]
 

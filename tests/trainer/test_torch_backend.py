@@ -23,7 +23,7 @@ from unifiedplayers.trainer import (
 )
 from unifiedplayers.trainer.batching import _collate
 
-from trainer_helpers import synthetic_batch, tiny_model, trainer_config
+from tests.trainer.trainer_helpers import synthetic_batch, tiny_model, trainer_config
 
 pytestmark = pytest.mark.cpu
 
@@ -262,9 +262,8 @@ def test_a_killed_process_leaves_no_offloaded_state_behind(tmp_path):
     offload = tmp_path / "offload"
     script = f"""
 import os, signal, sys
-sys.path.insert(0, {str(Path(__file__).parent)!r})
-from trainer_helpers import tiny_model, trainer_config
-from test_torch_backend import _batches
+from tests.trainer.trainer_helpers import tiny_model, trainer_config
+from tests.trainer.test_torch_backend import _batches
 from unifiedplayers.trainer import build_trainer
 model, _ = tiny_model()
 trainer = build_trainer(trainer_config(offload_dir={str(offload)!r}), model)
@@ -275,7 +274,8 @@ fd = trainer._offloaded_to.fileno()
 print(os.fstat(fd).st_size, os.fstat(fd).st_nlink, len(os.listdir({str(offload)!r})), flush=True)
 os.kill(os.getpid(), signal.SIGKILL)
 """
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).parents[2])  # the repository: tests.trainer importable
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
     size, links, named = (int(x) for x in proc.stdout.split())
     assert size > 0 and links == 0 and named == 0  # the state was on disk, in a file no directory names

@@ -1,7 +1,0 @@
-"""``ablations/`` and ``eval/`` live in the repository, not in the installed package."""
-import sys
-from pathlib import Path
-
-ROOT = str(Path(__file__).resolve().parents[2])
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
