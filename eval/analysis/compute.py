@@ -1,7 +1,7 @@
 """Compute accounting: wall-clock and device hours per block (outer iteration x player) and per run
 (Tables 3 and 14 report GPU-hours per run).
 
-Per metrics row (one update), its wall seconds are the first of ``KEYS["timing_total"]`` present,
+Per metrics row (one update), its wall seconds are its ``KEYS["timing_total"]`` where present,
 else the sum of its ``timing/*_s`` entries. Device hours = wall hours x the number of accelerators
 the update used (``timing/devices`` on the row, else ``devices`` in ``summary.json``, else the
 ``trainer.devices``/``num_gpus`` of the config, else 0 on a CPU run). A ``summary.json`` with
@@ -17,10 +17,9 @@ from eval.paper_numbers import TABLE3_GPU_HOURS
 
 
 def _row_seconds(row: dict[str, Any]) -> float:
-    for k in key("timing_total"):
-        v = row.get(k)
-        if isinstance(v, (int, float)):
-            return float(v)
+    v = row.get(key("timing_total"))
+    if isinstance(v, (int, float)):
+        return float(v)
     prefix = key("timing_prefix")
     return float(sum(v for k, v in row.items()
                      if k.startswith(prefix) and k.endswith("_s") and isinstance(v, (int, float))))

@@ -28,7 +28,7 @@ KEYS = {
     "mean_U": "planning/U",
     # The fixed 128 math + 128 general pool every 50 updates (Appendix D.2, schedule.execution_pool) when the run
     # has it on; else the per-update accuracy against the verifier pool (strict majority of the valid verifiers).
-    "execution_accuracy": ("execution/pool_accuracy", "execution/accuracy", "execution/accuracy_vs_pool"),
+    "execution_accuracy": ("execution/pool_accuracy", "execution/accuracy", "execution/accuracy_by_verifiers"),
     "adversarial_rejection": "evaluation/rho_adv",
     # Table 4 / 7 / 8 quantities, as "{player}/<name>"
     "grad_norm": "{player}/grad_norm",  # global norm before clipping
@@ -37,9 +37,9 @@ KEYS = {
     "entropy": "{player}/entropy",  # on the fixed bank of held-out role contexts
     # final / initial, as the trainer logs it: at each block's end; after every n-th update with trainer.entropy_every=n
     "entropy_ratio": ("{player}/entropy_bank/retention", "{player}/entropy_ratio"),
-    "accuracy": ("{player}/pool_accuracy", "{player}/accuracy", "{player}/accuracy_vs_pool"),
+    "accuracy": ("{player}/pool_accuracy", "{player}/accuracy", "{player}/accuracy_by_verifiers"),
     # compute
-    "timing_total": ("timing/total_s", "timing/step_s"),  # wall seconds of one whole update (rollout included)
+    "timing_total": "timing/total_s",  # wall seconds of one whole update (rollout included)
     "timing_prefix": "timing/",
     "devices": "timing/devices",  # accelerators used by the update (0 on CPU)
 }

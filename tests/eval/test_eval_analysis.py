@@ -146,8 +146,8 @@ def test_curves_from_metrics_and_from_records(tmp_path):
 
     # The trainer's per-update accuracy against the verifier pool stands in for the fixed-pool accuracy.
     (tmp_path / "c").mkdir()
-    run3 = write_run(tmp_path / "c", metrics=[{"outer_iteration": 1, "execution/accuracy_vs_pool": 0.25},
-                                             {"outer_iteration": 1, "execution/accuracy_vs_pool": 0.5}])
+    run3 = write_run(tmp_path / "c", metrics=[{"outer_iteration": 1, "execution/accuracy_by_verifiers": 0.25},
+                                             {"outer_iteration": 1, "execution/accuracy_by_verifiers": 0.5}])
     assert curves.main([str(run3)])["execution_accuracy"] == pytest.approx({"1": 0.5})
 
 

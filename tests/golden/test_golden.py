@@ -28,7 +28,9 @@ torch thread, at commit cf02bc5's behaviour. Changed on purpose since, with ever
 ``<role>/entropy_bank_mean`` and ``<role>/entropy_ratio`` per update are gone (``trainer.entropy_every`` now defaults
 to 0: the bank is scored at a block's start and end only; with ``entropy_every=1`` the old files match), and
 ``<role>/pad_share`` and the verifier kinds' ``evaluation/kind/*`` keys were added (from a run on an Intel Xeon with
-AMX; they are counts and shares, not gradient figures).
+AMX; they are counts and shares, not gradient figures). Two keys were renamed, with every line otherwise
+byte-identical: ``execution/accuracy_vs_pool`` is ``execution/accuracy_by_verifiers`` ("pool" now means only the
+Execution player's fixed diagnostic pool) and ``phase_unit`` is ``phase_minibatch``.
 """
 from __future__ import annotations
 

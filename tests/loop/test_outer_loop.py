@@ -92,7 +92,7 @@ def test_end_to_end_one_outer_iteration(fresh):
         (1, "planning", 0), (1, "planning", 1), (1, "execution", 0), (1, "evaluation", 0)]
     for m in metrics:
         for key in ("execution/reward_mean", "planning/U", "planning/V", "planning/R", "evaluation/rho_gold",
-                    "evaluation/rho_adv", "evaluation/rho_red", "execution/accuracy_vs_pool",
+                    "evaluation/rho_adv", "evaluation/rho_red", "execution/accuracy_by_verifiers",
                     "timing/generation_s", "timing/sandbox_s", "timing/update_s"):
             assert key in m, key
         role = m["block"]

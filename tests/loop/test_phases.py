@@ -93,7 +93,7 @@ def test_one_generation_per_four_updates_and_the_ratio_moves_off_one(s4_run):
     for m in metrics:
         assert (m["timing/generation_s"] > 0) == (m["phase_step"] == 0)
     assert [m["phase"] for m in metrics] == [0] * 4 + [4] * 4 + [8] * 4
-    assert [m["phase_unit"] for m in metrics] == [0, 1, 2, 3] * 3
+    assert [m["phase_minibatch"] for m in metrics] == [0, 1, 2, 3] * 3
     # The first step of a phase trains with π_θ = π_old (ϱ = 1); later steps on the same records do not.
     trained = [m for m in metrics if not m[f"{m['block']}/skipped"]]
     firsts = [m for m in trained if m["phase_step"] == 0]
@@ -120,7 +120,7 @@ def test_mu_two_passes_over_the_units(tmp_path, monkeypatch):
            "trainer.lr=3e-2", "trainer.kl_coef=0.0"]
     OuterLoop(compose(cfg), tmp_path).run()
     metrics = read_metrics(tmp_path)
-    assert [(m["phase_pass"], m["phase_unit"]) for m in metrics] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert [(m["phase_pass"], m["phase_minibatch"]) for m in metrics] == [(0, 0), (0, 1), (1, 0), (1, 1)]
     assert [m["timing/generation_s"] > 0 for m in metrics] == [True, False, False, False]
     # A minibatch's sampling figures are on its first pass's line only; the second pass trains a moved policy.
     assert "execution/reward_mean" in metrics[0] and "execution/reward_mean" not in metrics[2]

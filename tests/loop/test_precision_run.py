@@ -216,7 +216,7 @@ def test_recompute_covers_every_unit_of_a_phase_and_logs_the_mismatch_at_every_s
     initial = load_model(OmegaConf.merge(cfg.model, {"dtype": "float32"}))[0]  # the run's float32 master weights
     fresh = build_trainer(role_trainer_config(cfg.trainer, "planning"), initial)
     lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [m["phase_unit"] for m in lines] == [0, 1]
+    assert [m["phase_minibatch"] for m in lines] == [0, 1]
     for minibatch, line in zip(minibatches, lines):
         assert all(s.behaviour_logprobs is not None for s in minibatch)  # recomputed: the recorded ones kept aside
         again = [TrainSample(s.token_ids, s.loss_mask, s.behaviour_logprobs, s.advantage, s.group) for s in minibatch]

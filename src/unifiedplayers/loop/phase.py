@@ -185,12 +185,11 @@ def minibatch_metrics(role: str, groups: Sequence[Sequence[Any]], played: Sequen
     for s in ("answered", "turn_limit", "no_answer", "error"):
         m[f"execution/{s}_rate"] = statuses.count(s) / len(statuses) if statuses else None
     m["execution/tool_calls_mean"] = _mean([r.num_tool_calls for tr in rollouts for r in tr])
-    # Accuracy against the verifier majority: share of trajectories accepted by a strict majority of the
-    # valid verifiers of their task (tasks with at least one valid verifier). The key keeps its first name
-    # ("pool": the task's M verifiers), which run directories and the ablation scripts read.
+    # Accuracy as the verifiers judge it: the share of trajectories accepted by a strict majority of the valid
+    # verifiers of their task (tasks with at least one valid verifier).
     acc = [float(col > vm.z_orig.shape[0] / 2) for vm in verdicts if vm.z_orig.shape[0]
            for col in vm.z_orig.sum(axis=0)]
-    m["execution/accuracy_vs_pool"] = _mean(acc)
+    m["execution/accuracy_by_verifiers"] = _mean(acc)
     m["evaluation/reward_mean"] = _mean([x for p in played for x in p.rewards["evaluation"]])
     generated = sum(vm.num_generated for vm in verdicts)
     m["evaluation/valid_rate"] = sum(len(vm.valid) for vm in verdicts) / generated if generated else None
@@ -398,7 +397,7 @@ def update_metrics(slot: Any, phase: Phase, minibatch: MiniBatch, n_pass: int, m
     sampled_here = slot.first_of_phase
     metrics.update({
         "outer_iteration": slot.iteration, "block": slot.role, "update": slot.step_in_block, "global_update": slot.index,
-        "phase": slot.phase_first, "phase_step": slot.step_in_phase, "phase_pass": n_pass, "phase_unit": minibatch_index,
+        "phase": slot.phase_first, "phase_step": slot.step_in_phase, "phase_pass": n_pass, "phase_minibatch": minibatch_index,
         "timing/generation_s": phase.timing["generation_s"] if sampled_here else 0.0,
         "timing/sandbox_s": phase.timing["sandbox_s"] if sampled_here else 0.0,
         "timing/update_s": update_s,
