@@ -71,7 +71,7 @@ def _get(d: Any, dotted: str, default: Any = None) -> Any:
 
 def benchmark_domain(name: str) -> str:
     """``math`` or ``general`` for a benchmark of the registry; offline subsets by their answer type."""
-    from eval.benchmarks import REGISTRY
+    from unifiedplayers.data.benchmarks import REGISTRY
 
     if name not in REGISTRY:
         raise ValueError(f"unknown benchmark {name!r} in an eval results.json; known: {sorted(REGISTRY)}")
@@ -317,13 +317,13 @@ FLAG = "†"
 
 def paper_benchmarks(domain: str) -> list[str]:
     """The benchmarks of the paper's Math AVG (Table 1's seven) or General AVG (Table 2's five)."""
-    from eval.benchmarks import REGISTRY
+    from unifiedplayers.data.benchmarks import REGISTRY
 
     return [name for name, b in REGISTRY.items() if b.table == domain]
 
 
 def _titles(names: Sequence[str]) -> str:
-    from eval.benchmarks import REGISTRY
+    from unifiedplayers.data.benchmarks import REGISTRY
 
     order = {n: i for i, n in enumerate(REGISTRY)}  # the paper's column order
     names = sorted(names, key=lambda n: (order.get(n, len(order)), n))

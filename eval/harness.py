@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from eval.benchmarks import REGISTRY, Benchmark, Problem, load_benchmark
+from unifiedplayers.data.benchmarks import REGISTRY, Benchmark, Problem, load_benchmark
 from eval.extract import humaneval_program
 from unifiedplayers.feedback.answers import extract_answer as grading_extract_answer
 from eval.humaneval import run_unit_tests

@@ -27,7 +27,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from eval.benchmarks import Problem
+from unifiedplayers.data.benchmarks import Problem
 
 GRADER = "__unifiedplayers_humaneval_grade__"
 

@@ -49,175 +49,207 @@ FRAMINGS = [
 Template = Callable[[random.Random], tuple[str, int]]
 
 
-def _templates() -> list[Template]:
-    """Word-problem templates: each draws its numbers and returns (question, integer answer)."""
-    names = ["Ana", "Ben", "Chloe", "Dev", "Emma", "Farid", "Grace", "Hugo", "Iris", "Jonas", "Kemal", "Lena"]
-    items = ["apples", "pencils", "stickers", "marbles", "cards", "books", "stamps", "shells"]
+NAMES = ["Ana", "Ben", "Chloe", "Dev", "Emma", "Farid", "Grace", "Hugo", "Iris", "Jonas", "Kemal", "Lena"]
+ITEMS = ["apples", "pencils", "stickers", "marbles", "cards", "books", "stamps", "shells"]
 
-    def boxes(r):
-        n, b, k, g = r.choice(names), r.randint(3, 12), r.randint(4, 25), r.randint(1, 9)
-        it = r.choice(items)
-        text = (f"{n} has {b} boxes with {k} {it} in each box and gives away {g} {it}. "
-             f"How many {it} are left?")
-        return text, b * k - g
 
-    def shop(r):
-        a, pa, b, pb = r.randint(2, 9), r.randint(2, 15), r.randint(2, 9), r.randint(2, 15)
-        return (f"A notebook costs {pa} dollars and a pen costs {pb} dollars. How much do {a} notebooks and "
-                f"{b} pens cost in dollars?"), a * pa + b * pb
+def boxes(r: random.Random) -> tuple[str, int]:
+    n, b, k, g = r.choice(NAMES), r.randint(3, 12), r.randint(4, 25), r.randint(1, 9)
+    it = r.choice(ITEMS)
+    text = (f"{n} has {b} boxes with {k} {it} in each box and gives away {g} {it}. "
+         f"How many {it} are left?")
+    return text, b * k - g
 
-    def change(r):
-        q, p = r.randint(2, 8), r.randint(3, 12)
-        paid = q * p + r.randint(1, 30)
-        text = (f"Tickets cost {p} dollars each. "
-             f"Someone buys {q} tickets and pays with {paid} dollars. How much change, in dollars, do they get?")
-        return text, paid - q * p
 
-    def speed(r):
-        v, t = r.randint(30, 90), r.randint(2, 7)
-        return f"A car drives at {v} km per hour for {t} hours. How many km does it travel?", v * t
+def shop(r: random.Random) -> tuple[str, int]:
+    a, pa, b, pb = r.randint(2, 9), r.randint(2, 15), r.randint(2, 9), r.randint(2, 15)
+    return (f"A notebook costs {pa} dollars and a pen costs {pb} dollars. How much do {a} notebooks and "
+            f"{b} pens cost in dollars?"), a * pa + b * pb
 
-    def fuel(r):
-        per, d = r.randint(4, 12), 100 * r.randint(2, 9)
-        return f"A car uses {per} liters of fuel per 100 km. How many liters does it use for {d} km?", per * d // 100
 
-    def percent(r):
-        p, base = r.choice([10, 20, 25, 50, 75]), 20 * r.randint(2, 30)
-        return f"What is {p}% of {base}?", p * base // 100
+def change(r: random.Random) -> tuple[str, int]:
+    q, p = r.randint(2, 8), r.randint(3, 12)
+    paid = q * p + r.randint(1, 30)
+    text = (f"Tickets cost {p} dollars each. "
+         f"Someone buys {q} tickets and pays with {paid} dollars. How much change, in dollars, do they get?")
+    return text, paid - q * p
 
-    def discount(r):
-        price, p = 10 * r.randint(3, 40), r.choice([10, 20, 30, 50])
-        text = (f"A jacket costs {price} dollars and is sold at {p}% off. "
-             f"What is the sale price in dollars?")
-        return text, price * (100 - p) // 100
 
-    def average(r):
-        xs = [r.randint(1, 30) for _ in range(3)]
-        total = 4 * r.randint(sum(xs) // 4 + 1, sum(xs) // 4 + 20)  # the fourth number is positive
-        last = total - sum(xs)
-        return (f"The average of four numbers is {total // 4}. Three of them are {xs[0]}, {xs[1]} and {xs[2]}. "
-                f"What is the fourth number?"), last
+def speed(r: random.Random) -> tuple[str, int]:
+    v, t = r.randint(30, 90), r.randint(2, 7)
+    return f"A car drives at {v} km per hour for {t} hours. How many km does it travel?", v * t
 
-    def rectangle(r):
-        w, h = r.randint(2, 15), r.randint(2, 15)
-        text = (f"A rectangle has an area of {w * h} square meters and a width of {w} meters. "
-             f"What is its perimeter in meters?")
-        return text, 2 * (w + h)
 
-    def square_perimeter(r):
-        a, b = r.randint(2, 20), r.randint(2, 20)
-        while (a + b) % 2:
-            b = r.randint(2, 20)
-        return (f"A rectangle is {a} cm long and {b} cm wide. A square has the same perimeter. "
-                f"What is the side length of the square in cm?"), (a + b) // 2
+def fuel(r: random.Random) -> tuple[str, int]:
+    per, d = r.randint(4, 12), 100 * r.randint(2, 9)
+    return f"A car uses {per} liters of fuel per 100 km. How many liters does it use for {d} km?", per * d // 100
 
-    def triangle_area(r):
-        b, h = 2 * r.randint(2, 15), r.randint(2, 20)
-        return f"A triangle has a base of {b} cm and a height of {h} cm. What is its area in square cm?", b * h // 2
 
-    def box_volume(r):
-        a, b, c = r.randint(2, 9), r.randint(2, 9), r.randint(2, 9)
-        return f"A box is {a} cm long, {b} cm wide and {c} cm tall. What is its volume in cubic cm?", a * b * c
+def percent(r: random.Random) -> tuple[str, int]:
+    p, base = r.choice([10, 20, 25, 50, 75]), 20 * r.randint(2, 30)
+    return f"What is {p}% of {base}?", p * base // 100
 
-    def pythagoras(r):
-        (a, b, c), k = r.choice([(3, 4, 5), (5, 12, 13), (8, 15, 17), (7, 24, 25)]), r.randint(1, 4)
-        return f"A right triangle has legs of length {a * k} and {b * k}. How long is its hypotenuse?", c * k
 
-    def divisible(r):
-        a, b = r.choice([(2, 3), (3, 5), (2, 5), (3, 7), (4, 6), (5, 7)])
-        n = r.randint(40, 200)
-        lcm = a * b // _gcd(a, b)
-        return (f"How many positive integers less than or equal to {n} are divisible by {a} or by {b}?",
-                n // a + n // b - n // lcm)
+def discount(r: random.Random) -> tuple[str, int]:
+    price, p = 10 * r.randint(3, 40), r.choice([10, 20, 30, 50])
+    text = (f"A jacket costs {price} dollars and is sold at {p}% off. "
+         f"What is the sale price in dollars?")
+    return text, price * (100 - p) // 100
 
-    def gcd_q(r):
-        g, (x, y) = r.randint(2, 12), r.sample(range(2, 16), 2)
-        return f"What is the greatest common divisor of {g * x} and {g * y}?", g * _gcd(x, y)
 
-    def remainder(r):
-        a, m = r.randint(100, 999), r.randint(3, 13)
-        return f"What is the remainder when {a} is divided by {m}?", a % m
+def average(r: random.Random) -> tuple[str, int]:
+    xs = [r.randint(1, 30) for _ in range(3)]
+    total = 4 * r.randint(sum(xs) // 4 + 1, sum(xs) // 4 + 20)  # the fourth number is positive
+    last = total - sum(xs)
+    return (f"The average of four numbers is {total // 4}. Three of them are {xs[0]}, {xs[1]} and {xs[2]}. "
+            f"What is the fourth number?"), last
 
-    def power_mod(r):
-        b, e, m = r.randint(2, 9), r.randint(10, 60), r.choice([5, 7, 9, 11, 13])
-        return f"What is the remainder when {b}^{{{e}}} is divided by {m}?", pow(b, e, m)
 
-    def digit_sum(r):
-        n = r.randint(1000, 99999)
-        return f"What is the sum of the digits of {n}?", sum(int(d) for d in str(n))
+def rectangle(r: random.Random) -> tuple[str, int]:
+    w, h = r.randint(2, 15), r.randint(2, 15)
+    text = (f"A rectangle has an area of {w * h} square meters and a width of {w} meters. "
+         f"What is its perimeter in meters?")
+    return text, 2 * (w + h)
 
-    def linear(r):
-        a, x, b = r.randint(2, 12), r.randint(-10, 20), r.randint(-30, 30)
-        return f"Solve for x: {a}x + {b} = {a * x + b}.".replace("+ -", "- "), x
 
-    def system(r):
-        x, y = r.sample(range(1, 21), 2)  # distinct: "the larger number" exists
-        return f"Two numbers add up to {x + y} and differ by {abs(x - y)}. What is the larger number?", max(x, y)
+def square_perimeter(r: random.Random) -> tuple[str, int]:
+    a, b = r.randint(2, 20), r.randint(2, 20)
+    while (a + b) % 2:
+        b = r.randint(2, 20)
+    return (f"A rectangle is {a} cm long and {b} cm wide. A square has the same perimeter. "
+            f"What is the side length of the square in cm?"), (a + b) // 2
 
-    def ages(r):
-        d, b, t = r.randint(2, 10), r.randint(3, 20), r.randint(2, 10)
-        total = (b + d + t) + (b + t)
-        return (f"Anna is {d} years older than Ben. In {t} years their ages will add up to {total}. "
-                f"How old is Ben now?"), b
 
-    def arith_seq(r):
-        a, d, n = r.randint(1, 20), r.randint(2, 9), r.randint(8, 30)
-        text = (f"An arithmetic sequence starts {a}, {a + d}, {a + 2 * d}, ... "
-             f"What is its {_ordinal(n)} term?")
-        return text, a + (n - 1) * d
+def triangle_area(r: random.Random) -> tuple[str, int]:
+    b, h = 2 * r.randint(2, 15), r.randint(2, 20)
+    return f"A triangle has a base of {b} cm and a height of {h} cm. What is its area in square cm?", b * h // 2
 
-    def geo_seq(r):
-        a, q, n = r.randint(1, 5), r.choice([2, 3]), r.randint(4, 8)
-        text = (f"A geometric sequence starts {a}, {a * q}, {a * q * q}, ... "
-             f"What is its {_ordinal(n)} term?")
-        return text, a * q ** (n - 1)
 
-    def series_sum(r):
-        n = r.randint(10, 100)
-        return f"What is the sum of all integers from 1 to {n}?", n * (n + 1) // 2
+def box_volume(r: random.Random) -> tuple[str, int]:
+    a, b, c = r.randint(2, 9), r.randint(2, 9), r.randint(2, 9)
+    return f"A box is {a} cm long, {b} cm wide and {c} cm tall. What is its volume in cubic cm?", a * b * c
 
-    def work(r):
-        a, b = r.choice([(3, 6), (4, 12), (6, 12), (10, 15), (12, 24), (20, 30), (6, 3), (12, 4)])
-        return (f"One worker paints a fence in {a} hours and another paints it in {b} hours. "
-                f"How many hours do they take together?"), a * b // (a + b)
 
-    def interest(r):
-        p, rate, y = 100 * r.randint(2, 50), r.randint(2, 9), r.randint(1, 5)
-        text = f"How much simple interest, in dollars, do {p} dollars earn at {rate}% per year in {y} years?"
-        return text, p * rate * y // 100
+def pythagoras(r: random.Random) -> tuple[str, int]:
+    (a, b, c), k = r.choice([(3, 4, 5), (5, 12, 13), (8, 15, 17), (7, 24, 25)]), r.randint(1, 4)
+    return f"A right triangle has legs of length {a * k} and {b * k}. How long is its hypotenuse?", c * k
 
-    def arrangements(r):
-        n = r.randint(3, 7)
-        return f"In how many ways can {n} different books be arranged in a row on a shelf?", _fact(n)
 
-    def committees(r):
-        n, k = r.randint(5, 12), r.randint(2, 4)
-        text = f"In how many ways can a committee of {k} people be chosen from {n} people?"
-        return text, _fact(n) // (_fact(k) * _fact(n - k))
+def divisible(r: random.Random) -> tuple[str, int]:
+    a, b = r.choice([(2, 3), (3, 5), (2, 5), (3, 7), (4, 6), (5, 7)])
+    n = r.randint(40, 200)
+    lcm = a * b // _gcd(a, b)
+    return (f"How many positive integers less than or equal to {n} are divisible by {a} or by {b}?",
+            n // a + n // b - n // lcm)
 
-    def dice(r):
-        s = r.randint(3, 11)
-        ways = sum(1 for a in range(1, 7) for b in range(1, 7) if a + b == s)
-        return f"Two six-sided dice are rolled. In how many of the 36 outcomes is the sum equal to {s}?", ways
 
-    def grid(r):
-        a, b = r.randint(2, 6), r.randint(2, 6)
-        return (f"Moving only right or up, how many shortest paths go from the bottom-left corner to the "
-                f"top-right corner of a {a} by {b} grid of squares?"), _fact(a + b) // (_fact(a) * _fact(b))
+def gcd_q(r: random.Random) -> tuple[str, int]:
+    g, (x, y) = r.randint(2, 12), r.sample(range(2, 16), 2)
+    return f"What is the greatest common divisor of {g * x} and {g * y}?", g * _gcd(x, y)
 
-    def polygon_angles(r):
-        n = r.randint(5, 12)
-        return f"What is the sum, in degrees, of the interior angles of a polygon with {n} sides?", 180 * (n - 2)
 
-    def coordinates(r):
-        a, b, c = r.choice([(3, 4, 5), (6, 8, 10), (5, 12, 13), (8, 6, 10)])
-        x, y = r.randint(-9, 9), r.randint(-9, 9)
-        return f"What is the distance between the points ({x}, {y}) and ({x + a}, {y + b})?", c
+def remainder(r: random.Random) -> tuple[str, int]:
+    a, m = r.randint(100, 999), r.randint(3, 13)
+    return f"What is the remainder when {a} is divided by {m}?", a % m
 
-    return [boxes, shop, change, speed, fuel, percent, discount, average, rectangle, square_perimeter,
-            triangle_area, box_volume, pythagoras, divisible, gcd_q, remainder, power_mod, digit_sum, linear,
-            system, ages, arith_seq, geo_seq, series_sum, work, interest, arrangements, committees, dice,
-            grid, polygon_angles, coordinates]
+
+def power_mod(r: random.Random) -> tuple[str, int]:
+    b, e, m = r.randint(2, 9), r.randint(10, 60), r.choice([5, 7, 9, 11, 13])
+    return f"What is the remainder when {b}^{{{e}}} is divided by {m}?", pow(b, e, m)
+
+
+def digit_sum(r: random.Random) -> tuple[str, int]:
+    n = r.randint(1000, 99999)
+    return f"What is the sum of the digits of {n}?", sum(int(d) for d in str(n))
+
+
+def linear(r: random.Random) -> tuple[str, int]:
+    a, x, b = r.randint(2, 12), r.randint(-10, 20), r.randint(-30, 30)
+    return f"Solve for x: {a}x + {b} = {a * x + b}.".replace("+ -", "- "), x
+
+
+def system(r: random.Random) -> tuple[str, int]:
+    x, y = r.sample(range(1, 21), 2)  # distinct: "the larger number" exists
+    return f"Two numbers add up to {x + y} and differ by {abs(x - y)}. What is the larger number?", max(x, y)
+
+
+def ages(r: random.Random) -> tuple[str, int]:
+    d, b, t = r.randint(2, 10), r.randint(3, 20), r.randint(2, 10)
+    total = (b + d + t) + (b + t)
+    return (f"Anna is {d} years older than Ben. In {t} years their ages will add up to {total}. "
+            f"How old is Ben now?"), b
+
+
+def arith_seq(r: random.Random) -> tuple[str, int]:
+    a, d, n = r.randint(1, 20), r.randint(2, 9), r.randint(8, 30)
+    text = (f"An arithmetic sequence starts {a}, {a + d}, {a + 2 * d}, ... "
+         f"What is its {_ordinal(n)} term?")
+    return text, a + (n - 1) * d
+
+
+def geo_seq(r: random.Random) -> tuple[str, int]:
+    a, q, n = r.randint(1, 5), r.choice([2, 3]), r.randint(4, 8)
+    text = (f"A geometric sequence starts {a}, {a * q}, {a * q * q}, ... "
+         f"What is its {_ordinal(n)} term?")
+    return text, a * q ** (n - 1)
+
+
+def series_sum(r: random.Random) -> tuple[str, int]:
+    n = r.randint(10, 100)
+    return f"What is the sum of all integers from 1 to {n}?", n * (n + 1) // 2
+
+
+def work(r: random.Random) -> tuple[str, int]:
+    a, b = r.choice([(3, 6), (4, 12), (6, 12), (10, 15), (12, 24), (20, 30), (6, 3), (12, 4)])
+    return (f"One worker paints a fence in {a} hours and another paints it in {b} hours. "
+            f"How many hours do they take together?"), a * b // (a + b)
+
+
+def interest(r: random.Random) -> tuple[str, int]:
+    p, rate, y = 100 * r.randint(2, 50), r.randint(2, 9), r.randint(1, 5)
+    text = f"How much simple interest, in dollars, do {p} dollars earn at {rate}% per year in {y} years?"
+    return text, p * rate * y // 100
+
+
+def arrangements(r: random.Random) -> tuple[str, int]:
+    n = r.randint(3, 7)
+    return f"In how many ways can {n} different books be arranged in a row on a shelf?", _fact(n)
+
+
+def committees(r: random.Random) -> tuple[str, int]:
+    n, k = r.randint(5, 12), r.randint(2, 4)
+    text = f"In how many ways can a committee of {k} people be chosen from {n} people?"
+    return text, _fact(n) // (_fact(k) * _fact(n - k))
+
+
+def dice(r: random.Random) -> tuple[str, int]:
+    s = r.randint(3, 11)
+    ways = sum(1 for a in range(1, 7) for b in range(1, 7) if a + b == s)
+    return f"Two six-sided dice are rolled. In how many of the 36 outcomes is the sum equal to {s}?", ways
+
+
+def grid(r: random.Random) -> tuple[str, int]:
+    a, b = r.randint(2, 6), r.randint(2, 6)
+    return (f"Moving only right or up, how many shortest paths go from the bottom-left corner to the "
+            f"top-right corner of a {a} by {b} grid of squares?"), _fact(a + b) // (_fact(a) * _fact(b))
+
+
+def polygon_angles(r: random.Random) -> tuple[str, int]:
+    n = r.randint(5, 12)
+    return f"What is the sum, in degrees, of the interior angles of a polygon with {n} sides?", 180 * (n - 2)
+
+
+def coordinates(r: random.Random) -> tuple[str, int]:
+    a, b, c = r.choice([(3, 4, 5), (6, 8, 10), (5, 12, 13), (8, 6, 10)])
+    x, y = r.randint(-9, 9), r.randint(-9, 9)
+    return f"What is the distance between the points ({x}, {y}) and ({x + a}, {y + b})?", c
+
+
+# Word-problem templates: each draws its numbers and returns (question, integer answer).
+TEMPLATES: list[Template] = [boxes, shop, change, speed, fuel, percent, discount, average, rectangle,
+    square_perimeter, triangle_area, box_volume, pythagoras, divisible, gcd_q, remainder, power_mod,
+    digit_sum, linear, system, ages, arith_seq, geo_seq, series_sum, work, interest, arrangements,
+    committees, dice, grid, polygon_angles, coordinates]
 
 
 def _ordinal(n: int) -> str:
@@ -244,7 +276,7 @@ def build(seed: int = SEED) -> dict:
     planning = [f.format(s) for f in FRAMINGS for s in SUBTOPICS][:PER_ROLE]  # round-robin over subtopics
     questions: list[dict] = []
     seen: set[str] = set()
-    templates = _templates()
+    templates = TEMPLATES
     while len(questions) < 2 * PER_ROLE:
         for t in templates:  # one of each template per round: the first items cover every kind
             for _ in range(100):  # redraw a duplicate (a template with few distinct values)

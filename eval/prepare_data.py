@@ -5,7 +5,7 @@
     python eval/prepare_data.py --all [--data-dir data/eval] # every benchmark of Tables 1 and 2
 
 Each hub split is written unchanged as JSON lines (one row per line, the hub's field names); the
-loaders in ``unifiedplayers.data.benchmarks`` (``eval.benchmarks``) map the fields (``Benchmark.fields``) and normalise the answers
+loaders in ``unifiedplayers.data.benchmarks`` map the fields (``Benchmark.fields``) and normalise the answers
 (GSM8K's "#### N", OlympiadBench's answer lists, GPQA's unlettered options), so a file downloaded any
 other way (a parquet from the hub's web page, a ``save_to_disk`` directory) loads the same.
 
@@ -27,7 +27,7 @@ _ROOT = str(Path(__file__).resolve().parents[1])
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
-from eval.benchmarks import REGISTRY, resolve_path  # noqa: E402
+from unifiedplayers.data.benchmarks import REGISTRY, resolve_path  # noqa: E402
 
 # Where the offline subsets live inside their wheels (same paths as conf/eval/paper.yaml).
 WHEEL_FILES = {

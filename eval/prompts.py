@@ -8,7 +8,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any, Optional
 
-from eval.benchmarks import Benchmark, Problem
+from unifiedplayers.data.benchmarks import Benchmark, Problem
 from eval.extract import option_letters
 
 

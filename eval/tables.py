@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from eval import paper_numbers as paper
-from eval.benchmarks import REGISTRY
+from unifiedplayers.data.benchmarks import REGISTRY
 
 
 # conf/method name -> the row label of Tables 1 and 2

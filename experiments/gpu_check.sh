@@ -28,7 +28,7 @@
 # ZeRO-2 player runs (about 2 more minutes).
 #
 # What is carried: DeepSpeed's declared requirements except torch, numpy and packaging, which such a machine has
-# (tests/benchmarks_gpu/test_gpu_check.py keeps the lists complete), plus Hydra's and pydantic's, and setuptools
+# (tests/benchmarks/test_gpu_check.py keeps the lists complete), plus Hydra's and pydantic's, and setuptools
 # (torch.utils.cpp_extension imports it to build the op); and transformers at our version with what it needs that
 # the image's transformers 5.17.0 did not: huggingface_hub >= 2.4 (the image's is 1.33.0) and its new HTTP stack
 # (httpx2, httpcore2, truststore, and anyio, idna, h11 at the versions httpx2 needs), and kernels (a declared

@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
@@ -441,65 +441,93 @@ def run_probes(cfg: Any, ckpt: Checkpoint, roles: Sequence[str] = ROLES, sizes: 
                               "sources": {r: (str(ckpt.weights.get(r)) if ckpt.weights.get(r) else "backbone") for r in roles},
                               "probe_set": json.loads((Path(data_dir) / "manifest.json").read_text())}
     metrics: dict[str, Any] = {}
+    probe = _RoleProbe(cfg, tokenizer, sizes, Path(data_dir), result, metrics, seconds, log)
     with torch.no_grad(), Sandbox(cfg.sandbox) as sandbox:
         if "execution" in roles:
-            t = time.perf_counter()
-            questions = load_execution_set(Path(data_dir) / "execution.jsonl", sizes.execution)
-            res = probe_execution(policy("execution"), sandbox, tokenizer, cfg, questions)
-            seconds["execution"] = time.perf_counter() - t
-            result["execution"] = res
-            for k in ("accuracy", "answered"):
-                metrics[f"execution/{k}"], metrics[f"execution/{k}_se"] = res[k], res[f"{k}_se"]
-            log(f"[probe] execution: accuracy {_pct(res['accuracy'], res['accuracy_se'])}, answered "
-                f"{_pct(res['answered'], res['answered_se'])} (n={res['n']}, {seconds['execution']:.0f} s)")
-            t = time.perf_counter()
-            tool_questions = load_execution_tool_set(Path(data_dir) / "execution_tool.jsonl", sizes.execution_tool)
-            res = probe_execution_tool(policy("execution"), sandbox, tokenizer, cfg, tool_questions)
-            seconds["execution_tool"] = time.perf_counter() - t
-            result["execution_tool"] = res
-            for k in ("accuracy", "answered"):  # always written (None for an empty set): figure1's resume reads it
-                metrics[f"execution/{k}_tool"], metrics[f"execution/{k}_tool_se"] = res[k], res[f"{k}_se"]
-            log(f"[probe] execution tool probe: accuracy {_pct(res['accuracy'], res['accuracy_se'])}, answered "
-                f"{_pct(res['answered'], res['answered_se'])} (n={res['n']}, {seconds['execution_tool']:.0f} s)")
+            probe.execution(policy("execution"), sandbox)
         if "evaluation" in roles:
-            t = time.perf_counter()
-            items = load_evaluation_set(Path(data_dir) / "evaluation.jsonl", sizes.evaluation)
-            res = probe_evaluation(policy("evaluation"), sandbox, tokenizer, cfg, items, sizes.evaluation_verifiers)
-            seconds["evaluation"] = time.perf_counter() - t
-            result["evaluation"] = res
-            for k in ("valid", "adv_rejection", "discrimination", "original_acceptance", "writability"):
-                metrics[f"evaluation/{k}"], metrics[f"evaluation/{k}_se"] = res[k], res[f"{k}_se"]
-            # figure1.json's name of the originals' acceptance (the key above is kept for older readers)
-            metrics["evaluation/originals_accepted"] = res["original_acceptance"]
-            metrics["evaluation/originals_accepted_se"] = res["original_acceptance_se"]
-            # errors on the originals kept apart from rejections, over the generated verifiers' checks
-            for k in ("original_errors", "original_rejections", "runtime_invalid"):
-                metrics[f"evaluation/{k}"] = res[k]
-            log(f"[probe] evaluation: valid {_pct(res['valid'], res['valid_se'])} (n={res['verifiers']}), originals "
-                f"accepted {_pct(res['original_acceptance'], res['original_acceptance_se'])}, variants rejected "
-                f"{_pct(res['adv_rejection'], res['adv_rejection_se'])}, errors on originals "
-                f"{_pct(res['original_errors'], None)}, discrimination "
-                f"{_pct(res['discrimination'], res['discrimination_se'])} ({seconds['evaluation']:.0f} s)")
+            probe.evaluation(policy("evaluation"), sandbox)
         if "planning" in roles:
-            t = time.perf_counter()
-            topics, per_topic = load_planning_set(Path(data_dir) / "planning.json", sizes.planning_topics,
-                                                  sizes.planning_tasks_per_topic)
-            tasks = planning_tasks(policy("planning"), tokenizer, cfg, topics, per_topic)
-            # The same engine then answers with the backbone's weights: U moves only with the Planning player.
-            res = probe_planning(tasks, policy_backbone(engine, model, cfg), sandbox, tokenizer, cfg,
-                                 sizes.planning_u_tasks, sizes.planning_u_samples)
-            seconds["planning"] = time.perf_counter() - t
-            result["planning"] = res
-            for k in ("U", "well_formed"):
-                metrics[f"planning/{k}"], metrics[f"planning/{k}_se"] = res[k], res[f"{k}_se"]
-            u = "-" if res["U"] is None else f"{res['U']:.3f} ± {res['U_se'] or 0:.3f}"
-            log(f"[probe] planning: well-formed {_pct(res['well_formed'], res['well_formed_se'])} (n={res['n']}), "
-                f"U(q) {u} (n={res['n_U']}, backbone Execution; {seconds['planning']:.0f} s)")
+            probe.planning(policy("planning"), lambda: policy_backbone(engine, model, cfg), sandbox)
     seconds["total"] = time.perf_counter() - t0
     seconds["cpu_total"] = time.process_time() - c0  # this process's CPU time (the sandbox's calls not included)
     result["metrics"] = metrics
     result["seconds"] = seconds
     return result
+
+
+@dataclass
+class _RoleProbe:
+    """One checkpoint's probes, role by role: each adds its full result, its flat metrics and its seconds."""
+
+    cfg: Any
+    tokenizer: Any
+    sizes: ProbeSizes
+    data_dir: Path
+    result: dict[str, Any]
+    metrics: dict[str, Any]
+    seconds: dict[str, float]
+    log: Any
+
+    def execution(self, policy: Any, sandbox: Any) -> None:
+        cfg, metrics, seconds = self.cfg, self.metrics, self.seconds
+        t = time.perf_counter()
+        questions = load_execution_set(self.data_dir / "execution.jsonl", self.sizes.execution)
+        res = probe_execution(policy, sandbox, self.tokenizer, cfg, questions)
+        seconds["execution"] = time.perf_counter() - t
+        self.result["execution"] = res
+        for k in ("accuracy", "answered"):
+            metrics[f"execution/{k}"], metrics[f"execution/{k}_se"] = res[k], res[f"{k}_se"]
+        self.log(f"[probe] execution: accuracy {_pct(res['accuracy'], res['accuracy_se'])}, answered "
+                 f"{_pct(res['answered'], res['answered_se'])} (n={res['n']}, {seconds['execution']:.0f} s)")
+        t = time.perf_counter()
+        tool_questions = load_execution_tool_set(self.data_dir / "execution_tool.jsonl", self.sizes.execution_tool)
+        res = probe_execution_tool(policy, sandbox, self.tokenizer, cfg, tool_questions)
+        seconds["execution_tool"] = time.perf_counter() - t
+        self.result["execution_tool"] = res
+        for k in ("accuracy", "answered"):  # always written (None for an empty set): figure1's resume reads it
+            metrics[f"execution/{k}_tool"], metrics[f"execution/{k}_tool_se"] = res[k], res[f"{k}_se"]
+        self.log(f"[probe] execution tool probe: accuracy {_pct(res['accuracy'], res['accuracy_se'])}, answered "
+                 f"{_pct(res['answered'], res['answered_se'])} (n={res['n']}, {seconds['execution_tool']:.0f} s)")
+
+    def evaluation(self, policy: Any, sandbox: Any) -> None:
+        metrics, seconds = self.metrics, self.seconds
+        t = time.perf_counter()
+        items = load_evaluation_set(self.data_dir / "evaluation.jsonl", self.sizes.evaluation)
+        res = probe_evaluation(policy, sandbox, self.tokenizer, self.cfg, items, self.sizes.evaluation_verifiers)
+        seconds["evaluation"] = time.perf_counter() - t
+        self.result["evaluation"] = res
+        for k in ("valid", "adv_rejection", "discrimination", "original_acceptance", "writability"):
+            metrics[f"evaluation/{k}"], metrics[f"evaluation/{k}_se"] = res[k], res[f"{k}_se"]
+        # figure1.json's name of the originals' acceptance
+        metrics["evaluation/originals_accepted"] = res["original_acceptance"]
+        metrics["evaluation/originals_accepted_se"] = res["original_acceptance_se"]
+        # errors on the originals kept apart from rejections, over the generated verifiers' checks
+        for k in ("original_errors", "original_rejections", "runtime_invalid"):
+            metrics[f"evaluation/{k}"] = res[k]
+        self.log(f"[probe] evaluation: valid {_pct(res['valid'], res['valid_se'])} (n={res['verifiers']}), originals "
+                 f"accepted {_pct(res['original_acceptance'], res['original_acceptance_se'])}, variants rejected "
+                 f"{_pct(res['adv_rejection'], res['adv_rejection_se'])}, errors on originals "
+                 f"{_pct(res['original_errors'], None)}, discrimination "
+                 f"{_pct(res['discrimination'], res['discrimination_se'])} ({seconds['evaluation']:.0f} s)")
+
+    def planning(self, policy: Any, backbone: Callable[[], Any], sandbox: Any) -> None:
+        """``backbone()`` swaps the backbone's weights into the engine once the tasks are written: U moves only
+        with the Planning player."""
+        cfg, sizes, seconds = self.cfg, self.sizes, self.seconds
+        t = time.perf_counter()
+        topics, per_topic = load_planning_set(self.data_dir / "planning.json", sizes.planning_topics,
+                                              sizes.planning_tasks_per_topic)
+        tasks = planning_tasks(policy, self.tokenizer, cfg, topics, per_topic)
+        res = probe_planning(tasks, backbone(), sandbox, self.tokenizer, cfg, sizes.planning_u_tasks,
+                             sizes.planning_u_samples)
+        seconds["planning"] = time.perf_counter() - t
+        self.result["planning"] = res
+        for k in ("U", "well_formed"):
+            self.metrics[f"planning/{k}"], self.metrics[f"planning/{k}_se"] = res[k], res[f"{k}_se"]
+        u = "-" if res["U"] is None else f"{res['U']:.3f} ± {res['U_se'] or 0:.3f}"
+        self.log(f"[probe] planning: well-formed {_pct(res['well_formed'], res['well_formed_se'])} (n={res['n']}), "
+                 f"U(q) {u} (n={res['n_U']}, backbone Execution; {seconds['planning']:.0f} s)")
 
 
 def policy_backbone(engine: Any, model: Any, cfg: Any) -> Any:

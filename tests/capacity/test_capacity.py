@@ -35,7 +35,7 @@ def test_qwen3_4b_parameters_from_the_arch_file():
     assert arch.source == "conf/model/arch/qwen3_4b_base.json"
     # Per layer: q 2560x4096, k and v 2560x1024, o 4096x2560, q/k norms 2x128, MLP 3x2560x9728, two norms 2x2560.
     assert arch.layer_parameters == 100_930_816
-    # 151936 x 2560 tied embeddings + 36 layers + the final norm (tests/benchmarks_gpu/test_gpu_check.py).
+    # 151936 x 2560 tied embeddings + 36 layers + the final norm (tests/benchmarks/test_gpu_check.py).
     assert arch.parameters == 151936 * 2560 + 36 * 100_930_816 + 2560 == QWEN_N
     assert arch.kv_bytes_per_token(2) == 2 * 36 * 8 * 128 * 2
 

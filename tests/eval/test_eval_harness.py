@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from eval.benchmarks import REGISTRY, MissingDataset, load_benchmark
+from unifiedplayers.data.benchmarks import REGISTRY, MissingDataset, load_benchmark
 from eval.humaneval import run_unit_tests
 from eval.metrics import mean_at_k, score
 from eval.tables import ScoreRow, latex_table, markdown_table

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from eval.benchmarks import REGISTRY, Problem, load_benchmark
+from unifiedplayers.data.benchmarks import REGISTRY, Problem, load_benchmark
 from eval.harness import TotalTokenBudget, generate_tool, generate_vanilla
 from eval.humaneval import run_unit_tests
 from eval.prompts import build_prompt, user_message

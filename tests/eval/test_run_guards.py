@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from eval.benchmarks import load_benchmark
+from unifiedplayers.data.benchmarks import load_benchmark
 from unifiedplayers.models import build_byte_tokenizer
 from unifiedplayers.rollout.types import Completion
 

@@ -1,6 +1,6 @@
 """The benchmark registry and its loaders (§4.1, Appendix G.2; Tables 1, 2 and 11).
 
-Used by the evaluation harness (``eval/``, which re-exports it as ``eval.benchmarks``) and by the
+Used by the evaluation harness (``eval/``) and by the
 Execution player's fixed diagnostic pool (:mod:`unifiedplayers.diagnostics.execution_pool`, Appendix D.2).
 
 The registry says *what* a benchmark is: its column in the paper's tables, its answer type, its
