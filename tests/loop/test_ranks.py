@@ -82,7 +82,11 @@ def lead(team: Team, dist: Sent, tmp_path: Path) -> dict:
     out = {"engine": engine, "ver": ver, "rows": leader.split(job, ("execution", "planning"), 5, "sandbox 0")}
     leader.recompute_old_logprobs("execution", [["a"], ["b"]])
     leader.update("execution", 1, ["a"], on_policy=True)
+    leader.block_diagnostics("execution")
+    leader.end_block("execution")
     leader.save_checkpoint("execution", tmp_path / "ckpt")
+    leader.restore("execution", tmp_path / "ckpt")
+    leader.resume_iteration(2)
     leader.restore_rng_state({"python": 1})
     out["players"] = leader.players  # the team's own attributes, on rank 0 only
     leader.stop(3, False)
@@ -105,7 +109,9 @@ def test_the_follower_makes_rank_0s_team_calls_in_order_and_its_block_of_each_sp
     assert one.calls[1:] == zero.calls[1:] == [
         ("start_block", "execution"), ("engine", "execution", "planning"),
         ("recompute_old_logprobs", "execution", [["a"], ["b"]]), ("update", "execution", 1, ["a"], ("on_policy", True)),
-        ("save_checkpoint", "execution", tmp_path / "ckpt")]
+        ("block_diagnostics", "execution"), ("end_block", "execution"), ("save_checkpoint", "execution", tmp_path / "ckpt"),
+        ("restore", "execution", tmp_path / "ckpt"), ("resume_iteration", 2)]
+    assert {c[0] for c in one.calls} == set(TEAM_CALLS) | {"engine"}  # every call the boundary knows, on rank 1 too
     # rank 1 made prompts 3 and 4 of the split with its own engine, sandbox and tokenizer
     assert received.gathered == [[[(i, "rank 1's execution engine", "sandbox 1", "tokenizer of rank 1")] for i in (3, 4)]]
     assert restored == [{"python": 1}, {"python": 1}] and received.messages == []  # rank 0's, then rank 1's
@@ -142,3 +148,32 @@ def test_no_rank_branch_in_the_loop_outside_the_boundary():
     found = [f"{path.name}:{n}: {line.strip()}" for path in sorted(LOOP.glob("*.py")) if path.name != "ranks.py"
              for n, line in enumerate(path.read_text().splitlines(), 1) if branch.search(line)]
     assert found == []
+
+
+def test_a_follower_answers_its_block_of_the_pool_and_leaves_the_run_rng_as_it_was(monkeypatch):
+    """The diagnostic pool over two ranks: rank 1 answers questions 2 and 3 of 4 with its Execution engine, greedy,
+    and the run's RNG streams (which sampling reads next) are where they were before the pool."""
+    import random
+
+    import numpy as np
+    import torch
+
+    answered = []
+
+    def evaluate_pool(engine, sandbox, tokenizer, execution_cfg, pool_cfg, questions, split):
+        random.random(), np.random.rand(), torch.rand(3)  # generation draws from the run's streams
+        split(lambda prompts: answered.append((engine, sandbox, [questions[i] for i in prompts])), len(questions))
+
+    monkeypatch.setattr(ranks, "evaluate_pool", evaluate_pool)
+    sent = Sent()
+    leader = Leader(sent, Team("rank 0"))
+    leader.engine("execution", "execution")
+    leader.pool_split("exec cfg", "pool cfg", ["q0", "q1", "q2", "q3"])(lambda prompts: None, 4)
+    leader.stop(1, False)
+    received = Received(sent.messages)
+    random.seed(7), np.random.seed(7), torch.manual_seed(7)
+    before = (random.random(), np.random.rand(), torch.rand(1).item())
+    random.seed(7), np.random.seed(7), torch.manual_seed(7)
+    Follower(received, Team("rank 1"), "sandbox 1").follow()
+    assert received.gathered == [None] and answered == [("rank 1's execution engine", "sandbox 1", ["q2", "q3"])]
+    assert (random.random(), np.random.rand(), torch.rand(1).item()) == before
