@@ -49,10 +49,9 @@ SCALES = {"smoke": "figure1_smoke", "paper": "paper_qwen3_4b"}
 SERIES = ("planning/U", "planning/well_formed", "execution/accuracy", "execution/answered",
           "execution/accuracy_tool", "evaluation/valid", "evaluation/originals_accepted",
           "evaluation/adv_rejection", "evaluation/discrimination")
-# A series read under an older metric name where a probe file predates its own (same quantity).
-SERIES_FALLBACK = {"evaluation/originals_accepted": "evaluation/original_acceptance"}
-# A probe file of the Execution role without this key was written before the tool probe existed: probed again.
+# A role's probe file without its key here was written by an older version of the probes: that role is probed again.
 TOOL_KEY = "execution/accuracy_tool"
+DONE_KEYS = {"execution": TOOL_KEY, "evaluation": "evaluation/originals_accepted"}
 POLL_S = 2.0
 PROBE_ROLES = ("execution", "evaluation", "planning")  # the order their jobs start in (longest first)
 
@@ -151,25 +150,19 @@ def read_probes(run_dir: Path, iteration: int) -> Optional[dict[str, Any]]:
 
 
 def _metric(row: Optional[dict[str, Any]], key: str) -> Optional[float]:
-    """One metric of a checkpoint's merged probes (under its older name where the file predates the new one)."""
-    if row is None:
-        return None
-    metrics = row["metrics"]
-    if key in metrics:
-        return metrics[key]
-    se = key.endswith("_se")
-    old = SERIES_FALLBACK.get(key[:-3] if se else key)
-    return None if old is None else metrics.get(f"{old}_se" if se else old)
+    """One metric of a checkpoint's merged probes."""
+    return None if row is None else row["metrics"].get(key)
 
 
 def probe_done(path: Path, role: str) -> bool:
-    """Whether a probe file is finished: it exists and, for the Execution role, holds the tool probe too."""
+    """Whether a probe file is finished: it exists and holds its role's :data:`DONE_KEYS` key (the Execution role's
+    tool probe, the Evaluation role's ``evaluation/originals_accepted``)."""
     if not path.exists():
         return False
-    if role != "execution":
+    if role not in DONE_KEYS:
         return True
     try:
-        return TOOL_KEY in json.loads(path.read_text()).get("metrics", {})
+        return DONE_KEYS[role] in json.loads(path.read_text()).get("metrics", {})
     except (ValueError, OSError):
         return False
 

@@ -497,9 +497,8 @@ class _RoleProbe:
         res = probe_evaluation(policy, sandbox, self.tokenizer, self.cfg, items, self.sizes.evaluation_verifiers)
         seconds["evaluation"] = time.perf_counter() - t
         self.result["evaluation"] = res
-        for k in ("valid", "adv_rejection", "discrimination", "original_acceptance", "writability"):
+        for k in ("valid", "adv_rejection", "discrimination", "writability"):
             metrics[f"evaluation/{k}"], metrics[f"evaluation/{k}_se"] = res[k], res[f"{k}_se"]
-        # figure1.json's name of the originals' acceptance
         metrics["evaluation/originals_accepted"] = res["original_acceptance"]
         metrics["evaluation/originals_accepted_se"] = res["original_acceptance_se"]
         # errors on the originals kept apart from rejections, over the generated verifiers' checks

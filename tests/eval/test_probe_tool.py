@@ -155,14 +155,16 @@ def test_figure1_reads_the_new_series_and_reprobes_files_without_the_tool_probe(
     new.write_text(json.dumps({"metrics": {"execution/accuracy": 0.1, "execution/accuracy_tool": 0.3,
                                            "execution/accuracy_tool_se": 0.05}, "sources": {}}))
     assert F.probe_done(new, "execution") and F.probe_done(old, "planning") is True
-    # evaluation/originals_accepted: its own key, else the older name of the same rate (files probed before it)
-    F.probe_file(tmp_path / "seed0", 0, "evaluation").write_text(json.dumps(
-        {"metrics": {"evaluation/original_acceptance": 0.9, "evaluation/original_acceptance_se": 0.02}}))
+    # an Evaluation file of an older version of the probes (the rate under another name) is probed again, not read
+    older = F.probe_file(tmp_path / "seed0", 0, "evaluation")
+    older.write_text(json.dumps({"metrics": {"evaluation/original_acceptance": 0.9}}))
+    assert not F.probe_done(older, "evaluation")
     F.probe_file(tmp_path / "seed0", 1, "evaluation").write_text(json.dumps(
         {"metrics": {"evaluation/originals_accepted": 0.7, "evaluation/originals_accepted_se": 0.04}}))
+    assert F.probe_done(F.probe_file(tmp_path / "seed0", 1, "evaluation"), "evaluation")
     fig = F.collect(tmp_path, [0], [0, 1])
-    assert fig["series"]["evaluation/originals_accepted"] == [0.9, 0.7]
-    assert fig["probe_se"]["0"]["evaluation/originals_accepted"] == [0.02, 0.04]
+    assert fig["series"]["evaluation/originals_accepted"] == [None, 0.7]
+    assert fig["probe_se"]["0"]["evaluation/originals_accepted"] == [None, 0.04]
     assert fig["series"]["execution/accuracy_tool"] == [None, 0.3]
     assert fig["probe_se"]["0"]["execution/accuracy_tool"] == [None, 0.05]
     # a stale backbone copy is replaced by a source that has the tool probe; an up-to-date one is kept

@@ -216,7 +216,7 @@ def test_probes_on_the_tiny_model(tiny, tmp_path):
     # returns len(steps) >= 0 before a comment: every valid one accepts everything.
     assert m["planning/well_formed"] == 1.0
     if base["evaluation"]["valid_verifiers"]:
-        assert m["evaluation/original_acceptance"] == 1.0 and m["evaluation/adv_rejection"] == 0.0
+        assert m["evaluation/originals_accepted"] == 1.0 and m["evaluation/adv_rejection"] == 0.0
         assert m["evaluation/discrimination"] == 0.5
     for role in P.ROLES:
         assert base["sources"][role] == "backbone"
