@@ -37,6 +37,9 @@ PathLike = Union[str, os.PathLike]
 CONFIG = "config.yaml"
 HYDRA_CONFIG = ".hydra/config.yaml"
 STATE = "state.pt"
+# The format of what a run writes, stored in its state.pt (none: 1). It goes up when a file of a run changes its
+# names or their meaning, and a run of another format is not resumed (loop.run_state.saved_state).
+RUN_FORMAT = 2
 PHASE = "phase.pt"
 RECORDS = "records.jsonl"
 METRICS = "metrics.jsonl"

@@ -28,11 +28,28 @@ def test_a_methods_setting_outside_method_extra_is_refused_naming_its_place(meth
 def test_a_run_stored_with_keys_this_version_lacks_is_refused_saying_to_start_a_new_run(tmp_path):
     cfg = compose(["experiment=tiny", "method=agent0", "resume=true"])
     stored = {**result_config(cfg), "method.tool_bonus": 0.0, "method.teacher_model": "judge"}
-    torch.save({"completed": 1, "total_updates": 4, "world_size": 1, "config": stored}, tmp_path / rundir.STATE)
+    torch.save({"completed": 1, "total_updates": 4, "world_size": 1, "config": stored, "format": rundir.RUN_FORMAT},
+               tmp_path / rundir.STATE)
     with pytest.raises(ValueError, match=r"written by an older version of this code: its config has keys this "
                                          r"version does not \(method\.teacher_model, method\.tool_bonus\).*"
                                          r"start a new run in another run_dir"):
         saved_state(tmp_path, cfg, 1)
+
+
+@pytest.mark.parametrize("stored", [{}, {"format": rundir.RUN_FORMAT - 1}, {"format": rundir.RUN_FORMAT + 1}])
+def test_a_run_of_another_format_is_refused_saying_to_start_a_new_run(tmp_path, stored):
+    """A state.pt without this version's run format (an older run's names its metrics differently) is not resumed,
+    though its config is this version's."""
+    cfg = compose(["experiment=tiny", "resume=true"])
+    torch.save({"completed": 1, "total_updates": 4, "world_size": 1, "config": result_config(cfg), **stored},
+               tmp_path / rundir.STATE)
+    format_then = stored.get("format", 1)
+    with pytest.raises(ValueError, match=rf"written by another version of this code \(run format {format_then}; this "
+                                         rf"version writes format {rundir.RUN_FORMAT}.*start a new run in another run_dir"):
+        saved_state(tmp_path, cfg, 1)
+    torch.save({"completed": 1, "total_updates": 4, "world_size": 1, "config": result_config(cfg),
+                "format": rundir.RUN_FORMAT}, tmp_path / rundir.STATE)
+    assert saved_state(tmp_path, cfg, 1)["completed"] == 1  # this version's format resumes
 
 
 def test_a_changed_setting_is_still_a_different_config_not_an_older_version(tmp_path):
