@@ -35,8 +35,8 @@ _ROOT = str(Path(__file__).resolve().parents[1])
 if _ROOT not in sys.path:  # `python eval/run.py` as well as `python -m eval.run`
     sys.path.insert(0, _ROOT)
 
-from unifiedplayers.data.benchmarks import (REGISTRY, MissingDataset, import_benchmark_modules, prepare_command,  # noqa: E402
-                             resolve_path)
+from unifiedplayers.data.benchmarks import (REGISTRY, MissingDataset, import_benchmark_modules,  # noqa: E402
+                                            prepare_command, resolve_path)
 from eval.config import register_eval_configs  # noqa: E402
 from unifiedplayers import rundir  # noqa: E402
 from eval.harness import evaluate_benchmark  # noqa: E402

@@ -27,7 +27,7 @@ KEYS = {
     "step": "update",
     "mean_U": "planning/U",
     # The fixed 128 math + 128 general pool every 50 updates (Appendix D.2, schedule.execution_pool) when the run
-    # has it on; else the per-update accuracy against the verifier pool (strict majority of the valid verifiers).
+    # has it on; else the per-update accuracy as the task's verifiers judge it (a strict majority of the valid ones).
     "execution_accuracy": ("execution/pool_accuracy", "execution/accuracy", "execution/accuracy_by_verifiers"),
     "adversarial_rejection": "evaluation/rho_adv",
     # Table 4 / 7 / 8 quantities, as "{player}/<name>"

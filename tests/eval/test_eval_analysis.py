@@ -196,6 +196,19 @@ def test_compute_accounting(tmp_path):
     assert res["run"]["device_h"] == pytest.approx(8.0 + 2.0 + 8 * 0.05)
 
 
+
+def test_an_updates_wall_seconds_are_its_total_not_the_sum_of_its_parts(tmp_path):
+    """The loop writes ``timing/total_s`` beside the stages it sums (generation, sandbox, update): the total is read,
+    so the stages are not counted twice; a row without it sums its ``timing/*_s``."""
+    metrics = [{"outer_iteration": 1, "block": "planning", "timing/total_s": 3600.0, "timing/generation_s": 2400.0,
+                "timing/sandbox_s": 600.0, "timing/update_s": 600.0},
+               {"outer_iteration": 1, "block": "execution", "timing/generation_s": 1800.0, "timing/update_s": 1800.0}]
+    res = compute.main([str(write_run(tmp_path, metrics=metrics))])
+    blocks = {(b["iteration"], b["block"]): b for b in res["blocks"]}
+    assert blocks[(1, "planning")]["wall_h"] == pytest.approx(1.0)
+    assert blocks[(1, "execution")]["wall_h"] == pytest.approx(1.0)
+
+
 def test_all_and_missing_inputs(tmp_path):
     run = write_run(tmp_path, records=[REC_A, REC_C], metrics=[{"outer_iteration": 1, "block": "execution",
                                                                "execution/grad_norm": 1.0, "timing/total_s": 10.0}])

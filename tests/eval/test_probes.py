@@ -220,6 +220,12 @@ def test_probes_on_the_tiny_model(tiny, tmp_path):
         assert m["evaluation/discrimination"] == 0.5
     for role in P.ROLES:
         assert base["sources"][role] == "backbone"
+    # the flat metrics are the full results' figures, each with its own standard error
+    tool, ev = base["execution_tool"], base["evaluation"]
+    assert (m["execution/accuracy_tool"], m["execution/accuracy_tool_se"]) == (tool["accuracy"], tool["accuracy_se"])
+    assert (m["execution/answered_tool"], m["execution/answered_tool_se"]) == (tool["answered"], tool["answered_se"])
+    assert (m["evaluation/originals_accepted"], m["evaluation/originals_accepted_se"]) == (
+        ev["original_acceptance"], ev["original_acceptance_se"])
     # A checkpoint of the same backbone loads into the role it names; another backbone's fails loudly.
     model, _ = backbone
     role_dir = tmp_path / "checkpoints" / "iter1" / "execution"
@@ -235,3 +241,41 @@ def test_probes_on_the_tiny_model(tiny, tmp_path):
                      log=lambda *_: None)
     with pytest.raises(ValueError, match="unknown roles"):
         P.run_probes(cfg, P.resolve_checkpoint("backbone"), ["critic"], sizes, backbone=backbone)
+
+
+def test_the_planning_probe_writes_tasks_with_the_planning_player_then_answers_with_the_backbone(monkeypatch, tmp_path):
+    """U(q) moves only with the Planning player: its tasks are written while the engine holds the Planning weights,
+    and the backbone's weights are swapped in only after, to answer them."""
+    events = []
+    monkeypatch.setattr(P, "load_planning_set", lambda path, topics, per_topic: (["algebra"], 1))
+    monkeypatch.setattr(P, "planning_tasks", lambda policy, tok, cfg, topics, per: events.append(("write", policy)) or ["task"])
+
+    def probe_planning(tasks, answerer, sandbox, tok, cfg, n_tasks, n_samples):
+        events.append(("answer", answerer))
+        return {"U": 0.5, "U_se": 0.1, "well_formed": 1.0, "well_formed_se": 0.0, "n": 1, "n_U": 1}
+
+    monkeypatch.setattr(P, "probe_planning", probe_planning)
+    result, metrics, seconds = {}, {}, {}
+    probe = P._RoleProbe(None, None, P.ProbeSizes(), tmp_path, result, metrics, seconds, lambda *_: None)
+    probe.planning("planning policy", lambda: events.append(("swap", "backbone")) or "backbone policy", "sandbox")
+    assert events == [("write", "planning policy"), ("swap", "backbone"), ("answer", "backbone policy")]
+    assert metrics == {"planning/U": 0.5, "planning/U_se": 0.1, "planning/well_formed": 1.0,
+                       "planning/well_formed_se": 0.0} and result["planning"]["n_U"] == 1
+
+
+def test_the_evaluation_probe_reports_each_rate_with_its_own_standard_error(monkeypatch, tmp_path):
+    """Every figure of the full result reaches the flat metrics under one name, beside its own standard error."""
+    res = {"valid": 0.1, "valid_se": 0.01, "adv_rejection": 0.2, "adv_rejection_se": 0.02, "discrimination": 0.3,
+           "discrimination_se": 0.03, "original_acceptance": 0.4, "original_acceptance_se": 0.04, "writability": 0.5,
+           "writability_se": 0.05, "original_errors": 0.25, "original_rejections": 0.5, "runtime_invalid": 0.75,
+           "verifiers": 4}
+    monkeypatch.setattr(P, "load_evaluation_set", lambda path, n: ["item"])
+    monkeypatch.setattr(P, "probe_evaluation", lambda policy, sandbox, tok, cfg, items, m: res)
+    metrics = {}
+    P._RoleProbe(None, None, P.ProbeSizes(), tmp_path, {}, metrics, {}, lambda *_: None).evaluation("policy", "box")
+    assert metrics == {"evaluation/valid": 0.1, "evaluation/valid_se": 0.01, "evaluation/adv_rejection": 0.2,
+                       "evaluation/adv_rejection_se": 0.02, "evaluation/discrimination": 0.3,
+                       "evaluation/discrimination_se": 0.03, "evaluation/originals_accepted": 0.4,
+                       "evaluation/originals_accepted_se": 0.04, "evaluation/writability": 0.5,
+                       "evaluation/writability_se": 0.05, "evaluation/original_errors": 0.25,
+                       "evaluation/original_rejections": 0.5, "evaluation/runtime_invalid": 0.75}

@@ -266,3 +266,19 @@ def test_each_trainer_gets_the_shipped_held_out_bank_of_its_role(tmp_path):
     assert bank[0].tolist() == loop.team.tokenizer(first, add_special_tokens=False)["input_ids"]
     with pytest.raises(ValueError, match="holds 256"):  # never a silent cap
         (big := OuterLoop(compose(["experiment=tiny", "trainer.entropy_bank_size=300"]), tmp_path / "big")).team.setup(*big.team.load_backbone(None, big.state.timing))
+
+
+def test_accuracy_by_verifiers_is_a_strict_majority_of_each_tasks_valid_verifiers():
+    """Worked by hand: task A's 2 valid verifiers accept its 3 trajectories 2, 1 and 0 times (a strict majority of 2
+    is 2: 1, 0, 0); task B's 3 accept its 2 trajectories twice each (> 1.5: 1, 1); task C has no valid verifier and
+    is left out. 3 of 5 trajectories: 0.6. With no task that has a valid verifier there is no figure."""
+    import numpy as np
+    from types import SimpleNamespace
+
+    from unifiedplayers.loop.phase import accuracy_by_verifiers
+
+    a = SimpleNamespace(z_orig=np.array([[1, 1, 0], [1, 0, 0]]))
+    b = SimpleNamespace(z_orig=np.array([[1, 0], [1, 1], [0, 1]]))
+    c = SimpleNamespace(z_orig=np.zeros((0, 2)))
+    assert accuracy_by_verifiers([a, b, c]) == pytest.approx(0.6)
+    assert accuracy_by_verifiers([c]) is None

@@ -162,6 +162,13 @@ def _mean(xs: Sequence[float]) -> Optional[float]:
     return float(np.mean(xs)) if xs else None
 
 
+def accuracy_by_verifiers(verdicts: Sequence[Any]) -> Optional[float]:
+    """Execution's accuracy as the verifiers judge it: the share of trajectories that a strict majority of their task's
+    valid verifiers accept (``z_orig``, valid verifiers x trajectories); tasks without a valid verifier are left out."""
+    return _mean([float(col > vm.z_orig.shape[0] / 2) for vm in verdicts if vm.z_orig.shape[0]
+                  for col in vm.z_orig.sum(axis=0)])
+
+
 def minibatch_metrics(role: str, groups: Sequence[Sequence[Any]], played: Sequence[Any],
                  malformed_reward: Callable[[Any], float]) -> dict[str, Any]:
     """The sampling and feedback metrics of one minibatch (rewards, formats, verdict statistics): ``played``, its
@@ -185,11 +192,7 @@ def minibatch_metrics(role: str, groups: Sequence[Sequence[Any]], played: Sequen
     for s in ("answered", "turn_limit", "no_answer", "error"):
         m[f"execution/{s}_rate"] = statuses.count(s) / len(statuses) if statuses else None
     m["execution/tool_calls_mean"] = _mean([r.num_tool_calls for tr in rollouts for r in tr])
-    # Accuracy as the verifiers judge it: the share of trajectories accepted by a strict majority of the valid
-    # verifiers of their task (tasks with at least one valid verifier).
-    acc = [float(col > vm.z_orig.shape[0] / 2) for vm in verdicts if vm.z_orig.shape[0]
-           for col in vm.z_orig.sum(axis=0)]
-    m["execution/accuracy_by_verifiers"] = _mean(acc)
+    m["execution/accuracy_by_verifiers"] = accuracy_by_verifiers(verdicts)
     m["evaluation/reward_mean"] = _mean([x for p in played for x in p.rewards["evaluation"]])
     generated = sum(vm.num_generated for vm in verdicts)
     m["evaluation/valid_rate"] = sum(len(vm.valid) for vm in verdicts) / generated if generated else None

@@ -164,9 +164,10 @@ def saved_state(run_dir: Path, cfg: Any, world_size: int, restart: bool = True) 
     """The run state saved in ``run_dir`` (None for a new run), checked before anything is written or loaded.
 
     A run there is never overwritten: without ``resume=true`` it is an error; with it the run's format must be this
-    version's (:data:`~unifiedplayers.rundir.RUN_FORMAT`) and the config must match (:func:`check_resumable`). A run that stopped before its first save (records but no state) is
-    restarted from its first update with ``resume=true``: its records and metrics lines are cut, so none is
-    written twice (``restart``; false: only check, as the command line does before a launch).
+    version's (:data:`~unifiedplayers.rundir.RUN_FORMAT`) and the config must match (:func:`check_resumable`). A run
+    that stopped before its first save (records but no state) is restarted from its first update with
+    ``resume=true``: its records and metrics lines are cut, so none is written twice (``restart``; false: only check,
+    as the command line does before a launch).
     """
     path = run_dir / rundir.STATE
     state = load_state(path) if path.exists() else None
@@ -175,9 +176,10 @@ def saved_state(run_dir: Path, cfg: Any, world_size: int, restart: bool = True) 
             f"{run_dir} already holds a run ({state['completed']}/{state['total_updates']} updates). "
             "Pass resume=true to continue it, or choose another run_dir (or delete it) to start fresh.")
     if state is not None:
-        if state.get("format", 1) != rundir.RUN_FORMAT:
+        run_format = state.get("format", 1)  # a state.pt without it was written before formats were numbered
+        if run_format != rundir.RUN_FORMAT:
             raise ValueError(
-                f"{run_dir} holds a run written by another version of this code (run format {state.get('format', 1)}; "
+                f"{run_dir} holds a run written by another version of this code (run format {run_format}; "
                 f"this version writes format {rundir.RUN_FORMAT}, whose files name or mean some things differently), "
                 "so it cannot be resumed; finish it with that version, or start a new run in another run_dir")
         check_resumable(state, cfg, run_dir, world_size)
