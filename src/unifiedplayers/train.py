@@ -79,7 +79,7 @@ def default_run_notice(task_overrides: list[str], cfg: DictConfig) -> str | None
 def main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
-    from unifiedplayers.distributed import destroy, init_distributed
+    from unifiedplayers.distributed import check_shared_directory, destroy, init_distributed
 
     refuse_paper_schedule_on_cpu(list(HydraConfig.get().overrides.task))
     notice = default_run_notice(list(HydraConfig.get().overrides.task), cfg)
@@ -90,6 +90,7 @@ def main(cfg: DictConfig) -> None:
     try:
         # Every rank works in rank 0's directory (Hydra's timestamped default can differ between ranks).
         run_dir = dist.broadcast(cfg.run_dir or HydraConfig.get().runtime.output_dir)
+        check_shared_directory(dist, run_dir)  # one filesystem on every node, or a stop naming the node
         # What the imports made lives as long as the process: out of the collector's sight, a full collection
         # (DeepSpeed runs one in every offload_states() of an idle player) walks only what the run makes
         # (benchmarks/README.md, "Collections after start-up").
@@ -101,12 +102,13 @@ def main(cfg: DictConfig) -> None:
 
 def preflight(overrides: list[str]) -> None:
     """What must fail before Hydra writes anything into the run directory (its .hydra/config.yaml): a misspelled
-    key (with the closest one), the paper schedule on a CPU, and a run directory whose run this config cannot
-    continue (no resume=true, or another config)."""
+    key (with the closest one), the paper schedule on a CPU, a GPU that torch cannot use (its CUDA build against the
+    node's driver), and a run directory whose run this config cannot continue (no resume=true, or another config)."""
     from pathlib import Path
 
     from unifiedplayers.config import check_override_keys, compose
     from unifiedplayers.loop.run_state import saved_state
+    from unifiedplayers.machine import check_gpu_usable
 
     check_override_keys(overrides)
     refuse_paper_schedule_on_cpu(overrides)
@@ -117,6 +119,7 @@ def preflight(overrides: list[str]) -> None:
         raise
     except Exception:  # noqa: BLE001 - a composition error: Hydra reports it in its own words next
         return
+    check_gpu_usable(str(cfg.model.device))
     if cfg.run_dir:
         saved_state(Path(cfg.run_dir), cfg, int(os.environ.get("WORLD_SIZE", "1")), restart=False)
 

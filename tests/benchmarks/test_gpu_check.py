@@ -40,14 +40,14 @@ ON_THE_GPU_MACHINE = {
 # The GPU machine's image (the device tool's KINDS.md, pip list read there in 2026-11: Python 3.12.3): the versions it
 # has of what the carried packages need and are not carried.
 GPU_IMAGE = {"torch": "2.11.0", "numpy": "2.5.2", "tokenizers": "0.23.2", "safetensors": "0.8.0",
-             "accelerate": "1.15.0"}
+             "accelerate": "1.15.0", "transformers": "5.17.0", "huggingface-hub": "1.33.0"}
 # The image's other packages of that kind, version not read: the lower bound it meets, because its transformers 5.17.0
-# and huggingface_hub 1.33.0 require it (their Requires-Dist on PyPI; the upper bounds are the same as ours), except
-# pyyaml: 6.0.1 is the first PyYAML with a wheel for CPython 3.12 (kernels needs >= 6).
+# and huggingface_hub 1.33.0 require it (their Requires-Dist on PyPI), except pyyaml: 6.0.1 is the first PyYAML with a
+# wheel for CPython 3.12.
 GPU_IMAGE_AT_LEAST = {"packaging": "20.9", "pyyaml": "6.0.1", "regex": "2025.10.22", "typer": "0", "click": "8.4.2",
                       "filelock": "3.10.0", "fsspec": "2023.5.0", "hf-xet": "1.6.0"}
 # What the check imports, at the top of the carried packages' requirements; setuptools: the CPU Adam op's build.
-CARRIED_ROOTS = ("transformers", "deepspeed", "hydra-core", "setuptools")
+CARRIED_ROOTS = ("deepspeed", "hydra-core", "setuptools")
 GPU_MARKERS = {"python_version": "3.12", "python_full_version": "3.12.3", "implementation_name": "cpython",
                "platform_python_implementation": "CPython", "sys_platform": "linux", "platform_system": "Linux",
                "platform_machine": "x86_64", "os_name": "posix", "extra": ""}
@@ -162,7 +162,7 @@ def test_carried_wheels_with_the_gpu_image_meet_every_requirement():
     """From what the check imports (:data:`CARRIED_ROOTS`), every declared requirement (extras aside, markers of the
     GPU machine's Python 3.12) is carried, or met by the image's version (:data:`GPU_IMAGE`) or by the bound it is
     known to meet (:data:`GPU_IMAGE_AT_LEAST`); every carried package is reached so (nothing is carried for
-    nothing); transformers is carried because the image's is older than our pin, and what it needs beside (the
+    nothing); the image's transformers lies in our pin (so it is not carried), and what it needs beside (the
     ``accelerate`` it imports, our pin and its own) is met by the image."""
     carried = _shell_list("PURE") | _shell_list("COMPILED")
     assert {canonicalize_name(n) for n in CARRIED_ROOTS} <= carried
@@ -188,9 +188,10 @@ def test_carried_wheels_with_the_gpu_image_meet_every_requirement():
     assert not (set(GPU_IMAGE) | set(GPU_IMAGE_AT_LEAST)) & carried  # a carried one is not the image's
     pins = {canonicalize_name(Requirement(r).name): Requirement(r)  # pyproject.toml's, as installed
             for r in importlib.metadata.requires("unifiedplayers") if "extra" not in r}
-    # `prepare` carries the version of this venv: it meets our pin; the image's does not (why it is carried).
+    # The image's transformers meets our pin, as this venv's does: the check runs the image's.
     assert pins["transformers"].specifier.contains(importlib.metadata.version("transformers"))
-    assert not pins["transformers"].specifier.contains("5.17.0")
+    assert pins["transformers"].specifier.contains(GPU_IMAGE["transformers"])
+    assert not {"transformers", "huggingface-hub"} & carried
     from transformers.dependency_versions_table import deps  # checked when transformers is imported
 
     for name in ("accelerate", "tokenizers", "safetensors", "numpy"):
