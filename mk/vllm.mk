@@ -29,7 +29,7 @@ VLLM_WHEELS ?= $(or $(UNIFIEDPLAYERS_CACHE),$(HOME)/.cache/unifiedplayers)/vllm-
 # The test files `make test-vllm` runs: the vllm backend, vLLM on the export, the transformers it pins, and the
 # two-rank paper rehearsal with vLLM.
 VLLM_TESTS ?= tests/rollout/test_rollout_vllm.py tests/test_export_vllm.py tests/test_transformers_versions.py \
-  tests/test_install_window.py tests/distributed/test_paper_rehearsal_vllm.py
+  tests/test_install_window.py tests/rollout/test_vllm_lora.py tests/distributed/test_paper_rehearsal_vllm.py
 
 .PHONY: setup-vllm test-vllm run-vllm clean-vllm resolve-gpu
 

@@ -29,6 +29,7 @@ def validate(cfg: Any, dist: DistContext = SINGLE) -> Method:
     check_schedule(cfg)
     check_sampling(cfg)
     check_players(cfg)
+    check_adapters(cfg)
     method = build_method(cfg)
     check_shared_model(cfg, method)
     grpo.get_adv_estimator(cfg.trainer.adv_estimator)
@@ -37,11 +38,14 @@ def validate(cfg: Any, dist: DistContext = SINGLE) -> Method:
 
 
 def check_capacity(cfg: Any, dist: DistContext = SINGLE) -> None:
-    """The run's capacity plan against the machine it is on (``unifiedplayers.capacity.check_fits``): GPU memory,
-    host RAM, free disk at the run directory (``run_dir``, else the working directory Hydra's run directories go
-    under). ``capacity.check=false`` skips it. So does a GPU run (``model.device=cuda``) on a machine without a GPU:
-    its plan is a GPU node's, and the run stops at its model load anyway. A backbone whose shapes the plan cannot
-    tell is let through, with a warning."""
+    """The run's capacity plan against the node this rank is on (``unifiedplayers.capacity.check_fits``): GPU memory,
+    the host RAM of the ranks on this node (``LOCAL_WORLD_SIZE`` of the ``WORLD_SIZE`` ranks), free disk at the run
+    directory (``run_dir``, else the working directory Hydra's run directories go under) and in trainer.offload_dir
+    (each node's own). Every rank checks, so every node is checked, and a node without room refuses on each of its
+    ranks with its figures and its host name (a rank that leaves ends the job: ``unifiedplayers.distributed``).
+    ``capacity.check=false`` skips it. So does a GPU run (``model.device=cuda``) on a machine without a GPU: its plan
+    is a GPU node's, and the run stops at its model load anyway. A backbone whose shapes the plan cannot tell is let
+    through, with a warning."""
     import warnings
 
     from unifiedplayers.capacity import UnknownArchitecture, check_fits, hardware_here, plan
@@ -215,6 +219,33 @@ def check_sampling(cfg: Any) -> None:
     if trained_roles(cfg) and cfg.rollout.top_p != 1.0:
         raise ValueError(f"rollout.top_p={cfg.rollout.top_p}: the trainer recomputes log-probs without top-p "
                          "truncation, so training needs rollout.top_p=1.0 (the ratio of Eq. 18 would be off 1)")
+
+
+def check_adapters(cfg: Any) -> None:
+    """``trainer.lora`` (players as adapters on one shared backbone) and ``rollout.sleep_level``: values in range,
+    and the combinations that cannot run: a sleeping engine that is not vLLM's, level 2 under adapters (the
+    backbone would be dropped for good), adapters on ZeRO-3 (whose partitions of the shared backbone one engine
+    per player would each take over)."""
+    lora = cfg.trainer.lora
+    if lora.rank < 0:
+        raise ValueError(f"trainer.lora.rank={lora.rank}: need >= 0 (0: every parameter trained)")
+    if lora.rank > 0:
+        if not lora.alpha > 0 or not 0 <= lora.dropout < 1 or not lora.target_modules:
+            raise ValueError(f"trainer.lora: alpha={lora.alpha} (need > 0), dropout={lora.dropout} (need in [0, 1)), "
+                             f"target_modules={list(lora.target_modules)} (need at least one)")
+        if str(cfg.trainer.backend) == "deepspeed_zero3":
+            raise ValueError("trainer.lora.rank > 0 with trainer.backend=deepspeed_zero3: the players share one "
+                             "frozen backbone, which ZeRO-3 would partition once per player's engine; use "
+                             "trainer=torch or trainer=deepspeed_zero2 (an adapter's optimizer state is small)")
+    level = int(cfg.rollout.sleep_level)
+    if level not in (0, 1, 2):
+        raise ValueError(f"rollout.sleep_level={level}: 0 (never), 1 (weights to the host) or 2 (weights dropped)")
+    if level and str(cfg.rollout.backend) != "vllm":
+        raise ValueError(f"rollout.sleep_level={level}: only rollout=vllm sleeps (the hf engine samples from the "
+                         "trainer's own weights and holds no cache between calls); set it to 0")
+    if level == 2 and lora.rank > 0:
+        raise ValueError("rollout.sleep_level=2 drops the engine's weights, and adapter players (trainer.lora.rank "
+                         "> 0) never copy the backbone in again: use rollout.sleep_level=1")
 
 
 def check_players(cfg: Any) -> None:

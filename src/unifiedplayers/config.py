@@ -26,7 +26,11 @@ from unifiedplayers.sandbox import SandboxConfig
 class ModelConfig:
     """How to load one backbone (``unifiedplayers.models``)."""
 
-    name: str = MISSING
+    # The backbone's name (the plan's architecture file, the model card, eval's paper rows beside ours). By default it
+    # follows model.path (:func:`backbone_name`): a hub id's repository, else the directory's own name, so that
+    # model.path=/models/Other is called Other, not the preset's backbone. A preset without a path names its model; a
+    # model.name=... override always wins (a local copy in a directory named otherwise, /models/qwen: set both).
+    name: str = "${backbone_name:${.path}}"
     # "gguf_wheel": a GGUF file shipped in an installed Python package (the embedded default).
     # "pretrained": a hub id or local directory for ``from_pretrained``.
     # "tiny_random": a small random Llama built from a config, for tests.
@@ -95,6 +99,11 @@ class RolloutConfig:
     # Directory vLLM loads its initial weights from; None: the model's own directory when it has one,
     # else a temporary save_pretrained snapshot. update_weights then makes the engine match the model.
     model_path: Optional[str] = None
+    # vllm, on a GPU: the engine sleeps through every update (vLLM's sleep mode) and wakes before sampling, so the
+    # trainer has the memory of its KV cache. 0: never; 1: the weights wait on the host and come back (adapter
+    # players: the backbone they share); 2: the weights are dropped too, and the player's are copied in again on
+    # waking (full-parameter players, whose weights are replaced anyway). vLLM has no sleep mode on a CPU.
+    sleep_level: int = 0
     # hf only: the prompt prefix shared by every row of a batch (system prompt, few-shot examples) is prefilled
     # once and its KV cache reused across rows and turns while the weights are unchanged. auto: on when the
     # model samples in bf16/fp16, off in float32 (float32 keeps its arithmetic bit for bit); true | false.
@@ -125,6 +134,20 @@ class RoleHyperparameters:
     # trainer.policy_loss of this player (grpo.POLICY_LOSSES): Socratic-Zero's Solver learns by DPO on
     # Teacher-judged pairs (dpo), its Generator by imitation of the Teacher's problems (weighted_sft).
     policy_loss: Optional[str] = None
+
+
+@dataclass
+class LoraSettings:
+    """``trainer.lora``: the players as PEFT LoRA adapters on one frozen, shared backbone
+    (:mod:`unifiedplayers.lora`). rank 0: every parameter trained, three full models (the paper's way)."""
+
+    rank: int = 0  # r; > 0: one frozen backbone in memory, an adapter per player; only adapters train
+    alpha: float = 32.0  # α: the adapter's output is scaled by α / r
+    dropout: float = 0.0  # dropout on the adapter's input (0: the update's forward is deterministic)
+    # The projections that get an adapter (names of the Llama/Qwen decoder layers' linear layers); the LM head and
+    # the embeddings stay frozen.
+    target_modules: list[str] = field(default_factory=lambda: [
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
 
 
 @dataclass
@@ -198,6 +221,7 @@ class TrainerConfig:
     # steps, one per mini-batch; every optimizer step is one update of the block. TRL: num_iterations.
     num_iterations: int = 1
     roles: RoleOverrides = field(default_factory=RoleOverrides)  # per-policy hyperparameters (Table 6)
+    lora: LoraSettings = field(default_factory=LoraSettings)  # rank > 0: adapters on one shared frozen backbone
 
 
 @dataclass
@@ -523,6 +547,19 @@ def _first_set(value: Any, default: Any) -> Any:
     return default if value is None else value
 
 
+def backbone_name(path: Optional[str]) -> str:
+    """The backbone's name as ``model.path`` spells it (``ModelConfig.name``'s default): a hub id's repository
+    (``Qwen/Qwen3-4B-Base``), a local directory's name (``/models/Qwen3-4B-Base``), or the repository of a Hugging Face
+    cache snapshot (``.../models--Qwen--Qwen3-4B-Base/snapshots/<commit>``), each ``Qwen3-4B-Base``. Not config.json's
+    ``_name_or_path``: transformers no longer writes it, and the versions that did wrote where a fine-tune started."""
+    if not path:
+        raise ValueError("model.name: no model.path to name the backbone after; set model.name")
+    parts = [p for p in str(path).replace("\\", "/").split("/") if p not in ("", ".")]
+    if len(parts) >= 3 and parts[-2] == "snapshots" and parts[-3].startswith("models--"):
+        return parts[-3].split("--")[-1]  # models--<owner>--<name>: the hub's escape of owner/name
+    return parts[-1] if parts else str(path)
+
+
 def register_configs() -> None:
     """Register the schema so that ``conf/config.yaml`` can list ``schema`` first in its defaults, and the
     ``first_set`` resolver (``${first_set:${run_dir},runs/...}``: Hydra's output dir is the run dir when set)."""
@@ -533,6 +570,18 @@ def register_configs() -> None:
         cs.store(name="schema", node=Config)
     if not OmegaConf.has_resolver("first_set"):
         OmegaConf.register_new_resolver("first_set", _first_set)
+
+
+def _register_backbone_name() -> None:
+    """The ``backbone_name`` resolver of ``ModelConfig.name``'s default, registered as this module is imported: every
+    config with a ``model`` (the run's, eval's) reads it, whichever entry point composed it."""
+    from omegaconf import OmegaConf
+
+    if not OmegaConf.has_resolver("backbone_name"):
+        OmegaConf.register_new_resolver("backbone_name", backbone_name)
+
+
+_register_backbone_name()
 
 
 def compose(

@@ -2,6 +2,7 @@
 
     python -m unifiedplayers.export RUN_DIR --role execution --out DIR
     python -m unifiedplayers.export RUN_DIR --role all --out DIR          # every trained player, DIR/<role>
+    python -m unifiedplayers.export RUN_DIR --format adapter              # an adapter run: PEFT's adapter format
 
 The player's checkpoint is the one the run state (``state.pt``) names for it: its last save, whether an end-of-block
 ``checkpoints/iter<t>/<role>`` or an in-block ``resume/<role>-a|b`` copy. The model is rebuilt from the run's
@@ -10,6 +11,13 @@ The player's checkpoint is the one the run state (``state.pt``) names for it: it
 
 ``--dtype``: the run's sampling dtype (``model.dtype``) by default, bfloat16 where the run left it ``auto``. Only
 parameters are cast; the rotary ``inv_freq`` buffers stay float32 (:func:`unifiedplayers.models.cast_parameters`).
+
+A run whose players are adapters (``trainer.lora.rank`` > 0; its ``model.pt`` holds the adapter alone) exports either
+way (``--format``): ``merged`` (the default), the backbone with the adapter folded into its weights (W + (α / r) B A,
+in float32, then cast), as plain ``save_pretrained`` files; or ``adapter``, PEFT's format (``adapter_config.json``,
+``adapter_model.safetensors``: ``PeftModel.from_pretrained(backbone, DIR)``, or vLLM's ``LoRARequest``), whose
+``base_model_name_or_path`` is the run's ``model.path``; a backbone with none (the embedded model, the tiny one) is
+written beside it, in ``DIR/base``, once.
 
 A finished run exports every trained player into ``RUN_DIR/export/<role>`` (``schedule.export_at_end``), from the
 checkpoint files on disk, with the same code. The CPU presets (``smoke``, ``figure1_smoke``, ``ablation_smoke``) leave
@@ -36,8 +44,10 @@ from unifiedplayers.models import load_model, resolve_dtype, save_model_dir
 from unifiedplayers.precision import DTYPE_NAMES
 from unifiedplayers.roles import ROLES
 from unifiedplayers.rundir import CONFIG, EXPORT, MODEL_WEIGHTS, STATE, TRAINER_STATE, load_state
+from unifiedplayers import lora
 
 EXPORT_META = "unifiedplayers_export.json"
+FORMATS = ("merged", "adapter")
 
 
 class ExportError(Exception):
@@ -102,22 +112,31 @@ def git_commit() -> Optional[str]:
 
 
 def export_player(run_dir: str | os.PathLike, role: str, out: str | os.PathLike,
-                  dtype: Optional[str] = None, run: Optional[tuple[dict[str, Any], Any]] = None) -> Path:
+                  dtype: Optional[str] = None, run: Optional[tuple[dict[str, Any], Any]] = None,
+                  fmt: str = "merged") -> Path:
     """Write ``role``'s last checkpoint of the run in ``run_dir`` to ``out`` as ``save_pretrained`` files (the module
-    docstring). ``out`` is written whole or not at all; an earlier export there is replaced. Returns ``out``.
-    ``run``: the run's (state, config) when the caller has read them (:func:`read_run`)."""
+    docstring), or an adapter run's adapter in PEFT's format (``fmt="adapter"``). ``out`` is written whole or not at
+    all; an earlier export there is replaced. Returns ``out``. ``run``: the run's (state, config) when the caller has
+    read them (:func:`read_run`)."""
     run_dir, out = Path(run_dir).expanduser(), Path(out).expanduser()
     state, run_cfg = run or read_run(run_dir)
     ckpt = player_checkpoint(run_dir, state, role)
     name = export_dtype(run_cfg, dtype)
+    adapters = lora.enabled(OmegaConf.select(run_cfg, "trainer", default={}))
+    if fmt not in FORMATS:
+        raise ExportError(f"--format {fmt!r}: one of {', '.join(FORMATS)}")
+    if fmt == "adapter" and not adapters:
+        raise ExportError(f"--format adapter: the run in {run_dir} trained every parameter (trainer.lora.rank=0), "
+                          "it has no adapter; export --format merged")
     if out.exists() and not (out.is_dir() and (not any(out.iterdir()) or (out / EXPORT_META).is_file())):
         raise ExportError(f"{out} exists and is not an export of this tool: choose another --out")
     t0 = time.perf_counter()
-    # The backbone the run trained, on CPU, in the export dtype (parameters only: inv_freq stays float32).
-    model_cfg = OmegaConf.merge(run_cfg.model, {"device": "cpu", "dtype": name})
-    model, tokenizer = load_model(model_cfg)
     weights = torch.load(ckpt / MODEL_WEIGHTS, map_location="cpu", weights_only=True, mmap=True)
-    model.load_state_dict(weights)  # strict: a checkpoint of another backbone fails here, naming the keys
+    if adapters:  # merged in float32, then cast; or the adapter in PEFT's format beside the backbone it needs
+        model, tokenizer = _adapter_model(run_cfg, weights, name, merge=fmt == "merged")
+    else:  # The backbone the run trained, on CPU, in the export dtype (parameters only: inv_freq stays float32).
+        model, tokenizer = load_model(OmegaConf.merge(run_cfg.model, {"device": "cpu", "dtype": name}))
+        model.load_state_dict(weights)  # strict: a checkpoint of another backbone fails here, naming the keys
     model.config.dtype = resolve_dtype(name)  # config.json's dtype: what vLLM serves in by default
     trainer_state = _trainer_state(ckpt)
     version = state.get("versions", {}).get(role) or {}
@@ -127,13 +146,17 @@ def export_player(run_dir: str | os.PathLike, role: str, out: str | os.PathLike,
         "global_step": trainer_state.get("global_step", version.get("step")),
         "run_updates_completed": state["completed"], "run_finished": bool(state["finished"]), "dtype": name,
         "model": str(run_cfg.model.name), "method": str(OmegaConf.select(run_cfg, "method.name", default="")),
+        "format": fmt if adapters else "full",
         "git_commit": git_commit(), "exported_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"  # beside out, so the rename is atomic
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)  # the umask's mode (mkdtemp's 0700 would hide the export from other users)
     try:
-        save_model_dir(model, tokenizer, str(tmp))
+        if fmt == "adapter":
+            _save_adapter(model, tokenizer, run_cfg, tmp, out)
+        else:
+            save_model_dir(model, tokenizer, str(tmp))
         (tmp / EXPORT_META).write_text(json.dumps(meta, indent=1) + "\n")
         if out.exists():
             shutil.rmtree(out)
@@ -144,6 +167,35 @@ def export_player(run_dir: str | os.PathLike, role: str, out: str | os.PathLike,
     return out
 
 
+def _adapter_model(run_cfg: Any, weights: dict[str, torch.Tensor], dtype: str, merge: bool) -> tuple[Any, Any]:
+    """The run's backbone (float32, CPU) with the checkpoint's adapter (``weights``): folded into its weights and
+    cast to ``dtype`` (``merge``), or still an adapter player."""
+    from unifiedplayers.trainer.precision import cast_parameters
+
+    base, tokenizer = load_model(OmegaConf.merge(run_cfg.model, {"device": "cpu", "dtype": "float32"}))
+    player = lora.add_adapter(lora.share_base(base), run_cfg.trainer.lora)
+    try:
+        lora.load_policy_state(player, weights)
+    except ValueError as err:
+        raise ExportError(f"the checkpoint's adapter does not fit the run's trainer.lora: {err}") from None
+    if not merge:
+        return player, tokenizer
+    base.load_state_dict(lora.merged_state(player))
+    return cast_parameters(base, resolve_dtype(dtype)), tokenizer
+
+
+def _save_adapter(player: Any, tokenizer: Any, run_cfg: Any, tmp: Path, out: Path) -> None:
+    """``player``'s adapter in PEFT's format into ``tmp`` (to become ``out``): ``adapter_config.json`` naming the
+    backbone (the run's ``model.path``, else the backbone written into ``out/base``), ``adapter_model.safetensors``,
+    and the tokenizer."""
+    path = OmegaConf.select(run_cfg, "model.path", default=None)
+    if not path:  # the embedded or tiny backbone: no directory of its own for PEFT or vLLM to load
+        base, base_tokenizer = load_model(OmegaConf.merge(run_cfg.model, {"device": "cpu"}))
+        save_model_dir(base, base_tokenizer, str(tmp / "base"))
+    lora.save_peft_adapter(player, str(tmp), base_model=str(path or out / "base"))
+    tokenizer.save_pretrained(str(tmp))
+
+
 def _trainer_state(ckpt: Path) -> dict[str, Any]:
     """The checkpoint's ``trainer_state.pt`` (the player's step and outer iteration), {} when thinned away."""
     path = ckpt / TRAINER_STATE
@@ -151,12 +203,12 @@ def _trainer_state(ckpt: Path) -> dict[str, Any]:
 
 
 def export_run(run_dir: str | os.PathLike, role: str = "all", out: Optional[str | os.PathLike] = None,
-               dtype: Optional[str] = None) -> list[Path]:
+               dtype: Optional[str] = None, fmt: str = "merged") -> list[Path]:
     """Export ``role`` to ``out`` (default ``RUN_DIR/export/<role>``), or with ``role="all"`` every player the run
     state names a checkpoint for that still holds its weights, each to ``out/<role>`` (default ``RUN_DIR/export``)."""
     run_dir = Path(run_dir).expanduser()
     if role != "all":
-        return [export_player(run_dir, role, out or run_dir / EXPORT / role, dtype)]
+        return [export_player(run_dir, role, out or run_dir / EXPORT / role, dtype, fmt=fmt)]
     run = read_run(run_dir)  # read once for every player (config.yaml's parse is ~0.1 s)
     roles = exported_roles(run[0])
     if not roles:
@@ -169,7 +221,7 @@ def export_run(run_dir: str | os.PathLike, role: str = "all", out: Optional[str 
         print(f"[export] skipped {', '.join(thinned)}: schedule.checkpoint_retention kept no model.pt of theirs")
     roles = [r for r in roles if r not in thinned]
     root = Path(out).expanduser() if out else run_dir / EXPORT
-    return [export_player(run_dir, r, root / r, dtype, run) for r in roles]
+    return [export_player(run_dir, r, root / r, dtype, run, fmt) for r in roles]
 
 
 def export_at_end(run_dir: Path) -> None:
@@ -193,9 +245,12 @@ def main(argv: Optional[Sequence[str]] = None) -> list[Path]:
                                                 "default RUN_DIR/export[/<role>]")
     ap.add_argument("--dtype", default=None, help=f"{' | '.join(DTYPE_NAMES)}; default: the run's model.dtype, "
                                                   "bfloat16 where it is auto")
+    ap.add_argument("--format", default="merged", choices=FORMATS,
+                    help="a run of adapter players (trainer.lora.rank > 0): merged, the backbone with the adapter "
+                         "folded in (default), or adapter, PEFT's adapter format")
     args = ap.parse_args(argv)
     try:
-        return export_run(args.run_dir, args.role, args.out, args.dtype)
+        return export_run(args.run_dir, args.role, args.out, args.dtype, args.format)
     except ExportError as err:
         raise SystemExit(f"[export] {err}") from None
 

@@ -131,7 +131,7 @@ def arch_file(name: str) -> Path:
 def model_arch(model: Any) -> Arch:
     """The backbone's shapes from its configuration only: a local ``model.path``'s config.json wins; a tiny_random
     model's own sizes (the byte tokenizer's 259 ids, untied, as ``models.build_tiny_random``); else the JSON file of
-    :func:`arch_file`."""
+    :func:`arch_file` for ``model.name``, which follows ``model.path`` (a hub id's repository) unless set."""
     if model.source == "tiny_random":
         from unifiedplayers.models import BYTE_SPECIAL_TOKENS
 

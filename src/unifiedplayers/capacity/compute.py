@@ -105,11 +105,12 @@ def entropy_flops(s: Setup, load: RoleLoad) -> float:
 
 
 def optimizer_seconds(s: Setup) -> float:
-    """ZeRO-Offload: DeepSpeed's CPU Adam over N parameters, and the gradients and weights over PCIe; on the GPU the
-    step reads and writes the 18N state at HBM bandwidth."""
+    """ZeRO-Offload: DeepSpeed's CPU Adam over a node's share of the N parameters (all of them on one node), and the
+    gradients and weights over PCIe; on the GPU the step reads and writes the 18N state at HBM bandwidth."""
     n = s.n
     if s.deepspeed and s.cfg.trainer.offload_optimizer:
-        return n / CPU_ADAM_PARAMS_PER_S + 2 * s.compute_width * n / s.world / PCIE_BYTES_PER_S
+        node_share = n * s.node_ranks / s.world
+        return node_share / CPU_ADAM_PARAMS_PER_S + 2 * s.compute_width * n / s.world / PCIE_BYTES_PER_S
     return 2 * OPTIMIZER_STATE_BYTES * n / ((s.world if s.deepspeed else 1) * s.machine.gpu_bandwidth)
 
 

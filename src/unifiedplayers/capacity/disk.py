@@ -5,7 +5,7 @@ from __future__ import annotations
 import tempfile
 from typing import Any, Optional, Sequence
 
-from unifiedplayers.capacity.memory import OPTIMIZER_STATE_BYTES, Item
+from unifiedplayers.capacity.memory import OPTIMIZER_STATE_BYTES, Item, ref_holders
 from unifiedplayers.capacity.workload import Setup
 from unifiedplayers.schedule import phase_steps, plan_updates, save_due
 
@@ -76,16 +76,21 @@ def disk_items(s: Setup, checkpoint: Sequence[Item]) -> tuple[Item, ...]:
 
 
 def parked_item(s: Setup) -> Optional[Item]:
-    """The idle trained players' state in files without a name (``trainer/offload.py``): optimizer state (and the
-    torch backend's float32 masters when it samples from a copy), π_ref. At start-up every trained player's optimizer
-    state waits there; later the idle ones' with their π_ref."""
+    """The idle trained players' state in files without a name (``trainer/offload.py``), on one node (node 0's, the
+    largest): optimizer state (DeepSpeed: that node's ranks' partitions of 18N; the torch backend: the AdamW state and,
+    when it samples from a copy, the float32 masters), π_ref. At start-up every trained player's optimizer state waits
+    there; later the idle ones' with their π_ref. Each node parks its own ranks' state in its own
+    ``trainer.offload_dir``."""
     if not s.trained:
         return None
     n = s.n
-    opt = OPTIMIZER_STATE_BYTES * n if s.deepspeed else 8 * n + (4 * n if s.sample_width != 4 else 0)
-    holders = 1 if (s.backend == "deepspeed_zero3" and s.cfg.trainer.ref_mode == "precompute") else s.world
-    ref = holders * s.compute_width * n if s.kl else 0.0
+    if s.deepspeed:
+        opt = OPTIMIZER_STATE_BYTES * n * s.node_ranks / s.world
+    else:  # every rank holds the whole state
+        opt = s.node_ranks * (8 * n + (4 * n if s.sample_width != 4 else 0))
+    ref = ref_holders(s) * s.compute_width * n if s.kl else 0.0
     worst = max(s.trained_models * opt, (s.trained_models - 1) * (opt + ref))
     where = s.cfg.trainer.offload_dir or tempfile.gettempdir()
-    return Item(f"idle players' parked state (trainer.offload_dir: {where})", worst,
+    each = " per node" if s.machine.nodes > 1 else ""
+    return Item(f"idle players' parked state (trainer.offload_dir: {where}){each}", worst,
                 "trainer.offload_dir (a local disk, not tmpfs)")

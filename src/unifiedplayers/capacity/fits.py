@@ -31,20 +31,28 @@ def check_fits(plan: Plan, machine: Hardware) -> None:
     if host.total > machine.host_ram:
         problems.append(_over(f"host RAM per node ({_at(host.name)})", host.total, machine.host_ram, host.items, GiB,
                               "GiB"))
-    parked = plan.parked.bytes if plan.parked else 0.0
-    disk = plan.run_disk + (parked if machine.offload_disk is None else 0.0)
-    if disk > machine.disk:
-        items = plan.disk[:1] + ((plan.parked,) if plan.parked and machine.offload_disk is None else ())
-        problems.append(_over("disk at the run directory", disk, machine.disk, items, GB, "GB", "free"))
-    if machine.offload_disk is not None and parked > machine.offload_disk:
-        problems.append(_over("disk in trainer.offload_dir", parked, machine.offload_disk, (plan.parked,), GB, "GB",
-                              "free"))
+    problems += disk_problems(plan, machine)
     if problems:
         raise CapacityError(
             f"capacity: experiment={plan.experiment} does not fit this machine ({machine.name}):\n- "
             + "\n- ".join(problems)
             + f"\nThe plan: python -m unifiedplayers.capacity experiment={plan.experiment} (estimates; "
               "capacity.check=false starts the run anyway)")
+
+
+def disk_problems(plan: Plan, machine: Hardware) -> list[str]:
+    """The run directory's disk (shared by the nodes: the checkpoints once, and every node's parked state when
+    trainer.offload_dir lies on it) and trainer.offload_dir's own disk (a node's, its parked state alone)."""
+    parked = plan.parked_on_run_disk(machine)
+    problems = []
+    if plan.run_disk + parked.bytes > machine.disk:
+        items = plan.disk[:1] + ((parked,) if parked.bytes else ())
+        problems.append(_over("disk at the run directory", plan.run_disk + parked.bytes, machine.disk, items, GB,
+                              "GB", "free"))
+    if machine.offload_disk is not None and plan.parked and plan.parked.bytes > machine.offload_disk:
+        problems.append(_over("disk in trainer.offload_dir", plan.parked.bytes, machine.offload_disk, (plan.parked,),
+                              GB, "GB", "free"))
+    return problems
 
 
 def _at(instant: str) -> str:

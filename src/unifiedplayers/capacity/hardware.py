@@ -1,13 +1,15 @@
-"""The machine a plan is checked against: :class:`Hardware` (the paper's node by default), and :func:`hardware_here`,
-this process's machine read from torch, ``/proc`` and the file systems."""
+"""The machine a plan is checked against: :class:`Hardware` (the paper's node by default, or several such nodes), and
+:func:`hardware_here`, this process's node read from torch, ``/proc``, the launcher's environment and the file
+systems."""
 from __future__ import annotations
 
 import os
 import shutil
+import socket
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from unifiedplayers.capacity.units import GB, TB, GiB
 from unifiedplayers.rundir import CHECKPOINTS
@@ -16,14 +18,17 @@ from unifiedplayers.rundir import CHECKPOINTS
 @dataclass(frozen=True)
 class Hardware:
     """What a plan is checked against and timed on; the defaults are the paper's node, 8 × A100 80GB (Appendix H.2).
-    Memory in bytes (an "80GB" A100 has 80 GiB), disk in bytes (disks are sold in decimal TB)."""
+    Memory in bytes (an "80GB" A100 has 80 GiB), disk in bytes (disks are sold in decimal TB). A run over several
+    nodes has ``nodes`` alike: host RAM and ``trainer.offload_dir`` are each node's own, the run directory is shared
+    by them (one file system that every node sees, as a multi-node run needs)."""
 
-    gpus: int = 8  # ranks of a GPU run (torchrun --nproc_per_node), one GPU each
+    gpus: int = 8  # GPUs of a node, one rank each (torchrun --nproc_per_node)
     gpu_memory: float = 80 * GiB  # per GPU; 0: no GPU (a GPU plan is then not checked)
     host_ram: float = 512 * GiB  # per node
-    disk: float = 2 * TB  # free where the run directory lies
-    offload_disk: Optional[float] = None  # free in trainer.offload_dir when another file system; None: the same
-    cpu_ranks: int = 1  # processes of a CPU run
+    disk: float = 2 * TB  # free where the run directory lies (shared by the nodes)
+    offload_disk: Optional[float] = None  # free in trainer.offload_dir when another file system (a node's own)
+    cpu_ranks: int = 1  # processes of a CPU run, per node
+    nodes: int = 1  # nodes of the run (torchrun --nnodes), each with gpus GPUs (or cpu_ranks processes)
     gpu_flops: float = 312e12  # dense bf16 matmul peak per GPU (A100)
     gpu_bandwidth: float = 2.039e12  # HBM bytes a second per GPU (A100 80GB SXM)
     utilisation: float = 0.35  # MFU of the compute-bound passes (training, prefill, no-grad passes)
@@ -33,9 +38,10 @@ class Hardware:
 
 
 def hardware_here(cfg: Any, world: int, run_dir: Optional[str] = None) -> Hardware:
-    """The machine this process runs on: its GPU (``torch.cuda.get_device_properties``; none: no GPU check), the
-    host RAM available (/proc/meminfo MemAvailable, plus what this node's ranks already hold), the free disk at the
-    run directory (plus the checkpoints a resumed run already has there) and in trainer.offload_dir."""
+    """The node this process runs on, named by its host name: its GPU (``torch.cuda.get_device_properties``; none:
+    no GPU check), the host RAM available (/proc/meminfo MemAvailable, plus what this node's ranks already hold), the
+    free disk at the run directory (plus the checkpoints a resumed run already has there) and in trainer.offload_dir.
+    Of the ``world`` ranks, ``LOCAL_WORLD_SIZE`` (torchrun sets it in every rank) run on each node; without it, all."""
     import torch
 
     from unifiedplayers.precision import native_bf16
@@ -44,14 +50,34 @@ def hardware_here(cfg: Any, world: int, run_dir: Optional[str] = None) -> Hardwa
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
         gpu, name = float(props.total_memory), props.name
-    ram = _meminfo("MemAvailable") + _rss() * int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    local = node_ranks_here(world)
+    nodes = max(1, world // local)
+    ram = _meminfo("MemAvailable") + _rss() * local
     run = Path(run_dir or os.getcwd()).expanduser().resolve()
     disk = _free(run) + _bytes_under(run / CHECKPOINTS)
     offload = Path(cfg.trainer.offload_dir or tempfile.gettempdir()).expanduser().resolve()
     other = _device(offload) != _device(run)
-    return Hardware(gpus=world, gpu_memory=gpu, host_ram=ram, disk=disk, offload_disk=_free(offload) if other else None,
-                   cpu_ranks=world, bf16=native_bf16(str(cfg.model.device))[0],
-                   name=f"{world} rank(s), {name}, {ram / GiB:.0f} GiB RAM available, {disk / GB:.0f} GB free at {run}")
+    ranks = f"{world} rank(s)" if nodes == 1 else f"{local} of {world} ranks ({nodes} nodes)"
+    return Hardware(gpus=local, gpu_memory=gpu, host_ram=ram, disk=disk, offload_disk=_free(offload) if other else None,
+                   cpu_ranks=local, nodes=nodes, bf16=native_bf16(str(cfg.model.device))[0],
+                   name=f"node {socket.gethostname()}: {ranks}, {name}, {ram / GiB:.0f} GiB RAM available, "
+                        f"{disk / GB:.0f} GB free at {run}")
+
+
+def node_here(cfgs: Sequence[Any]) -> Hardware:
+    """This node for runs started together, one GPU each (``experiments/dp8_single_gpu_runs.sh``): :func:`hardware_here`
+    for the first run, with the checkpoints every run already has counted as free disk (a resumed run reuses its
+    own); the runs' directories on one file system."""
+    first = hardware_here(cfgs[0], 1, cfgs[0].get("run_dir"))
+    dirs = [Path(c.run_dir or os.getcwd()).expanduser().resolve() for c in cfgs]
+    disk = first.disk + sum(_bytes_under(d / CHECKPOINTS) for d in dirs[1:])
+    return replace(first, disk=disk, name=f"node {socket.gethostname()}: {first.host_ram / GiB:.0f} GiB RAM available, "
+                                          f"{disk / GB:.0f} GB free at {os.path.commonpath(dirs)}")
+
+
+def node_ranks_here(world: int) -> int:
+    """The ranks of a ``world``-rank run on this node: ``LOCAL_WORLD_SIZE`` (torchrun), else all of them."""
+    return min(world, max(1, int(os.environ.get("LOCAL_WORLD_SIZE") or world)))
 
 
 def _meminfo(key: str) -> float:

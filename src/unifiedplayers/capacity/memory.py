@@ -207,24 +207,32 @@ def entropy_items(s: Setup, loads: Mapping[str, RoleLoad]) -> tuple[Item, ...]:
 
 # --------------------------------------------------------------------------- host RAM
 def host_instants(s: Setup, device: Sequence[Instant]) -> tuple[Instant, ...]:
-    """A node's host RAM at start-up and at each instant of an update. A GPU run: the ranks' processes, the active
-    player's ZeRO-Offload state (18N summed over the ranks), π_ref on the ranks that hold it and, while it is
-    swapped in, a copy of the current weights there. A CPU run: each process's device instants too."""
-    cfg, n, b = s.cfg, s.n, s.compute_width
+    """A node's host RAM at start-up and at each instant of an update, for the ranks on that node (node 0's, the
+    largest: the one π_ref of ZeRO-3 is on rank 0). A GPU run: the ranks' processes, the node's share of the active
+    player's ZeRO-Offload state (18N summed over all the run's ranks), π_ref on the ranks that hold it and, while it
+    is swapped in, a copy of the current weights there. A CPU run: each process's device instants too."""
+    cfg, n, b, ranks = s.cfg, s.n, s.compute_width, s.node_ranks
     what = "Python, torch, CUDA and vLLM host side, sandbox" if s.on_gpu else "Python, torch, tokenizer, sandbox"
-    procs = Item(f"{s.world} process{'es' if s.world > 1 else ''}: {what}",
-                 s.world * (GPU_RANK_OVERHEAD if s.on_gpu else CPU_RANK_OVERHEAD), "torchrun --nproc_per_node")
+    procs = Item(f"{ranks} process{'es' if ranks > 1 else ''}: {what}",
+                 ranks * (GPU_RANK_OVERHEAD if s.on_gpu else CPU_RANK_OVERHEAD), "torchrun --nproc_per_node")
     host = [procs]
     if s.trained and s.deepspeed and cfg.trainer.offload_optimizer:
-        host.append(Item(f"active player's ZeRO-Offload state ({OPTIMIZER_STATE_BYTES}N over the ranks)",
-                         OPTIMIZER_STATE_BYTES * n, "trainer.offload_optimizer=false keeps it on the GPUs"))
+        share = "over the ranks" if ranks == s.world else f"over the ranks: this node's {ranks} of {s.world}"
+        host.append(Item(f"active player's ZeRO-Offload state ({OPTIMIZER_STATE_BYTES}N {share})",
+                         OPTIMIZER_STATE_BYTES * n * ranks / s.world, "trainer.offload_optimizer=false keeps it on "
+                                                                     "the GPUs"))
     if s.kl and cfg.trainer.ref_mode == "precompute":
-        holders = 1 if s.backend == "deepspeed_zero3" else s.world
+        holders = ref_holders(s)
         host.append(Item(f"pi_ref on {holders} rank(s) (ref_mode precompute)", holders * b * n, "trainer.ref_mode"))
         host.append(Item("current weights while pi_ref is swapped in", holders * b * n, "trainer.ref_mode"))
     if s.on_gpu:
-        start = Instant("start-up", (procs, Item("the backbone read on the host by each rank", s.world * s.sample_width
+        start = Instant("start-up", (procs, Item("the backbone read on the host by each rank", ranks * s.sample_width
                                                  * n, "model.dtype; torchrun --nproc_per_node")))
         return (start, Instant("update", tuple(host)))
-    return tuple(Instant(i.name, tuple(host) + tuple(replace(x, bytes=x.bytes * s.world) for x in i.items))
+    return tuple(Instant(i.name, tuple(host) + tuple(replace(x, bytes=x.bytes * ranks) for x in i.items))
                  for i in device)
+
+
+def ref_holders(s: Setup) -> int:
+    """The ranks of node 0 that hold a π_ref apart: rank 0 alone under ZeRO-3 with ref_mode precompute, else each."""
+    return 1 if s.backend == "deepspeed_zero3" and s.cfg.trainer.ref_mode == "precompute" else s.node_ranks

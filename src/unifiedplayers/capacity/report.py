@@ -3,8 +3,10 @@ by instant (columns), the disk, the compute per optimizer step and the GPU-hours
 from __future__ import annotations
 
 import sys
-from typing import Optional, Sequence
+from dataclasses import replace
+from typing import Any, Optional, Sequence
 
+from unifiedplayers.capacity.concurrent import format_together, runs_that_fit
 from unifiedplayers.capacity.fits import CapacityError, check_fits
 from unifiedplayers.capacity.hardware import Hardware
 from unifiedplayers.capacity.memory import Instant
@@ -22,12 +24,10 @@ PAPER_NOTE = (f"paper: {PAPER_GPU_HOURS} local GPU-hours per seed, full UnifiedP
 def format_plan(plan: Plan) -> str:
     """The whole plan as text."""
     a, m = plan.arch, plan.machine
-    ranks = (f"{plan.world} ranks (torchrun --nproc_per_node={plan.world})" if plan.on_gpu
-             else f"a CPU run, {plan.world} process{'es' if plan.world > 1 else ''} (the GPU figures do not apply)")
     lines = [f"Capacity plan: experiment={plan.experiment}, {plan.model}, N = {a.parameters:,} parameters "
-             f"({a.source})", f"Hardware: {m.name}; {ranks}", "Rows per optimizer step (prompt + generated + tool "
-             "output tokens): " + ", ".join(f"{r} {l.rows} x {l.prompt} + {l.response} + {l.observations}"
-                                            for r, l in plan.loads.items())]
+             f"({a.source})", f"Hardware: {m.name}; {ranks_line(plan)}",
+             "Rows per optimizer step (prompt + generated + tool output tokens): "
+             + ", ".join(f"{r} {l.rows} x {l.prompt} + {l.response} + {l.observations}" for r, l in plan.loads.items())]
     if plan.gpu:
         peak = plan.gpu_peak
         lines += ["", *memory_table("GPU memory per GPU, GiB", plan.gpu, GiB), f"  ({INSTANTS})",
@@ -39,12 +39,25 @@ def format_plan(plan: Plan) -> str:
                          f"{demand / GiB:.1f} GiB at its budgets" + (", so vLLM runs it in waves." if demand > budget
                                                                        else ".") + " vLLM does not sleep while the "
                          "trainer runs: its budget is in every instant.")
-    host = plan.host_peak
-    lines += ["", *memory_table("Host RAM per node, GiB", plan.host, GiB),
-              f"Peak host RAM: {host.total / GiB:.1f} GiB at {host.name}, of {m.host_ram / GiB:.0f} GiB."]
+    host, nodes = plan.host_peak, m.nodes
+    title = "Host RAM per node, GiB" if nodes == 1 else f"Host RAM per node (node 0's {plan.node_ranks} ranks), GiB"
+    lines += ["", *memory_table(title, plan.host, GiB),
+              f"Peak host RAM{' per node' if nodes > 1 else ''}: {host.total / GiB:.1f} GiB at {host.name}, of "
+              f"{m.host_ram / GiB:.0f} GiB."]
     lines += ["", *disk_lines(plan), "", *compute_lines(plan), "", "Assumptions:"]
     lines += [f"  - {x}" for x in plan.assumptions]
     return "\n".join(lines)
+
+
+def ranks_line(plan: Plan) -> str:
+    """The run's ranks, and torchrun's options for them."""
+    nodes, per = plan.machine.nodes, plan.node_ranks
+    if not plan.on_gpu:
+        return (f"a CPU run, {per} process{'es' if per > 1 else ''}" + (f" on each of {nodes} nodes" if nodes > 1
+                                                                        else "") + " (the GPU figures do not apply)")
+    if nodes == 1:
+        return f"{plan.world} ranks (torchrun --nproc_per_node={plan.world})"
+    return f"{plan.world} ranks, {per} on each of {nodes} nodes (torchrun --nnodes={nodes} --nproc_per_node={per})"
 
 
 def memory_table(title: str, instants: Sequence[Instant], unit: float) -> list[str]:
@@ -78,10 +91,18 @@ def disk_lines(plan: Plan) -> list[str]:
     out = [f"Disk: one checkpoint of a trained player {_size(full)} = "
            + " + ".join(f"{i.name} {_size(i.bytes)}" for i in plan.checkpoint)]
     out += [f"  {i.name}: {_size(i.bytes)}  ({i.setting})" for i in plan.disk]
-    if plan.parked is not None:
-        p = plan.parked
-        out.append(f"  {p.name}: {_size(p.bytes)}  ({p.setting})")
-        out.append(f"  per run, both on one disk: {_size(plan.run_disk + p.bytes)}, of {_size(plan.machine.disk)}")
+    if plan.parked is None:
+        return out
+    p, m = plan.parked, plan.machine
+    out.append(f"  {p.name}: {_size(p.bytes)}  ({p.setting})")
+    if m.nodes == 1:
+        out.append(f"  per run, both on one disk: {_size(plan.run_disk + p.bytes)}, of {_size(m.disk)}")
+    elif m.offload_disk is None:
+        out.append(f"  the run directory, shared by the {m.nodes} nodes, with every node's parked state there: "
+                   f"{_size(plan.run_disk + plan.parked_on_run_disk(m).bytes)}, of {_size(m.disk)}")
+    else:
+        out.append(f"  each node's trainer.offload_dir: {_size(p.bytes)}, of {_size(m.offload_disk)}; the run "
+                   f"directory, shared by the {m.nodes} nodes: {_size(plan.run_disk)}, of {_size(m.disk)}")
     return out
 
 
@@ -119,7 +140,8 @@ def compute_lines(plan: Plan) -> list[str]:
         out.append(f"  not in it: {what}: {'saves ' if seconds < 0 else ''}~{abs(seconds) / 3600:.2f} h wall, "
                    f"{abs(seconds) * plan.world / 3600:.1f} GPU-hours")
     out.append(f"  {PAPER_NOTE}; this plan: {plan.gpu_hours / PAPER_GPU_HOURS:.2f} x that." if
-               plan.model.startswith("Qwen3-4B") else f"  {PAPER_NOTE}; the paper gives no figure for {plan.model}.")
+               plan.model.lower().startswith("qwen3-4b") else
+               f"  {PAPER_NOTE}; the paper gives no figure for {plan.model}.")
     return out
 
 
@@ -140,11 +162,17 @@ def parse_args(argv: Sequence[str]) -> tuple[Hardware, list[str]]:
     parser = argparse.ArgumentParser(
         prog="python -m unifiedplayers.capacity",
         description="The capacity and compute plan of a run: python -m unifiedplayers.capacity experiment=NAME "
-                    "[Hydra overrides] [options]. Defaults: the paper's node, 8 x A100 80GB.")
-    parser.add_argument("--gpus", type=int, default=d.gpus, help="GPUs, one rank each (torchrun --nproc_per_node)")
+                    "[Hydra overrides] [options]. Defaults: the paper's node, 8 x A100 80GB. Runs started together "
+                    "on one node: --runs N or --members FILE (python -m unifiedplayers.capacity --help-together).")
+    parser.add_argument("--gpus", type=int, default=d.gpus,
+                        help="GPUs of a node, one rank each (torchrun --nproc_per_node)")
+    parser.add_argument("--nodes", type=int, default=d.nodes, help="nodes of the run, alike (torchrun --nnodes)")
     parser.add_argument("--gpu-memory-gb", type=float, default=d.gpu_memory / GiB, help="per GPU, GiB (80GB A100: 80)")
     parser.add_argument("--host-ram-gb", type=float, default=d.host_ram / GiB, help="per node, GiB")
-    parser.add_argument("--disk-tb", type=float, default=d.disk / TB, help="free at the run directory, TB")
+    parser.add_argument("--disk-tb", type=float, default=d.disk / TB,
+                        help="free at the run directory (shared by the nodes), TB")
+    parser.add_argument("--offload-disk-tb", type=float, default=None,
+                        help="free in trainer.offload_dir, per node, when not the run directory's file system, TB")
     parser.add_argument("--utilisation", type=float, default=d.utilisation, help="MFU of training and prefill")
     parser.add_argument("--decode-efficiency", type=float, default=d.decode_efficiency,
                         help="share of the GPU's memory bandwidth decoding reaches")
@@ -154,19 +182,55 @@ def parse_args(argv: Sequence[str]) -> tuple[Hardware, list[str]]:
     unknown = [o for o in overrides if o.startswith("-")]
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-    machine = Hardware(gpus=args.gpus, gpu_memory=args.gpu_memory_gb * GiB, host_ram=args.host_ram_gb * GiB,
-                      disk=args.disk_tb * TB, utilisation=args.utilisation, decode_efficiency=args.decode_efficiency,
-                      gpu_flops=args.gpu_tflops * 1e12, gpu_bandwidth=args.gpu_bandwidth_tbs * 1e12,
-                      name=f"{args.gpus} x {args.gpu_memory_gb:g} GiB GPU, {args.host_ram_gb:g} GiB RAM, "
-                           f"{args.disk_tb:g} TB disk" + (" (the paper's node)" if args.gpus == 8 and
-                                                          args.gpu_memory_gb == 80 else ""))
+    name = (f"{args.gpus} x {args.gpu_memory_gb:g} GiB GPU, {args.host_ram_gb:g} GiB RAM, {args.disk_tb:g} TB disk"
+            + (" (the paper's node)" if args.gpus == 8 and args.gpu_memory_gb == 80 else ""))
+    if args.nodes > 1:
+        name = (f"{args.nodes} nodes of {args.gpus} x {args.gpu_memory_gb:g} GiB GPU and {args.host_ram_gb:g} GiB RAM "
+                f"each, {args.disk_tb:g} TB disk shared")
+    if args.offload_disk_tb is not None:
+        name += f", {args.offload_disk_tb:g} TB in trainer.offload_dir"
+    machine = Hardware(gpus=args.gpus, nodes=args.nodes, gpu_memory=args.gpu_memory_gb * GiB,
+                      host_ram=args.host_ram_gb * GiB, disk=args.disk_tb * TB,
+                      offload_disk=None if args.offload_disk_tb is None else args.offload_disk_tb * TB,
+                      utilisation=args.utilisation, decode_efficiency=args.decode_efficiency,
+                      gpu_flops=args.gpu_tflops * 1e12, gpu_bandwidth=args.gpu_bandwidth_tbs * 1e12, name=name)
     return machine, overrides
+
+
+TOGETHER_HELP = """Runs started together on one node, each its own run (experiments/dp8_single_gpu_runs.sh):
+  --runs N       N runs of the config the overrides give
+  --members F    one run a line of file F (-: standard input): a label (its run directory), then its Hydra
+                 overrides, shell words, as `python -m ablations.sweeps ... --list-members` prints them; the
+                 overrides on the command line are added to each. Standard output: the lines of the runs that fit,
+                 in order; the table goes to standard error.
+  --here         the node this command runs on (host RAM available, free disk at the runs' directories), not the
+                 machine of the options; the machine options still say each run's GPUs (--gpus)
+The sum of their host RAM peaks and disks is checked against the node: exit 0 when all fit, 1 when only the first
+few do (the table says how many), 2 on a config error."""
+
+
+def parse_together(argv: Sequence[str]) -> tuple[Any, list[str]]:
+    """(the ``--runs``, ``--members``, ``--here`` options, the rest for :func:`parse_args`)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--runs", type=int, default=0)
+    parser.add_argument("--members", default=None)
+    parser.add_argument("--here", action="store_true")
+    parser.add_argument("--help-together", action="store_true")
+    return parser.parse_known_args(list(argv))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     from unifiedplayers import config
 
-    machine, overrides = parse_args(sys.argv[1:] if argv is None else argv)
+    together, rest = parse_together(sys.argv[1:] if argv is None else argv)
+    if together.help_together:
+        print(TOGETHER_HELP)
+        return 0
+    machine, overrides = parse_args(rest)
+    if together.runs or together.members is not None:
+        return main_together(together, machine, overrides)
     try:
         the_plan = plan(config.compose(overrides), machine)
     except ValueError as err:
@@ -179,3 +243,36 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"\n{err}")
         return 1
     return 0
+
+
+def main_together(together: Any, machine: Hardware, overrides: list[str]) -> int:
+    """``--runs N`` or ``--members F``: the runs' plans summed against one node (:mod:`.concurrent`)."""
+    import shlex
+
+    from unifiedplayers import config
+    from unifiedplayers.capacity.hardware import node_here
+
+    lines: list[str] = []
+    same = together.members is None  # --runs: N copies of one config, planned once
+    try:
+        if same:
+            runs = [(f"run {i + 1}", list(overrides)) for i in range(together.runs)]
+        else:
+            with (sys.stdin if together.members == "-" else open(together.members)) as f:
+                lines = [line.rstrip("\n") for line in f if line.strip()]
+            runs = [(words[0], words[1:] + overrides) for words in map(shlex.split, lines)]
+        cfgs = [config.compose(o) for _, o in (runs[:1] if same else runs)]
+        if not cfgs:
+            print("unifiedplayers.capacity: no runs to plan", file=sys.stderr)
+            return 0
+        if together.here:
+            machine = replace(node_here(cfgs), gpus=machine.gpus, nodes=1)
+        plans = [plan(c, machine) for c in cfgs] * (len(runs) if same else 1)
+    except (OSError, ValueError) as err:
+        print(f"unifiedplayers.capacity: {err}", file=sys.stderr)
+        return 2
+    fit = runs_that_fit(plans, machine)
+    print(format_together([label for label, _ in runs], plans, machine), file=sys.stdout if same else sys.stderr)
+    for line in lines[:fit]:
+        print(line)
+    return 0 if fit == len(runs) else 1

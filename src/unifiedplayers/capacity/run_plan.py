@@ -3,7 +3,7 @@ its figures rest on."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 from unifiedplayers.capacity.arch import Arch
@@ -30,13 +30,13 @@ class Plan:
     arch: Arch
     machine: Hardware
     on_gpu: bool
-    world: int  # ranks
+    world: int  # ranks, over all the nodes
     loads: dict[str, RoleLoad]
     gpu: tuple[Instant, ...]  # per GPU; () on a CPU run
-    host: tuple[Instant, ...]  # per node
+    host: tuple[Instant, ...]  # per node: the ranks on it
     checkpoint: tuple[Item, ...]  # one checkpoint of a trained player
     disk: tuple[Item, ...]  # at the run directory: the run's peak first
-    parked: Optional[Item]  # the idle players' state in trainer.offload_dir
+    parked: Optional[Item]  # the idle players' state in trainer.offload_dir, per node
     # per GPU: (vLLM's KV budget, one max_model_len sequence's KV, the largest generation call's KV on one rank)
     vllm_kv: Optional[tuple[float, float, float]]
     roles: dict[str, RoleCompute]
@@ -44,6 +44,11 @@ class Plan:
     pool_seconds: float  # the Appendix D.2 diagnostic pool, wall
     assumptions: tuple[str, ...]
     omitted: tuple[tuple[str, float], ...] = ()  # (what, estimated wall seconds) left out of wall_seconds
+
+    @property
+    def node_ranks(self) -> int:
+        """The ranks on one node."""
+        return self.world // self.machine.nodes
 
     @property
     def gpu_peak(self) -> Optional[Instant]:
@@ -56,6 +61,17 @@ class Plan:
     @property
     def run_disk(self) -> float:
         return self.disk[0].bytes
+
+    def parked_on_run_disk(self, machine: Hardware) -> Item:
+        """What the idle players' parked state adds to the run directory's disk: nothing when ``machine`` gives
+        trainer.offload_dir a file system of its own, else every node's (one node's on one node)."""
+        nodes = self.machine.nodes
+        if self.parked is None or machine.offload_disk is not None:
+            return Item("no parked state on the run directory's disk", 0.0, "trainer.offload_dir")
+        if nodes == 1:
+            return self.parked
+        return replace(self.parked, name=f"{self.parked.name.removesuffix(' per node')} x {nodes} nodes",
+                       bytes=self.parked.bytes * nodes)
 
     @property
     def wall_seconds(self) -> float:
@@ -100,7 +116,7 @@ def assumptions(s: Setup) -> tuple[str, ...]:
     out = [
         f"sequences at their token budgets (player.*_max_new_tokens x max_turns, tool outputs of "
         f"observation_max_chars); prompts at {CHARS_PER_TOKEN:g} characters a token, questions of task_max_chars",
-        "auto dtypes: bfloat16 on a GPU, float32 on a CPU; one node; a phase's tasks all well-formed",
+        f"auto dtypes: bfloat16 on a GPU, float32 on a CPU; {nodes_assumption(s)}; a phase's tasks all well-formed",
         f"host RAM per rank beyond its tensors: {(GPU_RANK_OVERHEAD if s.on_gpu else CPU_RANK_OVERHEAD) / GiB:g} GiB",
     ]
     if s.on_gpu:
@@ -113,3 +129,12 @@ def assumptions(s: Setup) -> tuple[str, ...]:
             "copies into vLLM, checkpoint writes and start-up not counted (the GPUs idle through them)",
         ]
     return tuple(out)
+
+
+def nodes_assumption(s: Setup) -> str:
+    nodes = s.machine.nodes
+    if nodes == 1:
+        return "one node"
+    return (f"{nodes} nodes of {s.node_ranks} ranks, alike (host RAM and trainer.offload_dir: each node's own, node "
+            "0's shown; the run directory: one file system shared by the nodes); links between nodes timed as those "
+            "within one")

@@ -45,7 +45,8 @@ class Setup:
     arch: Arch
     machine: Hardware
     on_gpu: bool
-    world: int
+    world: int  # ranks of the run, over all its nodes
+    node_ranks: int  # ranks on one node (machine.gpus, or machine.cpu_ranks on a CPU)
     sample_width: int  # bytes per value of model.dtype (the weights players sample with)
     compute_width: int  # bytes per value of trainer.dtype
     backend: str
@@ -78,14 +79,16 @@ def dtype_width(setting: str, on_gpu: bool, bf16: Optional[bool] = None) -> int:
 def setup_of(cfg: Any, machine: Hardware) -> Setup:
     device = str(cfg.model.device)
     on_gpu = device.startswith("cuda") or (device == "auto" and machine.gpu_memory > 0)
-    world = machine.gpus if on_gpu else machine.cpu_ranks
-    if world < 1:
-        raise ValueError(f"capacity: {world} ranks; a GPU run needs --gpus >= 1")
+    node_ranks = machine.gpus if on_gpu else machine.cpu_ranks
+    if node_ranks < 1 or machine.nodes < 1:
+        raise ValueError(f"capacity: {node_ranks} ranks on each of {machine.nodes} node(s); a GPU run needs "
+                         "--gpus >= 1 and --nodes >= 1")
+    world = node_ranks * machine.nodes
     arch = model_arch(cfg.model)
     trained = tuple(trained_roles(cfg))
     joined = bool(cfg.method.shared_model) and {"planning", "execution"} <= set(trained)
     models = len(BLOCK_ORDER) - (1 if cfg.method.shared_model else 0)
-    return Setup(cfg, arch, machine, on_gpu, world, dtype_width(cfg.model.dtype, on_gpu, machine.bf16),
+    return Setup(cfg, arch, machine, on_gpu, world, node_ranks, dtype_width(cfg.model.dtype, on_gpu, machine.bf16),
                  dtype_width(cfg.trainer.dtype, on_gpu, machine.bf16),
                  str(cfg.trainer.backend), trained, len(trained) - (1 if joined else 0), models,
                  any(role_trainer_config(cfg.trainer, r).kl_coef != 0 for r in trained), arch.parameters)

@@ -40,7 +40,9 @@ class RolloutEngines:
     A backend that samples from the module itself (``samples_from_module``: hf): one engine per model object.
     Others (vLLM): one engine whose weights are swapped in (``update_weights``) when another player or checkpoint
     samples; the engine reads the module inside ``gather()`` (a trainer's :meth:`gathered_weights`: ZeRO-3 gathers
-    its partitions there, collectively, so every rank asks for the same engines in the same order).
+    its partitions there, collectively, so every rank asks for the same engines in the same order). With
+    ``rollout.sleep_level`` it sleeps through the trainer's work (:meth:`sleep`) and wakes at the next sampling;
+    at level 2 it dropped its weights, and the sampling player's are copied in again.
     """
 
     def __init__(self, rollout_cfg: Any, tokenizer: Any, build: Optional[Callable[..., Any]] = None) -> None:
@@ -54,6 +56,7 @@ class RolloutEngines:
         self._keys: dict[int, Any] = {}  # hf: the checkpoint name each module's engine last sampled
         self._shared: Any = None
         self._loaded: Any = None
+        self._asleep = False
 
     def engine(self, model: Any, key: Any,
                gather: Callable[[], ContextManager[Any]] = contextlib.nullcontext) -> Any:
@@ -65,6 +68,9 @@ class RolloutEngines:
                 self._keys[id(model)] = key
                 getattr(engine, "forget_prefixes", lambda: None)()
             return engine
+        if self._asleep:
+            self._shared.wake_up()
+            self._asleep = False
         if self._shared is None:
             with gather():
                 self._shared = self._build(self.cfg, model, self.tokenizer)
@@ -75,6 +81,18 @@ class RolloutEngines:
             self._loaded = key
         return self._shared
 
+
+    def sleep(self) -> None:
+        """The trainer is about to work (an update, a π_old pass): a shared engine with ``rollout.sleep_level`` > 0
+        frees its GPU memory until it samples again; at level 2 its weights are gone, so whatever samples next
+        is copied in."""
+        level = int(getattr(self.cfg, "sleep_level", 0) or 0)
+        if self._shared is None or level == 0 or self._asleep:
+            return
+        self._shared.sleep()
+        self._asleep = True
+        if level == 2:
+            self._loaded = None
 
     def built(self) -> list[Any]:
         """The engines built so far: one per module (hf), or the one shared engine (vLLM)."""

@@ -15,10 +15,11 @@ from unifiedplayers.precision import matches_stored
 from unifiedplayers.rundir import count_lines, load_state, truncate_lines
 
 # Config keys that may change between a run and its resumption (they steer this process, not the result, or,
-# ``machine``, record where each start ran: a run may resume on another machine).
+# ``machine``, record where each start ran: a run may resume on another machine; trainer.offload_dir holds only
+# files without a name, parked and read back bit-exactly).
 RUN_CONTROL_KEYS = ("resume", "run_dir", "logger", "schedule.max_updates", "schedule.print_summary",
                     "schedule.checkpoint_retention", "schedule.save_every", "schedule.export_at_end", "capacity",
-                    "machine")
+                    "machine", "trainer.offload_dir")
 
 
 def atomic_torch_save(obj: Any, path: Path) -> None:
@@ -41,7 +42,11 @@ def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
 
 def result_config(cfg: Any) -> dict[str, Any]:
     """The composed config minus the run-control keys: what must not change when a run is resumed."""
-    flat = _without_unused(_flatten(OmegaConf.to_container(cfg, resolve=True)))
+    return _without_control(_without_unused(_flatten(OmegaConf.to_container(cfg, resolve=True))))
+
+
+def _without_control(flat: dict[str, Any]) -> dict[str, Any]:
+    """``flat`` without the run-control keys (a run saved before a key became one stored it)."""
     return {k: v for k, v in flat.items() if not any(k == c or k.startswith(c + ".") for c in RUN_CONTROL_KEYS)}
 
 
@@ -142,7 +147,7 @@ def check_resumable(state: dict[str, Any], cfg: Any, run_dir: Path, world_size: 
             f"{run_dir} holds a run of {state.get('world_size', 1)} rank(s); resume it with as many "
             f"(this process has {world_size}): each rank's sampling seeds depend on the rank count")
     now = result_config(cfg)
-    then = _without_unused(state["config"])
+    then = _without_control(_without_unused(state["config"]))
     diff = sorted(k for k in set(now) | set(then) if now.get(k) != then.get(k)
                   and not (k not in then and is_schema_default(k, now[k]))
                   and not matches_stored(k, now.get(k), then.get(k)))  # dtype auto: the run keeps its dtype

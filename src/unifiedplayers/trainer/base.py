@@ -67,6 +67,7 @@ from unifiedplayers.trainer.batching import (
 from unifiedplayers.rundir import REFERENCE, RNG_STATE, TRAINER_STATE
 from unifiedplayers.trainer.checkpoint import atomic_directory, capture_rng_state, restore_rng_state
 from unifiedplayers.trainer.diagnostics import BlockDiagnostics, EntropyRetention, torch_threads
+from unifiedplayers.lora import is_adapted, policy_state, share_base
 from unifiedplayers.trainer.logprobs import TokenLogprobs
 from unifiedplayers.trainer.offload import ParkedTensors
 from unifiedplayers.trainer.precision import cast_parameters, logprob_mismatch, resolve_setting
@@ -240,7 +241,9 @@ class BaseTrainer(ReferencePolicy, BlockDiagnostics, TrainerHooks):
         if cfg.kl_coef != 0.0 and cfg.ref_mode == "copy":
             # Copied before any backend wraps or shards the model; loaded at the iteration's first update.
             # In the compute dtype: the reference pass is a forward like the policy's.
-            self._ref_model = cast_parameters(copy.deepcopy(model), self.compute_dtype).requires_grad_(False).eval()
+            # Adapters (trainer.lora): a module over the shared backbone with its own float32 adapter, as the policy's.
+            self._ref_model = (share_base(model).requires_grad_(False).eval() if is_adapted(model) else
+                               cast_parameters(copy.deepcopy(model), self.compute_dtype).requires_grad_(False).eval())
         self._setup(model)
         if entropy_bank is not None:
             self.set_entropy_bank(entropy_bank)
@@ -249,7 +252,7 @@ class BaseTrainer(ReferencePolicy, BlockDiagnostics, TrainerHooks):
         """Full (unsharded) policy weights, detached clones. Under a sharding backend this is a collective:
         every rank calls it at the same point."""
         with self.gathered_weights():
-            return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+            return {k: v.detach().clone() for k, v in policy_state(self.model).items()}
 
     def reload_state(self) -> None:
         """Bring offloaded state back now (``update`` also does it lazily)."""
@@ -280,7 +283,7 @@ class BaseTrainer(ReferencePolicy, BlockDiagnostics, TrainerHooks):
         """The policy's full weights copied to the host on the ranks that hold π_ref, None on the others (a
         collective under ZeRO-3: every rank calls it). Tied weights stay one tensor."""
         with self.gathered_weights():
-            return host_copy(self.model.state_dict()) if self._holds_reference else None
+            return host_copy(policy_state(self.model)) if self._holds_reference else None
 
     # ------------------------------------------------------------------ reference policy
     def start_outer_iteration(self) -> None:
@@ -438,7 +441,7 @@ class BaseTrainer(ReferencePolicy, BlockDiagnostics, TrainerHooks):
         if self._has_reference:  # rank 0 holds it
             parked = self._reference_parked is not None
             self._restore_reference()
-            ref = self._ref_model.state_dict() if self.cfg.ref_mode == "copy" else self._ref_state
+            ref = policy_state(self._ref_model) if self.cfg.ref_mode == "copy" else self._ref_state
             torch.save(ref, directory / REFERENCE)
             if parked:
                 self._park_reference()

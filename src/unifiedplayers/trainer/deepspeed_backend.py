@@ -52,6 +52,7 @@ from torch import nn
 
 from unifiedplayers.rundir import DEEPSPEED, MODEL_WEIGHTS
 from unifiedplayers.trainer.backends import register_trainer_backend
+from unifiedplayers.lora import is_adapted, load_policy_state, policy_state
 from unifiedplayers.trainer.base import BaseTrainer
 from unifiedplayers.trainer.logprobs import TokenLogprobModel
 from unifiedplayers.trainer.offload import ParkedStorages
@@ -316,25 +317,27 @@ class DeepSpeedTrainer(BaseTrainer):
             params = list(module.parameters())
             with deepspeed.zero.GatheredParameters(params, modifier_rank=0), torch.no_grad():
                 if state is not None:
-                    module.load_state_dict(state)
+                    load_policy_state(module, state)
         else:
-            with torch.no_grad():
-                module.load_state_dict(state)
+            load_policy_state(module, state)
 
     def _save_backend(self, directory: Path) -> None:
         self._ensure_optimizer()
-        self.engine.save_checkpoint(str(directory / DEEPSPEED), tag="state", save_latest=False)
+        # An adapter player (trainer.lora): its adapter and its optimizer state, not the frozen backbone it shares.
+        self.engine.save_checkpoint(str(directory / DEEPSPEED), tag="state", save_latest=False,
+                                    exclude_frozen_parameters=is_adapted(self.model))
         # Also the full weights as the torch backend writes them (model.pt, on the host): what the
         # evaluation harness and the retention policy read, whatever the backend. Every rank is here
         # (a collective checkpoint), so ZeRO-3 can gather its partitions; rank 0 writes.
         with self.gathered_weights():
             if self.dist.is_main:
-                torch.save({k: v.detach().cpu() for k, v in self.model.state_dict().items()}, directory / MODEL_WEIGHTS)
+                torch.save({k: v.detach().cpu() for k, v in policy_state(self.model).items()}, directory / MODEL_WEIGHTS)
 
     def _load_backend(self, directory: Path) -> None:
         self._ensure_optimizer()
         path, _ = self.engine.load_checkpoint(
-            str(directory / DEEPSPEED), tag="state", load_optimizer_states=True, load_lr_scheduler_states=True
+            str(directory / DEEPSPEED), tag="state", load_optimizer_states=True, load_lr_scheduler_states=True,
+            load_module_strict=not is_adapted(self.model),  # an adapter's checkpoint holds no frozen backbone
         )
         if path is None:
             raise FileNotFoundError(f"no DeepSpeed checkpoint under {directory / 'deepspeed'}")

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from unifiedplayers.trainer.batching import _MicroBatch
+from unifiedplayers.lora import adapter_parameters, is_adapted, load_policy_state, policy_state
 from unifiedplayers.trainer.logprobs import TokenLogprobModel, TokenLogprobs
 from unifiedplayers.trainer.offload import ParkedTensors
 
@@ -40,7 +41,7 @@ class ReferencePolicy:
         self._restore_reference()  # a copy module's memory back: its values are loaded now
         if self.cfg.ref_mode == "copy":
             with self.gathered_weights(), torch.no_grad():
-                self._ref_model.load_state_dict(self.model.state_dict())
+                load_policy_state(self._ref_model, policy_state(self.model))
             self._ref_model.to(self.device)
         else:  # precompute: keep the weights on the host, swap them in once per batch
             self._ref_state = self._host_weights()
@@ -50,8 +51,7 @@ class ReferencePolicy:
         """π_ref := ``state`` (a checkpoint's ``reference.pt``, on the host)."""
         self._restore_reference()
         if self.cfg.ref_mode == "copy":
-            with torch.no_grad():
-                self._ref_model.load_state_dict(state)
+            load_policy_state(self._ref_model, state)
             self._ref_model.to(self.device)
         else:
             self._ref_state = {k: v.to("cpu") for k, v in state.items()}
@@ -59,6 +59,8 @@ class ReferencePolicy:
 
     def _reference_tensors(self) -> list[Tensor]:
         if self.cfg.ref_mode == "copy":  # its parameters: its buffers are small, and load_state_dict skips some
+            if self._ref_model is not None and is_adapted(self._ref_model):
+                return adapter_parameters(self._ref_model)  # the backbone under it is every player's
             return list(self._ref_model.parameters()) if self._ref_model is not None else []
         return list((self._ref_state or {}).values())
 

@@ -25,6 +25,7 @@ from torch import nn
 from unifiedplayers.rundir import MODEL_WEIGHTS, OPTIMIZER
 from unifiedplayers.trainer.backends import register_trainer_backend
 from unifiedplayers.trainer.base import BaseTrainer
+from unifiedplayers.lora import is_adapted, load_policy_state, policy_state
 from unifiedplayers.trainer.logprobs import TokenLogprobModel
 from unifiedplayers.trainer.offload import ParkedTensors, offload_file
 from unifiedplayers.trainer.optim import make_optimizer, make_scheduler
@@ -54,7 +55,11 @@ class TorchTrainer(BaseTrainer):
     def _prepare_model(self, model: nn.Module) -> nn.Module:
         """Master weights in float32, whatever the compute dtype: AdamW never steps bf16 weights. In memory of their
         own: a model loaded zero-copy from a safetensors file keeps its weights in the file's mapping, which stays
-        resident as long as any of them lives, so an idle player could not give it back."""
+        resident as long as any of them lives, so an idle player could not give it back. A player that is an adapter
+        (trainer.lora) is taken as it is: its float32 adapter is its master weights, and the frozen backbone under it,
+        in the compute dtype, is every player's."""
+        if is_adapted(model):
+            return model
         model = cast_parameters(model, torch.float32)
         with torch.no_grad():
             for t in [*model.parameters(), *model.buffers()]:
@@ -64,6 +69,7 @@ class TorchTrainer(BaseTrainer):
 
     def _setup(self, model: nn.Module) -> None:
         self._model = model
+        self._adapted = is_adapted(model)  # trainer.lora: the master weights are the adapter's
         self._copies: dict[torch.dtype, nn.Module] = {}  # the weights in lower precisions, refreshed after each step
         self._sampled_dtypes: set[torch.dtype] = set()  # the dtypes sampling_model() handed out
         self._masters_parked: Optional[ParkedTensors] = None  # the float32 master weights while idle
@@ -98,7 +104,7 @@ class TorchTrainer(BaseTrainer):
         return self._weights_in(dtype)
 
     def _weights_in(self, dtype: torch.dtype) -> nn.Module:
-        if dtype == torch.float32:
+        if dtype == torch.float32 or self._adapted:  # an adapter player: one module computes and samples
             return self.model
         if dtype not in self._copies:
             grads = dtype == self.compute_dtype
@@ -133,7 +139,7 @@ class TorchTrainer(BaseTrainer):
 
     def _backward(self, loss: Tensor) -> None:
         loss.backward()
-        if self.compute_dtype != torch.float32:  # the copy's gradients join the float32 master's
+        if self.compute_dtype != torch.float32 and not self._adapted:  # the copy's gradients join the float32 master's
             move_gradients(self.compute_model, self._model)
 
     def _set_accumulation_boundary(self, is_last_micro_batch: bool) -> None:
@@ -160,12 +166,11 @@ class TorchTrainer(BaseTrainer):
         return contextlib.nullcontext()
 
     def _load_policy_weights(self, state: Mapping[str, Tensor]) -> None:
-        with torch.no_grad():
-            self.model.load_state_dict(state)
+        load_policy_state(self.model, state)
         self._sync_copies()
 
     def _save_backend(self, directory: Path) -> None:
-        torch.save(self.model.state_dict(), directory / MODEL_WEIGHTS)
+        torch.save(policy_state(self.model), directory / MODEL_WEIGHTS)  # an adapter player: its adapter alone
         if self._offloaded_to is not None:  # offloaded: same file format, copy it and keep memory free
             self._offloaded_to.seek(0)
             with open(directory / OPTIMIZER, "wb") as out:
@@ -202,7 +207,7 @@ class TorchTrainer(BaseTrainer):
             fh.flush()
             self.optimizer, self.scheduler = None, None
             self._offloaded_to = fh
-        if (self._masters_parked is None and self.compute_dtype != torch.float32
+        if (self._masters_parked is None and self.compute_dtype != torch.float32 and not self._adapted
                 and torch.float32 not in self._sampled_dtypes):
             self._masters_parked = ParkedTensors(self._model.parameters(), self._offload_dir(), contents=keep)
 

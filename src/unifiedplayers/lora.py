@@ -1,0 +1,178 @@
+"""Players as low-rank adapters on one frozen backbone (``trainer.lora.rank`` > 0), through PEFT's LoRA.
+
+With ``rank`` = 0 every player trains all its parameters (the paper's way, and the default). With ``rank`` = r > 0:
+
+- the backbone's weights are loaded once, frozen (``requires_grad=False``) and shared by every player: each player
+  is its own module tree (:func:`share_base`) whose frozen tensors *are* the backbone's, with PEFT's LoRA layers
+  injected into the projections of ``target_modules`` (:func:`add_adapter`). A player's output is
+  W x + (α / r) B A x, with A (r × in) drawn as PEFT draws it and B (out × r) zero, so before its first update
+  every player computes exactly what the backbone computes;
+- what a player *is*, beyond the backbone, is its adapter: :func:`adapter_state` (the trainable tensors by name).
+  Checkpoints, π_ref (the player at the iteration's start), the published copies of stale feedback and the weights
+  sent to a rollout engine are adapter states, never the backbone;
+- only adapter tensors have gradients and optimizer state (AdamW takes the parameters that require a gradient).
+
+The adapters stay float32 (they are the master weights; PEFT casts a layer's input to the adapter's dtype and the
+result back), the shared backbone is held in the trainer's compute dtype.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any, Mapping, Optional
+
+import torch
+from torch import nn
+
+Tensor = torch.Tensor
+ADAPTER = "default"  # PEFT's adapter name inside each player's module (one adapter per module)
+
+
+def enabled(trainer_cfg: Any) -> bool:
+    """Whether ``trainer_cfg`` (``cfg.trainer``, or a role's resolved trainer config) trains adapters."""
+    lora = getattr(trainer_cfg, "lora", None) if not isinstance(trainer_cfg, Mapping) else trainer_cfg.get("lora")
+    return lora is not None and int(lora.get("rank", 0) if isinstance(lora, Mapping) else lora.rank) > 0
+
+
+def peft_config(lora_cfg: Any) -> Any:
+    """PEFT's ``LoraConfig`` of ``trainer.lora`` (rank, alpha, dropout, target modules; no bias trained)."""
+    from peft import LoraConfig
+
+    return LoraConfig(r=int(lora_cfg.rank), lora_alpha=float(lora_cfg.alpha), lora_dropout=float(lora_cfg.dropout),
+                      target_modules=list(lora_cfg.target_modules), bias="none")
+
+
+def freeze(model: nn.Module) -> nn.Module:
+    """Every parameter of ``model`` frozen: the backbone the players share."""
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+def frozen_tensors(model: nn.Module) -> list[Tensor]:
+    """The parameters and buffers of ``model`` that no adapter owns: the shared backbone's."""
+    return [*(p for p in model.parameters() if not p.requires_grad), *model.buffers()]
+
+
+def share_base(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` whose frozen parameters and buffers are ``model``'s own tensors (one backbone in memory)
+    and whose trainable ones (an adapter, if any) are copies."""
+    memo = {id(t): t for t in frozen_tensors(model)}
+    return copy.deepcopy(model, memo)
+
+
+def add_adapter(model: nn.Module, lora_cfg: Any, seed: Optional[int] = None) -> nn.Module:
+    """``model`` (frozen) with a float32 LoRA adapter injected in place into ``lora_cfg.target_modules``; A drawn
+    from ``seed``'s generator when given (without touching the global RNG streams), B zero."""
+    from peft import inject_adapter_in_model
+
+    freeze(model)
+    state = torch.random.get_rng_state()
+    try:
+        if seed is not None:
+            torch.manual_seed(seed)
+        inject_adapter_in_model(peft_config(lora_cfg), model, adapter_name=ADAPTER)
+    except ValueError as err:  # PEFT: "Target modules ... not found in the base model"
+        raise ValueError(f"trainer.lora.target_modules={list(lora_cfg.target_modules)} matched no layer of "
+                         f"{type(model).__name__}: {err}") from None
+    finally:
+        torch.random.set_rng_state(state)
+    for name, p in model.named_parameters():
+        if "lora_" in name:
+            p.data = p.data.float()
+            p.requires_grad_(True)
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ValueError(f"trainer.lora.target_modules={list(lora_cfg.target_modules)} matched no layer of "
+                         f"{type(model).__name__}")
+    return model
+
+
+def is_adapted(model: nn.Module) -> bool:
+    """Whether ``model`` carries LoRA layers."""
+    return any("lora_" in name for name, _ in model.named_parameters())
+
+
+def adapter_parameters(model: nn.Module) -> list[nn.Parameter]:
+    return [p for name, p in model.named_parameters() if "lora_" in name]
+
+
+def adapter_state(model: nn.Module) -> dict[str, Tensor]:
+    """The adapter's tensors of ``model`` by their ``state_dict`` names (views, not copies)."""
+    return {name: t for name, t in model.state_dict(keep_vars=False).items() if "lora_" in name}
+
+
+def policy_state(model: nn.Module) -> dict[str, Tensor]:
+    """What defines the player held in ``model``: its adapter where it has one, else all its weights."""
+    return adapter_state(model) if is_adapted(model) else model.state_dict()
+
+
+@torch.no_grad()
+def load_policy_state(model: nn.Module, state: Mapping[str, Tensor]) -> None:
+    """``model``'s weights := ``state`` (:func:`policy_state` of a module of the same structure): an adapter's
+    tensors only, every one of them, or a full state dict strictly."""
+    if not is_adapted(model):
+        model.load_state_dict(state)
+        return
+    want = set(adapter_state(model))
+    if set(state) != want:
+        missing, extra = sorted(want - set(state)), sorted(set(state) - want)
+        raise ValueError(f"not this player's adapter: missing {missing[:3]}{'...' if len(missing) > 3 else ''}, "
+                         f"unexpected {extra[:3]}{'...' if len(extra) > 3 else ''}")
+    model.load_state_dict(state, strict=False)
+
+
+def adapter_parameter_count(model: nn.Module) -> int:
+    return sum(p.numel() for p in adapter_parameters(model))
+
+
+def merged_state(model: nn.Module) -> dict[str, Tensor]:
+    """The full weights of the player held in ``model`` with its adapter folded in (W + (α / r) B A), under the
+    backbone's own names (``base_layer.`` and the adapter's tensors removed): a plain transformers checkpoint."""
+    merged = share_base(model)
+    for module in merged.modules():  # the copy's base tensors are the shared ones: merge into copies of them
+        base = getattr(module, "base_layer", None)
+        if base is not None and hasattr(module, "merge"):
+            base.weight = nn.Parameter(base.weight.detach().clone(), requires_grad=False)
+            module.merge(adapter_names=[ADAPTER])
+    out = {}
+    for name, t in merged.state_dict().items():
+        if "lora_" in name:
+            continue
+        out[name.replace(".base_layer.", ".")] = t
+    return out
+
+
+def adapter_rank(model: nn.Module) -> int:
+    """r of ``model``'s adapter (the rows of its first A)."""
+    return next(int(p.shape[0]) for name, p in model.named_parameters() if "lora_A" in name)
+
+
+def base_state(model: nn.Module) -> dict[str, Tensor]:
+    """The backbone's weights under ``model``, under the backbone's own names (an adapter player's ``base_layer.``
+    dropped, its adapter left out); ``model.state_dict()`` for a model without an adapter."""
+    if not is_adapted(model):
+        return model.state_dict()
+    return {name.replace(".base_layer.", "."): t for name, t in model.state_dict().items() if "lora_" not in name}
+
+
+def save_peft_adapter(model: nn.Module, directory: str, base_model: Optional[str] = None) -> None:
+    """``model``'s adapter in PEFT's format in ``directory``: ``adapter_config.json`` (rank, α and targets read off the
+    module) and ``adapter_model.safetensors``. What ``PeftModel.from_pretrained`` and vLLM's ``LoRARequest`` load."""
+    from peft import LoraConfig
+    from safetensors.torch import save_file
+
+    layers = {name.rsplit(".", 1)[-1]: m for name, m in model.named_modules()
+              if ADAPTER in getattr(m, "lora_A", {})}  # the adapted projections, by the name PEFT targets them
+    scaling = next(iter(layers.values())).scaling[ADAPTER]  # α / r
+    rank = adapter_rank(model)
+    config = LoraConfig(r=rank, lora_alpha=float(scaling * rank), target_modules=sorted(layers),
+                        lora_dropout=0.0, bias="none", base_model_name_or_path=base_model)
+    config.save_pretrained(directory)
+    save_file(peft_format(model), f"{directory}/adapter_model.safetensors", metadata={"format": "pt"})
+
+
+def peft_format(model: nn.Module) -> dict[str, Tensor]:
+    """The adapter of ``model`` under the names PEFT saves and loads (``adapter_model.safetensors``:
+    ``base_model.model.<module>.lora_A.weight``), contiguous float32 copies."""
+    marker = f".{ADAPTER}."
+    return {"base_model.model." + name.replace(marker, "."): t.detach().float().contiguous().clone()
+            for name, t in adapter_state(model).items()}
