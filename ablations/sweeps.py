@@ -4,6 +4,7 @@
     python -m ablations.sweeps table15 --scale paper --launcher slurm
     python -m ablations.sweeps table3 --scale smoke --dry-run  # print the commands only
     python -m ablations.sweeps table3 --scale paper --nproc-per-node 8 model.path=DIR   # one member at a time
+    python -m ablations.sweeps table3 --scale paper --launcher slurm --slurm nodes=2 model.path=DIR  # 2 nodes each
 
 A sweep is a list of Hydra multiruns of ``python -m unifiedplayers.train`` (``SWEEPS`` below: the
 ``conf/ablation/<preset>`` overlay plus the member overrides, comma lists being Hydra sweeps). Every
@@ -23,11 +24,12 @@ Launchers at the CPU scales (``smoke``, ``tiny``): ``local`` (joblib, ``--jobs``
 ``ablations/conf/hydra/launcher/slurm.yaml``, outside ``conf/`` so that the configuration tests never need the
 plugin). At the GPU scales (``paper``, ``paper_mimo_7b``) a member is one run over a node's GPUs as data-parallel
 ranks, docs/distributed.md (:class:`Member`): ``local`` runs the members one at a
-time, each ``torchrun --nproc_per_node=N`` over this node's ``--nproc-per-node`` GPUs (never two members on one
-GPU), and ``slurm`` submits each member as one job holding a whole node, the same torchrun inside
-(``ablations/conf/slurm_node.yaml``). Both expand the multiruns as Hydra would and name each member's directory
-by Hydra's ``override_dirname``, so a member started by either launcher, or by
-``experiments/dp8_single_gpu_runs.sh`` (``--list-members``), is found again.
+time, each ``torchrun --standalone --nproc_per_node=N`` over this node's ``--nproc-per-node`` GPUs (never two members
+on one GPU), and ``slurm`` submits each member as one job holding whole nodes (``nodes`` in
+``ablations/conf/slurm_node.yaml``, 1), torchrun on each over its GPUs (torchrun's options:
+:mod:`unifiedplayers.launch`). Both expand the
+multiruns as Hydra would and name each member's directory by Hydra's ``override_dirname``, so a member started by
+either launcher, or by ``experiments/dp8_single_gpu_runs.sh`` (``--list-members``), is found again.
 """
 from __future__ import annotations
 
@@ -39,7 +41,7 @@ import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 REPO = Path(__file__).resolve().parents[1]
 LAUNCHER_CONF = REPO / "ablations" / "conf"
@@ -163,11 +165,13 @@ RANK_FALLBACKS = {("deepspeed_zero3", "stale"): "trainer.backend=deepspeed_zero2
 @dataclass(frozen=True)
 class Member:
     """One training run of a sweep at a GPU scale: the overrides of its Hydra job, the directory Hydra's multirun
-    names it (``<sweep dir>/<hydra.job.override_dirname>``) and the data-parallel ranks it runs over."""
+    names it (``<sweep dir>/<hydra.job.override_dirname>``) and the data-parallel ranks it runs over, on ``nodes``
+    nodes of ``ranks // nodes`` each."""
     overrides: tuple[str, ...]
     run_dir: Path
     ranks: int
     finished: bool = False  # its run is complete: nothing to launch
+    nodes: int = 1
 
     def train_args(self) -> list[str]:
         """The overrides of its ``python -m unifiedplayers.train``, ``run_dir`` quoted for Hydra's parser (a member's
@@ -176,13 +180,18 @@ class Member:
             raise ValueError(f"{self.run_dir}: a sweep directory with a quote (') cannot be passed to Hydra")
         return [*self.overrides, f"run_dir='{self.run_dir}'"]
 
-    def command(self) -> list[str]:
-        """``torchrun --nproc_per_node=<ranks>`` (as ``python -m torch.distributed.run``, this interpreter's), or one
-        process for one rank, as experiments/dp8_single_gpu_runs.sh runs it."""
+    def command(self, rendezvous: Optional[dict[str, str]] = None) -> list[str]:
+        """One node's command: torchrun (``python -m torch.distributed.run``, this interpreter's) over the node's
+        ``ranks // nodes`` ranks, with the options of :mod:`unifiedplayers.launch`: ``--standalone`` on one node, on
+        several the node's ``rendezvous`` (``NODE_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``: :func:`slurm_rendezvous`).
+        One process for one rank, as experiments/dp8_single_gpu_runs.sh runs it."""
+        from unifiedplayers.launch import torchrun_command
+
         train = ["-m", "unifiedplayers.train", *self.train_args()]
         if self.ranks == 1:
             return [sys.executable, *train]
-        return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={self.ranks}", *train]
+        env = {**(rendezvous or {}), "NNODES": str(self.nodes)}
+        return [*torchrun_command(sys.executable, self.ranks // self.nodes, env), *train]
 
 
 def expand(overrides: Sequence[str]) -> list[list[str]]:
@@ -222,11 +231,12 @@ def compose_job(overrides: Sequence[str]) -> tuple[Any, str]:
 
 
 def members(multiruns: Sequence[Sequence[str]], scale: Scale, out: Path, nproc: int,
-            extra: Sequence[str] = ()) -> list[Member]:
-    """Every member of ``multiruns`` at ``scale``, in Hydra's order. A member runs over ``nproc`` ranks, or over as
-    many as the run in its directory began with (a run resumes only with its rank count); a finished run is
-    checked against the member's config, as the loop would, and then left alone. Fails before anything is
-    launched on a member that ``nproc`` ranks cannot run (:data:`RANK_FALLBACKS` aside)."""
+            extra: Sequence[str] = (), nodes: int = 1) -> list[Member]:
+    """Every member of ``multiruns`` at ``scale``, in Hydra's order. A member runs over ``nodes`` nodes of ``nproc``
+    ranks, or over as many ranks as the run in its directory began with (a run resumes only with its rank count),
+    on ``nodes`` nodes when they split evenly, else on one; a finished run is checked against the member's config,
+    as the loop would, and then left alone. Fails before anything is launched on a member that its ranks cannot run
+    (:data:`RANK_FALLBACKS` aside)."""
     from unifiedplayers.checks import check_ranks
     from unifiedplayers.distributed import DistContext
     from unifiedplayers.loop.run_state import check_resumable
@@ -238,7 +248,7 @@ def members(multiruns: Sequence[Sequence[str]], scale: Scale, out: Path, nproc: 
             cfg, dirname = compose_job(job)
             run_dir = out / dirname
             state = rundir.load_state(run_dir / rundir.STATE) if (run_dir / rundir.STATE).exists() else None
-            ranks = int(state.get("world_size", 1)) if state else nproc
+            ranks = int(state.get("world_size", 1)) if state else nproc * nodes
             fallback = RANK_FALLBACKS.get((cfg.trainer.backend, cfg.schedule.feedback)) if ranks > 1 else None
             if fallback:
                 job = [*job, fallback]
@@ -246,7 +256,8 @@ def members(multiruns: Sequence[Sequence[str]], scale: Scale, out: Path, nproc: 
             if state:
                 check_resumable(state, cfg, run_dir, ranks)
             check_ranks(cfg, DistContext(world_size=ranks))
-            found.append(Member(tuple(job), run_dir, ranks, bool(state and state["finished"])))
+            found.append(Member(tuple(job), run_dir, ranks, bool(state and state["finished"]),
+                                nodes if ranks % nodes == 0 else 1))
     return found
 
 
@@ -270,34 +281,53 @@ def run_members_here(found: Sequence[Member], nproc: int, dry_run: bool, retries
         run(m.command(), dry_run, retries)
 
 
-class MemberJob:
-    """What a member's Slurm job runs (pickled by submitit): its command, from the repository root."""
+def slurm_rendezvous(env: Mapping[str, str]) -> dict[str, str]:
+    """This node's place in a member's Slurm job of several nodes, as :mod:`unifiedplayers.launch` reads it:
+    ``NODE_RANK`` from ``SLURM_NODEID``, ``MASTER_ADDR`` the job's first host (``scontrol show hostnames``), and
+    ``MASTER_PORT`` from the job's id, so that two jobs sharing a node do not meet on one port (the id is also the
+    rendezvous's)."""
+    hosts = subprocess.run(["scontrol", "show", "hostnames", env["SLURM_JOB_NODELIST"]], capture_output=True,
+                           text=True, check=True).stdout.split()
+    return {"NODE_RANK": env["SLURM_NODEID"], "MASTER_ADDR": hosts[0],
+            "MASTER_PORT": str(20000 + int(env["SLURM_JOB_ID"]) % 20000), "SLURM_JOB_ID": env["SLURM_JOB_ID"]}
 
-    def __init__(self, argv: Sequence[str]):
-        self.argv = list(argv)
+
+class MemberJob:
+    """What a member's Slurm job runs on each of its nodes, one task a node (pickled by submitit): the member's
+    command for that node, from the repository root."""
+
+    def __init__(self, member: Member):
+        self.member = member
+
+    def command(self, env: Mapping[str, str] = os.environ) -> list[str]:
+        return self.member.command(slurm_rendezvous(env) if self.member.nodes > 1 else None)
 
     def __call__(self) -> None:
-        subprocess.run(self.argv, cwd=REPO, env={**os.environ, "HYDRA_FULL_ERROR": "1"}, check=True)
+        subprocess.run(self.command(), cwd=REPO, env={**os.environ, "HYDRA_FULL_ERROR": "1"}, check=True)
 
 
 def slurm_parameters(settings: dict, member: Member, sweep_name: str) -> dict:
     """submitit's SlurmExecutor parameters of one member's job: ``settings`` (slurm_node.yaml with the --slurm
-    changes) and the member's GPUs, one per rank."""
+    changes), the member's nodes and their GPUs, one per rank."""
     params = {k: v for k, v in settings.items() if v is not None}
-    return {**params, "gpus_per_node": member.ranks, "job_name": f"{sweep_name}-{member.run_dir.name}"[:120]}
+    return {**params, "nodes": member.nodes, "gpus_per_node": member.ranks // member.nodes,
+            "job_name": f"{sweep_name}-{member.run_dir.name}"[:120]}
 
 
 def slurm_settings(changes: Sequence[str] = ()) -> dict:
-    """``ablations/conf/slurm_node.yaml`` with ``KEY=VALUE`` changes (``--slurm partition=gpu``)."""
+    """``ablations/conf/slurm_node.yaml`` with ``KEY=VALUE`` changes (``--slurm partition=gpu``, ``--slurm
+    nodes=2``). A node's GPUs are the member's ranks on it (``--nproc-per-node``), not a setting."""
     from omegaconf import OmegaConf
 
+    if any(c.split("=", 1)[0] == "gpus_per_node" for c in changes):
+        raise SystemExit("[sweep] --slurm gpus_per_node: a node's GPUs are its ranks, --nproc-per-node")
     merged = OmegaConf.merge(OmegaConf.load(SLURM_NODE), OmegaConf.from_dotlist(list(changes)))
     return OmegaConf.to_container(merged, resolve=True)
 
 
 def run_members_on_slurm(found: Sequence[Member], sweep_name: str, out: Path, changes: Sequence[str],
                          dry_run: bool, executor: Any = None) -> None:
-    """The slurm launcher at a GPU scale: each unfinished member one job on one whole node (torchrun inside),
+    """The slurm launcher at a GPU scale: each unfinished member one job holding its whole nodes (torchrun on each),
     all submitted, then waited for. ``executor``: submitit's SlurmExecutor (tests pass a stand-in)."""
     settings = slurm_settings(changes)
     pending = [m for m in found if not m.finished]
@@ -314,18 +344,21 @@ def run_members_on_slurm(found: Sequence[Member], sweep_name: str, out: Path, ch
     jobs = []
     for m in pending:
         params = slurm_parameters(settings, m, sweep_name)
+        node0 = {"NODE_RANK": "0", "MASTER_ADDR": "<first host>", "MASTER_PORT": "<20000 + job id % 20000>"}
         print(f"[sweep] slurm job ({', '.join(f'{k}={v}' for k, v in params.items())}): "
-              + " ".join(shlex.quote(c) for c in m.command()), flush=True)
+              + ("" if m.nodes == 1 else "on each node, node 0's command (the others' NODE_RANK is their "
+                 "SLURM_NODEID): ") + " ".join(shlex.quote(c) for c in m.command(node0 if m.nodes > 1 else None)),
+              flush=True)
         if dry_run:
             continue
         ex = executor(folder=str(out / ".submitit" / "%j"))
         ex.update_parameters(**params)
-        jobs.append((m, ex.submit(MemberJob(m.command()))))
+        jobs.append((m, ex.submit(MemberJob(m))))
         print(f"[sweep] submitted {jobs[-1][1].job_id}: {m.run_dir}", flush=True)
     failed = []
     for m, job in jobs:
         try:
-            job.result()
+            job.results()  # every node's task
         except Exception as err:  # noqa: BLE001 - a failed or timed-out member: reported with the others
             last = (str(err).strip().splitlines() or [repr(err)])[-1]
             failed.append(f"{m.run_dir} (job {job.job_id}: {last})")
@@ -352,7 +385,7 @@ def run(cmd: list[str], dry_run: bool, retries: int = 0) -> None:
     raise subprocess.CalledProcessError(proc.returncode, cmd)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description="Train, evaluate and aggregate one of the paper's sweeps")
     ap.add_argument("sweep", choices=sorted(SWEEPS))
     ap.add_argument("--scale", choices=sorted(SCALES), default="smoke")
@@ -360,7 +393,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--jobs", type=int, default=2, help="local launcher at a CPU scale: members trained at a time "
                     "(at a GPU scale one member at a time over --nproc-per-node GPUs); runs evaluated at a time")
     ap.add_argument("--nproc-per-node", type=int, default=8,
-                    help="GPU scales: the ranks (GPUs) of a member: torchrun --nproc_per_node")
+                    help="GPU scales: the ranks (GPUs) of a member on each of its nodes: torchrun --nproc_per_node")
     ap.add_argument("--seeds", default=None, help="comma list of paired seeds instead of the scale's (e.g. 0,1)")
     ap.add_argument("--slurm", action="append", default=[], metavar="KEY=VALUE",
                     help="GPU scales, --launcher slurm: change a key of ablations/conf/slurm_node.yaml (partition=gpu)")
@@ -375,8 +408,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     help="table1: an OpenAI-compatible endpoint for Socratic-Zero's Teacher (e.g. http://host:8000/v1)")
     ap.add_argument("--teacher-model", default=None, help="table1: the Teacher's model name at that endpoint")
     ap.add_argument("overrides", nargs="*", help="extra training overrides for every member")
-    args = ap.parse_intermixed_args(argv)
+    return ap
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parser().parse_intermixed_args(argv)
     sweep, scale = SWEEPS[args.sweep], SCALES[args.scale]
+    nodes = int(slurm_settings(args.slurm)["nodes"]) if scale.gpus and args.launcher == "slurm" else 1
     if args.seeds:
         scale = replace(scale, seeds=args.seeds, stale_seeds=args.seeds)
     out = sweep_dir(sweep, scale, Path(args.root).resolve())
@@ -395,12 +433,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                   f"{args.teacher_endpoint}", flush=True)
             multiruns.append(list(socratic))
     if args.list_members:
-        for m in members(multiruns, scale, out, args.nproc_per_node, args.overrides):
+        for m in members(multiruns, scale, out, args.nproc_per_node, args.overrides, nodes):
             if not m.finished:
                 print(shlex.join([str(m.run_dir), *m.train_args()]))
         return 0
     if "train" in steps and scale.gpus:
-        found = members(multiruns, scale, out, args.nproc_per_node, args.overrides)
+        found = members(multiruns, scale, out, args.nproc_per_node, args.overrides, nodes)
         if args.launcher == "slurm":
             run_members_on_slurm(found, sweep.name, out, args.slurm, args.dry_run)
         else:

@@ -1,9 +1,11 @@
 """One run over several processes (GPUs): rank 0 runs the outer loop, the other ranks follow its calls.
 
-Launched with ``torchrun --nproc_per_node=N -m unifiedplayers.train ...`` (or any launcher that sets
-``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``). Without them, or with
-``WORLD_SIZE=1``, :func:`init_distributed` returns :data:`SINGLE` and nothing here does anything: the
-single-process path is unchanged.
+Launched with ``torchrun --nproc_per_node=N -m unifiedplayers.train ...`` on one node or on each of several
+(:mod:`unifiedplayers.launch` writes torchrun's options), or any launcher that sets ``RANK``, ``LOCAL_RANK``,
+``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``. Without them, or with ``WORLD_SIZE=1``, :func:`init_distributed`
+returns :data:`SINGLE` and nothing here does anything: the single-process path is unchanged. Over several nodes
+the run directory must be one filesystem that every node shares: :func:`check_shared_directory` stops the run at
+start-up where it is not.
 
 Who does what (``unifiedplayers.loop.ranks``, the run's one rank boundary, and ``unifiedplayers.trainer``):
 
@@ -325,11 +327,84 @@ other ranks (torchrun) or their watchdogs do."""
     print(f"[rank {ctx.rank}] failed: {text}{after}; leaving the job", file=sys.stderr, flush=True)
 
 
-def sandbox_config(sandbox_cfg: Any, dist: "DistContext") -> Any:
+def ranks_on_this_node(dist: DistContext, env: Mapping[str, str] = os.environ) -> int:
+    """The job's ranks on this node: torchrun's ``LOCAL_WORLD_SIZE``; without it (another launcher) every rank of the
+    job, as if the job were on one node, so that a node's ranks never count on more of its cores than it has."""
+    return int(env.get("LOCAL_WORLD_SIZE") or dist.world_size)
+
+
+def sandbox_config(sandbox_cfg: Any, dist: "DistContext", env: Mapping[str, str] = os.environ) -> Any:
     """The sandbox settings of one rank: with ``sandbox.workers=0`` (one per core) the ranks of a node share its
-    cores."""
+    cores (:func:`ranks_on_this_node`)."""
     if dist.enabled and sandbox_cfg.workers == 0:
         from omegaconf import OmegaConf
 
-        return OmegaConf.merge(sandbox_cfg, {"workers": max(2, 2 * (os.cpu_count() or 1) // dist.world_size)})
+        return OmegaConf.merge(sandbox_cfg,
+                               {"workers": max(2, 2 * (os.cpu_count() or 1) // ranks_on_this_node(dist, env))})
     return sandbox_cfg
+
+
+SHARED_CHECK_WAIT_S = 60.0  # a network filesystem may show another node's new file late (NFS: up to its acdirmax)
+
+
+def check_shared_directory(dist: DistContext, directory: Any, wait_s: float = SHARED_CHECK_WAIT_S) -> None:
+    """Stop the run on every rank unless every rank sees ``directory`` (the run directory) as one shared filesystem,
+    before any model loads: rank 0 writes a file holding a random nonce there, and every rank must read that nonce
+    in its own ``directory`` within ``wait_s`` seconds. The error names the directory and the node (host name) and
+    rank of each that could not. Rank 0 removes the file. Nothing with one process.
+
+    Every rank loads a resume's checkpoints from that directory (under DeepSpeed each rank also writes its own
+    optimizer partition there), so a node with a directory of its own at that path would resume from nothing, or
+    from another run."""
+    if not dist.enabled:
+        return
+    import secrets
+    import socket
+    from pathlib import Path
+
+    here, note = Path(directory), None
+    if dist.is_main:
+        note = (secrets.token_hex(16), "")
+        try:
+            here.mkdir(parents=True, exist_ok=True)
+            (here / f".shared-check-{note[0]}").write_text(note[0])
+        except OSError as err:
+            note = (note[0], f"rank 0 could not write there ({err})")
+    nonce, problem = dist.broadcast(note)
+    probe = here / f".shared-check-{nonce}"
+    seen = not problem and _reads(probe, nonce, wait_s)
+    ranks = dist.all_gather((seen, socket.gethostname(), dist.rank, str(here)))
+    if dist.is_main:
+        probe.unlink(missing_ok=True)
+    if problem or not all(r[0] for r in ranks):
+        raise RuntimeError(shared_directory_error(ranks, problem))
+
+
+def _reads(path: Any, text: str, wait_s: float) -> bool:
+    """Whether ``path`` holds ``text``, looking every 0.2 s for up to ``wait_s`` seconds."""
+    import time
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            if path.read_text() == text:
+                return True
+        except OSError:
+            pass
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.2)
+
+
+def shared_directory_error(ranks: Sequence[tuple[bool, str, int, str]], problem: str = "") -> str:
+    """The message of :func:`check_shared_directory`: ``ranks`` holds each rank's (saw the file, host, rank,
+    directory)."""
+    _, host0, _, directory = ranks[0]
+    if problem:
+        return f"the run directory {directory} cannot be checked on node {host0}: {problem}"
+    failed = [f"node {host} (rank {rank}{'' if d == directory else f', looking in {d}'})"
+              for seen, host, rank, d in ranks if not seen]
+    return (f"the run directory {directory} is not one filesystem shared by every node of the job: "
+            f"{', '.join(failed)} could not read the file that rank 0 wrote there on node {host0}. Every rank loads "
+            "the run's checkpoints from it: put run_dir on a filesystem that every node mounts at the same path "
+            "(docs/distributed.md, \"Across nodes\")")

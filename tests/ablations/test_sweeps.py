@@ -1,10 +1,11 @@
 """The sweep launcher: member lists compose, commands resume, evaluation skips what is done or unfinished; at the
-GPU scales one member at a time over all GPUs (torchrun) or a whole Slurm node each, in the directories that a
+GPU scales one member at a time over all GPUs (torchrun) or whole Slurm nodes each, in the directories that a
 Hydra multirun and experiments/dp8_single_gpu_runs.sh use. (An end-to-end tiny sweep trains real runs and is left
 to `python -m ablations.sweeps table15 --scale tiny`.)"""
 from __future__ import annotations
 
 import itertools
+import os
 import shlex
 from pathlib import Path
 
@@ -177,8 +178,8 @@ class FakeJob:
     def __init__(self, fn, n):
         self.fn, self.job_id = fn, str(n)
 
-    def result(self):
-        if "fail" in " ".join(self.fn.argv):
+    def results(self):  # every task's (submitit's result() refuses a job of several tasks)
+        if "fail" in self.fn.member.overrides:
             raise RuntimeError("Job failed\nsubprocess exited 1")
 
 
@@ -214,9 +215,44 @@ def test_slurm_gives_a_paper_member_a_whole_node(tmp_path, capsys):
     (p0, f0), (p1, f1) = FakeSlurmExecutor.submitted  # the finished member is not submitted
     assert p0["gpus_per_node"] == 8 and p0["nodes"] == 1 and p0["ntasks_per_node"] == 1 and p0["partition"] == "gpu"
     assert p0["time"] == settings["time"] and p0["exclusive"] is True and p0["job_name"] == "table3-seed=0"
-    assert f0.argv == found[0].command() and "--nproc_per_node=8" in f0.argv  # torchrun inside the job
-    assert p1["gpus_per_node"] == 1 and f1.argv == found[2].command()
+    assert f0.command() == found[0].command() and "--nproc_per_node=8" in f0.command()  # torchrun inside the job
+    assert "--standalone" in f0.command()  # its own rendezvous port: two jobs on one node never meet
+    assert p1["gpus_per_node"] == 1 and f1.command() == found[2].command()
     assert "finished, not submitted" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="gpus_per_node"):  # a node's GPUs are the member's ranks on it
+        sweeps.slurm_settings(["gpus_per_node=4"])
+
+
+def test_slurm_runs_a_member_across_nodes_with_torchrun_on_each(tmp_path, capsys, monkeypatch):
+    """``--slurm nodes=2``: one job of two whole nodes, one task each; each task runs torchrun with its node rank
+    (SLURM_NODEID) and the rendezvous at the job's first host."""
+    import sys
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    scontrol = bin_dir / "scontrol"  # scontrol show hostnames gpu[07-08] -> gpu07, gpu08
+    scontrol.write_text('#!/bin/bash\n[ "$1 $2 $3" = "show hostnames gpu[07-08]" ] && printf "gpu07\\ngpu08\\n"\n')
+    scontrol.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    out = tmp_path / "table3"
+    member = sweeps.Member(("seed=0",), out / "seed=0", 16, nodes=2)
+    FakeSlurmExecutor.submitted = []
+    sweeps.run_members_on_slurm([member], "table3", out, ["nodes=2"], dry_run=False, executor=FakeSlurmExecutor)
+    [(params, job)] = FakeSlurmExecutor.submitted
+    assert params["nodes"] == 2 and params["ntasks_per_node"] == 1 and params["gpus_per_node"] == 8
+    slurm = {"SLURM_JOB_NODELIST": "gpu[07-08]", "SLURM_NODEID": "1", "SLURM_JOB_ID": "4242"}
+    node1 = job.command(slurm)
+    assert node1[:10] == [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--node_rank=1",
+                          "--rdzv_backend=static", "--rdzv_endpoint=gpu07:24242", "--rdzv_id=4242",
+                          "--nproc_per_node=8", "-m"], node1
+    assert node1[10:] == ["unifiedplayers.train", *member.train_args()]
+    assert "--node_rank=0" in job.command({**slurm, "SLURM_NODEID": "0"})
+    assert "on each node, node 0's command" in capsys.readouterr().out
+
+    sweeps.main(["table16", "--scale", "paper", "--launcher", "slurm", "--slurm", "nodes=2", "--dry-run",
+                 "--root", str(tmp_path), "model.path=/models/q", "--steps", "train"])
+    jobs = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[sweep] slurm job")]
+    assert len(jobs) == 4 and all("nodes=2" in j and "gpus_per_node=8" in j and "--nnodes=2" in j for j in jobs)
 
 
 def test_dp8_script_trains_members_where_the_table3_target_looks(tmp_path):
@@ -236,7 +272,9 @@ exec {sys.executable} "$@"
 """)
     fake.chmod(0o755)
     root = tmp_path / "ablations"
-    env = {**os.environ, "PY": str(fake), "MODEL_PATH": str(model), "ABLATION_ROOT": str(root)}
+    # CAPACITY_CHECK=false: all eight start here (the sum check itself: tests/capacity/test_concurrent.py)
+    env = {**os.environ, "PY": str(fake), "MODEL_PATH": str(model), "ABLATION_ROOT": str(root),
+           "CAPACITY_CHECK": "false"}
     proc = subprocess.run(["bash", str(sweeps.REPO / "experiments" / "dp8_single_gpu_runs.sh")], env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -254,5 +292,7 @@ exec {sys.executable} "$@"
     for c in calls:
         cfg = compose(c[3:])  # the overrides as the training entry point reads them
         assert cfg.run_dir in target and (Path(cfg.run_dir) / "launch.log").exists(), cfg.run_dir
-        assert tuple(c[3:-1]) == target[cfg.run_dir].overrides  # the target resumes them: the same config
+        own = ("run_dir=", "trainer.offload_dir=")  # run-control keys: where it runs and where idle state waits
+        assert tuple(o for o in c[3:] if not o.startswith(own)) == target[cfg.run_dir].overrides  # the same config
+        assert cfg.trainer.offload_dir == str(Path(cfg.run_dir) / "offload")  # each run its own
         assert cfg.seed in (0, 1) and cfg.schedule.feedback == "fresh" and cfg.model.path == str(model)
