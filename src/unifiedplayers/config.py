@@ -470,6 +470,9 @@ class CapacityConfig:
     # true: refuse at start-up a run whose capacity plan (GPU memory per GPU, host RAM, free disk) exceeds the machine
     # it is on, naming the item and the setting to change; false: start anyway (the plan is an estimate).
     check: bool = True
+    # The machine `python -m unifiedplayers.capacity` (make plan) plans this preset for, as its options
+    # (["--gpus", "1", "--gpu-memory-gb", "24"]); options on the command line win. Empty: the paper's node.
+    machine: list[str] = field(default_factory=list)
 
 
 @dataclass

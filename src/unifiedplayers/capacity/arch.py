@@ -81,6 +81,23 @@ class Arch:
         """What vLLM loads: N without the MTP layers."""
         return self.parameters - self.mtp_parameters
 
+    def projection_shapes(self) -> dict[str, tuple[int, int]]:
+        """(in, out) of each linear projection of a decoder layer, by the name transformers gives it."""
+        h, q, kv, i = self.hidden_size, self.q_width, self.kv_width, self.intermediate_size
+        return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h), "gate_proj": (h, i),
+                "up_proj": (h, i), "down_proj": (i, h)}
+
+    def adapter_parameters(self, rank: int, targets: Any) -> int:
+        """One LoRA adapter's parameters (``trainer.lora``): r (in + out) for each targeted projection of every decoder
+        layer, MiMo's MTP layers included (their projections carry the same names)."""
+        shapes = self.projection_shapes()
+        unknown = sorted(set(targets) - set(shapes))
+        if unknown:
+            raise UnknownArchitecture(f"capacity: trainer.lora.target_modules {unknown} are not projections of a "
+                                      f"decoder layer the plan knows ({', '.join(shapes)})")
+        per_layer = sum(rank * sum(shapes[t]) for t in set(targets))
+        return per_layer * (self.num_hidden_layers + self.num_nextn_predict_layers)
+
     def kv_bytes_per_token(self, width: int) -> int:
         """K and V of one position in every layer."""
         return 2 * self.num_hidden_layers * self.kv_width * width

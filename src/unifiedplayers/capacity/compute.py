@@ -68,6 +68,7 @@ def role_compute(s: Setup, role: str, loads: Mapping[str, RoleLoad]) -> RoleComp
     calls = tasks * (tools + (k if "arg_mutation" in cfg.perturbation.rules and rules else 0)
                      + verifiers * k * (1 + rules))
     row = a.forward_flops(load.length, load.response)
+    grad = 2 if s.adapter else 3  # forward and backward; frozen weights (adapters) take no weight gradient
     passes = (1 if t.kl_coef != 0 else 0) + (1 / mu if cfg.trainer.recompute_old_logprobs else 0)
     bank = entropy_flops(s, load) * bank_scorings_per_update(cfg, role)
     seconds: dict[str, float] = {}
@@ -75,14 +76,14 @@ def role_compute(s: Setup, role: str, loads: Mapping[str, RoleLoad]) -> RoleComp
         seconds["generation"] = sum(stage_seconds(s, st) for st in stages) / per_phase
         per_rank = busiest_rank_rows(cfg, load, s.world)
         redo = 1 if cfg.trainer.gradient_checkpointing else 0  # checkpointing runs each forward twice
-        seconds["training"] = per_rank * row * (3 + redo + passes) / (m.gpu_flops * m.utilisation)
+        seconds["training"] = per_rank * row * (grad + redo + passes) / (m.gpu_flops * m.utilisation)
         seconds["optimizer step"] = optimizer_seconds(s)
         seconds["entropy bank"] = bank / s.world / (m.gpu_flops * m.utilisation)  # the bank split over the ranks
     return RoleCompute(
         generated=sum(st.prompts * st.samples * st.steps for st in stages) / per_phase,
         trained=load.rows * load.response, sandbox_calls=calls / per_phase,
         generation_flops=sum(stage_flops(a, st) for st in stages) / per_phase,
-        training_flops=3 * load.rows * row, no_grad_flops=passes * load.rows * row + bank, seconds=seconds)
+        training_flops=grad * load.rows * row, no_grad_flops=passes * load.rows * row + bank, seconds=seconds)
 
 
 def bank_scorings_per_update(cfg: Any, role: str) -> float:
@@ -108,6 +109,8 @@ def optimizer_seconds(s: Setup) -> float:
     """ZeRO-Offload: DeepSpeed's CPU Adam over a node's share of the N parameters (all of them on one node), and the
     gradients and weights over PCIe; on the GPU the step reads and writes the 18N state at HBM bandwidth."""
     n = s.n
+    if s.adapter:  # the adapter's AdamW step (16 bytes a parameter read and written) on the GPU
+        return 2 * 16 * s.adapter / s.machine.gpu_bandwidth
     if s.deepspeed and s.cfg.trainer.offload_optimizer:
         node_share = n * s.node_ranks / s.world
         return node_share / CPU_ADAM_PARAMS_PER_S + 2 * s.compute_width * n / s.world / PCIE_BYTES_PER_S
@@ -143,10 +146,12 @@ def omitted_seconds(s: Setup, loads: Mapping[str, RoleLoad], disk: Sequence[Item
     out.append((f"checkpoint writes ({written / TB:.2f} TB at an assumed {DISK_WRITE_BYTES_PER_S / 1e9:g} GB/s)",
                 written / DISK_WRITE_BYTES_PER_S))
     if s.cfg.rollout.backend == "vllm":
-        weights = s.sample_width * s.arch.sampled_parameters
+        weights = 4 * s.adapter if s.adapter else s.sample_width * s.arch.sampled_parameters  # adapters: written out
         copy = weights * (s.world - 1) / s.world / GPU_LINK_BYTES_PER_S + weights / s.machine.gpu_bandwidth
         steps = sum(updates.values())
-        out.append((f"weight copies into vLLM ({steps:,} steps x {weights / GB:.1f} GB, GPU links at an assumed "
+        what = "adapter copies into vLLM" if s.adapter else "weight copies into vLLM"
+        size = f"{weights / 1e6:.0f} MB" if s.adapter else f"{weights / GB:.1f} GB"
+        out.append((f"{what} ({steps:,} steps x {size}, GPU links at an assumed "
                     f"{GPU_LINK_BYTES_PER_S / 1e9:g} GB/s)", steps * copy))
         if s.cfg.rollout.get("enable_prefix_caching", True):
             saved = sum(updates[r] * prefix_saved_flops(s, r, loads) for r in s.trained)

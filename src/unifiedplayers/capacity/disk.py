@@ -15,6 +15,10 @@ def checkpoint_items(s: Setup) -> tuple[Item, ...]:
     weights in trainer.dtype; torch: the float32 masters), the optimizer state (DeepSpeed: fp32 master and Adam
     partitions, 12N; torch: AdamW, 8N) and π_ref."""
     n = s.n
+    if s.adapter:  # an adapter player's checkpoint: its adapter, its AdamW state and pi_ref (an adapter), fp32
+        return (Item("model.pt: the adapter", 4 * s.adapter, "trainer.lora.rank"),
+                Item("optimizer state of the adapter", 8 * s.adapter, "trainer.lora.rank"),
+                *((Item("reference.pt: pi_ref, an adapter", 4 * s.adapter, "trainer.lora.rank"),) if s.kl else ()))
     items = [Item("model.pt: the weights", (s.compute_width if s.deepspeed else 4) * n, "trainer.dtype")]
     if s.deepspeed:
         items.append(Item("deepspeed/: fp32 master + Adam partitions", 12 * n, "schedule.checkpoint_retention"))
@@ -66,7 +70,8 @@ def disk_items(s: Setup, checkpoint: Sequence[Item]) -> tuple[Item, ...]:
         return (Item("checkpoints (no trained player)", 0.0, "method"),)
     full = sum(i.bytes for i in checkpoint)
     peak, end, finished, saves = checkpoint_disk(s.cfg, full, checkpoint[0].bytes)
-    published = s.trained_models * s.sample_width * s.n if s.cfg.schedule.feedback == "stale" else 0.0
+    copy = 4 * s.adapter if s.adapter else s.sample_width * s.n  # a published copy: an adapter, or the weights
+    published = s.trained_models * copy if s.cfg.schedule.feedback == "stale" else 0.0
     export = s.trained_models * s.sample_width * s.n if s.cfg.schedule.get("export_at_end", False) else 0.0
     return (Item("run directory at its peak (checkpoints, published copies, export)",
                  max(peak + published, end + export),
@@ -84,11 +89,19 @@ def parked_item(s: Setup) -> Optional[Item]:
     if not s.trained:
         return None
     n = s.n
+    if s.adapter:  # AdamW of an adapter on every rank, pi_ref an adapter
+        opt, ref = s.node_ranks * 8 * s.adapter, (ref_holders(s) * 4 * s.adapter if s.kl else 0.0)
+        return _parked(s, opt, ref)
     if s.deepspeed:
         opt = OPTIMIZER_STATE_BYTES * n * s.node_ranks / s.world
     else:  # every rank holds the whole state
         opt = s.node_ranks * (8 * n + (4 * n if s.sample_width != 4 else 0))
     ref = ref_holders(s) * s.compute_width * n if s.kl else 0.0
+    return _parked(s, opt, ref)
+
+
+def _parked(s: Setup, opt: float, ref: float) -> Item:
+    """The larger of: every trained player's optimizer state at start-up, the idle ones' with their pi_ref later."""
     worst = max(s.trained_models * opt, (s.trained_models - 1) * (opt + ref))
     where = s.cfg.trainer.offload_dir or tempfile.gettempdir()
     each = " per node" if s.machine.nodes > 1 else ""

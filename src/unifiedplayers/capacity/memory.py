@@ -14,6 +14,7 @@ CPU_RANK_OVERHEAD = 1 * GiB  # host RAM of one CPU process beyond its tensors (b
 CUDA_RESERVE = 1.5 * GiB  # per GPU: CUDA context, NCCL buffers, the caching allocator's slack
 VLLM_OVERHEAD = 2 * GiB  # inside vLLM's budget: activations, CUDA graphs, sampler
 VLLM_CPU_KV = 4 * GiB  # vLLM's CPU build: the KV cache the engine asks for (rollout/vllm_engine.py, CPU_KV_CACHE_BYTES)
+VLLM_MAX_LORAS = 4  # adapters vLLM keeps loaded (rollout/vllm_engine.py, MAX_LORAS)
 ZERO3_NORM_CHUNK = 250_000_000  # DeepSpeed ZeRO-3's buffered gradient norm: elements per float64 chunk
 OPTIMIZER_STATE_BYTES = 18  # per parameter, ZeRO: fp32 master 4, Adam 8, fp32 gradients 4, bf16 gradient buffer 2
 ENTROPY_BATCH, ENTROPY_ROWS = 16, 512  # mean_token_entropy: contexts per forward, rows per logits block
@@ -46,6 +47,8 @@ WIDTH_NAMES = {2: "16-bit", 4: "fp32"}
 def resident_items(s: Setup) -> list[Item]:
     """What one rank's device holds through a whole update."""
     n, cfg = s.n, s.cfg
+    if s.adapter:
+        return adapter_resident_items(s)
     frozen = s.models - s.trained_models
     shard = f", 1/{s.shard} each (ZeRO-3)" if s.shard > 1 else ""
     hint = "; more GPUs under trainer=deepspeed_zero3 (it shards them)" if s.on_gpu else ""
@@ -57,6 +60,25 @@ def resident_items(s: Setup) -> list[Item]:
         items.append(Item("pi_ref, a whole copy (ref_mode copy)", s.compute_width * n,
                           "trainer.ref_mode=precompute keeps it on the host"))
     if cfg.rollout.backend == "vllm":
+        items += vllm_items(s)
+    if s.on_gpu:
+        items.append(Item("CUDA context, NCCL, allocator slack", CUDA_RESERVE, "(fixed)"))
+    return items
+
+
+def adapter_resident_items(s: Setup) -> list[Item]:
+    """``trainer.lora.rank`` > 0: one frozen backbone in the trainers' compute dtype, an adapter per player (float32),
+    the active adapter's gradients and AdamW state, π_ref an adapter too."""
+    a = s.adapter
+    items = [Item(f"the backbone's weights, one copy the {s.models} players share ({count(s.n)} x "
+                  f"{WIDTH_NAMES[s.compute_width]})", s.compute_width * s.n, "trainer.dtype"),
+             Item(f"{s.models} players' adapters ({count(a)} x fp32 each)", 4 * a * s.models, "trainer.lora.rank")]
+    if s.trained:
+        items += [Item("active adapter's gradients (fp32)", 4 * a, "trainer.lora.rank"),
+                  Item("active adapter's AdamW state (2 x fp32)", 8 * a, "trainer.lora.rank")]
+    if s.kl and s.cfg.trainer.ref_mode == "copy":
+        items.append(Item("pi_ref, an adapter (ref_mode copy)", 4 * a, "trainer.ref_mode"))
+    if s.cfg.rollout.backend == "vllm":
         items += vllm_items(s)
     if s.on_gpu:
         items.append(Item("CUDA context, NCCL, allocator slack", CUDA_RESERVE, "(fixed)"))
@@ -83,16 +105,28 @@ def active_state_items(s: Setup) -> list[Item]:
 
 
 def vllm_items(s: Setup) -> list[Item]:
-    """vLLM's engine: it takes gpu_memory_utilization of the GPU whatever else runs, for its weights, activations and
-    KV cache, and it does not sleep while the trainer runs (rollout/vllm_engine.py builds it without sleep mode)."""
+    """vLLM's engine: it takes gpu_memory_utilization of the GPU, for its weights (the backbone, and under adapter
+    players the adapters it keeps loaded), activations and KV cache. Without ``rollout.sleep_level`` it holds them
+    while the trainer runs too; asleep, it frees them for the trainer's passes (:func:`device_instants`)."""
     weights = s.sample_width * s.arch.sampled_parameters
+    adapters = ([Item(f"vLLM: the adapters it keeps loaded ({VLLM_MAX_LORAS})", VLLM_MAX_LORAS * s.sample_width
+                      * s.adapter, "trainer.lora.rank")] if s.adapter else [])
     if not s.on_gpu:
-        return [Item("vLLM (CPU): its weights", weights, "rollout.backend"),
+        return [Item("vLLM (CPU): its weights", weights, "rollout.backend"), *adapters,
                 Item("vLLM (CPU): KV cache", VLLM_CPU_KV, "VLLM_CPU_KVCACHE_SPACE")]
     budget = float(s.cfg.rollout.gpu_memory_utilization) * s.machine.gpu_memory
-    return [Item("vLLM: its copy of the sampling weights", weights, "rollout.gpu_memory_utilization"),
-            Item("vLLM: KV cache, activations, CUDA graphs", max(0.0, budget - weights),
+    return [Item("vLLM: its copy of the sampling weights", weights, "rollout.gpu_memory_utilization"), *adapters,
+            Item("vLLM: KV cache, activations, CUDA graphs", max(0.0, budget - weights - sum(i.bytes for i in adapters)),
                  "rollout.gpu_memory_utilization")]
+
+
+def asleep(s: Setup, resident: Sequence[Item]) -> tuple[Item, ...]:
+    """``resident`` while vLLM sleeps (``rollout.sleep_level``): its items freed, one line saying how much."""
+    freed = sum(i.bytes for i in resident if i.name.startswith("vLLM"))
+    kept = tuple(i for i in resident if not i.name.startswith("vLLM"))
+    where = "to the host" if s.sleep == 1 else "dropped"
+    return kept + (Item(f"vLLM asleep: {freed / GiB:.1f} GiB freed (KV cache; weights {where})", 0.0,
+                        "rollout.sleep_level"),)
 
 
 def pass_items(s: Setup, load: RoleLoad, kind: str) -> list[Item]:
@@ -126,10 +160,10 @@ def pass_items(s: Setup, load: RoleLoad, kind: str) -> list[Item]:
         redo = 2 if cfg.trainer.gradient_checkpointing else 1
         items.append(Item("one layer's activations and gradients", redo * layer, "trainer.micro_batch_size"))
         # the logits' gradient block, and the head's full weight gradient (vocab x hidden) before it is reduced:
-        # accumulated in float32 over chunks, else in the compute dtype
-        head_grad = a.embedding_parameters * (4 if chunk > 0 else b)
-        items.append(Item("LM-head gradient block and weight gradient", block * a.vocab_size * b + head_grad,
-                          "trainer.logprob_chunk_rows"))
+        # accumulated in float32 over chunks, else in the compute dtype (none under adapters: the head is frozen)
+        head_grad = 0 if s.adapter else a.embedding_parameters * (4 if chunk > 0 else b)
+        items.append(Item("LM-head gradient block" + ("" if s.adapter else " and weight gradient"),
+                          block * a.vocab_size * b + head_grad, "trainer.logprob_chunk_rows"))
         if s.deepspeed:
             items.append(Item("DeepSpeed gradient reduce bucket", ds_setting(cfg, "reduce_bucket_size") * b,
                               "trainer.ds_config.zero_optimization.reduce_bucket_size"))
@@ -171,7 +205,8 @@ def rollout_items(s: Setup, loads: Mapping[str, RoleLoad]) -> list[Item]:
 def device_instants(s: Setup, loads: Mapping[str, RoleLoad]) -> tuple[Instant, ...]:
     """One rank's device at each instant of an update; a pass's items are those of the player whose micro-batch
     makes that instant largest."""
-    base = tuple(resident_items(s))
+    generation = tuple(resident_items(s))
+    base = asleep(s, generation) if s.sleep else generation  # the trainer's passes
     b, n = s.compute_width, s.n
     out = []
     if s.trained and s.backend == "deepspeed_zero3":
@@ -191,7 +226,7 @@ def device_instants(s: Setup, loads: Mapping[str, RoleLoad]) -> tuple[Instant, .
         out.append(Instant("step", base))
     if s.trained and s.cfg.trainer.entropy_bank_size > 0:
         out.append(Instant("bank", base + entropy_items(s, loads)))
-    out.append(Instant("generation", base + tuple(rollout_items(s, loads))))
+    out.append(Instant("generation", generation + tuple(rollout_items(s, loads))))
     return tuple(out)
 
 
@@ -216,12 +251,18 @@ def host_instants(s: Setup, device: Sequence[Instant]) -> tuple[Instant, ...]:
     procs = Item(f"{ranks} process{'es' if ranks > 1 else ''}: {what}",
                  ranks * (GPU_RANK_OVERHEAD if s.on_gpu else CPU_RANK_OVERHEAD), "torchrun --nproc_per_node")
     host = [procs]
-    if s.trained and s.deepspeed and cfg.trainer.offload_optimizer:
+    if s.sleep == 1:
+        host.append(Item("vLLM's weights on the host while it sleeps (level 1)", ranks * s.sample_width
+                         * s.arch.sampled_parameters, "rollout.sleep_level=2 drops them (full-parameter players)"))
+    if s.trained and s.deepspeed and cfg.trainer.offload_optimizer and not s.adapter:
         share = "over the ranks" if ranks == s.world else f"over the ranks: this node's {ranks} of {s.world}"
         host.append(Item(f"active player's ZeRO-Offload state ({OPTIMIZER_STATE_BYTES}N {share})",
                          OPTIMIZER_STATE_BYTES * n * ranks / s.world, "trainer.offload_optimizer=false keeps it on "
                                                                      "the GPUs"))
-    if s.kl and cfg.trainer.ref_mode == "precompute":
+    if s.kl and cfg.trainer.ref_mode == "precompute" and s.adapter:
+        host.append(Item(f"pi_ref adapters on {ref_holders(s)} rank(s)", ref_holders(s) * 4 * s.adapter,
+                         "trainer.ref_mode"))
+    elif s.kl and cfg.trainer.ref_mode == "precompute":
         holders = ref_holders(s)
         host.append(Item(f"pi_ref on {holders} rank(s) (ref_mode precompute)", holders * b * n, "trainer.ref_mode"))
         host.append(Item("current weights while pi_ref is swapped in", holders * b * n, "trainer.ref_mode"))

@@ -37,8 +37,7 @@ def format_plan(plan: Plan) -> str:
             lines.append(f"vLLM's KV cache: {budget / GiB:.1f} GiB after its weights and activations (one sequence "
                          f"of its full context: {one / GiB:.1f} GiB); the largest generation call on a rank needs "
                          f"{demand / GiB:.1f} GiB at its budgets" + (", so vLLM runs it in waves." if demand > budget
-                                                                       else ".") + " vLLM does not sleep while the "
-                         "trainer runs: its budget is in every instant.")
+                                                                       else ".") + sleep_note(plan))
     host, nodes = plan.host_peak, m.nodes
     title = "Host RAM per node, GiB" if nodes == 1 else f"Host RAM per node (node 0's {plan.node_ranks} ranks), GiB"
     lines += ["", *memory_table(title, plan.host, GiB),
@@ -116,7 +115,8 @@ def compute_lines(plan: Plan) -> list[str]:
             ("tokens trained (in the loss)", lambda r: count(plan.roles[r].trained)),
             ("sandbox calls (tools, re-runs, checks)", lambda r: count(plan.roles[r].sandbox_calls)),
             ("FLOPs: generation", lambda r: f"{plan.roles[r].generation_flops:.2e}"),
-            ("FLOPs: training (3 x forward)", lambda r: f"{plan.roles[r].training_flops:.2e}"),
+            (f"FLOPs: training ({2 if plan.adapter else 3} x forward)",
+             lambda r: f"{plan.roles[r].training_flops:.2e}"),
             ("FLOPs: pi_old, pi_ref, entropy bank", lambda r: f"{plan.roles[r].no_grad_flops:.2e}")]
     for stage in plan.roles[roles[0]].seconds:
         rows.append((f"wall s: {stage}", lambda r, st=stage: f"{plan.roles[r].seconds[st]:.1f}"))
@@ -232,7 +232,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if together.runs or together.members is not None:
         return main_together(together, machine, overrides)
     try:
-        the_plan = plan(config.compose(overrides), machine)
+        cfg = config.compose(overrides)
+        preset = [str(o) for o in (cfg.get("capacity") or {}).get("machine") or []]
+        if preset:  # the preset's machine (capacity.machine), then the command line's options over it
+            machine, _ = parse_args([*preset, *rest])
+        the_plan = plan(cfg, machine)
     except ValueError as err:
         print(f"unifiedplayers.capacity: {err}", file=sys.stderr)
         return 2
@@ -276,3 +280,12 @@ def main_together(together: Any, machine: Hardware, overrides: list[str]) -> int
     for line in lines[:fit]:
         print(line)
     return 0 if fit == len(runs) else 1
+
+
+def sleep_note(plan) -> str:
+    """Whether vLLM's budget is in every instant or only in generation (``rollout.sleep_level``)."""
+    level = int(plan.sleep)
+    if not level:
+        return " vLLM does not sleep while the trainer runs (rollout.sleep_level=0): its budget is in every instant."
+    return (f" vLLM sleeps through the trainer's passes (rollout.sleep_level={level}, not yet run on a GPU): its budget "
+            "is in the generation instant only" + (", its weights on the host meanwhile." if level == 1 else "."))

@@ -44,6 +44,8 @@ class Plan:
     pool_seconds: float  # the Appendix D.2 diagnostic pool, wall
     assumptions: tuple[str, ...]
     omitted: tuple[tuple[str, float], ...] = ()  # (what, estimated wall seconds) left out of wall_seconds
+    adapter: int = 0  # trainer.lora.rank > 0: one adapter's parameters (one backbone shared by the players)
+    sleep: int = 0  # rollout.sleep_level of a vLLM engine on a GPU
 
     @property
     def node_ranks(self) -> int:
@@ -109,7 +111,7 @@ def plan(cfg: Any, machine: Hardware = Hardware()) -> Plan:
         host=host_instants(s, device), checkpoint=checkpoint, disk=disk_items(s, checkpoint), parked=parked_item(s),
         vllm_kv=vllm_kv, roles={r: role_compute(s, r, loads) for r in s.trained}, updates=updates,
         pool_seconds=pool_seconds(s, loads), assumptions=assumptions(s),
-        omitted=omitted_seconds(s, loads, disk_items(s, checkpoint), updates))
+        omitted=omitted_seconds(s, loads, disk_items(s, checkpoint), updates), adapter=s.adapter, sleep=s.sleep)
 
 
 def assumptions(s: Setup) -> tuple[str, ...]:

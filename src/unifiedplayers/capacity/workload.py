@@ -55,6 +55,8 @@ class Setup:
     models: int
     kl: bool  # some trained player has β_p ≠ 0: a π_ref
     n: int  # parameters
+    adapter: int = 0  # trainer.lora.rank > 0: one adapter's parameters (the players share one frozen backbone)
+    sleep: int = 0  # rollout.sleep_level of a vLLM engine on a GPU: asleep through the trainer's passes
 
     @property
     def shard(self) -> int:
@@ -88,10 +90,14 @@ def setup_of(cfg: Any, machine: Hardware) -> Setup:
     trained = tuple(trained_roles(cfg))
     joined = bool(cfg.method.shared_model) and {"planning", "execution"} <= set(trained)
     models = len(BLOCK_ORDER) - (1 if cfg.method.shared_model else 0)
+    lora = cfg.trainer.get("lora") or {}
+    adapter = arch.adapter_parameters(int(lora.rank), lora.target_modules) if lora.get("rank", 0) > 0 else 0
+    sleep = int(cfg.rollout.get("sleep_level", 0)) if on_gpu and cfg.rollout.backend == "vllm" else 0
     return Setup(cfg, arch, machine, on_gpu, world, node_ranks, dtype_width(cfg.model.dtype, on_gpu, machine.bf16),
                  dtype_width(cfg.trainer.dtype, on_gpu, machine.bf16),
                  str(cfg.trainer.backend), trained, len(trained) - (1 if joined else 0), models,
-                 any(role_trainer_config(cfg.trainer, r).kl_coef != 0 for r in trained), arch.parameters)
+                 any(role_trainer_config(cfg.trainer, r).kl_coef != 0 for r in trained), arch.parameters,
+                 adapter, sleep)
 
 
 def prompt_tokens(prompts: Any, filled_chars: int) -> int:
