@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 
 from unifiedplayers import capacity, roles, schedule
 from unifiedplayers.config import compose, resolve_player_config
-from unifiedplayers.loop import phase
+from unifiedplayers.loop import phase, sampling
 
 pytestmark = pytest.mark.cpu
 
@@ -57,3 +57,28 @@ def test_the_grouping_decides_what_a_phase_plays_and_how_groups_are_made(monkeyp
         roles.SPECS["evaluation"], played_samples="rollouts")))
     with pytest.raises(AttributeError, match="rollouts"):
         phase.group_samples("evaluation", [], [Played()], lambda t: -1.0)
+
+
+def test_each_players_keys_name_what_that_player_reads():
+    """The keys pinned to what the rest of the code reads: ``players/planning.py`` samples ``tasks_per_prompt`` tasks
+    of ``planning_max_new_tokens``, the sampler and ``players/tool_loop.py`` ``num_trajectories`` trajectories of
+    ``execution_max_new_tokens`` a turn, ``players/evaluation.py`` ``num_verifiers`` verifiers of
+    ``evaluation_max_new_tokens``; a task's samples are ``PlayedTask.rollouts`` and ``.verifiers``; the streams seed
+    every run (``tests/golden``). Two players' keys swapped fails here, and in the calls of a phase."""
+    pinned = {  # call, samples_key, tokens_key, played_samples, stream, multi_turn
+        "planning": ("tasks", "tasks_per_prompt", "planning_max_new_tokens", None, 10, False),
+        "execution": ("trajectories", "num_trajectories", "execution_max_new_tokens", "rollouts", 20, True),
+        "evaluation": ("verifiers", "num_verifiers", "evaluation_max_new_tokens", "verifiers", 30, False),
+    }
+    assert {r: (s.call, s.samples_key, s.tokens_key, s.played_samples, s.stream, s.multi_turn)
+            for r, s in roles.SPECS.items()} == pinned
+    assert all(roles.spec(r).name == r for r in roles.ROLES)
+    fields = {f.name for f in dataclasses.fields(sampling.PlayedTask)}
+    assert {"rollouts", "verifiers"} <= fields
+    # every key a different value: each call samples and budgets with its own player's
+    p = OmegaConf.create({"prompts_per_update": 2, "tasks_per_prompt": 3, "tasks_per_update": 1, "num_trajectories": 4,
+                          "num_verifiers": 5, "planning_max_new_tokens": 8, "execution_max_new_tokens": 9,
+                          "evaluation_max_new_tokens": 10, "max_turns": 2})
+    calls = schedule.phase_calls(p, "execution", 1, True, True)
+    assert {c.name: (c.samples, c.max_new_tokens, c.turns) for c in calls} == {
+        "tasks": (3, 8, 1), "trajectories": (4, 9, 2), "verifiers": (5, 10, 1)}

@@ -68,6 +68,39 @@ def test_repair_cuts_a_torn_tail_and_completes_a_whole_one(tmp_path):
     assert [m["a"] for m in rundir.read_jsonl(whole)] == [1, 2, 3]
 
 
+@pytest.mark.parametrize("text, keep, left, dropped", [
+    ("a\nb\nc\n", 3, "a\nb\nc\n", 0),  # exactly the lines it holds: untouched
+    ("a\nb\nc\n", 2, "a\nb\n", 1),
+    ("a\nb\nc\n", 1, "a\n", 2),
+    ("a\nb\nc\n", 0, "", 3),
+    ("a\n\nc\n", 2, "a\n\n", 1),  # a blank line is a line
+    ("a\nb\nc", 2, "a\nb\n", 0),  # a torn last line is cut, but not counted as dropped
+    ("a\nb\nc", 1, "a\n", 1),
+    ("c", 0, "", 0),
+    ("", 0, "", 0),
+])
+def test_truncate_keeps_the_first_complete_lines_by_hand(tmp_path, text, keep, left, dropped):
+    path = _write(tmp_path / "m.jsonl", text)
+    assert rundir.truncate_lines(path, keep) == dropped
+    assert path.read_text() == left
+    assert rundir.count_lines(path) == keep
+
+
+@pytest.mark.parametrize("text, keep, lines", [("a\nb\nc\n", 4, 3), ("a\nb\nc", 3, 2), ("", 1, 0)])
+def test_truncate_refuses_more_lines_than_the_file_holds(tmp_path, text, keep, lines):
+    path = _write(tmp_path / "m.jsonl", text)
+    with pytest.raises(ValueError, match=f"has {lines} complete lines but the run state counts {keep}"):
+        rundir.truncate_lines(path, keep)
+    assert path.read_text() == text  # left as it was
+
+
+def test_truncate_a_missing_file(tmp_path):
+    assert rundir.truncate_lines(tmp_path / "m.jsonl", 0) == 0
+    assert not (tmp_path / "m.jsonl").exists()
+    with pytest.raises(ValueError, match="missing but the run state counts 1 lines"):
+        rundir.truncate_lines(tmp_path / "m.jsonl", 1)
+
+
 def test_checkpoint_paths():
     assert str(rundir.block_checkpoint(2, "execution")) == "checkpoints/iter2/execution"
     assert str(rundir.resume_checkpoint("planning", "b")) == "checkpoints/resume/planning-b"

@@ -90,6 +90,17 @@ def test_lm_head_logits_block():
     assert item(forward.items, "LM-head float32 block").bytes == 1024 * 151936 * 4
 
 
+@pytest.mark.parametrize("kl_coef, recompute, no_grad", [(0.04, False, True), (0.0, True, True), (0.0, False, False)])
+def test_a_no_grad_pass_runs_for_pi_ref_or_a_recomputed_pi_old(kl_coef, recompute, no_grad):
+    """The no-grad instant is the π_ref pass (β_p ≠ 0, Eq. 20) or π_old's recomputation (Eq. 18): either one alone
+    has it, neither has none."""
+    cfg = compose(["experiment=paper_qwen3_4b", f"trainer.kl_coef={kl_coef}",
+                   f"trainer.recompute_old_logprobs={str(recompute).lower()}"])
+    names = [i.name for i in plan(cfg, PAPER_NODE).gpu]
+    assert sum(n.startswith("no-grad") for n in names) == (1 if no_grad else 0), names
+    assert any(n.startswith("forward") for n in names) and any(n.startswith("backward") for n in names)
+
+
 def test_micro_batch_rows_under_a_token_budget():
     """trainer.max_tokens_per_micro_batch: as many rows at their budget as it holds (at least one, at most the
     batch); the LM-head block and checkpointed inputs follow those rows."""

@@ -27,6 +27,7 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline", "HF_HUB_OF
 PRESETS = {  # experiment -> (resume, seed, run_dir): what each preset must compose to
     "smoke": (True, 0, "runs/smoke"), "tiny": (False, 0, None), "figure1_smoke": (False, 0, None),
     "ablation_smoke": (False, 0, None), "paper_qwen3_4b": (False, 0, None), "paper_mimo_7b": (False, 0, None),
+    "one_gpu": (False, 0, None),
 }
 
 

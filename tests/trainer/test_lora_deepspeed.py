@@ -1,0 +1,51 @@
+"""Adapter players (``trainer.lora.rank`` > 0) on DeepSpeed ZeRO-2 (CPU, gloo): the adapter's steps equal the torch
+backend's from the same start, the backbone never moves, and a checkpoint holds the adapter and its optimizer state
+without the frozen backbone (DeepSpeed's ``exclude_frozen_parameters``), loading back exactly into a new backbone."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("deepspeed")
+
+from tests.trainer.test_lora import players  # noqa: E402
+from tests.trainer.trainer_helpers import synthetic_batch, trainer_config  # noqa: E402
+from unifiedplayers import lora  # noqa: E402
+from unifiedplayers.rundir import MODEL_WEIGHTS  # noqa: E402
+from unifiedplayers.trainer import build_trainer  # noqa: E402
+
+pytestmark = [pytest.mark.cpu, pytest.mark.slow]
+
+
+def test_zero2_adapter_steps_equal_the_torch_backends_and_checkpoints_hold_the_adapter(tmp_path):
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        (_, (a,), _), (base, (b,), _) = players(1), players(1)
+        frozen = {n: p.detach().clone() for n, p in base.named_parameters()}
+        gen = torch.Generator().manual_seed(5)
+        batches = [synthetic_batch(a, gen) for _ in range(3)]
+        plain = build_trainer(trainer_config(kl_coef=0.05, lr=1e-2), a)
+        zero2 = build_trainer(trainer_config(backend="deepspeed_zero2", kl_coef=0.05, lr=1e-2), b)
+        for trainer in (plain, zero2):
+            trainer.start_outer_iteration()
+            for batch in batches[:2]:
+                trainer.update(batch)
+        want, got = lora.adapter_state(plain.model), lora.adapter_state(zero2.model)
+        for name in want:
+            torch.testing.assert_close(got[name], want[name], rtol=1e-5, atol=1e-6)
+        assert any(not torch.equal(t, 0 * t) for n, t in got.items() if "lora_B" in n)
+        assert all(torch.equal(p, frozen[n]) for n, p in base.named_parameters())
+        zero2.save_checkpoint(tmp_path / "ckpt")
+        assert set(torch.load(tmp_path / "ckpt" / MODEL_WEIGHTS, weights_only=True)) == set(got)
+        stored = sum(f.stat().st_size for f in (tmp_path / "ckpt" / "deepspeed").rglob("*") if f.is_file())
+        assert stored < 20 * 4 * lora.adapter_parameter_count(b)  # the adapter's states, not the backbone's weights
+        zero2.update(batches[2])
+        _, (c,), _ = players(1)
+        resumed = build_trainer(trainer_config(backend="deepspeed_zero2", kl_coef=0.05, lr=1e-2), c)
+        resumed.load_checkpoint(tmp_path / "ckpt")
+        resumed.update(batches[2])
+        for name, t in lora.adapter_state(zero2.model).items():
+            assert torch.equal(lora.adapter_state(resumed.model)[name], t), name
+    finally:
+        torch.set_num_threads(before)
