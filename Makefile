@@ -28,7 +28,7 @@ help:
 	@echo "  make run                set up, then train the embedded SmolLM2-135M on CPU (experiment=smoke; ARGS=overrides)"
 	@echo "  make test               set up, then run the test suite (pytest -q in TEST_WORKERS=2 processes; PYTEST_ARGS=... adds options)"
 	@echo "  make bench              set up, then run the sandbox throughput benchmark (benchmarks/sandbox_throughput.py)"
-	@echo "  make gpu-check          on a GPU machine without network: Qwen3-4B shape, random weights (experiments/gpu_check.sh; ARGS=...)"
+	@echo "  make gpu-check          on a GPU machine without network: Qwen3-4B and one_gpu's shapes, random weights (experiments/gpu_check.sh; ARGS=...)"
 	@echo "  make plan               the capacity and compute plan of EXP=<preset> (default: both paper presets): GPU memory,"
 	@echo "                          host RAM, disk, tokens, FLOPs, GPU-hours (python -m unifiedplayers.capacity; ARGS=--gpus 4 ...)"
 	@echo "  make plan-tables        every paper table's members planned and summed in GPU-hours (python -m ablations.plan;"

@@ -4,8 +4,9 @@ For a machine with one GPU (an H200), torch and an older transformers only and n
 (``experiments/gpu_check.sh`` sends the missing packages and our transformers as wheels). Per player and trainer
 backend (``--backends torch,deepspeed_zero2,...``):
 
-1. a ``Qwen3ForCausalLM`` of Qwen3-4B-Base's architecture (``--shape qwen3_4b``) or a 2-layer toy of it
-   (``--shape tiny``), random weights initialised on the device, seeded; no download (``gpu_check_model``);
+1. a ``Qwen3ForCausalLM`` of Qwen3-4B-Base's architecture (``--shape qwen3_4b``; Qwen3-1.7B-Base's with
+   ``--shape qwen3_1_7b``) or a 2-layer toy of the 4B (``--shape tiny``), random weights initialised on the device,
+   seeded; no download (``gpu_check_model``);
 2. the byte-level tokenizer built in code (``unifiedplayers.models.build_byte_tokenizer``, 259 ids; the 4B
    shape keeps its 151,936-row vocabulary, so most sampled ids decode to nothing: the text is not the point);
 3. each step: sample ``--prompts`` x ``--samples`` completions with our ``hf`` rollout engine (fixed length,
@@ -31,9 +32,18 @@ NOT RUN (reason)``. The exit status is 1 when an exact-resume check or a paper i
 what would start after that many seconds (the JSON is rewritten after every unit, so a run cut short keeps what it
 measured). Its run time and memory on one H200: benchmarks/README.md, "The GPU check".
 
+``--backends ...,one_gpu_lora``: the one-GPU preset (``experiment=one_gpu``: the three players as LoRA adapters on one
+frozen backbone, torch backend) on Qwen3-1.7B-Base's shape (``qwen3_1_7b``, whatever ``--shape`` the others run; the
+toy under ``--shape tiny``) with random weights (``benchmarks/gpu_check_lora.py``, its docstring says what each item
+checks: one shared backbone, the backbone's log-probs before any update, the GRPO steps moving only adapters, exact
+resume from an adapter checkpoint, peak memory against the capacity plan's trainer passes), printed as
+``one_gpu_lora <item>: ...`` lines as the paper unit's; a failed item sets the exit status to 1 too. Written and
+rehearsed on CPU, not yet run on a GPU.
+
     python -m benchmarks.gpu_check --device cpu --shape tiny                        # the CPU half
     python -m benchmarks.gpu_check --device cpu --shape tiny --backends paper_zero3
-    python -m benchmarks.gpu_check --device cuda --shape qwen3_4b --backends torch,paper_zero3
+    python -m benchmarks.gpu_check --device cpu --shape tiny --backends one_gpu_lora
+    python -m benchmarks.gpu_check --device cuda --shape qwen3_4b --backends torch,paper_zero3,one_gpu_lora
 """
 from __future__ import annotations
 
@@ -47,15 +57,20 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from benchmarks import gpu_check_lora, gpu_check_paper
+from benchmarks.gpu_check_lora import LORA_UNIT
 from benchmarks.gpu_check_model import (PLAYERS, SHAPE_DEFAULTS, SHAPES, build_model, count_parameters,
                                         parameters_label, qwen3_config, render_prompts, sampling_module)
-from benchmarks.gpu_check_paper import PAPER_UNIT, print_items, run_unit
+from benchmarks.gpu_check_paper import PAPER_UNIT
 from benchmarks.gpu_check_players import SandboxRuns, run_player
 from benchmarks.gpu_check_resume import run_resume
 from benchmarks.gpu_check_state import GIB, Clock, release
 
 VLLM_NOTE = "vLLM: not run (its CUDA wheel is far over the 64 MiB that can be carried to the GPU machine)"
 RESUME_MAX_BYTES = 12 * GIB  # a larger checkpoint: the resume check runs on the shape cut to 2 layers
+# The units beside the player runs: --backends name -> (its run, its item lines, what it is).
+UNITS = {PAPER_UNIT: (gpu_check_paper.run_unit, gpu_check_paper.print_items, "the paper preset's trainer settings"),
+         LORA_UNIT: (gpu_check_lora.run_unit, gpu_check_lora.print_items, "the one-GPU preset's adapter players")}
 
 
 class Check:
@@ -88,6 +103,7 @@ class Check:
             "sandbox": {"status": "not run", "reason": "no execution player in --players"},
             "deepspeed": {"status": "not requested"},
             PAPER_UNIT: {"status": "not requested"},
+            LORA_UNIT: {"status": "not requested"},
             "vllm": {"status": "not run", "reason": VLLM_NOTE.split("(", 1)[1].rstrip(")")},
         }
         self.sandbox = SandboxRuns(self.report)
@@ -170,6 +186,12 @@ class Check:
 
     # ------------------------------------------------------------------ everything
     def backend_unavailable(self, backend: str) -> Optional[str]:
+        if backend == LORA_UNIT:
+            try:
+                import peft  # noqa: F401 - unifiedplayers.lora's adapters
+            except Exception as exc:  # noqa: BLE001
+                return f"import peft failed: {type(exc).__name__}: {exc}"
+            return None
         if not backend.startswith("deepspeed") and backend != PAPER_UNIT:
             return None
         try:
@@ -191,13 +213,15 @@ class Check:
         release()  # out of the except block: the traceback's frames, and the memory they hold, are gone
         return failed
 
-    def run_paper_unit(self, unavailable: Optional[str]) -> None:
-        """The paper preset's trainer path (gpu_check_paper.py); its item lines are printed as it ends."""
+    def run_unit(self, name: str, unavailable: Optional[str]) -> None:
+        """One of :data:`UNITS` (the paper preset's trainer path, the one-GPU preset's adapter players); its item lines
+        are printed as it ends."""
+        run, print_items, what = UNITS[name]
         if unavailable:
             result = {"status": "not run", "reason": unavailable}
         else:
-            result = self.guarded(f"{PAPER_UNIT} (the paper preset's trainer settings)", lambda: run_unit(self), {})
-        self.report[PAPER_UNIT] = result
+            result = self.guarded(f"{name} ({what})", lambda: run(self), {})
+        self.report[name] = result
         self.save()
         print_items(result)
 
@@ -209,8 +233,8 @@ class Check:
         resume_role = "execution" if "execution" in a.players else a.players[0]
         for backend in a.backends:
             reason = self.backend_unavailable(backend)
-            if backend == PAPER_UNIT:
-                self.run_paper_unit(reason)
+            if backend in UNITS:
+                self.run_unit(backend, reason)
                 continue
             if reason:
                 self.report["deepspeed"] = {"status": "not run", "reason": reason}
@@ -256,12 +280,12 @@ class Check:
             "peak_memory_bytes": max((r["peak_memory_bytes"] for r in ok), default=0),
             "peak_memory_kind": "torch.cuda.max_memory_allocated" if self.cuda else "ru_maxrss",
             "resume_check": ("PASS" if ran and all(c == "PASS" for c in ran) else "FAIL" if ran else "not run"),
-            "paper_check": paper_verdict(self.report[PAPER_UNIT]),
+            "paper_check": unit_verdict(self.report[PAPER_UNIT]),
+            "lora_check": unit_verdict(self.report[LORA_UNIT]),
         }
 
 
-
-def paper_verdict(unit: dict) -> str:
+def unit_verdict(unit: dict) -> str:
     """FAIL when an item failed or the unit stopped on an error; PASS when every item that ran passed."""
     if unit.get("status") == "error":
         return "FAIL"
@@ -328,14 +352,15 @@ def print_checks(report: dict) -> None:
     print(f"DeepSpeed: {ds.get('status')}" + (f" ({ds['reason'][:200]})" if ds.get("reason") else "")
           + (f", version {ds['version']}" if ds.get("version") else ""))
     print(VLLM_NOTE)
-    paper = report[PAPER_UNIT]
-    if "items" in paper:
-        counts = {s: sum(i["status"] == s for i in paper["items"].values()) for s in ("PASS", "FAIL", "NOT RUN")}
-        print(f"{PAPER_UNIT}: " + ", ".join(f"{n} {s}" for s, n in counts.items()) + " (the item lines above)")
-    elif paper.get("status") != "not requested":
-        print(f"{PAPER_UNIT}: {paper.get('status')} ({paper.get('reason', '')[:200]})")
+    for name in UNITS:
+        unit = report[name]
+        if "items" in unit:
+            counts = {s: sum(i["status"] == s for i in unit["items"].values()) for s in ("PASS", "FAIL", "NOT RUN")}
+            print(f"{name}: " + ", ".join(f"{n} {s}" for s, n in counts.items()) + " (the item lines above)")
+        elif unit.get("status") != "not requested":
+            print(f"{name}: {unit.get('status')} ({unit.get('reason', '')[:200]})")
     print(f"resume check: {report['resume_check']}; paper check: {report['paper_check']}; "
-          f"wall {report['wall_s']:.1f} s")
+          f"one-GPU LoRA check: {report['lora_check']}; wall {report['wall_s']:.1f} s")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -347,7 +372,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--players", default=",".join(PLAYERS), help="comma-separated, of " + ",".join(PLAYERS))
     p.add_argument("--backends", default="torch",
                    help=f"comma-separated: torch, deepspeed_zero2, deepspeed_zero3 (a player run each), {PAPER_UNIT} "
-                        "(the paper preset's trainer path, gpu_check_paper.py)")
+                        f"(the paper preset's trainer path, gpu_check_paper.py), {LORA_UNIT} (the one-GPU preset's "
+                        "adapter players on the qwen3_1_7b shape, gpu_check_lora.py)")
     p.add_argument("--dtype", choices=("bfloat16", "float32", "auto"), default="auto",
                    help="trainer.dtype (compute); auto: bfloat16 on a bf16 GPU, else float32")
     p.add_argument("--out", default="runs/gpu_check", help="folder of gpu_check.json")
@@ -400,7 +426,7 @@ def main(argv=None) -> int:
     report = check.run()
     print_report(report)
     print(f"written: {check.out / 'gpu_check.json'}")
-    return 1 if "FAIL" in (report["resume_check"], report["paper_check"]) else 0
+    return 1 if "FAIL" in (report["resume_check"], report["paper_check"], report["lora_check"]) else 0
 
 
 if __name__ == "__main__":

@@ -1,14 +1,22 @@
-"""The GPU check's model and inputs: a ``Qwen3ForCausalLM`` of Qwen3-4B-Base's architecture (``--shape qwen3_4b``)
-or a 2-layer toy of it (``--shape tiny``) with random weights, and each player's short prompts.
+"""The GPU check's model and inputs: a ``Qwen3ForCausalLM`` of Qwen3-4B-Base's architecture (``--shape qwen3_4b``),
+of Qwen3-1.7B-Base's (``--shape qwen3_1_7b``, the backbone of ``experiment=one_gpu``) or a 2-layer toy of the 4B
+(``--shape tiny``) with random weights, and each player's short prompts.
 
 Qwen3-4B-Base's architecture, from the ``config.json`` of the Hugging Face repository Qwen/Qwen3-4B-Base
 (the Qwen3-4B card: 4.0B parameters, 3.6B without embeddings, 36 layers, 32 query / 8 key-value heads,
 32,768 context): hidden 2560, intermediate 9728, 36 layers, 32 heads, 8 kv heads, head_dim 128 (so the
 query projection is 4096 wide, not 2560), vocab 151,936, rope_theta 1e6, max_position_embeddings 32,768,
 tied embeddings, rms_norm_eps 1e-6, no attention bias: 4,022,468,096 parameters.
+
+Qwen3-1.7B-Base's figures are read from conf/model/arch/qwen3_1_7b_base.json, the file the capacity plan reads (hidden
+2048, intermediate 6144, 28 layers, 16 heads, 8 kv heads, head_dim 128, the same vocabulary, tied embeddings:
+1,720,574,976 parameters); rope_theta, rms_norm_eps and the activation, which that file does not hold, are the 4B's
+(the two config.json files agree on them).
 """
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any, Optional
 
 PLAYERS = ("planning", "execution", "evaluation")
@@ -29,12 +37,23 @@ QWEN3_4B = dict(
     attention_bias=False,
     hidden_act="silu",
 )
+ARCH_DIR = Path(__file__).resolve().parents[1] / "conf" / "model" / "arch"
+
+
+def arch_shape(name: str) -> dict:
+    """The 4B's fields with those that ``conf/model/arch/<name>.json`` holds (a config.json's figures) put in."""
+    fields = json.loads((ARCH_DIR / f"{name}.json").read_text())
+    return dict(QWEN3_4B, **{k: fields[k] for k in QWEN3_4B if k in fields})
+
+
+# Qwen/Qwen3-1.7B-Base, experiment=one_gpu's backbone (see the module docstring).
+QWEN3_1_7B = arch_shape("qwen3_1_7b_base")
 # Same structure (GQA, q/k norms, tied head), 2 layers, the byte tokenizer's vocabulary: every id decodes.
 TINY = dict(QWEN3_4B, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, head_dim=16, vocab_size=259)
-SHAPES = {"qwen3_4b": QWEN3_4B, "tiny": TINY}
+SHAPES = {"qwen3_4b": QWEN3_4B, "qwen3_1_7b": QWEN3_1_7B, "tiny": TINY}
 # What each shape runs by default: (prompts, samples per prompt, new tokens, micro-batch size).
-SHAPE_DEFAULTS = {"qwen3_4b": (4, 4, 128, 2), "tiny": (4, 4, 24, 4)}
+SHAPE_DEFAULTS = {"qwen3_4b": (4, 4, 128, 2), "qwen3_1_7b": (4, 4, 128, 2), "tiny": (4, 4, 24, 4)}
 
 # Our own short prompts, a system line and four tasks per player (115-131 byte tokens each, rendered).
 PROMPTS = {

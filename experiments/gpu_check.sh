@@ -4,7 +4,10 @@
 # and an exact-resume check; then the paper preset's trainer path (benchmarks/gpu_check_paper.py: DeepSpeed ZeRO-3,
 # the optimizer offloaded to the host with DeepSpeed's CPU Adam, ref_mode precompute, an idle player's state parked,
 # the save cadence, exact resume, peak memory against the capacity plan) on the shape cut to 2 layers with the full
-# vocabulary. vLLM is reported as not run (its CUDA wheel alone is far over what such a machine can be sent).
+# vocabulary; then the one-GPU preset's three LoRA adapter players on one shared frozen backbone of Qwen3-1.7B-Base's
+# shape (benchmarks/gpu_check_lora.py: one backbone in memory, the backbone's log-probs before any update, only
+# adapters moving, exact resume from an adapter checkpoint, peak memory against the plan's trainer passes). vLLM is
+# reported as not run (its CUDA wheel alone is far over what such a machine can be sent).
 #
 # Such a machine (KINDS.md of the device tool: Python 3.12, torch 2.11.0, transformers 5.17.0, huggingface_hub
 # 1.33.0, tokenizers 0.23.2, safetensors 0.8.0, accelerate 1.15.0, numpy, pyyaml, regex, ...) has no Hydra or
@@ -22,9 +25,9 @@
 #
 # Run time on one H200, estimated: installing the wheels 10-20 s; the torch players and their resume check about
 # 2.5 min; the paper unit about 2-3 min, a minute of it JIT-building DeepSpeed's CPU Adam op there (it needs a C++
-# compiler and Python's headers on that machine: without them its items say NOT RUN and why). About 5-6 minutes
-# in all; --budget-s 420 skips a unit that would start later. `--backends torch,deepspeed_zero2,paper_zero3` adds
-# ZeRO-2 player runs (about 2 more minutes).
+# compiler and Python's headers on that machine: without them its items say NOT RUN and why); the one-GPU LoRA unit
+# about 1-1.5 min (not yet run on a GPU). About 6-7 minutes in all; --budget-s 420 skips a unit that would start
+# later. `--backends torch,deepspeed_zero2,paper_zero3,one_gpu_lora` adds ZeRO-2 player runs (about 2 more minutes).
 #
 # What is carried: DeepSpeed's declared requirements except torch, numpy and packaging, which such a machine has
 # (tests/benchmarks/test_gpu_check.py keeps the lists complete), plus Hydra's and pydantic's, and setuptools
@@ -44,7 +47,7 @@ LIMIT_MIB=64  # the working tree and everything sent with it
 # ninja is a binary in a py3-none-manylinux wheel: listed with the compiled ones, so that it is downloaded for the
 # GPU machine's platform, not built for this one's.
 PURE="hydra-core omegaconf antlr4-python3-runtime deepspeed hjson py-cpuinfo einops pydantic annotated-types
-      typing-inspection typing-extensions tqdm setuptools"
+      typing-inspection typing-extensions tqdm setuptools peft"
 COMPILED="pydantic-core msgpack psutil ninja"
 
 prepare() {
@@ -207,7 +210,7 @@ run() {
   # DeepSpeed's CPU Adam op is JIT-built there, under TORCH_EXTENSIONS_DIR (default ~/.cache/unifiedplayers/...).
   # benchmarks/ is a package: run as a module from the repository's root (the cd above), src/ on PYTHONPATH.
   timeout 480 "$py" -m benchmarks.gpu_check --device cuda --shape qwen3_4b --steps 2 \
-    --backends torch,paper_zero3 --budget-s 420 --out "$out" "$@" 2>&1 | tee -a "$out/gpu_check.log"
+    --backends torch,paper_zero3,one_gpu_lora --budget-s 420 --out "$out" "$@" 2>&1 | tee -a "$out/gpu_check.log"
 }
 
 case "${1:-}" in

@@ -224,8 +224,7 @@ def check_sampling(cfg: Any) -> None:
 def check_adapters(cfg: Any) -> None:
     """``trainer.lora`` (players as adapters on one shared backbone) and ``rollout.sleep_level``: values in range,
     and the combinations that cannot run: a sleeping engine that is not vLLM's, level 2 under adapters (the
-    backbone would be dropped for good), adapters on ZeRO-3 (whose partitions of the shared backbone one engine
-    per player would each take over)."""
+    backbone would be dropped for good)."""
     lora = cfg.trainer.lora
     if lora.rank < 0:
         raise ValueError(f"trainer.lora.rank={lora.rank}: need >= 0 (0: every parameter trained)")
@@ -233,10 +232,6 @@ def check_adapters(cfg: Any) -> None:
         if not lora.alpha > 0 or not 0 <= lora.dropout < 1 or not lora.target_modules:
             raise ValueError(f"trainer.lora: alpha={lora.alpha} (need > 0), dropout={lora.dropout} (need in [0, 1)), "
                              f"target_modules={list(lora.target_modules)} (need at least one)")
-        if str(cfg.trainer.backend) == "deepspeed_zero3":
-            raise ValueError("trainer.lora.rank > 0 with trainer.backend=deepspeed_zero3: the players share one "
-                             "frozen backbone, which ZeRO-3 would partition once per player's engine; use "
-                             "trainer=torch or trainer=deepspeed_zero2 (an adapter's optimizer state is small)")
     level = int(cfg.rollout.sleep_level)
     if level not in (0, 1, 2):
         raise ValueError(f"rollout.sleep_level={level}: 0 (never), 1 (weights to the host) or 2 (weights dropped)")

@@ -125,18 +125,20 @@ def adapter_parameter_count(model: nn.Module) -> int:
 
 
 def merged_state(model: nn.Module) -> dict[str, Tensor]:
-    """The full weights of the player held in ``model`` with its adapter folded in (W + (α / r) B A), under the
-    backbone's own names (``base_layer.`` and the adapter's tensors removed): a plain transformers checkpoint."""
-    merged = share_base(model)
-    for module in merged.modules():  # the copy's base tensors are the shared ones: merge into copies of them
-        base = getattr(module, "base_layer", None)
-        if base is not None and hasattr(module, "merge"):
-            base.weight = nn.Parameter(base.weight.detach().clone(), requires_grad=False)
-            module.merge(adapter_names=[ADAPTER])
+    """The full weights of the player held in ``model`` with its adapter folded in (W + (α / r) B A, summed in float32,
+    in W's dtype), under the backbone's own names (``base_layer.`` and the adapter's tensors removed): a plain
+    transformers checkpoint. Read from the state dict alone: the shared backbone is never written (and under ZeRO-3,
+    inside the trainer's gathered weights, it reads the gathered values)."""
+    state = model.state_dict()
+    scales = {name: m.scaling[ADAPTER] for name, m in model.named_modules() if ADAPTER in getattr(m, "lora_A", {})}
     out = {}
-    for name, t in merged.state_dict().items():
+    for name, t in state.items():
         if "lora_" in name:
             continue
+        layer = name.split(".base_layer.")[0]
+        if layer in scales and name == f"{layer}.base_layer.weight":
+            a, b = state[f"{layer}.lora_A.{ADAPTER}.weight"], state[f"{layer}.lora_B.{ADAPTER}.weight"]
+            t = (t.float() + scales[layer] * (b.float() @ a.float())).to(t.dtype)
         out[name.replace(".base_layer.", ".")] = t
     return out
 

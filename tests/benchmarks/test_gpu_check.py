@@ -47,7 +47,7 @@ GPU_IMAGE = {"torch": "2.11.0", "numpy": "2.5.2", "tokenizers": "0.23.2", "safet
 GPU_IMAGE_AT_LEAST = {"packaging": "20.9", "pyyaml": "6.0.1", "regex": "2025.10.22", "typer": "0", "click": "8.4.2",
                       "filelock": "3.10.0", "fsspec": "2023.5.0", "hf-xet": "1.6.0"}
 # What the check imports, at the top of the carried packages' requirements; setuptools: the CPU Adam op's build.
-CARRIED_ROOTS = ("deepspeed", "hydra-core", "setuptools")
+CARRIED_ROOTS = ("deepspeed", "hydra-core", "setuptools", "peft")  # peft: the one_gpu_lora unit, at our pin
 GPU_MARKERS = {"python_version": "3.12", "python_full_version": "3.12.3", "implementation_name": "cpython",
                "platform_python_implementation": "CPython", "sys_platform": "linux", "platform_system": "Linux",
                "platform_machine": "x86_64", "os_name": "posix", "extra": ""}

@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import os
 import sys
 from pathlib import Path
 
 import torch
 
+from unifiedplayers import lora  # noqa: E402
 from unifiedplayers.config import compose  # noqa: E402
 from unifiedplayers.distributed import destroy, init_distributed  # noqa: E402
 from unifiedplayers.rollout.hf_engine import HFRollout  # noqa: E402
@@ -90,12 +92,20 @@ class CopyingEngine(HFRollout):
         from transformers import AutoModelForCausalLM
 
         copy = AutoModelForCausalLM.from_config(model.config).to(next(model.parameters()).dtype).eval()
-        copy.load_state_dict(model.state_dict())
+        copy.load_state_dict(self.weights(model))
         super().__init__(cfg, copy, tokenizer)
+
+    @staticmethod
+    def weights(model):
+        """What the engine holds of ``model``: its weights; an adapter player's, with its adapter folded in (what
+        vLLM computes from the backbone and the adapter it serves)."""
+        if not isinstance(model, torch.nn.Module):
+            return model
+        return lora.merged_state(model) if lora.is_adapted(model) else model.state_dict()
 
     def update_weights(self, model) -> None:
         with torch.no_grad():
-            self.model.load_state_dict(model.state_dict() if isinstance(model, torch.nn.Module) else model)
+            self.model.load_state_dict(self.weights(model))
 
 
 @contextlib.contextmanager
@@ -146,6 +156,12 @@ def loop(run_dir: str, dump: str, dist, *overrides: str, paper: bool = False, st
 
     cfg = compose(["experiment=tiny", *overrides])
     factory = CopyingEngine if cfg.rollout.backend == "vllm" and stand_in else None
+    if os.environ.get("TOY_REWARD") == "1":  # every group a reward spread: the players move (tests/loop/toy_reward.py)
+        import pytest
+
+        from tests.loop import toy_reward
+
+        toy_reward.install(pytest.MonkeyPatch())
     calls: list = []
     with offload_as_on_a_gpu(calls) if paper else contextlib.nullcontext():
         run = OuterLoop(cfg, run_dir, dist=dist, rollout_factory=factory)

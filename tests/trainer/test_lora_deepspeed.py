@@ -49,3 +49,33 @@ def test_zero2_adapter_steps_equal_the_torch_backends_and_checkpoints_hold_the_a
             assert torch.equal(lora.adapter_state(resumed.model)[name], t), name
     finally:
         torch.set_num_threads(before)
+
+
+def test_zero3_adapter_steps_on_one_partitioned_backbone_equal_the_torch_backends():
+    """Three ZeRO-3 engines, one per player, partition the one backbone they share; their steps interleave (each
+    engine gathers and releases the shared partitions in its forwards), and a player's adapter still takes the torch
+    backend's steps."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        base, three, _ = players(3)
+        _, (alone,), _ = players(1)
+        gen = torch.Generator().manual_seed(5)
+        batches = [synthetic_batch(alone, gen) for _ in range(3)]
+        zero3 = [build_trainer(trainer_config(backend="deepspeed_zero3", kl_coef=0.05, lr=1e-2), p) for p in three]
+        plain = build_trainer(trainer_config(kl_coef=0.05, lr=1e-2), alone)
+        for trainer in (*zero3, plain):
+            trainer.start_outer_iteration()
+        for trainer in zero3:  # every engine steps on the shared backbone
+            trainer.update(batches[0])
+        for batch in batches[1:]:
+            zero3[0].update(batch)
+        for batch in batches:
+            plain.update(batch)
+        want = lora.adapter_state(plain.model)
+        with zero3[0].gathered_weights():
+            got = {k: v.detach().clone() for k, v in lora.adapter_state(zero3[0].model).items()}
+        for name in want:
+            torch.testing.assert_close(got[name], want[name], rtol=1e-5, atol=1e-6)
+    finally:
+        torch.set_num_threads(before)
