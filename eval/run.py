@@ -338,8 +338,6 @@ def build_engine(cfg: Any, log=print) -> Any:
     A trainer checkpoint (``model.pt``) holds a state dict of the backbone named by ``model``: use the
     same ``model=`` preset as the training run (its ``config.yaml`` says which).
     """
-    import torch
-
     from unifiedplayers.models import load_model
     from unifiedplayers.rollout import build_rollout
     from unifiedplayers.rollout.prefix_cache import for_evaluation
@@ -354,8 +352,10 @@ def build_engine(cfg: Any, log=print) -> Any:
             state_file = target
     model, tokenizer = load_model(model_cfg)
     if state_file is not None:
-        state = torch.load(state_file, map_location=next(model.parameters()).device, weights_only=True)
-        model.load_state_dict(state)  # strict: a checkpoint of another backbone fails here, loudly
+        from unifiedplayers import lora
+
+        # a trainer.lora run's model.pt is an adapter: folded into the backbone (its adapter_config.json beside it)
+        model.load_state_dict(lora.checkpoint_weights(model, str(state_file)))  # strict: another backbone fails
         log(f"[eval] loaded weights from {state_file}")
     return build_rollout(for_evaluation(cfg.rollout), model, tokenizer)  # prefix cache on unless set
 

@@ -44,7 +44,7 @@ import numpy as np
 DATA_DIR = Path(__file__).resolve().parent / "data"
 PROBE_SEED = 0  # the sampling seed of every probe (not the training seed)
 from unifiedplayers.diagnostics.execution_pool import PoolQuestion
-from unifiedplayers import rundir
+from unifiedplayers import lora, rundir
 from unifiedplayers.roles import ROLES
 
 
@@ -431,7 +431,7 @@ def run_probes(cfg: Any, ckpt: Checkpoint, roles: Sequence[str] = ROLES, sizes: 
         else:
             if work["model"] is None:
                 work["model"] = copy.deepcopy(model)
-            state = torch.load(path, map_location=next(model.parameters()).device, weights_only=True)
+            state = lora.checkpoint_weights(model, path)  # an adapter player's: folded into the backbone
             work["model"].load_state_dict(state)  # strict: another backbone's checkpoint fails here, loudly
             work["model"].eval()
             engine.update_weights(work["model"])

@@ -156,20 +156,55 @@ def base_state(model: nn.Module) -> dict[str, Tensor]:
     return {name.replace(".base_layer.", "."): t for name, t in model.state_dict().items() if "lora_" not in name}
 
 
-def save_peft_adapter(model: nn.Module, directory: str, base_model: Optional[str] = None) -> None:
-    """``model``'s adapter in PEFT's format in ``directory``: ``adapter_config.json`` (rank, α and targets read off the
-    module) and ``adapter_model.safetensors``. What ``PeftModel.from_pretrained`` and vLLM's ``LoRARequest`` load."""
+def adapter_config(model: nn.Module, base_model: Optional[str] = None) -> Any:
+    """PEFT's ``LoraConfig`` of the adapter in ``model``, read off its modules: rank, α (scaling x r), the targeted
+    projections."""
     from peft import LoraConfig
-    from safetensors.torch import save_file
 
     layers = {name.rsplit(".", 1)[-1]: m for name, m in model.named_modules()
               if ADAPTER in getattr(m, "lora_A", {})}  # the adapted projections, by the name PEFT targets them
-    scaling = next(iter(layers.values())).scaling[ADAPTER]  # α / r
     rank = adapter_rank(model)
-    config = LoraConfig(r=rank, lora_alpha=float(scaling * rank), target_modules=sorted(layers),
-                        lora_dropout=0.0, bias="none", base_model_name_or_path=base_model)
-    config.save_pretrained(directory)
+    scaling = next(iter(layers.values())).scaling[ADAPTER]  # α / r
+    return LoraConfig(r=rank, lora_alpha=float(scaling * rank), target_modules=sorted(layers), lora_dropout=0.0,
+                      bias="none", base_model_name_or_path=base_model)
+
+
+def save_peft_adapter(model: nn.Module, directory: str, base_model: Optional[str] = None) -> None:
+    """``model``'s adapter in PEFT's format in ``directory``: ``adapter_config.json`` (:func:`adapter_config`) and
+    ``adapter_model.safetensors``. What ``PeftModel.from_pretrained`` and vLLM's ``LoRARequest`` load."""
+    from safetensors.torch import save_file
+
+    adapter_config(model, base_model).save_pretrained(directory)
     save_file(peft_format(model), f"{directory}/adapter_model.safetensors", metadata={"format": "pt"})
+
+
+def checkpoint_weights(backbone: nn.Module, path: str) -> dict[str, Tensor]:
+    """A trainer checkpoint's ``model.pt`` at ``path`` as full weights of ``backbone``'s architecture: the file's state
+    dict, or, when it holds an adapter (``trainer.lora``), that adapter folded into ``backbone`` (its rank, α and
+    targets from the ``adapter_config.json`` the trainer writes beside it). For the readers of checkpoints (eval,
+    the probes), whose engines sample plain modules."""
+    from pathlib import Path
+
+    from peft import LoraConfig
+
+    state = torch.load(path, map_location=next(backbone.parameters()).device, weights_only=True)
+    if not any("lora_" in k for k in state):
+        return state
+    config_dir = Path(path).parent
+    if not (config_dir / "adapter_config.json").is_file():
+        raise ValueError(f"{path} holds an adapter but {config_dir} no adapter_config.json (its rank, alpha, targets)")
+    config = LoraConfig.from_pretrained(str(config_dir))
+    settings = {"rank": config.r, "alpha": config.lora_alpha, "dropout": 0.0,
+                "target_modules": sorted(config.target_modules)}
+    player = add_adapter(share_base(freeze(backbone)), _Settings(settings))
+    load_policy_state(player, state)
+    return merged_state(player)
+
+
+class _Settings(dict):
+    """``trainer.lora``'s fields as attributes, for :func:`add_adapter` outside a composed config."""
+
+    __getattr__ = dict.__getitem__
 
 
 def peft_format(model: nn.Module) -> dict[str, Tensor]:

@@ -68,3 +68,25 @@ def test_an_adapter_export_of_a_full_parameter_run_is_refused(tmp_path):
         export_run(tmp_path / "run", "execution", tmp_path / "out", fmt="adapter")
     with pytest.raises(SystemExit, match="trained every parameter"):
         main([str(tmp_path / "run"), "--format", "adapter", "--out", str(tmp_path / "out2")])
+
+
+def test_the_checkpoint_readers_fold_the_adapter_into_the_backbone(lora_run):
+    """eval/ and the probes read a trainer checkpoint's model.pt: an adapter run's is folded into the backbone, with
+    the rank, alpha and targets of the adapter_config.json the trainer writes beside it."""
+    from unifiedplayers.models import load_model
+
+    d, loop = lora_run
+    ckpt = d / "checkpoints" / "iter1" / "execution"
+    assert (ckpt / "adapter_config.json").is_file()
+    backbone, _ = load_model(compose(["experiment=tiny"]).model)
+    state = lora.checkpoint_weights(backbone, str(ckpt / "model.pt"))
+    assert not any("lora_" in k or "base_layer" in k for k in state)
+    plain, _ = load_model(compose(["experiment=tiny"]).model)
+    plain.load_state_dict(state)
+    ids = torch.tensor(PROMPT)
+    with torch.no_grad():
+        torch.testing.assert_close(plain(input_ids=ids).logits, loop.players["execution"].model(input_ids=ids).logits,
+                                   rtol=1e-4, atol=1e-4)
+    (ckpt / "adapter_config.json").unlink()
+    with pytest.raises(ValueError, match="no adapter_config.json"):
+        lora.checkpoint_weights(backbone, str(ckpt / "model.pt"))

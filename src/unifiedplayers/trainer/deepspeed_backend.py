@@ -52,7 +52,7 @@ from torch import nn
 
 from unifiedplayers.rundir import DEEPSPEED, MODEL_WEIGHTS
 from unifiedplayers.trainer.backends import register_trainer_backend
-from unifiedplayers.lora import is_adapted, load_policy_state, policy_state
+from unifiedplayers.lora import adapter_config, is_adapted, load_policy_state, policy_state
 from unifiedplayers.trainer.base import BaseTrainer
 from unifiedplayers.trainer.logprobs import TokenLogprobModel
 from unifiedplayers.trainer.offload import ParkedStorages
@@ -332,6 +332,8 @@ class DeepSpeedTrainer(BaseTrainer):
         with self.gathered_weights():
             if self.dist.is_main:
                 torch.save({k: v.detach().cpu() for k, v in policy_state(self.model).items()}, directory / MODEL_WEIGHTS)
+                if is_adapted(self.model):  # rank, alpha, targets for the checkpoint's readers
+                    adapter_config(self.model).save_pretrained(str(directory))
 
     def _load_backend(self, directory: Path) -> None:
         self._ensure_optimizer()
