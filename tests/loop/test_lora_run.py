@@ -117,3 +117,17 @@ def test_absolute_zeros_shared_model_is_one_adapter(tmp_path, monkeypatch):
     assert loop.players["planning"].model is loop.players["execution"].model
     assert lora.is_adapted(loop.players["planning"].model)
     assert len(read_metrics(tmp_path)) > 0
+
+
+@pytest.mark.parametrize("method", ["vanilla", "tool_augmented", "r_zero", "agent0"])  # socratic_zero: test_socratic_loop.py
+def test_every_baseline_trains_adapter_players(tmp_path, monkeypatch, method):
+    """Each baseline's own loop with adapter players on the tiny model: it runs to its end, and every player it
+    trains is an adapter on the one backbone."""
+    toy_reward.install(monkeypatch)
+    loop = OuterLoop(compose(["experiment=tiny", f"method={method}", "trainer.lora.rank=4"]), tmp_path)
+    loop.run()
+    assert loop.finished
+    backbone = {id(p) for p in loop.players["planning"].model.parameters() if not p.requires_grad}
+    for role, player in loop.players.items():
+        assert lora.is_adapted(player.model), role
+        assert {id(p) for p in player.model.parameters() if not p.requires_grad} == backbone, role

@@ -309,3 +309,16 @@ def test_resume_inside_a_phase_of_two_units_equals_an_uninterrupted_run(teacher_
     assert [m.get("socratic/pairs") for m in metrics[6:]] == [2, 2]
     assert all("execution/dpo_margin" in m for m in metrics[6:])
     assert ref.method.state_dict() == torch.load(tmp_path / "b" / "state.pt", weights_only=False)["method_loop"]
+
+
+def test_socratic_zero_trains_adapter_players(tmp_path, teacher_url):
+    """Socratic-Zero's loop (its Teacher the stub endpoint) with adapter players (trainer.lora.rank > 0): it runs to its
+    end on one backbone, every player an adapter."""
+    from unifiedplayers import lora
+
+    loop = run(tmp_path, teacher_url, extra=["trainer.lora.rank=4"])
+    assert loop.finished
+    backbone = {id(p) for p in loop.players["planning"].model.parameters() if not p.requires_grad}
+    for role, player in loop.players.items():
+        assert lora.is_adapted(player.model), role
+        assert {id(p) for p in player.model.parameters() if not p.requires_grad} == backbone, role
