@@ -2,7 +2,7 @@
 import pytest
 
 from eval.extract import extract_option_letter, humaneval_program, last_boxed
-from eval.grading import grade, grade_math, grade_option, grade_string
+from unifiedplayers.feedback.answers import grade, grade_math, grade_option, grade_string
 from unifiedplayers.feedback.answers import extract_answer
 from unifiedplayers.feedback.trajectory import parse_transcript
 
