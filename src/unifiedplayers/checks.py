@@ -232,6 +232,14 @@ def check_adapters(cfg: Any) -> None:
         if not lora.alpha > 0 or not 0 <= lora.dropout < 1 or not lora.target_modules:
             raise ValueError(f"trainer.lora: alpha={lora.alpha} (need > 0), dropout={lora.dropout} (need in [0, 1)), "
                              f"target_modules={list(lora.target_modules)} (need at least one)")
+    if lora.rank > 0 and str(cfg.trainer.backend) == "deepspeed_zero3":
+        frozen = [r for r in BLOCK_ORDER if r not in trained_roles(cfg)]
+        if cfg.trainer.ref_mode != "precompute" or frozen or cfg.schedule.feedback != "fresh":
+            raise ValueError(
+                "trainer.lora.rank > 0 with trainer.backend=deepspeed_zero3: the trained players' engines partition the "
+                "backbone every player shares, so a module outside them (pi_ref as a copy, a frozen player "
+                f"{frozen or ''}, stale feedback's published copy) would hold empty partitions; needs "
+                "trainer.ref_mode=precompute, every player trained and schedule.feedback=fresh (or trainer=deepspeed_zero2)")
     level = int(cfg.rollout.sleep_level)
     if level not in (0, 1, 2):
         raise ValueError(f"rollout.sleep_level={level}: 0 (never), 1 (weights to the host) or 2 (weights dropped)")

@@ -96,10 +96,33 @@ def test_resume_after_kill_9_inside_a_phase_equals_an_uninterrupted_run(lora_run
 
 
 def test_stale_feedback_publishes_adapters_over_the_shared_backbone(tmp_path, monkeypatch):
+    """Stale feedback's published copy is each player's adapter at the start of the outer iteration (§7): in
+    iteration 2 the adapter iteration 1 ended with, not iteration 1's start nor the latest, and a resume inside
+    iteration 2 reads it back from its file."""
     toy_reward.install(monkeypatch)
-    cfg = ["experiment=tiny", "trainer.lora.rank=4", "schedule.feedback=stale", "schedule.outer_iterations=2"]
-    loop = OuterLoop(compose(cfg), tmp_path)
+    cfg = ["experiment=tiny", "trainer.lora.rank=4", "schedule.feedback=stale", "schedule.outer_iterations=2",
+           "trainer.lr=1e-1"]
+    at_start: dict[str, dict[str, torch.Tensor]] = {}  # the adapters when iteration 1's last block ends
+
+    def snapshot(event, loop, slot):
+        if event == "block_end" and slot.iteration == 1:
+            at_start.update({r: {k: v.clone() for k, v in lora.adapter_state(p.model).items()}
+                             for r, p in loop.players.items()})
+
+    loop = OuterLoop(compose(cfg), tmp_path, hooks=[snapshot])
     loop.run()
+
+    def published_is_the_start(role):
+        got = lora.adapter_state(loop.players[role].published_model)
+        return set(got) == set(at_start[role]) and all(torch.equal(got[k], at_start[role][k]) for k in got)
+
+    moved = [r for r in ROLES if any(not torch.equal(v, at_start[r][k])
+                                     for k, v in lora.adapter_state(loop.players[r].model).items())]
+    assert moved  # iteration 2 moved some player past its published copy
+    assert all(published_is_the_start(r) for r in ROLES)
+    team = loop.team
+    team.resume_iteration(2, tmp_path, {r: p.published_version for r, p in team.players.items()}, loop.state.published)
+    assert all(published_is_the_start(r) for r in ROLES)  # read back from published/<role>.pt
     backbone = {id(p) for p in loop.players["planning"].model.parameters() if not p.requires_grad}
     for role in ROLES:
         published = loop.players[role].published_model

@@ -196,3 +196,86 @@ def test_the_merged_weights_compute_what_the_adapter_player_computes():
     ids = torch.randint(3, base.config.vocab_size, (2, 7), generator=torch.Generator().manual_seed(4))
     torch.testing.assert_close(logprobs(merged, ids), logprobs(player, ids), rtol=1e-5, atol=1e-5)
     assert all(torch.equal(p, before[n]) for n, p in base.named_parameters())  # merged into copies
+
+
+def test_the_adapter_state_is_the_trainable_tensors_alone_and_so_is_a_checkpoint(tmp_path):
+    """What a checkpoint, π_ref and a published copy hold: the adapter's tensors, none of the backbone's."""
+    base, (player,), _ = players(1)
+    state = lora.adapter_state(player)
+    assert set(state) == {n for n, p in player.named_parameters() if p.requires_grad}
+    assert sum(t.numel() for t in state.values()) == lora.adapter_parameter_count(player)
+    trainer = build_trainer(trainer_config(kl_coef=0.05, lr=1e-2), player)
+    trainer.start_outer_iteration()
+    gen = torch.Generator().manual_seed(7)
+    for _ in range(2):
+        trainer.update(synthetic_batch(player, gen))
+    trainer.save_checkpoint(tmp_path / "ckpt")
+    for name in (MODEL_WEIGHTS, REFERENCE):
+        saved = torch.load(tmp_path / "ckpt" / name, weights_only=True)
+        assert all("lora_" in k for k in saved), name
+        assert sum(t.numel() for t in saved.values()) == lora.adapter_parameter_count(player), name
+
+
+def test_under_bfloat16_the_adapter_trains_and_an_idle_player_leaves_the_shared_backbone_in_place():
+    """trainer.dtype=bfloat16, as a run's team builds it: the shared backbone in bf16, each adapter float32 (its own
+    master weights). The adapter's gradients reach its optimizer (no float32 master copy to move them to), and an idle
+    player parks nothing of the backbone the other players still compute with."""
+    from unifiedplayers.trainer.precision import cast_parameters
+
+    base, _ = tiny_model()
+    cast_parameters(lora.freeze(base), torch.bfloat16)
+    a, b = (lora.add_adapter(lora.share_base(base), SETTINGS, seed=i) for i in range(2))
+    frozen = {n: p.detach().clone() for n, p in base.named_parameters()}
+    ids = torch.randint(3, base.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(8))
+    others = logprobs(b, ids)
+    trainer = build_trainer(trainer_config(kl_coef=0.05, lr=1e-2, dtype="bfloat16"), a)
+    trainer.start_outer_iteration()
+    gen = torch.Generator().manual_seed(9)
+    for _ in range(2):
+        assert trainer.update(synthetic_batch(a, gen))["actor/grad_norm"] > 0
+    assert trainer.model is a and all(p.dtype == torch.float32 for p in lora.adapter_parameters(a))
+    assert any(t.abs().sum() > 0 for n, t in lora.adapter_state(a).items() if "lora_B" in n)  # B moved off zero
+    trainer.offload_state()  # its block is over: the others sample on
+    assert all(torch.equal(p, frozen[n]) for n, p in base.named_parameters())
+    assert torch.equal(logprobs(b, ids), others)
+
+
+def test_pi_ref_is_the_adapter_at_each_iterations_start_in_both_ref_modes_and_after_a_resume(tmp_path):
+    """Appendix B.3: π_ref is the player's parameters at the start of the outer iteration. In iteration 2, after the
+    player moved in iteration 1 and went idle, π_ref (copy: a module over the shared backbone; precompute: host
+    weights) is the adapter at iteration 2's start, read back so from a checkpoint; the two modes take the same steps."""
+    gen = torch.Generator().manual_seed(6)
+    (_, (a,), _), (_, (b,), _) = players(1), players(1)
+    batches = [synthetic_batch(a, gen) for _ in range(5)]
+    trainers = {}
+    for mode, model in (("copy", a), ("precompute", b)):
+        cfg = trainer_config(kl_coef=0.05, lr=1e-2, ref_mode=mode)
+        t = trainers[mode] = build_trainer(cfg, model)
+        t.start_outer_iteration()
+        for batch in batches[:2]:
+            t.update(batch)
+        t.offload_state()  # idle between its blocks, as in a run
+        start = {k: v.clone() for k, v in lora.adapter_state(t.model).items()}  # iteration 2's start
+        assert any(v.abs().sum() > 0 for k, v in start.items() if "lora_B" in k)  # not iteration 1's B = 0
+        t.start_outer_iteration()
+        assert t.update(batches[2])["actor/kl"] == 0.0
+        assert t.update(batches[3])["actor/kl"] > 0.0
+
+        def held(trainer):
+            ref = trainer.held_reference
+            return lora.adapter_state(ref.module) if mode == "copy" else dict(ref.weights)
+
+        ref = held(t)
+        assert set(ref) == set(start) and all(torch.equal(ref[k], start[k]) for k in start), mode
+        t.save_checkpoint(tmp_path / mode)
+        _, (c,), _ = players(1)
+        resumed = build_trainer(cfg, c)
+        resumed.load_checkpoint(tmp_path / mode)
+        ref = held(resumed)
+        assert set(ref) == set(start) and all(torch.equal(ref[k], start[k]) for k in start), mode
+        t.update(batches[4])
+        resumed.update(batches[4])
+        assert all(torch.equal(v, lora.adapter_state(t.model)[k]) for k, v in lora.adapter_state(resumed.model).items())
+    want = lora.adapter_state(trainers["copy"].model)
+    for k, v in lora.adapter_state(trainers["precompute"].model).items():
+        torch.testing.assert_close(v, want[k], rtol=1e-6, atol=1e-7)

@@ -39,6 +39,9 @@ def test_zero2_adapter_steps_equal_the_torch_backends_and_checkpoints_hold_the_a
         zero2.save_checkpoint(tmp_path / "ckpt")
         assert set(torch.load(tmp_path / "ckpt" / MODEL_WEIGHTS, weights_only=True)) == set(got)
         stored = sum(f.stat().st_size for f in (tmp_path / "ckpt" / "deepspeed").rglob("*") if f.is_file())
+        module_states, = (tmp_path / "ckpt" / "deepspeed").rglob("*model_states.pt")
+        held = torch.load(module_states, weights_only=False)["module"]  # DeepSpeed's own copy of the weights
+        assert held and all("lora_" in k for k in held), sorted(held)[:3]
         assert stored < 20 * 4 * lora.adapter_parameter_count(b)  # the adapter's states, not the backbone's weights
         zero2.update(batches[2])
         _, (c,), _ = players(1)
@@ -62,8 +65,13 @@ def test_zero3_adapter_steps_on_one_partitioned_backbone_equal_the_torch_backend
         _, (alone,), _ = players(1)
         gen = torch.Generator().manual_seed(5)
         batches = [synthetic_batch(alone, gen) for _ in range(3)]
-        zero3 = [build_trainer(trainer_config(backend="deepspeed_zero3", kl_coef=0.05, lr=1e-2), p) for p in three]
-        plain = build_trainer(trainer_config(kl_coef=0.05, lr=1e-2), alone)
+        # every tensor partitioned (DeepSpeed keeps ones under 1e5 elements whole by default: all of the tiny model's),
+        # pi_ref swapped in (a copy module would hold the shared backbone's empty partitions: refused, checks.py)
+        zero3_cfg = trainer_config(backend="deepspeed_zero3", kl_coef=0.05, lr=1e-2, ref_mode="precompute",
+                                   ds_config={"zero_optimization": {"stage3_param_persistence_threshold": 0}})
+        zero3 = [build_trainer(zero3_cfg, p) for p in three]
+        plain = build_trainer(trainer_config(kl_coef=0.05, lr=1e-2, ref_mode="precompute"), alone)
+        assert not any(p.numel() for p in base.parameters() if p.dim() == 2)  # the backbone's matrices partitioned
         for trainer in (*zero3, plain):
             trainer.start_outer_iteration()
         for trainer in zero3:  # every engine steps on the shared backbone
@@ -79,3 +87,14 @@ def test_zero3_adapter_steps_on_one_partitioned_backbone_equal_the_torch_backend
             torch.testing.assert_close(got[name], want[name], rtol=1e-5, atol=1e-6)
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("extra", [["trainer.ref_mode=copy"], ["schedule.train_planning=false"],
+                                   ["schedule.feedback=stale"]])
+def test_zero3_refuses_adapter_runs_with_a_module_outside_the_engines(tmp_path, extra):
+    from unifiedplayers.config import compose
+    from unifiedplayers.loop.outer import OuterLoop
+
+    cfg = ["experiment=tiny", "trainer=deepspeed_zero3", "trainer.lora.rank=4", "trainer.ref_mode=precompute", *extra]
+    with pytest.raises(ValueError, match="would hold empty partitions"):
+        OuterLoop(compose(cfg), tmp_path)
