@@ -82,7 +82,8 @@ def test_a_stopped_rank_ends_the_job_and_is_named(tmp_path, stopped):
     named = f"[watchdog, rank {1 - stopped}] rank {stopped} has not answered for"
     assert named in log and f"(hung or stopped); killed its process {pid} on this machine; ending the job" in log, \
         log[-4000:]
-    assert LIMIT_S <= took < LIMIT_S + 15, log[-4000:]
+    # Silence counts from the last beat seen, which may precede the stop by one pulse (watchdog.Watchdog.interval_s).
+    assert LIMIT_S - min(5.0, LIMIT_S / 8) <= took < LIMIT_S + 15, log[-4000:]
 
 
 @pytest.mark.parametrize("failing", [1, 0])
