@@ -1,6 +1,8 @@
 """The package's shape (CONTRIBUTING.md, "Before you push"), read from the source with ``ast`` (nothing is imported):
 
-- no class over 300 lines and no function over 80 in ``src/``, ``eval/``, ``ablations/`` and ``benchmarks/``;
+- in ``src/``, ``eval/``, ``ablations/`` and ``benchmarks/``: the longest class and function are printed (size is a
+  guide, not a wall), and none passes MAX_CLASS_LINES or MAX_FUNCTION_LINES; no class reads an attribute of ``self``
+  that neither it nor a class it derives from defines (a mixin sharing another class's state: join them);
 - no import cycle among the modules of ``src/``, ``eval/``, ``ablations/`` and ``benchmarks/``;
 - no cycle among the parts of the package (its top-level modules and folders: ``loop`` ↔ ``checks`` is one even when
   no two modules import each other), and the package imports none of the tools beside it.
@@ -17,7 +19,7 @@ from __future__ import annotations
 import ast
 import re
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Optional
 
 import pytest
 
@@ -27,13 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
 PACKAGE = "unifiedplayers"
 TOOLS = ("eval", "ablations", "benchmarks")  # beside the package: they import it, never the reverse
-SIZED = TOOLS  # the tools are held to the package's size limits too
-MAX_CLASS_LINES = 300
-MAX_FUNCTION_LINES = 80
-
-# Known offenders, each with the reason it stays. "module:qualified.name" -> why. Keep it short: a new entry
-# needs a reason a reviewer accepts, and an entry whose offence is gone fails below until it is removed.
-ALLOWED: dict[str, str] = {}
+MAX_CLASS_LINES = 600
+MAX_FUNCTION_LINES = 120
 # Known cycles among the package's parts, each with the reason it stays: the parts of the cycle -> why.
 ALLOWED_PART_CYCLES: dict[frozenset[str], str] = {}
 
@@ -57,24 +54,69 @@ TOOL_TREES = {name: _parse(path) for name, path in TOOL_MODULES.items()}
 ALL_MODULES = {**MODULES, **TOOL_MODULES}
 
 
-def oversized(tree: ast.Module, module: str) -> list[tuple[str, str, int]]:
-    """``(kind, "module:qualname", lines)`` of every class over MAX_CLASS_LINES and function over
-    MAX_FUNCTION_LINES (methods and nested functions included; a decorator's lines do not count)."""
+def sizes(tree: ast.Module, module: str) -> list[tuple[str, str, int]]:
+    """``(kind, "module:qualname", lines)`` of every class and function (methods and nested functions included; a
+    decorator's lines do not count)."""
     found = []
 
     def walk(node: ast.AST, prefix: str) -> None:
         for child in ast.iter_child_nodes(node):
             if isinstance(child, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
                 name = f"{prefix}{child.name}"
-                lines = child.end_lineno - child.lineno + 1
-                is_class = isinstance(child, ast.ClassDef)
-                if lines > (MAX_CLASS_LINES if is_class else MAX_FUNCTION_LINES):
-                    found.append(("class" if is_class else "function", f"{module}:{name}", lines))
+                kind = "class" if isinstance(child, ast.ClassDef) else "function"
+                found.append((kind, f"{module}:{name}", child.end_lineno - child.lineno + 1))
                 walk(child, f"{name}.")
             else:
                 walk(child, prefix)
 
     walk(tree, "")
+    return found
+
+
+def oversized(found: list[tuple[str, str, int]]) -> list[tuple[str, str, int]]:
+    return [f for f in found if f[2] > (MAX_CLASS_LINES if f[0] == "class" else MAX_FUNCTION_LINES)]
+
+
+def unowned_attributes(trees: Iterable[ast.Module]) -> dict[str, list[str]]:
+    """``class name -> the attributes of self it reads`` that neither it nor its bases define (methods, class
+    attributes, assignments to ``self.x``), over the classes whose bases are all among ``trees``' classes: a mixin
+    that reads the state of the class it is mixed into."""
+    classes: dict[str, list[ast.ClassDef]] = {}
+    for tree in trees:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                classes.setdefault(node.name, []).append(node)
+
+    def self_attributes(cls: ast.ClassDef, ctx: tuple[type, ...]) -> set[str]:
+        return {n.attr for n in ast.walk(cls) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+                and n.value.id == "self" and isinstance(n.ctx, ctx) and not n.attr.startswith("__")}
+
+    def defined(cls: ast.ClassDef) -> Optional[set[str]]:
+        """What ``cls`` and its bases define; None when a base is not a class of ``trees``."""
+        names = self_attributes(cls, (ast.Store, ast.Del))
+        for stmt in cls.body:
+            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(stmt.name)
+            targets = stmt.targets if isinstance(stmt, ast.Assign) else [getattr(stmt, "target", None)]
+            names |= {t.id for t in targets if isinstance(t, ast.Name)}
+        for base in cls.bases:
+            name = base.id if isinstance(base, ast.Name) else getattr(base, "attr", None)
+            if name not in classes:
+                return None
+            for base_cls in classes[name]:
+                inherited = defined(base_cls)
+                if inherited is None:
+                    return None
+                names |= inherited
+        return names
+
+    found = {}
+    for name, nodes in classes.items():
+        for cls in nodes:
+            names = defined(cls)
+            missing = sorted(self_attributes(cls, (ast.Load,)) - names) if names is not None else []
+            if missing:
+                found[name] = missing
     return found
 
 
@@ -201,15 +243,25 @@ def test_the_package_and_the_tools_are_found():
     assert {"eval.run", "ablations.sweeps", "benchmarks.gpu_check"} <= set(TOOL_MODULES)
 
 
-def test_no_class_over_300_lines_and_no_function_over_80():
-    sized = {**TREES, **{name: tree for name, tree in TOOL_TREES.items() if name.split(".")[0] in SIZED}}
-    assert "benchmarks.gpu_check" in sized
-    found = [f for name, tree in sized.items() for f in oversized(tree, name)]
-    offenders = [f"{kind} {where}: {lines} lines" for kind, where, lines in found if where not in ALLOWED]
-    assert not offenders, ("over the limit (split it, or add it to ALLOWED with a reason):\n"
-                           + "\n".join(offenders))
-    stale = sorted(set(ALLOWED) - {where for _, where, _ in found})
-    assert not stale, f"ALLOWED lists what is no longer over the limit; remove: {stale}"
+SIZED_TREES = {**TREES, **TOOL_TREES}  # the tools are held to the package's limits too
+
+
+def test_the_longest_class_and_function_are_reported_and_within_the_limits():
+    """Size is a guide: the longest class and function are printed (``pytest -s``) for a reviewer to look at; only a
+    class over MAX_CLASS_LINES or a function over MAX_FUNCTION_LINES fails. Never split a class into parts that
+    share its state just to shorten it."""
+    assert "benchmarks.gpu_check" in SIZED_TREES
+    found = [f for name, tree in SIZED_TREES.items() for f in sizes(tree, name)]
+    for kind in ("class", "function"):
+        _, where, lines = max((f for f in found if f[0] == kind), key=lambda f: f[2])
+        print(f"longest {kind}: {where}, {lines} lines")
+    offenders = [f"{kind} {where}: {lines} lines" for kind, where, lines in oversized(found)]
+    assert not offenders, "over the limit:\n" + "\n".join(offenders)
+
+
+def test_no_class_reads_state_it_does_not_define():
+    found = unowned_attributes(SIZED_TREES.values())
+    assert not found, f"classes that read attributes of self defined elsewhere (mixins; join them): {found}"
 
 
 def test_no_import_cycle_among_the_modules():
@@ -256,8 +308,14 @@ def test_the_checks_catch_what_they_look_for():
     """The checks themselves: a long function, a cycle, an import inside a function that is one and a TYPE_CHECKING
     import that is not, a tool's imports of its own modules by their full names (a bare name is another module), a
     cycle between two parts whose modules import each other one way."""
-    long_function = ast.parse("def f():\n" + "    x = 1\n" * MAX_FUNCTION_LINES)
-    assert oversized(long_function, "m") == [("function", "m:f", MAX_FUNCTION_LINES + 1)]
+    long_function = ast.parse("def f():\n" + "    x = 1\n" * MAX_FUNCTION_LINES + "class C:\n    y = 1\n")
+    assert sizes(long_function, "m") == [("function", "m:f", MAX_FUNCTION_LINES + 1), ("class", "m:C", 2)]
+    assert oversized(sizes(long_function, "m")) == [("function", "m:f", MAX_FUNCTION_LINES + 1)]
+    mixin = ast.parse("class Part:\n    def g(self):\n        return self._state + self.h()\n"
+                      "class Whole(Part):\n    def __init__(self):\n        self._state = 1\n    def h(self):\n"
+                      "        return self._state\n"
+                      "class Outside(nn.Module):\n    def f(self):\n        return self.training\n")
+    assert unowned_attributes([mixin]) == {"Part": ["_state", "h"]}
     assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
     guarded = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import x\nelse:\n    import y\n"
                         "def g():\n    import z\n")

@@ -1,12 +1,11 @@
-"""The trainer interface (§3.3, Appendix B.3): :class:`BaseTrainer`, the shared GRPO update, and the hooks a
-backend supplies.
+"""The trainer of one player (§3.3, Appendix B.3): :class:`BaseTrainer`, the GRPO update every backend shares, with
+the reference policy, the block diagnostics and checkpoints, and the hooks a backend supplies.
 
 Built like verl's engine base: this module is the interface every backend imports, and backends never import
 each other.
 
-- :class:`BaseTrainer`: the backend-independent logic of one player's trainer (reference policy, the
-  update, diagnostics, checkpoints). A backend subclass supplies optimizer, backward, step and checkpoint
-  I/O through the ``_backend`` hooks (:class:`TrainerHooks`): plain torch in
+- :class:`BaseTrainer`: the backend-independent logic. A backend subclass supplies the model wrapper, optimizer,
+  backward, step and checkpoint I/O (the methods here that raise ``NotImplementedError``): plain torch in
   :mod:`unifiedplayers.trainer.torch_backend`, DeepSpeed ZeRO-2/3 in
   :mod:`unifiedplayers.trainer.deepspeed_backend`. Backends are built by name (``trainer.backend``) by
   :func:`~unifiedplayers.trainer.backends.build_trainer`.
@@ -23,11 +22,11 @@ one optimizer step over a batch of samples (one block update):
    tokens only are computed (:func:`~unifiedplayers.trainer.logprobs.selected_token_logprobs`).
 3. The ratio uses the behaviour log-probs recorded at sampling time as π_old, or the trainer's own forward at
    the phase's start (``trainer.recompute_old_logprobs``, :meth:`~BaseTrainer.recompute_old_logprobs`).
-4. π_ref log-probs come from a frozen copy of the weights at the start of the outer iteration (``ref_mode: copy``)
-   or from swapping those weights in once per batch (``ref_mode: precompute``); neither is needed when β = 0 or
-   when the policy still equals the reference (first update of an iteration). The copy is taken at the
-   iteration's first update, just before its step (until then the policy is π_ref), so a player that has not
-   trained yet in this iteration holds none.
+4. π_ref (Eq. 20's KL reference, Appendix B.3) log-probs come from a frozen copy of the weights at the start of
+   the outer iteration (``ref_mode: copy``) or from swapping those weights in once per batch (``ref_mode:
+   precompute``); neither is needed when β = 0 or when the policy still equals the reference (first update of an
+   iteration). The copy is taken at the iteration's first update, just before its step (until then the policy is
+   π_ref), so a player that has not trained yet in this iteration holds none.
 5. AdamW step with gradient clipping; the global grad norm before clipping is logged.
 
 An idle player (:meth:`~BaseTrainer.offload_state`, when its block ends) keeps in memory only the weights it
@@ -45,33 +44,30 @@ shards its state (``collective_checkpoint``).
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import os
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterable, Mapping, Optional, Sequence
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterable, Mapping, NamedTuple, Optional, Sequence
 
 import torch
 from torch import nn
 
 import unifiedplayers.trainer.grpo as grpo
 from unifiedplayers.distributed import SINGLE, DistContext
-from unifiedplayers.trainer.batching import (
-    MicroBatchPlan,
-    _combine_metrics,
-    _MicroBatch,
-    plan_micro_batches,
-)
+from unifiedplayers.lora import adapter_parameters, is_adapted, load_policy_state, policy_state, share_base
 from unifiedplayers.rundir import REFERENCE, RNG_STATE, TRAINER_STATE
+from unifiedplayers.trainer.batching import MicroBatchPlan, _as_tensor, _combine_metrics, _MicroBatch, plan_micro_batches
 from unifiedplayers.trainer.checkpoint import atomic_directory, capture_rng_state, restore_rng_state
-from unifiedplayers.trainer.diagnostics import BlockDiagnostics, EntropyRetention, torch_threads
-from unifiedplayers.lora import is_adapted, policy_state, share_base
-from unifiedplayers.trainer.logprobs import TokenLogprobs
+from unifiedplayers.trainer.diagnostics import EntropyRetention, grad_norm_block_stats, torch_threads
+from unifiedplayers.trainer.entropy import shared_mean_token_entropy
+from unifiedplayers.trainer.logprobs import TokenLogprobModel, TokenLogprobs
 from unifiedplayers.trainer.offload import ParkedTensors
 from unifiedplayers.trainer.precision import cast_parameters, logprob_mismatch, resolve_setting
-from unifiedplayers.trainer.reference import ReferencePolicy
 from unifiedplayers.trainer.sample import as_sample
 
 if TYPE_CHECKING:  # annotations only
@@ -82,101 +78,15 @@ Tensor = torch.Tensor
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-# ---------------------------------------------------------------------------------------------- backend hooks
-class TrainerHooks:
-    """What a backend supplies to :class:`BaseTrainer`: the model wrapper, optimizer, backward, step and
-    checkpoint I/O. Class attributes: ``backend`` (its name in checkpoints), ``lockstep_micro_batches``
-    (every rank must make the same number of forward/backward calls) and ``collective_checkpoint`` (every
-    rank writes its part of a checkpoint, else rank 0 writes it all)."""
+class HeldReference(NamedTuple):
+    """Where a trainer holds π_ref now (:attr:`BaseTrainer.held_reference`), for measurements: read it, never
+    change the trainer through it."""
 
-    backend = "base"
-    lockstep_micro_batches = False
-    collective_checkpoint = False
-
-    def _prepare_model(self, model: nn.Module) -> nn.Module:
-        """The module the trainer holds, from the one it is given. Default: in ``compute_dtype`` (a backend with
-        its own float32 master weights, such as DeepSpeed's bf16 mode)."""
-        return cast_parameters(model, self.compute_dtype)
-
-    def _setup(self, model: nn.Module) -> None:
-        """Wrap ``model``; set ``device``, ``optimizer`` and ``scheduler`` (None until created)."""
-        raise NotImplementedError
-
-    @property
-    def model(self) -> nn.Module:
-        """The policy as a plain transformers module (for export and checkpoints: the master weights)."""
-        raise NotImplementedError
-
-    @property
-    def compute_model(self) -> nn.Module:
-        """The module the trainer's forward and backward run through (default: :attr:`model`)."""
-        return self.model
-
-    def sampling_model(self, dtype: torch.dtype) -> nn.Module:
-        """A module for rollouts in ``dtype``, equal to the policy after every optimizer step (default: :attr:`model`,
-        whatever its dtype: a backend that cannot keep copies samples from its own module)."""
-        return self.model
-
-    def _forward_module(self) -> nn.Module:
-        """Callable ``(input_ids, attention_mask, select, with_entropy) -> TokenLogprobs``."""
-        raise NotImplementedError
-
-    def _ensure_optimizer(self) -> None:
-        """Make the optimizer state present (create it lazily, or bring it back after an offload)."""
-        raise NotImplementedError
-
-    def _zero_grad(self) -> None:
-        raise NotImplementedError
-
-    def _backward(self, loss: Tensor) -> None:
-        raise NotImplementedError
-
-    def _set_accumulation_boundary(self, is_last_micro_batch: bool) -> None:
-        """Tell a backend that reduces gradients at the accumulation boundary where it is."""
-        raise NotImplementedError
-
-    def _reduce_gradients(self) -> None:
-        """Data-parallel ranks: sum the gradients over the ranks."""
-        raise NotImplementedError
-
-    def _step(self) -> float:
-        """Clip, step, return the global grad norm before clipping."""
-        raise NotImplementedError
-
-    def current_lr(self) -> float:
-        raise NotImplementedError
-
-    def gathered_weights(self) -> ContextManager[None]:
-        """A context in which :attr:`model` holds its full weights (to read them: export, a rollout engine's
-        copy); a collective under a sharding backend."""
-        raise NotImplementedError
-
-    def _load_policy_weights(self, state: Mapping[str, Tensor]) -> None:
-        raise NotImplementedError
-
-    def _save_backend(self, directory: Path) -> None:
-        """Write the policy weights (``model.pt``) and the optimizer state into ``directory``."""
-        raise NotImplementedError
-
-    def _load_backend(self, directory: Path) -> None:
-        raise NotImplementedError
-
-    def _offload_optimizer(self) -> None:
-        """Free the optimizer state's memory, and whatever else of the backend an idle player does not sample with
-        (brought back, bit-exactly, by :meth:`_ensure_optimizer`)."""
-        raise NotImplementedError
-
-    @property
-    def _holds_reference(self) -> bool:
-        """Whether this rank keeps π_ref (default: every rank; ZeRO-3 swaps it in from rank 0 alone)."""
-        return True
-
-    @property
-    def has_optimizer_state(self) -> bool:
-        raise NotImplementedError
+    module: Optional[nn.Module]  # ref_mode copy: π_ref as a module beside the policy; None under precompute
+    weights: Mapping[str, Tensor]  # ref_mode precompute: π_ref's weights on the host (read-only); {} under copy
+    parked_bytes: int  # π_ref's bytes parked in a file while the player is idle; 0 when it is not parked
 
 
-# ---------------------------------------------------------------------------------------------- the trainer
 def in_update_threads(method: Callable) -> Callable:
     """``method`` run with ``trainer.update_threads`` torch threads (0: the count as it is), the count restored after."""
 
@@ -188,7 +98,7 @@ def in_update_threads(method: Callable) -> Callable:
     return wrapper
 
 
-class BaseTrainer(ReferencePolicy, BlockDiagnostics, TrainerHooks):
+class BaseTrainer:
     """GRPO trainer of one player, whatever the backend.
 
     Build with :func:`~unifiedplayers.trainer.backends.build_trainer`. Typical use inside a block::
@@ -198,7 +108,16 @@ class BaseTrainer(ReferencePolicy, BlockDiagnostics, TrainerHooks):
         metrics = trainer.update(samples)      # one optimizer step
         trainer.save_checkpoint(run_dir / "checkpoints" / "iter1" / "execution")
         trainer.offload_state()                # block over: keep only the weights co-players sample from
+
+    A backend sets ``backend`` (its name in checkpoints), ``lockstep_micro_batches`` (every rank must make the same
+    number of forward/backward calls) and ``collective_checkpoint`` (every rank writes its part of a checkpoint, else
+    rank 0 writes it all).
     """
+
+    backend = "base"
+    lockstep_micro_batches = False
+    collective_checkpoint = False
+    device: torch.device  # set by the backend's _setup
 
     def __init__(
         self,
@@ -248,6 +167,92 @@ class BaseTrainer(ReferencePolicy, BlockDiagnostics, TrainerHooks):
         if entropy_bank is not None:
             self.set_entropy_bank(entropy_bank)
 
+    # ------------------------------------------------------------------ what a backend supplies
+    def _prepare_model(self, model: nn.Module) -> nn.Module:
+        """The module the trainer holds, from the one it is given. Default: in ``compute_dtype`` (a backend with
+        its own float32 master weights, such as DeepSpeed's bf16 mode)."""
+        return cast_parameters(model, self.compute_dtype)
+
+    def _setup(self, model: nn.Module) -> None:
+        """Wrap ``model``; set ``device``, ``optimizer`` and ``scheduler`` (None until created)."""
+        raise NotImplementedError
+
+    @property
+    def model(self) -> nn.Module:
+        """The policy as a plain transformers module (for export and checkpoints: the master weights)."""
+        raise NotImplementedError
+
+    @property
+    def compute_model(self) -> nn.Module:
+        """The module the trainer's forward and backward run through (default: :attr:`model`)."""
+        return self.model
+
+    def sampling_model(self, dtype: torch.dtype) -> nn.Module:
+        """A module for rollouts in ``dtype``, equal to the policy after every optimizer step (default: :attr:`model`,
+        whatever its dtype: a backend that cannot keep copies samples from its own module)."""
+        return self.model
+
+    def _sync_copies(self) -> None:
+        """Bring the lower-precision copies of the weights (compute, rollouts) up to the master weights."""
+
+    def _forward_module(self) -> nn.Module:
+        """Callable ``(input_ids, attention_mask, select, with_entropy) -> TokenLogprobs``."""
+        raise NotImplementedError
+
+    def _ensure_optimizer(self) -> None:
+        """Make the optimizer state present (create it lazily, or bring it back after an offload)."""
+        raise NotImplementedError
+
+    def _zero_grad(self) -> None:
+        raise NotImplementedError
+
+    def _backward(self, loss: Tensor) -> None:
+        raise NotImplementedError
+
+    def _set_accumulation_boundary(self, is_last_micro_batch: bool) -> None:
+        """Tell a backend that reduces gradients at the accumulation boundary where it is (default: nothing)."""
+
+    def _reduce_gradients(self) -> None:
+        """Data-parallel ranks: sum the gradients over the ranks."""
+        raise NotImplementedError
+
+    def _step(self) -> float:
+        """Clip, step, return the global grad norm before clipping."""
+        raise NotImplementedError
+
+    def current_lr(self) -> float:
+        raise NotImplementedError
+
+    def gathered_weights(self) -> ContextManager[None]:
+        """A context in which :attr:`model` holds its full weights (to read them: export, a rollout engine's copy);
+        a collective under a sharding backend. Default: nothing to gather."""
+        return contextlib.nullcontext()
+
+    def _load_policy_weights(self, state: Mapping[str, Tensor]) -> None:
+        raise NotImplementedError
+
+    def _save_backend(self, directory: Path) -> None:
+        """Write the policy weights (``model.pt``) and the optimizer state into ``directory``."""
+        raise NotImplementedError
+
+    def _load_backend(self, directory: Path) -> None:
+        raise NotImplementedError
+
+    def _offload_optimizer(self, keep: bool = True) -> None:
+        """Free the optimizer state's memory, and whatever else of the backend an idle player does not sample with
+        (brought back, bit-exactly, by :meth:`_ensure_optimizer`; ``keep=False``: freed unwritten, of no further
+        use)."""
+        raise NotImplementedError
+
+    @property
+    def _holds_reference(self) -> bool:
+        """Whether this rank keeps π_ref (default: every rank; ZeRO-3 swaps it in from rank 0 alone)."""
+        return True
+
+    @property
+    def has_optimizer_state(self) -> bool:
+        raise NotImplementedError
+
     def full_state_dict(self) -> dict[str, Tensor]:
         """Full (unsharded) policy weights, detached clones. Under a sharding backend this is a collective:
         every rank calls it at the same point."""
@@ -293,6 +298,94 @@ class BaseTrainer(ReferencePolicy, BlockDiagnostics, TrainerHooks):
         self._policy_is_reference = True
         self._discard_reference()
 
+    @property
+    def held_reference(self) -> HeldReference:
+        """π_ref as this rank holds it now: its module (ref_mode copy), its host weights (precompute; none before it
+        is taken, nor on a rank that does not hold it), and the bytes parked while the player is idle."""
+        parked = self._reference_parked.nbytes if self._reference_parked is not None else 0
+        return HeldReference(self._ref_model, MappingProxyType(self._ref_state or {}), parked)
+
+    def _take_reference(self) -> None:
+        """π_ref := the current weights, on the ranks that hold it (every rank calls it: a collective under ZeRO-3)."""
+        self._restore_reference()  # a copy module's memory back: its values are loaded now
+        if self.cfg.ref_mode == "copy":
+            with self.gathered_weights(), torch.no_grad():
+                load_policy_state(self._ref_model, policy_state(self.model))
+            self._ref_model.to(self.device)
+        else:  # precompute: keep the weights on the host, swap them in once per batch
+            self._ref_state = self._host_weights()
+        self._has_reference = True
+
+    def _set_reference(self, state: Mapping[str, Tensor]) -> None:
+        """π_ref := ``state`` (a checkpoint's ``reference.pt``, on the host)."""
+        self._restore_reference()
+        if self.cfg.ref_mode == "copy":
+            load_policy_state(self._ref_model, state)
+            self._ref_model.to(self.device)
+        else:
+            self._ref_state = {k: v.to("cpu") for k, v in state.items()}
+        self._has_reference = True
+
+    def _reference_tensors(self) -> list[Tensor]:
+        if self.cfg.ref_mode == "copy":  # its parameters: its buffers are small, and load_state_dict skips some
+            if self._ref_model is not None and is_adapted(self._ref_model):
+                return adapter_parameters(self._ref_model)  # the backbone under it is every player's
+            return list(self._ref_model.parameters()) if self._ref_model is not None else []
+        return list((self._ref_state or {}).values())
+
+    def _park_reference(self, keep: bool = True) -> None:
+        """π_ref to a file without a name while the player is idle (freed without a file when none is taken, or
+        when ``keep`` is False: it is of no further use)."""
+        if self._reference_parked is None and self.cfg.kl_coef != 0.0:
+            self._reference_parked = ParkedTensors(self._reference_tensors(), self._offload_dir(),
+                                                   contents=self._has_reference and keep)
+
+    def _restore_reference(self) -> None:
+        if self._reference_parked is not None:
+            self._reference_parked.restore()
+            self._reference_parked = None
+
+    def _discard_reference(self) -> None:
+        """Forget π_ref (a new iteration, or a checkpoint's is loaded) and free its memory."""
+        self._has_reference = False
+        if self.cfg.kl_coef == 0.0:
+            return
+        if self.cfg.ref_mode == "precompute":
+            if self._reference_parked is not None:
+                self._reference_parked.discard()
+                self._reference_parked = None
+            self._ref_state = None
+        elif self._reference_parked is not None:
+            self._reference_parked.discard()  # a copy module keeps its storages, freed until the next copy
+        else:
+            self._reference_parked = ParkedTensors(self._reference_tensors(), self._offload_dir(), contents=False)
+
+    @torch.no_grad()
+    def _reference_logprobs(self, micro: list[_MicroBatch]) -> list[Optional[TokenLogprobs]]:
+        if self.cfg.kl_coef == 0.0 or self._policy_is_reference:
+            return [None] * len(micro)  # β = 0: not needed; π_θ = π_ref: taken from the policy pass
+        if not self._has_reference:
+            raise RuntimeError("kl_coef > 0 needs a reference policy: call start_outer_iteration() first")
+        self._restore_reference()
+        if self.cfg.ref_mode == "copy":
+            ref = TokenLogprobModel(self._ref_model, self.cfg.temperature, self.cfg.logprob_chunk_rows)
+            return [self._ref_pass(ref, mb) for mb in micro]
+        current = self._host_weights()  # None on a rank that does not hold π_ref (ZeRO-3: all but rank 0)
+        self._load_policy_weights(self._ref_state)
+        try:
+            return [self._ref_pass(self._forward_module(), mb) for mb in micro]
+        finally:
+            self._load_policy_weights(current)
+
+    def _ref_pass(self, module: nn.Module, mb: _MicroBatch) -> TokenLogprobs:
+        was = module.training
+        module.eval()
+        try:
+            return module(mb.input_ids, mb.attention_mask, mb.loss_mask)
+        finally:
+            module.train(was)
+
+    # ------------------------------------------------------------------ the update
     @in_update_threads
     def update(self, batch: Iterable[Any], on_policy: bool = False) -> dict[str, float]:
         """One GRPO optimizer step over ``batch`` (a list of :class:`TrainSample`-like items). ``on_policy``: the
@@ -417,8 +510,51 @@ class BaseTrainer(ReferencePolicy, BlockDiagnostics, TrainerHooks):
                         sample.behaviour_logprobs = sample.old_logprobs
                     sample.old_logprobs = logprobs[row, : len(sample.token_ids)].clone()
 
-    def _sync_copies(self) -> None:
-        """Bring the lower-precision copies of the weights (compute, rollouts) up to the master weights."""
+    # ------------------------------------------------------------------ diagnostics (Appendix D.2)
+    def set_entropy_bank(self, contexts: Sequence[Sequence[int] | Tensor]) -> None:
+        """Fix the held-out role contexts (the first ``entropy_bank_size`` are kept)."""
+        self.entropy_bank = [_as_tensor(c, torch.long) for c in list(contexts)[: self.cfg.entropy_bank_size]]
+
+    def bank_entropy(self) -> float:
+        """Mean token entropy of the current policy on the entropy bank; data-parallel ranks share the bank (every
+        rank calls it, and every rank gets the one-rank value, bit for bit)."""
+        if not self.entropy_bank:
+            raise RuntimeError("no entropy bank: pass entropy_bank= to build_trainer or call set_entropy_bank")
+        return shared_mean_token_entropy(self.compute_model, self.entropy_bank, self.dist,
+                                         lockstep=self.lockstep_micro_batches)
+
+    def start_block(self) -> dict[str, float]:
+        """Reset block diagnostics; record the initial bank entropy if a bank is set."""
+        self.block_grad_norms = []
+        self.entropy.reset()
+        if self.entropy_bank:
+            self.entropy.record(self.bank_entropy(), self.global_step)
+            return {"entropy_bank/initial": self.entropy.initial}
+        return {}
+
+    def _record_bank_entropy(self, metrics: dict[str, float]) -> None:
+        """After every ``entropy_every``-th update (n > 0): the bank entropy and its retention into ``metrics``."""
+        cfg = self.cfg
+        if self.entropy_bank and cfg.entropy_every > 0 and self.global_step % cfg.entropy_every == 0:
+            t5 = time.perf_counter()
+            self.entropy.record(self.bank_entropy(), self.global_step)
+            metrics["entropy_bank/mean"] = self.entropy.final
+            metrics["entropy_ratio"] = self.entropy.ratio  # the retention so far: <role>/entropy_ratio
+            metrics["perf/time_entropy_bank"] = time.perf_counter() - t5
+
+    @in_update_threads  # as inside an update: the same floats
+    def block_diagnostics(self) -> dict[str, float]:
+        """The block is over (called once, on every rank, after its last update): grad-norm median and CV of the
+        block, and entropy retention (Appendix D.2): the final bank entropy is scored now, unless the last score is
+        of these weights already (the block's start without an update since, or an ``entropy_every``-th update)."""
+        if self.entropy_bank and self.entropy.history and self.entropy.step != self.global_step:
+            self.entropy.record(self.bank_entropy(), self.global_step)
+        out = grad_norm_block_stats(self.block_grad_norms)
+        if self.entropy.ratio is not None:
+            out["entropy_bank/initial"] = self.entropy.initial
+            out["entropy_bank/final"] = self.entropy.final
+            out["entropy_bank/retention"] = self.entropy.ratio
+        return out
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, path: str | os.PathLike) -> Path:

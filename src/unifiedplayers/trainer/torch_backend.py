@@ -1,6 +1,6 @@
 """The plain torch backend of one player's GRPO trainer (Appendix B.3): single process, CPU or one GPU.
 
-:class:`TorchTrainer` supplies the ``_backend`` hooks of :class:`~unifiedplayers.trainer.base.BaseTrainer`
+:class:`TorchTrainer` supplies the backend hooks of :class:`~unifiedplayers.trainer.base.BaseTrainer`
 (which holds the update, the reference policy, diagnostics and checkpoints) with plain torch: a
 :class:`~unifiedplayers.trainer.logprobs.TokenLogprobModel` around the model, AdamW created lazily,
 ``loss.backward()``, gradient clipping and ``model.pt`` / ``optimizer.pt`` checkpoint files. Data-parallel
@@ -12,12 +12,11 @@ neither its rollouts nor its forward use them (a bf16 copy does both).
 """
 from __future__ import annotations
 
-import contextlib
 import copy
 import shutil
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, ContextManager, Mapping, NamedTuple, Optional
+from typing import Any, Mapping, NamedTuple, Optional
 
 import torch
 from torch import nn
@@ -34,7 +33,6 @@ from unifiedplayers.trainer.precision import cast_parameters, copy_weights, move
 Tensor = torch.Tensor
 
 
-
 class HeldWeights(NamedTuple):
     """A torch-backend player's weights as it holds them now (:attr:`TorchTrainer.held_weights`): read them, never
     change the trainer through them."""
@@ -49,8 +47,6 @@ class TorchTrainer(BaseTrainer):
     :class:`~unifiedplayers.trainer.base.BaseTrainer`'s."""
 
     backend = "torch"
-    lockstep_micro_batches = False  # every rank must make the same number of forward/backward calls
-    collective_checkpoint = False  # every rank writes its part of a checkpoint (else rank 0 writes it all)
 
     def _prepare_model(self, model: nn.Module) -> nn.Module:
         """Master weights in float32, whatever the compute dtype: AdamW never steps bf16 weights. In memory of their
@@ -116,7 +112,6 @@ class TorchTrainer(BaseTrainer):
             copy_weights(self._model, module)
 
     def _forward_module(self) -> nn.Module:
-        """Callable ``(input_ids, attention_mask, select, with_entropy) -> TokenLogprobs``."""
         return self._logprob_model
 
     def _ensure_optimizer(self) -> None:
@@ -142,15 +137,10 @@ class TorchTrainer(BaseTrainer):
         if self.compute_dtype != torch.float32 and not self._adapted:  # the copy's gradients join the float32 master's
             move_gradients(self.compute_model, self._model)
 
-    def _set_accumulation_boundary(self, is_last_micro_batch: bool) -> None:
-        """Tell a backend that reduces gradients at the accumulation boundary where it is (torch: no-op)."""
-
     def _reduce_gradients(self) -> None:
-        """Data-parallel ranks: sum the gradients over the ranks (DeepSpeed's engine does its own)."""
         self.dist.all_reduce_gradients(list(self._model.parameters()))
 
     def _step(self) -> float:
-        """Clip, step, return the global grad norm before clipping."""
         grad_norm = torch.nn.utils.clip_grad_norm_(self._model.parameters(), self.cfg.grad_clip)
         self.optimizer.step()
         self.scheduler.step()
@@ -159,11 +149,6 @@ class TorchTrainer(BaseTrainer):
 
     def current_lr(self) -> float:
         return float(self.optimizer.param_groups[0]["lr"]) if self.optimizer is not None else self.cfg.lr
-
-    def gathered_weights(self) -> ContextManager[None]:
-        """A context in which :attr:`model` holds its full weights (to read them: export, a rollout engine's
-        copy). Nothing to do here; ZeRO-3 gathers its partitions, collectively, on every rank."""
-        return contextlib.nullcontext()
 
     def _load_policy_weights(self, state: Mapping[str, Tensor]) -> None:
         load_policy_state(self.model, state)
