@@ -63,7 +63,7 @@ from unifiedplayers.lora import adapter_parameters, is_adapted, load_policy_stat
 from unifiedplayers.rundir import REFERENCE, RNG_STATE, TRAINER_STATE
 from unifiedplayers.trainer.batching import MicroBatchPlan, _as_tensor, _combine_metrics, _MicroBatch, plan_micro_batches
 from unifiedplayers.trainer.checkpoint import atomic_directory, capture_rng_state, restore_rng_state
-from unifiedplayers.trainer.diagnostics import EntropyRetention, grad_norm_block_stats, torch_threads
+from unifiedplayers.trainer.diagnostics import EntropyRetention, grad_norm_block_stats
 from unifiedplayers.trainer.entropy import shared_mean_token_entropy
 from unifiedplayers.trainer.logprobs import TokenLogprobModel, TokenLogprobs
 from unifiedplayers.trainer.offload import ParkedTensors
@@ -92,8 +92,14 @@ def in_update_threads(method: Callable) -> Callable:
 
     @functools.wraps(method)
     def wrapper(self, *args: Any, **kwargs: Any) -> Any:
-        with torch_threads(getattr(self.cfg, "update_threads", 0)):
+        count, before = getattr(self.cfg, "update_threads", 0), torch.get_num_threads()
+        if count <= 0 or count == before:
             return method(self, *args, **kwargs)
+        torch.set_num_threads(count)
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            torch.set_num_threads(before)
 
     return wrapper
 

@@ -5,19 +5,14 @@
 - :class:`EntropyRetention`: mean token entropy on a fixed bank of held-out role contexts at the block's start and
   end (``trainer.entropy_every`` = n > 0: also after every n-th update); ``ratio`` = final / initial. The trainer
   scores the bank (:meth:`~unifiedplayers.trainer.base.BaseTrainer.bank_entropy`).
-- :func:`torch_threads`: the torch thread count an update runs with.
 """
 from __future__ import annotations
 
-import contextlib
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
-import torch
-
-Tensor = torch.Tensor
 
 
 def grad_norm_block_stats(grad_norms: Sequence[float]) -> dict[str, float]:
@@ -36,20 +31,6 @@ def grad_norm_block_stats(grad_norms: Sequence[float]) -> dict[str, float]:
         "grad_norm/cv": float(finite.std() / mean) if mean > 0 else math.nan,
         "grad_norm/num_nonfinite": float(values.size - finite.size),
     }
-
-
-@contextlib.contextmanager
-def torch_threads(count: int) -> Iterator[None]:
-    """``count`` torch threads while inside (0: the count as it is), the count restored after."""
-    before = torch.get_num_threads()
-    if count <= 0 or count == before:
-        yield
-        return
-    torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 @dataclass
