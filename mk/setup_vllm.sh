@@ -38,7 +38,7 @@ pip() { "$py" -m pip "$@" 2>&1 | tee -a "$log"; }
 # What the tests and `make run-vllm` need of the main dependencies (matplotlib: the run's summary.png; DeepSpeed at
 # the project's window with its CPU Adam op, built at first use: the two-rank paper rehearsal with vLLM; W&B is left
 # out, offline by default, with a warning), what building the project needs, and the embedded model
-# (benchmarks/rollout_engines.py, the smoke preset) and the project without their dependencies, as `make setup`
+# (the smoke preset) and the project without their dependencies, as `make setup`
 # installs them.
 deepspeed=$(sed -n 's/^ *"\(deepspeed[^"]*\)".*/\1/p' pyproject.toml)
 [ -n "$deepspeed" ] || fail "no deepspeed pin in pyproject.toml"

@@ -2,8 +2,7 @@
 from their directories by vLLM as ``vllm serve`` loads them, decode greedily the tokens that transformers'
 ``from_pretrained`` of the same directories decodes (float32), and a bfloat16 export is served in bfloat16. vLLM's
 ``dtype=auto`` serves a float32 checkpoint in half precision (bfloat16 on CPU), so float32 is asked for. Runs in .venv-vllm
-(``make test-vllm``) and is skipped where vllm is not importable; benchmarks/export_greedy.py, whose comparison this
-is, does the same for SmolLM2's export by ``make run``."""
+(``make test-vllm``) and is skipped where vllm is not importable; the comparison is tests/export_greedy.py's."""
 from __future__ import annotations
 
 import json
@@ -18,7 +17,7 @@ from unifiedplayers.export import EXPORT_META, main  # noqa: E402
 from unifiedplayers.rundir import EXPORT  # noqa: E402
 from unifiedplayers.loop.outer import OuterLoop  # noqa: E402
 
-from benchmarks import export_greedy  # noqa: E402
+from tests import export_greedy  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 

@@ -15,7 +15,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 import types
 from pathlib import Path
 
@@ -66,13 +65,14 @@ def _paper_lines(stdout: str) -> dict[str, str]:
     return {m.group(1): m.group(2) for m in re.finditer(rf"^paper_zero3 ({names}): (.*)$", stdout, re.M)}
 
 
-def _paper_units(root: Path, plant: str) -> dict[str, tuple[int, str, dict, float]]:
-    """The paper unit on CPU, tiny shape, twice in one subprocess: as it is, then with ``plant`` (Python that plants
-    bugs) run first. ``{"clean" | "planted": (exit code, its stdout, gpu_check.json, seconds)}``. One process
-    for both saves a start-up (torch, transformers, DeepSpeed and the CPU Adam op: ~10 CPU-s)."""
+def _check_runs(root: Path, plant: str) -> dict[str, tuple[int, str, dict, float]]:
+    """The check on CPU, tiny shape, twice in one subprocess: the CPU half and the paper unit together
+    (``--backends torch,paper_zero3``, as experiments/gpu_check.sh runs them), then the paper unit alone with
+    ``plant`` (Python that plants bugs) run first. ``{"clean" | "planted": (exit code, its stdout, gpu_check.json,
+    seconds)}``. One process for all saves the start-ups (torch, transformers, DeepSpeed and the CPU Adam op)."""
     outs = {name: root / name for name in ("clean", "planted")}
-    argv = {name: ["--device", "cpu", "--shape", "tiny", "--backends", "paper_zero3", "--out", str(out)]
-            for name, out in outs.items()}
+    argv = {name: ["--device", "cpu", "--shape", "tiny", "--steps", "2", "--backends", backends, "--out", str(out)]
+            for (name, out), backends in zip(outs.items(), ("torch,paper_zero3", "paper_zero3"))}
     code = (f"import json, sys, time\nfrom benchmarks import gpu_check\n"
             f"t0 = time.perf_counter()\nclean = gpu_check.main({argv['clean']!r})\n"
             f"seconds = time.perf_counter() - t0\nprint({UNIT_MARK!r}, flush=True)\n{plant}\n"
@@ -85,6 +85,11 @@ def _paper_units(root: Path, plant: str) -> dict[str, tuple[int, str, dict, floa
     clean, planted, seconds = json.loads(parts[2])
     return {"clean": (clean, parts[0], json.loads((outs["clean"] / "gpu_check.json").read_text()), seconds),
             "planted": (planted, parts[1], json.loads((outs["planted"] / "gpu_check.json").read_text()), 0.0)}
+
+
+@pytest.fixture(scope="module")
+def check_runs(tmp_path_factory):
+    return _check_runs(tmp_path_factory.mktemp("gpu_check"), PLANT)
 
 
 def test_qwen3_4b_shape_on_the_meta_device():
@@ -104,16 +109,9 @@ def test_qwen3_4b_shape_on_the_meta_device():
 
 @pytest.mark.slow
 @pytest.mark.cpu
-def test_cpu_half_runs_and_resumes_exactly(tmp_path):
-    t0 = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.gpu_check", "--device", "cpu", "--shape", "tiny", "--steps", "2", "--backends", "torch",
-         "--out", str(tmp_path)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
-    )
-    seconds = time.perf_counter() - t0
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    report = json.loads((tmp_path / "gpu_check.json").read_text())
+def test_cpu_half_runs_and_resumes_exactly(check_runs):
+    code, stdout, report, _ = check_runs["clean"]
+    assert code == 0, stdout[-4000:]
     for key in ("device", "shape", "runs", "generation_tokens_per_s", "time_split_s", "peak_memory_bytes",
                 "resume", "resume_check", "sandbox", "deepspeed", "vllm", "wall_s"):
         assert key in report, key
@@ -137,8 +135,7 @@ def test_cpu_half_runs_and_resumes_exactly(tmp_path):
     if report["sandbox"]["status"] == "ran":
         assert report["sandbox"]["programs"] == 32
     assert report["vllm"]["status"] == "not run"
-    assert "vLLM: not run" in proc.stdout and "resume check: PASS" in proc.stdout
-    print(f"CPU half: {seconds:.1f} s, script wall {report['wall_s']} s")  # target: under 60 s on 2 shared cores
+    assert "vLLM: not run" in stdout and "resume check: PASS" in stdout
 
 
 # ---------------------------------------------------------------------------------------------- the paper unit
@@ -248,17 +245,13 @@ def test_save_cadence_and_capacity_plan_of_the_paper_unit_without_an_engine():
         item["measured_bytes"] / plan["compared_bytes"])
 
 
-@pytest.fixture(scope="module")
-def paper_units(tmp_path_factory):
-    return _paper_units(tmp_path_factory.mktemp("paper_units"), PLANT)
-
-
 @pytest.mark.slow
 @pytest.mark.cpu
-def test_paper_unit_on_cpu_passes_every_item(paper_units):
+def test_paper_unit_on_cpu_passes_every_item(check_runs):
     """ZeRO-3 + CPU Adam + ref_mode precompute on the tiny shape: every item PASS (peak memory: the plan's figure,
-    not measured on CPU), the two-GPU items listed as NOT CHECKED; under 90 s once the CPU Adam op is built."""
-    code, stdout, report, seconds = paper_units["clean"]
+    not measured on CPU), the two-GPU items listed as NOT CHECKED; the CPU half and the unit under 90 s once the CPU
+    Adam op is built."""
+    code, stdout, report, seconds = check_runs["clean"]
     assert code == 0, stdout[-4000:]
     lines = _paper_lines(stdout)
     for item in PAPER_ITEMS[:-1]:
@@ -281,7 +274,7 @@ def test_paper_unit_on_cpu_passes_every_item(paper_units):
     assert items["peak_memory"]["compared_bytes"] > 0
     built_now = unit["cpu_adam"].get("seconds", 0) > 30  # the first run ever JIT-builds the op
     assert seconds < 90 or built_now, f"{seconds:.0f} s"
-    print(f"paper unit on CPU: {seconds:.1f} s")
+    print(f"CPU half and paper unit on CPU: {seconds:.1f} s")
 
 
 # Two planted bugs in one run: the idle player's optimizer state is freed without being written (offload_state
@@ -303,8 +296,8 @@ ds.DeepSpeedTrainer._load_backend = load_losing_adam
 
 @pytest.mark.slow
 @pytest.mark.cpu
-def test_paper_unit_fails_under_planted_bugs(paper_units):
-    code, stdout, report, _ = paper_units["planted"]
+def test_paper_unit_fails_under_planted_bugs(check_runs):
+    code, stdout, report, _ = check_runs["planted"]
     assert code == 1, stdout[-4000:]
     lines = _paper_lines(stdout)
     assert lines["offload_state"].startswith("FAIL (update 3 after offload_state() vs the twin that stayed active: "

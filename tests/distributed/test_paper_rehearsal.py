@@ -14,7 +14,6 @@ The runs' wall time on the development machine (2 cores): see ``test_the_paper_p
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -26,6 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 from omegaconf import OmegaConf
+from tests import determinism  # noqa: E402
 from tests.distributed.launch import SRC  # noqa: E402
 from tests.distributed.paper_rehearsal import (  # noqa: E402
     GPU_ONLY,
@@ -42,11 +42,6 @@ from unifiedplayers.config import compose  # noqa: E402
 from unifiedplayers.diagnostics.logging import read_metrics  # noqa: E402
 
 pytestmark = [pytest.mark.cpu]
-
-_SPEC = importlib.util.spec_from_file_location(
-    "determinism_benchmark", Path(__file__).parents[2] / "benchmarks" / "determinism.py")
-determinism = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(determinism)
 
 UPDATES = 16  # 8 Planning, 4 Execution, 4 Evaluation (SCALE_ONLY)
 

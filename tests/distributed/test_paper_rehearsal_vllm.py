@@ -29,7 +29,7 @@ from omegaconf import OmegaConf  # noqa: E402
 from unifiedplayers.config import compose  # noqa: E402
 from unifiedplayers.diagnostics.logging import read_metrics  # noqa: E402
 from unifiedplayers.distributed import without_rendezvous  # noqa: E402
-from benchmarks.determinism import first_difference  # noqa: E402
+from tests.determinism import first_difference  # noqa: E402
 from tests.distributed.launch import SRC, descendants, free_port, kill_job, same  # noqa: E402
 from tests.distributed.paper_rehearsal import rehearsal_overrides  # noqa: E402
 

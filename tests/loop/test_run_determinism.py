@@ -1,6 +1,6 @@
 """One seed gives one run whatever the load: two runs of the tiny preset started together beside a
-process that keeps a core busy write the same records and metrics (benchmarks/determinism.py does the same
-with SmolLM2). The comparison itself is checked on hand-made run directories."""
+process that keeps a core busy write the same records and metrics (tests/determinism.py). The comparison itself is
+checked on hand-made run directories."""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import determinism
+from tests import determinism
 
 pytestmark = pytest.mark.cpu
 

@@ -115,7 +115,7 @@ def test_auto_packs_only_layers_whose_packed_product_is_exact(monkeypatch):
     net = net_of(torch.bfloat16)
     with packed_linears(net, None):
         assert all("forward" not in m.__dict__ for m in net)
-    probes = hf_engine.packing_probes(torch.bfloat16)  # what benchmarks/rollout_engines.py reports
+    probes = hf_engine.packing_probes(torch.bfloat16)
     assert probes and not any(probes) and hf_engine.packing_probes(torch.float32) == []
     with packed_linears(net, True):
         assert all("forward" in m.__dict__ for m in net)

@@ -11,7 +11,7 @@ the forward). Recomputation (gradient checkpointing, a chunked LM head's second 
 counted, as MFU does not count it; the padding positions the decoder runs are.
 
 These figures turn the trainer's timings into an achieved rate (``perf/update_tflop_per_s``) that can be
-set against the machine's matmul rate (``benchmarks/grpo_update.py`` measures both).
+set against the machine's matmul rate (measured: benchmarks/README.md).
 """
 from __future__ import annotations
 

@@ -1,33 +1,19 @@
-"""vLLM reads what the export writes: an exported player's directory (``python -m unifiedplayers.export``; after
-``make run``, ``python -m unifiedplayers.export runs/smoke`` writes SmolLM2's Execution player to
-runs/smoke/export/execution) loaded twice, by transformers
+"""vLLM reads what the export writes: an exported player's directory loaded twice, by transformers
 (``AutoModelForCausalLM.from_pretrained``, a greedy loop of full forwards) and by vLLM (``vllm.LLM`` on the directory,
-as ``vllm serve`` loads it, temperature 0 with ``ignore_eos``), and the greedy tokens of each prompt compared.
+as ``vllm serve`` loads it, temperature 0 with ``ignore_eos``), and the greedy tokens of each prompt compared
+(tests/test_export_vllm.py, in ``make test-vllm``).
 
-Printed per prompt: its length, the tokens compared, how many agree from the first, the first that differs, the largest
-|log-prob| difference of the agreed tokens, and the smallest gap between transformers' two best logits (a near tie is
-where rounding alone may pick another token). Then one verdict line. Exit status 0 when every prompt's tokens agree,
-1 when one differs, 2 when there is nothing to compare (no export, no vLLM).
-
-    make run                                       # trains the smoke preset (its export is made on demand:)
-    .venv/bin/python -m unifiedplayers.export runs/smoke --role execution
-    .venv-vllm/bin/python -m benchmarks.export_greedy [EXPORT_DIR] [--tokens 32] [--dtype float32|bfloat16|auto]
-
-``--dtype auto``: the dtype the export's config.json names, which both loaders then take. tests/test_export_vllm.py
-runs the same comparison on the tiny run's export in ``make test-vllm``.
+Printed per prompt (:func:`report`): its length, the tokens compared, how many agree from the first, the first that
+differs, the largest |log-prob| difference of the agreed tokens, and the smallest gap between transformers' two best
+logits (a near tie is where rounding alone may pick another token).
 """
 from __future__ import annotations
 
-import argparse
-import importlib.util
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_EXPORT = ROOT / "runs" / "smoke" / "export" / "execution"
 PROMPTS = [
     [{"role": "user", "content": "Tom has 3 apples and buys 4 more. How many apples does he have?"}],
     [{"role": "system", "content": "You are a careful math assistant."},
@@ -121,23 +107,3 @@ def report(export: Path, result: dict[str, Any], tokens: int) -> bool:
     print(("EQUAL" if same else "DIFFERENT") + f": vLLM's greedy tokens {'equal' if same else 'differ from'} "
           f"transformers' on the export in {export} ({len(result['rows'])} prompts x {tokens} tokens)")
     return same
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("export", nargs="?", type=Path, default=DEFAULT_EXPORT, help=f"default: {DEFAULT_EXPORT}")
-    ap.add_argument("--tokens", type=int, default=32)
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "auto"])
-    args = ap.parse_args(argv)
-    if not (args.export / "config.json").is_file():
-        print(f"no export in {args.export}: after `make run`, `python -m unifiedplayers.export runs/smoke` writes "
-              "one there (or pass an export directory)")
-        return 2
-    if importlib.util.find_spec("vllm") is None:
-        print(f"vllm is not importable from {sys.executable}: `make setup-vllm`, then run this with .venv-vllm/bin/python")
-        return 2
-    return 0 if report(args.export, compare(args.export, args.tokens, args.dtype), args.tokens) else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
