@@ -66,6 +66,7 @@ def _table(acc: dict[str, dict[str, list[float]]]) -> dict[str, Any]:
 def verifier_kinds(records: Sequence[Any], eps: float = 1e-6) -> dict[str, Any]:
     """Kinds, rewards and advantages of the generated verifiers of ``records`` (see the module docstring)."""
     from unifiedplayers.diagnostics.verifier_kinds import record_kinds
+    from unifiedplayers.feedback.rewards import per_generated
 
     scopes: dict[str, dict[str, dict[str, list[float]]]] = {}
     answered: dict[str, list[float]] = {}
@@ -74,20 +75,19 @@ def verifier_kinds(records: Sequence[Any], eps: float = 1e-6) -> dict[str, Any]:
         if not rewards or rec.num_generated == 0 or len(rewards) != rec.num_generated:
             continue  # a verdict-free method, or a record without Evaluation rewards
         kinds, adv = record_kinds(rec, eps)
-        row_of = {int(v): i for i, v in enumerate(rec.valid)}
+        red = per_generated(rec.redundancy, rec.valid, rec.num_generated, np.nan)  # NaN: invalid, no ρ_red
         block = (rec.meta or {}).get("block")
         names = ["all", f"iteration {rec.iteration}"]
         if block == "evaluation":
             names.append("trained (evaluation blocks)")
         share = float(np.mean([t.final_answer is not None for t in rec.trajectories])) if rec.trajectories else None
         for i, kind in enumerate(kinds):
-            row = row_of.get(i)
             for name in names:
                 acc = scopes.setdefault(name, {k: _empty() for k in KINDS})
                 acc[kind]["reward"].append(float(rewards[i]))
                 acc[kind]["advantage"].append(float(adv[i]))
-                if row is not None:
-                    acc[kind]["rho_red"].append(float(np.asarray(rec.redundancy)[row]))
+                if not np.isnan(red[i]):
+                    acc[kind]["rho_red"].append(float(red[i]))
         if share is not None:
             for name in names:
                 answered.setdefault(name, []).append(share)

@@ -218,7 +218,7 @@ def evaluation_metrics(verdicts: Sequence[Any], rules: Sequence[str]) -> dict[st
     :func:`eval.analysis.discrimination.discrimination` (an errored check counts as neither right verdict).
     """
     from eval.analysis.discrimination import discrimination
-    from unifiedplayers.feedback.rewards import verifier_writability
+    from unifiedplayers.feedback.rewards import adversarial_rejection_rate, verifier_writability
 
     generated = sum(v.num_generated for v in verdicts)
     valid = sum(len(v.valid) for v in verdicts)
@@ -247,8 +247,8 @@ def evaluation_metrics(verdicts: Sequence[Any], rules: Sequence[str]) -> dict[st
     level = disc["levels"]["verifier"]
     p_valid, p_acc, p_rej = _rate(valid, generated), _rate(orig_acc, orig_n), _rate(adv_rej, adv_n)
     se_acc, se_rej = binomial_se(p_acc, orig_n), binomial_se(p_rej, adv_n)
-    writability, writability_se = mean_se([verifier_writability(v.z_adv, v.num_generated, v.adv_mask, v.error_adv)
-                                           for v in verdicts])
+    writability, writability_se = mean_se([verifier_writability(adversarial_rejection_rate(
+        v.z_adv, v.adv_mask, v.error_adv), v.num_generated) for v in verdicts])
     return {
         "questions": len(verdicts), "verifiers": generated, "valid_verifiers": valid,
         "valid": p_valid, "valid_se": binomial_se(p_valid, generated),

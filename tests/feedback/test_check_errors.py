@@ -61,9 +61,10 @@ def test_paper_literal_z_lets_crash_always_beat_accept_all():
     z_orig = np.array([[1, 1], [0, 0]])
     z_adv = np.array([[[1], [1]], [[0], [0]]])
     s = 0.3
-    r_c = rewards.evaluation_rewards(z_orig, z_adv, np.array([s, s]), 0.4, 0.5, 0.1)
+    adv = rewards.adversarial_rejection_rate(z_adv)
+    r_c = rewards.evaluation_rewards(rewards.gold_pass_rate(z_orig), adv, np.array([s, s]), 0.4, 0.5, 0.1)
     np.testing.assert_allclose(r_c, [0.4 - 0.1 * s, 0.5 - 0.1 * s])
-    assert rewards.verifier_writability(z_adv, 2) == pytest.approx(0.5)
+    assert rewards.verifier_writability(adv, 2) == pytest.approx(0.5)
 
 
 def test_crash_always_is_invalid_and_cannot_raise_v(sandbox, reward_cfg):

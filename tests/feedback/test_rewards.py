@@ -58,13 +58,22 @@ def test_eq11_adversarial_rejection_rate_with_mask():
 
 
 def test_eq5_evaluation_reward():
-    # r_C = 0.4 ρ_gold + 0.5 ρ_adv − 0.1 ρ_red
+    # r_C = 0.4 ρ_gold + 0.5 ρ_adv − 0.1 ρ_red, with the terms worked out above
     #  v0: 0.4·1   + 0.5·0.75 − 0.1·0.2 = 0.4 + 0.375 − 0.02 = 0.755
     #  v1: 0.4·0.5 + 0.5·0    − 0.1·0   = 0.2
     #  v2: 0.4·0   + 0.5·1    − 0.1·0.5 = 0.5 − 0.05 = 0.45
-    np.testing.assert_allclose(R.evaluation_rewards(Z_ORIG, Z_ADV, RED, 0.4, 0.5, 0.1), [0.755, 0.2, 0.45])
+    np.testing.assert_allclose(R.evaluation_rewards([1.0, 0.5, 0.0], [0.75, 0.0, 1.0], RED, 0.4, 0.5, 0.1),
+                               [0.755, 0.2, 0.45])
     # with the mask, v0's ρ_adv is 2/3: 0.4 + 0.5·2/3 − 0.02 = 0.71333...
-    np.testing.assert_allclose(R.evaluation_rewards(Z_ORIG, Z_ADV, RED, 0.4, 0.5, 0.1, MASK)[0], 0.4 + 1 / 3 - 0.02)
+    np.testing.assert_allclose(R.evaluation_rewards([1.0], [2 / 3], [0.2], 0.4, 0.5, 0.1), [0.4 + 1 / 3 - 0.02])
+
+
+def test_per_generated_puts_each_valid_verifier_at_its_index():
+    # verifiers 0, 1, 3 of M = 4 are valid; verifier 2 gets the fill
+    np.testing.assert_array_equal(R.per_generated([0.755, 0.2, 0.45], VALID, 4, -1.0), [0.755, 0.2, -1.0, 0.45])
+    np.testing.assert_array_equal(R.per_generated([], [], 3, 0.5), [0.5, 0.5, 0.5])  # none valid
+    with pytest.raises(ValueError, match="1 values for 2 valid verifiers"):
+        R.per_generated([0.1], [0, 3], 4, 0.0)  # one value per valid verifier, never broadcast
 
 
 def test_accept_all_and_reject_all():
@@ -73,19 +82,20 @@ def test_accept_all_and_reject_all():
     assert R.adversarial_rejection_rate(accept_all[1])[0] == 0.0
     assert R.gold_pass_rate(reject_all[0])[0] == 0.0
     # r_C(accept-all) = α = 0.4, r_C(reject-all) = β = 0.5 (no redundancy)
-    assert R.evaluation_rewards(*accept_all, [0.0], 0.4, 0.5, 0.1)[0] == pytest.approx(0.4)
-    assert R.evaluation_rewards(*reject_all, [0.0], 0.4, 0.5, 0.1)[0] == pytest.approx(0.5)
+    for (z_orig, z_adv), r_c in ((accept_all, 0.4), (reject_all, 0.5)):
+        terms = R.gold_pass_rate(z_orig), R.adversarial_rejection_rate(z_adv), [0.0]
+        assert R.evaluation_rewards(*terms, 0.4, 0.5, 0.1)[0] == pytest.approx(r_c)
 
 
 def test_eq3_eq12_verifier_writability():
     # V(q) = (M_q/M)·(1/M_q)·Σ ρ_adv = (1/M)·Σ ρ_adv = (0.75 + 0 + 1)/4 = 0.4375
-    assert R.verifier_writability(Z_ADV, 4) == pytest.approx(0.4375)
+    assert R.verifier_writability([0.75, 0.0, 1.0], 4) == pytest.approx(0.4375)
     # Eq. 3 form gives the same: m(q) = 3/4, mean ρ_adv = 1.75/3
-    assert R.verifier_writability(Z_ADV, 4) == pytest.approx(3 / 4 * (1.75 / 3))
-    assert R.verifier_writability(np.zeros((0, 2, 2)), 4) == 0.0  # no valid verifier
-    assert R.verifier_writability(np.ones((3, 2, 2)), 4) == 0.0  # no valid verifier rejects a perturbation
+    assert R.verifier_writability([0.75, 0.0, 1.0], 4) == pytest.approx(3 / 4 * (1.75 / 3))
+    assert R.verifier_writability(np.zeros(0), 4) == 0.0  # no valid verifier
+    assert R.verifier_writability([0.0, 0.0, 0.0], 4) == 0.0  # no valid verifier rejects a perturbation
     with pytest.raises(ValueError):
-        R.verifier_writability(Z_ADV, 2)
+        R.verifier_writability([0.75, 0.0, 1.0], 2)
 
 
 def test_eq2_planning_reward():
@@ -192,9 +202,8 @@ def test_repetition_penalty_bleu():
 
 def test_question_history_keeps_the_last_n():
     h = R.QuestionHistory(2, ["q1"])
-    h.add("q2")
-    h.add("q3")
-    assert list(h) == ["q2", "q3"] and len(h) == 2 and h[0] == "q2"
+    h.extend(["q2", "q3"])
+    assert list(h) == ["q2", "q3"] and len(h) == 2
     assert R.repetition_penalty("q1", h) < 1.0 and R.repetition_penalty("q3", h) == pytest.approx(1.0)
 
 
@@ -315,6 +324,24 @@ def test_open_choices_of_the_default_preset():
     assert cfg.repetition_mode == "max_bleu" and cfg.redundancy_similarity == "sequence"
     # repetition: the same question in the history costs w_rep·1
     assert task(cfg, question="a b c d e", history=["a b c d e"]).planning == pytest.approx(0.5 + 0.4375 - 0.5)
+
+
+def test_each_term_is_computed_once(monkeypatch):
+    calls = {"adv": 0, "gold": 0, "red": 0}
+
+    def counted(name, fn):
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+        return wrapper
+
+    for name, fn in (("adv", "adversarial_rejection_rate"), ("gold", "gold_pass_rate"), ("red", "redundancy")):
+        monkeypatch.setattr(R, fn, counted(name, getattr(R, fn)))
+    out = task(compose_reward("default"))
+    assert calls == {"adv": 1, "gold": 1, "red": 1}
+    # and r_C and V(q) read those very terms
+    np.testing.assert_allclose(out.adv, [0.75, 0.0, 1.0])
+    assert out.writability == pytest.approx(out.adv.sum() / 4)
 
 
 def test_without_verifiability_term():

@@ -101,7 +101,8 @@ def test_no_valid_verifier_runs_nothing(sandbox):
     vm = verdict_matrix(["no code here", fenced("def verify(t):\n    return True")], [TRAJ1], [[None]], box)
     assert vm.valid == [] and vm.z_orig.shape == (0, 1) and vm.z_adv.shape == (0, 1, 1)
     assert box.batches == [] and vm.num_generated == 2
-    assert rewards.verifier_writability(vm.z_adv, vm.num_generated, vm.adv_mask) == 0.0
+    rho_adv = rewards.adversarial_rejection_rate(vm.z_adv, vm.adv_mask)
+    assert rho_adv.shape == (0,) and rewards.verifier_writability(rho_adv, vm.num_generated) == 0.0
     np.testing.assert_array_equal(rewards.execution_rewards(vm.z_orig), [0.0])
 
 

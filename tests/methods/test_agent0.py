@@ -63,7 +63,7 @@ def test_planning_rewards_of_a_batch(cfg, method):
     fbs = [feedback(p_hat=p, question=q, tool_calls=t, method=cfg.method, settings=method.settings)
            for p, q, t in zip([0.5, 0.25, 0.5, 1.0], QUESTIONS, tool_calls)]
     assert isinstance(method, agent0.Agent0)
-    assert method.rewards("planning", fbs) == pytest.approx([0.375, 0.0, 0.95, 0.0])
+    assert method.source("planning").over(fbs) == pytest.approx([0.375, 0.0, 0.95, 0.0])
 
 
 def test_adpo_scale_and_upper_clip_by_hand():

@@ -32,10 +32,16 @@ def test_the_example_method_changes_the_planning_reward_only(copy):
     # Eq. 2 gives 0.5 and 0.25; tool calls [3, 1, 0, 2] (capped at C = 2: 2, 1, 0, 2, mean 1.25) and [0, 0]:
     # bonus 0.1 · 1.25 = 0.125 and 0 -> 0.625 and 0.25. Execution rewards (Eq. 4) pass unchanged.
     fbs = [SimpleNamespace(terms=SimpleNamespace(planning=0.5, execution=[1.0, 0.0, 0.0, 1.0]),
-                           tool_calls=[3, 1, 0, 2]),
-           SimpleNamespace(terms=SimpleNamespace(planning=0.25, execution=[0.0, 1.0]), tool_calls=[0, 0])]
-    assert method.rewards("planning", fbs) == pytest.approx([0.625, 0.25])
-    assert [list(r) for r in method.rewards("execution", fbs)] == [[1.0, 0.0, 0.0, 1.0], [0.0, 1.0]]
+                           tool_calls=[3, 1, 0, 2], settings=method.settings),
+           SimpleNamespace(terms=SimpleNamespace(planning=0.25, execution=[0.0, 1.0]), tool_calls=[0, 0],
+                           settings=method.settings)]
+    assert method.source("planning").over(fbs) == pytest.approx([0.625, 0.25])
+    assert [list(r) for r in method.source("execution").over(fbs)] == [[1.0, 0.0, 0.0, 1.0], [0.0, 1.0]]
+    # b = 0.2 in the settings: 0.5 + 0.2 · 1.25 = 0.75
+    doubled = build_method(compose_with(copy, ["experiment=tiny", "method=tool_curious",
+                                               "method.extra.tool_bonus=0.2"]))
+    fbs[0].settings = doubled.settings
+    assert doubled.source("planning")(fbs[0]) == pytest.approx(0.75)
     with pytest.raises(ValueError, match="unknown key"):
         build_method(compose_with(copy, ["experiment=tiny", "method=tool_curious", "+method.extra.bonus=1"]))
 

@@ -96,9 +96,9 @@ def test_planning_rewards_of_a_batch_from_real_answers(cfg, method):
     fbs = [feedback(a, question=q, method=cfg.method, reward_cfg=cfg.reward, settings=method.settings)
            for a, q in zip(answers, QUESTIONS)]
     assert isinstance(method, r_zero.RZero) and reward_source("planning", "r_zero_challenger").batch
-    assert method.rewards("planning", fbs) == pytest.approx([0.25, 0.0, 0.75, 0.0])
+    assert method.source("planning").over(fbs) == pytest.approx([0.25, 0.0, 0.75, 0.0])
     assert [fb.p_hat for fb in fbs] == [0.5, 0.25, 0.5, 1.0]  # kept for the group shape
-    assert method.rewards("planning", []) == []
+    assert method.source("planning").over([]) == []
     # the settings travel on the feedback: λ = 0.5 gives the λ = 0.5 row of the hand-worked batch above
     half = r_zero.RZeroSettings(repetition_weight=0.5)
     fbs = [feedback(a, question=q, reward_cfg=cfg.reward, settings=half) for a, q in zip(answers, QUESTIONS)]
@@ -139,11 +139,11 @@ def test_planning_rewards_maps_a_per_task_source_and_checks_a_batch_source(monke
 
     up = build_method(compose([]))  # UnifiedPlayers: Eq. 2 per task, read from the task's rewards
     fbs = [TaskFeedback(SimpleNamespace(planning=r), [], None) for r in (0.5, -0.25)]
-    assert up.rewards("planning", fbs) == [0.5, -0.25]
+    assert up.source("planning").over(fbs) == [0.5, -0.25]
     monkeypatch.setitem(methods.REWARD_SOURCES["planning"], "short",
                         methods.RewardSource(lambda feedback: [0.0], batch=True))
     with pytest.raises(ValueError, match="1 rewards for 2 tasks"):
-        build_method(compose(["method.planning_reward=short"])).rewards("planning", fbs)
+        build_method(compose(["method.planning_reward=short"])).source("planning").over(fbs)
 
 
 def _naive_average_linkage(d, threshold):

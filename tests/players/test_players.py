@@ -158,9 +158,9 @@ def _feedback(answers):
 def test_reward_sources_by_method_name():
     fb = _feedback(["4", "4.0", "5"])
     method = build_method(compose([]))
-    assert np.allclose(method.rewards("execution", [fb])[0], [0.5, 1.0, 0.0])
-    assert np.allclose(method.rewards("evaluation", [fb])[0], [0.3, -1.0])
-    assert method.rewards("planning", [fb])[0] == pytest.approx(0.7)
+    assert np.allclose(method.source("execution")(fb), [0.5, 1.0, 0.0])
+    assert np.allclose(method.source("evaluation")(fb), [0.3, -1.0])
+    assert method.source("planning")(fb) == pytest.approx(0.7)
     got = method.phase_rewards([fb, fb])  # every player's rewards of a phase, task by task
     assert [r["execution"].tolist() for r in got] == [[0.5, 1.0, 0.0]] * 2
     assert [r["evaluation"].tolist() for r in got] == [pytest.approx([0.3, -1.0])] * 2

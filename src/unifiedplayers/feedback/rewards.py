@@ -32,6 +32,7 @@ import io
 import keyword
 import logging
 import tokenize
+from collections import deque
 from dataclasses import dataclass
 from difflib import SequenceMatcher
 from typing import Any, Optional, Sequence
@@ -173,23 +174,21 @@ def redundancy(sources: Sequence[str], method: str = "sequence") -> np.ndarray:
     return sim.max(axis=1) if m > 1 else np.zeros(m)
 
 
-def evaluation_rewards(
-    z_orig: np.ndarray,
-    z_adv: np.ndarray,
-    redundancy: np.ndarray,
-    alpha: float,
-    beta: float,
-    gamma: float,
-    adv_mask: Optional[np.ndarray] = None,
-    adv_errors: Optional[np.ndarray] = None,
-) -> np.ndarray:
-    """Eq. 5: r_C(v_i) = α ρ_gold_i + β ρ_adv_i − γ ρ_red_i. Shape (M_q,).
+def evaluation_rewards(gold: np.ndarray, adv: np.ndarray, red: np.ndarray, alpha: float, beta: float,
+                       gamma: float) -> np.ndarray:
+    """Eq. 5: r_C(v_i) = α ρ_gold_i + β ρ_adv_i − γ ρ_red_i, from the terms of the valid verifiers. Shape (M_q,)."""
+    gold, adv, red = (np.asarray(x, dtype=np.float64) for x in (gold, adv, red))
+    return alpha * gold + beta * adv - gamma * red
 
-    ``adv_errors``: see :func:`adversarial_rejection_rate` (no ρ_adv credit for an error on a variant).
-    """
-    red = np.asarray(redundancy, dtype=np.float64)
-    adv = adversarial_rejection_rate(z_adv, adv_mask, adv_errors)
-    return alpha * gold_pass_rate(z_orig) + beta * adv - gamma * red
+
+def per_generated(per_valid: Sequence[float], valid: Sequence[int], num_generated: int, fill: float) -> np.ndarray:
+    """One value per valid verifier (M_q,), as Z's rows, gold, adv and red hold them, spread over the M generated
+    verifiers: entry ``valid[i]`` gets ``per_valid[i]``, every invalid verifier ``fill``. Shape (M,)."""
+    if len(per_valid) != len(valid):
+        raise ValueError(f"{len(per_valid)} values for {len(valid)} valid verifiers")
+    out = np.full(num_generated, float(fill))
+    out[list(valid)] = per_valid
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -238,23 +237,18 @@ def uncertainty(
     return float(min(p_hat, 1.0 - p_hat))
 
 
-def verifier_writability(
-    z_adv: np.ndarray,
-    num_generated: int,
-    adv_mask: Optional[np.ndarray] = None,
-    adv_errors: Optional[np.ndarray] = None,
-) -> float:
-    """Eq. 3 / 12: V(q) = (M_q/M)·(1/M_q) Σ_{i ∈ I_valid} ρ_adv_i = (1/M) Σ_{i ∈ I_valid} ρ_adv_i.
+def verifier_writability(adv: np.ndarray, num_generated: int) -> float:
+    """Eq. 3 / 12: V(q) = (M_q/M)·(1/M_q) Σ_{i ∈ I_valid} ρ_adv_i = (1/M) Σ_{i ∈ I_valid} ρ_adv_i, from ρ_adv (M_q,).
 
-    0 when no verifier is valid (M_q = 0) or none was generated. ``adv_errors``: see
-    :func:`adversarial_rejection_rate`; a verifier invalid at run time has no row, so adds nothing.
+    0 when no verifier is valid (M_q = 0) or none was generated; a verifier invalid at run time has no ρ_adv,
+    so adds nothing.
     """
-    z = np.asarray(z_adv)
-    if num_generated <= 0 or z.shape[0] == 0:
+    adv = np.asarray(adv, dtype=np.float64)
+    if num_generated <= 0 or adv.size == 0:
         return 0.0
-    if z.shape[0] > num_generated:
-        raise ValueError(f"{z.shape[0]} valid verifiers out of {num_generated} generated")
-    return float(adversarial_rejection_rate(z, adv_mask, adv_errors).sum() / num_generated)
+    if adv.size > num_generated:
+        raise ValueError(f"{adv.size} valid verifiers out of {num_generated} generated")
+    return float(adv.sum() / num_generated)
 
 
 def repetition_penalty(
@@ -286,27 +280,18 @@ class QuestionHistory:
     """The earlier questions R(q) compares against: the last ``maxlen`` (``repetition_history``)."""
 
     def __init__(self, maxlen: int = 1000, questions: Sequence[str] = ()) -> None:
-        from collections import deque
-
         if maxlen <= 0:
             raise ValueError("maxlen must be positive")
-        self._q: Any = deque(questions, maxlen=maxlen)
-
-    def add(self, question: str) -> None:
-        self._q.append(question)
+        self._q = deque(questions, maxlen=maxlen)
 
     def extend(self, questions: Sequence[str]) -> None:
-        for q in questions:
-            self.add(q)
+        self._q.extend(questions)
 
     def __len__(self) -> int:
         return len(self._q)
 
     def __iter__(self):
         return iter(self._q)
-
-    def __getitem__(self, i: int) -> str:
-        return self._q[i]
 
 
 def planning_reward(u: float, v: float, r: float, w_unc: float, w_ver: float, w_rep: float) -> float:
@@ -321,7 +306,8 @@ def planning_reward(u: float, v: float, r: float, w_unc: float, w_ver: float, w_
 @dataclass
 class TaskRewards:
     """The rewards of one task: execution (K,), evaluation (M,) over ALL generated verifiers (invalid
-    ones get the configured reward), planning (scalar) and the terms behind them."""
+    ones get the configured reward), planning (scalar) and the terms behind them. gold, adv and red have one
+    entry per VALID verifier (M_q,); :func:`per_generated` spreads such an array over the M generated ones."""
 
     execution: np.ndarray
     evaluation: np.ndarray
@@ -354,18 +340,16 @@ def task_rewards(
     """
     if getattr(cfg, "variant_error_credit", False):
         adv_errors = None
-    red = redundancy(valid_sources, cfg.redundancy_similarity)
     gold = gold_pass_rate(z_orig)
     adv = adversarial_rejection_rate(z_adv, adv_mask, adv_errors)
-    r_c_valid = evaluation_rewards(z_orig, z_adv, red, cfg.alpha, cfg.beta, cfg.gamma, adv_mask, adv_errors)
-    r_c = np.full(num_generated, float(cfg.invalid_verifier_reward))
-    r_c[list(valid)] = r_c_valid
+    red = redundancy(valid_sources, cfg.redundancy_similarity)
+    r_c = evaluation_rewards(gold, adv, red, cfg.alpha, cfg.beta, cfg.gamma)
     u = uncertainty(answers, cfg.missing_answer_in_majority, cfg.answer_match_timeout_s)
-    v = verifier_writability(z_adv, num_generated, adv_mask, adv_errors) if cfg.use_verifiability else 0.0
+    v = verifier_writability(adv, num_generated) if cfg.use_verifiability else 0.0
     r = repetition_penalty(question, history, cfg.repetition_mode, cfg.repetition_bleu_threshold)
     return TaskRewards(
         execution=execution_rewards(z_orig, cfg.execution_reward_no_valid_verifier),
-        evaluation=r_c,
+        evaluation=per_generated(r_c, valid, num_generated, cfg.invalid_verifier_reward),
         planning=planning_reward(u, v, r, cfg.w_unc, cfg.w_ver, cfg.w_rep),
         gold=gold,
         adv=adv,

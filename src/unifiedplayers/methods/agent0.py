@@ -43,8 +43,8 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from unifiedplayers.methods.base import GroupShape, Method, register_method
-from unifiedplayers.methods.r_zero import (BLEU_DISTANCE_THRESHOLD, ChallengerSettings, cluster_shares, in_band,
-                                           uncertainty_reward)
+from unifiedplayers.methods.r_zero import (BLEU_DISTANCE_THRESHOLD, ChallengerSettings, challenger_settings,
+                                           cluster_shares, in_band, uncertainty_reward)
 from unifiedplayers.methods.sources import register_reward_source, self_consistency
 
 if TYPE_CHECKING:
@@ -113,7 +113,7 @@ def _tool_reward_of(fb: TaskFeedback) -> float:
 def agent0_curriculum(feedback: Sequence[TaskFeedback]) -> list[float]:
     if not feedback:
         return []
-    s = feedback[0].settings if isinstance(feedback[0].settings, ChallengerSettings) else ChallengerSettings()
+    s = challenger_settings(feedback[0])
     return curriculum_rewards([self_consistency(fb) for fb in feedback], [_tool_reward_of(fb) for fb in feedback],
                               [fb.question for fb in feedback], form=str(s.reward_form),
                               weight=float(s.repetition_weight), threshold=float(s.bleu_distance_threshold))

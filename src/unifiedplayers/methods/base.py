@@ -2,17 +2,10 @@
 
 A method is a :class:`Method` subclass, registered by name with :func:`register_method`, and a
 ``conf/method/<name>.yaml``. Every hook has a default that is UnifiedPlayers' behaviour, so a method
-overrides only what differs::
-
-    @register_method("my_method")
-    class MyMethod(Method):
-        @dataclass
-        class Settings:                      # the typed form of method.extra (unknown keys fail at start-up)
-            bonus: float = 0.1
-
-        def rewards(self, role, feedback):   # one player's rewards, for all the tasks of a phase
-            out = super().rewards(role, feedback)
-            return [r + self.settings.bonus for r in out] if role == "planning" else out
+overrides only what differs; its settings are its ``Settings`` dataclass, the typed ``method.extra``
+(an unknown key fails at start-up). Each player's rewards come from the reward source its YAML names
+(``method.<role>_reward``, :mod:`unifiedplayers.methods.sources`): a method changes a reward by registering
+a source, never by a hook.
 
 The outer loop reads the method's properties (:attr:`Method.shared_model`, :attr:`Method.use_tools`,
 :attr:`Method.writes_verifiers`) and calls its hooks; it never branches on a method's name. A method defined
@@ -26,8 +19,8 @@ Hooks, in the order a sampling phase calls them:
 - :meth:`Method.phase_tasks` chooses the tasks played (Socratic-Zero: with its curriculum);
 - :meth:`Method.after_rollouts` once the K solutions are in (Socratic-Zero: the Teacher grades); per-task data
   lives on each task's record (``PlayedTask.method_data``), where the later hooks read it;
-- :meth:`Method.rewards` gives each player's rewards from the phase's feedback (Eq. 2, 4, 5 by default;
-  :meth:`Method.phase_rewards` collects them per task);
+- then each player's rewards, from its reward source (:meth:`Method.source`, read by :meth:`Method.phase_rewards`;
+  not a hook);
 - :meth:`Method.malformed_task_reward` gives the Planning reward of each malformed Planning output (not
   played, so no reward source sees it; ``reward.malformed_task_reward`` by default, Absolute Zero's
   composite reward tells a format error from an invalid proposal);
@@ -46,7 +39,7 @@ from typing import Any, ClassVar, Optional, Sequence
 
 import numpy as np
 
-from unifiedplayers.methods.sources import BUILTIN_MODULES, reward_source
+from unifiedplayers.methods.sources import BUILTIN_MODULES, RewardSource, reward_source
 from unifiedplayers.registry import Registry, import_object
 from unifiedplayers.roles import ROLES
 
@@ -117,9 +110,9 @@ class Method:
         unknown = [r for r in self.method_cfg.roles if r not in ROLES]
         if unknown:
             raise ValueError(f"method.roles: unknown roles {unknown}; roles: {ROLES}")
-        sources = {role: reward_source(role, self.source_name(role)) for role in ROLES}
+        sources = {role: self.source(role) for role in ROLES}
         if not self.writes_verifiers:
-            needing = [f"{role}_reward={self.source_name(role)}" for role in self.method_cfg.roles
+            needing = [f"{role}_reward={getattr(self.method_cfg, f'{role}_reward')}" for role in self.method_cfg.roles
                        if sources[role].reads_verdicts]
             if needing:
                 raise ValueError(f"method.verifiers=false, but the trained roles' rewards read verdicts: "
@@ -146,17 +139,11 @@ class Method:
                 "every sample that obeyed would end unanswered. Give it a plain-text player.execution prompt "
                 "(system, template, few_shot), as conf/method/r_zero.yaml does")
 
-    def source_name(self, role: str) -> str:
-        """The reward source the config names for ``role`` (``method.<role>_reward``)."""
-        return str(getattr(self.method_cfg, f"{role}_reward"))
+    def source(self, role: str) -> RewardSource:
+        """``role``'s reward source: the one ``method.<role>_reward`` names."""
+        return reward_source(role, str(getattr(self.method_cfg, f"{role}_reward")))
 
     # ------------------------------------------------------------------ rewards
-    def rewards(self, role: str, feedback: Sequence[Any]) -> list[Any]:
-        """``role``'s rewards for every well-formed task of a phase (``feedback`` in task order): a float per
-        task for Planning, an array per task (one per trajectory / verifier) for the others. By default the
-        reward source named by ``method.<role>_reward``; a batch source sees the whole phase."""
-        return reward_source(role, self.source_name(role)).over(feedback)
-
     def malformed_task_reward(self, task: Any) -> float:
         """The Planning reward of a malformed Planning output ``task`` (``task.valid`` is false, ``task.reason``
         says why): it is never played, so no reward source reads it. ``reward.malformed_task_reward`` by
@@ -164,12 +151,10 @@ class Method:
         return float(self.cfg.reward.malformed_task_reward)
 
     def phase_rewards(self, feedback: Sequence[Any]) -> list[dict[str, Any]]:
-        """Every player's rewards of each task of a phase (``feedback`` in task order), one dict per task: (K,)
-        and (M,) float64 arrays for Execution and Evaluation, a float for Planning (:meth:`rewards` of each
-        role, in this order)."""
-        execution = self.rewards("execution", feedback)
-        evaluation = self.rewards("evaluation", feedback)
-        planning = self.rewards("planning", feedback)
+        """Every player's rewards of each task of a phase (``feedback`` in task order), one dict per task, from each
+        role's :meth:`source`: (K,) and (M,) float64 arrays for Execution and Evaluation, a float for Planning."""
+        execution, evaluation, planning = (self.source(role).over(feedback)
+                                           for role in ("execution", "evaluation", "planning"))
         return [{"execution": np.asarray(x, dtype=np.float64), "evaluation": np.asarray(v, dtype=np.float64),
                  "planning": float(q)} for x, v, q in zip(execution, evaluation, planning, strict=True)]
 

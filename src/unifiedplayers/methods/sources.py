@@ -1,4 +1,5 @@
-"""Reward sources: the named reward functions a method's config picks for each player (``method.<role>_reward``).
+"""Reward sources: the named reward functions a method's config picks for each player (``method.<role>_reward``),
+the one way a method gets, and changes, a player's rewards.
 
 UnifiedPlayers uses ``verdict`` (Eq. 4 for Execution, Eq. 5 for Evaluation) and ``unifiedplayers`` (Eq. 2 for
 Planning); the baselines add theirs in their own modules (``majority_vote`` is here, shared by R-Zero and
@@ -8,6 +9,8 @@ Agent0). A source reads one task's :class:`unifiedplayers.feedback.pipeline.Task
     @register_reward_source("planning", "my_curriculum")
     def my_curriculum(fb: TaskFeedback) -> float: ...
 
+An Evaluation source returns one reward per generated verifier (M,), while the terms of Eq. 5 (``fb.terms.gold``,
+``adv``, ``red``) have one per valid verifier: :func:`unifiedplayers.feedback.rewards.per_generated` spreads them.
 ``reads_verdicts=True`` marks a source that reads the verdict matrix (a method with ``verifiers: false``
 may not train with it); ``check(method_cfg)`` runs at start-up when the source is chosen.
 """
