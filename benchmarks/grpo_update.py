@@ -86,7 +86,9 @@ def _trainer_preset() -> dict:
     """micro_batch_size and logprob_chunk_rows of our torch trainer preset."""
     from omegaconf import OmegaConf
 
-    yaml = OmegaConf.load(ROOT / "conf" / "trainer" / "torch.yaml")
+    from unifiedplayers.config import TrainerConfig
+
+    yaml = OmegaConf.merge(OmegaConf.structured(TrainerConfig), OmegaConf.load(ROOT / "conf/trainer/torch.yaml"))
     return {"micro_batch": int(yaml.micro_batch_size), "chunk_rows": int(yaml.logprob_chunk_rows)}
 
 

@@ -37,7 +37,8 @@ def cell(threads: int, dtype: str, new_tokens: int) -> dict:
 
     torch.set_num_threads(threads)
     model, tokenizer = U.load_fp32_model()
-    trainer = build_trainer(TrainerConfig(lr=1e-6, micro_batch_size=4, entropy_every=0, num_threads=threads, dtype=dtype),
+    trainer = build_trainer(TrainerConfig(lr=1e-6, micro_batch_size=4, entropy_every=0, num_threads=threads, dtype=dtype,
+                                          logprob_chunk_rows=0),
                             model, role="bench", pad_token_id=0)
     trainer.start_outer_iteration()
     g = torch.Generator().manual_seed(0)

@@ -21,7 +21,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 def tiny():
     n = torch.get_num_threads()
     torch.set_num_threads(1)
-    yield load_model(ModelConfig(name="tiny", source="tiny_random", device="cpu", seed=0))
+    yield load_model(ModelConfig(name="tiny", source="tiny_random", dtype="float32", device="cpu", seed=0))
     torch.set_num_threads(n)
 
 
