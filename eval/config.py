@@ -63,8 +63,7 @@ class EvalConfig:
     benchmarks: dict[str, BenchmarkEntry] = field(default_factory=dict)
     run: list[str] = field(default_factory=list)  # benchmarks to run, in order (empty: all configured)
     modes: list[str] = field(default_factory=lambda: ["vanilla"])  # vanilla | tool
-    # Per completion, all tool turns together (the same budget in both modes; observations excluded). Not given in
-    # the paper: long enough for base-model chains of thought.
+    # Per completion, all tool turns together (both modes alike); not given in the paper: room for chains of thought.
     max_new_tokens: int = 4096
     batch_size: int = 16  # completions generated per engine call
     sample_temperature: float = 0.6  # mean@k sampling (greedy pass@1 elsewhere); not stated in the paper

@@ -104,10 +104,9 @@ class RolloutConfig:
     # players: the backbone they share); 2: the weights are dropped too, and the player's are copied in again on
     # waking (full-parameter players, whose weights are replaced anyway). vLLM has no sleep mode on a CPU.
     sleep_level: int = 0
-    # hf only: the prompt prefix shared by every row of a batch (system prompt, few-shot examples) is prefilled
-    # once and its KV cache reused across rows and turns while the weights are unchanged. auto: on when the
-    # model samples in bf16/fp16, off in float32 (float32 keeps its arithmetic bit for bit); true | false. Evaluation
-    # and the probes turn auto into true.
+    # hf only: the prompt prefix shared by every row of a batch (system prompt, few-shot examples) is prefilled once
+    # and its KV cache reused across rows and turns while the weights are unchanged. auto: on when the model samples
+    # in bf16/fp16, off in float32 (keeps its arithmetic bit for bit), true in evaluation and probes; or true | false.
     prefix_cache: str = "auto"
     # hf only, CPU: a decoding step's linear layers multiply by a copy of their weights packed once per call for
     # oneDNN instead of repacking it at every product. auto: only the layers where that is bit-identical to the
@@ -197,8 +196,7 @@ class TrainerConfig:
     # compares like with like (the behaviour log-probs were taken under that temperature).
     temperature: float = 1.0
     # > 0: the LM head and log-softmax run this many rows at a time, forward and backward, so no (tokens, vocab)
-    # logits block is kept for autograd (several GB for Qwen3's 151k-token vocabulary) for one extra LM-head matmul.
-    # 0: one block.
+    # logits block (GBs for a 151k-token vocabulary) is kept for autograd; one extra LM-head matmul. 0: one block.
     logprob_chunk_rows: int = 1024
     gradient_checkpointing: bool = False
     offload_optimizer: bool = False  # DeepSpeed backends: ZeRO-Offload of the optimizer state to CPU
@@ -263,9 +261,8 @@ class RewardConfig:
     # Choices the paper leaves open (§3.2, Appendix B.1):
     # r_S when M_q = 0: the same value for all K trajectories, so their group advantage is zero.
     execution_reward_no_valid_verifier: float = 0.0
-    # r_C of a verifier that does not parse/compile/define check, or whose check errors on every original trajectory
-    # (else a crash-always verifier, ρ_gold 0 and ρ_adv 1, would out-score an accept-all one): below the lowest
-    # valid r_C (−γ).
+    # r_C of a verifier that does not parse/compile/define check or errors on every original trajectory (a crash-always
+    # verifier would else out-score an accept-all one): below the lowest valid r_C (−γ).
     invalid_verifier_reward: float = -1.0
     # A check error (raises, times out, no verdict) on a variant is 0 in Z_adv but no verdict (B.1 defines v_i(τ)
     # only for a completed evaluation): false (the default) gives it no ρ_adv credit, so it raises neither r_C nor
@@ -408,8 +405,7 @@ class ScheduleConfig:
     max_updates: Optional[int] = None
     # Print the readable summary (reward trajectories, a sample task/trajectory/verifier, a verdict matrix).
     print_summary: bool = True
-    # Draw summary.png (rewards, clip fraction, KL and grad-norm per update; unifiedplayers.diagnostics.summary)
-    # beside summary.md and summary.json.
+    # summary.png (rewards, clip fraction, KL, grad-norm per update; diagnostics.summary) beside summary.md and .json.
     summary_png: bool = True
     execution_pool: ExecutionPoolConfig = field(default_factory=ExecutionPoolConfig)  # Appendix D.2 diagnostic
 

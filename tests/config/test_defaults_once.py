@@ -18,7 +18,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 from eval.config import EvaluateConfig
 from unifiedplayers.config import CONF_DIR, Config, compose
@@ -117,11 +117,8 @@ def default_choices(root: str = "config") -> dict[str, str]:
 def choices_beneath(path: Path) -> dict[str, str]:
     """The group choices a preset's defaults list overrides: config.yaml's, then those of the presets it extends."""
     choices = default_choices()
-    for entry in defaults_list(path):
-        if isinstance(entry, str) and entry != "_self_":
-            parent = path.parent / f"{entry}.yaml"
-            choices.update(choices_beneath(parent))
-            choices.update(overrides(parent))
+    for parent in reversed(extended(path)):
+        choices.update(overrides(parent))
     return choices
 
 
@@ -177,8 +174,7 @@ def test_a_restated_key_is_found(tmp_path):
     found = [k for k, v, below in leaves({"lr": beneath["lr"], "kl_coef": 0.5, "lora": {"rank": 0}}, beneath)
              if v == below]
     assert found == ["lr", "lora.rank"]
-    preset = "experiment/smoke.yaml"
-    below = preset_beneath(preset, tmp_path)
+    below = preset_beneath("experiment/smoke.yaml", tmp_path)
     assert below["trainer"]["temperature"] == 1.0 and below["experiment"] is None  # the body's keys are gone
     assert choices_beneath(CONF_DIR / "experiment/one_gpu.yaml")["trainer"] == "deepspeed_zero3"  # the parent's
     assert pins("experiment/smoke.yaml", "trainer.micro_batch_size", 4)  # deepspeed_zero3 would make it 2
