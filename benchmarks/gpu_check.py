@@ -140,7 +140,7 @@ class Check:
 
         a = self.args
         return TrainerConfig(backend=backend, lr=a.lr, kl_coef=a.kl_coef, micro_batch_size=a.micro_batch,
-                             dtype=self.dtype_name, entropy_every=0, temperature=1.0)
+                             dtype=self.dtype_name, entropy_every=0, temperature=1.0, logprob_chunk_rows=0)
 
     def make_trainer(self, backend: str, role: str, config, seed: int):
         from unifiedplayers.trainer import build_trainer

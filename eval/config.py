@@ -63,9 +63,10 @@ class EvalConfig:
     benchmarks: dict[str, BenchmarkEntry] = field(default_factory=dict)
     run: list[str] = field(default_factory=list)  # benchmarks to run, in order (empty: all configured)
     modes: list[str] = field(default_factory=lambda: ["vanilla"])  # vanilla | tool
-    max_new_tokens: int = 1024  # per completion, all tool turns together (the same budget in both modes)
+    # Per completion, all tool turns together (both modes alike); not given in the paper: room for chains of thought.
+    max_new_tokens: int = 4096
     batch_size: int = 16  # completions generated per engine call
-    sample_temperature: float = 0.6  # mean@k sampling (greedy pass@1 elsewhere)
+    sample_temperature: float = 0.6  # mean@k sampling (greedy pass@1 elsewhere); not stated in the paper
     sample_top_p: float = 0.95
     samples_override: Optional[int] = None  # k for every mean@k benchmark (e.g. 4 for a quick look)
     limit: Optional[int] = None  # cap on problems per benchmark (None: the entry's limit)

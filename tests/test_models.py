@@ -31,7 +31,7 @@ def one_thread():
 
 
 def tiny(**kw) -> ModelConfig:
-    return ModelConfig(name="tiny", source="tiny_random", device="cpu", **kw)
+    return ModelConfig(**{"name": "tiny", "source": "tiny_random", "dtype": "float32", "device": "cpu", **kw})
 
 
 def params(model) -> dict[str, torch.Tensor]:
@@ -86,7 +86,8 @@ def test_tiny_model_saved_and_reloaded_as_pretrained_dir(tmp_path):
     model, tok = load_model(tiny(seed=1))
     model.save_pretrained(tmp_path)
     tok.save_pretrained(tmp_path)
-    again, tok2 = load_model(ModelConfig(name="local", source="pretrained", path=str(tmp_path), device="cpu"))
+    again, tok2 = load_model(ModelConfig(name="local", source="pretrained", path=str(tmp_path), dtype="float32",
+                                         device="cpu"))
     ids = torch.tensor([tok("hello world", add_special_tokens=False)["input_ids"]])
     with torch.no_grad():
         assert torch.equal(model(ids).logits, again(ids).logits)

@@ -40,7 +40,7 @@ def test_the_transformers_this_environment_requires(capsys):
 
 
 def test_load_write_and_read_back(tmp_path):
-    model, tokenizer = load_model(ModelConfig(name="tiny", source="tiny_random", device="cpu", seed=0))
+    model, tokenizer = load_model(ModelConfig(name="tiny", source="tiny_random", dtype="float32", device="cpu", seed=0))
     ids = tokenizer.apply_chat_template(CHAT, add_generation_prompt=True, return_tensors="pt", return_dict=True)
     ids = ids["input_ids"]
     with torch.no_grad():

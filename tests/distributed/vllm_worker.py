@@ -21,7 +21,7 @@ def main(dump: str) -> None:
     torch.set_num_threads(1)
     dist = init_distributed()
     try:
-        model, tok = load_model(ModelConfig(name="tiny", source="tiny_random", device="cpu", seed=0))
+        model, tok = load_model(ModelConfig(name="tiny", source="tiny_random", dtype="float32", device="cpu", seed=0))
         cfg = RolloutConfig(backend="vllm", max_model_len=256, enforce_eager=True, gpu_memory_utilization=0.3)
         engine, hf = build_rollout(cfg, model, tok), build_rollout(RolloutConfig(backend="hf"), model, tok)
         share = engine.generate(["sample"] * (1 + dist.rank), n=2 + dist.rank, max_new_tokens=4 + 8 * dist.rank,

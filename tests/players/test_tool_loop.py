@@ -149,7 +149,7 @@ def test_tiny_random_model_never_crashes(sandbox):
     from unifiedplayers.models import load_model
     from unifiedplayers.rollout import build_rollout
 
-    model, tokenizer = load_model(ModelConfig(name="tiny", source="tiny_random", hidden_size=64,
+    model, tokenizer = load_model(ModelConfig(name="tiny", source="tiny_random", dtype="float32", hidden_size=64,
                                               intermediate_size=128, num_attention_heads=2, num_key_value_heads=1))
     engine = build_rollout(RolloutConfig(backend="hf", max_new_tokens=24), model, tokenizer)
     out = run_tool_loop(engine, sandbox, ["Solve 1+1.\n", "Compute 2*3.\n"], n=2,

@@ -30,7 +30,7 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def tiny():
-    return load_model(ModelConfig(name="tiny", source="tiny_random", device="cpu", seed=0))
+    return load_model(ModelConfig(name="tiny", source="tiny_random", dtype="float32", device="cpu", seed=0))
 
 
 def ids_of(outs):

@@ -27,7 +27,7 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def tiny():
-    return load_model(ModelConfig(name="tiny", source="tiny_random", device="cpu", seed=0))
+    return load_model(ModelConfig(name="tiny", source="tiny_random", dtype="float32", device="cpu", seed=0))
 
 
 @pytest.fixture(scope="module")
@@ -276,7 +276,8 @@ def test_eos_ends_a_sequence_and_stays_out_of_the_text(eos_prone):
 
 
 def test_the_context_limit_ends_with_length_and_a_too_long_prompt_is_an_error():
-    model, tok = load_model(ModelConfig(name="t", source="tiny_random", device="cpu", max_position_embeddings=40))
+    model, tok = load_model(ModelConfig(name="t", source="tiny_random", dtype="float32", device="cpu",
+                                          max_position_embeddings=40))
     eng = build_rollout(RolloutConfig(), model, tok)
     c = eng.generate([[5] * 30], max_new_tokens=50, greedy=True, ignore_eos=True)[0][0]
     assert len(c.token_ids) == 10 and c.finish_reason == "length"

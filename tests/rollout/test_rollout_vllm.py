@@ -31,7 +31,7 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache on CPU; 
 
 @pytest.fixture(scope="module")
 def tiny():
-    return load_model(ModelConfig(name="tiny", source="tiny_random", device="cpu", seed=0))
+    return load_model(ModelConfig(name="tiny", source="tiny_random", dtype="float32", device="cpu", seed=0))
 
 
 @pytest.fixture(scope="module")

@@ -37,7 +37,7 @@ def tiny_model(seed: int = 0):
 
 
 def trainer_config(**overrides) -> TrainerConfig:
-    base = dict(lr=1e-3, micro_batch_size=3, kl_coef=0.05, entropy_every=0)
+    base = dict(lr=1e-3, micro_batch_size=3, kl_coef=0.05, entropy_every=0, dtype="float32", logprob_chunk_rows=0)
     base.update(overrides)
     return TrainerConfig(**base)
 
