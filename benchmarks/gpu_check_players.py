@@ -75,9 +75,8 @@ def drain_after_backward(trainer, cuda: bool):
     """The trainer's clocks are host clocks, and CUDA runs asynchronously: a micro-batch's backward would finish
     inside the next one's forward timing. A hook on the input embedding's weight, whose gradient is the last one a
     backward pass accumulates, waits for the device there, so perf/time_backward holds the backward's work."""
-    module = getattr(trainer, "compute_model", None) or trainer.model
     drain = torch.cuda.synchronize if cuda else (lambda: None)
-    return module.get_input_embeddings().weight.register_post_accumulate_grad_hook(lambda _: drain())
+    return trainer.compute_model.get_input_embeddings().weight.register_post_accumulate_grad_hook(lambda _: drain())
 
 
 def run_player(check, backend: str, role: str) -> dict:
