@@ -1,13 +1,6 @@
-"""Where a CUDA peak goes: the allocator's history replayed to its highest point, what was live there grouped by
-the code that allocated it.
-
-``max_memory_allocated`` says how high the device's memory went, not what held it. ``Recorder`` turns on the
-caching allocator's history (``torch.cuda.memory._record_memory_history``, Python frames only) around a piece of
-work; ``breakdown`` replays that history from the bytes already allocated when it began (the baseline: weights,
-optimizer partitions, whatever was built before), finds the entry at which the allocated total was highest, and
-groups the blocks live there by their allocation site: the innermost frame in DeepSpeed, transformers or ours,
-and where it is not ours, the innermost frame of ours under it. The capacity plan's items can then be compared
-with what the device held, item by item, instead of as one ratio.
+"""Where a CUDA peak goes: ``Recorder`` records the caching allocator's history (Python frames) around a piece of
+work; ``breakdown`` replays it from the bytes allocated before (the baseline) to its highest point and groups the
+blocks live there by allocation site, so the capacity plan's items can be compared with what the device held.
 """
 from __future__ import annotations
 

@@ -1,53 +1,30 @@
-"""GPU check: the paper preset's model shape with random weights, through our rollout, sandbox and trainer.
+"""GPU check: the paper preset's model shapes with random weights, through our rollout, sandbox and trainer.
 
-For a machine with one GPU (an H200), torch and an older transformers only and no network
-(``experiments/gpu_check.sh`` sends the missing packages and our transformers as wheels). Per player and trainer
-backend (``--backends torch,deepspeed_zero2,...``):
+For a machine with one GPU, no network and none of Hydra, DeepSpeed or PEFT (``experiments/gpu_check.sh`` carries
+them as wheels). Per player and trainer backend (``--backends torch,deepspeed_zero2,...``; a player run each): a
+``Qwen3ForCausalLM`` of Qwen3-4B-Base's shape (``--shape qwen3_4b``; ``qwen3_1_7b``; ``tiny``, a 2-layer toy) with
+seeded random weights, the byte tokenizer (the 4B keeps its 151,936-row vocabulary: the text is not the point), and
+``--steps`` steps of sampling, the sandbox and one optimizer step (``gpu_check_players``), then an exact-resume check
+on the shape cut to 2 layers where a full checkpoint would be too large (``--resume-layers``). vLLM is not run: its
+CUDA wheel alone is far over what can be carried.
 
-1. a ``Qwen3ForCausalLM`` of Qwen3-4B-Base's architecture (``--shape qwen3_4b``; Qwen3-1.7B-Base's with
-   ``--shape qwen3_1_7b``) or a 2-layer toy of the 4B (``--shape tiny``), random weights initialised on the device,
-   seeded; no download (``gpu_check_model``);
-2. the byte-level tokenizer built in code (``unifiedplayers.models.build_byte_tokenizer``, 259 ids; the 4B
-   shape keeps its 151,936-row vocabulary, so most sampled ids decode to nothing: the text is not the point);
-3. each step: sample ``--prompts`` x ``--samples`` completions with our ``hf`` rollout engine (fixed length,
-   eos ignored), run the Execution player's completions as Python through our sandbox (its python block, else
-   the whole text; reported as not run, with the reason, when the sandbox cannot start), build TrainSamples
-   with made-up advantages (+1 / -1 alternating within each group) and take one optimizer step
-   (``build_trainer(TrainerConfig(...))``, beta = 0.04, so the second step has a reference pass)
-   (``gpu_check_players``).
-
-Printed and written to ``--out``/gpu_check.json: generation tokens/s (generated tokens / sampling seconds,
-after one untimed warm-up call), the time split (generation; sandbox; log-prob passes = the trainer's
-``perf/time_ref`` + ``perf/time_forward``; update = ``perf/time_backward`` + ``perf/time_optimizer`` (+
-``perf/time_weight_sync`` where the trainer reports it)), peak memory (``torch.cuda.max_memory_allocated``
-on GPU, per player; ``ru_maxrss`` of the process on CPU) and an exact-resume check (``gpu_check_resume``). A 4B
-checkpoint (fp32 weights, AdamW state, reference) is about 60 GB, more than the machine's disk holds comfortably
-and minutes to write, so by default the resume check runs on the same shape cut to 2 layers (every kernel and the
-full vocabulary; ``--resume-layers`` to choose). vLLM is not run: its CUDA wheel alone is far over the 64 MiB that
-can be carried to such a machine.
-
-``--backends ...,paper_zero3``: the paper preset's trainer path (``benchmarks/gpu_check_paper.py``, its docstring
-says how and what each of its items checks), printed as one line per item, ``paper_zero3 <item>: PASS | FAIL |
-NOT RUN (reason)``. The exit status is 1 when an exact-resume check or a paper item fails. ``--budget-s`` skips
-what would start after that many seconds (the JSON is rewritten after every unit, so a run cut short keeps what it
-measured). Its run time and memory on one H200: benchmarks/README.md, "The GPU check".
-
-``--backends ...,one_gpu_lora``: the one-GPU preset (``experiment=one_gpu``: the three players as LoRA adapters on one
-frozen backbone, torch backend) on Qwen3-1.7B-Base's shape (``qwen3_1_7b``, whatever ``--shape`` the others run; the
-toy under ``--shape tiny``) with random weights (``benchmarks/gpu_check_lora.py``, its docstring says what each item
-checks: one shared backbone, the backbone's log-probs before any update, the GRPO steps moving only adapters, exact
-resume from an adapter checkpoint, peak memory against the capacity plan's trainer passes), printed as
-``one_gpu_lora <item>: ...`` lines as the paper unit's; a failed item sets the exit status to 1 too. Written and
-rehearsed on CPU, not yet run on a GPU.
+Printed and written to ``--out``/gpu_check.json (rewritten after every unit, so a run cut short by ``--budget-s``
+keeps what it measured): generation tokens/s (after one untimed warm-up call), the time split (generation; sandbox;
+log-prob passes = ``perf/time_ref`` + ``perf/time_forward``; update = ``perf/time_backward`` +
+``perf/time_optimizer`` (+ ``perf/time_weight_sync``)), peak memory and the exact-resume verdicts. Two units beside
+the player runs print one line per item, ``<unit> <item>: PASS | FAIL | NOT RUN (reason)``: ``paper_zero3``, the
+paper preset's trainer path (``gpu_check_paper``), and ``one_gpu_lora``, the one-GPU preset's adapter players
+(``gpu_check_lora``). The exit status is 1 when an exact-resume check or a unit's item fails. Run times and memory
+on one H200: benchmarks/README.md.
 
     python -m benchmarks.gpu_check --device cpu --shape tiny                        # the CPU half
-    python -m benchmarks.gpu_check --device cpu --shape tiny --backends paper_zero3
-    python -m benchmarks.gpu_check --device cpu --shape tiny --backends one_gpu_lora
+    python -m benchmarks.gpu_check --device cpu --shape tiny --backends paper_zero3,one_gpu_lora
     python -m benchmarks.gpu_check --device cuda --shape qwen3_4b --backends torch,paper_zero3,one_gpu_lora
 """
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import platform
@@ -57,28 +34,23 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from benchmarks import gpu_check_lora, gpu_check_paper
-from benchmarks.gpu_check_lora import LORA_UNIT
-from benchmarks.gpu_check_model import (PLAYERS, SHAPE_DEFAULTS, SHAPES, build_model, count_parameters,
-                                        parameters_label, qwen3_config, render_prompts, sampling_module)
-from benchmarks.gpu_check_paper import PAPER_UNIT
-from benchmarks.gpu_check_players import SandboxRuns, run_player
-from benchmarks.gpu_check_resume import run_resume
-from benchmarks.gpu_check_state import GIB, Clock, release
+import torch
+
+from benchmarks.gpu_check_common import (GIB, PLAYERS, SHAPE_DEFAULTS, SHAPES, Clock, build_model, count_parameters,
+                                         mib, parameters_label, qwen3_config, release, render_prompts)
+from benchmarks.gpu_check_lora import LoraUnit
+from benchmarks.gpu_check_paper import PaperUnit
+from benchmarks.gpu_check_players import SandboxRuns, run_player, run_resume
 
 VLLM_NOTE = "vLLM: not run (its CUDA wheel is far over the 64 MiB that can be carried to the GPU machine)"
 RESUME_MAX_BYTES = 12 * GIB  # a larger checkpoint: the resume check runs on the shape cut to 2 layers
-# The units beside the player runs: --backends name -> (its run, its item lines, what it is).
-UNITS = {PAPER_UNIT: (gpu_check_paper.run_unit, gpu_check_paper.print_items, "the paper preset's trainer settings"),
-         LORA_UNIT: (gpu_check_lora.run_unit, gpu_check_lora.print_items, "the one-GPU preset's adapter players")}
+UNITS = {unit.NAME: unit for unit in (PaperUnit, LoraUnit)}  # the units beside the player runs, by --backends name
 
 
 class Check:
     """The settings, device, tokenizer and report of one run of the check, and what its units build from them."""
 
     def __init__(self, args) -> None:
-        import torch
-
         from unifiedplayers.models import build_byte_tokenizer
 
         self.args = args
@@ -94,22 +66,14 @@ class Check:
         self.out = Path(args.out)
         self.out.mkdir(parents=True, exist_ok=True)
         self.report: dict[str, Any] = {
-            "device": self._device_info(),
-            "args": vars(args),
-            "dtype": self.dtype_name,
+            "device": self._device_info(), "args": vars(args), "dtype": self.dtype_name,
             "shape": {"name": args.shape, "parameters": count_parameters(self.config), **SHAPES[args.shape]},
-            "runs": [],
-            "resume": {},
-            "sandbox": {"status": "not run", "reason": "no execution player in --players"},
-            "deepspeed": {"status": "not requested"},
-            PAPER_UNIT: {"status": "not requested"},
-            LORA_UNIT: {"status": "not requested"},
-            "vllm": {"status": "not run", "reason": VLLM_NOTE.split("(", 1)[1].rstrip(")")},
-        }
+            "runs": [], "resume": {}, "sandbox": {"status": "not run", "reason": "no execution player in --players"},
+            "deepspeed": {"status": "not requested"}, **{name: {"status": "not requested"} for name in UNITS},
+            "vllm": {"status": "not run", "reason": VLLM_NOTE.split("(", 1)[1].rstrip(")")}}
         self.sandbox = SandboxRuns(self.report)
 
     def _device_info(self) -> dict:
-        import torch
         import transformers
 
         info = {"python": platform.python_version(), "torch": torch.__version__,
@@ -129,12 +93,10 @@ class Check:
     def save(self) -> None:
         self.report["wall_s"] = round(self.elapsed(), 2)
         self.report.update(self.summary())
-        path = self.out / "gpu_check.json"
-        tmp = path.with_suffix(".json.tmp")
+        tmp = self.out / "gpu_check.json.tmp"
         tmp.write_text(json.dumps(self.report, indent=2, default=str))
-        tmp.replace(path)
+        tmp.replace(self.out / "gpu_check.json")
 
-    # ------------------------------------------------------------------ pieces
     def trainer_config(self, backend: str):
         from unifiedplayers.config import TrainerConfig
 
@@ -145,8 +107,7 @@ class Check:
     def make_trainer(self, backend: str, role: str, config, seed: int):
         from unifiedplayers.trainer import build_trainer
 
-        model = build_model(config, self.device, seed)
-        return build_trainer(self.trainer_config(backend), model, role=role,
+        return build_trainer(self.trainer_config(backend), build_model(config, self.device, seed), role=role,
                              pad_token_id=self.tokenizer.pad_token_id)
 
     def engine_for(self, trainer):
@@ -155,10 +116,10 @@ class Check:
 
         cfg = RolloutConfig(backend="hf", temperature=1.0, top_p=1.0, max_new_tokens=self.args.max_new_tokens,
                             batch_size=0)
-        return build_rollout(cfg, sampling_module(trainer, self.dtype), self.tokenizer)
+        return build_rollout(cfg, trainer.sampling_model(self.dtype), self.tokenizer)
 
     def sample(self, engine, trainer, prompts: list[str], seed: int):
-        engine.update_weights(sampling_module(trainer, self.dtype))
+        engine.update_weights(trainer.sampling_model(self.dtype))
         clock = Clock(self.device)
         with clock():
             groups = engine.generate(prompts, n=self.args.samples, max_new_tokens=self.args.max_new_tokens,
@@ -178,27 +139,23 @@ class Check:
                         ignore_eos=True, seed=0)
 
     def resume_layers(self) -> int:
-        a = self.args
-        if a.resume_layers:
-            return a.resume_layers
+        if self.args.resume_layers:
+            return self.args.resume_layers
         estimate = self.report["shape"]["parameters"] * 16  # fp32 weights + AdamW (8) + reference (<= 4)
         return self.config.num_hidden_layers if estimate <= RESUME_MAX_BYTES else 2
 
-    # ------------------------------------------------------------------ everything
     def backend_unavailable(self, backend: str) -> Optional[str]:
-        if backend == LORA_UNIT:
-            try:
-                import peft  # noqa: F401 - unifiedplayers.lora's adapters
-            except Exception as exc:  # noqa: BLE001
-                return f"import peft failed: {type(exc).__name__}: {exc}"
-            return None
-        if not backend.startswith("deepspeed") and backend != PAPER_UNIT:
+        """Why ``backend`` cannot run here (peft or DeepSpeed not importable), or None."""
+        name = {LoraUnit.NAME: "peft", PaperUnit.NAME: "deepspeed"}.get(backend)
+        name = "deepspeed" if backend.startswith("deepspeed") else name
+        if name is None:
             return None
         try:
-            import deepspeed  # noqa: F401
+            module = importlib.import_module(name)
         except Exception as exc:  # noqa: BLE001
-            return f"import deepspeed failed: {type(exc).__name__}: {exc}"
-        self.report["deepspeed"] = {"status": "importable", "version": deepspeed.__version__}
+            return f"import {name} failed: {type(exc).__name__}: {exc}"
+        if name == "deepspeed":
+            self.report["deepspeed"] = {"status": "importable", "version": module.__version__}
         return None
 
     def guarded(self, what: str, fn: Callable[[], dict], base: dict) -> dict:
@@ -214,16 +171,15 @@ class Check:
         return failed
 
     def run_unit(self, name: str, unavailable: Optional[str]) -> None:
-        """One of :data:`UNITS` (the paper preset's trainer path, the one-GPU preset's adapter players); its item lines
-        are printed as it ends."""
-        run, print_items, what = UNITS[name]
+        """One of :data:`UNITS`; its item lines are printed as it ends."""
+        unit = UNITS[name]
         if unavailable:
             result = {"status": "not run", "reason": unavailable}
         else:
-            result = self.guarded(f"{name} ({what})", lambda: run(self), {})
+            result = self.guarded(f"{name} ({unit.WHAT})", lambda: unit(self).run(), {})
         self.report[name] = result
         self.save()
-        print_items(result)
+        unit.print_items(result)
 
     def run(self) -> dict:
         a = self.args
@@ -238,9 +194,8 @@ class Check:
                 continue
             if reason:
                 self.report["deepspeed"] = {"status": "not run", "reason": reason}
-                for role in a.players:
-                    self.report["runs"].append({"backend": backend, "player": role, "status": "not run",
-                                                "reason": reason})
+                self.report["runs"] += [{"backend": backend, "player": role, "status": "not run", "reason": reason}
+                                        for role in a.players]
                 self.report["resume"][backend] = {"status": "not run", "reason": reason}
                 self.save()
                 continue
@@ -265,40 +220,34 @@ class Check:
         """Totals over the runs that finished: tokens/s, the time split, peak memory, the resume verdict."""
         ok = [r for r in self.report["runs"] if r.get("status") == "ok"]
         steps = [s for r in ok for s in r["steps"]]
-        gen_s = sum(s["generation_s"] for s in steps)
-        tokens = sum(s["generated_tokens"] for s in steps)
-        checks = [v["status"] for v in self.report["resume"].values()]
-        ran = [c for c in checks if c in ("PASS", "FAIL")]
+        ran = [v["status"] for v in self.report["resume"].values() if v["status"] in ("PASS", "FAIL")]
         return {
-            "generation_tokens_per_s": tokens / gen_s if gen_s > 0 else 0.0,
-            "time_split_s": {
-                "generation": gen_s,
-                "sandbox": sum(s["sandbox_s"] for s in steps),
-                "logprob_passes": sum(s["logprob_s"] for s in steps),
-                "update": sum(s["update_s"] for s in steps),
-            },
+            "generation_tokens_per_s": tokens_per_s(steps),
+            "time_split_s": time_split(steps),
             "peak_memory_bytes": max((r["peak_memory_bytes"] for r in ok), default=0),
             "peak_memory_kind": "torch.cuda.max_memory_allocated" if self.cuda else "ru_maxrss",
             "resume_check": ("PASS" if ran and all(c == "PASS" for c in ran) else "FAIL" if ran else "not run"),
-            "paper_check": unit_verdict(self.report[PAPER_UNIT]),
-            "lora_check": unit_verdict(self.report[LORA_UNIT]),
+            "paper_check": unit_verdict(self.report[PaperUnit.NAME]),
+            "lora_check": unit_verdict(self.report[LoraUnit.NAME]),
         }
 
 
 def unit_verdict(unit: dict) -> str:
     """FAIL when an item failed or the unit stopped on an error; PASS when every item that ran passed."""
-    if unit.get("status") == "error":
-        return "FAIL"
     statuses = [item["status"] for item in unit.get("items", {}).values()]
-    if "FAIL" in statuses:
+    if unit.get("status") == "error" or "FAIL" in statuses:
         return "FAIL"
     return "PASS" if "PASS" in statuses else "not run"
 
 
-def print_report(report: dict) -> None:
-    if report["runs"]:
-        print_runs(report)
-    print_checks(report)
+def tokens_per_s(steps: list[dict]) -> float:
+    seconds = sum(s["generation_s"] for s in steps)
+    return sum(s["generated_tokens"] for s in steps) / seconds if seconds > 0 else 0.0
+
+
+def time_split(steps: list[dict]) -> dict:
+    return {"generation": sum(s["generation_s"] for s in steps), "sandbox": sum(s["sandbox_s"] for s in steps),
+            "logprob_passes": sum(s["logprob_s"] for s in steps), "update": sum(s["update_s"] for s in steps)}
 
 
 def print_runs(report: dict) -> None:
@@ -306,20 +255,21 @@ def print_runs(report: dict) -> None:
     mem = "GPU GiB" if report["peak_memory_kind"].startswith("torch.cuda") else "RSS GiB"
     head = (f"{'backend':<16}{'player':<12}{'status':<8}{'gen tok/s':>10}{'gen s':>8}{'sandbox s':>10}"
             f"{'logprob s':>10}{'update s':>9}{'peak ' + mem:>14}")
+
+    def row(label: str, tok_s: float, split: dict, peak: int) -> str:
+        return (f"{label:<36}{tok_s:>10.1f}{split['generation']:>8.2f}{split['sandbox']:>10.2f}"
+                f"{split['logprob_passes']:>10.2f}{split['update']:>9.2f}{peak / GIB:>14.2f}")
+
     print("\n" + head + "\n" + "-" * len(head))
     for r in report["runs"]:
+        label = f"{r['backend']:<16}{r['player']:<12}{r['status']:<8}"
         if r.get("status") != "ok":
-            print(f"{r['backend']:<16}{r['player']:<12}{r['status']:<8}  {r.get('reason', '')[:90]}")
-            continue
-        st = r["steps"]
-        gen, tok = sum(s["generation_s"] for s in st), sum(s["generated_tokens"] for s in st)
-        print(f"{r['backend']:<16}{r['player']:<12}{'ok':<8}{tok / max(gen, 1e-9):>10.1f}{gen:>8.2f}"
-              f"{sum(s['sandbox_s'] for s in st):>10.2f}{sum(s['logprob_s'] for s in st):>10.2f}"
-              f"{sum(s['update_s'] for s in st):>9.2f}{r['peak_memory_bytes'] / GIB:>14.2f}")
+            print(f"{label}  {r.get('reason', '')[:90]}")
+        else:
+            print(row(label, tokens_per_s(r["steps"]), time_split(r["steps"]), r["peak_memory_bytes"]))
     split = report["time_split_s"]
     print("-" * len(head))
-    print(f"{'all':<36}{report['generation_tokens_per_s']:>10.1f}{split['generation']:>8.2f}{split['sandbox']:>10.2f}"
-          f"{split['logprob_passes']:>10.2f}{split['update']:>9.2f}{report['peak_memory_bytes'] / GIB:>14.2f}")
+    print(row("all", report["generation_tokens_per_s"], split, report["peak_memory_bytes"]))
     print(f"\ngeneration: {report['generation_tokens_per_s']:.1f} tokens/s; time split (s): generation "
           f"{split['generation']:.2f}, sandbox {split['sandbox']:.2f}, log-prob passes {split['logprob_passes']:.2f}, "
           f"update {split['update']:.2f}; peak memory {report['peak_memory_bytes'] / GIB:.2f} GiB "
@@ -338,12 +288,12 @@ def print_checks(report: dict) -> None:
         print(f"sandbox: not run ({box.get('reason')})")
     for backend, r in report["resume"].items():
         if r.get("status") in ("PASS", "FAIL"):
-            print(f"exact resume [{backend}/{r['player']}, {r['layers']} layers, {parameters_label(r['parameters'])} parameters, "
-                  f"checkpoint {r['checkpoint_bytes'] / 2**20:.1f} MiB, save {r['save_s']:.1f} s, "
-                  f"load {r['load_s']:.1f} s]: "
-                  f"{r['status']} (bitwise equal {r['bitwise_equal']}, max |diff| {r['max_abs_diff']:.3g}, "
-                  f"loss {r['loss'][0]:+.6g} / {r['loss'][1]:+.6g}, checksum {r['checksum'][0]} / {r['checksum'][1]}, "
-                  f"step moved weights by up to {r['step_changed_weights_by']:.3g})")
+            print(f"exact resume [{backend}/{r['player']}, {r['layers']} layers, "
+                  f"{parameters_label(r['parameters'])} parameters, checkpoint {mib(r['checkpoint_bytes'])}, "
+                  f"save {r['save_s']:.1f} s, load {r['load_s']:.1f} s]: {r['status']} (bitwise equal "
+                  f"{r['bitwise_equal']}, max |diff| {r['max_abs_diff']:.3g}, loss {r['loss'][0]:+.6g} / "
+                  f"{r['loss'][1]:+.6g}, checksum {r['checksum'][0]} / {r['checksum'][1]}, step moved weights by up "
+                  f"to {r['step_changed_weights_by']:.3g})")
             if r.get("diagnosis"):
                 print(f"  {r['diagnosis']} (replays: max |diff| {r['replays_max_abs_diff']:.3g})")
         else:
@@ -371,9 +321,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=2, help="optimizer steps per player")
     p.add_argument("--players", default=",".join(PLAYERS), help="comma-separated, of " + ",".join(PLAYERS))
     p.add_argument("--backends", default="torch",
-                   help=f"comma-separated: torch, deepspeed_zero2, deepspeed_zero3 (a player run each), {PAPER_UNIT} "
-                        f"(the paper preset's trainer path, gpu_check_paper.py), {LORA_UNIT} (the one-GPU preset's "
-                        "adapter players on the qwen3_1_7b shape, gpu_check_lora.py)")
+                   help="comma-separated: torch, deepspeed_zero2, deepspeed_zero3 (a player run each), "
+                        + ", ".join(f"{name} ({unit.WHAT})" for name, unit in UNITS.items()))
     p.add_argument("--dtype", choices=("bfloat16", "float32", "auto"), default="auto",
                    help="trainer.dtype (compute); auto: bfloat16 on a bf16 GPU, else float32")
     p.add_argument("--out", default="runs/gpu_check", help="folder of gpu_check.json")
@@ -415,8 +364,6 @@ def main(argv=None) -> int:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    import torch
-
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -424,7 +371,9 @@ def main(argv=None) -> int:
         return 2
     check = Check(args)
     report = check.run()
-    print_report(report)
+    if report["runs"]:
+        print_runs(report)
+    print_checks(report)
     print(f"written: {check.out / 'gpu_check.json'}")
     return 1 if "FAIL" in (report["resume_check"], report["paper_check"], report["lora_check"]) else 0
 

@@ -22,7 +22,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from benchmarks import gpu_check, gpu_check_model, gpu_check_paper
+from benchmarks import gpu_check, gpu_check_common, gpu_check_paper
 from unifiedplayers.distributed import without_rendezvous
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -93,7 +93,7 @@ def check_runs(tmp_path_factory):
 
 
 def test_qwen3_4b_shape_on_the_meta_device():
-    gc = gpu_check_model
+    gc = gpu_check_common
     config = gc.qwen3_config("qwen3_4b")
     assert (config.hidden_size, config.intermediate_size, config.num_hidden_layers) == (2560, 9728, 36)
     assert (config.num_attention_heads, config.num_key_value_heads, config.head_dim) == (32, 8, 128)
@@ -228,9 +228,9 @@ def test_save_cadence_and_capacity_plan_of_the_paper_unit_without_an_engine():
     args = gpu_check.parse_args(["--device", "cpu", "--shape", "qwen3_4b"])
     check = types.SimpleNamespace(args=args, dtype_name="bfloat16", cuda=False, device=None,
                                   tokenizer=build_byte_tokenizer())
-    plan = paper.planned_peak(check, 2, "execution", 131)
-    assert plan["plan_parameters"] == gpu_check_model.count_parameters(gpu_check_model.qwen3_config("qwen3_4b",
-                                                                                                   num_layers=2))
+    plan = paper.paper_plan(check, 2, "execution", 131)
+    assert plan["plan_parameters"] == gpu_check_common.count_parameters(gpu_check_common.qwen3_config("qwen3_4b",
+                                                                                                     num_layers=2))
     assert plan["instant"].split(" ")[0] in ("gather", "no-grad", "forward", "backward", "step")
     assert 0 < plan["compared_bytes"] < plan["plan_bytes"] < 16 * 2**30
     # The H200's measurement of this unit (docs/gpu/): the plan must stay within the check's band of it. Before
@@ -238,9 +238,9 @@ def test_save_cadence_and_capacity_plan_of_the_paper_unit_without_an_engine():
     measured = json.loads((ROOT / "docs" / "gpu" / "h200-2026-12-04-rerun.json").read_text())
     item = measured["paper_zero3"]["items"]["peak_memory"]
     # planned with the settings it ran with: micro-batches of 2 rows (the token budget came after it)
-    plan = paper.planned_peak(check, 2, "execution", 131, ("trainer.max_tokens_per_micro_batch=null",))
+    plan = paper.paper_plan(check, 2, "execution", 131, ("trainer.max_tokens_per_micro_batch=null",))
     assert item["plan_parameters"] == plan["plan_parameters"] and item["instant"] == "backward (execution)"
-    low, high = paper.MEMORY_BAND
+    low, high = gpu_check_common.MEMORY_BAND
     assert low * plan["compared_bytes"] <= item["measured_bytes"] <= high * plan["compared_bytes"], (
         item["measured_bytes"] / plan["compared_bytes"])
 

@@ -18,12 +18,13 @@ import time
 import pytest
 import torch
 
-from benchmarks import gpu_check, gpu_check_lora, gpu_check_model
+from benchmarks import gpu_check, gpu_check_common, gpu_check_lora
 
 pytestmark = pytest.mark.cpu
 
-UNIT = gpu_check_lora.LORA_UNIT
-ITEMS = gpu_check_lora.ITEMS
+UNIT = gpu_check_lora.LoraUnit.NAME
+ITEMS = gpu_check_lora.LoraUnit.ITEMS
+NOT_CHECKED = gpu_check_lora.LoraUnit.NOT_CHECKED
 
 
 def _run(tmp_path, monkeypatch, capsys, *extra: str) -> tuple[int, dict[str, str], dict, float]:
@@ -36,7 +37,7 @@ def _run(tmp_path, monkeypatch, capsys, *extra: str) -> tuple[int, dict[str, str
                            "--out", str(tmp_path), *extra])
     seconds = time.perf_counter() - t0
     stdout = capsys.readouterr().out
-    names = "|".join(re.escape(n) for n in (*ITEMS, *gpu_check_lora.NOT_CHECKED))
+    names = "|".join(re.escape(n) for n in (*ITEMS, *NOT_CHECKED))
     lines = {m.group(1): m.group(2) for m in re.finditer(rf"^{UNIT} ({names}): (.*)$", stdout, re.M)}
     return code, lines, json.loads((tmp_path / "gpu_check.json").read_text()), seconds
 
@@ -48,11 +49,11 @@ def test_the_unit_on_cpu_passes_every_item_that_runs_there(tmp_path, monkeypatch
         assert lines[item].startswith("PASS ("), (item, lines.get(item))
     assert re.match(r"NOT RUN \(not measured on CPU; the plan for one GPU: \d+\.\d+ GiB .* at its "
                     r"'(no-grad|forward|backward|step) \(\w+\)' instant\)$", lines["peak_memory"]), lines["peak_memory"]
-    for name in gpu_check_lora.NOT_CHECKED:
+    for name in NOT_CHECKED:
         assert lines[name].startswith("NOT CHECKED (")
     assert report["lora_check"] == "PASS" and report["paper_check"] == "not run"
     unit = report[UNIT]
-    assert unit["shape"] == "tiny" and unit["trained"] == list(gpu_check_model.PLAYERS)
+    assert unit["shape"] == "tiny" and unit["trained"] == list(gpu_check_common.PLAYERS)
     assert unit["settings"]["backend"] == "torch" and unit["settings"]["lora"]["rank"] == 16
     assert unit["settings"]["ref_mode"] == "precompute" and unit["settings"]["gradient_checkpointing"]
     items = unit["items"]
@@ -120,7 +121,7 @@ def test_the_gpu_verdicts_on_made_up_measurements(capsys):
                 "grpo_steps": {"status": "NOT RUN", "reason": "made up"},
                 "exact_resume": {"status": "NOT RUN", "reason": "made up"},
                 "peak_memory": gpu_check_lora.memory_item(parts(11.5 * 2**30), ["execution"], cuda=True)}}
-    gpu_check_lora.print_items(unit)
+    gpu_check_lora.LoraUnit.print_items(unit)
     out = capsys.readouterr().out
     assert "shared_backbone: FAIL (every frozen tensor of each player is the backbone's" in out
     assert "memory_allocated after the build" in out and "x 3.000 of that, PASS within 5%" in out
@@ -136,10 +137,10 @@ def test_the_units_shape_is_the_one_gpu_presets_backbone():
     from unifiedplayers.capacity import model_arch
     from unifiedplayers.config import compose
 
-    config = gpu_check_model.qwen3_config("qwen3_1_7b")
+    config = gpu_check_common.qwen3_config("qwen3_1_7b")
     assert (config.hidden_size, config.intermediate_size, config.num_hidden_layers) == (2048, 6144, 28)
     assert (config.num_attention_heads, config.num_key_value_heads, config.head_dim) == (16, 8, 128)
     assert config.vocab_size == 151936 and config.tie_word_embeddings
-    n = gpu_check_model.count_parameters(config)
+    n = gpu_check_common.count_parameters(config)
     assert n == model_arch(compose(["experiment=one_gpu"]).model).parameters == 1_720_574_976
     assert [gpu_check_lora.unit_shape(s) for s in ("qwen3_4b", "qwen3_1_7b", "tiny")] == ["qwen3_1_7b"] * 2 + ["tiny"]
