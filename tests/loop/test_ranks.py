@@ -125,9 +125,9 @@ def test_a_call_not_declared_every_rank_is_refused_with_its_name(op):
 
 def test_the_team_declares_what_every_rank_runs():
     declared = sorted(name for name, f in vars(RealTeam).items() if getattr(f, "every_rank", False))
-    assert declared == ["answer_pool", "block_diagnostics", "end_block", "recompute_old_logprobs", "restore",
-                        "restore_rng", "resume_iteration", "save_checkpoint", "split", "start_block", "start_iteration",
-                        "update"]
+    assert declared == ["answer_pool", "block_diagnostics", "end_block", "full_weights", "recompute_old_logprobs",
+                        "restore", "restore_rng", "resume_iteration", "save_checkpoint", "split", "start_block",
+                        "start_iteration", "update"]
 
 
 def test_no_rank_branch_in_the_loop_and_collectives_only_in_declared_calls():

@@ -105,10 +105,9 @@ class OuterLoop:
             self.history = QuestionHistory(self.cfg.reward.repetition_history, self.state.question_history)
             self.saved, self.published_versions = self.state.completed, saved["published_versions"]
         self.state.wandb_id = self.state.wandb_id or f"up-{os.urandom(4).hex()}"
-        budget = self.cfg.schedule.max_updates  # a clean stop after that many updates of this process
-        self.stop_at = self.state.completed + budget if budget is not None else None
-        if self.stop_at is not None and self.stop_at >= self.total:
-            self.stop_at = None  # the run ends first
+        budget = self.cfg.schedule.max_updates  # a clean stop after that many updates, unless the run ends first
+        self.stop_at = None if budget is None or self.state.completed + budget >= self.total else \
+            self.state.completed + budget
         with Sandbox(sandbox_config(self.cfg.sandbox, self.dist)) as sandbox, RunFiles(  # closed whatever happens
                 self.cfg, self.run_dir, self.total, self.state.completed, self.state.wandb_id) as files:
             record_start(self.cfg, self.state.completed, sandbox, self.run_dir / rundir.CONFIG)  # its sandbox's layers
@@ -118,10 +117,7 @@ class OuterLoop:
             self.perturber = PerturbationEngine.from_config(  # arg_mutation shows outputs as the tool loop does
                 self.cfg.perturbation, seed=self.cfg.seed, sandbox=self.team.sandbox,
                 observation_max_chars=self.player_cfg.observation_max_chars)
-            if self.stop_at == self.state.completed:
-                self._stop(None)
-            else:
-                self._loop()
+            self._loop()
         if self.state.completed >= self.total and not self.state.finished:
             self.state.finished = True
             self._write_state()
@@ -147,11 +143,14 @@ class OuterLoop:
         """The run from where it stands (a new run from the start, a resumed one from the position its last save
         names): for iteration, for block, for phase, for step (§3.3, Appendix B.4)."""
         per_phase, index = self.per_phase, self.state.completed
+        if index == self.stop_at:  # schedule.max_updates=0
+            return self._stop(None)
         first, b0, p0, s0 = position(self.cfg, index)
         for iteration in range(first, self.cfg.schedule.outer_iterations + 1):
             # ---- an outer iteration's start: π_ref := the current weights; stale feedback publishes the players
             if (b0, p0, s0) == (0, 0, 0):
-                self._publish(self.team.start_iteration())
+                for role in self.team.start_iteration():
+                    self._publish(role, self.team.full_weights(role))
             else:  # resumed inside it: its π_ref and published copies, as they were
                 self.team.resume_iteration(iteration, self.run_dir, self.published_versions, self.state.published)
             for b in range(b0, len(self.blocks)):
@@ -182,8 +181,8 @@ class OuterLoop:
                                     or self.state.phase == at.phase_first):  # the phase a clean stop saved: its end
                                 self._save(at, block_end=at.step_in_block == size - 1)
                         self.files.end_update()
-                        stop = self._stops("update_end", at)  # a hook's StopRun; or max_updates (after the block's end)
-                        if (stop or index == self.stop_at) and at.step_in_block < size - 1:
+                        stop = self._stops("update_end", at)  # a hook's StopRun, or max_updates: a clean stop
+                        if (stop or index == self.stop_at) and at.step_in_block < size - 1:  # (a block's last: at its end)
                             return self._stop(at)
                     s0 = 0
                 p0 = 0
@@ -265,12 +264,11 @@ class OuterLoop:
         self.state.records += len(records)
         return Phase(at.phase_first, phase_minibatches)
 
-    def _publish(self, weights: dict[str, Any]) -> None:
-        """Stale feedback's copies of the players' weights at an iteration's start, in the run directory."""
-        for role, w in weights.items():
-            (self.run_dir / rundir.PUBLISHED).mkdir(parents=True, exist_ok=True)
-            atomic_torch_save(w, self.run_dir / rundir.PUBLISHED / f"{role}.pt")
-            self.state.published[role] = f"{rundir.PUBLISHED}/{role}.pt"
+    def _publish(self, role: str, weights: dict[str, Any]) -> None:
+        """Stale feedback's copy of ``role``'s weights at an iteration's start, in the run directory."""
+        (self.run_dir / rundir.PUBLISHED).mkdir(parents=True, exist_ok=True)
+        atomic_torch_save(weights, self.run_dir / rundir.PUBLISHED / f"{role}.pt")
+        self.state.published[role] = f"{rundir.PUBLISHED}/{role}.pt"
 
     def _save(self, at: Update, block_end: bool) -> None:
         """The active player's checkpoint after update ``at``, then the run state that names it."""

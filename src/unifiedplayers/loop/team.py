@@ -184,10 +184,10 @@ class Team:
 
     # ------------------------------------------------------------------ iterations, blocks, updates
     @every_rank
-    def start_iteration(self) -> dict[str, Any]:
-        """π_ref := the current weights; stale feedback publishes every trained player's weights: a copy in memory,
-        and its weights returned by role, for rank 0 to write."""
-        published: dict[str, Any] = {}
+    def start_iteration(self) -> list[str]:
+        """π_ref := the current weights; stale feedback publishes every trained player's weights: a copy in memory
+        (and a file, :meth:`full_weights`). Returns the roles published."""
+        published: list[str] = []
         for trainer in self.trainers():
             trainer.start_outer_iteration()
         if self.cfg.schedule.feedback != "stale":
@@ -200,8 +200,13 @@ class Team:
             else:  # same object, new weights: its rollout engine stays valid (hf) or is re-synced (vllm)
                 lora.load_policy_state(player.published_model, lora.policy_state(player.model))
             player.published_version = dict(player.version)
-            published[role] = player.trainer.full_state_dict()  # a collective under ZeRO-3: on every rank
+            published.append(role)
         return published
+
+    @every_rank
+    def full_weights(self, role: str) -> dict[str, Any]:
+        """``role``'s whole weights (a collective under ZeRO-3)."""
+        return self.players[role].trainer.full_state_dict()
 
     @staticmethod
     def _copy(model: Any) -> Any:
