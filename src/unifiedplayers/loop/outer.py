@@ -1,7 +1,8 @@
 """The outer loop of UnifiedPlayers (§3.3, Appendix B.4), in one function (:meth:`OuterLoop._loop`):
 
     for iteration:                       π_ref reset, stale copies published (``team.start_iteration``)
-        for block (one player's role):   the others frozen (``team.start_block``); R(q)'s history fixed
+        for block (one player's role):   the others frozen (``team.start_block``); R(q)'s history takes the
+                                         last block's questions, then stays fixed
             for phase (S × μ updates):   sample tasks, K trajectories, M verifiers (``sampling``), once, with the
                                          policies as they stand; feedback: perturb, verdict matrices, rewards
                                          (``phase.add_feedback``); GRPO minibatches with advantages (Eq. 17,
@@ -10,7 +11,7 @@
                                          behaviour log-probs (Eq. 18-19, ``phase.train_step``); the metrics line;
                                          at a phase's end, when due (``schedule.save_due``), the checkpoint and
                                          then the run state that names it
-        (a block's end)                  its player idle, checkpoints no longer named thinned
+            (the block's end)            its player idle, checkpoints no longer named thinned
 
 A killed run resumes at the position of its last save (``schedule.position``) and replays the updates after it
 exactly. Side effects are callbacks (``run_files``). Over several ranks rank 0 runs this loop and the others run
