@@ -191,17 +191,13 @@ def expected_saves(block: int, save_every: int, per_phase: int) -> list[int]:
 def cadence_item() -> dict:
     """``save_due`` over each block of the preset's first iteration against :func:`expected_saves`."""
     from unifiedplayers.config import compose
-    from unifiedplayers.schedule import phase_steps, plan_updates, save_due
+    from unifiedplayers.schedule import blocks as plan_blocks, phase_steps, save_due
 
     cfg = compose([f"experiment={PRESET}"])
     every, per_phase = int(cfg.schedule.save_every), phase_steps(cfg)
-    blocks: dict[str, list[int]] = {}
-    sizes: dict[str, int] = {}
-    for slot in plan_updates(cfg):
-        if slot.iteration == 1:
-            sizes[slot.role] = slot.block_size
-            if save_due(slot, every, per_phase, None):
-                blocks.setdefault(slot.role, []).append(slot.step_in_block + 1)
+    sizes = dict(plan_blocks(cfg))
+    blocks = {role: [d for d in range(per_phase, size + 1, per_phase) if save_due(d, size, per_phase, every)]
+              for role, size in sizes.items()}
     expected = {role: expected_saves(size, every, per_phase) for role, size in sizes.items()}
     return {"save_every": every, "per_phase": per_phase, "saves": blocks, "expected": expected,
             "saves_per_iteration": sum(len(v) for v in blocks.values()), "logic_ok": every > 0 and blocks == expected}

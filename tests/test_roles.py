@@ -1,84 +1,85 @@
-"""Each player's shape defined once (``unifiedplayers.roles.SPECS``) and read by sampling, the minibatches and the
-capacity plan: a change there moves all three."""
+"""The three players and what each one's phase reads: :func:`unifiedplayers.schedule.phase_calls` (which the sampler
+makes and the capacity plan reads), the GRPO groups (:func:`unifiedplayers.loop.phase.group_samples`) and the seed
+streams. Every player key of the config has a distinct value here, so a key read for the wrong player fails."""
 from __future__ import annotations
 
-import dataclasses
+from types import SimpleNamespace
 
 import pytest
 from omegaconf import OmegaConf
 
-from unifiedplayers import capacity, roles, schedule
-from unifiedplayers.config import compose, resolve_player_config
+from unifiedplayers import roles, schedule
 from unifiedplayers.loop import phase, sampling
 
 pytestmark = pytest.mark.cpu
 
-
-def test_the_specs_name_every_player_in_block_order():
-    assert tuple(roles.SPECS) == roles.ROLES
-    assert [roles.spec(r).call for r in roles.ROLES] == ["tasks", "trajectories", "verifiers"]
-    assert [roles.spec(r).grouped_by for r in roles.ROLES] == ["prompt", "task", "task"]
-    with pytest.raises(KeyError, match="unknown role 'judge': one of planning, execution, evaluation"):
-        roles.spec("judge")
+P = OmegaConf.create({"prompts_per_update": 2, "tasks_per_prompt": 3, "tasks_per_update": 1, "num_trajectories": 4,
+                      "num_verifiers": 5, "planning_max_new_tokens": 8, "execution_max_new_tokens": 9,
+                      "evaluation_max_new_tokens": 10, "max_turns": 2})
 
 
-def test_a_players_shape_is_read_by_sampling_and_the_capacity_plan(monkeypatch):
-    """Evaluation sampling num_trajectories per task instead of num_verifiers: the phase's calls and the plan's
-    Evaluation rows both follow."""
-    cfg = compose(["experiment=paper_qwen3_4b"])
-    p = resolve_player_config(cfg)
-    before = schedule.phase_calls(p, "execution", 1, True, True)
-    rows = capacity.role_loads(cfg)["evaluation"].rows
-    assert before[2].samples == p.num_verifiers != p.num_trajectories
-    changed = dict(roles.SPECS, evaluation=dataclasses.replace(roles.SPECS["evaluation"], samples_key="num_trajectories"))
-    monkeypatch.setattr(roles, "SPECS", changed)
-    monkeypatch.setattr(schedule, "SPECS", changed)
-    after = schedule.phase_calls(p, "execution", 1, True, True)
-    assert after[2].samples == p.num_trajectories
-    assert capacity.role_loads(cfg)["evaluation"].rows == rows // p.num_verifiers * p.num_trajectories
+def test_the_players_in_block_order():
+    assert roles.ROLES == schedule.BLOCK_ORDER == ("planning", "execution", "evaluation")
 
 
-def test_the_grouping_decides_what_a_phase_plays_and_how_groups_are_made(monkeypatch):
-    """A player grouped by prompt plays every well-formed task of a round; grouped by task, tasks_per_update an
-    update. And its samples come from the played task's field the spec names."""
-    p = OmegaConf.create({"prompts_per_update": 2, "tasks_per_prompt": 3, "tasks_per_update": 1, "num_trajectories": 4,
-                          "num_verifiers": 5, "planning_max_new_tokens": 8, "execution_max_new_tokens": 9,
-                          "evaluation_max_new_tokens": 10, "max_turns": 2})
-    assert schedule.phase_calls(p, "planning", 1, True, True)[1].prompts == 6  # every task of the round
-    assert schedule.phase_calls(p, "execution", 1, True, True)[1].prompts == 1
-
-    class Played:
-        verifiers = [type("V", (), {"completion": object()})() for _ in range(5)]
-        rewards = {"evaluation": [1.0, 0.0, 1.0, 0.0, 1.0]}
-
-    makers, rewards, groups = phase.group_samples("evaluation", [], [Played(), Played()], lambda t: -1.0)
-    assert len(makers) == 10 and rewards[:5] == Played.rewards["evaluation"] and groups == [0] * 5 + [1] * 5
-    monkeypatch.setattr(roles, "SPECS", dict(roles.SPECS, evaluation=dataclasses.replace(
-        roles.SPECS["evaluation"], played_samples="rollouts")))
-    with pytest.raises(AttributeError, match="rollouts"):
-        phase.group_samples("evaluation", [], [Played()], lambda t: -1.0)
+def test_each_call_samples_and_budgets_with_its_own_players_keys():
+    calls = schedule.phase_calls(P, "execution", 1, True, True)
+    assert [(c.name, c.prompts, c.samples, c.max_new_tokens, c.turns) for c in calls] == [
+        ("tasks", 2, 3, 8, 1), ("trajectories", 1, 4, 9, 2), ("verifiers", 1, 5, 10, 1)]
+    assert [c.name for c in schedule.phase_calls(P, "execution", 1, False, False)] == ["tasks", "trajectories"]
+    assert schedule.phase_calls(P, "execution", 1, False, True)[1].turns == 1  # no tools: one generation
+    assert [c.prompts for c in schedule.phase_calls(P, "evaluation", 3, True, True)] == [6, 3, 3]
 
 
-def test_each_players_keys_name_what_that_player_reads():
-    """The keys pinned to what the rest of the code reads: ``players/planning.py`` samples ``tasks_per_prompt`` tasks
-    of ``planning_max_new_tokens``, the sampler and ``players/tool_loop.py`` ``num_trajectories`` trajectories of
-    ``execution_max_new_tokens`` a turn, ``players/evaluation.py`` ``num_verifiers`` verifiers of
-    ``evaluation_max_new_tokens``; a task's samples are ``PlayedTask.rollouts`` and ``.verifiers``; the streams seed
-    every run (``tests/golden``). Two players' keys swapped fails here, and in the calls of a phase."""
-    pinned = {  # call, samples_key, tokens_key, played_samples, stream, multi_turn
-        "planning": ("tasks", "tasks_per_prompt", "planning_max_new_tokens", None, 10, False),
-        "execution": ("trajectories", "num_trajectories", "execution_max_new_tokens", "rollouts", 20, True),
-        "evaluation": ("verifiers", "num_verifiers", "evaluation_max_new_tokens", "verifiers", 30, False),
-    }
-    assert {r: (s.call, s.samples_key, s.tokens_key, s.played_samples, s.stream, s.multi_turn)
-            for r, s in roles.SPECS.items()} == pinned
-    assert all(roles.spec(r).name == r for r in roles.ROLES)
-    fields = {f.name for f in dataclasses.fields(sampling.PlayedTask)}
-    assert {"rollouts", "verifiers"} <= fields
-    # every key a different value: each call samples and budgets with its own player's
-    p = OmegaConf.create({"prompts_per_update": 2, "tasks_per_prompt": 3, "tasks_per_update": 1, "num_trajectories": 4,
-                          "num_verifiers": 5, "planning_max_new_tokens": 8, "execution_max_new_tokens": 9,
-                          "evaluation_max_new_tokens": 10, "max_turns": 2})
-    calls = schedule.phase_calls(p, "execution", 1, True, True)
-    assert {c.name: (c.samples, c.max_new_tokens, c.turns) for c in calls} == {
-        "tasks": (3, 8, 1), "trajectories": (4, 9, 2), "verifiers": (5, 10, 1)}
+def test_a_planning_phase_plays_every_well_formed_task_of_its_round():
+    assert [c.prompts for c in schedule.phase_calls(P, "planning", 1, True, True)] == [2, 6, 6]
+
+
+def test_groups_are_a_prompts_outputs_for_planning_a_tasks_samples_otherwise():
+    def task(place, valid):
+        return SimpleNamespace(place=place, valid=valid, completion=f"task {place}")
+
+    played = [SimpleNamespace(place=(0, 0), rewards={"planning": 0.5, "execution": [1.0, 0.0], "evaluation": [0.2]},
+                              rollouts=[SimpleNamespace(segments=f"segments {i}") for i in range(2)],
+                              verifiers=[SimpleNamespace(completion="verifier 0")])]
+    makers, rewards, groups = phase.group_samples("planning", [[task((0, 0), True), task((0, 1), False)]], played,
+                                                  lambda t: -1.0)
+    assert rewards == [0.5, -1.0] and groups == [0, 0]  # a malformed output at the method's reward
+    _, rewards, groups = phase.group_samples("execution", [], played + played, lambda t: -1.0)
+    assert rewards == [1.0, 0.0, 1.0, 0.0] and groups == [0, 0, 1, 1]
+    _, rewards, groups = phase.group_samples("evaluation", [], played, lambda t: -1.0)
+    assert rewards == [0.2] and groups == [0]
+
+
+def test_the_seed_streams_are_pinned():
+    """Every run's samples (tests/golden) depend on them."""
+    assert (sampling.TASK_STREAM, sampling.TRAJECTORY_STREAM, sampling.VERIFIER_STREAM) == (10, 20, 30)
+
+
+def test_a_phase_samples_the_calls_the_plan_counts(monkeypatch):
+    """The sampler's generation jobs, as phase_calls states them (the capacity plan's source): prompts and
+    samples of each call, for a phase that trains Execution and one that trains Planning."""
+    from unifiedplayers.players.planning import PlanningTask
+
+    def generate_tasks(engine, tokenizer, player_cfg, first_prompt, num_prompts, n, seed=None, prompts=None):
+        return [[PlanningTask("t", f"q{first_prompt + i}.{j}", "7", True, prompt_index=i, topic="t") for j in range(n)]
+                for i in range(num_prompts)]
+
+    monkeypatch.setattr(sampling, "generate_tasks", generate_tasks)
+    for role in ("execution", "planning"):
+        made = []
+
+        def split(job, player, active, num_prompts):
+            n = getattr(job, "n", None) or getattr(job, "k", None) or getattr(job, "m", None)
+            made.append((num_prompts, n))
+            return job(None, None, None, range(num_prompts)) if isinstance(job, sampling.TaskJob) else \
+                [[object()] * n for _ in range(num_prompts)]
+
+        team = SimpleNamespace(tokenizer=None, sandbox=None, split=split, sampler=lambda r, a: (None, {}))
+        method = SimpleNamespace(use_tools=True, writes_verifiers=True, planning_prompts=lambda tok, p, n: None,
+                                 build_task=lambda t, box: t, phase_tasks=lambda r, g, u, un, n: (g, u, un))
+        cfg = OmegaConf.create({"seed": 0, "rollout": {"top_p": 1.0}, "trainer": {"roles": {}, "temperature": 1.0}})
+        monkeypatch.setattr(sampling, "role_temperature", lambda cfg, role: 1.0)
+        s = sampling.PhaseSampler(cfg, OmegaConf.merge(P, {"task_attempts": 1}), P, method, team)
+        s.sample(schedule.Update(1, role, 0, 0, 0), 1)
+        assert made == [(c.prompts, c.samples) for c in schedule.phase_calls(P, role, 1, True, True)], role

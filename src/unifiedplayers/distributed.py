@@ -11,7 +11,7 @@ Who does what (``unifiedplayers.loop.ranks``, the run's one rank boundary, and `
 
 - rank 0 runs the outer loop as single-process code; each call that every rank must make (generation, the π_old
   pass, the update, reading weights, block start and end, saving and loading checkpoints) it sends to the other
-  ranks first, which run it with their own team, engine and sandbox (``loop.ranks.Follower``);
+  ranks first, which run it with their own team, engine and sandbox (``loop.ranks.follow``);
 - every rank holds all three players and its own rollout engine and sandbox (the tool loop runs code);
   with ``rollout=vllm`` an in-process engine on the rank's GPU, into which the rank copies its own
   trainer's weights (:mod:`unifiedplayers.rollout.vllm_engine` on how vLLM shares the process group);

@@ -1,47 +1,17 @@
-"""The plan of a run (§3.3, Appendix B.4), a pure function of its config: its updates in block order (Planning →
-Execution → Evaluation, ``schedule.<role>_updates`` each per outer iteration), each update's place in its sampling
-phase, what a phase samples (:func:`phase_calls`), which updates end with a save (:func:`save_due`) and the
-generation seeds. The outer loop (:mod:`unifiedplayers.loop.outer`) runs it; :mod:`unifiedplayers.checks` checks a
-config against it before anything is loaded, and :mod:`unifiedplayers.capacity` plans a run's memory from it. It
-imports nothing of the loop, so those two read the plan without depending on the loop that calls them.
-
-Names: a *slot* is one planned update (optimizer step); a *phase* is the run of S × μ updates that share one
-sample (:mod:`unifiedplayers.loop.phase`), named by the index of its first update."""
+"""The plan of a run (§3.3, Appendix B.4), a pure function of its config: the blocks of an outer iteration
+(Planning → Execution → Evaluation, ``schedule.<role>_updates`` updates each, :func:`blocks`), cut into sampling
+phases of S × μ updates (:func:`phase_steps`), what a phase samples (:func:`phase_calls`), which phase ends save
+(:func:`save_due`), where a resumed run goes on (:func:`position`) and the generation seeds. The outer loop
+(:mod:`unifiedplayers.loop.outer`) runs it; :mod:`unifiedplayers.checks` checks a config against it before anything
+is loaded, and :mod:`unifiedplayers.capacity` plans a run's memory from it, so it imports nothing of the loop."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
-from unifiedplayers.roles import ROLES, SPECS, spec
+from unifiedplayers.roles import ROLES
 
 BLOCK_ORDER = ROLES  # ("planning", "execution", "evaluation")
-
-
-@dataclass(frozen=True)
-class Slot:
-    """One update (optimizer step) of the run: global index, outer iteration (1-based), role, index within
-    its block (``step_in_block``); and its place in its sampling phase (:mod:`unifiedplayers.loop.phase`): the phase's first update
-    and this step's index within the phase (0 samples the phase)."""
-
-    index: int
-    iteration: int
-    role: str
-    step_in_block: int  # its index within its block (0 starts the block)
-    block_size: int
-    phase_first: int  # the global index of its phase's first update (the slot itself when S = μ = 1)
-    step_in_phase: int = 0
-
-    @property
-    def first_of_phase(self) -> bool:
-        return self.step_in_phase == 0
-
-    @property
-    def first_of_block(self) -> bool:
-        return self.step_in_block == 0
-
-    @property
-    def last_of_block(self) -> bool:
-        return self.step_in_block == self.block_size - 1
 
 
 def trained_roles(cfg: Any) -> list[str]:
@@ -54,28 +24,51 @@ def trained_roles(cfg: Any) -> list[str]:
     return roles
 
 
-def plan_updates(cfg: Any) -> list[Slot]:
-    """Every update of the run in order; blocks of untrained players are empty."""
-    sizes = {
-        "planning": cfg.schedule.planning_updates,
-        "execution": cfg.schedule.execution_updates,
-        "evaluation": cfg.schedule.evaluation_updates,
-    }
-    roles = trained_roles(cfg)
-    per_phase = phase_steps(cfg)
-    slots: list[Slot] = []
-    for it in range(1, cfg.schedule.outer_iterations + 1):
-        for role in BLOCK_ORDER:
-            n = sizes[role] if role in roles else 0
-            for u in range(n):
-                first = len(slots) - u % per_phase
-                slots.append(Slot(len(slots), it, role, u, n, phase_first=first, step_in_phase=u % per_phase))
-    return slots
+def blocks(cfg: Any) -> list[tuple[str, int]]:
+    """The blocks of every outer iteration, in order: (role, updates) of each trained player with updates."""
+    sizes = [(role, int(cfg.schedule[f"{role}_updates"])) for role in trained_roles(cfg)]
+    return [(role, n) for role, n in sizes if n > 0]
+
+
+def total_updates(cfg: Any) -> int:
+    return int(cfg.schedule.outer_iterations) * sum(n for _, n in blocks(cfg))
 
 
 def phase_steps(cfg: Any) -> int:
-    """Optimizer steps of one sampling phase: S × μ (``schedule.steps_per_generation`` × ``trainer.num_iterations``)."""
+    """Optimizer steps of one sampling phase: S × μ (``schedule.steps_per_generation`` × ``trainer.num_iterations``).
+    A block's updates are a multiple of it (:func:`unifiedplayers.checks.check_schedule`)."""
     return int(cfg.schedule.steps_per_generation) * int(cfg.trainer.num_iterations)
+
+
+@dataclass(frozen=True)
+class Update:
+    """One update (optimizer step) and its place in the run's loops: its outer iteration (1-based), its block's role,
+    its index within the block and within its sampling phase (0 samples the phase), and within the whole run."""
+
+    iteration: int
+    role: str
+    step_in_block: int
+    step_in_phase: int
+    index: int
+
+    @property
+    def phase_first(self) -> int:
+        """The run index of its phase's first update, which names the phase (records, phase.pt)."""
+        return self.index - self.step_in_phase
+
+
+def position(cfg: Any, completed: int) -> tuple[int, int, int, int]:
+    """Where a run that completed ``completed`` updates goes on, as the loops' indices of its next update: (outer
+    iteration, block, phase in the block, step in the phase); past the end, (outer_iterations + 1, 0, 0, 0)."""
+    sizes, per_phase = [n for _, n in blocks(cfg)], phase_steps(cfg)
+    if not sizes:
+        return int(cfg.schedule.outer_iterations) + 1, 0, 0, 0
+    iteration, k = divmod(completed, sum(sizes))
+    for b, n in enumerate(sizes):
+        if k < n:
+            return iteration + 1, b, k // per_phase, k % per_phase
+        k -= n
+    raise AssertionError("unreachable: k < sum(sizes)")
 
 
 def seed_for(base: int, update: int, stream: int) -> int:
@@ -83,18 +76,12 @@ def seed_for(base: int, update: int, stream: int) -> int:
     return (int(base) * 1_000_003 + int(update) * 7_919 + int(stream) * 104_729) % (2**31 - 1)
 
 
-def save_due(slot: Slot, save_every: int, per_phase: int, saved_phase: Optional[int]) -> bool:
-    """Whether update ``slot`` ends with a save: the last update of a block; the end of a sampling phase (of
-    ``per_phase`` updates) in which the block's update count reaches a multiple of ``save_every`` (<= 0: none
-    inside a block); the end of the phase that the last saved state stops inside (``saved_phase``: a clean stop
-    there), so that the next phase's ``phase.pt`` never replaces the one a state names. Only a clean stop saves
-    inside a phase: a cadence save there would need a second one at the phase's end."""
-    if slot.last_of_block:
-        return True
-    if slot.step_in_phase != per_phase - 1:
-        return False
-    done = slot.step_in_block + 1
-    return saved_phase == slot.phase_first or (save_every > 0 and done // save_every > (done - per_phase) // save_every)
+def save_due(done: int, block_size: int, per_phase: int, save_every: int) -> bool:
+    """Whether the sampling phase (of ``per_phase`` updates) that ends after ``done`` updates of a block of
+    ``block_size`` ends with a save: the block's last, and one in which the block's update count reaches a multiple
+    of ``save_every`` (<= 0: none inside a block). Saves fall at phase ends (or at a clean stop, which the outer loop
+    makes): a save inside a phase would need a second one at its end."""
+    return done == block_size or (save_every > 0 and done // save_every > (done - per_phase) // save_every)
 
 
 def execution_config(player_cfg: Any, use_tools: bool) -> Any:
@@ -119,19 +106,18 @@ class SamplingCall:
 
 def phase_calls(player_cfg: Any, role: str, num_minibatches: int, use_tools: bool,
                 writes_verifiers: bool) -> list[SamplingCall]:
-    """What a phase of ``num_minibatches`` updates training ``role`` samples, as :class:`~unifiedplayers.loop.sampling.PhaseSampler` samples it:
-    one round of Planning prompts (up to player.task_attempts rounds while too few tasks are well-formed), then K
-    trajectories and M verifiers for each task played: every well-formed task in a Planning phase (at most all of
-    them), ``tasks_per_update`` an update otherwise. The capacity plan reads the same calls
+    """What a phase of ``num_minibatches`` updates training ``role`` samples, as
+    :class:`~unifiedplayers.loop.sampling.PhaseSampler` samples it: one round of Planning prompts, G_T tasks each (up
+    to player.task_attempts rounds while too few tasks are well-formed), then K trajectories and M verifiers (none for
+    a verdict-free method) of each task played: every well-formed task of a Planning phase (at most all of them),
+    ``tasks_per_update`` an update otherwise. The capacity plan reads the same calls
     (:func:`unifiedplayers.capacity.phase_stages`)."""
     p = player_cfg
     prompts = num_minibatches * p.prompts_per_update
-    played = prompts * p.tasks_per_prompt if spec(role).plays_every_task else num_minibatches * p.tasks_per_update
-    calls = []
-    for s in SPECS.values():  # in block order: the tasks first, then what each task is played with
-        if s.call == "verifiers" and not writes_verifiers:  # a verdict-free method samples no verifiers (M = 0)
-            continue
-        turns = int(execution_config(p, use_tools).max_turns) if s.multi_turn else 1
-        calls.append(SamplingCall(s.call, prompts if s.grouped_by == "prompt" else played, int(getattr(p, s.samples_key)),
-                                  int(getattr(p, s.tokens_key)), turns))
+    played = prompts * p.tasks_per_prompt if role == "planning" else num_minibatches * p.tasks_per_update
+    calls = [SamplingCall("tasks", prompts, int(p.tasks_per_prompt), int(p.planning_max_new_tokens)),
+             SamplingCall("trajectories", played, int(p.num_trajectories), int(p.execution_max_new_tokens),
+                          int(execution_config(p, use_tools).max_turns))]
+    if writes_verifiers:
+        calls.append(SamplingCall("verifiers", played, int(p.num_verifiers), int(p.evaluation_max_new_tokens)))
     return calls

@@ -66,7 +66,7 @@ def test_a_missing_file_is_a_recorded_warning_not_a_crash(tmp_path):
                    f"schedule.execution_pool.general_path={tmp_path}/b.jsonl", "schedule.execution_pool.every=1")
     with pytest.warns(RuntimeWarning):
         pool = FixedPool(cfg, tmp_path)
-    entry = pool.evaluate(1, {"global_update": 0}, engine=None, sandbox=None, tokenizer=None, player_cfg=None)
+    entry = pool.evaluate(1, {"global_update": 0}, answer=lambda: pytest.fail("no questions to answer"))
     assert entry["skipped"] and entry["accuracy"] is None and len(entry["missing"]) == 2
     summary = pool_summary([{"execution/pool_step": 1, "execution/pool_accuracy": None}], tmp_path)
     assert summary["negative_step_rate"] is None and len(summary["missing"]) == 2

@@ -29,16 +29,17 @@ from unifiedplayers.config import compose
 from unifiedplayers.diagnostics.execution_pool import pool_summary
 from unifiedplayers.rundir import EXECUTION_POOL
 from unifiedplayers.distributed import destroy, init_distributed, sandbox_config
-from unifiedplayers.loop.ranks import TEAM_CALLS, Follower, Leader
+from unifiedplayers.loop import ranks
+from unifiedplayers.loop.ranks import every_rank
 from unifiedplayers.loop.run_files import DiagnosticPool
-from unifiedplayers.schedule import plan_updates, trained_roles
+from unifiedplayers.loop.team import Team
+from unifiedplayers.schedule import Update, total_updates, trained_roles
 from unifiedplayers.sandbox import Sandbox
 from tests.players.scripted import ScriptedEngine  # noqa: E402
 
 BASE = ["experiment=tiny", "schedule.planning_updates=0", "schedule.evaluation_updates=0",
         "schedule.execution_updates=4", "schedule.execution_pool.every=1", "schedule.execution_pool.max_turns=2",
         "schedule.execution_pool.max_new_tokens=32"]  # the byte tokenizer: one token per character
-CALLS = (*TEAM_CALLS, "at_checkpoint")  # the stand-in team's checkpoint is set on every rank
 SCENARIOS: dict[str, list[str]] = {
     "scripted": ["schedule.execution_pool.math_size=3", "schedule.execution_pool.general_size=2"],
     "one": ["schedule.execution_pool.math_size=1", "schedule.execution_pool.general_size=0"],
@@ -53,16 +54,23 @@ def right_at(i: int, checkpoint: int) -> bool:
 
 
 class PoolTeam:
-    """What the pool reads of the outer loop's team: the tokenizer and the Execution engine of a checkpoint."""
+    """What the pool reads of the outer loop's team: the tokenizer, the Execution engine of a checkpoint (set on
+    every rank), the rank's sandbox, and the team's own :meth:`~unifiedplayers.loop.team.Team.answer_pool`."""
+
+    answer_pool = Team.answer_pool
 
     def __init__(self, tokenizer: Any, engine_at: Any) -> None:
-        self.tokenizer, self.engine_at, self.step = tokenizer, engine_at, 0
+        self.tokenizer, self.engine_at, self.step, self.dist, self.sandbox = tokenizer, engine_at, 0, None, None
 
+    @every_rank
     def at_checkpoint(self, step: int) -> None:
         self.step = step
 
+    def sampler(self, role: str, active: str) -> tuple[Any, dict[str, Any]]:
+        return None, {"player": "execution", "outer_iteration": 1, "step": self.step}
+
     def engine(self, role: str, active: str) -> tuple[Any, dict[str, Any]]:
-        return self.engine_at(self.step), {"player": "execution", "outer_iteration": 1, "step": self.step}
+        return self.engine_at(self.step), self.sampler(role, active)[1]
 
 
 def scripted_engines(tokenizer: Any, questions: list[Any]) -> Any:
@@ -97,23 +105,26 @@ def model_engines(cfg: Any) -> tuple[Any, Any]:
 
 
 def evaluate_checkpoints(dist: Any, run_dir: Path, cfg: Any, team: PoolTeam) -> list[dict[str, Any]]:
-    """The pool's metrics lines of the schedule's updates, as the outer loop makes them: rank 0 leads (its team a
-    :class:`Leader`, which also sends each checkpoint's step), the other ranks follow (no lines)."""
-    slots = plan_updates(cfg)
+    """The pool's metrics lines of the schedule's updates (one Execution block), as the outer loop makes them: rank 0
+    leads (its team sends each checkpoint's step), the other ranks follow (no lines)."""
     lines: list[dict[str, Any]] = []
+    team.dist, total = dist, total_updates(cfg)
     with Sandbox(sandbox_config(cfg.sandbox, dist)) as sandbox:
+        team.sandbox = sandbox
         if not dist.is_main:
-            Follower(dist, team, sandbox, calls=CALLS).follow()
+            ranks.follow(dist, team)
             return lines
-        pool = DiagnosticPool(cfg, run_dir, trained_roles(cfg), slots)
-        lead, timing = Leader(dist, team, calls=CALLS), {"pool_s": 0.0}
-        for slot in slots:
-            lead.at_checkpoint(0)
-            line = pool.metrics(slot, lead, sandbox, cfg.player, timing, before=True)
-            lead.at_checkpoint(pool.execution_steps[slot.index])
-            line.update(pool.metrics(slot, lead, sandbox, cfg.player, timing))
+        pool, timing = DiagnosticPool(cfg, run_dir, trained_roles(cfg)), {"pool_s": 0.0}
+        for index in range(total):
+            at = Update(1, "execution", index, 0, index)
+            line = {}
+            if index == 0:
+                team.at_checkpoint(0)
+                line = pool.metrics(at, team, cfg.player, timing, before=True)
+            team.at_checkpoint(index + 1)
+            line.update(pool.metrics(at, team, cfg.player, timing))
             lines.append({k: v for k, v in line.items() if not k.startswith("timing/")})
-        lead.stop(len(slots), True)
+        ranks.stop(dist, total, True)
     return lines
 
 

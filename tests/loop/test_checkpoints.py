@@ -8,7 +8,6 @@ from types import SimpleNamespace
 import pytest
 
 from unifiedplayers.loop.checkpoints import prune, save_active
-from unifiedplayers.schedule import Slot
 
 pytestmark = pytest.mark.cpu
 
@@ -31,9 +30,8 @@ def test_cadence_saves_alternate_the_resume_copies_and_never_write_the_one_the_s
     checkpoints = {"planning": "checkpoints/iter1/planning", "execution": None}
     named = []
     for step in range(4):  # inside a block of 6: never its last update
-        slot = Slot(index=step, iteration=2, role="planning", step_in_block=step, block_size=6, phase_first=step)
         before = checkpoints["planning"]
-        save_active(team, slot, tmp_path, checkpoints, every_block=True)
+        save_active(team, "planning", 2, False, tmp_path, checkpoints, every_block=True)
         assert trainer.written[-1] != str(tmp_path / before)  # the copy the state names stays whole
         assert trainer.written[-1] == str(tmp_path / checkpoints["planning"])  # the state names what was written
         named.append(checkpoints["planning"])

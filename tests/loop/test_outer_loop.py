@@ -12,7 +12,7 @@ from unifiedplayers.config import compose
 from unifiedplayers.diagnostics.logging import read_metrics
 from unifiedplayers.diagnostics.records import load_records
 from unifiedplayers.loop.outer import OuterLoop, StopRun
-from unifiedplayers.schedule import plan_updates, seed_for
+from unifiedplayers.schedule import blocks, position, seed_for, total_updates
 
 pytestmark = pytest.mark.cpu
 
@@ -336,12 +336,12 @@ def test_retention_of_a_deepspeed_checkpoint_keeps_its_model_pt_only(tmp_path):
 def test_plan_of_updates_follows_the_block_order():
     cfg = compose(["experiment=tiny", "schedule.outer_iterations=2", "schedule.planning_updates=2",
                    "schedule.train_evaluation=false"])
-    slots = plan_updates(cfg)
-    assert [(s.iteration, s.role, s.step_in_block) for s in slots] == [
-        (1, "planning", 0), (1, "planning", 1), (1, "execution", 0),
-        (2, "planning", 0), (2, "planning", 1), (2, "execution", 0)]
-    assert [s.index for s in slots] == list(range(6))
-    assert slots[1].last_of_block and slots[0].first_of_block
+    assert blocks(cfg) == [("planning", 2), ("execution", 1)] and total_updates(cfg) == 6
+    # where a run that completed n updates goes on: (iteration, block, phase, step); past the end, iteration 3
+    assert [position(cfg, n) for n in range(7)] == [
+        (1, 0, 0, 0), (1, 0, 1, 0), (1, 1, 0, 0), (2, 0, 0, 0), (2, 0, 1, 0), (2, 1, 0, 0), (3, 0, 0, 0)]
+    frozen = compose(["experiment=tiny", "method=vanilla"])
+    assert blocks(frozen) == [] and position(frozen, 0)[0] == frozen.schedule.outer_iterations + 1
     assert len({seed_for(0, u, s) for u in range(50) for s in (10, 11, 20, 30)}) == 200
 
 

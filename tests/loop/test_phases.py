@@ -19,7 +19,7 @@ from unifiedplayers.diagnostics.logging import read_metrics
 from unifiedplayers.loop.phase import split_minibatches, minibatch_of_step
 from unifiedplayers.loop.engines import SamplingTemperature
 from unifiedplayers.loop.outer import OuterLoop
-from unifiedplayers.schedule import plan_updates
+from unifiedplayers.schedule import position
 
 pytestmark = pytest.mark.cpu
 
@@ -39,15 +39,14 @@ def no_timing(run_dir: Path) -> list[dict]:
 def test_plan_cuts_blocks_into_phases_of_s_times_mu_steps():
     cfg = compose(["experiment=tiny", "schedule.planning_updates=4", "schedule.execution_updates=8",
                    "schedule.evaluation_updates=4", "schedule.steps_per_generation=2", "trainer.num_iterations=2"])
-    slots = plan_updates(cfg)
-    assert [(s.role, s.phase_first, s.step_in_phase) for s in slots[:8]] == [
-        ("planning", 0, 0), ("planning", 0, 1), ("planning", 0, 2), ("planning", 0, 3),
-        ("execution", 4, 0), ("execution", 4, 1), ("execution", 4, 2), ("execution", 4, 3)]
-    assert [(s.phase_first, s.step_in_phase) for s in slots[8:12]] == [(8, 0), (8, 1), (8, 2), (8, 3)]
+    assert [position(cfg, n) for n in range(12)] == [  # (iteration, block, phase, step) of each update
+        (1, 0, 0, 0), (1, 0, 0, 1), (1, 0, 0, 2), (1, 0, 0, 3), (1, 1, 0, 0), (1, 1, 0, 1), (1, 1, 0, 2), (1, 1, 0, 3),
+        (1, 1, 1, 0), (1, 1, 1, 1), (1, 1, 1, 2), (1, 1, 1, 3)]
     # μ passes over the S minibatches in order: steps 0..3 train minibatches 0, 1, 0, 1 (passes 0, 0, 1, 1)
     assert [minibatch_of_step(j, 2) for j in range(4)] == [(0, 0), (0, 1), (1, 0), (1, 1)]
     # S = μ = 1 (the default): every update is its own phase
-    assert all(s.phase_first == s.index and s.first_of_phase for s in plan_updates(compose(["experiment=tiny"])))
+    tiny = compose(["experiment=tiny"])
+    assert all(position(tiny, n)[3] == 0 for n in range(3))
 
 
 def test_units_are_disjoint_and_cover_the_phase():
@@ -141,9 +140,9 @@ def test_question_history_is_held_fixed_within_a_block(tmp_path):
                    "schedule.evaluation_updates=0"])
     OuterLoop(cfg, tmp_path, hooks=[hook]).run()
     # Planning block: 2 updates × G_T = 2 tasks; R(q) compares against the (empty) block-start history
-    # throughout, and the block's 4 questions join the history at the block end.
-    # Execution block: one task per update, compared against those 4; the 2 join at its end.
-    assert seen == [("planning", 0, 0, 2), ("planning", 1, 4, 0), ("execution", 0, 4, 1), ("execution", 1, 6, 0)]
+    # throughout, and the block's 4 questions join the history at the next block's start.
+    # Execution block: one task per update, compared against those 4.
+    assert seen == [("planning", 0, 0, 2), ("planning", 1, 0, 4), ("execution", 0, 4, 1), ("execution", 1, 4, 2)]
     recs = [json.loads(x) for x in (tmp_path / "records.jsonl").read_text().splitlines()]
     second = [r for r in recs if r["meta"]["block"] == "planning" and r["meta"]["update"] == 1
               and r["meta"]["status"] == "played"]

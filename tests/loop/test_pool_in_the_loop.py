@@ -16,6 +16,7 @@ from unifiedplayers.diagnostics.execution_pool import build_pool, evaluate_pool,
 from unifiedplayers.rundir import EXECUTION_POOL
 from unifiedplayers.diagnostics.logging import read_metrics
 import unifiedplayers.loop.outer as loop_module
+import unifiedplayers.loop.team as team_module
 from unifiedplayers.loop.outer import OuterLoop
 
 pytestmark = pytest.mark.cpu
@@ -84,17 +85,17 @@ def test_the_pool_does_not_change_training(pool_run, tmp_path):
 def test_resume_neither_repeats_nor_loses_an_evaluation(pool_run, tmp_path, monkeypatch):
     reference, _ = pool_run
     calls = []
-    real = execution_pool.evaluate_pool
-    monkeypatch.setattr(execution_pool, "evaluate_pool", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = execution_pool.evaluate_pool  # as the team answers the pool
+    monkeypatch.setattr(team_module, "evaluate_pool", lambda *a, **k: calls.append(1) or real(*a, **k))
 
     # Killed during slot 3 after its pool evaluation and its metrics line, before its checkpoint and state
     # (saved after every update, so that slot 3 has a save to die in).
     every = POOL_ON + ["schedule.save_every=1"]
 
-    def save_then_die(team, slot, *args):
-        if slot.index == 3:
+    def save_then_die(team, role, *args):
+        if len(read_metrics(tmp_path)) == 4:  # slot 3's save
             raise KeyboardInterrupt("killed")
-        return real_save(team, slot, *args)
+        return real_save(team, role, *args)
 
     real_save = loop_module.save_active
     monkeypatch.setattr(loop_module, "save_active", save_then_die)
@@ -116,8 +117,8 @@ def test_a_replay_after_the_last_save_reuses_the_logged_evaluation(pool_run, tmp
     decoded again, and execution_pool.jsonl holds each evaluation once."""
     reference, _ = pool_run
     calls = []
-    real = execution_pool.evaluate_pool
-    monkeypatch.setattr(execution_pool, "evaluate_pool", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = execution_pool.evaluate_pool  # as the team answers the pool
+    monkeypatch.setattr(team_module, "evaluate_pool", lambda *a, **k: calls.append(1) or real(*a, **k))
 
     def die(event, loop, slot):
         if event == "update_end" and slot.index == 4:

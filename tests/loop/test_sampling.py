@@ -10,9 +10,9 @@ import pytest
 from unifiedplayers.config import compose, resolve_player_config
 from unifiedplayers.distributed import DistContext, prompt_shard
 from unifiedplayers.loop import sampling
-from unifiedplayers.loop.ranks import Leader
+from unifiedplayers.loop.team import Team
 from unifiedplayers.loop.sampling import TASK_STREAM, PhaseSampler
-from unifiedplayers.schedule import Slot, seed_for
+from unifiedplayers.schedule import Update, seed_for
 from unifiedplayers.players.planning import PlanningTask
 
 pytestmark = pytest.mark.cpu
@@ -58,11 +58,12 @@ def sampler(monkeypatch, dist, prompts_per_update: int, valid_from: int):
     monkeypatch.setattr(sampling, "generate_tasks", generate_tasks)
     method = SimpleNamespace(use_tools=True, planning_prompts=lambda tok, p, n: None, build_task=lambda t, box: t,
                              phase_tasks=lambda role, groups, used, unused, n: (groups, used, unused))
-    team = Leader(dist, SimpleNamespace(tokenizer=None, engine=lambda role, active: (None, {})))
-    return PhaseSampler(cfg, p, p, method, team, None, prompt_counter=START), calls
+    team = SimpleNamespace(tokenizer=None, sandbox=None, dist=dist, engine=lambda role, active: (None, {}))
+    team.split = lambda *args: Team.split(team, *args)  # the real split over the stand-in's ranks
+    return PhaseSampler(cfg, p, p, method, team, prompt_counter=START), calls
 
 
-SLOT = Slot(index=3, iteration=1, role="execution", step_in_block=0, block_size=1, phase_first=3)
+SLOT = Update(iteration=1, role="execution", step_in_block=0, step_in_phase=0, index=3)
 
 
 def test_a_failed_attempt_moves_on_to_new_prompts_numbered_after_its_own(monkeypatch):

@@ -17,7 +17,7 @@ from unifiedplayers.config import compose
 from unifiedplayers.diagnostics.logging import read_metrics
 from unifiedplayers.loop.outer import OuterLoop, StopRun
 from unifiedplayers.rundir import PHASE
-from unifiedplayers.schedule import phase_steps, plan_updates
+from unifiedplayers.schedule import blocks, phase_steps
 
 pytestmark = pytest.mark.cpu
 
@@ -67,10 +67,15 @@ def reference(tmp_path_factory):
 
 
 def test_saves_fall_at_block_ends_and_every_n_updates_at_phase_ends():
-    def saves(overrides):
+    def saves(overrides):  # the run's updates (1-based) after which a save falls
         cfg = compose(overrides)
-        slots, per_phase = plan_updates(cfg), phase_steps(cfg)
-        return [s.index + 1 for s in slots if save_due(s, cfg.schedule.save_every, per_phase, None)]
+        per_phase, out, start = phase_steps(cfg), [], 0
+        for _ in range(cfg.schedule.outer_iterations):
+            for role, size in blocks(cfg):
+                out += [start + d for d in range(per_phase, size + 1, per_phase)
+                        if save_due(d, size, per_phase, cfg.schedule.save_every)]
+                start += size
+        return out
 
     assert saves(BASE + ["schedule.save_every=1"]) == [1, 2, 3, 4, 5, 6, 7, 8]
     assert saves(BASE + ["schedule.save_every=2"]) == [2, 4, 5, 7, 8]
@@ -88,12 +93,9 @@ def test_saves_fall_at_block_ends_and_every_n_updates_at_phase_ends():
     assert saves(["experiment=smoke"]) == [2, 4, 6]  # each block is one phase: its end
 
 
-def test_the_end_of_a_phase_that_the_saved_state_stops_inside_is_saved():
-    cfg = compose(["experiment=tiny", "schedule.planning_updates=4", "schedule.steps_per_generation=2",
-                   "schedule.execution_updates=2", "schedule.evaluation_updates=2", "schedule.save_every=0"])
-    slots = plan_updates(cfg)
-    assert not save_due(slots[1], 0, 2, None) and save_due(slots[1], 0, 2, 0)  # phase 0 ends at update 1
-    assert not save_due(slots[0], 0, 2, 0) and not save_due(slots[1], 0, 2, 2)
+def test_a_block_end_always_saves_and_the_cadence_counts_the_blocks_updates():
+    assert save_due(4, 4, 2, 0) and not save_due(2, 4, 2, 0)  # block ends only
+    assert save_due(2, 6, 2, 2) and save_due(4, 6, 2, 3) and not save_due(2, 6, 2, 3)  # 3 falls in the phase 3-4
 
 
 # ---------------------------------------------------------------- stop and resume at every cadence
@@ -165,9 +167,9 @@ def test_a_run_saves_on_its_cadence_only(tmp_path, monkeypatch):
     written: list[int] = []
     real = loop_module.save_active
 
-    def count(team, slot, *args):
-        written.append(slot.index + 1)
-        return real(team, slot, *args)
+    def count(team, role, *args):
+        written.append(len(read_metrics(tmp_path)))  # the updates logged when the checkpoint is written
+        return real(team, role, *args)
 
     monkeypatch.setattr(loop_module, "save_active", count)
     run(tmp_path, ["schedule.save_every=2"])

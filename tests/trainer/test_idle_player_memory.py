@@ -83,7 +83,7 @@ def test_an_idle_player_holds_only_the_weights_it_samples_with(ref_mode, tmp_pat
         return held(team.players[role]) == {**dict.fromkeys(ITEMS, 0), "sampling weights": weights[role]}
 
     assert all(only_sampling_weights(role) for role in team.players)  # built: every player idle until its block
-    team.start_iteration(tmp_path, {})
+    team.start_iteration()
     for role in ("planning", "execution"):
         team.start_block(role)
         for step in range(2):
@@ -193,7 +193,7 @@ def test_after_its_last_block_a_player_frees_its_state_unwritten_and_refuses_to_
 def test_a_team_frees_a_player_unwritten_only_after_its_last_block(tmp_path):
     team = _team("precompute", tmp_path)
     batch = synthetic_batch(team.players["planning"].model, torch.Generator().manual_seed(0))
-    team.start_iteration(tmp_path, {})
+    team.start_iteration()
     team.start_block("planning")
     team.update("planning", 1, batch, on_policy=True)
     team.end_block("planning", {"execution", "planning"})  # a later block: its state is written
@@ -210,7 +210,7 @@ def test_a_shared_model_keeps_its_state_while_its_other_role_trains_later(tmp_pa
     trainer = team.players["planning"].trainer
     assert team.players["execution"].trainer is trainer
     batch = synthetic_batch(team.players["planning"].model, torch.Generator().manual_seed(0))
-    team.start_iteration(tmp_path, {})
+    team.start_iteration()
     team.start_block("planning")
     team.update("planning", 1, batch, on_policy=True)
     team.end_block("planning", {"execution", "evaluation"})  # Planning's last block; Execution's is still to come

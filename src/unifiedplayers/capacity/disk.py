@@ -7,7 +7,7 @@ from typing import Any, Optional, Sequence
 
 from unifiedplayers.capacity.memory import OPTIMIZER_STATE_BYTES, Item, ref_holders
 from unifiedplayers.capacity.workload import Setup
-from unifiedplayers.schedule import phase_steps, plan_updates, save_due
+from unifiedplayers.schedule import blocks, phase_steps, save_due
 
 
 def checkpoint_items(s: Setup) -> tuple[Item, ...]:
@@ -42,22 +42,22 @@ def checkpoint_disk(cfg: Any, full: float, weights: float) -> tuple[float, float
     resume: dict[str, float] = {}  # checkpoints/resume/<role>-a|b
     pointer: dict[str, str] = {}
     peak, saves = 0.0, 0
-    for slot in plan_updates(cfg):
-        if not save_due(slot, s.save_every, per_phase, None):
-            continue
+    ends = [(role, done, done == size) for _ in range(s.outer_iterations) for role, size in blocks(cfg)
+            for done in range(per_phase, size + 1, per_phase) if save_due(done, size, per_phase, s.save_every)]
+    for role, _, block_end in ends:
         saves += 1
         peak = max(peak, sum(b for _, b in named) + sum(resume.values()) + full)
-        if slot.last_of_block and s.checkpoint_every_block:
-            named.append([slot.role, full])
-            resume = {k: b for k, b in resume.items() if not k.startswith(slot.role + "-")}
-            pointer[slot.role] = "named"
-            latest = {role: i for i, (role, _) in enumerate(named)}
+        if block_end and s.checkpoint_every_block:
+            named.append([role, full])
+            resume = {k: b for k, b in resume.items() if not k.startswith(role + "-")}
+            pointer[role] = "named"
+            latest = {r: i for i, (r, _) in enumerate(named)}
             named = [[r, b if latest[r] == i else min(b, kept(r))] for i, (r, b) in enumerate(named)]
             continue
-        name = f"{slot.role}-{'b' if pointer.get(slot.role, '').endswith('-a') else 'a'}"
-        resume[name], pointer[slot.role] = full, name
-        if slot.last_of_block:  # thin_at_block_end: the role's copy the state does not name goes
-            resume = {k: b for k, b in resume.items() if not k.startswith(slot.role + "-") or k == name}
+        name = f"{role}-{'b' if pointer.get(role, '').endswith('-a') else 'a'}"
+        resume[name], pointer[role] = full, name
+        if block_end:  # thin_at_block_end: the role's copy the state does not name goes
+            resume = {k: b for k, b in resume.items() if not k.startswith(role + "-") or k == name}
     end = sum(b for _, b in named) + sum(resume.values())
     finished = sum(kept(r) for r, _ in named) + sum(kept(k.split("-")[0]) for k in resume)
     return peak, end, finished, saves

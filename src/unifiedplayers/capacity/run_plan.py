@@ -15,7 +15,7 @@ from unifiedplayers.capacity.memory import (CPU_RANK_OVERHEAD, GPU_RANK_OVERHEAD
                                             device_instants, host_instants)
 from unifiedplayers.capacity.units import GiB
 from unifiedplayers.capacity.workload import CHARS_PER_TOKEN, RoleLoad, Setup, phase_stages, role_loads, setup_of
-from unifiedplayers.schedule import plan_updates
+from unifiedplayers.schedule import blocks
 
 PAPER_GPU_HOURS = 432  # Appendix H.2 (its Table 3 paragraph) and Table 16's M = 4 row: full UnifiedPlayers on
 # Qwen3-4B-Base, 8 x A100 80GB, local GPU-hours per seed (Table 14's body is missing from our copy of the paper)
@@ -95,7 +95,8 @@ def plan(cfg: Any, machine: Hardware = Hardware()) -> Plan:
     loads = role_loads(cfg)
     device = device_instants(s, loads)
     checkpoint = checkpoint_items(s) if s.trained else ()
-    updates = {r: sum(1 for slot in plan_updates(cfg) if slot.role == r) for r in s.trained}
+    sizes = dict(blocks(cfg))
+    updates = {r: cfg.schedule.outer_iterations * sizes.get(r, 0) for r in s.trained}
     vllm_kv = None
     if s.on_gpu and cfg.rollout.backend == "vllm":
         weights = s.sample_width * s.arch.sampled_parameters

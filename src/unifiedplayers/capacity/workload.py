@@ -11,7 +11,6 @@ from unifiedplayers.capacity.arch import Arch, model_arch
 from unifiedplayers.capacity.hardware import Hardware
 from unifiedplayers.config import resolve_player_config, role_trainer_config
 from unifiedplayers.schedule import BLOCK_ORDER, phase_calls, trained_roles
-from unifiedplayers.roles import SPECS
 
 # Assumptions of the estimates (Plan.assumptions prints them).
 CHARS_PER_TOKEN = 3.0  # prompt and tool-output text: ~4 characters a token in English prose, ~3 in code and LaTeX
@@ -117,9 +116,9 @@ def role_loads(cfg: Any) -> dict[str, RoleLoad]:
     from unifiedplayers.feedback.trajectory import TRAJECTORY_SCHEMA
 
     p = resolve_player_config(cfg)
-    calls = {c.name: c for c in phase_calls_of(cfg, p, "execution", 1)}  # each player's call (roles.SPECS)
-    tasks, trajectories = calls[SPECS["planning"].call], calls[SPECS["execution"].call]
-    verifiers = [calls[SPECS["evaluation"].call]] if SPECS["evaluation"].call in calls else []
+    calls = {c.name: c for c in phase_calls_of(cfg, p, "execution", 1)}
+    tasks, trajectories = calls["tasks"], calls["trajectories"]
+    verifiers = [calls["verifiers"]] if "verifiers" in calls else []
     observation = observation_tokens(p)
     return {
         "planning": RoleLoad("planning", tasks.prompts * tasks.samples, prompt_tokens(p.planning, TOPIC_CHARS),

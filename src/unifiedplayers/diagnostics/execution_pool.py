@@ -295,16 +295,15 @@ class FixedPool:
         """Whether :meth:`evaluate` answers the pool for this checkpoint: it has questions and no logged line."""
         return bool(self.questions) and self.log.get(execution_step) is None
 
-    def evaluate(self, execution_step: int, where: dict[str, Any], engine: Any, sandbox: Any, tokenizer: Any,
-                 player_cfg: Any, split: Optional[Split] = None) -> dict[str, Any]:
+    def evaluate(self, execution_step: int, where: dict[str, Any], answer: Callable[[], Any]) -> dict[str, Any]:
         """The logged evaluation of this checkpoint if there is one, else a new one (appended to the log).
-        ``split``: as for :func:`evaluate_pool`; the other ranks call it exactly when :meth:`decodes` is true."""
+        ``answer()``: :func:`evaluate_pool` of the pool's questions, called exactly when :meth:`decodes` is true."""
         entry = self.log.get(execution_step)
         if entry is not None:
             return entry
         t = time.perf_counter()
         if self.decodes(execution_step):
-            result = evaluate_pool(engine, sandbox, tokenizer, player_cfg, self.cfg, self.questions, split=split)
+            result = answer()
         else:
             result = summarise([])
             result["skipped"] = "no pool questions (see missing)"

@@ -20,23 +20,22 @@ from pathlib import Path
 from typing import Any, Optional
 
 from unifiedplayers import rundir
-from unifiedplayers.schedule import Slot
 
 
-def save_active(team: Any, slot: Slot, run_dir: Path, checkpoints: dict[str, Optional[str]],
-                every_block: bool) -> None:
-    """The active player's checkpoint after update ``slot``: named at a block end, else the resume copy the
-    state does not use; ``checkpoints`` (role -> path) names it for the player and a shared model's other role."""
-    trainer = team.players[slot.role].trainer
-    if slot.last_of_block and every_block:
-        rel = rundir.block_checkpoint(slot.iteration, slot.role)
+def save_active(team: Any, role: str, iteration: int, block_end: bool, run_dir: Path,
+                checkpoints: dict[str, Optional[str]], every_block: bool) -> None:
+    """The active player's checkpoint: named at a block end (``block_end``), else the resume copy the state does not
+    use; ``checkpoints`` (role -> path) names it for the player and a shared model's other role."""
+    trainer = team.players[role].trainer
+    if block_end and every_block:
+        rel = rundir.block_checkpoint(iteration, role)
     else:
-        current = checkpoints.get(slot.role) or ""
-        rel = rundir.resume_checkpoint(slot.role, "b" if current.endswith("-a") else "a")
-    team.save_checkpoint(slot.role, run_dir / rel)  # on every rank: rank 0 writes, or every rank its shards
-    for role, player in team.players.items():  # a shared model's other role points at the same weights
-        if role == slot.role or (player.trainer is trainer and role in team.shared_roles):
-            checkpoints[role] = str(rel)
+        current = checkpoints.get(role) or ""
+        rel = rundir.resume_checkpoint(role, "b" if current.endswith("-a") else "a")
+    team.save_checkpoint(role, run_dir / rel)  # on every rank: rank 0 writes, or every rank its shards
+    for other, player in team.players.items():  # a shared model's other role points at the same weights
+        if other == role or (player.trainer is trainer and other in team.shared_roles):
+            checkpoints[other] = str(rel)
 
 
 def thin_at_block_end(run_dir: Path, role: str, checkpoints: dict[str, Optional[str]], keep: str) -> None:

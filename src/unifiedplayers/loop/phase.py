@@ -27,7 +27,6 @@ import torch
 
 from unifiedplayers.trainer import grpo
 from unifiedplayers.config import role_trainer_config
-from unifiedplayers.roles import spec
 from unifiedplayers.feedback.pipeline import FeedbackContext, phase_feedback
 from unifiedplayers.methods import GroupShape, shape_advantages
 from unifiedplayers.diagnostics.records import InteractionRecord
@@ -111,8 +110,7 @@ def group_samples(role: str, groups: Sequence[Sequence[Any]], played: Sequence[A
     makers: list[Callable[[float], Any]] = []
     rewards: list[float] = []
     gids: list[int] = []
-    shape = spec(role)
-    if shape.grouped_by == "prompt":
+    if role == "planning":
         reward_at = {p.place: p.rewards[role] for p in played}
         for g, group in enumerate(groups):
             for task in group:
@@ -122,8 +120,8 @@ def group_samples(role: str, groups: Sequence[Sequence[Any]], played: Sequence[A
                 gids.append(g)
         return makers, rewards, gids
     for g, p in enumerate(played):
-        for x, rew in zip(getattr(p, shape.played_samples), p.rewards[role]):
-            if shape.multi_turn:  # a trajectory: its generated segments, the tool outputs between them masked
+        for x, rew in zip(p.rollouts if role == "execution" else p.verifiers, p.rewards[role]):
+            if role == "execution":  # a trajectory: its generated segments, the tool outputs between them masked
                 makers.append(lambda a, s=x.segments, g=g: sample_from_segments(s, a, g))
             else:
                 makers.append(lambda a, c=x.completion, g=g: sample_from_completion(c, a, g))
@@ -179,7 +177,7 @@ def minibatch_metrics(role: str, groups: Sequence[Sequence[Any]], played: Sequen
     verdicts = [fb.verdicts for fb in feedback]
     rollouts = [p.rollouts for p in played]
     plan_r = [p.rewards["planning"] for p in played]
-    if spec(role).grouped_by == "prompt":  # the malformed outputs are in its groups, at the method's reward
+    if role == "planning":  # the malformed outputs are in its groups, at the method's reward
         plan_r = plan_r + [malformed_reward(t) for t in all_tasks if not t.valid]
     m["planning/reward_mean"] = _mean(plan_r)
     m["planning/valid_rate"] = sum(t.valid for t in all_tasks) / max(len(all_tasks), 1)
@@ -250,7 +248,7 @@ def add_feedback(played: Sequence[Any], method: Any, ctx: FeedbackContext) -> No
 class PhaseContext:
     """What a phase's minibatches and records read besides its played tasks."""
 
-    slot: Any  # the phase's first update (its role, iteration, phase and update)
+    at: Any  # the phase's first update (schedule.Update: its role, iteration, phase and update)
     groups: Sequence[Sequence[Any]]  # every Planning output of the phase, by questioner prompt
     unused: Sequence[Any]  # the well-formed outputs not played
     versions: dict[str, Any]  # the checkpoint each player sampled with
@@ -263,7 +261,7 @@ class PhaseContext:
 
     @property
     def role(self) -> str:
-        return self.slot.role
+        return self.at.role
 
     @property
     def num_minibatches(self) -> int:
@@ -273,14 +271,14 @@ class PhaseContext:
     def group_minibatch(self) -> list[int]:
         """The minibatch of each group. Planning: a minibatch trains a share of the questioner prompts, malformed outputs
         included; other roles: 0 (only played tasks train, and the Planning outputs are phase-wide figures)."""
-        if spec(self.role).grouped_by != "prompt":
+        if self.role != "planning":
             return [0] * len(self.groups)
         return [u for u, idx in enumerate(split_minibatches(len(self.groups), self.num_minibatches)) for _ in idx]
 
 
 def assign_minibatches(played: Sequence[Any], ctx: PhaseContext) -> None:
     """Each played task's minibatch: Planning, its questioner prompt's; other roles, a share of the tasks."""
-    if spec(ctx.role).grouped_by == "prompt":
+    if ctx.role == "planning":
         for p in played:
             p.minibatch = ctx.group_minibatch[p.group]
         return
@@ -298,7 +296,7 @@ def build_minibatches(played: Sequence[Any], ctx: PhaseContext) -> list[MiniBatc
     for u in range(ctx.num_minibatches):
         minibatch = [p for p in played if p.minibatch == u]
         groups = [group for group, gu in zip(ctx.groups, ctx.group_minibatch)
-                  if spec(ctx.role).grouped_by != "prompt" or gu == u]
+                  if ctx.role != "planning" or gu == u]
         out.append(build_minibatch(minibatch, groups, ctx, trainer_cfg))
     return out
 
@@ -308,7 +306,7 @@ def build_minibatch(minibatch: Sequence[Any], groups: Sequence[Sequence[Any]], c
     role, method = ctx.role, ctx.method
     makers, rewards, gids = group_samples(role, groups, minibatch, method.malformed_task_reward)
     shapes = None
-    if spec(role).grouped_by == "task":  # group g of the minibatch is its task g (a method may shape it)
+    if role != "planning":  # group g of the minibatch is its task g (a method may shape it)
         shapes = {g: method.group_shape(role, p.feedback, float(trainer_cfg.clip_eps)) for g, p in enumerate(minibatch)}
     # A method's own batch (Socratic-Zero: the Solver's DPO pairs, the Generator's imitation) replaces GRPO's.
     own = method.minibatch_samples(role, minibatch, ctx.tokenizer, ctx.player_cfg)
@@ -365,9 +363,9 @@ def phase_records(played: Sequence[Any], ctx: PhaseContext) -> list[InteractionR
 def record_meta(ctx: PhaseContext, minibatch: int) -> dict[str, Any]:
     """The metadata every record of the phase has: the phase, the update that trains on the output (its minibatch's),
     the checkpoints that produced it."""
-    slot = ctx.slot
-    return {"outer_iteration": slot.iteration, "block": slot.role, "phase": slot.phase_first, "update": slot.step_in_block + minibatch,
-            "global_update": slot.phase_first + minibatch, "checkpoints": ctx.versions}
+    at = ctx.at
+    return {"outer_iteration": at.iteration, "block": at.role, "phase": at.phase_first, "update": at.step_in_block + minibatch,
+            "global_update": at.phase_first + minibatch, "checkpoints": ctx.versions}
 
 
 def played_record(p: Any, meta: dict[str, Any], task_id: str, rules: Sequence[str]) -> InteractionRecord:
@@ -389,18 +387,18 @@ def unplayed_record(task: Any, status: str, meta: dict[str, Any], task_id: str,
         iteration=meta["outer_iteration"], expected_answer=task.expected_answer, rewards=rewards, meta=meta)
 
 
-def update_metrics(slot: Any, phase: Phase, minibatch: MiniBatch, n_pass: int, minibatch_index: int,
+def update_metrics(at: Any, phase: Phase, minibatch: MiniBatch, n_pass: int, minibatch_index: int,
                    trainer_metrics: dict[str, float], global_step: int, update_s: float) -> dict[str, Any]:
     """The metrics line of one update: its minibatch's sampling and feedback figures (on the minibatch's first pass only:
     each sample counted once), the trainer's figures, its place in the run, and its timings (the phase's
     sampling and feedback are timed on the phase's first step)."""
     metrics: dict[str, Any] = dict(minibatch.metrics) if n_pass == 0 else {}
-    metrics[f"{slot.role}/skipped"] = float(not trainer_metrics)
-    metrics.update(trainer_metrics_line(slot.role, trainer_metrics, global_step))
-    sampled_here = slot.first_of_phase
+    metrics[f"{at.role}/skipped"] = float(not trainer_metrics)
+    metrics.update(trainer_metrics_line(at.role, trainer_metrics, global_step))
+    sampled_here = at.step_in_phase == 0
     metrics.update({
-        "outer_iteration": slot.iteration, "block": slot.role, "update": slot.step_in_block, "global_update": slot.index,
-        "phase": slot.phase_first, "phase_step": slot.step_in_phase, "phase_pass": n_pass, "phase_minibatch": minibatch_index,
+        "outer_iteration": at.iteration, "block": at.role, "update": at.step_in_block, "global_update": at.index,
+        "phase": at.phase_first, "phase_step": at.step_in_phase, "phase_pass": n_pass, "phase_minibatch": minibatch_index,
         "timing/generation_s": phase.timing["generation_s"] if sampled_here else 0.0,
         "timing/sandbox_s": phase.timing["sandbox_s"] if sampled_here else 0.0,
         "timing/update_s": update_s,
@@ -409,15 +407,15 @@ def update_metrics(slot: Any, phase: Phase, minibatch: MiniBatch, n_pass: int, m
     return metrics
 
 
-def train_step(slot: Any, phase: Phase, team: Any, steps_per_generation: int, per_phase: int,
+def train_step(at: Any, phase: Phase, team: Any, steps_per_generation: int, per_phase: int,
                progress: Callable[[str], None]) -> tuple[dict[str, Any], float]:
     """One optimizer step of the active player on its minibatch of the phase (over several ranks the team sends the
     batch to every rank, and the update is data-parallel): (the step's metrics line, the update's seconds)."""
-    n_pass, u = minibatch_of_step(slot.step_in_phase, steps_per_generation)
+    n_pass, u = minibatch_of_step(at.step_in_phase, steps_per_generation)
     minibatch = phase.minibatches[u]
-    progress(f"GRPO update of {slot.role} (phase step {slot.step_in_phase + 1}/{per_phase})")
-    trainer_metrics, update_s = team.update(slot.role, slot.iteration, minibatch.batch,
-                                            on_policy=slot.step_in_phase == 0)
+    progress(f"GRPO update of {at.role} (phase step {at.step_in_phase + 1}/{per_phase})")
+    trainer_metrics, update_s = team.update(at.role, at.iteration, minibatch.batch,
+                                            on_policy=at.step_in_phase == 0)
     progress("records, checkpoint")
-    return update_metrics(slot, phase, minibatch, n_pass, u, trainer_metrics, team.players[slot.role].trainer.global_step,
+    return update_metrics(at, phase, minibatch, n_pass, u, trainer_metrics, team.players[at.role].trainer.global_step,
                           update_s), update_s

@@ -4,7 +4,7 @@
   (one line per update), and the progress bar;
 - :class:`DiagnosticPool`: the fixed diagnostic pool (Appendix D.2, ``schedule.execution_pool``): after every
   ``every``-th Execution update the Execution player answers it greedily; its accuracies go into that update's
-  metrics line and execution_pool.jsonl. Every rank answers its share of the questions (``Leader.pool_split``). It
+  metrics line and execution_pool.jsonl. Every rank answers its share of the questions (``Team.answer_pool``), which
   leaves the RNG states as it found them, so a run with the pool on trains exactly as one without it;
 - :func:`finish`: the end-of-run summary and the checkpoint retention.
 """
@@ -20,8 +20,7 @@ from unifiedplayers.diagnostics.execution_pool import FixedPool, metrics_of
 from unifiedplayers.diagnostics.logging import RunLogger, progress
 from unifiedplayers.diagnostics.records import RecordWriter
 from unifiedplayers.rundir import RECORDS
-from unifiedplayers.schedule import Slot
-from unifiedplayers.trainer import capture_rng_state, restore_rng_state
+from unifiedplayers.schedule import Update
 
 
 class RunFiles:
@@ -46,8 +45,8 @@ class RunFiles:
         """Show what the current update is doing."""
         self.bar.set_postfix_str(name)
 
-    def start_update(self, slot: Slot) -> None:
-        self.bar.set_description_str(f"it {slot.iteration} {slot.role} {slot.step_in_block + 1}/{slot.block_size}")
+    def start_update(self, at: Update, block_size: int) -> None:
+        self.bar.set_description_str(f"it {at.iteration} {at.role} {at.step_in_block + 1}/{block_size}")
 
     def records(self, records: Sequence[Any]) -> None:
         for rec in records:
@@ -64,44 +63,35 @@ class DiagnosticPool:
     """The fixed diagnostic pool of the Execution player (see the module docstring).
 
     Over several ranks every rank answers its block of the questions with its own engine and sandbox
-    (:meth:`~unifiedplayers.loop.ranks.Leader.pool_split`, as sampling splits); rank 0 reads the pool's files,
+    (:meth:`~unifiedplayers.loop.team.Team.answer_pool`, as sampling splits); rank 0 reads the pool's files,
     gathers the graded answers in question order and writes execution_pool.jsonl and the metrics, as one rank does.
     """
 
-    def __init__(self, cfg: Any, run_dir: Path, trained: Sequence[str], slots: Sequence[Slot]) -> None:
-        self.on = "execution" in trained
+    def __init__(self, cfg: Any, run_dir: Path, trained: Sequence[str]) -> None:
         self.cfg = cfg.schedule.execution_pool
-        self.pool = FixedPool(self.cfg, run_dir) if self.cfg.every > 0 and self.on else None
-        # Execution updates done once slot i is complete (the pool's checkpoint index).
-        self.execution_steps, n = [], 0
-        for s in slots:
-            n += s.role == "execution"
-            self.execution_steps.append(n)
+        self.pool = FixedPool(self.cfg, run_dir) if self.cfg.every > 0 and "execution" in trained else None
+        self.block_size = int(cfg.schedule.execution_updates)
 
-    def metrics(self, slot: Slot, team: Any, sandbox: Any, execution_cfg: Any, timing: dict[str, float],
+    def metrics(self, at: Update, team: Any, execution_cfg: Any, timing: dict[str, float],
                 progress: Any = None, before: bool = False) -> dict[str, Any]:
-        """The pool's metrics after update ``slot``, when an evaluation is due; {} otherwise.
+        """The pool's metrics after update ``at``, when an evaluation is due; {} otherwise.
 
         ``before``: the initial checkpoint (update 0, Appendix D.2), evaluated before the run's first update
         (whatever its block: with a shared model a Planning update already moves the Execution weights), on
-        the first line under ``execution/pool0_*``. ``team``: rank 0's (:class:`~unifiedplayers.loop.ranks.Leader`):
-        every rank swaps the Execution weights into its engine, since that swap can be a collective (ZeRO-3), and
-        answers its share of the questions when the pool decodes.
+        the first line under ``execution/pool0_*``. ``team``: rank 0's; every rank answers its share of the
+        questions when the pool decodes.
         """
-        if not self.on or (slot.role != "execution" and not before) or (before and slot.index != 0):
+        if self.pool is None or (at.role != "execution" and not before):
             return {}
-        step = 0 if before else self.execution_steps[slot.index]
-        if self.pool is None or not self.pool.due(step):
+        # the pool's checkpoint: the Execution updates done (every iteration has one Execution block)
+        step = 0 if before else (at.iteration - 1) * self.block_size + at.step_in_block + 1
+        if not self.pool.due(step):
             return {}
         if progress is not None:
             progress(f"execution pool ({len(self.pool.questions)} questions)")
-        rng = capture_rng_state()  # greedy decoding; the run's RNG streams must not notice the evaluation
-        engine, ver = team.engine("execution", "execution")
-        entry = self.pool.evaluate(
-            step, {"global_update": slot.index - (1 if before else 0), "outer_iteration": slot.iteration,
-                   "checkpoint": ver}, engine, sandbox, team.tokenizer, execution_cfg,
-            split=team.pool_split(execution_cfg, self.cfg, self.pool.questions))
-        restore_rng_state(rng)
+        where = {"global_update": at.index - (1 if before else 0), "outer_iteration": at.iteration,
+                 "checkpoint": team.sampler("execution", "execution")[1]}
+        entry = self.pool.evaluate(step, where, lambda: team.answer_pool(execution_cfg, self.cfg, self.pool.questions))
         timing["pool_s"] += entry.get("seconds", 0.0)
         out = metrics_of(entry)
         return {k.replace("execution/pool_", "execution/pool0_") if before else k: v for k, v in out.items()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 import torch
 from omegaconf import OmegaConf
@@ -205,13 +205,12 @@ def saved_state(run_dir: Path, cfg: Any, world_size: int, restart: bool = True) 
     return None
 
 
-def restore(state: dict[str, Any], cfg: Any, run_dir: Path, team: Any, method: Any, slots: Sequence[Any],
-            current: RunState) -> tuple[RunState, Any]:
+def restore(state: dict[str, Any], run_dir: Path, team: Any, method: Any, current: RunState) -> tuple[RunState, Any]:
     """Bring a fresh process to the state after update ``state['completed']`` (the last save): records and metrics
     cut to the updates saved (the later ones are replayed: the RNG states and every seed make them the same), the
-    phase in progress read back, every player's checkpoint, the RNG states, the reference and published weights
-    of the current outer iteration, the method's state. ``team``: rank 0's (``loop.ranks.Leader``), which loads
-    the checkpoints and RNG states on every rank. Returns (run state, phase)."""
+    phase in progress read back, every player's checkpoint and the RNG states (on every rank), the method's state.
+    The outer loop restores the current outer iteration's reference and published weights where it goes on
+    (``Team.resume_iteration``). Returns (run state, phase)."""
     from unifiedplayers.loop.phase import Phase, load_phase_state
 
     dropped_r = truncate_lines(run_dir / rundir.RECORDS, state["records"])
@@ -231,14 +230,10 @@ def restore(state: dict[str, Any], cfg: Any, run_dir: Path, team: Any, method: A
                                f"phase {state['phase']}")
         phase = Phase.from_state(saved)
     team.restore(run_dir, state["versions"], run.checkpoints)
-    team.restore_rng_state(state["rng"])
-    if run.completed < len(slots):
-        nxt = slots[run.completed]
-        if not (nxt.first_of_block and nxt.role == next(s.role for s in slots if s.iteration == nxt.iteration)):
-            team.resume_iteration(nxt.iteration, run_dir, state["published_versions"], run.published)
+    team.restore_rng(state["rng"])
     if state.get("method_loop") is not None:
         method.load_state_dict(state["method_loop"])  # Socratic-Zero: curriculum, failures
-    print(f"[resume] continuing {run_dir} after update {run.completed}/{len(slots)} (its last save)")
+    print(f"[resume] continuing {run_dir} after update {run.completed}/{state['total_updates']} (its last save)")
     return run, phase
 
 

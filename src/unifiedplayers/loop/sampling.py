@@ -5,7 +5,7 @@ so a resumed run samples what an uninterrupted one does.
 
 Several ranks: rank 0 samples; each generation call is a picklable job (:class:`TaskJob`, :class:`SolveJob`,
 :class:`VerifierJob`) that every rank runs on its block of the prompts, with its own engine and sandbox, gathered
-in prompt order on rank 0 (:meth:`~unifiedplayers.loop.ranks.Leader.split`). The seeds of a block are those of
+in prompt order on rank 0 (:meth:`~unifiedplayers.loop.team.Team.split`). The seeds of a block are those of
 its prompts in the whole call, so the samples do not depend on the number of ranks' split.
 """
 from __future__ import annotations
@@ -17,13 +17,13 @@ from unifiedplayers.config import role_temperature
 from unifiedplayers.players.evaluation import write_verifiers
 from unifiedplayers.players.execution import solve
 from unifiedplayers.players.planning import PlanningTask, generate_tasks
+from unifiedplayers.roles import ROLES
 from unifiedplayers.diagnostics.timing import StageClock
-from unifiedplayers.roles import ROLES, SPECS, spec
-from unifiedplayers.schedule import Slot, execution_config, phase_calls, seed_for
+from unifiedplayers.schedule import Update, seed_for
 
 # Seed streams of a phase's generation calls (a call's seed: seed_for(seed, phase, stream) + its first sample,
-# PhaseSampler.seed), one per player (roles.SPECS); Planning's attempt a uses TASK_STREAM + a.
-TASK_STREAM, TRAJECTORY_STREAM, VERIFIER_STREAM = (SPECS[role].stream for role in ROLES)
+# PhaseSampler.seed), one per player; Planning's attempt a uses TASK_STREAM + a.
+TASK_STREAM, TRAJECTORY_STREAM, VERIFIER_STREAM = 10, 20, 30
 
 
 @dataclass
@@ -155,78 +155,72 @@ class VerifierJob:
 
 
 class PhaseSampler:
-    """Samples the phases of a run. ``team``: rank 0's (:class:`unifiedplayers.loop.ranks.Leader`):
-    ``team.engine(role, active) -> (engine, version)`` gives the engine a player samples with while ``active``
-    trains, and ``team.split`` runs a generation job over the ranks; ``progress(name)`` shows progress.
-    ``prompt_counter`` (the questioner prompts used so far: it rotates the topics) is run state."""
+    """Samples the phases of a run. ``team``: rank 0's (:class:`~unifiedplayers.loop.team.Team`):
+    ``team.split(job, role, active, n)`` runs a generation job over the ranks with the engine ``role`` samples with
+    while ``active`` trains, ``team.sampler(role, active)`` names its checkpoint, and ``team.sandbox`` runs the tool
+    calls; ``progress(name)`` shows progress. ``prompt_counter`` (the questioner prompts used so far: it rotates the
+    topics) is run state."""
 
-    def __init__(self, cfg: Any, player_cfg: Any, execution_cfg: Any, method: Any, team: Any, sandbox: Any,
+    def __init__(self, cfg: Any, player_cfg: Any, execution_cfg: Any, method: Any, team: Any,
                  progress: Callable[[str], None] = lambda name: None, prompt_counter: int = 0) -> None:
         self.cfg, self.player_cfg, self.execution_cfg = cfg, player_cfg, execution_cfg
-        self.method, self.team, self.tokenizer, self.sandbox = method, team, team.tokenizer, sandbox
+        self.method, self.team, self.tokenizer, self.sandbox = method, team, team.tokenizer, team.sandbox
         self.progress = progress
         self.prompt_counter = prompt_counter
 
-    def engine(self, role: str, active: str) -> tuple[Any, dict[str, Any]]:
-        return self.team.engine(role, active)
-
-    def seed(self, slot: Slot, stream: int) -> int:
+    def seed(self, at: Update, stream: int) -> int:
         """The seed of a phase's generation call of seed ``stream`` (``TASK_STREAM`` + attempt, ``TRAJECTORY_STREAM``,
         ``VERIFIER_STREAM``); a job's block of prompts from ``start`` draws with seed + start·n. vLLM seeds sample j
         of the call's i-th prompt with seed + i·n + j (``rollout/vllm_engine.py``), so each sample's seed is the same
         whichever rank draws it; the hf engine draws a call from one generator."""
-        return seed_for(self.cfg.seed, slot.phase_first, stream)
+        return seed_for(self.cfg.seed, at.phase_first, stream)
 
-    def sample(self, slot: Slot, num_minibatches: int) -> PhaseSample:
+    def sample(self, at: Update, num_minibatches: int) -> PhaseSample:
         """Tasks, then K trajectories and M verifiers per task, for a phase of ``num_minibatches`` updates; timed as
         the stage ``generation`` of the sandbox's clock (the tool calls inside are its ``sandbox`` stage)."""
         clock = getattr(self.sandbox, "clock", None) or StageClock()  # a plain sandbox (tests): a clock of its own
         before = dict(clock.seconds)
         with clock("generation"):
-            groups, played, unused, versions = self._generate(slot, num_minibatches)
+            groups, played, unused, versions = self._generate(at, num_minibatches)
         return PhaseSample(groups, played, unused, versions, {"generation_s": clock.since(before)["generation"]})
 
-    def _generate(self, slot: Slot, num_minibatches: int) -> tuple[list, list[PlayedTask], list, dict[str, Any]]:
+    def _generate(self, at: Update, num_minibatches: int) -> tuple[list, list[PlayedTask], list, dict[str, Any]]:
         p, cfg = self.player_cfg, self.cfg
         self.progress("planning: tasks")
-        groups, tasks, unused = self.tasks(slot, num_minibatches)
-        _, plan_ver = self.team.sampler("planning", slot.role)
+        groups, tasks, unused = self.tasks(at, num_minibatches)
         questions = [task.question for task in tasks]
         self.progress(f"execution: {len(tasks)} x {p.num_trajectories} trajectories")
-        _, exec_ver = self.engine("execution", slot.role)
-        solve_job = SolveJob(self.execution_cfg, questions, p.num_trajectories, self.seed(slot, TRAJECTORY_STREAM),
+        solve_job = SolveJob(self.execution_cfg, questions, p.num_trajectories, self.seed(at, TRAJECTORY_STREAM),
                              role_temperature(cfg, "execution"), cfg.rollout.top_p)
-        rollouts = self.team.split(solve_job, ("execution", slot.role), len(questions), self.sandbox)
-        _, eval_ver = self.engine("evaluation", slot.role)
+        rollouts = self.team.split(solve_job, "execution", at.role, len(questions))
         if self.method.writes_verifiers:
             self.progress(f"evaluation: {len(tasks)} x {p.num_verifiers} verifiers")
-            verifier_job = VerifierJob(p, questions, p.num_verifiers, self.seed(slot, VERIFIER_STREAM))
-            verifiers = self.team.split(verifier_job, ("evaluation", slot.role), len(questions), self.sandbox)
+            verifier_job = VerifierJob(p, questions, p.num_verifiers, self.seed(at, VERIFIER_STREAM))
+            verifiers = self.team.split(verifier_job, "evaluation", at.role, len(questions))
         else:  # a verdict-free method: no Evaluation samples (M = 0)
             verifiers = [[] for _ in questions]
         played = [PlayedTask(t, list(rs), list(vs)) for t, rs, vs in zip(tasks, rollouts, verifiers)]
-        return groups, played, unused, {"planning": plan_ver, "execution": exec_ver, "evaluation": eval_ver}
+        return groups, played, unused, {role: self.team.sampler(role, at.role)[1] for role in ROLES}
 
-    def tasks(self, slot: Slot, num_minibatches: int
+    def tasks(self, at: Update, num_minibatches: int
               ) -> tuple[list[list[PlanningTask]], list[PlanningTask], list[PlanningTask]]:
         """(groups, used, unused): the Planning outputs of a phase of ``num_minibatches`` updates, the well-formed
         tasks played, and the well-formed ones beyond ``num_minibatches × tasks_per_update`` (recorded, not
-        played)."""
+        played). A phase that trains Planning plays every well-formed task of one round (its groups are the
+        questioner prompts, :func:`unifiedplayers.schedule.phase_calls`)."""
         p = self.player_cfg
-        self.engine("planning", slot.role)
         groups: list[list[PlanningTask]] = []
         used: list[PlanningTask] = []
         unused: list[PlanningTask] = []
-        every = spec(slot.role).plays_every_task  # training Planning: every well-formed task of one round is played
+        every = at.role == "planning"
         attempts = 1 if every else p.task_attempts
-        calls = phase_calls(p, "execution", num_minibatches, self.method.use_tools, False)  # a round, K per task
-        prompts, wanted = calls[0].prompts, calls[1].prompts
+        prompts, wanted = num_minibatches * p.prompts_per_update, num_minibatches * p.tasks_per_update
         # the method's own Planning prompts (Socratic-Zero: the Solver's failures); None: the topic prompts
         own_prompts = self.method.planning_prompts(self.tokenizer, p, prompts)
         for attempt in range(attempts):
-            job = TaskJob(p, self.prompt_counter, p.tasks_per_prompt, self.seed(slot, TASK_STREAM + attempt),
+            job = TaskJob(p, self.prompt_counter, p.tasks_per_prompt, self.seed(at, TASK_STREAM + attempt),
                           own_prompts)
-            got = self.team.split(job, ("planning", slot.role), prompts, self.sandbox)
+            got = self.team.split(job, "planning", at.role, prompts)
             # the method builds the tasks (Absolute Zero: runs their code in the sandbox)
             got = [[self.method.build_task(t, self.sandbox) for t in g] for g in got]
             for g in got:
@@ -242,6 +236,6 @@ class PhaseSampler:
             if every or len(used) >= wanted:
                 break
         # the method picks the tasks played (Socratic-Zero: with its curriculum)
-        groups, used, unused = self.method.phase_tasks(slot.role, groups, used, unused, wanted)
+        groups, used, unused = self.method.phase_tasks(at.role, groups, used, unused, wanted)
         place_outputs(groups)
         return groups, used, unused

@@ -4,7 +4,8 @@ All three players start from the same backbone, as separate parameters (a method
 Zero, joins Planning and Execution into one model and trainer). Feedback (``schedule.feedback``): *fresh*, a
 co-player samples with its latest weights; *stale*, with its weights at the start of the outer iteration (its
 *published* copy). The active player samples with its weights at the start of the phase (π_old). Every
-trainer's π_ref is reset at the start of every outer iteration.
+trainer's π_ref is reset at the start of every outer iteration. The methods marked :func:`~.ranks.every_rank` run
+on every rank, each with its own team, engines and sandbox (:mod:`unifiedplayers.loop.ranks`).
 """
 from __future__ import annotations
 
@@ -20,16 +21,16 @@ from omegaconf import OmegaConf
 
 from unifiedplayers.config import role_temperature, role_trainer_config
 from unifiedplayers.loop.engines import RolloutEngines, SamplingTemperature
+from unifiedplayers.loop.ranks import every_rank
 from unifiedplayers.diagnostics.entropy_bank import entropy_bank_texts
+from unifiedplayers.diagnostics.execution_pool import evaluate_pool
 from unifiedplayers.players.evaluation import evaluation_prompt
 from unifiedplayers.players.execution import execution_prompt
 from unifiedplayers.players.planning import planning_prompt
 from unifiedplayers.roles import ROLES
-from unifiedplayers.rundir import PUBLISHED
 from unifiedplayers.rollout import check_backend
-from unifiedplayers.loop.run_state import atomic_torch_save
 from unifiedplayers import lora
-from unifiedplayers.trainer import build_trainer
+from unifiedplayers.trainer import build_trainer, capture_rng_state, restore_rng_state
 from unifiedplayers.trainer.precision import cast_parameters
 
 
@@ -51,7 +52,8 @@ class Player:
 
 
 class Team:
-    """The run's players (``players[role]``) and the engines they sample with (:meth:`engine`)."""
+    """The run's players (``players[role]``), the engines they sample with (:meth:`engine`) and this rank's
+    ``sandbox`` (set once it is open)."""
 
     def __init__(self, cfg: Any, player_cfg: Any, trained: list[str], shared_model: bool, dist: Any,
                  rollout_factory: Optional[Callable[..., Any]] = None) -> None:
@@ -60,6 +62,7 @@ class Team:
         self.rollout_factory = rollout_factory
         self.players: dict[str, Player] = {}
         self.tokenizer: Any = None
+        self.sandbox: Any = None
 
     # ------------------------------------------------------------------ set-up
     def load_backbone(self, backbone: Optional[tuple[Any, Any]], timing: dict[str, float]) -> tuple[Any, Any]:
@@ -159,14 +162,36 @@ class Team:
         engine = self.engines.engine(model, key, player.trainer.gathered_weights if own else contextlib.nullcontext)
         return SamplingTemperature(engine, role_temperature(self.cfg, role)), ver
 
+    @every_rank
+    def split(self, job: Callable[..., list[list[Any]]], role: str, active: str, num_prompts: int) -> Any:
+        """``job(engine, sandbox, tokenizer, prompts)`` over the ranks by prompt, each rank with its engine for ``role``
+        while ``active`` trains and its sandbox: every prompt's samples in prompt order on rank 0 (None elsewhere).
+        ``job`` is sent to the other ranks, so it is picklable (a module-level class with its arguments)."""
+        engine, _ = self.engine(role, active)
+        return self.dist.split_prompts(lambda prompts: job(engine, self.sandbox, self.tokenizer, prompts), num_prompts,
+                                       to_all=False)
+
+    @every_rank
+    def answer_pool(self, execution_cfg: Any, pool_cfg: Any, questions: list[Any]) -> Optional[dict[str, Any]]:
+        """The diagnostic pool's ``questions`` answered greedily by the Execution player, each rank its block of them:
+        graded, on rank 0 (None elsewhere). The run's RNG streams do not notice it."""
+        rng = capture_rng_state()
+        engine, _ = self.engine("execution", "execution")
+        result = evaluate_pool(engine, self.sandbox, self.tokenizer, execution_cfg, pool_cfg, questions,
+                               split=self.dist.split_prompts)
+        restore_rng_state(rng)
+        return result
+
     # ------------------------------------------------------------------ iterations, blocks, updates
-    def start_iteration(self, run_dir: Optional[Path], published: dict[str, Optional[str]]) -> None:
-        """π_ref := the current weights; stale feedback publishes every trained player's weights: a copy in memory,
-        and, given ``run_dir`` (rank 0), its file there, named in ``published``."""
+    @every_rank
+    def start_iteration(self) -> list[str]:
+        """π_ref := the current weights; stale feedback publishes every trained player's weights: a copy in memory
+        (and a file, :meth:`full_weights`). Returns the roles published."""
+        published: list[str] = []
         for trainer in self.trainers():
             trainer.start_outer_iteration()
         if self.cfg.schedule.feedback != "stale":
-            return
+            return published
         for role, player in self.players.items():
             if player.trainer is None:
                 continue  # a frozen player never changes: its current weights are the published ones
@@ -175,17 +200,20 @@ class Team:
             else:  # same object, new weights: its rollout engine stays valid (hf) or is re-synced (vllm)
                 lora.load_policy_state(player.published_model, lora.policy_state(player.model))
             player.published_version = dict(player.version)
-            weights = player.trainer.full_state_dict()  # a collective under ZeRO-3: on every rank
-            if run_dir is not None:
-                (run_dir / PUBLISHED).mkdir(parents=True, exist_ok=True)
-                atomic_torch_save(weights, run_dir / PUBLISHED / f"{role}.pt")
-                published[role] = f"{PUBLISHED}/{role}.pt"
+            published.append(role)
+        return published
+
+    @every_rank
+    def full_weights(self, role: str) -> dict[str, Any]:
+        """``role``'s whole weights (a collective under ZeRO-3)."""
+        return self.players[role].trainer.full_state_dict()
 
     @staticmethod
     def _copy(model: Any) -> Any:
         """A copy of a player's module for its published weights: of the adapter alone where it is one."""
         return (lora.share_base(model) if lora.is_adapted(model) else copy.deepcopy(model)).eval()
 
+    @every_rank
     def start_block(self, role: str) -> dict[str, Any]:
         """The other players are frozen in this block: eval mode, in memory only the weights they sample with
         (``trainer.offload_state``: optimizer state, master weights and π_ref wait in files)."""
@@ -197,6 +225,7 @@ class Team:
                     player.trainer.offload_state()
         return {f"{role}/{k}": v for k, v in active.trainer.start_block().items()}
 
+    @every_rank
     def update(self, role: str, iteration: int, batch: list[Any], on_policy: bool = False) -> tuple[dict[str, float], float]:
         """One optimizer step of ``role`` on ``batch`` (skipped when empty); (trainer metrics, seconds). ``on_policy``:
         the phase's first step (the trainer reports the train/rollout log-prob mismatch)."""
@@ -213,6 +242,7 @@ class Team:
                     player.version = version(role, iteration, active.trainer.global_step)
         return metrics, time.perf_counter() - t
 
+    @every_rank
     def recompute_old_logprobs(self, role: str, batches: list[list[Any]]) -> None:
         """π_old of the phase's samples := the trainer's own forward (``trainer.recompute_old_logprobs``), before the
         phase's first step, minibatch by minibatch: the micro-batches each minibatch's update will make (over several
@@ -222,14 +252,17 @@ class Team:
         for batch in batches:
             self.players[role].trainer.recompute_old_logprobs(batch)
 
+    @every_rank
     def save_checkpoint(self, role: str, path: Path) -> None:
         """``role``'s trainer's checkpoint in ``path`` (over several ranks: rank 0 writes, or every rank its shards)."""
         self.players[role].trainer.save_checkpoint(path)
 
+    @every_rank
     def block_diagnostics(self, role: str) -> dict[str, Any]:
         """The trainer's figures over the block just ended (grad-norm median and CV, entropy retention)."""
         return {f"{role}/{k}": v for k, v in self.players[role].trainer.block_diagnostics().items()}
 
+    @every_rank
     def end_block(self, role: str, later_roles: Optional[Iterable[str]] = None) -> None:
         """The block's player goes idle: in memory only the weights it samples with. Given ``later_roles`` (the roles
         with blocks still to come in the run), a player none of them trains with its trainer took its last update:
@@ -240,6 +273,12 @@ class Team:
         active.model.eval()
 
     # ------------------------------------------------------------------ resume
+    @every_rank
+    def restore_rng(self, state: dict[str, Any]) -> None:
+        """The run's RNG states as saved (a resume)."""
+        restore_rng_state(state)
+
+    @every_rank
     def restore(self, run_dir: Path, versions: dict[str, Any], checkpoints: dict[str, Optional[str]]) -> None:
         """Every trained player's weights, optimizer and π_ref from its last checkpoint."""
         for role, player in self.players.items():
@@ -250,6 +289,7 @@ class Team:
                 player.trainer.offload_state()
                 player.model.eval()
 
+    @every_rank
     def resume_iteration(self, iteration: int, run_dir: Path, published_versions: dict[str, Any],
                          published: dict[str, Optional[str]]) -> None:
         """Resumed inside outer iteration ``iteration``: its reference policies and published weights."""
