@@ -434,7 +434,6 @@ def tool_substitute(traj: Trajectory, rng: random.Random, params: RuleParams) ->
 LOCAL_RULES = tuple(name for name in RULES.names() if RULES.get(name).scope == "local")
 GLOBAL_RULES = tuple(name for name in RULES.names() if RULES.get(name).scope == "global")
 ALL_RULES = LOCAL_RULES + GLOBAL_RULES
-RULE_KINDS = {name: RULES.get(name).scope for name in ALL_RULES}
 
 
 def rule_rng(seed: int, rule: str, traj: Trajectory) -> random.Random:

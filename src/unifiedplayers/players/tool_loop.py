@@ -114,10 +114,6 @@ class ToolRollout:
         """``(token_ids, loss_mask, old_logprobs)`` over prompt and response (see ``flatten_segments``)."""
         return flatten_segments(self.segments)
 
-    def response_segments(self) -> list[Segment]:
-        """The segments after the prompt."""
-        return self.segments[1:]
-
 
 def render_observation(body: str) -> str:
     """The inserted observation text (without the newline that may be needed before it)."""
