@@ -12,17 +12,8 @@ One *turn* is one generation of the model, until either
 
 - a fenced python block closes (a line ```` ```python ```` ... a line ```` ``` ````; an unlabelled fence
   counts as python, as in :func:`unifiedplayers.feedback.trajectory.parse_transcript`): the code runs in the
-  sandbox, and its observation is appended as an inserted, non-trainable segment, rendered as::
-
-      ```output
-      <stdout>
-      [stderr]
-      <stderr>
-      [exit status N] | [timed out] | [memory limit exceeded]
-      ```
-
-  (the body is :func:`unifiedplayers.feedback.trajectory.format_observation`: stdout alone for a clean run),
-  truncated to ``observation_max_chars`` with a ``[... N characters truncated ...]`` marker; or
+  sandbox, and its observation (:mod:`unifiedplayers.feedback.observation`) is appended as an inserted,
+  non-trainable segment in an ```` ```output ```` fence; or
 - a closed ``\\boxed{...}`` appears in the reasoning text (outside code and output fences): the sample
   is ``answered``; or
 - the model stops (eos) or runs out of ``max_new_tokens``.
