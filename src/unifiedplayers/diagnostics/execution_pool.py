@@ -91,14 +91,10 @@ def build_pool(pool_cfg: Any) -> tuple[list[PoolQuestion], list[str]]:
 
 def user_message(q: PoolQuestion, pool_cfg: Any) -> str:
     """The question as the Execution player sees it (inside its own prompt template)."""
-    from unifiedplayers.feedback.answers import option_letters
-    from unifiedplayers.players.prompts import fill
+    from unifiedplayers.players.prompts import fill, option_fields
 
     if q.answer_type == "option":
-        options = q.problem.options or []
-        letters = option_letters(len(options))
-        return fill(pool_cfg.option_template, question=q.problem.question,
-                    options="\n".join(f"{letter}. {o}" for letter, o in zip(letters, options)), letters=", ".join(letters))
+        return fill(pool_cfg.option_template, question=q.problem.question, **option_fields(q.problem.options or []))
     return fill(pool_cfg.math_template, question=q.problem.question)
 
 
