@@ -99,9 +99,7 @@ def user_message(q: PoolQuestion, pool_cfg: Any) -> str:
 
 
 def grade_text(q: PoolQuestion, text: str) -> tuple[Optional[str], bool]:
-    """(extracted answer, correct) of one tool-loop transcript, as the evaluation harness grades its tool
-    mode: the trajectory's own final answer as training parses it (a ``\\boxed{}`` printed by code is no
-    answer; :func:`unifiedplayers.feedback.answers.extract_answer`)."""
+    """(extracted answer, correct) of one tool-loop transcript, graded as the harness grades its tool mode."""
     from unifiedplayers.feedback.answers import extract_answer, grade
 
     answer = extract_answer(q.answer_type, text, len(q.problem.options or []), tool=True)
