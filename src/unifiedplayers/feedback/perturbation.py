@@ -31,7 +31,8 @@ from typing import Any, Callable, Optional, Sequence
 
 from unifiedplayers.feedback.observation import DEFAULT_OBSERVATION_MAX_CHARS, observation_body
 from unifiedplayers.registry import Registry
-from unifiedplayers.feedback.trajectory import Step, Trajectory, extract_boxed, output_step, state_answer
+from unifiedplayers.feedback.trajectory import (PYTHON_LABELS, Step, Trajectory, extract_boxed, output_step,
+                                                state_answer)
 
 Executor = Callable[[Sequence[str]], list[str]]  # code blocks -> observation texts, in order
 SCOPES = ("local", "global")  # Table 15: edits of one step (local) or of the trajectory's structure (global)
@@ -105,7 +106,7 @@ def import_rule_modules(modules: Sequence[str]) -> None:
 
 
 def _is_python(step: Step) -> bool:
-    return step.type == "code" and (step.lang or "").lower() in ("python", "py", "python3")
+    return step.type == "code" and (step.lang or "").lower() in PYTHON_LABELS
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -450,7 +451,7 @@ class PerturbationEngine:
             raise ValueError("int_offsets must be non-empty and exclude 0")
         if not 0.0 < float_rel_change < 1.0:
             raise ValueError("float_rel_change must be in (0, 1)")
-        if substitute_lang.lower() in ("python", "py", "python3"):
+        if substitute_lang.lower() in PYTHON_LABELS:
             raise ValueError("tool_substitute must change the language away from python")
         self.seed = seed
         self.sandbox = sandbox
