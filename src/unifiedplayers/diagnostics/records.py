@@ -200,12 +200,6 @@ class RecordWriter:
         self.close()
 
 
-def append_record(path: Union[str, os.PathLike], record: InteractionRecord) -> None:
-    """Append one record (opens, appends durably, closes)."""
-    with RecordWriter(path) as w:
-        w.append(record)
-
-
 def iter_records(path: Union[str, os.PathLike]) -> Iterator[InteractionRecord]:
     """Records of a file in order, streamed (:func:`unifiedplayers.rundir.iter_jsonl`: a torn last line is skipped
     with a warning, a bad line anywhere else raises ``ValueError``)."""
