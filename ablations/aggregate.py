@@ -92,16 +92,14 @@ def eval_scores(results: dict[str, Any], mode: Optional[str] = None) -> dict[str
         raise ValueError(f"eval results have modes {sorted(modes)}, not {mode!r}")
     out: dict[str, Any] = {"eval_mode": mode, "eval_label": modes[mode].get("label")}
     by_domain: dict[str, list[float]] = {"math": [], "general": []}
+    names: dict[str, list[str]] = {"math": [], "general": []}
     for name, res in modes[mode].get("benchmarks", {}).items():
         s = res.get("score")
         if s is None or (isinstance(s, float) and math.isnan(s)):
             continue
         out[f"score/{name}"] = float(s)
         by_domain[benchmark_domain(name)].append(float(s))
-    names: dict[str, list[str]] = {"math": [], "general": []}
-    for name in modes[mode].get("benchmarks", {}):
-        if f"score/{name}" in out:
-            names[benchmark_domain(name)].append(name)
+        names[benchmark_domain(name)].append(name)
     for dom, vals in by_domain.items():
         out[f"{dom}_avg"] = float(np.mean(vals)) if vals else np.nan
         out[f"n_{dom}"] = len(vals)

@@ -19,17 +19,13 @@ Scales (``SCALES``): ``smoke`` = ``experiment=ablation_smoke`` + ``eval=ablation
 + ``eval=paper`` (the paper's MiMo-7B-Base rows). A scale's ``backbone`` only chooses which of the paper's
 rows are printed for reference: each of our rows is labelled with the backbone it ran on.
 
-Launchers at the CPU scales (``smoke``, ``tiny``): ``local`` (joblib, ``--jobs`` members at a time) and ``slurm``
-(Hydra's submitit launcher; ``pip install -e '.[slurm]'``; its settings are in
-``ablations/conf/hydra/launcher/slurm.yaml``, outside ``conf/`` so that the configuration tests never need the
-plugin). At the GPU scales (``paper``, ``paper_mimo_7b``) a member is one run over a node's GPUs as data-parallel
-ranks, docs/distributed.md (:class:`Member`): ``local`` runs the members one at a
-time, each ``torchrun --standalone --nproc_per_node=N`` over this node's ``--nproc-per-node`` GPUs (never two members
-on one GPU), and ``slurm`` submits each member as one job holding whole nodes (``nodes`` in
-``ablations/conf/slurm_node.yaml``, 1), torchrun on each over its GPUs (torchrun's options:
-:mod:`unifiedplayers.launch`). Both expand the
-multiruns as Hydra would and name each member's directory by Hydra's ``override_dirname``, so a member started by
-either launcher, or by ``experiments/dp8_single_gpu_runs.sh`` (``--list-members``), is found again.
+Launchers: ``local`` (joblib, ``--jobs`` members at a time) and ``slurm`` (Hydra's submitit launcher, ``pip install -e
+'.[slurm]'``, settings in ``ablations/conf/hydra/launcher/slurm.yaml``, outside ``conf/`` so that the configuration
+tests never need the plugin). At the GPU scales a member is one run over a node's GPUs as data-parallel ranks
+(:class:`Member`, docs/distributed.md): ``local`` runs the members one at a time, each ``torchrun --standalone`` over
+``--nproc-per-node`` GPUs, and ``slurm`` submits each member as one job holding whole nodes
+(``ablations/conf/slurm_node.yaml``). Both name each member's directory by Hydra's ``override_dirname``, so a member
+started by either launcher, or by ``experiments/dp8_single_gpu_runs.sh`` (``--list-members``), is found again.
 """
 from __future__ import annotations
 
@@ -59,8 +55,7 @@ class Scale:
 
 
 SCALES = {
-    # 15 runs for Table 3: 4 configurations x 3 seeds + the stale control on the same 3 paired seeds (from a
-    # fresh clone, set-up included, about 40 min on 2 cores).
+    # 15 runs for Table 3: 4 configurations x 3 seeds + the stale control on the same 3 paired seeds.
     "smoke": Scale("ablation_smoke", "ablation_smoke", "0,1,2", "0,1,2", backbone="Qwen3-4B-Base"),
     "paper": Scale("paper_qwen3_4b", "paper", "0,1,2", "0,1,2", backbone="Qwen3-4B-Base", gpus=True),
     # The paper's second backbone (Tables 1 and 2, lower half): conf/experiment/paper_mimo_7b.yaml.

@@ -1,17 +1,9 @@
-"""Answer extraction from model text (Appendix G.2): ``\\boxed{}`` with nested braces, the final option
-letter of a multiple-choice answer, and the program of a HumanEval completion.
-
-All functions are pure and return ``None`` when nothing can be extracted, so a malformed completion
-is graded wrong rather than raising.
-"""
+"""The program of a HumanEval completion (Appendix G.2). Answers of the other benchmarks are extracted by
+:mod:`unifiedplayers.feedback.answers`, so that the diagnostic pool grades exactly as the harness does."""
 from __future__ import annotations
 
 import re
 from typing import Optional
-
-# One implementation of \boxed{} and option-letter extraction for the whole project (in the package, so
-# that the Execution player's diagnostic pool grades exactly as the harness does).
-from unifiedplayers.feedback.answers import extract_option_letter, last_boxed, option_letters  # noqa: F401
 
 _FENCE_RE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:\n[ \t]*```|```)", re.S)
 

@@ -52,12 +52,8 @@ class BenchmarkResult:
 
 
 def extract_answer(bench: Benchmark, problem: Problem, text: str, mode: str = "vanilla") -> Optional[str]:
-    """The answer of a completion, per answer type (the program for HumanEval).
-
-    ``vanilla``: the last ``\\boxed{}`` of the whole text (and the option / last-line rules). ``tool``: the
-    trajectory's own final answer, as training parses it (:func:`unifiedplayers.feedback.answers.extract_answer`):
-    a ``\\boxed{}`` printed by code, or inside a code block, is no answer.
-    """
+    """The answer of a completion in ``mode``: the program for HumanEval, else
+    :func:`unifiedplayers.feedback.answers.extract_answer`."""
     if mode not in MODES:
         raise ValueError(f"mode {mode!r} is not one of {MODES}")
     if bench.answer_type == "program":

@@ -76,11 +76,3 @@ FIGURE1_ENDPOINTS = {
 # Table 3 GPU-hours per seed (Qwen3-4B-Base, eight A100 80GB).
 TABLE3_GPU_HOURS = {"Execution only": 312, "Planning + Execution": 360, "Execution + Evaluation": 384,
                     "Full UnifiedPlayers": 432}
-
-
-def paper_row(table: dict, backbone: str, method: str):
-    """(ticks, scores, avg) of a paper row, or None where the paper has no such row."""
-    for name, ticks, scores, avg in table.get(backbone, []):
-        if name == method:
-            return ticks, scores, avg
-    return None

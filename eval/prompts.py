@@ -9,18 +9,7 @@ from types import SimpleNamespace
 from typing import Any, Optional
 
 from unifiedplayers.data.benchmarks import Benchmark, Problem
-from eval.extract import option_letters
-
-
-def fill(template: str, **values: str) -> str:
-    """Replace ``{name}`` placeholders only, so that literal braces (``\\boxed{}``) need no escaping."""
-    for key, value in values.items():
-        template = template.replace("{" + key + "}", value)
-    return template
-
-
-def format_options(options: list[str]) -> str:
-    return "\n".join(f"{letter}. {text}" for letter, text in zip(option_letters(len(options)), options))
+from unifiedplayers.players.prompts import fill, option_fields
 
 
 def user_message(bench: Benchmark, problem: Problem, templates: Any) -> str:
@@ -28,12 +17,7 @@ def user_message(bench: Benchmark, problem: Problem, templates: Any) -> str:
     if bench.answer_type == "program":
         return fill(templates.program, prompt=problem.meta["prompt"])
     if bench.answer_type == "option":
-        return fill(
-            templates.option,
-            question=problem.question,
-            options=format_options(problem.options or []),
-            letters=", ".join(option_letters(len(problem.options or []))),
-        )
+        return fill(templates.option, question=problem.question, **option_fields(problem.options or []))
     template = templates.math if bench.answer_type == "math" else templates.string
     return fill(template, question=problem.question)
 

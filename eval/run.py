@@ -1,21 +1,13 @@
-"""Evaluate a backbone or a checkpoint on the benchmarks of one ``conf/eval/`` preset.
+"""Evaluate a backbone or a checkpoint on the benchmarks of one ``conf/eval/`` preset (keys: :data:`HELP_TEMPLATE`).
 
     python -m eval.run eval=paper ckpt=runs/X eval.run=[math500,gsm8k]   # run X: its latest execution checkpoint
     python -m eval.run eval=smoke                          # offline subsets, embedded default model
 
-Writes into ``out_dir`` (default: Hydra's run directory): ``<bench>.<mode>.jsonl`` (one line per
-problem and sample: prompt, completion, extracted answer, reference, verdict), ``results.json``,
-``scores.md`` and ``scores.tex`` (Tables 1 and 2 layout, paper rows beside ours). A benchmark whose
-file is missing is skipped with a warning naming the path and the prepare command; the others run. When
-every requested benchmark's file is missing, nothing runs: it exits non-zero with the list. An ``out_dir``
-that already holds a ``results.json`` is refused (exit non-zero) unless ``overwrite=true`` is given.
-Without an ``eval=`` preset on the command line the default is ``eval=paper``, the paper's protocol; on a
-machine without a GPU that is refused at start-up (pass ``eval=smoke``, or ``eval=paper`` explicitly).
-A ``ckpt`` inside a training run (the run directory, or a checkpoint under it) takes the method's row
-label, the mode (``tool`` for a method with tools, else ``vanilla``), the backbone and the Execution
-prompt from the run's own ``config.yaml`` (``apply_run_config``); a key given on the command line
-(``eval.modes=[vanilla,tool]``, ``eval.method=...``, ``model=...``) wins.
-Scores go to W&B when ``logger.backend=wandb`` (``WANDB_MODE`` offline by default).
+Writes into ``out_dir``: ``<bench>.<mode>.jsonl`` (one line per problem and sample), ``results.json``, ``scores.md``
+and ``scores.tex`` (:mod:`eval.tables`). A benchmark whose file is missing is skipped with a warning naming the
+prepare command; when every one is missing, nothing runs and it exits non-zero. An ``out_dir`` that already holds
+results is refused unless ``overwrite=true``. A ``ckpt`` inside a training run takes its method, mode, backbone and
+Execution prompt from the run's ``config.yaml`` (:func:`apply_run_config`).
 """
 from __future__ import annotations
 

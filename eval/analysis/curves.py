@@ -8,9 +8,8 @@ From ``metrics.jsonl`` (keys in ``eval.analysis.rundir.KEYS``), per outer iterat
 - adversarial rejection: mean of ``evaluation/rho_adv``.
 Where the metrics lack U or the rejection rate, they are computed from the records of that
 iteration instead: U(q) from the trajectories' final answers (``unifiedplayers.feedback.rewards.uncertainty``),
-the rejection rate as the mean ρ_adv of the valid verifiers (Eq. 11, applied perturbations only; a check that
-errored on a variant is no rejection, as in the default reward). ``evaluation/rho_adv`` is the reward's
-term: in a run with ``reward=errors_credited`` it counts those errors as rejections.
+the rejection rate as the mean ρ_adv of the valid verifiers (Eq. 11, applied perturbations only; errors on
+variants as the default ``reward.variant_error_credit``, see :mod:`unifiedplayers.feedback.rewards`).
 Writes ``analysis/curves.png`` (three panels, paper endpoints as reference marks) and ``curves.json``.
 """
 from __future__ import annotations

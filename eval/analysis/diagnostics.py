@@ -23,14 +23,11 @@ from eval.paper_numbers import TABLE4
 
 
 def negative_steps(accuracy: Sequence[float]) -> tuple[Optional[float], Optional[float]]:
-    """(share of adjacent pairs where accuracy falls, largest fall in points)."""
-    acc = np.asarray(accuracy, dtype=float)
-    if acc.size < 2:
-        return None, None
-    if np.nanmax(acc) <= 1.0:
-        acc = acc * 100.0
-    diffs = np.diff(acc)
-    return float(np.mean(diffs < 0)), float(max(0.0, -diffs.min()))
+    """:func:`unifiedplayers.diagnostics.execution_pool.negative_steps` with the largest fall in points."""
+    from unifiedplayers.diagnostics.execution_pool import negative_steps as rate_and_drop
+
+    scale = 100.0 if accuracy and max(accuracy) <= 1.0 else 1.0
+    return rate_and_drop([scale * a for a in accuracy])
 
 
 def diagnostics(run: RunData, player: str = "execution") -> dict[str, Any]:

@@ -25,9 +25,7 @@ what the strategy adds to the Planning reward. The near-copy copies that compani
 priced with three honest verifiers (M = 3): a perfect answer checker of the task, the tamper detector and the
 companion.
 
-The sandbox (:func:`sandbox_config`) has a 0.5 s CPU limit per call (1.5 s of wall clock), so that the
-sleeping check costs little; every other check takes milliseconds, and no number of the table depends on
-the limit. Perturbation seed 0; the sandbox's calls are deterministic (``SandboxConfig.deterministic``).
+Perturbation seed 0; the sandbox (:func:`sandbox_config`) is deterministic and its CPU limit bounds no number here.
 """
 from __future__ import annotations
 

@@ -1,42 +1,18 @@
 """What kinds of verifier the Evaluation reward favours: ``python -m eval.analysis.verifier_kinds RUN_DIR``.
 
-Every generated verifier of every played record is put in one of five kinds by its verdicts Z on that record and
-the record's error masks, over the K originals and their applied variants
-(:mod:`unifiedplayers.feedback.kinds`, the classes of the training metrics ``evaluation/kind/<kind>/*`` too):
-
-- ``invalid``: not in V(q) (does not compile, no ``check``, or errored on every original);
-- ``crashes_answered`` ("errors on answered originals"): valid, its check errored on every original that has a
-  final answer (it passes only on unanswered ones): the prefix-crasher, which a reward that credits
-  errors as rejections pays like a clean reject-all. Earlier versions counted it under "rejects all";
-- ``rejects_all``: valid, Z = 0 on every original and every variant;
-- ``accepts_all``: valid, Z = 1 on every original and every variant;
-- ``discriminating``: valid, anything else (it tells some trajectories from others, rightly or not).
-
-Per kind: how many, the mean Evaluation reward r_C (§3.2: α ρ_gold + β ρ_adv − γ ρ_red; invalid verifiers get
-``reward.invalid_verifier_reward``), the mean ρ_red of its valid verifiers, and the mean GRPO advantage
-within the record's group of M verifiers (Eq. 17, :func:`unifiedplayers.trainer.grpo.group_advantages`): a kind
-with a positive mean advantage is what the Evaluation player's updates make more likely. Given for all records, for those the Evaluation player trained
-on (its own blocks), and per outer iteration; beside them, the share of originals with a final answer.
+The kinds are :mod:`unifiedplayers.feedback.kinds`'. Per kind: how many, the mean Evaluation reward r_C, the mean
+ρ_red of its valid verifiers and the mean GRPO advantage within the record's M verifiers (see
+:mod:`unifiedplayers.diagnostics.verifier_kinds`); for all records, for the Evaluation player's own blocks, and per
+outer iteration, beside the share of originals with a final answer.
 
 Why it matters: under Eq. 5, for any valid verifier v (ρ_red aside),
 
     r_C(v) − r_C(rejects all) = α·accept(originals) − β·accept(variants),
 
 so v out-scores rejecting everything only if it accepts originals at least β/α = 1.25 times as often as
-variants (α, β = 0.4, 0.5). Four of the five rules keep the final answer (only early_terminate changes
-it), so a perfect answer checker accepts variants at 0.8 times its rate on originals (where all five
-rules apply) and only ties "rejects all" (0.4·a − 0.5·0.8·a = 0); the best score, α + β = 0.9, goes to a
-tamper detector that accepts every original, right or wrong, and rejects every variant. ρ_gold rewards accepting originals whether or
-not they are right (the paper, Appendix B.1: "gold does not imply independently verified correctness").
-With a response prefix that writes the first part of ``check()`` for every verifier (the smoke presets'
-``player.evaluation.response_prefix``), all verifiers of a task share those tokens and ρ_red is about 0.8
-for every kind (0.68-0.95 by kind, most 0.8-0.9, on the records of the Figure-1 ablation), so
-γ ρ_red takes about the same 0.08-0.09 off each kind's mean r_C.
-
-A check error earns no ρ_adv credit (``reward.variant_error_credit=false``, the default), so an
-``crashes_answered`` verifier scores below a clean reject-all on the same task: its errors on the answered
-originals' variants add nothing, where the reject-all's rejections earn β each. With ``reward=errors_credited``
-(the ablation) the two are paid alike, and the Figure-1 runs show the Evaluation player learning the crasher.
+variants. Four of the five rules keep the final answer, so a perfect answer checker accepts variants at 0.8 times
+its rate on originals and only ties "rejects all"; the best score, α + β, goes to a tamper detector that accepts
+every original, right or wrong, and rejects every variant.
 """
 from __future__ import annotations
 

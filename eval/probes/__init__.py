@@ -12,23 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from eval.probes.probes import (
-    DATA_DIR,
-    ROLES,
-    Checkpoint,
-    ProbeSizes,
-    binomial_se,
-    evaluation_metrics,
-    execution_metrics,
-    find_run_config,
-    mean_se,
-    planning_metrics,
-    resolve_checkpoint,
-    run_probes,
-)
-
-__all__ = ["DATA_DIR", "ROLES", "Checkpoint", "ProbeSizes", "binomial_se", "evaluation_metrics", "execution_metrics",
-           "find_run_config", "load_config", "mean_se", "planning_metrics", "probe", "resolve_checkpoint", "run_probes"]
+from eval.probes.probes import ROLES, ProbeSizes, find_run_config, resolve_checkpoint, run_probes
 
 
 def load_config(target: str, run: Optional[str] = None, overrides: Sequence[str] = ()) -> Any:

@@ -2,25 +2,19 @@
 
     python -m eval.probes.figure1 --scale smoke --seeds 1 --root runs/figure1/smoke [--jobs 2] [overrides]
 
-For each paired seed s = 0 .. N−1 it trains one run (``python -m unifiedplayers.train experiment=<preset>
-seed=s run_dir=<root>/seed<s> resume=true``), then probes the backbone as iteration 0 and the end-of-iteration
-checkpoints ``checkpoints/iter<i>/<role>`` as iteration i (``python -m eval.probes``, one job per checkpoint
-and role, ``<run>/probes/iter<i>.<role>.json``; the backbone once, for the first seed, its files copied into
-the other seeds' runs: the probes' draws do not depend on the training seed). Up to ``--jobs`` processes run
-at once, one torch thread each: a probe of iteration i starts as soon as the run has moved past iteration i,
-so probing overlaps training, and the last checkpoint's three probes share the cores. Everything is resumable:
-a finished run returns at once, a written probe file is not probed again (except an Execution probe file
-written before the tool probe existed, which is probed again to add it).
+For each paired seed s it trains one run (``experiment=<preset> seed=s run_dir=<root>/seed<s> resume=true``), then
+probes the backbone as iteration 0 and the checkpoints ``checkpoints/iter<i>/<role>`` as iteration i
+(``python -m eval.probes``, one job per checkpoint and role). Up to ``--jobs`` processes run at once, one torch
+thread each; a probe of iteration i starts as soon as the run has moved past it, so probing overlaps training.
+Everything is resumable: a finished run returns at once, a written probe file is not probed again
+(:func:`probe_done`).
 
-It writes ``figure1.json`` (one value per iteration per series, the mean over seeds,
-and a ``per_seed`` table; :data:`SERIES`) and ``figure1.png`` (three panels as the paper's Figure 1a: Planning
-U(q), Execution accuracy with the tool probe's ``execution/accuracy_tool`` beside it, Evaluation adversarial
-rejection with ``evaluation/originals_accepted``, and the paper's Qwen3-4B-Base endpoints of §4.5 beside ours,
-labelled as the paper's) into ``--root``, a single-seed ``figure1.json`` into each run
-directory, and prints the path of the root's ``figure1.json`` on its last line.
+It writes ``figure1.json`` (per series, :data:`SERIES`, the mean over seeds per iteration, and ``per_seed``) and
+``figure1.png`` (:func:`plot`, with the paper's endpoints of §4.5 beside ours) into ``--root``, a single-seed
+``figure1.json`` into each run directory, and prints the path of the root's ``figure1.json`` on its last line.
 
-Presets: ``--scale smoke`` trains ``experiment=figure1_smoke`` (SmolLM2-135M on CPU); ``--scale paper``
-trains ``experiment=paper_qwen3_4b`` (GPUs); ``--experiment`` names any other preset (the tests use ``tiny``).
+Presets: ``--scale smoke`` trains ``experiment=figure1_smoke`` (CPU); ``--scale paper`` ``experiment=paper_qwen3_4b``
+(GPUs); ``--experiment`` names any other preset.
 """
 from __future__ import annotations
 
@@ -43,13 +37,11 @@ if str(_ROOT) not in sys.path:
 from unifiedplayers import rundir  # noqa: E402
 
 SCALES = {"smoke": "figure1_smoke", "paper": "paper_qwen3_4b"}
-# The series of figure1.json, in the order of the panels.
-# execution/accuracy_tool: the tool probe (arithmetic where tools decide correctness), beside GSM8K + MMLU;
-# evaluation/originals_accepted: the valid verifiers' acceptance of the original (correct) trajectories.
+# The series of figure1.json, in the order of the panels (each probe's metrics: eval.probes.probes).
 SERIES = ("planning/U", "planning/well_formed", "execution/accuracy", "execution/answered",
           "execution/accuracy_tool", "evaluation/valid", "evaluation/originals_accepted",
           "evaluation/adv_rejection", "evaluation/discrimination")
-# A role's probe file without its key here was written by an older version of the probes: that role is probed again.
+# A role's probe file is finished only once it holds this key (probe_done).
 TOOL_KEY = "execution/accuracy_tool"
 DONE_KEYS = {"execution": TOOL_KEY, "evaluation": "evaluation/originals_accepted"}
 POLL_S = 2.0

@@ -2,31 +2,16 @@
 
     python -m eval.probes.figure1_ablation --scale smoke --seeds 1 --root runs/figure1_ablation/smoke [--jobs 2]
 
-Trains the Figure-1 preset twice per paired seed s = 0 .. N−1, as two arms:
+Trains the Figure-1 preset twice per paired seed, as two arms (:data:`ARMS`): ``full``, the preset as it is, and
+``no_perturbation``, Table 5's "w/o Perturbation Engine" (``perturbation=none``: P = 0, so ρ_adv = V(q) = 0 in
+training). Each arm is a reproduce-figure1 root of its own, ``<root>/<arm>/seed<s>``, built, probed and collected
+by :mod:`eval.probes.figure1`, and resumable as it is. The backbone is probed once and its files shared, as there.
+The full arm does not share its runs with ``make reproduce-figure1``: a finished run is skipped without its config
+being compared, so a shared directory could silently join runs trained with other ARGS.
 
-- ``full``: the preset as it is (what ``make reproduce-figure1`` trains);
-- ``no_perturbation``: Table 5's "w/o Perturbation Engine", the override ``perturbation=none`` (the member of
-  ``ablations/sweeps.py``'s table5 sweep; conf/perturbation/none.yaml: no rule, P = 0, so no verifier can
-  reject a variant during training and ρ_adv = V(q) = 0).
-
-Each arm is a reproduce-figure1 root of its own, ``<root>/<arm>/seed<s>`` (run, probes, logs), built and probed
-by the functions of :mod:`eval.probes.figure1` (:func:`~eval.probes.figure1.build_jobs`,
-:func:`~eval.probes.figure1.run_jobs`, :func:`~eval.probes.figure1.collect`): the backbone (iteration 0) and every
-iteration's end checkpoints on the same held-out probes. The backbone is the same model under both arms' configs
-(the probes read no perturbation setting: the Evaluation probe's variants are those shipped in its file), so it is
-probed once, for the first seed of ``full``, and its files copied into every other run.
-
-The full arm does not share its runs with ``make reproduce-figure1`` (``runs/figure1/<scale>``): a finished run
-is skipped without its config being compared, so a shared directory could silently join runs trained with other
-ARGS, and the two targets take different SEEDS. Everything is resumable: a finished run and a written probe file
-are skipped ("already done"), a partial run resumes (``resume=true``).
-
-It writes ``figure1_ablation.json`` (``{"iterations", "seeds", "arms": {arm: {"series", "per_seed", ...}}}``,
-the series and the per_seed shape of figure1.json; per arm also ``rule_margin`` (:func:`rule_margins`);
-``full_minus_no_perturbation_last``: each series' paired difference between the arms at the last iteration,
-per seed, with its mean and SD), ``figure1_ablation.png`` (both arms: adversarial rejection, originals
-accepted, discrimination, tool-probe accuracy), each arm's own ``figure1.json``, and prints the path of
-``figure1_ablation.json`` on its last line.
+It writes ``figure1_ablation.json`` (per arm the series and per_seed of figure1.json and :func:`rule_margins`;
+``full_minus_no_perturbation_last``: each series' paired difference at the last iteration), ``figure1_ablation.png``
+(:data:`PANELS`) and each arm's own ``figure1.json``, and prints the path of ``figure1_ablation.json`` last.
 """
 from __future__ import annotations
 

@@ -1,33 +1,19 @@
 """Held-out probes of each player: is a checkpoint better at its role than the backbone?
 
-Each probe runs a player on a fixed set of ``eval/probes/data/`` (made once by
-``python -m eval.probes.make_sets``, never trained on) and returns rates with their binomial standard
-errors, SE = sqrt(p (1 − p) / n), so that a change between two checkpoints can be read against its noise.
+Each probe runs a player on a fixed set of ``eval/probes/data/`` (made once by ``python -m eval.probes.make_sets``,
+never trained on) and returns rates with their standard errors (:func:`binomial_se`), so that a change between two
+checkpoints can be read against its noise. All sampling uses fixed seeds that do not depend on the checkpoint: two
+checkpoints see the same draws (a paired comparison).
 
-- **Execution** (:func:`probe_execution`): greedy answers in the player's own tool loop to GSM8K and MMLU
-  problems with gold answers, through the code of the fixed diagnostic pool of Appendix D.2
-  (:func:`unifiedplayers.diagnostics.execution_pool.evaluate_pool`):
-  accuracy, and the answered rate (the loop ended with a final answer within its turn and token budget).
-  Beside them, the **tool probe** (:func:`probe_execution_tool`): the same player, loop and grading on
-  arithmetic word problems of three to five operations on three- to five-digit integers with exact
-  answers (``execution_tool.jsonl``, :mod:`eval.probes.make_tool_set`), where computing in Python beats
-  guessing: ``execution/accuracy_tool``. Graded in tool mode as the other Execution probes: the
-  trajectory's own final answer (a box that only code printed is no answer).
-- **Evaluation** (:func:`probe_evaluation`): the player writes M verifiers per probe question (fixed seed);
-  each runs in the sandbox on the question's correct trajectory and its five perturbations
-  (:func:`unifiedplayers.feedback.verdict.verdict_matrix`). Reported: the valid-verifier rate; acceptance of the
-  originals and rejection of the variants by the valid verifiers (the latter is Figure 1a's "adversarial
-  rejection", Appendix C.2: rejection of perturbed trajectories only); Eq. 12's V(q) (invalid verifiers
-  count 0); the share of checks that raised or timed out; and the discrimination accuracy as the paper's
-  84.2 % (§4.5, Figure 3c: originals vs perturbed trajectories), computed by
-  :func:`eval.analysis.discrimination.discrimination` (verifier-level balanced accuracy).
-- **Planning** (:func:`probe_planning`): the player answers fixed topic prompts (fixed seed); reported are
-  the well-formed-task rate and U(q) = min(p̂, 1 − p̂) (paper §3.2) of its first well-formed tasks,
-  measured with K trajectories of one fixed Execution policy (the backbone), so that U moves only with
-  the Planning player.
-
-All sampling uses fixed seeds that do not depend on the checkpoint: two checkpoints see the same draws
-of the probe (a paired comparison).
+- **Execution** (:func:`probe_execution`): greedy answers in the player's own tool loop to GSM8K and MMLU problems,
+  through the diagnostic pool's code (:func:`unifiedplayers.diagnostics.execution_pool.evaluate_pool`): accuracy and
+  the answered rate. Beside them the **tool probe** (:func:`probe_execution_tool`): the same on arithmetic word
+  problems where computing in Python beats guessing (:mod:`eval.probes.make_tool_set`), ``execution/accuracy_tool``.
+- **Evaluation** (:func:`probe_evaluation`): M verifiers per question, run on its correct trajectory and its five
+  perturbations; the rates of :func:`evaluation_metrics`.
+- **Planning** (:func:`probe_planning`): the well-formed-task rate over fixed topic prompts, and U(q) (§3.2) of the
+  first well-formed tasks from K trajectories of one fixed Execution policy (the backbone), so that U moves only
+  with the Planning player.
 """
 from __future__ import annotations
 
@@ -203,19 +189,17 @@ def probe_execution_tool(engine: Any, sandbox: Any, tokenizer: Any, cfg: Any, qu
 
 
 def evaluation_metrics(verdicts: Sequence[Any], rules: Sequence[str]) -> dict[str, Any]:
-    """The Evaluation probe's rates from one verdict matrix per question (one original trajectory each).
+    """The Evaluation probe's rates from one verdict matrix per question (one original trajectory each):
 
-    valid = Σ M_q / Σ M (compilation and run-time validity, :mod:`unifiedplayers.feedback.verdict`);
-    original_acceptance = mean of Z_orig over the valid verifiers; adv_rejection = share of the valid
-    verifiers' checks of applied variants that *rejected* (a check that errored is not a rejection, as in
-    the rewards: it gets no ρ_adv credit); writability = mean over questions of Eq. 12's
-    V(q) = (1/M) Σ_{i valid} ρ_adv_i; check_errors = share of the valid verifiers' checks that raised, timed
-    out or returned a non-verdict; original_errors and original_rejections = the shares of the generated
-    verifiers' checks of the originals (M·K per question; a verifier that does not compile runs none) that errored
-    and that rejected with a verdict, kept apart (an error is no verdict; a verifier that errors on a
-    probe question's one original is run-time invalid); discrimination = §4.5's accuracy of telling originals from perturbed
-    trajectories, the verifier-level balanced accuracy (original_acceptance + adv_rejection) / 2, by
-    :func:`eval.analysis.discrimination.discrimination` (an errored check counts as neither right verdict).
+    - valid = Σ M_q / Σ M (compilation and run-time validity, :mod:`unifiedplayers.feedback.verdict`);
+    - original_acceptance = mean of Z_orig over the valid verifiers;
+    - adv_rejection = share of the valid verifiers' checks of applied variants that rejected (an error is none);
+    - writability = mean over questions of Eq. 12's V(q);
+    - check_errors = share of the valid verifiers' checks that raised, timed out or returned a non-verdict;
+    - original_errors, original_rejections = the shares of the generated verifiers' checks of the originals that
+      errored and that rejected with a verdict (a verifier that errors on a question's one original is invalid);
+    - discrimination = §4.5's verifier-level balanced accuracy (original_acceptance + adv_rejection) / 2
+      (:func:`eval.analysis.discrimination.discrimination`).
     """
     from eval.analysis.discrimination import discrimination
     from unifiedplayers.feedback.rewards import adversarial_rejection_rate, verifier_writability

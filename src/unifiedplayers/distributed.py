@@ -1,50 +1,14 @@
 """One run over several processes (GPUs): rank 0 runs the outer loop, the other ranks follow its calls.
 
-Launched with ``torchrun --nproc_per_node=N -m unifiedplayers.train ...`` on one node or on each of several
-(:mod:`unifiedplayers.launch` writes torchrun's options), or any launcher that sets ``RANK``, ``LOCAL_RANK``,
-``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``. Without them, or with ``WORLD_SIZE=1``, :func:`init_distributed`
-returns :data:`SINGLE` and nothing here does anything: the single-process path is unchanged. Over several nodes
-the run directory must be one filesystem that every node shares: :func:`check_shared_directory` stops the run at
-start-up where it is not.
+Launched with ``torchrun`` (:mod:`unifiedplayers.launch` writes its options) or any launcher that sets ``RANK``,
+``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``. Without them, or with ``WORLD_SIZE=1``,
+:func:`init_distributed` returns :data:`SINGLE` and nothing here does anything. Who does what on which rank, the
+timeouts and the watchdog: docs/distributed.md. Here: the object collectives, sampling split by prompt
+(:func:`prompt_shard`), the gradient all-reduce, the GPU pinning and the shared-directory check.
 
-Who does what (``unifiedplayers.loop.ranks``, the run's one rank boundary, and ``unifiedplayers.trainer``):
-
-- rank 0 runs the outer loop as single-process code; each call that every rank must make (generation, the π_old
-  pass, the update, reading weights, block start and end, saving and loading checkpoints) it sends to the other
-  ranks first, which run it with their own team, engine and sandbox (``loop.ranks.follow``);
-- every rank holds all three players and its own rollout engine and sandbox (the tool loop runs code);
-  with ``rollout=vllm`` an in-process engine on the rank's GPU, into which the rank copies its own
-  trainer's weights (:mod:`unifiedplayers.rollout.vllm_engine` on how vLLM shares the process group);
-- sampling is split by prompt: rank r generates all n samples (G_T tasks, K trajectories, M verifiers) of the
-  prompts of :func:`prompt_shard` (P, r, N), a contiguous block, so every rank is busy as soon as P >= N
-  and each engine sees whole prompts; the blocks are gathered in rank order, which is the prompt order; the
-  diagnostic pool's questions are split the same way (:class:`unifiedplayers.loop.run_files.DiagnosticPool`);
-- rank 0 alone runs the perturbations, the verdict matrices, the rewards and the advantages, writes
-  records, metrics, checkpoints, the state and the summary, and sends the update's batch with its call;
-- the update is data-parallel: every rank processes its share of the batch's micro-batches with the
-  whole batch's Eq. 21 weights, and the gradients are summed over the ranks, so every rank takes the
-  batch's optimizer step and the weights stay identical. ``trainer=torch``:
-  :meth:`DistContext.all_reduce_gradients`; ``trainer=deepspeed_zero2|3``: the ZeRO engine reduces (it
-  averages, so the losses are scaled by N), every rank runs as many micro-batches (zero-weight padding),
-  and checkpoints are written by all ranks together (one optimizer partition each);
-- under ZeRO-3 reading a player's full weights is a collective (the reference copy, the copy into a
-  rank's vLLM engine, published snapshots): every rank does it when rank 0's call arrives. ZeRO-3
-  over several ranks needs ``rollout=vllm`` (hf generation from partitioned weights would be a collective
-  per token) and fresh feedback.
-
-The other ranks wait for rank 0's next call while it works alone (perturbations, verdicts, rewards), so
-the process group's timeout is long: ``UNIFIEDPLAYERS_DIST_TIMEOUT_MIN`` minutes (120). A rank that hangs or
-fails ends the job sooner, named: every rank beats through the job's store and watches the others'
-(:mod:`unifiedplayers.watchdog`, ``UNIFIEDPLAYERS_HANG_LIMIT_S``, 120 s), and a rank whose run raises posts its
-error there and leaves (:func:`destroy`). Every collective here notes where the rank waits (:func:`waiting`), so
-ranks that all wait at collectives that do not match end the job too; the long timeout remains for collectives of
-other libraries (DeepSpeed's, vLLM's).
-
-On GPUs each rank is pinned to the GPU of its ``LOCAL_RANK`` before CUDA starts (:func:`_pin_gpu`):
-``CUDA_VISIBLE_DEVICES`` is narrowed to that GPU and ``LOCAL_RANK`` becomes 0, its ordinal among the visible
-ones, so every library picks it: DeepSpeed (``cuda:$LOCAL_RANK``), vLLM's in-process worker (``cuda:0``, made
-current) and our ``cuda`` (the current device, set by :func:`init_distributed`). :attr:`DistContext.local_rank`
-keeps the launcher's value.
+The process group's timeout is long (``UNIFIEDPLAYERS_DIST_TIMEOUT_MIN``, 120 minutes) because the other ranks wait
+while rank 0 builds the feedback alone; hangs are found by :mod:`unifiedplayers.watchdog`, told where each rank
+waits by :func:`waiting`.
 """
 from __future__ import annotations
 
@@ -235,11 +199,8 @@ def _listed_gpus() -> list[str]:
 def _pin_gpu(local_rank: int) -> None:
     """Make the GPU of ``local_rank`` this process's only GPU, before CUDA starts: ``CUDA_VISIBLE_DEVICES`` narrowed
     to it and ``LOCAL_RANK=0``, its ordinal among the visible ones (DeepSpeed sets ``cuda:$LOCAL_RANK``; the
-    launcher's value would be no device on every rank but 0). Nothing changes without a GPU.
-
-    Not verl's and TRL's way (every GPU visible, ``torch.cuda.set_device(local_rank)``): vLLM's uni-process
-    worker, which our in-process engine uses, takes ``cuda:0`` and makes it current; they run vLLM with the
-    external-launcher executor, which reads ``LOCAL_RANK``.
+    launcher's value would be no device on every rank but 0; vLLM's in-process worker takes ``cuda:0``). Nothing
+    changes without a GPU. :attr:`DistContext.local_rank` keeps the launcher's value.
     """
     devices = _listed_gpus()
     if not devices:

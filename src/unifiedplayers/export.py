@@ -19,10 +19,8 @@ in float32, then cast), as plain ``save_pretrained`` files; or ``adapter``, PEFT
 ``base_model_name_or_path`` is the run's ``model.path``; a backbone with none (the embedded model, the tiny one) is
 written beside it, in ``DIR/base``, once.
 
-A finished run exports every trained player into ``RUN_DIR/export/<role>`` (``schedule.export_at_end``), from the
-checkpoint files on disk, with the same code. The CPU presets (``smoke``, ``figure1_smoke``, ``ablation_smoke``) leave
-that off and export on demand: the export is the checkpoint's float32 ``model.pt`` cast to the sampling dtype, so
-keeping both would hold each player's weights twice (docs/running.md, "The run directory").
+With ``schedule.export_at_end`` a finished run exports every trained player into ``RUN_DIR/export/<role>`` with the
+same code (docs/running.md, "The run directory", says why the CPU presets leave it off).
 """
 from __future__ import annotations
 

@@ -14,12 +14,7 @@ node; this module writes its options from four environment variables:
 
 Several nodes get ``--nnodes=NNODES --node_rank=NODE_RANK --rdzv_backend=static --rdzv_endpoint=ADDR:PORT
 --rdzv_id=ID`` (the id is Slurm's ``SLURM_JOB_ID`` where there is one), and no restarts: a rank or a node that
-fails ends the job (docs/distributed.md, "Across nodes").
-
-Why torchrun's static rendezvous and not its elastic ``c10d`` one: a run has a fixed size and never restarts, and
-under ``c10d`` every node's torchrun keeps asking node 0's store whether nodes wait to join, so a hung node 0 left
-the other nodes' torchrun waiting on it for minutes after their ranks had ended (docs/distributed.md, "Across
-nodes", has the measurement); ``c10d`` also ignores ``--node_rank``.
+fails ends the job. Why the static rendezvous and not ``c10d``: docs/distributed.md, "Across nodes".
 """
 from __future__ import annotations
 

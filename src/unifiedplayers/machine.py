@@ -1,8 +1,8 @@
 """Where a run ran: the CPU, its bf16 flags, the core and thread counts, torch, Python, the GPUs, and
 the isolation its sandbox got.
 
-Gradients and log-probs differ by a few 1e-6 between CPU kinds (AMX against AVX2 kernels), and a sandbox
-without root lacks layers; a figure or a red CI log is traced to its machine by this record:
+A figure or a red CI log is traced to its machine by this record (numerics differ between CPU kinds, and a
+sandbox without root lacks layers):
 
 - each start of a run appends :func:`machine_info` and its sandbox's isolation layers to the ``machine`` list
   of its ``config.yaml`` (:func:`record_start`; a resumed run keeps the entries of its earlier starts, and the

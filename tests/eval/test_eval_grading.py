@@ -1,7 +1,8 @@
 """Grading and extraction cases worked out by hand."""
 import pytest
 
-from eval.extract import extract_option_letter, humaneval_program, last_boxed
+from eval.extract import humaneval_program
+from unifiedplayers.feedback.answers import extract_option_letter, last_boxed
 from unifiedplayers.feedback.answers import grade, grade_math, grade_option, grade_string
 from unifiedplayers.feedback.answers import extract_answer
 from unifiedplayers.feedback.trajectory import parse_transcript

@@ -167,7 +167,7 @@ def test_records_written_before_error_masks_still_load():
 
 def test_the_progress_callback_sees_every_task_in_order(sandbox, reward_cfg):
     """FeedbackContext.progress wraps the verdict stage (the loop's tqdm bar): it gets the tasks in order, once."""
-    from unifiedplayers.feedback.pipeline import task_feedback
+    from tests.feedback.loop_feedback import task_feedback
 
     seen = []
 

@@ -426,9 +426,7 @@ def test_engine_none_preset_gives_no_variants():
 
 
 def test_rule_kinds_follow_the_spec():
-    from unifiedplayers.feedback.perturbation import RULE_KINDS
-
-    assert RULE_KINDS == {
+    assert {name: RULES.get(name).scope for name in ALL_RULES} == {
         "arg_mutation": "local", "step_drop": "local", "step_swap": "local",
         "early_terminate": "global", "tool_substitute": "global",
     }

@@ -16,7 +16,12 @@ import pytest
 from tests.feedback.paper_examples import TRAJ1, TRAJ2, VERIFIER_1_1, VERIFIER_1_2
 
 from unifiedplayers.feedback.perturbation import PerturbationEngine
-from unifiedplayers.diagnostics.records import InteractionRecord, RecordWriter, append_record, load_records, records_dataframe
+from unifiedplayers.diagnostics.records import InteractionRecord, RecordWriter, load_records, records_dataframe
+
+
+def append_record(path, record):
+    with RecordWriter(path) as w:
+        w.append(record)
 
 
 def make_record(task_id="t0", m_q=2):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from unifiedplayers.config import compose
-from unifiedplayers.diagnostics.entropy_bank import ROLES, bank_size, entropy_bank_texts, load_bank
+from unifiedplayers.diagnostics.entropy_bank import ROLES, entropy_bank_texts, load_bank
 from unifiedplayers.models import build_byte_tokenizer
 from unifiedplayers.players import evaluation_prompt, execution_prompt, planning_prompt
 
@@ -20,7 +20,7 @@ PRESETS = [p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml")]
 
 @pytest.mark.parametrize("role", ROLES)
 def test_256_distinct_contexts_per_role_and_the_first_size(role):
-    assert bank_size(role) == 256  # paper Appendix D.2
+    assert len(load_bank()[role]) == 256  # paper Appendix D.2
     texts = entropy_bank_texts(role, 256)
     assert len(set(texts)) == 256 and all(t.strip() for t in texts)
     assert entropy_bank_texts(role, 4) == texts[:4] and entropy_bank_texts(role, 0) == []

@@ -10,8 +10,8 @@ from unifiedplayers.players.tool_loop import (
     render_observation,
     run_tool_loop,
     scan_turn,
-    truncate_observation,
 )
+from unifiedplayers.feedback.observation import observation_body, truncate_observation
 from unifiedplayers.rollout.types import Completion, find_stop
 from unifiedplayers.sandbox import Sandbox, SandboxConfig
 
@@ -128,8 +128,6 @@ def test_timeout_and_truncation(sandbox, tok):
     assert "characters truncated" in r.observations[0] and len(r.observations[0]) < 200
     assert "[timed out]" in r.observations[1]
     # the formatter the perturbation engine reuses gives the same text for the same result
-    from unifiedplayers.players.tool_loop import observation_body
-
     assert observation_body(sandbox.run("print('a' * 5000)"), 100) == r.observations[0]
 
 

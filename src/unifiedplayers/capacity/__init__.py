@@ -40,12 +40,3 @@ from unifiedplayers.capacity.run_plan import PAPER_GPU_HOURS, Plan, plan
 from unifiedplayers.capacity.units import GB, TB, GiB, count
 from unifiedplayers.capacity.workload import (RoleLoad, Setup, Stage, busiest_rank_rows, micro_rows, phase_stages,
                                               role_loads, setup_of)
-
-__all__ = [
-    "ARCH_DIR", "Arch", "UnknownArchitecture", "arch_file", "arch_from_config", "model_arch",
-    "CPU_ADAM_PARAMS_PER_S", "DISK_WRITE_BYTES_PER_S", "GPU_LINK_BYTES_PER_S", "PCIE_BYTES_PER_S", "RoleCompute",
-    "bank_scorings_per_update", "checkpoint_disk", "CapacityError", "check_fits", "Hardware", "hardware_here",
-    "node_here", "Need", "run_need", "runs_that_fit",
-    "Instant", "Item", "device_instants", "PAPER_GPU_HOURS", "Plan", "plan", "GB", "TB", "GiB", "count",
-    "RoleLoad", "Setup", "Stage", "busiest_rank_rows", "micro_rows", "phase_stages", "role_loads", "setup_of",
-]

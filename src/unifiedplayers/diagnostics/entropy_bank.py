@@ -36,12 +36,6 @@ def load_bank() -> dict[str, Any]:
     return bank
 
 
-def bank_size(role: str) -> int:
-    """How many contexts the bank holds for ``role``."""
-    _check_role(role)
-    return len(load_bank()[role])
-
-
 def entropy_bank_texts(role: str, size: int) -> list[str]:
     """The first ``size`` held-out texts of ``role``: topic phrases (planning) or questions (execution,
     evaluation), to be rendered with that role's prompt. Raises ``ValueError`` for an unknown role, a

@@ -1,27 +1,12 @@
 """The Execution player's fixed diagnostic pool (§4.4, Appendix D.2).
 
 Every ``schedule.execution_pool.every`` Execution updates (paper: 50) the Execution player answers a fixed
-pool of math and general questions (paper: 128 + 128), greedily, with its own tool loop and prompt (the
-format it is trained on). The pool is the first ``math_size`` problems of one offline benchmark file and
-the first ``general_size`` of another (by default the GSM8K and MMLU subsets the evaluation harness ships
-with, loaded and graded by the harness's own code: :mod:`unifiedplayers.data.benchmarks`,
-:mod:`unifiedplayers.feedback.answers`); a file holding fewer problems caps its share.
-
-Over several ranks each rank answers a contiguous block of the questions with its own engine and sandbox and
-rank 0 gathers the graded answers in question order (:func:`evaluate_pool`'s ``split``): the same items, hence the
-same accuracies and log lines, as one rank. Decoding is greedy, so a question's text does not depend on the rank
-that answers it, up to the float rounding of the batch it is decoded in (vLLM does not promise batch invariance).
-
-Over the run this gives one accuracy per checkpoint (updates e = N, 2N, ...), from which the run summary
-reports the **negative-step rate** (the share of adjacent checkpoints where accuracy falls) and the
-**maximum drop** (:func:`negative_steps`).
-
-Every evaluation is appended to ``execution_pool.jsonl`` in the run directory (one line per checkpoint:
-the accuracies and each question's extracted answer and verdict) before the update's metrics line is
-written. A resumed run that redoes an update whose evaluation is already in that file reuses the line
-instead of decoding again, so an evaluation is never repeated or duplicated. A missing dataset file is a
-warning and a ``missing`` entry in every line, never a crash; with no question at all the evaluation
-points are recorded as skipped.
+pool of math and general questions (paper: 128 + 128), greedily, with its own tool loop and prompt. The pool is the
+first ``math_size`` problems of one offline benchmark file and the first ``general_size`` of another, loaded and
+graded by the evaluation harness's code (:mod:`unifiedplayers.data.benchmarks`, :mod:`unifiedplayers.feedback.answers`).
+The run summary reports, over the checkpoints, the negative-step rate and the maximum drop (:func:`negative_steps`).
+Each evaluation is logged to ``execution_pool.jsonl`` (:class:`PoolLog`), which a resumed run reuses; a missing
+dataset file is a warning and a ``missing`` entry in every line, never a crash.
 """
 from __future__ import annotations
 
@@ -106,21 +91,15 @@ def build_pool(pool_cfg: Any) -> tuple[list[PoolQuestion], list[str]]:
 
 def user_message(q: PoolQuestion, pool_cfg: Any) -> str:
     """The question as the Execution player sees it (inside its own prompt template)."""
-    from unifiedplayers.feedback.answers import option_letters
-    from unifiedplayers.players.prompts import fill
+    from unifiedplayers.players.prompts import fill, option_fields
 
     if q.answer_type == "option":
-        options = q.problem.options or []
-        letters = option_letters(len(options))
-        return fill(pool_cfg.option_template, question=q.problem.question,
-                    options="\n".join(f"{letter}. {o}" for letter, o in zip(letters, options)), letters=", ".join(letters))
+        return fill(pool_cfg.option_template, question=q.problem.question, **option_fields(q.problem.options or []))
     return fill(pool_cfg.math_template, question=q.problem.question)
 
 
 def grade_text(q: PoolQuestion, text: str) -> tuple[Optional[str], bool]:
-    """(extracted answer, correct) of one tool-loop transcript, as the evaluation harness grades its tool
-    mode: the trajectory's own final answer as training parses it (a ``\\boxed{}`` printed by code is no
-    answer; :func:`unifiedplayers.feedback.answers.extract_answer`)."""
+    """(extracted answer, correct) of one tool-loop transcript, graded as the harness grades its tool mode."""
     from unifiedplayers.feedback.answers import extract_answer, grade
 
     answer = extract_answer(q.answer_type, text, len(q.problem.options or []), tool=True)

@@ -3,9 +3,8 @@
 W&B runs offline by default (``WANDB_MODE=offline``, files under ``<run_dir>/wandb``), online with
 ``logger=wandb_online`` and not at all with ``logger=none``. A W&B failure (not installed, no network)
 is a warning, never a crash: ``metrics.jsonl`` is the record of the run. Online, ``wandb.init`` waits at
-most ``wandb_init_timeout()`` seconds for the server (``WANDB_INIT_TIMEOUT``, default 15 s, not wandb's
-90 s); past that, or on any other online failure, the run goes on in offline mode with a warning, so the
-metrics still reach W&B's offline files (``wandb sync`` uploads them later). Progress bars (tqdm) go to
+most :func:`wandb_init_timeout` for the server; past that, or on any other online failure, the run goes on in
+offline mode with a warning (``wandb sync`` uploads its files later). Progress bars (tqdm) go to
 stderr and can be turned off with ``logger.progress=false``. A W&B run is named ``logger.name``, by default
 ``<experiment>/<run dir's name>`` (:func:`wandb_run_name`), in ``logger.project`` under ``logger.entity``.
 """
@@ -21,8 +20,8 @@ from typing import Any, Iterable, Optional
 
 from unifiedplayers.rundir import METRICS, WANDB, read_jsonl
 
-# Seconds wandb.init may wait for the W&B server in online mode before the run falls back to offline
-# (wandb's own default, 90 s, is what a machine without a network used to stall for at every start).
+# Seconds wandb.init may wait for the W&B server in online mode before the run falls back to offline (wandb's own
+# default, 90 s, would stall every start of a machine without a network).
 WANDB_INIT_TIMEOUT_S = 15.0
 
 

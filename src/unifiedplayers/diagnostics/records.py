@@ -26,13 +26,10 @@ class InteractionRecord:
 
     trajectories: the K originals T(q). verifiers: the valid verifier sources V(q) (row i of Z).
     variants: K rows of P perturbed trajectories T_adv(q) (None where a rule could not apply).
-    z_orig (M_q, K), z_adv (M_q, K, P), adv_mask (K, P): the verdict matrix Z(q).
+    z_orig, z_adv, adv_mask, valid, error_orig, error_adv, runtime_invalid: the verdict matrix Z(q), as
+    :class:`unifiedplayers.feedback.verdict.VerdictMatrix` defines them; num_generated: M.
     redundancy: ρ_red(q), (M_q,). rules: the P rule names, in column order.
-    valid / num_generated: the indices of V(q) among the M generated verifiers, and M.
     rewards: the rewards derived from this record (filled by the caller; free-form but JSON-able).
-    error_orig (M_q, K), error_adv (M_q, K, P): True where the 0 in Z is a check error (raised, timed
-        out, returned no verdict), not a rejection; runtime_invalid: {index among the M: reason} of the
-        verifiers dropped from V(q) because their check errored on every original (``verdict``).
     """
 
     question: str
@@ -51,7 +48,7 @@ class InteractionRecord:
     expected_answer: Optional[str] = None  # Planning's claimed answer: for filtering/analysis only
     rewards: dict[str, Any] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
-    error_orig: Any = None  # None: no errors (records written before errors were kept apart)
+    error_orig: Any = None  # None: no errors
     error_adv: Any = None
     runtime_invalid: dict[int, str] = field(default_factory=dict)
 
@@ -198,12 +195,6 @@ class RecordWriter:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-
-def append_record(path: Union[str, os.PathLike], record: InteractionRecord) -> None:
-    """Append one record (opens, appends durably, closes)."""
-    with RecordWriter(path) as w:
-        w.append(record)
 
 
 def iter_records(path: Union[str, os.PathLike]) -> Iterator[InteractionRecord]:

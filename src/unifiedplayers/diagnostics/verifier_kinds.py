@@ -1,7 +1,6 @@
 """What the Evaluation reward pays each kind of verifier: shares and mean GRPO advantages.
 
-The kinds are :mod:`unifiedplayers.feedback.kinds`' (invalid, errors on answered originals, rejects all, accepts all,
-discriminating). A verifier's advantage is Eq. 17's within its task's group of M verifiers
+The kinds are :mod:`unifiedplayers.feedback.kinds`'. A verifier's advantage is Eq. 17's within its task's group of M verifiers
 (:func:`unifiedplayers.trainer.grpo.group_advantages` on the task's Evaluation rewards r_C): a kind with a positive
 mean advantage is what the Evaluation player's updates make more likely. The training metrics
 (``evaluation/kind/<kind>/share`` and ``.../advantage``, per update), the summary (per outer iteration, over the

@@ -1,13 +1,9 @@
 """Answer extraction and grading against references, per answer type (Appendix G.2).
 
 One implementation for the whole project: the evaluation harness (``eval/``) and the Execution
-player's fixed diagnostic pool (:mod:`unifiedplayers.diagnostics.execution_pool`, Appendix D.2) both grade with it.
+player's fixed diagnostic pool (:mod:`unifiedplayers.diagnostics.execution_pool`) both grade with it.
+:func:`extract_answer` reads an answer per answer type and mode (``None`` when there is none). Grading:
 
-- answers: ``\\boxed{}`` (:func:`unifiedplayers.feedback.trajectory.extract_boxed`) and the final option letter
-  of a multiple-choice answer (:func:`extract_option_letter`), ``None`` when nothing can be extracted;
-  :func:`extract_answer` per answer type and mode. A tool-mode transcript is graded on the trajectory's
-  own final answer as training parses it (boxes in the reasoning text only, none printed by code); a
-  vanilla completion on the last box of its whole text;
 - ``math``: math-verify (``parse`` + ``verify``), so ``0.5``, ``1/2`` and ``\\frac{1}{2}`` agree and
   intervals compare with their brackets. Its own timeouts use ``signal.alarm``, which fails off the
   main thread, so they are switched off (``parsing_timeout=None, timeout_seconds=None``) and replaced

@@ -6,14 +6,10 @@ order:
 - ``invalid``: not in I_valid (does not compile, no ``check``, or its check errored on every original);
 - ``crashes_answered``: valid, and its check errored (raised, timed out, returned no verdict) on every original
   that has a final answer, with at least one such original. It passes only on unanswered trajectories, where a
-  response prefix's ``if answer is None: return (False, ...)`` rejects cleanly: the "prefix-crasher" that an
-  error credited as a rejection paid like a clean reject-all;
+  response prefix's ``if answer is None: return (False, ...)`` rejects cleanly: the "prefix-crasher";
 - ``rejects_all``: valid, Z = 0 on every original and every applied variant (and not the kind above);
 - ``accepts_all``: valid, Z = 1 on every original and every applied variant;
 - ``discriminating``: valid, anything else (it tells some trajectories from others, rightly or not).
-
-Pure numpy: the training metrics (``loop/phase.py``), the summary and ``eval/analysis/verifier_kinds.py`` read
-the same function.
 """
 from __future__ import annotations
 

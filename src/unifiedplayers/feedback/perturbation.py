@@ -1,37 +1,9 @@
 """The fixed perturbation engine (Appendix F.1, Table 9): P adversarial variants per trajectory.
 
-Five rules, one variant each. A rule returns a new :class:`Trajectory` (the input is never modified)
-or ``None`` where it cannot apply; the verdict matrix masks those entries out (``adv_mask``).
-
-- arg_mutation (local): one numeric literal of a python code step, drawn uniformly among all of them,
-  gets an integer offset from {-2,-1,+1,+2} or a ±5% float shift; the code is re-executed in the
-  sandbox and its output step replaced (inserted if the code had none), written exactly as the
-  Execution tool loop writes observations (``observation.observation_body``: same format, truncated
-  to ``observation_max_chars``), so that only the content can give a variant away.
-  None when no python code step holds a literal that can change (literals in strings and comments
-  do not count; complex literals, 0.0 and inf are skipped).
-- step_drop (local): removes one reason step chosen uniformly. None when there is no reason step.
-- step_swap (local): swaps two adjacent units, chosen uniformly; a code step and the output right
-  after it form one unit. None with fewer than two units or when every adjacent pair is identical.
-- early_terminate (global): keeps the steps before a random cut (a unit boundary at or before the
-  step that states the final answer), drops the rest and ends in an injected reasoning step that
-  states a fabricated final answer as ``\\boxed{distractor}`` (Appendix I.4: the answer step is
-  "replaced by injected \\boxed{8}"), which is also the variant's ``final_answer``. The step reads
-  "So the answer is \\boxed{d}.", as Execution trajectories end; where the cut leaves a
-  reasoning step last, the sentence joins that step, as a transcript's text between fences is one
-  step (:func:`unifiedplayers.feedback.trajectory.state_answer`): the variant has the form of a trajectory
-  that states its answer in its last reasoning step, and a verifier must read its content to tell it.
-  (An original whose answer stood alone after its last output, "\\boxed{9}" with no sentence, has no
-  such step; its variant still gets one.) The distractor is drawn uniformly from
-  :func:`distractors_for`: off-by-one neighbours, the answer rounded to tens, ±10 % and zero, written
-  in the answer's own style and never equal to it in value (a non-numeric or missing answer: zero; one
-  that means zero or nothing: one). Always applies.
-- tool_substitute (global): one python code step, chosen uniformly, gets lang "bash"; code and
-  recorded output unchanged. None when there is no python code step.
-
-Randomness: each (trajectory, rule) pair draws from its own ``random.Random`` seeded by a hash of the
-engine seed, the rule name and the trajectory's content, so a variant never depends on batch order or
-on which other rules are configured.
+Five rules, one variant each, each explained where it is defined: ``arg_mutation``, ``step_drop``, ``step_swap``
+(local) and ``early_terminate``, ``tool_substitute`` (global). A rule returns a new :class:`Trajectory` (the input
+is never modified) or ``None`` where it cannot apply; the verdict matrix masks those entries out (``adv_mask``).
+Each (trajectory, rule) pair draws from its own generator (:func:`rule_rng`).
 
 A rule is a function registered by name and scope (:data:`RULES`; a name already taken is refused)::
 
@@ -39,9 +11,7 @@ A rule is a function registered by name and scope (:data:`RULES`; a name already
     def my_rule(traj: Trajectory, rng: random.Random, params: RuleParams) -> Optional[Trajectory]: ...
 
 and listed in ``perturbation.rules``. A rule outside the package is one Python file named in
-``perturbation.modules`` (imported before the rules are looked up) and one ``conf/perturbation/<name>.yaml``
-(``examples/custom_rule/``). :data:`LOCAL_RULES`, :data:`GLOBAL_RULES` and :data:`ALL_RULES` are the five
-built-ins above, in this order (the default ``perturbation.rules``).
+``perturbation.modules`` and one ``conf/perturbation/<name>.yaml`` (``examples/custom_rule/``).
 """
 from __future__ import annotations
 
@@ -61,7 +31,8 @@ from typing import Any, Callable, Optional, Sequence
 
 from unifiedplayers.feedback.observation import DEFAULT_OBSERVATION_MAX_CHARS, observation_body
 from unifiedplayers.registry import Registry
-from unifiedplayers.feedback.trajectory import Step, Trajectory, extract_boxed, output_step, state_answer
+from unifiedplayers.feedback.trajectory import (PYTHON_LABELS, Step, Trajectory, extract_boxed, output_step,
+                                                state_answer)
 
 Executor = Callable[[Sequence[str]], list[str]]  # code blocks -> observation texts, in order
 SCOPES = ("local", "global")  # Table 15: edits of one step (local) or of the trajectory's structure (global)
@@ -135,7 +106,7 @@ def import_rule_modules(modules: Sequence[str]) -> None:
 
 
 def _is_python(step: Step) -> bool:
-    return step.type == "code" and (step.lang or "").lower() in ("python", "py", "python3")
+    return step.type == "code" and (step.lang or "").lower() in PYTHON_LABELS
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -216,7 +187,9 @@ def _set_output(traj: Trajectory, code_index: int, observation: str) -> None:
 
 @register_rule("arg_mutation", "local", abbrev="arg", propose=propose_arg_mutation)
 def arg_mutation(traj: Trajectory, rng: random.Random, params: RuleParams) -> Optional[Trajectory]:
-    """Local: perturb one numeric literal, re-execute that code step, record its new output."""
+    """Local: one numeric literal of a python code step, drawn uniformly, gets an offset from ``int_offsets`` or a
+    ±``float_rel_change`` shift (:func:`numeric_literals` says which count); the code is re-executed and its output
+    step replaced or inserted, formatted as the tool loop formats observations (see :class:`PerturbationEngine`)."""
     if params.execute is None:
         raise ValueError("arg_mutation re-executes code: give the engine a sandbox")
     proposal = propose_arg_mutation(traj, rng, params)
@@ -255,7 +228,7 @@ def movable_spans(steps: Sequence[Step]) -> list[tuple[int, int]]:
 
 @register_rule("step_swap", "local", abbrev="swap")
 def step_swap(traj: Trajectory, rng: random.Random, params: RuleParams) -> Optional[Trajectory]:
-    """Local: swap two adjacent units, never separating a code step from its output."""
+    """Local: swap two adjacent units (:func:`movable_spans`) chosen uniformly among the pairs that differ."""
     spans = movable_spans(traj.steps)
     steps = traj.steps
     pairs = [u for u in range(len(spans) - 1) if steps[slice(*spans[u])] != steps[slice(*spans[u + 1])]]
@@ -390,13 +363,13 @@ def distractors_for(answer: Optional[str]) -> list[str]:
 
 @register_rule("early_terminate", "global", abbrev="early")
 def early_terminate(traj: Trajectory, rng: random.Random, params: RuleParams) -> Trajectory:
-    """Global: cut before the final answer, drop the rest, append a fabricated final answer.
+    """Global: cut before the final answer, drop the rest, state a fabricated answer (:func:`distractors_for`).
 
     Cut points are unit boundaries (a code step keeps its output) at or before the step that states the
     final answer (the last reason step whose \\boxed{} is the answer; without one, the end of the steps),
-    keeping at least one step when there is one before the answer. The fabricated answer is stated by the
-    variant's last step, a reasoning step that boxes it (``state_answer``): a variant that only set
-    ``final_answer``, with no step boxing it, would be told apart by its form, not its content.
+    keeping at least one step when there is one before the answer. The fabricated answer is boxed by the
+    variant's last reasoning step (``state_answer``, Appendix I.4), so that only its content can give it away.
+    Always applies.
     """
     pool = distractors_for(traj.final_answer)
     answer_at = len(traj.steps)
@@ -429,12 +402,11 @@ def tool_substitute(traj: Trajectory, rng: random.Random, params: RuleParams) ->
     return out
 
 
-# The five built-in rules (Table 9), by scope: the default perturbation.rules, in its column order. Rules registered
-# later (perturbation.modules) are in RULES only.
+# The five built-in rules (Table 9), by scope: the default perturbation.rules. Rules from perturbation.modules
+# are in RULES only.
 LOCAL_RULES = tuple(name for name in RULES.names() if RULES.get(name).scope == "local")
 GLOBAL_RULES = tuple(name for name in RULES.names() if RULES.get(name).scope == "global")
 ALL_RULES = LOCAL_RULES + GLOBAL_RULES
-RULE_KINDS = {name: RULES.get(name).scope for name in ALL_RULES}
 
 
 def rule_rng(seed: int, rule: str, traj: Trajectory) -> random.Random:
@@ -446,12 +418,11 @@ def rule_rng(seed: int, rule: str, traj: Trajectory) -> random.Random:
 class PerturbationEngine:
     """Applies the configured rules to trajectories: ``perturb(traj)`` gives one entry per rule.
 
-    ``sandbox`` (a ``unifiedplayers.sandbox.Sandbox``) is needed only by arg_mutation. Its re-executed
-    outputs are written by the Execution tool loop's own formatter,
-    :func:`unifiedplayers.feedback.observation.observation_body`, truncated to ``observation_max_chars`` (give
-    ``player.observation_max_chars``): an output formatted or truncated differently from the originals'
-    would give the variant away. ``format_result`` (an ``ExecResult`` -> text function) replaces that
-    formatter, for tests and for a tool loop of another format.
+    ``sandbox`` is needed only by a rule that re-executes code. Its outputs are written by the tool loop's own
+    formatter (:func:`~unifiedplayers.feedback.observation.observation_body`) truncated to
+    ``observation_max_chars``, which must be ``player.observation_max_chars``: an output formatted or truncated
+    differently from the originals' would give the variant away. ``format_result`` (ExecResult -> text) replaces
+    that formatter.
     """
 
     def __init__(
@@ -480,7 +451,7 @@ class PerturbationEngine:
             raise ValueError("int_offsets must be non-empty and exclude 0")
         if not 0.0 < float_rel_change < 1.0:
             raise ValueError("float_rel_change must be in (0, 1)")
-        if substitute_lang.lower() in ("python", "py", "python3"):
+        if substitute_lang.lower() in PYTHON_LABELS:
             raise ValueError("tool_substitute must change the language away from python")
         self.seed = seed
         self.sandbox = sandbox
@@ -498,11 +469,7 @@ class PerturbationEngine:
         observation_max_chars: int = DEFAULT_OBSERVATION_MAX_CHARS,
         format_result: Optional[Callable[[Any], str]] = None,
     ) -> "PerturbationEngine":
-        """Build from a ``PerturbationConfig`` node (``conf/perturbation/``), its ``modules`` imported first.
-
-        ``observation_max_chars`` must be the tool loop's (``cfg.player.observation_max_chars``): a
-        re-executed output truncated differently would tell a verifier which trajectory is a variant.
-        """
+        """Build from a ``PerturbationConfig`` node (``conf/perturbation/``), its ``modules`` imported first."""
         import_rule_modules(list(getattr(cfg, "modules", None) or []))
         return cls(
             rules=list(cfg.rules),

@@ -1,7 +1,7 @@
 """Executable feedback (§3.2, Appendix B): perturb → verdict matrix → rewards, for the tasks of one phase.
 
 This is the one feedback function of the project: the outer loop runs :func:`phase_feedback` once per
-sampling phase, and the tests check it (``task_feedback`` is the same function for one task)::
+sampling phase, and the tests check it::
 
     fbs = phase_feedback(tasks, FeedbackContext(perturber, sandbox, cfg.reward, history))
     fbs[i].terms.execution     # (K,) Eq. 4      fbs[i].terms.evaluation    # (M,) Eq. 5
@@ -13,7 +13,6 @@ Each :class:`TaskFeedback` is also what a method's reward sources read
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Any, Callable, Optional, Protocol, Sequence
 
 from unifiedplayers.feedback import rewards
@@ -103,12 +102,3 @@ def _task_feedback(task: FeedbackTask, vm: Any, variants: Sequence[Sequence[Any]
                         tool_calls=list(task.tool_calls), expected_answer=task.expected_answer,
                         question=task.question, method_cfg=ctx.method_cfg, settings=ctx.settings,
                         answer_check=task.answer_check)
-
-
-def task_feedback(question: str, trajectories: Sequence[Trajectory], verifier_sources: Sequence[str], perturber: Any,
-                  sandbox: Any, reward_cfg: Any, history: Sequence[str] = (), expected_answer: Optional[str] = None,
-                  **kwargs: Any) -> TaskFeedback:
-    """:func:`phase_feedback` for one task (``kwargs``: the other fields of :class:`FeedbackContext`)."""
-    task = SimpleNamespace(question=question, trajectories=list(trajectories), verifier_sources=list(verifier_sources),
-                           expected_answer=expected_answer, tool_calls=[], answer_check=None)
-    return phase_feedback([task], FeedbackContext(perturber, sandbox, reward_cfg, history, **kwargs))[0]

@@ -215,8 +215,7 @@ class _ClusterGuard:
             except OSError:
                 self._stop()
                 return None
-            # Its CPU time decides, not the wall clock: a match that ends within its budget on a quiet machine
-            # ends within it under any load (the wall-clock cap only guards against a guard that stalls).
+            # CPU time decides (module docstring); the wall-clock cap only guards against a guard that stalls.
             cpu_limit = process_cpu_seconds(self._proc.pid) + timeout_s
             line = self._read_line(time.monotonic() + self.wall_factor * timeout_s, cpu_limit)
             if line is None:

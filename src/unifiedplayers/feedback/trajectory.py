@@ -43,7 +43,7 @@ from typing import Any, Optional
 STEP_TYPES = ("reason", "code", "output")
 PYTHON_LANG = "python"
 OUTPUT_FENCE = "output"
-_PYTHON_LABELS = {"python", "py", "python3"}
+PYTHON_LABELS = frozenset({"python", "py", "python3"})  # an unlabelled fence is python code too
 _OUTPUT_LABELS = {"output", "stdout", "observation"}
 
 # What the Evaluation player is told about its input (it never sees the expected answer).
@@ -217,8 +217,9 @@ def _is_answer_only(segment: str) -> bool:
 # ---------------------------------------------------------------------------------------------------
 # Parsing
 
-_FENCE_OPEN = re.compile(r"^[ \t]*```[ \t]*([A-Za-z0-9_+.-]*)[ \t]*$", re.MULTILINE)
-_FENCE_CLOSE = re.compile(r"^[ \t]*```[ \t]*$", re.MULTILINE)
+# A fence is a line of its own; the tool loop reads fences by the same rules.
+FENCE_OPEN = re.compile(r"^[ \t]*```[ \t]*([A-Za-z0-9_+.-]*)[ \t]*$", re.MULTILINE)
+FENCE_CLOSE = re.compile(r"^[ \t]*```[ \t]*$", re.MULTILINE)
 
 
 def parse_transcript(question: str, text: str) -> Trajectory:
@@ -258,13 +259,13 @@ def _scan(text: str) -> tuple[list[Step], list[str]]:
             steps.append(reason_step(seg))
 
     while True:
-        m = _FENCE_OPEN.search(text, pos)
+        m = FENCE_OPEN.search(text, pos)
         if m is None:
             break
         add_reason(text[pos : m.start()])
         label = m.group(1).lower()
         body_start = m.end() + 1 if m.end() < len(text) else m.end()
-        close = _FENCE_CLOSE.search(text, body_start)
+        close = FENCE_CLOSE.search(text, body_start)
         if close is None:
             body, pos = text[body_start:], len(text)
         else:
@@ -274,7 +275,7 @@ def _scan(text: str) -> tuple[list[Step], list[str]]:
             steps.append(output_step(body))
         elif label == "" and steps and steps[-1].type == "code":
             steps.append(output_step(body))
-        elif label in _PYTHON_LABELS or label == "":
+        elif label in PYTHON_LABELS or label == "":
             steps.append(code_step(body, PYTHON_LANG))
         else:
             steps.append(code_step(body, label))

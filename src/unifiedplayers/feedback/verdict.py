@@ -14,9 +14,7 @@ returns something other than a verdict (``verifier.ERROR_KINDS``) is an *error*,
   is not counted in M_q, gets ``invalid_verifier_reward`` and adds nothing to V(q). Otherwise a
   crash-always verifier (ρ_gold = 0, ρ_adv = 1 under Eq. 11) would out-score an accept-all one under
   Eq. 5 (0.5 against 0.4 at α, β = 0.4, 0.5) and raise V(q). ``runtime_invalid`` gives the reasons.
-- Errors on variants earn no ρ_adv credit by default: an error is not a verdict (B.1) and no evidence that the
-  perturbation was caught (``reward.variant_error_credit=true``, the "errors credited" ablation, counts them as
-  rejections; see ``rewards.adversarial_rejection_rate``).
+- What an error on a variant earns: see ``reward.variant_error_credit`` in :mod:`unifiedplayers.feedback.rewards`.
 """
 from __future__ import annotations
 

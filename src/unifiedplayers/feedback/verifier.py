@@ -21,11 +21,12 @@ import re
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from unifiedplayers.feedback.trajectory import PYTHON_LABELS
+
 CHECK_NAME = "check"
 ENTRY_POINT = "__unifiedplayers_verdict__"  # the function the sandbox calls (defined in the prelude)
 
 _FENCE = re.compile(r"^[ \t]*```[ \t]*([A-Za-z0-9_+.-]*)[ \t]*\n(.*?)^[ \t]*```[ \t]*$", re.MULTILINE | re.DOTALL)
-_PYTHON_LABELS = {"python", "py", "python3", ""}
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ def extract_python_block(text: str) -> Optional[str]:
     tail = _UNTERMINATED.search(text, matches[-1].end() if matches else 0)
     if tail is not None and "```" not in tail.group(2):
         return tail.group(2)
-    blocks = [m.group(2) for m in matches if m.group(1).lower() in _PYTHON_LABELS]
+    blocks = [m.group(2) for m in matches if m.group(1).lower() in PYTHON_LABELS | {""}]
     if blocks:
         return blocks[-1]
     return None if "```" in text else text

@@ -14,20 +14,3 @@ from unifiedplayers.players.planning import PlanningTask, generate_tasks, parse_
 from unifiedplayers.players.prompts import chat_messages, fill, render_prompt
 
 from unifiedplayers.roles import ROLES  # noqa: E402 (defined once)
-
-__all__ = [
-    "ROLES",
-    "PlanningTask",
-    "VerifierSample",
-    "chat_messages",
-    "evaluation_prompt",
-    "execution_prompt",
-    "fill",
-    "generate_tasks",
-    "parse_task",
-    "planning_prompt",
-    "render_prompt",
-    "solve",
-    "topic_at",
-    "write_verifiers",
-]

@@ -7,7 +7,9 @@ A prompt (:class:`unifiedplayers.config.PlayerPrompts`) is: an optional ``system
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
+
+from unifiedplayers.feedback.answers import option_letters
 
 
 def fill(template: str, **values: str) -> str:
@@ -15,6 +17,13 @@ def fill(template: str, **values: str) -> str:
     for key, value in values.items():
         template = template.replace("{" + key + "}", str(value))
     return template
+
+
+def option_fields(options: Sequence[str]) -> dict[str, str]:
+    """The ``{options}`` ("A. text" lines) and ``{letters}`` ("A, B, ...") of a multiple-choice template."""
+    letters = option_letters(len(options))
+    return {"options": "\n".join(f"{letter}. {text}" for letter, text in zip(letters, options)),
+            "letters": ", ".join(letters)}
 
 
 def chat_messages(prompts: Any, **values: str) -> list[dict[str, str]]:

@@ -12,17 +12,8 @@ One *turn* is one generation of the model, until either
 
 - a fenced python block closes (a line ```` ```python ```` ... a line ```` ``` ````; an unlabelled fence
   counts as python, as in :func:`unifiedplayers.feedback.trajectory.parse_transcript`): the code runs in the
-  sandbox, and its observation is appended as an inserted, non-trainable segment, rendered as::
-
-      ```output
-      <stdout>
-      [stderr]
-      <stderr>
-      [exit status N] | [timed out] | [memory limit exceeded]
-      ```
-
-  (the body is :func:`unifiedplayers.feedback.trajectory.format_observation`: stdout alone for a clean run),
-  truncated to ``observation_max_chars`` with a ``[... N characters truncated ...]`` marker; or
+  sandbox, and its observation (:mod:`unifiedplayers.feedback.observation`) is appended as an inserted,
+  non-trainable segment in an ```` ```output ```` fence; or
 - a closed ``\\boxed{...}`` appears in the reasoning text (outside code and output fences): the sample
   is ``answered``; or
 - the model stops (eos) or runs out of ``max_new_tokens``.
@@ -47,23 +38,18 @@ Statuses, never exceptions, for malformed output:
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
-from unifiedplayers.feedback.observation import observation_body, truncate_observation  # noqa: F401 (re-exported)
+from unifiedplayers.feedback.observation import observation_body
 from unifiedplayers.rollout.types import Completion, Segment, flatten_segments
-from unifiedplayers.feedback.trajectory import Trajectory, extract_boxed, parse_transcript
+from unifiedplayers.feedback.trajectory import (FENCE_CLOSE, FENCE_OPEN, PYTHON_LABELS, Trajectory, extract_boxed,
+                                                parse_transcript)
 
 STOP_STRINGS = ["```\n"]
 OBSERVATION_OPEN = "```output\n"
 OBSERVATION_CLOSE = "\n```\n"
 STATUSES = ("answered", "turn_limit", "no_answer", "error")
-
-# The same fence rules as unifiedplayers.feedback.trajectory.parse_transcript: a fence is a line of its own.
-_FENCE_OPEN = re.compile(r"^[ \t]*```[ \t]*([A-Za-z0-9_+.-]*)[ \t]*$", re.MULTILINE)
-_FENCE_CLOSE = re.compile(r"^[ \t]*```[ \t]*$", re.MULTILINE)
-_PYTHON_LABELS = {"python", "py", "python3", ""}
 
 
 @dataclass
@@ -114,10 +100,6 @@ class ToolRollout:
         """``(token_ids, loss_mask, old_logprobs)`` over prompt and response (see ``flatten_segments``)."""
         return flatten_segments(self.segments)
 
-    def response_segments(self) -> list[Segment]:
-        """The segments after the prompt."""
-        return self.segments[1:]
-
 
 def render_observation(body: str) -> str:
     """The inserted observation text (without the newline that may be needed before it)."""
@@ -139,18 +121,18 @@ def scan_turn(text: str) -> _TurnScan:
     """
     pos = 0
     while True:
-        m = _FENCE_OPEN.search(text, pos)
+        m = FENCE_OPEN.search(text, pos)
         if m is None:
             break
         if extract_boxed(text[pos:m.start()]) is not None:
             return _TurnScan("answer")
         body_start = min(m.end() + 1, len(text))
-        close = _FENCE_CLOSE.search(text, body_start) if m.end() < len(text) else None
+        close = FENCE_CLOSE.search(text, body_start) if m.end() < len(text) else None
         if close is None:
             return _TurnScan("open")
         label = m.group(1).lower()
         end = close.end() + 1 if close.end() < len(text) and text[close.end()] == "\n" else close.end()
-        if label in _PYTHON_LABELS:
+        if label in PYTHON_LABELS or label == "":
             body_end = close.start() - 1 if close.start() > body_start else close.start()
             return _TurnScan("code", code=text[body_start:body_end], cut=end)
         pos = end

@@ -126,11 +126,7 @@ def _call_request(source: Any, function: Any, payload: Any, timeout_s: Optional[
 
 
 class Sandbox:
-    """Runs untrusted Python under the isolation of Appendix D.3, warm and in parallel.
-
-    >>> with Sandbox(SandboxConfig(timeout_s=10, memory_mb=512)) as sb:
-    ...     sb.run("print(1+1)").stdout
-    '2\\n'
+    """Runs untrusted Python under the isolation of Appendix D.3, warm and in parallel (usage: the package docstring).
 
     One server process is started lazily and restarted if it ever dies; calls from several threads
     are serialised batch by batch. ``isolation`` reports which layers this machine provides.

@@ -6,11 +6,8 @@ import os
 import random
 import time
 
-# ---------------------------------------------------------------------------------------------------
-# What a call reads that would change from run to run (sandbox.deterministic): the calendar clock, the random
-# generators and the str hash (PYTHONHASHSEED, set by the client). Model-written code that printed
-# time.time() gave another observation, and so another trajectory, in every run of one seed.
-
+# Model-written code that printed time.time() would give another observation, and so another trajectory, in every
+# run of one seed.
 VIRTUAL_EPOCH = 1767225600.0  # 2026-01-01 00:00:00 UTC: the calendar time at which every call starts
 VIRTUAL_TICK = 1e-6  # seconds the virtual calendar clock advances at each reading
 _virtual = [0.0]  # seconds since the call began, on its virtual clock (0 in the forker: each call starts there)

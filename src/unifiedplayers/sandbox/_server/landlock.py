@@ -20,7 +20,6 @@ NET_BIND_TCP = 1 << 0
 NET_CONNECT_TCP = 1 << 1
 SCOPE_ABSTRACT_UNIX_SOCKET = 1 << 0
 SCOPE_SIGNAL = 1 << 1
-FILE_ONLY_RIGHTS = FS_EXECUTE | FS_WRITE_FILE | FS_READ_FILE | FS_TRUNCATE | FS_IOCTL_DEV
 
 SYSTEM_READ_DIRS = ("/lib", "/lib64", "/usr/lib", "/usr/lib64", "/usr/share/zoneinfo")
 DEVICE_FILES = ("/dev/null", "/dev/zero", "/dev/urandom", "/dev/random")

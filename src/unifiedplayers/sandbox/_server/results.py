@@ -7,7 +7,6 @@ from .framing import ENDED, KILLED, RESULT_VALUE, TIMED_OUT
 
 def build_result(req, limit, value_limit, out, err, res, out_total, err_total, res_total, status, how,
                   duration, timeout):
-    """The client's view of one finished call, from what the server read of its three pipes."""
     result = {
         "stdout": out.decode("utf-8", errors="replace"),
         "stderr": err.decode("utf-8", errors="replace"),
