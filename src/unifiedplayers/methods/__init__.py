@@ -1,19 +1,6 @@
-"""Methods: UnifiedPlayers and its baselines (§4.1, Appendix G.1) behind one interface.
-
-A method is one :class:`Method` subclass in one Python file, registered with :func:`register_method`, and one
-``conf/method/<name>.yaml`` (``method.name``, the players it trains, the reward source of each player, and
-``method.extra``: the typed ``Settings`` of the class). See :mod:`unifiedplayers.methods.base` for the hooks
-and :mod:`unifiedplayers.methods.sources` for the named reward sources. The baselines:
-
-- :mod:`~unifiedplayers.methods.r_zero` (Challenger reward with the within-batch BLEU-cluster penalty, the
-  Solver's self-consistency band);
-- :mod:`~unifiedplayers.methods.agent0` (Curriculum reward with the tool-call bonus, the Executor's ADPO);
-- :mod:`~unifiedplayers.methods.absolute_zero` (learnability and exact-answer rewards, code-reasoning tasks
-  validated in the sandbox);
-- :mod:`~unifiedplayers.methods.socratic_zero` (a Teacher behind an OpenAI-compatible endpoint grades the
-  Solver; DPO pairs and imitation).
-
-They are imported when a run names them (this package never imports them at import time).
+"""Methods: UnifiedPlayers and its baselines (§4.1, Appendix G.1) behind one interface (:mod:`.base`, the hooks;
+:mod:`.sources`, the reward sources). The baselines, imported when a run names them: :mod:`.r_zero`, :mod:`.agent0`,
+:mod:`.absolute_zero`, :mod:`.socratic_zero`.
 """
 from __future__ import annotations
 

@@ -43,8 +43,8 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from unifiedplayers.methods.base import GroupShape, Method, register_method
-from unifiedplayers.methods.r_zero import (BLEU_DISTANCE_THRESHOLD, ChallengerSettings, challenger_settings,
-                                           cluster_shares, in_band, uncertainty_reward)
+from unifiedplayers.methods.r_zero import (BLEU_DISTANCE_THRESHOLD, ChallengerSettings, challenger_rewards, in_band,
+                                           r_zero_challenger)
 from unifiedplayers.methods.sources import register_reward_source, self_consistency
 
 if TYPE_CHECKING:
@@ -72,15 +72,9 @@ def tool_reward(tool_calls: Sequence[int], weight: float = DEFAULT_TOOL_WEIGHT,
 def curriculum_rewards(p_hats: Sequence[float], tool_rewards: Sequence[float], questions: Sequence[str],
                        form: str = "paper", weight: float = 1.0,
                        threshold: float = BLEU_DISTANCE_THRESHOLD) -> list[float]:
-    """R_C of each well-formed task of one batch (the module docstring's formulas)."""
-    if not len(p_hats) == len(tool_rewards) == len(questions):
-        raise ValueError(f"{len(p_hats)} p_hat, {len(tool_rewards)} tool rewards, {len(questions)} questions")
-    rep = weight * cluster_shares(questions, threshold)
-    if form == "paper":
-        return [max(0.0, uncertainty_reward(p) + t - r) for p, t, r in zip(p_hats, tool_rewards, rep)]
-    if form == "code":
-        return [min(p, 1.0 - p) + t - r for p, t, r in zip(p_hats, tool_rewards, rep)]
-    raise ValueError(f"method.extra.reward_form={form!r}: paper | code")
+    """R_C of each well-formed task of one batch (the module docstring's formulas): R-Zero's Challenger reward with
+    R_tool added."""
+    return challenger_rewards(p_hats, questions, form, weight, threshold, bonus=tool_rewards)
 
 
 @dataclass
@@ -111,12 +105,7 @@ def _tool_reward_of(fb: TaskFeedback) -> float:
 
 @register_reward_source("planning", "agent0_curriculum", batch=True)
 def agent0_curriculum(feedback: Sequence[TaskFeedback]) -> list[float]:
-    if not feedback:
-        return []
-    s = challenger_settings(feedback[0])
-    return curriculum_rewards([self_consistency(fb) for fb in feedback], [_tool_reward_of(fb) for fb in feedback],
-                              [fb.question for fb in feedback], form=str(s.reward_form),
-                              weight=float(s.repetition_weight), threshold=float(s.bleu_distance_threshold))
+    return r_zero_challenger(feedback, bonus=[_tool_reward_of(fb) for fb in feedback])
 
 
 def _ramp(x: float, lo: float, hi: float) -> float:

@@ -1,40 +1,27 @@
 """Socratic-Zero (Appendix G.1; Wang et al. 2025, arXiv 2509.24726): a fixed Teacher and two trained players.
 
-- **Teacher** (not trained): an external model behind an OpenAI-compatible endpoint
-  (``method.extra.teacher_endpoint``, ``method.extra.teacher_model``). It has two functions: V(q, y) ∈ {0, 1}, the
-  grade of a solution (:meth:`TeacherClient.grade`), and G(q, y_fail) → (q', y'_ref), which turns a problem the
-  Solver failed into a new problem aimed at that failure, with a worked reference solution
-  (:meth:`TeacherClient.refine`).
-- **Solver** (the Execution role, no tools): trained on Teacher-judged preference pairs with DPO. For each
-  problem, its K solutions split into Y_w (graded correct) and Y_l (graded wrong); when no solution is
-  correct, the Teacher's reference solution is the one winner (:func:`preference_pairs`). The loss is
-  ``grpo.dpo_loss`` (β = the role's ``kl_coef``).
-- **Generator** (the Planning role): learns to imitate the Teacher's refinements by value-weighted SFT
-  (``grpo.weighted_sft_loss``): its prompt is the Teacher's input (q, y_fail), its target the Teacher's q',
-  weighted by the Solver's utility of q', U(s) = exp(−(s − μ)² / (2σ²)) with s the Solver's graded success
-  rate on q' (μ = 0.5, σ = 0.2: the problems the Solver solves about half the time teach the most).
-- **Curriculum**: the Teacher's refined problems wait in a queue (:class:`SocraticCurriculum`) and are
-  played in the next Execution phase; a played one yields the Generator's imitation example.
+- **Teacher** (not trained): an external model behind an OpenAI-compatible endpoint (``method.extra``:
+  :class:`SocraticSettings`). V(q, y) ∈ {0, 1} grades a solution (:meth:`TeacherClient.grade`); G(q, y_fail) →
+  (q', y'_ref) turns a problem the Solver failed into a new problem aimed at that failure, with a worked reference
+  solution (:meth:`TeacherClient.refine`).
+- **Solver** (the Execution role, no tools): DPO (``grpo.dpo_loss``, β = the role's ``kl_coef``) on Teacher-judged
+  preference pairs (:func:`preference_pairs`).
+- **Generator** (the Planning role): value-weighted SFT (``grpo.weighted_sft_loss``) imitating the Teacher's
+  refinements: prompt (q, y_fail), target q', weight U(s) of the Solver's success rate s on q'
+  (:func:`generator_utility`).
+- **Curriculum**: the refined problems wait in a queue (:class:`SocraticCurriculum`) for the next Execution phase.
 
-The functions here are pure (given a Teacher client, which the tests replace by a local stub server);
-:func:`socratic_phase` is the whole per-phase computation. :class:`SocraticZero` is what the outer loop
-runs for ``method=socratic_zero`` (the method class :class:`SocraticZero`):
+:func:`socratic_phase` is the whole per-phase computation; :class:`SocraticZero` is what the outer loop runs:
 
-- an Execution phase plays the curriculum's oldest problems mixed with the Generator's
-  (``extra.curriculum_share``); the Teacher grades them, the Solver trains by DPO on the pairs, the failed
-  problems are refined into the curriculum, and the failures (q, y_fail) become the Generator's prompts;
-- a Planning phase prompts the Generator with recent failures (its problems are played and recorded, not
-  trained on), has the Solver play the refinements made since the last Planning phase — its graded success
-  rate s gives U(s) with the current Solver — and trains the Generator by weighted SFT on those refinements.
+- an Execution phase plays the curriculum's oldest problems mixed with the Generator's (:func:`mix_tasks`); the
+  Teacher grades them, the Solver trains on the pairs, the failed problems are refined into the curriculum, and the
+  failures (q, y_fail) become the Generator's prompts;
+- a Planning phase prompts the Generator with recent failures (its problems are played and recorded, not trained
+  on), has the Solver play the refinements made since the last Planning phase, and trains the Generator on them.
 
-The reward sources below (``teacher``: the grade; ``socratic_utility``: U(s) of a problem) fill the
-records' rewards; no GRPO step reads them under this loop.
-
-Without an endpoint the method stops at start-up (its reward sources' ``check``) with a message naming the setting.
-The API key, if the endpoint needs one, comes from the environment variable named by
-``method.extra.api_key_env`` (default ``OPENAI_API_KEY``), never from the config. A Teacher reply that
-cannot be parsed is recorded (``TeacherClient.failures``) and counts as no grade / no refinement; an
-endpoint that cannot be reached is an error naming the endpoint.
+The reward sources at the end (``teacher``, ``socratic_utility``) fill the records' rewards; no GRPO step reads them
+under this loop. Without an endpoint the method stops at start-up. A Teacher reply that cannot be parsed is recorded
+(``TeacherClient.failures``) and counts as no grade / no refinement; an unreachable endpoint is an error.
 """
 from __future__ import annotations
 
@@ -71,7 +58,7 @@ GENERATOR_TEMPLATE = (
     "A student got this problem wrong.\n\nProblem:\n{question}\n\nThe student's solution:\n{solution}\n\n"
     "Write one new, related problem that practises the step the student got wrong, then its answer as \\boxed{}."
 )
-DEFAULT_MU, DEFAULT_SIGMA = 0.5, 0.2  # Socratic-Zero's utility: peak at a 50 % success rate
+DEFAULT_MU, DEFAULT_SIGMA = 0.5, 0.2  # U(s) peaks where the Solver succeeds half the time
 REFERENCE = -1  # the index of the Teacher's reference solution in a preference pair
 
 
@@ -175,14 +162,14 @@ _CLIENTS: dict[tuple, TeacherClient] = {}
 
 @dataclass
 class SocraticSettings:
-    """``method.extra`` of Socratic-Zero (conf/method/socratic_zero.yaml says what each does)."""
+    """``method.extra`` of Socratic-Zero."""
 
     teacher_endpoint: Optional[str] = None  # the Teacher's OpenAI-compatible endpoint, http://HOST:PORT/v1
     teacher_model: Optional[str] = None  # the model name the endpoint serves
-    api_key_env: str = "OPENAI_API_KEY"  # the environment variable holding the endpoint's API key, if any
+    api_key_env: str = "OPENAI_API_KEY"  # the environment variable holding the endpoint's API key (never the config)
     teacher_timeout_s: float = 60.0
-    utility_mu: float = 0.5  # U(s) peaks where the Solver succeeds half the time
-    utility_sigma: float = 0.2
+    utility_mu: float = DEFAULT_MU
+    utility_sigma: float = DEFAULT_SIGMA
     refine_per_phase: int = 8  # failures sent to the Teacher for refinement per Execution phase
     max_pairs_per_task: Optional[int] = 8  # the Solver's preference pairs per problem (None: all)
     curriculum_size: int = 1024  # refined problems waiting for the Solver (oldest dropped)

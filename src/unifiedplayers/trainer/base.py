@@ -1,46 +1,21 @@
 """The trainer of one player (§3.3, Appendix B.3): :class:`BaseTrainer`, the GRPO update every backend shares, with
-the reference policy, the block diagnostics and checkpoints, and the hooks a backend supplies.
+the reference policy, the block diagnostics and checkpoints, and the hooks a backend supplies (the methods here that
+raise ``NotImplementedError``): plain torch in :mod:`~unifiedplayers.trainer.torch_backend`, DeepSpeed ZeRO-2/3 in
+:mod:`~unifiedplayers.trainer.deepspeed_backend`, built by name by :func:`~unifiedplayers.trainer.backends.build_trainer`.
+Backends import this module, never each other.
 
-Built like verl's engine base: this module is the interface every backend imports, and backends never import
-each other.
+One :meth:`BaseTrainer.update` is one optimizer step over a batch: the micro-batches of
+:func:`~unifiedplayers.trainer.batching.plan_micro_batches` (Eq. 21 weights from the whole batch), each run through the
+model once for the log-probs of its trainable tokens, the loss of :mod:`unifiedplayers.trainer.grpo`, then AdamW with
+gradient clipping. π_old is the behaviour log-probs, or the trainer's own forward at the phase's start
+(:meth:`~BaseTrainer.recompute_old_logprobs`). π_ref (Eq. 20) is a frozen copy of the weights at the outer
+iteration's start (``ref_mode: copy``) or those weights swapped in once per batch (``precompute``); it is taken at the
+iteration's first update, just before its step (until then the policy is π_ref).
 
-- :class:`BaseTrainer`: the backend-independent logic. A backend subclass supplies the model wrapper, optimizer,
-  backward, step and checkpoint I/O (the methods here that raise ``NotImplementedError``): plain torch in
-  :mod:`unifiedplayers.trainer.torch_backend`, DeepSpeed ZeRO-2/3 in
-  :mod:`unifiedplayers.trainer.deepspeed_backend`. Backends are built by name (``trainer.backend``) by
-  :func:`~unifiedplayers.trainer.backends.build_trainer`.
-- What an update trains on is :class:`~unifiedplayers.trainer.sample.TrainSample`
-  (:mod:`unifiedplayers.trainer.sample`); AdamW and the warm-up schedule every backend uses are in
-  :mod:`unifiedplayers.trainer.optim`.
-
-The maths lives in :mod:`unifiedplayers.trainer.grpo`; this module only feeds it. One :meth:`BaseTrainer.update` =
-one optimizer step over a batch of samples (one block update):
-
-1. Eq. 21 aggregation weights are computed over the *whole* batch, so micro-batches with gradient
-   accumulation give exactly the loss and gradient of the full batch.
-2. Each micro-batch is right-padded, run through the model once, and the log-probs of its trainable
-   tokens only are computed (:func:`~unifiedplayers.trainer.logprobs.selected_token_logprobs`).
-3. The ratio uses the behaviour log-probs recorded at sampling time as π_old, or the trainer's own forward at
-   the phase's start (``trainer.recompute_old_logprobs``, :meth:`~BaseTrainer.recompute_old_logprobs`).
-4. π_ref (Eq. 20's KL reference, Appendix B.3) log-probs come from a frozen copy of the weights at the start of
-   the outer iteration (``ref_mode: copy``) or from swapping those weights in once per batch (``ref_mode:
-   precompute``); neither is needed when β = 0 or when the policy still equals the reference (first update of an
-   iteration). The copy is taken at the iteration's first update, just before its step (until then the policy is
-   π_ref), so a player that has not trained yet in this iteration holds none.
-5. AdamW step with gradient clipping; the global grad norm before clipping is logged.
-
-An idle player (:meth:`~BaseTrainer.offload_state`, when its block ends) keeps in memory only the weights it
-samples with: its optimizer state, π_ref and, per backend, its float32 master weights go to files without a name
-(:mod:`unifiedplayers.trainer.offload`) and come back, bit for bit, at its next update, checkpoint or reference pass.
-
-Data-parallel ranks (``dist``, :mod:`unifiedplayers.distributed`): every rank receives the whole batch,
-runs the micro-batches ``i`` with ``i mod N = rank`` (weights from the whole batch, step 1), and the
-gradients are summed over the ranks before the step, so every rank takes the step of the whole batch.
-A backend whose forward and backward are collectives (DeepSpeed: ZeRO-3 gathers parameters in each
-forward, ZeRO-2 reduces in backward hooks) sets ``lockstep_micro_batches``: a rank with one micro-batch
-fewer than the others runs a zero-weight copy of the first one, so no rank waits for a call that never
-comes. Checkpoints are written by rank 0 alone, or by every rank into one directory where the backend
-shards its state (``collective_checkpoint``).
+Data-parallel ranks (``dist``) each receive the whole batch, run the micro-batches ``i`` with ``i mod N = rank`` and sum
+their gradients before the step, so every rank takes the step of the whole batch. A backend whose forward and backward
+are collectives sets ``lockstep_micro_batches``; one that shards its checkpoint over the ranks sets
+``collective_checkpoint``. An idle player keeps only the weights it samples with (:meth:`~BaseTrainer.offload_state`).
 """
 from __future__ import annotations
 
@@ -52,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterable, Mapping, NamedTuple, Optional, Sequence
+from typing import Any, Callable, ContextManager, Iterable, Mapping, NamedTuple, Optional, Sequence
 
 import torch
 from torch import nn
@@ -68,10 +43,7 @@ from unifiedplayers.trainer.entropy import shared_mean_token_entropy
 from unifiedplayers.trainer.logprobs import TokenLogprobModel, TokenLogprobs
 from unifiedplayers.trainer.offload import ParkedTensors
 from unifiedplayers.trainer.precision import cast_parameters, logprob_mismatch, resolve_setting
-from unifiedplayers.trainer.sample import as_sample
-
-if TYPE_CHECKING:  # annotations only
-    from unifiedplayers.trainer.sample import TrainSample
+from unifiedplayers.trainer.sample import TrainSample, as_sample
 
 Tensor = torch.Tensor
 
@@ -105,19 +77,9 @@ def in_update_threads(method: Callable) -> Callable:
 
 
 class BaseTrainer:
-    """GRPO trainer of one player, whatever the backend.
-
-    Build with :func:`~unifiedplayers.trainer.backends.build_trainer`. Typical use inside a block::
-
-        trainer.start_outer_iteration()        # once per outer iteration: π_ref := current weights
-        trainer.start_block()                  # resets block diagnostics, records initial bank entropy
-        metrics = trainer.update(samples)      # one optimizer step
-        trainer.save_checkpoint(run_dir / "checkpoints" / "iter1" / "execution")
-        trainer.offload_state()                # block over: keep only the weights co-players sample from
-
-    A backend sets ``backend`` (its name in checkpoints), ``lockstep_micro_batches`` (every rank must make the same
-    number of forward/backward calls) and ``collective_checkpoint`` (every rank writes its part of a checkpoint, else
-    rank 0 writes it all).
+    """GRPO trainer of one player, whatever the backend (its use: :mod:`unifiedplayers.trainer`). A backend sets
+    ``backend`` (its name in checkpoints), ``lockstep_micro_batches`` (every rank makes the same number of forward and
+    backward calls) and ``collective_checkpoint`` (every rank writes its part of a checkpoint, else rank 0 all of it).
     """
 
     backend = "base"
@@ -125,16 +87,9 @@ class BaseTrainer:
     collective_checkpoint = False
     device: torch.device  # set by the backend's _setup
 
-    def __init__(
-        self,
-        cfg,
-        model: nn.Module,
-        *,
-        role: str = "player",
-        entropy_bank: Optional[Sequence[Sequence[int] | Tensor]] = None,
-        pad_token_id: int = 0,
-        dist: DistContext = SINGLE,
-    ) -> None:
+    def __init__(self, cfg, model: nn.Module, *, role: str = "player",
+                 entropy_bank: Optional[Sequence[Sequence[int] | Tensor]] = None, pad_token_id: int = 0,
+                 dist: DistContext = SINGLE) -> None:
         if cfg.ref_mode not in ("copy", "precompute"):
             raise ValueError(f"trainer.ref_mode must be 'copy' or 'precompute', got {cfg.ref_mode!r}")
         grpo.get_policy_loss(cfg.policy_loss)  # fail at start-up on an unknown name
@@ -245,9 +200,8 @@ class BaseTrainer:
         raise NotImplementedError
 
     def _offload_optimizer(self, keep: bool = True) -> None:
-        """Free the optimizer state's memory, and whatever else of the backend an idle player does not sample with
-        (brought back, bit-exactly, by :meth:`_ensure_optimizer`; ``keep=False``: freed unwritten, of no further
-        use)."""
+        """Park the optimizer state and whatever else of the backend an idle player does not sample with (back by
+        :meth:`_ensure_optimizer`; ``keep=False``: freed unwritten)."""
         raise NotImplementedError
 
     @property
@@ -271,13 +225,10 @@ class BaseTrainer:
         self._restore_reference()
 
     def offload_state(self, final: bool = False) -> None:
-        """The player goes idle (its block is over, or another's starts): everything but the weights it samples with
-        leaves memory for files without a name (``trainer.offload_dir``): optimizer state, π_ref and, per backend,
-        master weights. All of it comes back, bit for bit, when the next update, checkpoint or reference pass needs
-        it; a process that ends, however it ends, leaves no file behind. ``final``: the player takes no further
-        update in this run (the checkpoint just saved holds its state): optimizer state, π_ref and parked master
-        weights are freed without being written, and a later update, save or read of the master weights fails until
-        a checkpoint is loaded."""
+        """The player goes idle: everything but the weights it samples with is parked (:mod:`.offload`) until the
+        next update, checkpoint or reference pass needs it. ``final``: the player takes no further update in this run
+        (the checkpoint just saved holds its state): what is parked is freed unwritten, and a later update, save or
+        read of the master weights fails until a checkpoint is loaded."""
         self._park_reference(keep=not final)
         self._offload_optimizer(keep=not final)
         self._finished = final
@@ -477,21 +428,10 @@ class BaseTrainer:
             ref_logprobs = ref.logprobs
         else:  # β = 0: not used; else π_θ = π_ref before the iteration's first step
             ref_logprobs = out.logprobs.detach() if cfg.kl_coef != 0.0 else None
-        return loss_fn(
-            out.logprobs,
-            mb.old_logprobs,
-            ref_logprobs,
-            mb.advantages,
-            mb.loss_mask,
-            mb.groups,
-            clip_eps=cfg.clip_eps,
-            kl_coef=cfg.kl_coef,
-            kl_estimator=cfg.kl_estimator,
-            aggregation=cfg.aggregation,
-            sample_weights=mb.weights,
-            entropy=out.entropy,
-            **({} if mb.clip_high is None else {"clip_high": mb.clip_high}),
-        )
+        return loss_fn(out.logprobs, mb.old_logprobs, ref_logprobs, mb.advantages, mb.loss_mask, mb.groups,
+                       clip_eps=cfg.clip_eps, kl_coef=cfg.kl_coef, kl_estimator=cfg.kl_estimator,
+                       aggregation=cfg.aggregation, sample_weights=mb.weights, entropy=out.entropy,
+                       **({} if mb.clip_high is None else {"clip_high": mb.clip_high}))
 
     @torch.no_grad()
     @in_update_threads
@@ -587,18 +527,9 @@ class BaseTrainer:
             torch.save(ref, directory / REFERENCE)
             if parked:
                 self._park_reference()
-        torch.save(
-            {
-                "backend": self.backend,
-                "role": self.role,
-                "global_step": self.global_step,
-                "outer_iteration": self.outer_iteration,
-                "policy_is_reference": self._policy_is_reference,
-                **self.entropy.state(),
-                "block_grad_norms": list(self.block_grad_norms),
-            },
-            directory / TRAINER_STATE,
-        )
+        torch.save({"backend": self.backend, "role": self.role, "global_step": self.global_step,
+                    "outer_iteration": self.outer_iteration, "policy_is_reference": self._policy_is_reference,
+                    **self.entropy.state(), "block_grad_norms": list(self.block_grad_norms)}, directory / TRAINER_STATE)
         torch.save(capture_rng_state(), directory / RNG_STATE)
 
     def load_checkpoint(self, path: str | os.PathLike, restore_rng: bool = True) -> None:

@@ -1,39 +1,19 @@
-"""DeepSpeed ZeRO-2 / ZeRO-3 backends of :class:`~unifiedplayers.trainer.base.BaseTrainer`.
+"""DeepSpeed ZeRO-2 / ZeRO-3 backends of :class:`~unifiedplayers.trainer.base.BaseTrainer`: DeepSpeed owns backward,
+gradient clipping, the optimizer step and checkpoint files.
 
-Same update as the torch backend (:mod:`unifiedplayers.trainer.torch_backend`; the two import only the
-interface, :mod:`unifiedplayers.trainer.base` with ``backends`` and ``optim``, never each other); DeepSpeed owns
-backward, gradient clipping, the optimizer step and checkpoint files. DeepSpeed's gradient accumulation count stays
-1; we call ``backward`` once per micro-batch without its 1/gas scaling (our Eq. 21 weights already sum to 1 over
-the batch), mark only the last micro-batch as the accumulation boundary
-(``set_gradient_accumulation_boundary``) and call ``step`` once per update, whatever the number of
-micro-batches. The engine wraps
-:class:`~unifiedplayers.trainer.logprobs.TokenLogprobModel`, so every forward goes through
-``engine.forward``: ZeRO-3 advances its micro-step counter there, and without it each micro-batch's
-gradient would overwrite the previous one instead of accumulating.
+The engine's gradient accumulation count stays 1: ``backward`` runs once per micro-batch without its 1/gas scaling
+(the Eq. 21 weights already sum to 1 over the batch), only the last micro-batch is the accumulation boundary, and
+``step`` runs once per update. The engine wraps :class:`~unifiedplayers.trainer.logprobs.TokenLogprobModel`, so every
+forward goes through ``engine.forward``, where ZeRO-3 advances its micro-step counter (without it each micro-batch's
+gradient would overwrite the last). Data-parallel ranks: the engine *averages* gradients over the ranks, so each loss
+is scaled by the world size (:meth:`DeepSpeedTrainer._backward`); every forward and backward is a collective
+(``lockstep_micro_batches``), each rank writes its optimizer partition (``collective_checkpoint``), and under ZeRO-3
+reading the full weights (:meth:`~DeepSpeedTrainer.gathered_weights`) is a collective too.
 
-Data-parallel ranks (torchrun): the engine joins the process group of
-:func:`~unifiedplayers.distributed.init_distributed` and its data-parallel group is all the ranks. It
-*averages* gradients over them, while our per-micro-batch losses carry the whole batch's Eq. 21 weights
-(their sum over the ranks is the batch gradient), so each loss is scaled by the world size before
-``backward``: the N-rank step equals the 1-rank step on the same batch. Every forward (ZeRO-3 gathers
-parameters) and backward (gradient reduction hooks) is a collective, so the ranks run equal numbers of
-micro-batches (``lockstep_micro_batches``), and checkpoints are written by every rank into one directory
-(``collective_checkpoint``: each rank's optimizer partition). Under ZeRO-3 reading the full weights
-(:meth:`gathered_weights`, :meth:`full_state_dict`) is a collective too.
-
-Runs on CPU (gloo) as well as on GPUs. A single process without a launcher gets MASTER_ADDR/PORT, RANK,
-LOCAL_RANK and WORLD_SIZE defaults. DeepSpeed's shared-memory all-reduce op, which serves its inference engine only,
-is not built (:func:`skip_inference_comm_op`). DeepSpeed's C++ ops are JIT-built into ``TORCH_EXTENSIONS_DIR``,
-which defaults to ``~/.cache/unifiedplayers/torch_extensions`` so later runs reuse them.
-
-ZeRO-Offload (``trainer.offload_optimizer``) steps on the host with DeepSpeed's CPU Adam (as OpenRLHF and TRL
-do; DeepSpeed refuses a torch optimizer there), over the same parameter groups and hyper-parameters as
-:func:`~unifiedplayers.trainer.optim.make_optimizer`. Its C++ op is JIT-built on first use, into the same
-directory (:func:`load_cpu_adam_op`: without debug information, one translation unit: about one CPU-minute with
-gcc).
-
-The code is tested with the DeepSpeed versions of :data:`DEEPSPEED_WINDOW` (also the pin of pyproject.toml and
-environment.yml); a backend refuses to start with another (:func:`check_deepspeed_version`).
+Runs on CPU (gloo) as on GPUs. DeepSpeed's C++ ops are JIT-built into ``TORCH_EXTENSIONS_DIR`` (default
+``~/.cache/unifiedplayers/torch_extensions``). ZeRO-Offload (``trainer.offload_optimizer``) steps on the host with
+DeepSpeed's CPU Adam (:func:`make_ds_optimizer`). Tested with the versions of :data:`DEEPSPEED_WINDOW`
+(:func:`check_deepspeed_version`).
 """
 from __future__ import annotations
 
@@ -136,8 +116,7 @@ def offloads_optimizer(ds: Mapping[str, Any]) -> bool:
 def skip_inference_comm_op() -> None:
     """Keep DeepSpeed from building its shared-memory all-reduce op (``deepspeed_shm_comm``), which its
     communication backend builds on start on a CPU. Only DeepSpeed-Inference's ``inference_all_reduce`` calls it;
-    training reduces through torch.distributed (gloo here), and the inference call falls back to it as well. Its
-    JIT build took 34 s alone on 2 cores (68 CPU-seconds), once per machine and Python environment."""
+    training reduces through torch.distributed (gloo here), and the inference call falls back to it as well."""
     import deepspeed.ops
 
     compatible = getattr(deepspeed.ops, "__compatible_ops__", None)
@@ -146,14 +125,9 @@ def skip_inference_comm_op() -> None:
 
 
 def load_cpu_adam_op() -> Any:
-    """DeepSpeed's CPU Adam op, JIT-built on first use into ``TORCH_EXTENSIONS_DIR``: DeepSpeed's sources and flags,
-    without debug information, as one translation unit.
-
-    DeepSpeed's builder compiles two translation units with ``-O3 -g``. The debug information is most of the build's
-    time and of what it leaves on disk, and each unit parses torch's headers again, which is most of a unit's time
-    without it. One unit that includes both sources (:func:`cpu_adam_unity_source`) parses them once
-    (benchmarks/README.md, "Building DeepSpeed's CPU Adam op", for the figures). The op loaded here is what
-    :class:`DeepSpeedCPUAdam` then finds in DeepSpeed's table of loaded ops, so it builds nothing more."""
+    """DeepSpeed's CPU Adam op, JIT-built on first use into ``TORCH_EXTENSIONS_DIR``: DeepSpeed's sources and flags
+    without ``-g``, as one translation unit (:func:`cpu_adam_unity_source`: torch's headers parsed once; figures in
+    benchmarks/README.md, "Building DeepSpeed's CPU Adam op"). :class:`DeepSpeedCPUAdam` then finds it loaded."""
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(DEFAULT_EXTENSIONS_DIR))
     from deepspeed.ops.op_builder import CPUAdamBuilder
 
@@ -185,8 +159,8 @@ def cpu_adam_unity_source(sources: Sequence[str], directory: Path) -> Path:
 
 
 def make_ds_optimizer(cfg, model: nn.Module, ds: Mapping[str, Any]) -> torch.optim.Optimizer:
-    """The optimizer handed to ``deepspeed.initialize``: under ZeRO-Offload, DeepSpeed's CPU Adam in AdamW mode
-    with :func:`make_optimizer`'s parameter groups, betas and eps (its C++ op is JIT-built on first use); else
+    """The optimizer handed to ``deepspeed.initialize``: under ZeRO-Offload, DeepSpeed's CPU Adam in AdamW mode with
+    :func:`make_optimizer`'s parameter groups and hyper-parameters (DeepSpeed refuses a torch optimizer there); else
     :func:`make_optimizer`'s torch AdamW."""
     if not offloads_optimizer(ds):
         return make_optimizer(cfg, model)
@@ -326,9 +300,7 @@ class DeepSpeedTrainer(BaseTrainer):
         # An adapter player (trainer.lora): its adapter and its optimizer state, not the frozen backbone it shares.
         self.engine.save_checkpoint(str(directory / DEEPSPEED), tag="state", save_latest=False,
                                     exclude_frozen_parameters=is_adapted(self.model))
-        # Also the full weights as the torch backend writes them (model.pt, on the host): what the
-        # evaluation harness and the retention policy read, whatever the backend. Every rank is here
-        # (a collective checkpoint), so ZeRO-3 can gather its partitions; rank 0 writes.
+        # Also model.pt as the torch backend writes it (what evaluation reads); rank 0 writes, after a ZeRO-3 gather.
         with self.gathered_weights():
             if self.dist.is_main:
                 torch.save({k: v.detach().cpu() for k, v in policy_state(self.model).items()}, directory / MODEL_WEIGHTS)
@@ -345,11 +317,9 @@ class DeepSpeedTrainer(BaseTrainer):
             raise FileNotFoundError(f"no DeepSpeed checkpoint under {directory / 'deepspeed'}")
 
     def _offload_optimizer(self, keep: bool = True) -> None:
-        """Move the ZeRO optimizer state, fp32 master weights and gradient buffers (:func:`states_to_offload`)
-        off the accelerator (into plain host memory, not pinned), then park what the optimizer holds on the host
-        (:meth:`host_optimizer_tensors`: under ZeRO-Offload all of it lives there) in a file without a name. The
-        weights stay where they are, for the co-players that sample from them. On a CPU-only machine the host is
-        the device: only ZeRO-3's gradient bucket is let go (it goes to the meta device); the parking is the same."""
+        """Move :func:`states_to_offload` off the accelerator (into unpinned host memory), then park the optimizer's
+        host tensors (:meth:`host_optimizer_tensors`) in a file without a name; the weights stay. On a CPU-only
+        machine the host is the device: only ZeRO-3's gradient bucket is let go (to the meta device)."""
         if self._offloaded or self._parked is not None:
             return
         include = self.idle_offload_states()

@@ -9,21 +9,12 @@ Equation numbers follow the paper's Appendix B.3:
 - Eq. 21  aggregation               tokens within a candidate, candidates within a group, groups
                                     over the batch                                   -> :func:`seq_group_mean_weights`
 
-Everything is registered by name, verl style, so a new estimator, KL estimator or aggregation needs no
-trainer edit::
-
-    @register_policy_loss("my_loss")
-    def my_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, group_index, **kw): ...
-
-Aggregations are expressed as *per-sample token weights* that sum to 1 over the batch. Both of them
-(Eq. 21 and token-mean) are linear in the token terms, so a trainer that splits a batch into
-micro-batches computes the weights once over the whole batch (:func:`aggregation_weights`) and passes
-each micro-batch its slice (``sample_weights=``); the summed micro-batch losses then equal the loss of
-the whole batch exactly, and gradient accumulation needs no rescaling.
-
-π_old (the behaviour policy whose log-probs were recorded when the sample was drawn) and π_ref (the
-player's weights at the start of the outer iteration) are different policies; both enter as fixed
-tensors here.
+Everything is registered by name, verl style, so a new loss, estimator or aggregation needs no trainer edit
+(``@register_policy_loss("my_loss")``). Aggregations are *per-sample token weights* summing to 1 over the batch:
+linear in the token terms, so a trainer that computes them once over the whole batch (:func:`aggregation_weights`)
+and passes each micro-batch its slice (``sample_weights=``) gets the whole batch's loss as the sum of the
+micro-batches' losses, with no rescaling. π_old (the behaviour policy) and π_ref (the weights at the outer
+iteration's start) both enter as fixed tensors.
 """
 from __future__ import annotations
 
@@ -35,11 +26,7 @@ from unifiedplayers.registry import Registry
 
 Tensor = torch.Tensor
 
-# --------------------------------------------------------------------------------------------------
-# Registries
-# --------------------------------------------------------------------------------------------------
-# One :class:`~unifiedplayers.registry.Registry` per kind: a second, different function under a taken name is
-# refused; a miss is a KeyError naming the known entries.
+# One Registry per kind: a second, different function under a taken name is refused; a miss names the known ones.
 ADV_ESTIMATORS = Registry("advantage estimator", "trainer.adv_estimator")
 POLICY_LOSSES = Registry("policy loss", "trainer.policy_loss")
 KL_ESTIMATORS = Registry("KL estimator", "trainer.kl_estimator")
@@ -93,11 +80,12 @@ def _group_ids(group_index: Tensor) -> tuple[Tensor, int]:
 
 def _group_mean(values: Tensor, dense: Tensor, num_groups: int) -> Tensor:
     """Per-group mean of ``values`` (N,) -> (G,)."""
-    total = torch.zeros(num_groups, dtype=values.dtype, device=values.device).index_add_(0, dense, values)
-    count = torch.zeros(num_groups, dtype=values.dtype, device=values.device).index_add_(
-        0, dense, torch.ones_like(values)
-    )
-    return total / count
+    return _group_sum(values, dense, num_groups) / _group_sum(torch.ones_like(values), dense, num_groups)
+
+
+def _group_sum(values: Tensor, dense: Tensor, num_groups: int) -> Tensor:
+    """Per-group sum of ``values`` (N,) -> (G,)."""
+    return torch.zeros(num_groups, dtype=values.dtype, device=values.device).index_add_(0, dense, values)
 
 
 @register_adv_est("grpo")
@@ -126,9 +114,7 @@ def group_advantages(rewards: Tensor, group_index: Tensor, eps: float = 1e-6, un
     centred = rewards - mean[dense]
     var = _group_mean(centred**2, dense, num_groups)
     if unbiased:
-        count = torch.zeros(num_groups, dtype=rewards.dtype, device=rewards.device).index_add_(
-            0, dense, torch.ones_like(rewards)
-        )
+        count = _group_sum(torch.ones_like(rewards), dense, num_groups)
         var = var * count / (count - 1).clamp(min=1)
     return centred / (var.sqrt()[dense] + eps)
 
@@ -186,9 +172,7 @@ def seq_group_mean_weights(token_counts: Tensor, group_index: Tensor) -> Tensor:
     counts = token_counts.to(torch.float64)
     valid = counts > 0
     dense, num_groups = _group_ids(group_index)
-    per_group = torch.zeros(num_groups, dtype=torch.float64, device=counts.device).index_add_(
-        0, dense, valid.to(torch.float64)
-    )
+    per_group = _group_sum(valid.to(torch.float64), dense, num_groups)
     num_nonempty_groups = (per_group > 0).sum().clamp(min=1)
     weights = 1.0 / (counts.clamp(min=1) * per_group[dense].clamp(min=1) * num_nonempty_groups)
     return torch.where(valid, weights, torch.zeros_like(weights)).to(torch.float32)
@@ -401,21 +385,11 @@ def dpo_loss(logprobs: Tensor, old_logprobs: Tensor, ref_logprobs: Optional[Tens
         margins.append(z.detach())
     loss = torch.stack(losses).sum()
     with torch.no_grad():
-        valid = mask.bool()
-        n_tok = int(valid.sum().item())
-        r = torch.exp(logprobs.detach() - old_logprobs.to(logprobs.dtype))[valid]
-        m = torch.stack(margins)
-        metrics = {
-            "actor/loss": float(loss.detach()), "actor/pg_loss": float(loss.detach()),
-            "actor/pg_clip_frac": 0.0,  # nothing is clipped
-            "actor/clip_frac": float(((r < 1 - clip_eps) | (r > 1 + clip_eps)).sum()) / max(n_tok, 1),
-            "actor/ratio_mean": float(r.mean()) if n_tok else 1.0,
-            "actor/ratio_min": float(r.min()) if n_tok else 1.0,
-            "actor/ratio_max": float(r.max()) if n_tok else 1.0,
-            "actor/kl": float(((logprobs.detach() - ref_logprobs) * maskf).sum()) / max(n_tok, 1),
-            "actor/dpo_margin": float(m.mean()), "actor/dpo_accuracy": float((m > 0).float().mean()),
-            "actor/num_tokens": float(n_tok),
-        }
+        valid, m = mask.bool(), torch.stack(margins)
+        ratio = torch.exp(logprobs.detach() - old_logprobs.to(logprobs.dtype))
+        metrics = _clip_metrics(loss, loss, ratio, torch.zeros_like(valid), valid, clip_eps, None)  # nothing clipped
+        metrics["actor/kl"] = float(((logprobs.detach() - ref_logprobs) * maskf).sum()) / max(int(valid.sum()), 1)
+        metrics.update({"actor/dpo_margin": float(m.mean()), "actor/dpo_accuracy": float((m > 0).float().mean())})
     return loss, metrics
 
 

@@ -1,15 +1,7 @@
-"""What an idle player keeps out of host memory: tensors parked in a file without a name.
-
-An idle player needs in memory only the weights it samples with, in the sampling dtype. The rest waits for its next
-block in a file without a name (:func:`offload_file`, in ``trainer.offload_dir``): its optimizer state, its float32
-master weights when it samples from a lower-precision copy, and π_ref. Two ways to park, both bit-exact:
-
-- :class:`ParkedTensors`, for tensors that alone hold their memory (a module's parameters, a dict of weights): each
-  tensor's ``data`` is replaced by an empty tensor, so that a read by mistake fails on the shape;
-- :class:`ParkedStorages`, for tensors that others hold views of (DeepSpeed's flat buffers and its per-parameter
-  views of them): each storage is resized to zero bytes and later given its bytes back, so every view over it sees
-  its values again. Until then none of them may be read (a kernel over a freed storage faults): the trainer
-  restores before any step, checkpoint or reference pass (:mod:`unifiedplayers.trainer.base`).
+"""What an idle player keeps out of host memory: tensors parked, bit-exactly, in a file without a name
+(:func:`offload_file`, in ``trainer.offload_dir``): its optimizer state, its float32 master weights when it samples
+from a lower-precision copy, and π_ref. :class:`ParkedTensors` parks tensors that alone hold their memory,
+:class:`ParkedStorages` storages that others hold views of (DeepSpeed's flat buffers).
 """
 from __future__ import annotations
 
@@ -32,8 +24,7 @@ _warned: set[str] = set()
 
 def offload_file(directory: Path) -> Any:
     """A file without a name in ``directory`` (O_TMPFILE, or unlinked at once): its space returns to the disk when
-    it is closed or its process ends, however it ends. A named file outlived a killed run (kill -9, a timeout)
-    and left a model-sized optimizer state per player in the temp directory."""
+    it is closed or its process ends, however it ends (kill -9 included)."""
     directory.mkdir(parents=True, exist_ok=True)
     _warn_if_in_memory(directory)
     return tempfile.TemporaryFile(dir=directory)
