@@ -40,7 +40,7 @@ from unifiedplayers.trainer.batching import MicroBatchPlan, _as_tensor, _combine
 from unifiedplayers.trainer.checkpoint import atomic_directory, capture_rng_state, restore_rng_state
 from unifiedplayers.trainer.diagnostics import EntropyRetention, grad_norm_block_stats
 from unifiedplayers.trainer.entropy import shared_mean_token_entropy
-from unifiedplayers.trainer.logprobs import TokenLogprobModel, TokenLogprobs
+from unifiedplayers.trainer.logprobs import TokenLogprobModel, TokenLogprobs, eval_mode
 from unifiedplayers.trainer.offload import ParkedTensors
 from unifiedplayers.trainer.precision import cast_parameters, logprob_mismatch, resolve_setting
 from unifiedplayers.trainer.sample import TrainSample, as_sample
@@ -95,10 +95,7 @@ class BaseTrainer:
         grpo.get_policy_loss(cfg.policy_loss)  # fail at start-up on an unknown name
         grpo.get_aggregation(cfg.aggregation)
         grpo.get_kl_estimator(cfg.kl_estimator)
-        self.cfg = cfg
-        self.role = role
-        self.pad_token_id = pad_token_id
-        self.dist = dist
+        self.cfg, self.role, self.pad_token_id, self.dist = cfg, role, pad_token_id, dist
         if cfg.num_threads > 0:
             torch.set_num_threads(cfg.num_threads)
         self.compute_dtype = _DTYPES[resolve_setting(cfg.dtype, next(model.parameters()).device)]
@@ -107,8 +104,7 @@ class BaseTrainer:
             model.gradient_checkpointing_enable()
             model.config.use_cache = False
         model.train()
-        self.global_step = 0
-        self.outer_iteration = 0
+        self.global_step = self.outer_iteration = 0
         self._policy_is_reference = False
         self._ref_model: Optional[nn.Module] = None  # ref_mode copy: π_ref as a module
         self._ref_state: Optional[dict[str, Tensor]] = None  # ref_mode precompute: π_ref's weights on the host
@@ -119,9 +115,8 @@ class BaseTrainer:
         self._has_reference = False
         self._finished = False  # offload_state(final=True): the run's last update of this player is behind it
         if cfg.kl_coef != 0.0 and cfg.ref_mode == "copy":
-            # Copied before any backend wraps or shards the model; loaded at the iteration's first update.
-            # In the compute dtype: the reference pass is a forward like the policy's.
-            # Adapters (trainer.lora): a module over the shared backbone with its own float32 adapter, as the policy's.
+            # Copied before a backend wraps or shards the model, in the compute dtype (an adapter: over the shared
+            # backbone); loaded at the iteration's first update.
             self._ref_model = (share_base(model).requires_grad_(False).eval() if is_adapted(model) else
                                cast_parameters(copy.deepcopy(model), self.compute_dtype).requires_grad_(False).eval())
         self._setup(model)
@@ -214,8 +209,7 @@ class BaseTrainer:
         raise NotImplementedError
 
     def full_state_dict(self) -> dict[str, Tensor]:
-        """Full (unsharded) policy weights, detached clones. Under a sharding backend this is a collective:
-        every rank calls it at the same point."""
+        """Full (unsharded) policy weights, detached clones (a collective under a sharding backend)."""
         with self.gathered_weights():
             return {k: v.detach().clone() for k, v in policy_state(self.model).items()}
 
@@ -249,16 +243,14 @@ class BaseTrainer:
 
     # ------------------------------------------------------------------ reference policy
     def start_outer_iteration(self) -> None:
-        """π_ref := the current weights (Appendix B.3: the player's parameters at the start of the outer iteration).
-        Until the iteration's first step the policy is π_ref, so the copy is taken then (:meth:`update`)."""
+        """π_ref := the current weights (Appendix B.3), taken at the iteration's first step (:meth:`update`)."""
         self.outer_iteration += 1
         self._policy_is_reference = True
         self._discard_reference()
 
     @property
     def held_reference(self) -> HeldReference:
-        """π_ref as this rank holds it now: its module (ref_mode copy), its host weights (precompute; none before it
-        is taken, nor on a rank that does not hold it), and the bytes parked while the player is idle."""
+        """π_ref as this rank holds it now (:class:`HeldReference`)."""
         parked = self._reference_parked.nbytes if self._reference_parked is not None else 0
         return HeldReference(self._ref_model, MappingProxyType(self._ref_state or {}), parked)
 
@@ -335,20 +327,18 @@ class BaseTrainer:
             self._load_policy_weights(current)
 
     def _ref_pass(self, module: nn.Module, mb: _MicroBatch) -> TokenLogprobs:
-        was = module.training
-        module.eval()
-        try:
+        with eval_mode(module):
             return module(mb.input_ids, mb.attention_mask, mb.loss_mask)
-        finally:
-            module.train(was)
+
+    def _plan(self, samples: Sequence[TrainSample]) -> MicroBatchPlan:
+        return plan_micro_batches(samples, self.cfg, rank=self.dist.rank, world_size=self.dist.world_size,
+                                  lockstep=self.lockstep_micro_batches, device=self.device, pad_id=self.pad_token_id)
 
     # ------------------------------------------------------------------ the update
     @in_update_threads
     def update(self, batch: Iterable[Any], on_policy: bool = False) -> dict[str, float]:
-        """One GRPO optimizer step over ``batch`` (a list of :class:`TrainSample`-like items). ``on_policy``: the
-        weights are those the batch was sampled with (a phase's first step): ``actor/logprob_mismatch`` reports
-        the mean |log π_train − log π_behaviour| over its trained tokens. With π_old recomputed
-        (:meth:`recompute_old_logprobs`) every step reports it, as |log π_old − log π_behaviour|."""
+        """One GRPO optimizer step over ``batch`` (:class:`TrainSample`-like items). ``on_policy``: the weights are
+        those the batch was sampled with (a phase's first step), so ``actor/logprob_mismatch`` is reported."""
         samples = [as_sample(s) for s in batch]
         if not samples:
             raise ValueError("empty batch")
@@ -357,9 +347,7 @@ class BaseTrainer:
         self._ensure_optimizer()  # an idle player's state back before the engine runs
         if self.cfg.kl_coef != 0.0 and self._policy_is_reference and not self._has_reference:
             self._take_reference()  # the iteration's first step: π_ref := the weights before it
-        plan = plan_micro_batches(samples, self.cfg, rank=self.dist.rank, world_size=self.dist.world_size,
-                                  lockstep=self.lockstep_micro_batches, device=self.device,
-                                  pad_id=self.pad_token_id)
+        plan = self._plan(samples)
         refs = self._reference_logprobs(plan.micro)
         timings = {"perf/time_ref": time.perf_counter() - t0}
         parts = self._accumulate_gradients(plan, refs, timings, on_policy)
@@ -388,9 +376,8 @@ class BaseTrainer:
 
     def _accumulate_gradients(self, plan: MicroBatchPlan, refs: list[Optional[TokenLogprobs]],
                               timings: dict[str, float], on_policy: bool = False) -> list[dict[str, float]]:
-        """Forward and backward of every micro-batch of ``plan``, gradients accumulating; returns the
-        metrics of the micro-batches that hold tokens of the batch and adds forward/backward times to
-        ``timings``."""
+        """Forward and backward of every micro-batch of ``plan``; returns the metrics of those that hold tokens of the
+        batch and adds forward/backward times to ``timings``."""
         cfg = self.cfg
         loss_fn = grpo.get_policy_loss(cfg.policy_loss)
         module = self._forward_module()
@@ -437,15 +424,12 @@ class BaseTrainer:
     @in_update_threads
     def recompute_old_logprobs(self, samples: Sequence[TrainSample]) -> None:
         """π_old := this trainer's own forward over ``samples`` (``trainer.recompute_old_logprobs``; verl's default),
-        before the phase's first step. Each sample keeps what it was sampled with in ``behaviour_logprobs``.
-
-        Data-parallel ranks call it with the same samples: each runs its micro-batches of the update's split (as
-        many forwards on every rank under ``lockstep_micro_batches``), and every rank gets all the log-probs."""
+        before the phase's first step; each sample keeps what it was sampled with in ``behaviour_logprobs``. Every
+        rank calls it with the same samples, runs its micro-batches of the update's split and gets all the log-probs."""
         samples = list(samples)
         if not samples:
             return
-        plan = plan_micro_batches(samples, self.cfg, rank=self.dist.rank, world_size=self.dist.world_size,
-                                  lockstep=self.lockstep_micro_batches, device=self.device, pad_id=self.pad_token_id)
+        plan = self._plan(samples)
         module = self._forward_module()
         mine = [self._ref_pass(module, mb).logprobs.float().cpu() for mb in plan.micro][: plan.real]
         by_rank = self.dist.all_gather(mine)
@@ -504,12 +488,8 @@ class BaseTrainer:
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, path: str | os.PathLike) -> Path:
-        """Write weights, optimizer, scheduler, reference, RNG and trainer state atomically to ``path``.
-
-        Called on every rank. The ranks' weights and optimizer states are identical (data-parallel step),
-        so rank 0 writes everything, except the shards of a ``collective_checkpoint`` backend, which every
-        rank writes into the same directory.
-        """
+        """Write weights, optimizer, scheduler, reference, RNG and trainer state atomically to ``path``. Called on
+        every rank: rank 0 writes, and so does every rank of a ``collective_checkpoint`` backend (its shards)."""
         self._check_not_finished()
         if not self.dist.is_main and not self.collective_checkpoint:
             return Path(path)

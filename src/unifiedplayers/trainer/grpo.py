@@ -53,25 +53,13 @@ def register_aggregation(name: str):
     return AGGREGATIONS.register(name)
 
 
-def get_adv_estimator(name: str) -> Callable[..., Tensor]:
-    return ADV_ESTIMATORS.get(name)
+get_adv_estimator: Callable[[str], Callable[..., Tensor]] = ADV_ESTIMATORS.get
+get_policy_loss: Callable[[str], Callable[..., tuple[Tensor, dict[str, float]]]] = POLICY_LOSSES.get
+get_kl_estimator: Callable[[str], Callable[[Tensor, Tensor], Tensor]] = KL_ESTIMATORS.get
+get_aggregation: Callable[[str], Callable[[Tensor, Tensor], Tensor]] = AGGREGATIONS.get
 
 
-def get_policy_loss(name: str) -> Callable[..., tuple[Tensor, dict[str, float]]]:
-    return POLICY_LOSSES.get(name)
-
-
-def get_kl_estimator(name: str) -> Callable[[Tensor, Tensor], Tensor]:
-    return KL_ESTIMATORS.get(name)
-
-
-def get_aggregation(name: str) -> Callable[[Tensor, Tensor], Tensor]:
-    return AGGREGATIONS.get(name)
-
-
-# --------------------------------------------------------------------------------------------------
 # Eq. 17: advantages
-# --------------------------------------------------------------------------------------------------
 def _group_ids(group_index: Tensor) -> tuple[Tensor, int]:
     """Map arbitrary group labels (N,) to dense ids 0..G-1; returns (ids (N,), G)."""
     _, dense = torch.unique(group_index, return_inverse=True)
@@ -127,9 +115,7 @@ def group_centred_rewards(rewards: Tensor, group_index: Tensor, eps: float = 1e-
     return rewards - _group_mean(rewards, dense, num_groups)[dense]
 
 
-# --------------------------------------------------------------------------------------------------
 # Eq. 20: per-token KL(π_θ ‖ π_ref) estimators (Schulman's k1, k2, k3), evaluated at tokens o_t ~ π_old
-# --------------------------------------------------------------------------------------------------
 _KL_LOG_RATIO_CLAMP = 20.0  # keeps exp() finite when a token's log-ratio explodes early in training
 
 
@@ -152,9 +138,7 @@ def kl_k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
     return torch.exp(log_ratio) - log_ratio - 1.0
 
 
-# --------------------------------------------------------------------------------------------------
 # Eq. 21: aggregation as per-sample token weights summing to 1 over the batch
-# --------------------------------------------------------------------------------------------------
 @register_aggregation("seq_group_mean")
 def seq_group_mean_weights(token_counts: Tensor, group_index: Tensor) -> Tensor:
     """Eq. 21: tokens averaged within a candidate, candidates within a group, groups over the batch.
@@ -199,9 +183,7 @@ def aggregation_weights(mask: Tensor, group_index: Tensor, aggregation: str = "s
     return get_aggregation(aggregation)(mask.sum(dim=-1), group_index)
 
 
-# --------------------------------------------------------------------------------------------------
 # Eqs. 18–19: ratio and clipped surrogate
-# --------------------------------------------------------------------------------------------------
 def clipped_surrogate(ratio: Tensor, advantages: Tensor, clip_eps: float,
                       clip_high: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     """Eq. 19: min(ϱ Â, clip(ϱ, 1 − ε, 1 + ε) Â) per token.
@@ -350,9 +332,7 @@ def _clip_metrics(loss: Tensor, pg_loss: Tensor, ratio: Tensor, clipped_active: 
     }
 
 
-# --------------------------------------------------------------------------------------------------
 # Preference and imitation losses (Socratic-Zero's Solver and Generator; methods/socratic_zero.py)
-# --------------------------------------------------------------------------------------------------
 @register_policy_loss("dpo")
 def dpo_loss(logprobs: Tensor, old_logprobs: Tensor, ref_logprobs: Optional[Tensor], advantages: Tensor, mask: Tensor,
              group_index: Tensor, clip_eps: float, kl_coef: float, sample_weights: Optional[Tensor] = None,
