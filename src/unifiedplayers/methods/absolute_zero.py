@@ -205,9 +205,7 @@ def execution_azr_composite(fb: TaskFeedback) -> np.ndarray:
                     dtype=np.float64)
 
 
-# --------------------------------------------------------------------------------------------------
 # Answer checks
-
 
 def induction_program(answer: Optional[str]) -> Optional[str]:
     """The program a solver's induction answer stands for: ``lambda ...`` becomes ``f = lambda ...``; text
@@ -259,9 +257,7 @@ class AnswerCheck:
         return program is not None and check_induction(self.sandbox, program, self.pairs)
 
 
-# --------------------------------------------------------------------------------------------------
 # Proposals -> tasks (the ``code_reasoning`` task builder; ``method.extra.task_format``)
-
 _FENCE = re.compile(r"```(\w*)[ \t]*\n(.*?)```", re.DOTALL)
 MAX_INDUCTION_INPUTS = 10  # AZR proposes 10 inputs per induction task and shows 5 (its Appendix example)
 
@@ -377,9 +373,7 @@ def build_code_task(task: Any, sandbox: Any, max_induction_inputs: int = MAX_IND
     return out
 
 
-# --------------------------------------------------------------------------------------------------
 # One model for proposer and solver (``method.shared_model``)
-
 
 def shared_model(method_cfg: Any) -> bool:
     """``method.shared_model`` (AZR: one set of weights proposes and solves); default false (two players)."""

@@ -53,7 +53,6 @@ if TYPE_CHECKING:
 DEFAULT_TOOL_WEIGHT = 0.05  # γ of Agent0's calculate_tool_reward
 DEFAULT_TOOL_CALL_CAP = 4  # C
 FRONTIER_BAND = (0.3, 0.8)
-ADPO_DEFAULTS = {"p_low": 0.3, "p_high": 0.8, "min_scale": 0.6, "max_epsilon_bonus": 0.1}  # train_qwen3_4b_adpo.sh
 
 
 def tool_reward(tool_calls: Sequence[int], weight: float = DEFAULT_TOOL_WEIGHT,
@@ -81,10 +80,10 @@ def curriculum_rewards(p_hats: Sequence[float], tool_rewards: Sequence[float], q
 class AdpoSettings:
     """ADPO's constants (Agent0's train_qwen3_4b_adpo.sh)."""
 
-    p_low: float = ADPO_DEFAULTS["p_low"]  # min_score_for_scaling
-    p_high: float = ADPO_DEFAULTS["p_high"]  # max_score_for_scaling
-    min_scale: float = ADPO_DEFAULTS["min_scale"]  # min_advantage_scale
-    max_epsilon_bonus: float = ADPO_DEFAULTS["max_epsilon_bonus"]
+    p_low: float = 0.3  # min_score_for_scaling
+    p_high: float = 0.8  # max_score_for_scaling
+    min_scale: float = 0.6  # min_advantage_scale
+    max_epsilon_bonus: float = 0.1
 
 
 @dataclass
@@ -114,13 +113,14 @@ def _ramp(x: float, lo: float, hi: float) -> float:
     return float(np.clip((x - lo) / (hi - lo), 0.0, 1.0))
 
 
-def adpo_advantage_scale(p_hat: float, p_low: float = 0.3, p_high: float = 0.8, min_scale: float = 0.6) -> float:
+def adpo_advantage_scale(p_hat: float, p_low: float = AdpoSettings.p_low, p_high: float = AdpoSettings.p_high,
+                         min_scale: float = AdpoSettings.min_scale) -> float:
     """s(p̂) = s_min + (1 − s_min)·clip((p̂ − p_lo)/(p_hi − p_lo), 0, 1): trust in the pseudo-label."""
     return min_scale + (1.0 - min_scale) * _ramp(p_hat, p_low, p_high)
 
 
-def adpo_clip_high(p_hat: float, clip_eps: float, p_low: float = 0.3, p_high: float = 0.8,
-                   max_epsilon_bonus: float = 0.1) -> float:
+def adpo_clip_high(p_hat: float, clip_eps: float, p_low: float = AdpoSettings.p_low,
+                   p_high: float = AdpoSettings.p_high, max_epsilon_bonus: float = AdpoSettings.max_epsilon_bonus) -> float:
     """ε_high(p̂) = ε + Δε·clip((p_hi − p̂)/(p_hi − p_lo), 0, 1): more room upward on ambiguous tasks."""
     return clip_eps + max_epsilon_bonus * (1.0 - _ramp(p_hat, p_low, p_high))
 

@@ -190,9 +190,7 @@ class Method:
         pass
 
 
-# --------------------------------------------------------------------------------------------------
 # The registry
-
 METHODS = Registry("method", "method.name")
 for _name in ("unifiedplayers", "vanilla", "tool_augmented"):  # the same method, three configs (conf/method/)
     METHODS.register(_name, Method)

@@ -2,7 +2,7 @@
 Execution role) from one base, no tools.
 
 - Solver: majority-vote pseudo-labels (``majority_vote``), trained only on questions whose self-consistency
-  p̂ lies in ``method.extra.solver_band`` (:func:`solver_band_shape`), default [0.3, 0.7]: the paper keeps
+  p̂ lies in ``method.extra.solver_band`` (:meth:`RZero.group_shape`), default [0.3, 0.7]: the paper keeps
   |p̂ − 1/2| ≤ δ = 0.25 with m = 10 answers, i.e. 3–7 of 10 agreeing (= [0.3, 0.7] at m = 10, [0.25, 0.75]
   read literally: the two differ at K = 8, where 2/8 and 6/8 are kept only by the literal reading). R-Zero's
   code runs ``upload.py --min_score 0.3 --max_score 0.8`` (scripts/solver_train.sh; 0.7 is only upload.py's
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from unifiedplayers.feedback.pipeline import TaskFeedback
 
 BLEU_DISTANCE_THRESHOLD = 0.5  # R-Zero: distance_threshold=0.5, linkage="average"
-SOLVER_BAND = (0.3, 0.7)  # R-Zero paper: 3-7 of m = 10 agree (|p̂ - 1/2| <= 0.25); its scripts use [0.3, 0.8]
+SOLVER_BAND = (0.3, 0.7)  # the module docstring says why
 
 
 def bleu_distance_matrix(questions: Sequence[str]) -> np.ndarray:
@@ -166,7 +166,7 @@ def in_band(p_hat: float, band: Sequence[float]) -> bool:
 
 @register_method("r_zero")
 class RZero(Method):
-    """R-Zero: the Solver trains only on tasks with p̂ in ``method.extra.solver_band`` (R-Zero: [0.3, 0.7])."""
+    """R-Zero: the Solver trains only on tasks with p̂ in ``method.extra.solver_band``."""
 
     Settings = RZeroSettings
 

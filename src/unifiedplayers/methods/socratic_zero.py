@@ -108,11 +108,9 @@ def parse_refinement(text: str, source_question: str, failed_solution: str) -> t
 
 
 class TeacherClient:
-    """Minimal OpenAI-compatible chat client (``POST {endpoint}/chat/completions``), greedy.
-
-    Grades are cached by (question, answer): the Solver's reward and the Generator's utility read the same
-    grades without asking twice. ``failures`` records every reply that could not be parsed.
-    """
+    """Minimal OpenAI-compatible chat client (``POST {endpoint}/chat/completions``), greedy. Grades are cached by
+    (question, answer), so the Solver's reward and the Generator's utility ask once; ``failures`` records every reply
+    that could not be parsed."""
 
     def __init__(self, endpoint: str, model: str, api_key: Optional[str] = None, timeout_s: float = 60.0) -> None:
         self.url = endpoint.rstrip("/") + "/chat/completions"
@@ -178,9 +176,14 @@ class SocraticSettings:
     failure_pool: int = 64  # recent Solver failures (q, y_fail) the Generator is prompted with
 
 
+def socratic_settings(settings: Any) -> SocraticSettings:
+    """``settings`` when they are Socratic-Zero's, else the defaults (a source picked by another method)."""
+    return settings if isinstance(settings, SocraticSettings) else SocraticSettings()
+
+
 def teacher_for(settings: Optional[SocraticSettings], method_name: str = "socratic_zero") -> TeacherClient:
     """The client of the Teacher that ``settings`` (``method.extra``) name, one per endpoint and model."""
-    s = settings if isinstance(settings, SocraticSettings) else SocraticSettings()
+    s = socratic_settings(settings)
     require_teacher(s.teacher_endpoint, s.teacher_model, method_name)
     key = (s.teacher_endpoint, s.teacher_model)
     if key not in _CLIENTS:
@@ -204,9 +207,7 @@ def require_teacher(endpoint: Optional[str], model: Optional[str], method_name: 
         )
 
 
-# --------------------------------------------------------------------------------------------------
 # The Solver's preference pairs, the Generator's utility
-
 
 def preference_pairs(grades: Sequence[Optional[float]], has_reference: bool = False,
                      max_pairs: Optional[int] = None) -> list[tuple[int, int]]:
@@ -253,9 +254,7 @@ class ImitationExample:
     weight: float
 
 
-# --------------------------------------------------------------------------------------------------
 # The curriculum: the Teacher's refined problems, waiting for the next Execution phase
-
 
 class SocraticCurriculum:
     """FIFO of :class:`CurriculumItem` (oldest dropped beyond ``max_size``); its state goes into the run state."""
@@ -309,9 +308,7 @@ def mix_tasks(curriculum: SocraticCurriculum, generated: Sequence[Any], n: int, 
     return curriculum_tasks(curriculum.take(k)) + list(generated[: n - k])
 
 
-# --------------------------------------------------------------------------------------------------
 # One phase
-
 
 @dataclass
 class SocraticFeedback:
@@ -359,9 +356,7 @@ def socratic_phase(teacher: TeacherClient, tasks: Sequence[Any], rollouts: Seque
     return SocraticFeedback(grades, pairs, references, refinements, failed, imitation, teacher.failures[n_failures:])
 
 
-# --------------------------------------------------------------------------------------------------
 # Training samples (the Solver's DPO pairs, the Generator's SFT examples)
-
 
 def _reply_sample(tokenizer: Any, prompt: str, reply: str, advantage: float, group: int) -> Any:
     """A TrainSample of ``prompt`` + ``reply`` (+ eos) with only the reply trained; behaviour log-probs 0 (text
@@ -412,9 +407,7 @@ def imitation_samples(tokenizer: Any, planning_prompts: Any, examples: Sequence[
                           e.target, float(e.weight), i) for i, e in enumerate(examples)]
 
 
-# --------------------------------------------------------------------------------------------------
 # The loop: what the outer loop does for method=socratic_zero
-
 
 def check_loop_trainers(cfg: Any) -> None:
     """Start-up: the Solver trains by DPO (β = its kl_coef > 0; each pair whole in one micro-batch, so the
@@ -441,10 +434,6 @@ def check_loop_trainers(cfg: Any) -> None:
                              f"trainer.roles.planning.policy_loss=weighted_sft (got {t.policy_loss!r})")
 
 
-def _mean(xs: Sequence[float]) -> Optional[float]:
-    return float(np.mean(xs)) if len(xs) else None
-
-
 SOCRATIC = "socratic"  # the key of a played task's SocraticTask in its method_data
 
 
@@ -469,21 +458,17 @@ def socratic_data(played: Any) -> SocraticTask:
 
 @register_method("socratic_zero")
 class SocraticZero(Method):
-    """Socratic-Zero's state across phases and its hooks into the outer loop (see the module docstring).
-
-    State (saved with the run state): the curriculum, the refinements the Generator has not imitated yet
-    (``fresh``), and the Solver's recent failures (the Generator's prompts). A phase's Teacher feedback of each
-    task lives on the task's record (:class:`SocraticTask`), where its minibatch's batch, metrics and record read it.
-    """
+    """Socratic-Zero's hooks into the outer loop (module docstring). Its run state: the curriculum, the refinements
+    the Generator has not imitated yet (``fresh``) and the Solver's recent failures (the Generator's prompts); a
+    task's Teacher feedback lives on its record (:class:`SocraticTask`)."""
 
     Settings = SocraticSettings
 
     def __init__(self, cfg: Any) -> None:
         super().__init__(cfg)
         s = self.settings
-        require_teacher(s.teacher_endpoint, s.teacher_model, self.name)
-        check_loop_trainers(cfg)
         self.teacher = teacher_for(s, self.name)
+        check_loop_trainers(cfg)
         self.share = float(s.curriculum_share)
         if not 0.0 <= self.share <= 1.0:
             raise ValueError(f"method.extra.curriculum_share={self.share}: need 0..1")
@@ -571,11 +556,11 @@ class SocraticZero(Method):
         data = [socratic_data(p) for p in minibatch]
         weights = [d.imitation.weight for d in data if d.imitation is not None]
         return {
-            "socratic/solver_success": _mean([g for d in data for g in d.grades if g is not None]),
+            "socratic/solver_success": success_rate([g for d in data for g in d.grades]),
             "socratic/pairs": sum(len(d.pairs) for d in data),
             "socratic/teacher_tasks": sum(getattr(p.task, "socratic", None) is not None for p in minibatch),
             "socratic/imitation_examples": len(weights) if role == "planning" else 0,
-            "socratic/imitation_weight_mean": _mean(weights) if role == "planning" else None,
+            "socratic/imitation_weight_mean": float(np.mean(weights)) if role == "planning" and weights else None,
         }
 
     def record_meta(self, played: Any) -> dict[str, Any]:
@@ -598,9 +583,7 @@ class SocraticZero(Method):
 
 
 
-# --------------------------------------------------------------------------------------------------
 # Reward sources (the records' Teacher grades and utilities; SocraticZero trains on pairs and imitation)
-
 
 @register_reward_source("execution", "teacher", check=check_teacher)
 def execution_teacher(fb: TaskFeedback) -> np.ndarray:
@@ -612,7 +595,7 @@ def execution_teacher(fb: TaskFeedback) -> np.ndarray:
 @register_reward_source("planning", "socratic_utility", check=check_teacher)
 def planning_socratic_utility(fb: TaskFeedback) -> float:
     """U(s) of the Generator's problem, s the Solver's graded success rate on it (0 when nothing was graded)."""
-    s = fb.settings if isinstance(fb.settings, SocraticSettings) else SocraticSettings()
+    s = socratic_settings(fb.settings)
     rate = success_rate([teacher_for(s).grade(fb.question, a) for a in fb.answers])
     if rate is None:
         return 0.0

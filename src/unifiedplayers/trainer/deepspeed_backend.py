@@ -179,24 +179,17 @@ _ZERO3_STATES = ("optim_states", "hp_params", "lp_grads", "contiguous_grad_buffe
 _ON_HOST_UNDER_OFFLOAD = {2: ("optim_states", "hp_params"), 3: ("optim_states", "hp_params", "lp_grads")}
 
 
-def states_to_offload(stage: int, cpu_optimizer: bool, optimizer: str, version: str) -> tuple[str, ...]:
-    """What an idle player's engine moves to the host (``offload_states(include=...)``): optimizer state, fp32
-    master weights, gradient buffers, never the weights (see the comment above). ``optimizer``: the class name
-    of the engine's basic optimizer; ``version``: DeepSpeed's. Read from DeepSpeed 0.19's ``offload_states``:
-
-    - ZeRO-Offload (``cpu_optimizer``): optimizer state and master weights already live on the host (and, under
-      ZeRO-3, the gradient partitions), which the engine leaves out; the rest may move. Before 0.19.0 the
-      engine asserts on any offload: nothing moves.
-    - ZeRO-3 moves optimizer state and master weights of ``FusedAdam`` only (else it asserts); before 0.19.0
-      it asserts whatever is asked, unless the optimizer is ``FusedAdam``.
-    - ZeRO-2 moves any optimizer's state (since 0.17.6).
-    """
-    states, since_0_19 = (_ZERO3_STATES if stage == 3 else _ZERO2_STATES), Version(version) >= Version("0.19.0")
-    if cpu_optimizer:  # the engine leaves out what already lives on the host
-        return tuple(s for s in states if s not in _ON_HOST_UNDER_OFFLOAD[stage]) if since_0_19 else ()
+def states_to_offload(stage: int, cpu_optimizer: bool, optimizer: str) -> tuple[str, ...]:
+    """What an idle player's engine moves to the host (``offload_states(include=...)``): never the weights (see the
+    comment above). ``optimizer``: the class name of the engine's basic optimizer. As DeepSpeed's ``offload_states``
+    allows (:data:`DEEPSPEED_WINDOW`): under ZeRO-Offload (``cpu_optimizer``) it leaves out what already lives on the
+    host; ZeRO-3 moves optimizer state and master weights of ``FusedAdam`` only (else it asserts)."""
+    states = _ZERO3_STATES if stage == 3 else _ZERO2_STATES
+    if cpu_optimizer:
+        return tuple(s for s in states if s not in _ON_HOST_UNDER_OFFLOAD[stage])
     if stage == 3 and optimizer != "FusedAdam":
-        return tuple(s for s in states if s not in ("optim_states", "hp_params")) if since_0_19 else ()
-    return () if stage != 3 and Version(version) < Version("0.17.6") else states
+        return tuple(s for s in states if s not in ("optim_states", "hp_params"))
+    return states
 
 
 class DeepSpeedTrainer(BaseTrainer):
@@ -352,10 +345,8 @@ class DeepSpeedTrainer(BaseTrainer):
 
     def idle_offload_states(self) -> tuple[str, ...]:
         """The engine states :meth:`offload_state` moves to the host (:func:`states_to_offload`)."""
-        import deepspeed
-
         return states_to_offload(self.stage, self.engine.zero_use_cpu_optimizer(),
-                                 type(self.engine.basic_optimizer).__name__, deepspeed.__version__)
+                                 type(self.engine.basic_optimizer).__name__)
 
     @property
     def has_optimizer_state(self) -> bool:

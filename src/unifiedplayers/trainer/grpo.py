@@ -80,21 +80,11 @@ def _group_sum(values: Tensor, dense: Tensor, num_groups: int) -> Tensor:
 def group_advantages(rewards: Tensor, group_index: Tensor, eps: float = 1e-6, unbiased: bool = False) -> Tensor:
     """Eq. 17: Â_g = (r_g − mean_{g' ∈ G(g)} r_g') / (std_{g' ∈ G(g)} r_g' + ε).
 
-    Args:
-        rewards: (N,) scalar reward of each candidate.
-        group_index: (N,) group label of each candidate (any integers; candidates of one context share one).
-        eps: ε of Eq. 17.
-        unbiased: use the sample std (divide by n − 1) instead of the population std.
-
-    Returns:
-        (N,) advantages, float32 (float64 if ``rewards`` is float64).
-
-    The std is the *population* std (divide by the group size n) by default. The paper defines s_p as
-    "the standard deviation of the rewards in this group", a description of the group itself rather than
-    an estimate of a wider population; the population std is also defined for a group of one (giving a
-    zero advantage, where the sample std would divide 0 by 0), and the choice only rescales all
-    advantages of a group of size n by sqrt((n−1)/n), a constant absorbed by the learning rate.
-    Equal rewards give a zero numerator and hence exactly zero advantages.
+    ``rewards`` (N,) of the candidates, ``group_index`` (N,) their group labels (any integers) -> (N,) advantages,
+    float32 (float64 for float64 rewards). The std is the *population* std by default (``unbiased``: divide by n − 1):
+    the paper's s_p is "the standard deviation of the rewards in this group", a description of the group itself; it
+    is defined for a group of one (a zero advantage), and the choice only rescales a group's advantages by
+    sqrt((n−1)/n). Equal rewards give exactly zero advantages.
     """
     rewards = rewards.to(torch.float64 if rewards.dtype == torch.float64 else torch.float32)
     dense, num_groups = _group_ids(group_index)
@@ -143,15 +133,9 @@ def kl_k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
 def seq_group_mean_weights(token_counts: Tensor, group_index: Tensor) -> Tensor:
     """Eq. 21: tokens averaged within a candidate, candidates within a group, groups over the batch.
 
-    A token of candidate n (|o_n| trainable tokens, group g with |g| candidates, B groups in the batch)
-    gets weight 1 / (|o_n| · |g| · B). Candidates with no trainable token are left out of their group's
-    count, and groups left empty out of B, so an all-masked sample neither adds loss nor dilutes others.
-
-    Args:
-        token_counts: (N,) number of trainable (mask = 1) tokens per candidate.
-        group_index: (N,) group label per candidate.
-    Returns:
-        (N,) weight of each trainable token of each candidate.
+    A token of candidate n (|o_n| trainable tokens of ``token_counts`` (N,), group g of ``group_index`` (N,) with |g|
+    candidates, B groups) gets weight 1 / (|o_n| · |g| · B) -> (N,). Candidates with no trainable token are left out
+    of their group's count, and groups left empty out of B, so an all-masked sample neither adds loss nor dilutes others.
     """
     counts = token_counts.to(torch.float64)
     valid = counts > 0
@@ -186,16 +170,9 @@ def aggregation_weights(mask: Tensor, group_index: Tensor, aggregation: str = "s
 # Eqs. 18–19: ratio and clipped surrogate
 def clipped_surrogate(ratio: Tensor, advantages: Tensor, clip_eps: float,
                       clip_high: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
-    """Eq. 19: min(ϱ Â, clip(ϱ, 1 − ε, 1 + ε) Â) per token.
-
-    Args:
-        ratio: (N, T) ϱ of Eq. 18.
-        advantages: (N, 1) or (N, T) Â of Eq. 17 broadcast over tokens.
-        clip_high: optional (N,) upper ε of each sample, so the clip is [1 − ε, 1 + ε_high[n]] (Agent0's
-            ADPO: ε_high depends on the task's self-consistency); None: ε on both sides.
-    Returns:
-        (surrogate (N, T), clipped_active (N, T) bool: the clipped branch is the strict minimum, so the
-        token carries no policy gradient).
+    """Eq. 19: min(ϱ Â, clip(ϱ, 1 − ε, 1 + ε) Â) per token, from ``ratio`` ϱ (N, T) and ``advantages`` Â (N, 1) or
+    (N, T). ``clip_high``: optional (N,) upper ε of each sample, clip [1 − ε, 1 + ε_high[n]] (Agent0's ADPO).
+    Returns (surrogate (N, T), clipped_active (N, T): the clipped branch is the strict minimum, no policy gradient).
     """
     unclipped = ratio * advantages
     if clip_high is None:
@@ -235,27 +212,12 @@ def policy_loss(
     with ϱ_t = exp(log π_θ − log π_old) (Eq. 18); loss = −Σ_{n,t} w_n · mask_{n,t} · ℓ_{n,t} with the
     Eq. 21 weights w_n.
 
-    Args:
-        logprobs: (N, T) log π_θ of the taken tokens (carries the gradient).
-        old_logprobs: (N, T) behaviour log-probs recorded at sampling time (fixed).
-        ref_logprobs: (N, T) log π_ref, or None when ``kl_coef == 0``.
-        advantages: (N,) Â per candidate (Eq. 17).
-        mask: (N, T) 1 for trainable completion tokens, 0 for prompt, padding and tool observations.
-        group_index: (N,) group label per candidate.
-        clip_eps: ε_clip.
-        kl_coef: β_p.
-        kl_estimator: a name in :data:`KL_ESTIMATORS` (k1, k2, k3).
-        aggregation: a name in :data:`AGGREGATIONS` (seq_group_mean = Eq. 21, seq_mean, token_mean).
-        logits: optional (N, T, V) logits at the same positions, only for the entropy metric.
-        sample_weights: optional (N,) precomputed aggregation weights (the slice of a larger batch's
-            :func:`aggregation_weights`); when given, ``aggregation`` is not used.
-        entropy: optional (N, T) precomputed token entropy for the metric (instead of ``logits``).
-        clip_high: optional (N,) per-sample upper clip ε_high (Agent0's ADPO); NaN entries use ``clip_eps``.
-
-    Returns:
-        (loss: 0-dim tensor, metrics: dict of floats with ``actor/`` keys). Token statistics (ratio, KL,
-        clip fractions, entropy) are plain means over trainable tokens; ``actor/num_tokens`` lets a
-        caller combine micro-batches.
+    ``logprobs`` (N, T) log π_θ (with gradient), ``old_logprobs`` (N, T) π_old's, ``ref_logprobs`` (N, T) π_ref's (None
+    when β = 0), ``advantages`` (N,), ``mask`` (N, T) 1 on trainable completion tokens, ``group_index`` (N,).
+    ``sample_weights`` (N,): the slice of the whole batch's :func:`aggregation_weights` (else ``aggregation`` names
+    them); ``entropy`` (N, T) or ``logits`` (N, T, V): for the entropy metric only; ``clip_high`` (N,): Eq. 19's
+    per-sample ε_high, NaN for ``clip_eps``. Returns (loss, metrics with ``actor/`` keys: token statistics are means
+    over trainable tokens; ``actor/num_tokens`` lets a caller combine micro-batches).
     """
     maskf = mask.to(logprobs.dtype)
     valid = mask.bool()
