@@ -34,8 +34,8 @@ from torch import nn
 
 import unifiedplayers.trainer.grpo as grpo
 from unifiedplayers.distributed import SINGLE, DistContext
-from unifiedplayers.lora import adapter_parameters, is_adapted, load_policy_state, policy_state, share_base
-from unifiedplayers.rundir import REFERENCE, RNG_STATE, TRAINER_STATE
+from unifiedplayers.lora import adapter_config, adapter_parameters, is_adapted, load_policy_state, policy_state, share_base
+from unifiedplayers.rundir import MODEL_WEIGHTS, REFERENCE, RNG_STATE, TRAINER_STATE
 from unifiedplayers.trainer.batching import MicroBatchPlan, _as_tensor, _combine_metrics, _MicroBatch, plan_micro_batches
 from unifiedplayers.trainer.checkpoint import atomic_directory, capture_rng_state, restore_rng_state
 from unifiedplayers.trainer.diagnostics import EntropyRetention, grad_norm_block_stats
@@ -188,8 +188,15 @@ class BaseTrainer:
         raise NotImplementedError
 
     def _save_backend(self, directory: Path) -> None:
-        """Write the policy weights (``model.pt``) and the optimizer state into ``directory``."""
+        """Write the policy weights (:meth:`_save_weights`) and the optimizer state into ``directory``."""
         raise NotImplementedError
+
+    def _save_weights(self, directory: Path, state: Mapping[str, Tensor]) -> None:
+        """``model.pt``, what evaluation reads whatever the backend (an adapter player: its adapter alone, with its
+        rank, alpha and targets beside it for :func:`~unifiedplayers.lora.checkpoint_weights`)."""
+        torch.save(state, directory / MODEL_WEIGHTS)
+        if is_adapted(self.model):
+            adapter_config(self.model).save_pretrained(str(directory))
 
     def _load_backend(self, directory: Path) -> None:
         raise NotImplementedError

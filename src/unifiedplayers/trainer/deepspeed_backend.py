@@ -30,9 +30,9 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 from torch import nn
 
-from unifiedplayers.rundir import DEEPSPEED, MODEL_WEIGHTS
+from unifiedplayers.rundir import DEEPSPEED
 from unifiedplayers.trainer.backends import register_trainer_backend
-from unifiedplayers.lora import adapter_config, is_adapted, load_policy_state, policy_state
+from unifiedplayers.lora import is_adapted, load_policy_state, policy_state
 from unifiedplayers.trainer.base import BaseTrainer
 from unifiedplayers.trainer.logprobs import TokenLogprobModel
 from unifiedplayers.trainer.offload import ParkedStorages
@@ -262,12 +262,14 @@ class DeepSpeedTrainer(BaseTrainer):
     def current_lr(self) -> float:
         return float(self.engine.get_lr()[0])
 
-    def gathered_weights(self) -> ContextManager[None]:
+    def gathered_weights(self, modifier_rank: int | None = None) -> ContextManager[None]:
+        """ZeRO-3: a collective gathering the full weights (``modifier_rank``: whose changes are partitioned back after
+        it). ZeRO-2 keeps the full weights on every rank."""
         if self.stage != 3:
-            return contextlib.nullcontext()  # ZeRO-2 keeps the full weights on every rank
+            return contextlib.nullcontext()
         import deepspeed
 
-        return deepspeed.zero.GatheredParameters(list(self.model.parameters()), modifier_rank=None)
+        return deepspeed.zero.GatheredParameters(list(self.model.parameters()), modifier_rank=modifier_rank)
 
     @property
     def _holds_reference(self) -> bool:
@@ -275,30 +277,20 @@ class DeepSpeedTrainer(BaseTrainer):
         return self.stage != 3 or self.cfg.ref_mode != "precompute" or self.dist.is_main
 
     def _load_policy_weights(self, state: Mapping[str, Tensor] | None) -> None:
-        # Only used to swap the reference in and out for ref_mode=precompute. ZeRO-3: every rank takes part,
-        # rank 0's weights are partitioned to all (the others pass None).
-        module = self.model
-        if self.stage == 3:
-            import deepspeed
-
-            params = list(module.parameters())
-            with deepspeed.zero.GatheredParameters(params, modifier_rank=0), torch.no_grad():
-                if state is not None:
-                    load_policy_state(module, state)
-        else:
-            load_policy_state(module, state)
+        # Swaps π_ref in and out (ref_mode=precompute). ZeRO-3: every rank takes part, rank 0's weights are
+        # partitioned to all (the others pass None).
+        with self.gathered_weights(modifier_rank=0), torch.no_grad():
+            if state is not None:
+                load_policy_state(self.model, state)
 
     def _save_backend(self, directory: Path) -> None:
         self._ensure_optimizer()
         # An adapter player (trainer.lora): its adapter and its optimizer state, not the frozen backbone it shares.
         self.engine.save_checkpoint(str(directory / DEEPSPEED), tag="state", save_latest=False,
                                     exclude_frozen_parameters=is_adapted(self.model))
-        # Also model.pt as the torch backend writes it (what evaluation reads); rank 0 writes, after a ZeRO-3 gather.
-        with self.gathered_weights():
+        with self.gathered_weights():  # model.pt too, on the host, by rank 0
             if self.dist.is_main:
-                torch.save({k: v.detach().cpu() for k, v in policy_state(self.model).items()}, directory / MODEL_WEIGHTS)
-                if is_adapted(self.model):  # rank, alpha, targets for the checkpoint's readers
-                    adapter_config(self.model).save_pretrained(str(directory))
+                self._save_weights(directory, {k: v.detach().cpu() for k, v in policy_state(self.model).items()})
 
     def _load_backend(self, directory: Path) -> None:
         self._ensure_optimizer()

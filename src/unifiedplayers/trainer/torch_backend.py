@@ -16,7 +16,7 @@ from torch import nn
 from unifiedplayers.rundir import MODEL_WEIGHTS, OPTIMIZER
 from unifiedplayers.trainer.backends import register_trainer_backend
 from unifiedplayers.trainer.base import BaseTrainer
-from unifiedplayers.lora import adapter_config, is_adapted, load_policy_state, policy_state
+from unifiedplayers.lora import is_adapted, load_policy_state, policy_state
 from unifiedplayers.trainer.logprobs import TokenLogprobModel
 from unifiedplayers.trainer.offload import ParkedTensors, offload_file
 from unifiedplayers.trainer.optim import make_optimizer, make_scheduler
@@ -150,9 +150,7 @@ class TorchTrainer(BaseTrainer):
         self._sync_copies()
 
     def _save_backend(self, directory: Path) -> None:
-        torch.save(policy_state(self.model), directory / MODEL_WEIGHTS)  # an adapter player: its adapter alone
-        if self._adapted:  # its rank, alpha and targets, for the checkpoint's readers (lora.checkpoint_weights)
-            adapter_config(self.model).save_pretrained(str(directory))
+        self._save_weights(directory, policy_state(self.model))
         if self._offloaded_to is not None:  # offloaded: same file format, copy it and keep memory free
             self._offloaded_to.seek(0)
             with open(directory / OPTIMIZER, "wb") as out:
