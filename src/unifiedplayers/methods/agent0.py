@@ -120,7 +120,8 @@ def adpo_advantage_scale(p_hat: float, p_low: float = AdpoSettings.p_low, p_high
 
 
 def adpo_clip_high(p_hat: float, clip_eps: float, p_low: float = AdpoSettings.p_low,
-                   p_high: float = AdpoSettings.p_high, max_epsilon_bonus: float = AdpoSettings.max_epsilon_bonus) -> float:
+                   p_high: float = AdpoSettings.p_high,
+                   max_epsilon_bonus: float = AdpoSettings.max_epsilon_bonus) -> float:
     """ε_high(p̂) = ε + Δε·clip((p_hi − p̂)/(p_hi − p_lo), 0, 1): more room upward on ambiguous tasks."""
     return clip_eps + max_epsilon_bonus * (1.0 - _ramp(p_hat, p_low, p_high))
 

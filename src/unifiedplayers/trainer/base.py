@@ -1,8 +1,7 @@
 """The trainer of one player (§3.3, Appendix B.3): :class:`BaseTrainer`, the GRPO update every backend shares, with
 the reference policy, the block diagnostics and checkpoints, and the hooks a backend supplies (the methods here that
-raise ``NotImplementedError``): plain torch in :mod:`~unifiedplayers.trainer.torch_backend`, DeepSpeed ZeRO-2/3 in
-:mod:`~unifiedplayers.trainer.deepspeed_backend`, built by name by :func:`~unifiedplayers.trainer.backends.build_trainer`.
-Backends import this module, never each other.
+raise ``NotImplementedError``): plain torch in :mod:`~.torch_backend`, DeepSpeed ZeRO-2/3 in :mod:`~.deepspeed_backend`,
+built by name (:func:`~unifiedplayers.trainer.backends.build_trainer`). Backends import this module, never each other.
 
 One :meth:`BaseTrainer.update` is one optimizer step over a batch: the micro-batches of
 :func:`~unifiedplayers.trainer.batching.plan_micro_batches` (Eq. 21 weights from the whole batch), each run through the
@@ -34,7 +33,8 @@ from torch import nn
 
 import unifiedplayers.trainer.grpo as grpo
 from unifiedplayers.distributed import SINGLE, DistContext
-from unifiedplayers.lora import adapter_config, adapter_parameters, is_adapted, load_policy_state, policy_state, share_base
+from unifiedplayers.lora import (adapter_config, adapter_parameters, is_adapted, load_policy_state, policy_state,
+                                 share_base)
 from unifiedplayers.rundir import MODEL_WEIGHTS, REFERENCE, RNG_STATE, TRAINER_STATE
 from unifiedplayers.trainer.batching import MicroBatchPlan, _as_tensor, _combine_metrics, _MicroBatch, plan_micro_batches
 from unifiedplayers.trainer.checkpoint import atomic_directory, capture_rng_state, restore_rng_state

@@ -134,8 +134,8 @@ def seq_group_mean_weights(token_counts: Tensor, group_index: Tensor) -> Tensor:
     """Eq. 21: tokens averaged within a candidate, candidates within a group, groups over the batch.
 
     A token of candidate n (|o_n| trainable tokens of ``token_counts`` (N,), group g of ``group_index`` (N,) with |g|
-    candidates, B groups) gets weight 1 / (|o_n| · |g| · B) -> (N,). Candidates with no trainable token are left out
-    of their group's count, and groups left empty out of B, so an all-masked sample neither adds loss nor dilutes others.
+    candidates, B groups) gets weight 1 / (|o_n| · |g| · B) -> (N,). Candidates with no trainable token are left out of
+    their group's count, and groups left empty out of B: an all-masked sample neither adds loss nor dilutes others.
     """
     counts = token_counts.to(torch.float64)
     valid = counts > 0

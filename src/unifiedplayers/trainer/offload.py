@@ -118,11 +118,9 @@ class _Parked:
 
 
 class ParkedTensors(_Parked):
-    """``tensors`` (each the only holder of its memory: a module's parameters, a dict of weights) parked: those on the
-    host and contiguous are written into a file without a name in ``directory`` and their ``data`` replaced by an
-    empty tensor, so that a read by mistake fails on the shape instead of reading freed memory. ``contents=False``:
-    freed without being written (their values are of no further use): :meth:`restore` gives the memory back,
-    uninitialised."""
+    """``tensors`` (each the only holder of its memory) parked: those on the host and contiguous are written to a file
+    without a name in ``directory`` and their ``data`` replaced by an empty tensor (a read by mistake fails on the
+    shape). ``contents=False``: freed unwritten; :meth:`restore` gives the memory back uninitialised."""
 
     def __init__(self, tensors: Iterable[Optional[Tensor]], directory: str | Path, contents: bool = True) -> None:
         unique = {id(t): t for t in tensors if t is not None}.values()
@@ -142,11 +140,9 @@ class ParkedTensors(_Parked):
 
 class ParkedStorages(_Parked):
     """The host storages of ``tensors`` (at least ``min_bytes``, resizable: not pinned), except those of ``keep``,
-    parked: written into a file without a name in ``directory`` and resized to zero bytes. :meth:`restore` gives the
-    same storage objects their memory and bytes back, so every tensor and view over them (DeepSpeed's flat buffers
-    and its per-parameter views of them) sees its values again. Until then none of them may be read: a kernel over a
-    freed storage fails or faults. ``contents=False``: freed without being written (:meth:`restore` gives the memory
-    back uninitialised)."""
+    parked: written to a file without a name in ``directory`` and resized to zero bytes, until :meth:`restore` gives
+    the same storages their bytes back, so every view over them sees its values again. Until then none may be read
+    (a kernel over a freed storage faults). ``contents=False`` as :class:`ParkedTensors`'."""
 
     def __init__(self, tensors: Iterable[Optional[Tensor]], directory: str | Path, keep: Iterable[Tensor] = (),
                  min_bytes: int = MIN_BYTES, contents: bool = True) -> None:

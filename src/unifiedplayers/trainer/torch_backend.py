@@ -35,7 +35,7 @@ class HeldWeights(NamedTuple):
 
 @register_trainer_backend("torch")
 class TorchTrainer(BaseTrainer):
-    """GRPO trainer of one player, plain torch backend; its use is :class:`~unifiedplayers.trainer.base.BaseTrainer`'s."""
+    """GRPO trainer of one player, plain torch backend (its use: :class:`~unifiedplayers.trainer.base.BaseTrainer`)."""
 
     backend = "torch"
 
