@@ -469,16 +469,11 @@ class SocraticZero(Method):
         s = self.settings
         self.teacher = teacher_for(s, self.name)
         check_loop_trainers(cfg)
-        self.share = float(s.curriculum_share)
-        if not 0.0 <= self.share <= 1.0:
-            raise ValueError(f"method.extra.curriculum_share={self.share}: need 0..1")
-        self.refine_limit = int(s.refine_per_phase)
-        self.imitation_limit = int(self.refine_limit if s.imitation_per_phase is None else s.imitation_per_phase)
-        self.failure_pool = int(s.failure_pool)
-        self.max_pairs = None if s.max_pairs_per_task is None else int(s.max_pairs_per_task)
-        self.mu, self.sigma = float(s.utility_mu), float(s.utility_sigma)
-        generator_utility(0.5, self.mu, self.sigma)  # fails now on sigma <= 0
-        if min(self.refine_limit, self.imitation_limit, self.failure_pool) < 0:
+        if not 0.0 <= s.curriculum_share <= 1.0:
+            raise ValueError(f"method.extra.curriculum_share={s.curriculum_share}: need 0..1")
+        self.imitation_limit = s.refine_per_phase if s.imitation_per_phase is None else s.imitation_per_phase
+        generator_utility(0.5, s.utility_mu, s.utility_sigma)  # fails now on sigma <= 0
+        if min(s.refine_per_phase, self.imitation_limit, s.failure_pool) < 0:
             raise ValueError("method.extra: refine_per_phase, imitation_per_phase and failure_pool must be >= 0")
         self.curriculum = SocraticCurriculum(int(s.curriculum_size))
         self.fresh: list[CurriculumItem] = []
@@ -499,7 +494,7 @@ class SocraticZero(Method):
         tasks left out are recorded as unused). Planning: the Generator's tasks plus the fresh refinements,
         whose success rate gives the imitation weights. The Teacher's problems are one extra group."""
         if role == "execution":
-            tasks = mix_tasks(self.curriculum, used, n, self.share)
+            tasks = mix_tasks(self.curriculum, used, n, self.settings.curriculum_share)
             unused = list(unused) + [t for t in used if not any(t is c for c in tasks)]  # the Generator's left out
             teacher = [t for t in tasks if getattr(t, "socratic", None) is not None]
         elif role == "planning":
@@ -517,12 +512,14 @@ class SocraticZero(Method):
         """The Teacher grades the phase; an Execution phase's failures are refined into the curriculum (and
         wait as fresh refinements for the Generator) and kept as the Generator's prompts. Each played task keeps
         its grades, pairs and imitation example (:class:`SocraticTask`); returns the phase's Teacher figures."""
+        s = self.settings
         fb = socratic_phase(self.teacher, [p.task for p in played], [p.rollouts for p in played],
-                            self.refine_limit if role == "execution" else 0, self.max_pairs, self.mu, self.sigma)
+                            s.refine_per_phase if role == "execution" else 0, s.max_pairs_per_task, s.utility_mu,
+                            s.utility_sigma)
         if role == "execution":
             self.curriculum.add(fb.refinements)
             self.fresh = (self.fresh + fb.refinements)[-self.curriculum.max_size:]
-            self.failures = (self.failures + fb.failed)[-self.failure_pool:] if self.failure_pool else []
+            self.failures = (self.failures + fb.failed)[-s.failure_pool:] if s.failure_pool else []
         examples = iter(fb.imitation)  # socratic_phase made one per graded curriculum task, in task order
         for p, grades, pairs, reference in zip(played, fb.grades, fb.pairs, fb.references, strict=True):
             item = getattr(p.task, "socratic", None)
