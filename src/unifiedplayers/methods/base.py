@@ -244,7 +244,3 @@ def build_method(cfg: Any) -> Method:
     method = method_class(cfg.method)(cfg)
     method.check()
     return method
-
-
-__all__ = ["GroupShape", "METHODS", "Method", "NoSettings", "build_method", "import_builtin_methods", "method_class",
-           "parse_settings", "register_method"]

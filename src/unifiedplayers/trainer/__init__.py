@@ -15,11 +15,9 @@ from unifiedplayers.trainer.base import BaseTrainer
 from unifiedplayers.trainer.checkpoint import atomic_directory, capture_rng_state, restore_rng_state
 from unifiedplayers.trainer.diagnostics import EntropyRetention, grad_norm_block_stats
 from unifiedplayers.trainer.logprobs import mean_token_entropy, selected_token_logprobs
-from unifiedplayers.trainer.optim import make_optimizer, make_scheduler
 from unifiedplayers.trainer.torch_backend import TorchTrainer  # the torch backend; registers "torch"
-from unifiedplayers.trainer.sample import TrainSample, as_sample, sample_from_completion, sample_from_segments
+from unifiedplayers.trainer.sample import TrainSample, sample_from_completion
 
-__all__ = ["TRAINER_BACKENDS", "BaseTrainer", "EntropyRetention", "TorchTrainer", "TrainSample", "as_sample",
-           "atomic_directory", "build_trainer", "capture_rng_state", "grad_norm_block_stats", "make_optimizer",
-           "make_scheduler", "mean_token_entropy", "register_trainer_backend", "restore_rng_state",
-           "sample_from_completion", "sample_from_segments", "selected_token_logprobs"]
+__all__ = ["TRAINER_BACKENDS", "BaseTrainer", "EntropyRetention", "TorchTrainer", "TrainSample", "atomic_directory",
+           "build_trainer", "capture_rng_state", "grad_norm_block_stats", "mean_token_entropy", "register_trainer_backend",
+           "restore_rng_state", "sample_from_completion", "selected_token_logprobs"]
