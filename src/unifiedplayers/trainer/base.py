@@ -47,9 +47,6 @@ from unifiedplayers.trainer.sample import TrainSample, as_sample
 
 Tensor = torch.Tensor
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
 class HeldReference(NamedTuple):
     """Where a trainer holds π_ref now (:attr:`BaseTrainer.held_reference`), for measurements: read it, never
     change the trainer through it."""
@@ -98,7 +95,7 @@ class BaseTrainer:
         self.cfg, self.role, self.pad_token_id, self.dist = cfg, role, pad_token_id, dist
         if cfg.num_threads > 0:
             torch.set_num_threads(cfg.num_threads)
-        self.compute_dtype = _DTYPES[resolve_setting(cfg.dtype, next(model.parameters()).device)]
+        self.compute_dtype = getattr(torch, resolve_setting(cfg.dtype, next(model.parameters()).device))
         model = self._prepare_model(model)
         if cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable()

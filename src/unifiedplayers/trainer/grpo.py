@@ -183,12 +183,6 @@ def clipped_surrogate(ratio: Tensor, advantages: Tensor, clip_eps: float,
     return torch.minimum(unclipped, clipped), clipped < unclipped
 
 
-def entropy_from_logits(logits: Tensor) -> Tensor:
-    """Token entropy H(softmax(logits)) over the last dim: (..., V) -> (...)."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    return -(logp.exp() * logp).sum(dim=-1)
-
-
 @register_policy_loss("grpo_clip")
 def policy_loss(
     logprobs: Tensor,
@@ -201,7 +195,6 @@ def policy_loss(
     kl_coef: float,
     kl_estimator: str = "k3",
     aggregation: str = "seq_group_mean",
-    logits: Optional[Tensor] = None,
     sample_weights: Optional[Tensor] = None,
     entropy: Optional[Tensor] = None,
     clip_high: Optional[Tensor] = None,
@@ -215,7 +208,7 @@ def policy_loss(
     ``logprobs`` (N, T) log π_θ (with gradient), ``old_logprobs`` (N, T) π_old's, ``ref_logprobs`` (N, T) π_ref's (None
     when β = 0), ``advantages`` (N,), ``mask`` (N, T) 1 on trainable completion tokens, ``group_index`` (N,).
     ``sample_weights`` (N,): the slice of the whole batch's :func:`aggregation_weights` (else ``aggregation`` names
-    them); ``entropy`` (N, T) or ``logits`` (N, T, V): for the entropy metric only; ``clip_high`` (N,): Eq. 19's
+    them); ``entropy`` (N, T): token entropy, for its metric only; ``clip_high`` (N,): Eq. 19's
     per-sample ε_high, NaN for ``clip_eps``. Returns (loss, metrics with ``actor/`` keys: token statistics are means
     over trainable tokens; ``actor/num_tokens`` lets a caller combine micro-batches).
     """
@@ -239,8 +232,6 @@ def policy_loss(
         denom = max(int(metrics["actor/num_tokens"]), 1)
         if kl is not None:
             metrics["actor/kl"] = float((kl.detach() * maskf).sum()) / denom
-        if entropy is None and logits is not None:
-            entropy = entropy_from_logits(logits.detach())
         if entropy is not None:
             metrics["actor/entropy"] = float((entropy.detach().float() * maskf).sum()) / denom
     return loss, metrics
