@@ -33,7 +33,7 @@ from typing import Any, ClassVar, Optional, Sequence
 
 import numpy as np
 
-from unifiedplayers.methods.sources import BUILTIN_MODULES, RewardSource, reward_source
+from unifiedplayers.methods.sources import BUILTIN_MODULES, RewardSource, import_builtin_methods, reward_source
 from unifiedplayers.registry import Registry, import_object
 from unifiedplayers.roles import ROLES
 
@@ -206,12 +206,6 @@ def register_method(name: str):
         return METHODS.register(name, cls, stacklevel=2)
 
     return deco
-
-
-def import_builtin_methods() -> None:
-    """Import every baseline of the package (their reward sources register with them)."""
-    for module in BUILTIN_MODULES.values():
-        importlib.import_module(module)
 
 
 def _import_target(target: str) -> type[Method]:

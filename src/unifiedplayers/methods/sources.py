@@ -92,9 +92,14 @@ def reward_source(role: str, name: str) -> RewardSource:
             raise ValueError(f"method.{role}_reward={name!r}: {module} registers no {role} reward source {short!r}")
         return found
     if name not in REWARD_SOURCES[role]:  # a baseline's source registers when its module is imported
-        for builtin in BUILTIN_MODULES.values():
-            importlib.import_module(builtin)
+        import_builtin_methods()
     return REWARD_SOURCES[role].get(name)
+
+
+def import_builtin_methods() -> None:
+    """Import every baseline of the package (their methods and reward sources register)."""
+    for module in BUILTIN_MODULES.values():
+        importlib.import_module(module)
 
 
 def self_consistency(fb: Any) -> float:

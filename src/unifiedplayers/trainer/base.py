@@ -217,11 +217,6 @@ class BaseTrainer:
         with self.gathered_weights():
             return {k: v.detach().clone() for k, v in policy_state(self.model).items()}
 
-    def reload_state(self) -> None:
-        """Bring offloaded state back now (``update`` also does it lazily)."""
-        self._ensure_optimizer()
-        self._restore_reference()
-
     def offload_state(self, final: bool = False) -> None:
         """The player goes idle: everything but the weights it samples with is parked (:mod:`.offload`) until the
         next update, checkpoint or reference pass needs it. ``final``: the player takes no further update in this run
