@@ -142,11 +142,8 @@ def check_induction(sandbox: Any, predicted_program: Optional[str], pairs: Seque
     """Correct when the predicted ``f`` reproduces every (input, output) pair."""
     if not predicted_program or not pairs:
         return False
-    for inp, out in pairs:
-        got = validate_proposal(sandbox, predicted_program, inp)
-        if not (got.valid and outputs_equal(got.output, out)):
-            return False
-    return True
+    runs = (validate_proposal(sandbox, predicted_program, inp) for inp, _ in pairs)  # stops at the first miss
+    return all(got.valid and outputs_equal(got.output, out) for got, (_, out) in zip(runs, pairs))
 
 
 def learnability_reward(solve_rate: float) -> float:

@@ -43,21 +43,19 @@ def _collate(samples: list[Any], weights: Tensor, device: torch.device, pad_id: 
     att = torch.zeros(b, length, dtype=torch.long)
     mask = torch.zeros(b, length, dtype=torch.bool)
     old = torch.zeros(b, length, dtype=torch.float32)
+    recomputed = any(getattr(s, "behaviour_logprobs", None) is not None for s in samples)
+    behaviour = torch.zeros(b, length, dtype=torch.float32) if recomputed else old
     for i, s in enumerate(samples):
         n = len(s.token_ids)
         ids[i, :n] = _as_tensor(s.token_ids, torch.long)
         att[i, :n] = 1
         mask[i, :n] = _as_tensor(s.loss_mask, torch.bool)
         old[i, :n] = _as_tensor(s.old_logprobs, torch.float32)
-    old = old.masked_fill(~mask, 0.0)
-    behaviour = old
-    recomputed = any(getattr(s, "behaviour_logprobs", None) is not None for s in samples)
-    if recomputed:
-        behaviour = torch.zeros(b, length, dtype=torch.float32)
-        for i, s in enumerate(samples):
+        if recomputed:
             source = s.old_logprobs if s.behaviour_logprobs is None else s.behaviour_logprobs
-            behaviour[i, : len(s.token_ids)] = _as_tensor(source, torch.float32)
-        behaviour = behaviour.masked_fill(~mask, 0.0)
+            behaviour[i, :n] = _as_tensor(source, torch.float32)
+    old = old.masked_fill(~mask, 0.0)
+    behaviour = behaviour.masked_fill(~mask, 0.0) if recomputed else old
     clip_high = None if all(getattr(s, "clip_high", None) is None for s in samples) else torch.tensor(
         [float("nan") if s.clip_high is None else float(s.clip_high) for s in samples], device=device)
     return _MicroBatch(ids.to(device), att.to(device), mask.to(device), old.to(device),

@@ -356,11 +356,8 @@ def _tensors(value: Any, depth: int = 3):
         yield value
         if value.is_leaf and value.grad is not None:
             yield value.grad
-    elif depth > 0 and isinstance(value, (list, tuple)):
-        for v in value:
-            yield from _tensors(v, depth - 1)
-    elif depth > 0 and isinstance(value, dict):
-        for v in value.values():
+    elif depth > 0 and isinstance(value, (list, tuple, dict)):
+        for v in value.values() if isinstance(value, dict) else value:
             yield from _tensors(v, depth - 1)
 
 
