@@ -77,21 +77,15 @@ def test_zero3_offload_optimizer_steps_with_cpu_adam_as_the_torch_backend(batche
 
 
 # ---------------------------------------------------------------------------------------------- offload_state
-@pytest.mark.parametrize("stage, cpu_optimizer, optimizer, version, expected", [
-    (2, False, "AdamW", "0.19.8", ("optim_states", "hp_params", "lp_grads")),
-    (2, True, "DeepSpeedCPUAdam", "0.19.8", ("lp_grads",)),  # state and master weights already on the host
-    (3, False, "AdamW", "0.19.8", ("lp_grads", "contiguous_grad_buffer")),  # ZeRO-3 moves FusedAdam's only
-    (3, False, "FusedAdam", "0.19.8", ("optim_states", "hp_params", "lp_grads", "contiguous_grad_buffer")),
-    (3, True, "DeepSpeedCPUAdam", "0.19.8", ("contiguous_grad_buffer",)),
-    (3, True, "DeepSpeedCPUAdam", "0.18.9", ()),  # before 0.19 the engine asserts under ZeRO-Offload
-    (2, True, "DeepSpeedCPUAdam", "0.18.9", ()),
-    (3, False, "AdamW", "0.18.9", ()),  # before 0.19 ZeRO-3 asserts FusedAdam whatever is asked
-    (3, False, "FusedAdam", "0.18.9", ("optim_states", "hp_params", "lp_grads", "contiguous_grad_buffer")),
-    (2, False, "AdamW", "0.17.5", ()),  # ZeRO-1/2 offload_states came in 0.17.6
-    (2, False, "AdamW", "0.17.6", ("optim_states", "hp_params", "lp_grads")),
+@pytest.mark.parametrize("stage, cpu_optimizer, optimizer, expected", [
+    (2, False, "AdamW", ("optim_states", "hp_params", "lp_grads")),
+    (2, True, "DeepSpeedCPUAdam", ("lp_grads",)),  # state and master weights already on the host
+    (3, False, "AdamW", ("lp_grads", "contiguous_grad_buffer")),  # ZeRO-3 moves FusedAdam's only
+    (3, False, "FusedAdam", ("optim_states", "hp_params", "lp_grads", "contiguous_grad_buffer")),
+    (3, True, "DeepSpeedCPUAdam", ("contiguous_grad_buffer",)),
 ])
-def test_states_to_offload_never_include_the_weights(stage, cpu_optimizer, optimizer, version, expected):
-    states = states_to_offload(stage, cpu_optimizer, optimizer, version)
+def test_states_to_offload_never_include_the_weights(stage, cpu_optimizer, optimizer, expected):
+    states = states_to_offload(stage, cpu_optimizer, optimizer)
     assert states == expected
     assert "lp_params" not in states  # the weights the co-players sample from stay where they are
 

@@ -223,11 +223,12 @@ def test_micro_batches_with_global_weights_sum_to_full_batch_loss_and_gradient()
 
 
 # ---------------------------------------------------------------- metrics and registry
-def test_entropy_metric_from_uniform_logits_is_log_vocab():
+def test_entropy_metric_is_the_mean_over_trained_tokens():
     lp = torch.full((2, 3), math.log(0.25))
-    _, m = _loss(lp, lp.clone(), torch.zeros(2), torch.ones(2, 3), torch.tensor([0, 0]),
-                 logits=torch.zeros(2, 3, 4))
-    assert m["actor/entropy"] == pytest.approx(math.log(4), abs=1e-6)
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    _, m = _loss(lp, lp.clone(), torch.zeros(2), mask, torch.tensor([0, 0]),
+                 entropy=torch.tensor([[1.0, 2.0, 9.0], [3.0, 9.0, 9.0]]))
+    assert m["actor/entropy"] == pytest.approx(2.0)
 
 
 def test_registry_rejects_unknown_names_and_accepts_new_entries():

@@ -213,7 +213,7 @@ def test_adamw_settings_and_no_decay_on_norm_gains():
     model, _ = tiny_model()
     trainer = build_trainer(trainer_config(), model)
     assert trainer.optimizer is None  # created lazily
-    trainer.reload_state()
+    trainer._ensure_optimizer()
     groups = trainer.optimizer.param_groups
     assert groups[0]["betas"] == (0.9, 0.95) and groups[0]["weight_decay"] == 0.01
     assert groups[1]["weight_decay"] == 0.0 and all(p.ndim == 1 for p in groups[1]["params"])

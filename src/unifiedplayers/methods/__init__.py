@@ -1,39 +1,20 @@
-"""Methods: UnifiedPlayers and its baselines (§4.1, Appendix G.1) behind one interface.
-
-A method is one :class:`Method` subclass in one Python file, registered with :func:`register_method`, and one
-``conf/method/<name>.yaml`` (``method.name``, the players it trains, the reward source of each player, and
-``method.extra``: the typed ``Settings`` of the class). See :mod:`unifiedplayers.methods.base` for the hooks
-and :mod:`unifiedplayers.methods.sources` for the named reward sources. The baselines:
-
-- :mod:`~unifiedplayers.methods.r_zero` (Challenger reward with the within-batch BLEU-cluster penalty, the
-  Solver's self-consistency band);
-- :mod:`~unifiedplayers.methods.agent0` (Curriculum reward with the tool-call bonus, the Executor's ADPO);
-- :mod:`~unifiedplayers.methods.absolute_zero` (learnability and exact-answer rewards, code-reasoning tasks
-  validated in the sandbox);
-- :mod:`~unifiedplayers.methods.socratic_zero` (a Teacher behind an OpenAI-compatible endpoint grades the
-  Solver; DPO pairs and imitation).
-
-They are imported when a run names them (this package never imports them at import time).
+"""Methods: UnifiedPlayers and its baselines (§4.1, Appendix G.1) behind one interface (:mod:`.base`, the hooks;
+:mod:`.sources`, the reward sources). The baselines, imported when a run names them: :mod:`.r_zero`, :mod:`.agent0`,
+:mod:`.absolute_zero`, :mod:`.socratic_zero`.
 """
 from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from unifiedplayers.methods.base import (METHODS, GroupShape, Method, NoSettings, build_method, import_builtin_methods,
-                                         method_class, parse_settings, register_method)
+from unifiedplayers.methods.base import METHODS, GroupShape, Method, build_method, register_method
 from unifiedplayers.methods.sources import (REWARD_SOURCES, RewardSource, register_reward_source, reward_source,
                                             self_consistency)
-from unifiedplayers.roles import ROLES
 
 
 def shape_advantages(shapes: dict[int, GroupShape], group_ids: Sequence[int],
                      advantages: Sequence[float]) -> list[tuple[int, float, Optional[float]]]:
-    """Apply each group's shape to its samples' GRPO advantages (Eq. 17 first, then the method's shape).
-
-    ``shapes[g]`` is the shape of group ``g`` (a group without one is plain GRPO); ``group_ids[n]`` and
-    ``advantages[n]`` belong to sample ``n``. Returns ``(n, adv_scale·Â_n, clip_high)`` for every sample
-    of a kept group, in sample order.
-    """
+    """Each group's shape (``shapes[g]``; none: plain GRPO) applied to its samples' GRPO advantages (Eq. 17 first):
+    ``(n, adv_scale·Â_n, clip_high)`` for every sample ``n`` of a kept group, in sample order."""
     if len(group_ids) != len(advantages):
         raise ValueError(f"{len(group_ids)} group ids for {len(advantages)} advantages")
     out = []
@@ -44,6 +25,5 @@ def shape_advantages(shapes: dict[int, GroupShape], group_ids: Sequence[int],
     return out
 
 
-__all__ = ["METHODS", "REWARD_SOURCES", "ROLES", "GroupShape", "Method", "NoSettings", "RewardSource", "build_method",
-           "import_builtin_methods", "method_class", "parse_settings", "register_method", "register_reward_source",
-           "reward_source", "self_consistency", "shape_advantages"]
+__all__ = ["METHODS", "REWARD_SOURCES", "GroupShape", "Method", "RewardSource", "build_method", "register_method",
+           "register_reward_source", "reward_source", "self_consistency", "shape_advantages"]

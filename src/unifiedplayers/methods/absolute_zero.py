@@ -13,42 +13,27 @@ the program parses, defines ``f``, imports nothing that makes it nondeterministi
   ``f`` — correct when it reproduces *every* pair, the hidden half included, so a lookup table of the
   shown pairs fails (AZR §3.2: "the use of held-out examples discourages overfitting through if-else").
 
-The solver reasons about the program; it never runs it (AZR's solver has no code tool): the method runs
-without tools (``method.use_tools=false``, one generation per trajectory, a plain-text prompt), so a
-"copy the code and print f(x)" answer gets no output and no reward. Only the *checks* execute code.
+The solver reasons about the program without running it (AZR's solver has no code tool: ``method.use_tools=false``);
+only the *checks* execute code. The expected answer of a task is the one the sandbox computed, never the proposer's
+claim; comparisons parse both sides as Python literals when they can.
 
-Rewards (AZR Eq. 4-6). The role rewards: the proposer's learnability r_propose = 1 − r̄_solve when
-0 < r̄_solve < 1, else 0 (a task every sample solves, or none does, teaches nothing; r̄_solve is the share of
-the K solver samples that are correct); the solver's r_solve is binary correctness. Both roles are trained
-on AZR's composite, format-aware reward (its §3.1, "inspired by" DeepSeek-R1's format reward)::
+Rewards: AZR's composite, format-aware reward (its §3.1) over the role rewards of Eq. 4-6::
 
     R(y) = r_role   if the response is well formatted and passable
-           −0.5     if it is well formatted but not passable: a wrong answer (solver), a valid task that
-                    every solver sample or none solves (proposer)
-           −1       if it has a format error; for the proposer, an invalid proposal is one (AZR §3.1)
+           −0.5     if it is well formatted but not passable
+           −1       if it has a format error
 
-What the three cases are here:
+- proposer (Planning): r_propose = 1 − r̄_solve when 0 < r̄_solve < 1, else 0 (AZR Eq. 4; r̄_solve: the share of the
+  K solver samples that are correct). A format error is an output from which no proposal can be read (``NO_PROGRAM``,
+  ``NO_INPUT``); a proposal read but failing validation is one too, since AZR counts only "responses that produce
+  valid triplets and pass the filtering stage" as correctly formatted. Both are malformed tasks, never played, so they
+  reach GRPO through :meth:`AbsoluteZero.malformed_task_reward`. A valid task with r_propose = 0 (solved by every
+  sample or by none) is not passable: −0.5, as AZR's reward manager gives.
+- solver (Execution): r_solve = binary correctness (AZR Eq. 5; ``expected_answer`` alone); no ``\\boxed{}`` answer
+  is the format error, a wrong answer not passable.
 
-- proposer (the Planning role): a **format error** is an output from which no proposal can be read:
-  no closed ```python block, or no ```input block (:func:`parse_proposal` finds nothing); it is a malformed
-  task with reason ``NO_PROGRAM`` or ``NO_INPUT``: −1. An output that parses but fails validation is
-  **invalid**, and also −1, since AZR counts only "responses that produce valid triplets and pass the
-  filtering stage" as correctly formatted (as its code does): a syntax error, no top-level ``f``, a
-  nondeterministic import, an input that is not a Python literal, a run that fails or times out, two runs
-  that print different outputs, fewer than 2 distinct inputs for an induction task. A valid proposal is a
-  task, played, and gets r_propose (``learnability`` source), or −0.5 when r_propose is 0.
-  The two malformed kinds reach GRPO through :meth:`AbsoluteZero.malformed_task_reward` (no reward source
-  sees an output that is not played).
-- solver (the Execution role; ``azr_composite`` source): **format error** = no extractable answer (no
-  ``\\boxed{}`` in the response, the trajectory's ``final_answer`` is None): −1; answered but wrong: −0.5;
-  correct: r_solve = 1. ``expected_answer`` is the binary r_solve alone (AZR Eq. 5).
-
-The expected answer of a task is the one the sandbox computed, never the proposer's claim, and
-comparisons parse both sides as Python literals when they can.
-
-A task's answer check is an :class:`AnswerCheck` (plain data, picklable), not a closure: the outer loop
-broadcasts built tasks to every rank under ``torchrun``. The sandbox it runs in is bound on the rank that
-built it and is not pickled (the other ranks never compute rewards).
+A task's answer check is an :class:`AnswerCheck` (plain data, picklable): the outer loop broadcasts built tasks to every
+rank; its sandbox is bound on the rank that built it and is not pickled.
 """
 from __future__ import annotations
 
@@ -157,11 +142,8 @@ def check_induction(sandbox: Any, predicted_program: Optional[str], pairs: Seque
     """Correct when the predicted ``f`` reproduces every (input, output) pair."""
     if not predicted_program or not pairs:
         return False
-    for inp, out in pairs:
-        got = validate_proposal(sandbox, predicted_program, inp)
-        if not (got.valid and outputs_equal(got.output, out)):
-            return False
-    return True
+    runs = (validate_proposal(sandbox, predicted_program, inp) for inp, _ in pairs)  # stops at the first miss
+    return all(got.valid and outputs_equal(got.output, out) for got, (_, out) in zip(runs, pairs))
 
 
 def learnability_reward(solve_rate: float) -> float:
@@ -179,15 +161,12 @@ def solve_flags(answers: Sequence[Optional[str]], expected: Optional[str], check
     return np.array([float(outputs_equal(a, expected)) for a in answers], dtype=np.float64)
 
 
-# AZR's composite reward (§3.1): the penalties of a well-formatted but wrong or invalid response and of a
-# format error.
 WRONG_OR_INVALID_REWARD = -0.5
 FORMAT_ERROR_REWARD = -1.0
 
 
 def composite_reward(role_reward: float, well_formatted: bool, passable: bool) -> float:
-    """AZR's composite reward: ``role_reward`` when the response is well formatted and passable, −0.5 when
-    it is well formatted but not passable (a wrong answer, an invalid proposal), −1 on a format error."""
+    """AZR's composite reward R(y) (§3.1; the module docstring)."""
     if not well_formatted:
         return FORMAT_ERROR_REWARD
     return float(role_reward) if passable else WRONG_OR_INVALID_REWARD
@@ -211,24 +190,19 @@ def planning_learnability(fb: TaskFeedback) -> float:
 
 @register_reward_source("planning", "azr_composite", check=lambda m: check_shared_model(m))
 def planning_azr_composite(fb: TaskFeedback) -> float:
-    """The proposer's composite reward of a valid task: its learnability (AZR Eq. 4) when above 0, −0.5 when 0
-    (every solver sample right, or none). AZR's reward manager: a correctly formatted proposal with accuracy
-    reward 0 gets −0.5. Invalid proposals never get here: :func:`proposal_reward`, −1."""
+    """The proposer's composite reward of a valid (played) task (:func:`proposal_reward`)."""
     return proposal_reward(None, planning_learnability(fb))
 
 
 @register_reward_source("execution", "azr_composite")
 def execution_azr_composite(fb: TaskFeedback) -> np.ndarray:
-    """The solver's composite reward: 1 when correct (r_solve), −0.5 when answered but wrong, −1 with no
-    answer (no ``\\boxed{}``: the format error). Shape (K,)."""
+    """The solver's composite reward of each of the K samples. Shape (K,)."""
     solved = execution_expected_answer(fb)
     return np.array([composite_reward(1.0, a is not None, bool(s)) for a, s in zip(fb.answers, solved)],
                     dtype=np.float64)
 
 
-# --------------------------------------------------------------------------------------------------
-# Answer checks (picklable: the outer loop broadcasts built tasks to every rank)
-
+# Answer checks
 
 def induction_program(answer: Optional[str]) -> Optional[str]:
     """The program a solver's induction answer stands for: ``lambda ...`` becomes ``f = lambda ...``; text
@@ -244,13 +218,8 @@ def induction_program(answer: Optional[str]) -> Optional[str]:
 
 @dataclass
 class AnswerCheck:
-    """``check(answer) -> bool`` of one code task (AZR §3.3, "verification"), as plain data.
-
-    deduction: the answer equals the executed output (no code runs). abduction: ``f(answer)`` prints the
-    output. induction: the answer's ``f`` reproduces every pair in ``pairs`` — the hidden half too.
-    ``sandbox`` is bound where the task was built and is not pickled: a check that crossed to another
-    process must be re-bound (:meth:`bind`) before it can run code.
-    """
+    """``check(answer) -> bool`` of one code task (AZR §3.3, "verification"; the task types: module docstring), as
+    plain data. A check that crossed to another process must be re-bound (:meth:`bind`) before it can run code."""
 
     kind: str
     output: str = ""  # the executed output f(x) (deduction, abduction)
@@ -285,9 +254,7 @@ class AnswerCheck:
         return program is not None and check_induction(self.sandbox, program, self.pairs)
 
 
-# --------------------------------------------------------------------------------------------------
 # Proposals -> tasks (the ``code_reasoning`` task builder; ``method.extra.task_format``)
-
 _FENCE = re.compile(r"```(\w*)[ \t]*\n(.*?)```", re.DOTALL)
 MAX_INDUCTION_INPUTS = 10  # AZR proposes 10 inputs per induction task and shows 5 (its Appendix example)
 
@@ -310,11 +277,8 @@ NO_INPUT = "no ```input block"
 
 
 def proposal_reward(task: Any, learnability: Optional[float] = None) -> float:
-    """The proposer's composite reward of one Planning output (AZR §3.1, after Eq. 6: "for the proposer ...
-    only responses that produce valid triplets and pass the filtering stage are considered to be correctly
-    formatted"): −1 for an invalid proposal (unreadable, or read but failing validation: a format error either
-    way); for a valid one (``task`` None or valid) its ``learnability`` r_propose when above 0, and −0.5 when 0
-    (solved by every sample or by none: well formatted, not passable; AZR's reward manager gives −0.5 there)."""
+    """The proposer's composite reward of one Planning output (module docstring): −1 for an invalid ``task``; for a
+    valid one (or ``task`` None) its ``learnability``, −0.5 when that is 0."""
     if task is not None and not task.valid:
         return composite_reward(0.0, False, False)
     if learnability is None:
@@ -374,7 +338,7 @@ def build_code_task(task: Any, sandbox: Any, max_induction_inputs: int = MAX_IND
     def malformed(reason: str) -> Any:
         return PlanningTask(task.text, None, None, False, reason, task.prompt_index, task.topic, task.completion)
 
-    if program is None:  # nothing to read; every later reason is an invalid proposal (both −1: proposal_reward)
+    if program is None:
         return malformed(NO_PROGRAM)
     if not inputs:
         return malformed(NO_INPUT)
@@ -406,9 +370,7 @@ def build_code_task(task: Any, sandbox: Any, max_induction_inputs: int = MAX_IND
     return out
 
 
-# --------------------------------------------------------------------------------------------------
 # One model for proposer and solver (``method.shared_model``)
-
 
 def shared_model(method_cfg: Any) -> bool:
     """``method.shared_model`` (AZR: one set of weights proposes and solves); default false (two players)."""
@@ -425,7 +387,6 @@ def check_shared_model(method_cfg: Any) -> None:
                          f"{list(method_cfg.roles)} does not train both")
 
 
-
 TASK_FORMATS = ("code_reasoning", "math")
 
 
@@ -433,9 +394,7 @@ TASK_FORMATS = ("code_reasoning", "math")
 class AbsoluteZeroSettings:
     """``method.extra`` of Absolute Zero."""
 
-    # code_reasoning (AZR's code puzzles; conf/method/absolute_zero.yaml) | math (the Planning player's tasks, the
-    # default when the key is absent, as before the typed settings)
-    task_format: str = "math"
+    task_format: str = "math"  # code_reasoning (AZR's code puzzles) | math (the Planning player's tasks)
 
 
 @register_method("absolute_zero")
@@ -466,6 +425,5 @@ class AbsoluteZero(Method):
         return build_code_task(task, sandbox) if self.code_tasks else task
 
     def malformed_task_reward(self, task: Any) -> float:
-        """The composite reward of a proposal that is no valid task: −1, a format error for AZR's proposer
-        (code tasks; a math-format run keeps ``reward.malformed_task_reward``)."""
+        """Code tasks: :func:`proposal_reward` (−1); a math-format run keeps ``reward.malformed_task_reward``."""
         return proposal_reward(task) if self.code_tasks else super().malformed_task_reward(task)

@@ -43,8 +43,8 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from unifiedplayers.methods.base import GroupShape, Method, register_method
-from unifiedplayers.methods.r_zero import (BLEU_DISTANCE_THRESHOLD, ChallengerSettings, challenger_settings,
-                                           cluster_shares, in_band, uncertainty_reward)
+from unifiedplayers.methods.r_zero import (BLEU_DISTANCE_THRESHOLD, ChallengerSettings, challenger_rewards, in_band,
+                                           r_zero_challenger)
 from unifiedplayers.methods.sources import register_reward_source, self_consistency
 
 if TYPE_CHECKING:
@@ -53,7 +53,6 @@ if TYPE_CHECKING:
 DEFAULT_TOOL_WEIGHT = 0.05  # γ of Agent0's calculate_tool_reward
 DEFAULT_TOOL_CALL_CAP = 4  # C
 FRONTIER_BAND = (0.3, 0.8)
-ADPO_DEFAULTS = {"p_low": 0.3, "p_high": 0.8, "min_scale": 0.6, "max_epsilon_bonus": 0.1}  # train_qwen3_4b_adpo.sh
 
 
 def tool_reward(tool_calls: Sequence[int], weight: float = DEFAULT_TOOL_WEIGHT,
@@ -72,25 +71,19 @@ def tool_reward(tool_calls: Sequence[int], weight: float = DEFAULT_TOOL_WEIGHT,
 def curriculum_rewards(p_hats: Sequence[float], tool_rewards: Sequence[float], questions: Sequence[str],
                        form: str = "paper", weight: float = 1.0,
                        threshold: float = BLEU_DISTANCE_THRESHOLD) -> list[float]:
-    """R_C of each well-formed task of one batch (the module docstring's formulas)."""
-    if not len(p_hats) == len(tool_rewards) == len(questions):
-        raise ValueError(f"{len(p_hats)} p_hat, {len(tool_rewards)} tool rewards, {len(questions)} questions")
-    rep = weight * cluster_shares(questions, threshold)
-    if form == "paper":
-        return [max(0.0, uncertainty_reward(p) + t - r) for p, t, r in zip(p_hats, tool_rewards, rep)]
-    if form == "code":
-        return [min(p, 1.0 - p) + t - r for p, t, r in zip(p_hats, tool_rewards, rep)]
-    raise ValueError(f"method.extra.reward_form={form!r}: paper | code")
+    """R_C of each well-formed task of one batch (the module docstring's formulas): R-Zero's Challenger reward with
+    R_tool added."""
+    return challenger_rewards(p_hats, questions, form, weight, threshold, bonus=tool_rewards)
 
 
 @dataclass
 class AdpoSettings:
     """ADPO's constants (Agent0's train_qwen3_4b_adpo.sh)."""
 
-    p_low: float = ADPO_DEFAULTS["p_low"]  # min_score_for_scaling
-    p_high: float = ADPO_DEFAULTS["p_high"]  # max_score_for_scaling
-    min_scale: float = ADPO_DEFAULTS["min_scale"]  # min_advantage_scale
-    max_epsilon_bonus: float = ADPO_DEFAULTS["max_epsilon_bonus"]
+    p_low: float = 0.3  # min_score_for_scaling
+    p_high: float = 0.8  # max_score_for_scaling
+    min_scale: float = 0.6  # min_advantage_scale
+    max_epsilon_bonus: float = 0.1
 
 
 @dataclass
@@ -111,12 +104,7 @@ def _tool_reward_of(fb: TaskFeedback) -> float:
 
 @register_reward_source("planning", "agent0_curriculum", batch=True)
 def agent0_curriculum(feedback: Sequence[TaskFeedback]) -> list[float]:
-    if not feedback:
-        return []
-    s = challenger_settings(feedback[0])
-    return curriculum_rewards([self_consistency(fb) for fb in feedback], [_tool_reward_of(fb) for fb in feedback],
-                              [fb.question for fb in feedback], form=str(s.reward_form),
-                              weight=float(s.repetition_weight), threshold=float(s.bleu_distance_threshold))
+    return r_zero_challenger(feedback, bonus=[_tool_reward_of(fb) for fb in feedback])
 
 
 def _ramp(x: float, lo: float, hi: float) -> float:
@@ -125,13 +113,15 @@ def _ramp(x: float, lo: float, hi: float) -> float:
     return float(np.clip((x - lo) / (hi - lo), 0.0, 1.0))
 
 
-def adpo_advantage_scale(p_hat: float, p_low: float = 0.3, p_high: float = 0.8, min_scale: float = 0.6) -> float:
+def adpo_advantage_scale(p_hat: float, p_low: float = AdpoSettings.p_low, p_high: float = AdpoSettings.p_high,
+                         min_scale: float = AdpoSettings.min_scale) -> float:
     """s(p̂) = s_min + (1 − s_min)·clip((p̂ − p_lo)/(p_hi − p_lo), 0, 1): trust in the pseudo-label."""
     return min_scale + (1.0 - min_scale) * _ramp(p_hat, p_low, p_high)
 
 
-def adpo_clip_high(p_hat: float, clip_eps: float, p_low: float = 0.3, p_high: float = 0.8,
-                   max_epsilon_bonus: float = 0.1) -> float:
+def adpo_clip_high(p_hat: float, clip_eps: float, p_low: float = AdpoSettings.p_low,
+                   p_high: float = AdpoSettings.p_high,
+                   max_epsilon_bonus: float = AdpoSettings.max_epsilon_bonus) -> float:
     """ε_high(p̂) = ε + Δε·clip((p_hi − p̂)/(p_hi − p_lo), 0, 1): more room upward on ambiguous tasks."""
     return clip_eps + max_epsilon_bonus * (1.0 - _ramp(p_hat, p_low, p_high))
 

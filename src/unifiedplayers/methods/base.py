@@ -1,15 +1,10 @@
 """One interface for a method: UnifiedPlayers itself, and every baseline (§4.1, Appendix G.1).
 
-A method is a :class:`Method` subclass, registered by name with :func:`register_method`, and a
-``conf/method/<name>.yaml``. Every hook has a default that is UnifiedPlayers' behaviour, so a method
-overrides only what differs; its settings are its ``Settings`` dataclass, the typed ``method.extra``
-(an unknown key fails at start-up). Each player's rewards come from the reward source its YAML names
-(``method.<role>_reward``, :mod:`unifiedplayers.methods.sources`): a method changes a reward by registering
-a source, never by a hook.
-
-The outer loop reads the method's properties (:attr:`Method.shared_model`, :attr:`Method.use_tools`,
-:attr:`Method.writes_verifiers`) and calls its hooks; it never branches on a method's name. A method defined
-outside the package names its class in its YAML (``method._target_: my_module.MyMethod``).
+A method is a :class:`Method` subclass, registered by name with :func:`register_method` (or named by its YAML's
+``method._target_`` when defined outside the package), and a ``conf/method/<name>.yaml``. Every hook defaults to
+UnifiedPlayers' behaviour, so a method overrides only what differs; its settings are its ``Settings`` dataclass, the
+typed ``method.extra``. Rewards come from the reward source each role's YAML names (:mod:`.sources`), never from a
+hook. The outer loop reads the method's properties and calls its hooks; it never branches on a method's name.
 
 Hooks, in the order a sampling phase calls them:
 
@@ -21,9 +16,8 @@ Hooks, in the order a sampling phase calls them:
   lives on each task's record (``PlayedTask.method_data``), where the later hooks read it;
 - then each player's rewards, from its reward source (:meth:`Method.source`, read by :meth:`Method.phase_rewards`;
   not a hook);
-- :meth:`Method.malformed_task_reward` gives the Planning reward of each malformed Planning output (not
-  played, so no reward source sees it; ``reward.malformed_task_reward`` by default, Absolute Zero's
-  composite reward tells a format error from an invalid proposal);
+- :meth:`Method.malformed_task_reward` gives the Planning reward of each malformed Planning output (never played,
+  so no reward source sees it);
 - :meth:`Method.group_shape` shapes each task's GRPO group (R-Zero's band, Agent0's ADPO);
 - :meth:`Method.minibatch_samples` may replace a minibatch's GRPO batch (Socratic-Zero: DPO pairs, imitation);
 - :meth:`Method.minibatch_metrics` and :meth:`Method.record_meta` add to the metrics line and the records (they get
@@ -39,7 +33,7 @@ from typing import Any, ClassVar, Optional, Sequence
 
 import numpy as np
 
-from unifiedplayers.methods.sources import BUILTIN_MODULES, RewardSource, reward_source
+from unifiedplayers.methods.sources import BUILTIN_MODULES, RewardSource, import_builtin_methods, reward_source
 from unifiedplayers.registry import Registry, import_object
 from unifiedplayers.roles import ROLES
 
@@ -77,8 +71,7 @@ def parse_settings(settings_class: type, extra: Any, method_name: str) -> Any:
 
 
 class Method:
-    """UnifiedPlayers (Eq. 2, 4, 5 from the verdict matrix); the base of every baseline. See the module
-    docstring for the hooks; every default changes nothing."""
+    """UnifiedPlayers (Eq. 2, 4, 5 from the verdict matrix); the base of every baseline (hooks: module docstring)."""
 
     Settings: ClassVar[type] = NoSettings
 
@@ -145,9 +138,7 @@ class Method:
 
     # ------------------------------------------------------------------ rewards
     def malformed_task_reward(self, task: Any) -> float:
-        """The Planning reward of a malformed Planning output ``task`` (``task.valid`` is false, ``task.reason``
-        says why): it is never played, so no reward source reads it. ``reward.malformed_task_reward`` by
-        default; a method whose reward tells kinds of malformed outputs apart overrides this."""
+        """The Planning reward of a malformed Planning output ``task`` (``task.reason`` says why)."""
         return float(self.cfg.reward.malformed_task_reward)
 
     def phase_rewards(self, feedback: Sequence[Any]) -> list[dict[str, Any]]:
@@ -174,10 +165,8 @@ class Method:
         return groups, used, unused
 
     def after_rollouts(self, role: str, played: Sequence[Any]) -> dict[str, Any]:
-        """Once the phase's solutions are in (rank 0; ``played``: its :class:`~unifiedplayers.loop.sampling.PlayedTask`
-        records, task and rollouts filled). A method keeps its own data of a task in ``played[i].method_data``
-        (the hooks below read it back from the same record) and returns its figures of the whole phase, added to
-        each minibatch's metrics line."""
+        """Rank 0, once the phase's solutions are in (``played``: its :class:`~unifiedplayers.loop.sampling.PlayedTask`
+        records). Returns the method's figures of the whole phase, added to each minibatch's metrics line."""
         return {}
 
     # ------------------------------------------------------------------ a minibatch's batch, metrics and records
@@ -201,9 +190,7 @@ class Method:
         pass
 
 
-# --------------------------------------------------------------------------------------------------
 # The registry
-
 METHODS = Registry("method", "method.name")
 for _name in ("unifiedplayers", "vanilla", "tool_augmented"):  # the same method, three configs (conf/method/)
     METHODS.register(_name, Method)
@@ -219,12 +206,6 @@ def register_method(name: str):
         return METHODS.register(name, cls, stacklevel=2)
 
     return deco
-
-
-def import_builtin_methods() -> None:
-    """Import every baseline of the package (their reward sources register with them)."""
-    for module in BUILTIN_MODULES.values():
-        importlib.import_module(module)
 
 
 def _import_target(target: str) -> type[Method]:
@@ -257,7 +238,3 @@ def build_method(cfg: Any) -> Method:
     method = method_class(cfg.method)(cfg)
     method.check()
     return method
-
-
-__all__ = ["GroupShape", "METHODS", "Method", "NoSettings", "build_method", "import_builtin_methods", "method_class",
-           "parse_settings", "register_method"]

@@ -2,7 +2,7 @@
 Execution role) from one base, no tools.
 
 - Solver: majority-vote pseudo-labels (``majority_vote``), trained only on questions whose self-consistency
-  p̂ lies in ``method.extra.solver_band`` (:func:`solver_band_shape`), default [0.3, 0.7]: the paper keeps
+  p̂ lies in ``method.extra.solver_band`` (:meth:`RZero.group_shape`), default [0.3, 0.7]: the paper keeps
   |p̂ − 1/2| ≤ δ = 0.25 with m = 10 answers, i.e. 3–7 of 10 agreeing (= [0.3, 0.7] at m = 10, [0.25, 0.75]
   read literally: the two differ at K = 8, where 2/8 and 6/8 are kept only by the literal reading). R-Zero's
   code runs ``upload.py --min_score 0.3 --max_score 0.8`` (scripts/solver_train.sh; 0.7 is only upload.py's
@@ -31,7 +31,7 @@ most on short near-duplicates: "a b c d" against "a b c e" is 0.595 here (distan
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 import numpy as np
 
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from unifiedplayers.feedback.pipeline import TaskFeedback
 
 BLEU_DISTANCE_THRESHOLD = 0.5  # R-Zero: distance_threshold=0.5, linkage="average"
-SOLVER_BAND = (0.3, 0.7)  # R-Zero paper: 3-7 of m = 10 agree (|p̂ - 1/2| <= 0.25); its scripts use [0.3, 0.8]
+SOLVER_BAND = (0.3, 0.7)  # the module docstring says why
 
 
 def bleu_distance_matrix(questions: Sequence[str]) -> np.ndarray:
@@ -110,15 +110,18 @@ def uncertainty_reward(p_hat: float) -> float:
 
 
 def challenger_rewards(p_hats: Sequence[float], questions: Sequence[str], form: str = "paper",
-                       weight: float = 1.0, threshold: float = BLEU_DISTANCE_THRESHOLD) -> list[float]:
-    """The Challenger reward of each well-formed question of one batch (the module docstring's formulas)."""
-    if len(p_hats) != len(questions):
-        raise ValueError(f"{len(p_hats)} p_hat values for {len(questions)} questions")
+                       weight: float = 1.0, threshold: float = BLEU_DISTANCE_THRESHOLD,
+                       bonus: Optional[Sequence[float]] = None) -> list[float]:
+    """The Challenger reward of each well-formed question of one batch (the module docstring's formulas);
+    ``bonus``: a term of each question added before the penalty (Agent0's R_tool; None: none)."""
+    bonus = [0.0] * len(p_hats) if bonus is None else list(bonus)
+    if not len(p_hats) == len(bonus) == len(questions):
+        raise ValueError(f"{len(p_hats)} p_hat values, {len(bonus)} bonus terms for {len(questions)} questions")
     penalty = weight * cluster_shares(questions, threshold)
     if form == "paper":
-        return [max(0.0, uncertainty_reward(p) - r) for p, r in zip(p_hats, penalty)]
+        return [max(0.0, uncertainty_reward(p) + b - r) for p, b, r in zip(p_hats, bonus, penalty)]
     if form == "code":
-        return [min(p, 1.0 - p) - r for p, r in zip(p_hats, penalty)]
+        return [min(p, 1.0 - p) + b - r for p, b, r in zip(p_hats, bonus, penalty)]
     raise ValueError(f"method.extra.reward_form={form!r}: paper | code")
 
 
@@ -144,13 +147,14 @@ def challenger_settings(fb: TaskFeedback) -> ChallengerSettings:
 
 
 @register_reward_source("planning", "r_zero_challenger", batch=True)
-def r_zero_challenger(feedback: Sequence[TaskFeedback]) -> list[float]:
+def r_zero_challenger(feedback: Sequence[TaskFeedback], bonus: Optional[Sequence[float]] = None) -> list[float]:
+    """:func:`challenger_rewards` of the phase's tasks, with the running method's settings."""
     if not feedback:
         return []
     s = challenger_settings(feedback[0])
     return challenger_rewards([self_consistency(fb) for fb in feedback], [fb.question for fb in feedback],
                               form=str(s.reward_form), weight=float(s.repetition_weight),
-                              threshold=float(s.bleu_distance_threshold))
+                              threshold=float(s.bleu_distance_threshold), bonus=bonus)
 
 
 def in_band(p_hat: float, band: Sequence[float]) -> bool:
@@ -162,7 +166,7 @@ def in_band(p_hat: float, band: Sequence[float]) -> bool:
 
 @register_method("r_zero")
 class RZero(Method):
-    """R-Zero: the Solver trains only on tasks with p̂ in ``method.extra.solver_band`` (R-Zero: [0.3, 0.7])."""
+    """R-Zero: the Solver trains only on tasks with p̂ in ``method.extra.solver_band``."""
 
     Settings = RZeroSettings
 

@@ -1,40 +1,27 @@
 """Socratic-Zero (Appendix G.1; Wang et al. 2025, arXiv 2509.24726): a fixed Teacher and two trained players.
 
-- **Teacher** (not trained): an external model behind an OpenAI-compatible endpoint
-  (``method.extra.teacher_endpoint``, ``method.extra.teacher_model``). It has two functions: V(q, y) ∈ {0, 1}, the
-  grade of a solution (:meth:`TeacherClient.grade`), and G(q, y_fail) → (q', y'_ref), which turns a problem the
-  Solver failed into a new problem aimed at that failure, with a worked reference solution
-  (:meth:`TeacherClient.refine`).
-- **Solver** (the Execution role, no tools): trained on Teacher-judged preference pairs with DPO. For each
-  problem, its K solutions split into Y_w (graded correct) and Y_l (graded wrong); when no solution is
-  correct, the Teacher's reference solution is the one winner (:func:`preference_pairs`). The loss is
-  ``grpo.dpo_loss`` (β = the role's ``kl_coef``).
-- **Generator** (the Planning role): learns to imitate the Teacher's refinements by value-weighted SFT
-  (``grpo.weighted_sft_loss``): its prompt is the Teacher's input (q, y_fail), its target the Teacher's q',
-  weighted by the Solver's utility of q', U(s) = exp(−(s − μ)² / (2σ²)) with s the Solver's graded success
-  rate on q' (μ = 0.5, σ = 0.2: the problems the Solver solves about half the time teach the most).
-- **Curriculum**: the Teacher's refined problems wait in a queue (:class:`SocraticCurriculum`) and are
-  played in the next Execution phase; a played one yields the Generator's imitation example.
+- **Teacher** (not trained): an external model behind an OpenAI-compatible endpoint (``method.extra``:
+  :class:`SocraticSettings`). V(q, y) ∈ {0, 1} grades a solution (:meth:`TeacherClient.grade`); G(q, y_fail) →
+  (q', y'_ref) turns a problem the Solver failed into a new problem aimed at that failure, with a worked reference
+  solution (:meth:`TeacherClient.refine`).
+- **Solver** (the Execution role, no tools): DPO (``grpo.dpo_loss``, β = the role's ``kl_coef``) on Teacher-judged
+  preference pairs (:func:`preference_pairs`).
+- **Generator** (the Planning role): value-weighted SFT (``grpo.weighted_sft_loss``) imitating the Teacher's
+  refinements: prompt (q, y_fail), target q', weight U(s) of the Solver's success rate s on q'
+  (:func:`generator_utility`).
+- **Curriculum**: the refined problems wait in a queue (:class:`SocraticCurriculum`) for the next Execution phase.
 
-The functions here are pure (given a Teacher client, which the tests replace by a local stub server);
-:func:`socratic_phase` is the whole per-phase computation. :class:`SocraticZero` is what the outer loop
-runs for ``method=socratic_zero`` (the method class :class:`SocraticZero`):
+:func:`socratic_phase` is the whole per-phase computation; :class:`SocraticZero` is what the outer loop runs:
 
-- an Execution phase plays the curriculum's oldest problems mixed with the Generator's
-  (``extra.curriculum_share``); the Teacher grades them, the Solver trains by DPO on the pairs, the failed
-  problems are refined into the curriculum, and the failures (q, y_fail) become the Generator's prompts;
-- a Planning phase prompts the Generator with recent failures (its problems are played and recorded, not
-  trained on), has the Solver play the refinements made since the last Planning phase — its graded success
-  rate s gives U(s) with the current Solver — and trains the Generator by weighted SFT on those refinements.
+- an Execution phase plays the curriculum's oldest problems mixed with the Generator's (:func:`mix_tasks`); the
+  Teacher grades them, the Solver trains on the pairs, the failed problems are refined into the curriculum, and the
+  failures (q, y_fail) become the Generator's prompts;
+- a Planning phase prompts the Generator with recent failures (its problems are played and recorded, not trained
+  on), has the Solver play the refinements made since the last Planning phase, and trains the Generator on them.
 
-The reward sources below (``teacher``: the grade; ``socratic_utility``: U(s) of a problem) fill the
-records' rewards; no GRPO step reads them under this loop.
-
-Without an endpoint the method stops at start-up (its reward sources' ``check``) with a message naming the setting.
-The API key, if the endpoint needs one, comes from the environment variable named by
-``method.extra.api_key_env`` (default ``OPENAI_API_KEY``), never from the config. A Teacher reply that
-cannot be parsed is recorded (``TeacherClient.failures``) and counts as no grade / no refinement; an
-endpoint that cannot be reached is an error naming the endpoint.
+The reward sources at the end (``teacher``, ``socratic_utility``) fill the records' rewards; no GRPO step reads them
+under this loop. Without an endpoint the method stops at start-up. A Teacher reply that cannot be parsed is recorded
+(``TeacherClient.failures``) and counts as no grade / no refinement; an unreachable endpoint is an error.
 """
 from __future__ import annotations
 
@@ -71,7 +58,7 @@ GENERATOR_TEMPLATE = (
     "A student got this problem wrong.\n\nProblem:\n{question}\n\nThe student's solution:\n{solution}\n\n"
     "Write one new, related problem that practises the step the student got wrong, then its answer as \\boxed{}."
 )
-DEFAULT_MU, DEFAULT_SIGMA = 0.5, 0.2  # Socratic-Zero's utility: peak at a 50 % success rate
+DEFAULT_MU, DEFAULT_SIGMA = 0.5, 0.2  # U(s) peaks where the Solver succeeds half the time
 REFERENCE = -1  # the index of the Teacher's reference solution in a preference pair
 
 
@@ -121,11 +108,9 @@ def parse_refinement(text: str, source_question: str, failed_solution: str) -> t
 
 
 class TeacherClient:
-    """Minimal OpenAI-compatible chat client (``POST {endpoint}/chat/completions``), greedy.
-
-    Grades are cached by (question, answer): the Solver's reward and the Generator's utility read the same
-    grades without asking twice. ``failures`` records every reply that could not be parsed.
-    """
+    """Minimal OpenAI-compatible chat client (``POST {endpoint}/chat/completions``), greedy. Grades are cached by
+    (question, answer), so the Solver's reward and the Generator's utility ask once; ``failures`` records every reply
+    that could not be parsed."""
 
     def __init__(self, endpoint: str, model: str, api_key: Optional[str] = None, timeout_s: float = 60.0) -> None:
         self.url = endpoint.rstrip("/") + "/chat/completions"
@@ -175,14 +160,14 @@ _CLIENTS: dict[tuple, TeacherClient] = {}
 
 @dataclass
 class SocraticSettings:
-    """``method.extra`` of Socratic-Zero (conf/method/socratic_zero.yaml says what each does)."""
+    """``method.extra`` of Socratic-Zero."""
 
     teacher_endpoint: Optional[str] = None  # the Teacher's OpenAI-compatible endpoint, http://HOST:PORT/v1
     teacher_model: Optional[str] = None  # the model name the endpoint serves
-    api_key_env: str = "OPENAI_API_KEY"  # the environment variable holding the endpoint's API key, if any
+    api_key_env: str = "OPENAI_API_KEY"  # the environment variable holding the endpoint's API key (never the config)
     teacher_timeout_s: float = 60.0
-    utility_mu: float = 0.5  # U(s) peaks where the Solver succeeds half the time
-    utility_sigma: float = 0.2
+    utility_mu: float = DEFAULT_MU
+    utility_sigma: float = DEFAULT_SIGMA
     refine_per_phase: int = 8  # failures sent to the Teacher for refinement per Execution phase
     max_pairs_per_task: Optional[int] = 8  # the Solver's preference pairs per problem (None: all)
     curriculum_size: int = 1024  # refined problems waiting for the Solver (oldest dropped)
@@ -191,9 +176,14 @@ class SocraticSettings:
     failure_pool: int = 64  # recent Solver failures (q, y_fail) the Generator is prompted with
 
 
+def socratic_settings(settings: Any) -> SocraticSettings:
+    """``settings`` when they are Socratic-Zero's, else the defaults (a source picked by another method)."""
+    return settings if isinstance(settings, SocraticSettings) else SocraticSettings()
+
+
 def teacher_for(settings: Optional[SocraticSettings], method_name: str = "socratic_zero") -> TeacherClient:
     """The client of the Teacher that ``settings`` (``method.extra``) name, one per endpoint and model."""
-    s = settings if isinstance(settings, SocraticSettings) else SocraticSettings()
+    s = socratic_settings(settings)
     require_teacher(s.teacher_endpoint, s.teacher_model, method_name)
     key = (s.teacher_endpoint, s.teacher_model)
     if key not in _CLIENTS:
@@ -217,9 +207,7 @@ def require_teacher(endpoint: Optional[str], model: Optional[str], method_name: 
         )
 
 
-# --------------------------------------------------------------------------------------------------
 # The Solver's preference pairs, the Generator's utility
-
 
 def preference_pairs(grades: Sequence[Optional[float]], has_reference: bool = False,
                      max_pairs: Optional[int] = None) -> list[tuple[int, int]]:
@@ -266,9 +254,7 @@ class ImitationExample:
     weight: float
 
 
-# --------------------------------------------------------------------------------------------------
 # The curriculum: the Teacher's refined problems, waiting for the next Execution phase
-
 
 class SocraticCurriculum:
     """FIFO of :class:`CurriculumItem` (oldest dropped beyond ``max_size``); its state goes into the run state."""
@@ -322,9 +308,7 @@ def mix_tasks(curriculum: SocraticCurriculum, generated: Sequence[Any], n: int, 
     return curriculum_tasks(curriculum.take(k)) + list(generated[: n - k])
 
 
-# --------------------------------------------------------------------------------------------------
 # One phase
-
 
 @dataclass
 class SocraticFeedback:
@@ -372,9 +356,7 @@ def socratic_phase(teacher: TeacherClient, tasks: Sequence[Any], rollouts: Seque
     return SocraticFeedback(grades, pairs, references, refinements, failed, imitation, teacher.failures[n_failures:])
 
 
-# --------------------------------------------------------------------------------------------------
 # Training samples (the Solver's DPO pairs, the Generator's SFT examples)
-
 
 def _reply_sample(tokenizer: Any, prompt: str, reply: str, advantage: float, group: int) -> Any:
     """A TrainSample of ``prompt`` + ``reply`` (+ eos) with only the reply trained; behaviour log-probs 0 (text
@@ -425,9 +407,7 @@ def imitation_samples(tokenizer: Any, planning_prompts: Any, examples: Sequence[
                           e.target, float(e.weight), i) for i, e in enumerate(examples)]
 
 
-# --------------------------------------------------------------------------------------------------
 # The loop: what the outer loop does for method=socratic_zero
-
 
 def check_loop_trainers(cfg: Any) -> None:
     """Start-up: the Solver trains by DPO (β = its kl_coef > 0; each pair whole in one micro-batch, so the
@@ -454,10 +434,6 @@ def check_loop_trainers(cfg: Any) -> None:
                              f"trainer.roles.planning.policy_loss=weighted_sft (got {t.policy_loss!r})")
 
 
-def _mean(xs: Sequence[float]) -> Optional[float]:
-    return float(np.mean(xs)) if len(xs) else None
-
-
 SOCRATIC = "socratic"  # the key of a played task's SocraticTask in its method_data
 
 
@@ -482,31 +458,22 @@ def socratic_data(played: Any) -> SocraticTask:
 
 @register_method("socratic_zero")
 class SocraticZero(Method):
-    """Socratic-Zero's state across phases and its hooks into the outer loop (see the module docstring).
-
-    State (saved with the run state): the curriculum, the refinements the Generator has not imitated yet
-    (``fresh``), and the Solver's recent failures (the Generator's prompts). A phase's Teacher feedback of each
-    task lives on the task's record (:class:`SocraticTask`), where its minibatch's batch, metrics and record read it.
-    """
+    """Socratic-Zero's hooks into the outer loop (module docstring). Its run state: the curriculum, the refinements
+    the Generator has not imitated yet (``fresh``) and the Solver's recent failures (the Generator's prompts); a
+    task's Teacher feedback lives on its record (:class:`SocraticTask`)."""
 
     Settings = SocraticSettings
 
     def __init__(self, cfg: Any) -> None:
         super().__init__(cfg)
         s = self.settings
-        require_teacher(s.teacher_endpoint, s.teacher_model, self.name)
-        check_loop_trainers(cfg)
         self.teacher = teacher_for(s, self.name)
-        self.share = float(s.curriculum_share)
-        if not 0.0 <= self.share <= 1.0:
-            raise ValueError(f"method.extra.curriculum_share={self.share}: need 0..1")
-        self.refine_limit = int(s.refine_per_phase)
-        self.imitation_limit = int(self.refine_limit if s.imitation_per_phase is None else s.imitation_per_phase)
-        self.failure_pool = int(s.failure_pool)
-        self.max_pairs = None if s.max_pairs_per_task is None else int(s.max_pairs_per_task)
-        self.mu, self.sigma = float(s.utility_mu), float(s.utility_sigma)
-        generator_utility(0.5, self.mu, self.sigma)  # fails now on sigma <= 0
-        if min(self.refine_limit, self.imitation_limit, self.failure_pool) < 0:
+        check_loop_trainers(cfg)
+        if not 0.0 <= s.curriculum_share <= 1.0:
+            raise ValueError(f"method.extra.curriculum_share={s.curriculum_share}: need 0..1")
+        self.imitation_limit = s.refine_per_phase if s.imitation_per_phase is None else s.imitation_per_phase
+        generator_utility(0.5, s.utility_mu, s.utility_sigma)  # fails now on sigma <= 0
+        if min(s.refine_per_phase, self.imitation_limit, s.failure_pool) < 0:
             raise ValueError("method.extra: refine_per_phase, imitation_per_phase and failure_pool must be >= 0")
         self.curriculum = SocraticCurriculum(int(s.curriculum_size))
         self.fresh: list[CurriculumItem] = []
@@ -527,7 +494,7 @@ class SocraticZero(Method):
         tasks left out are recorded as unused). Planning: the Generator's tasks plus the fresh refinements,
         whose success rate gives the imitation weights. The Teacher's problems are one extra group."""
         if role == "execution":
-            tasks = mix_tasks(self.curriculum, used, n, self.share)
+            tasks = mix_tasks(self.curriculum, used, n, self.settings.curriculum_share)
             unused = list(unused) + [t for t in used if not any(t is c for c in tasks)]  # the Generator's left out
             teacher = [t for t in tasks if getattr(t, "socratic", None) is not None]
         elif role == "planning":
@@ -545,12 +512,14 @@ class SocraticZero(Method):
         """The Teacher grades the phase; an Execution phase's failures are refined into the curriculum (and
         wait as fresh refinements for the Generator) and kept as the Generator's prompts. Each played task keeps
         its grades, pairs and imitation example (:class:`SocraticTask`); returns the phase's Teacher figures."""
+        s = self.settings
         fb = socratic_phase(self.teacher, [p.task for p in played], [p.rollouts for p in played],
-                            self.refine_limit if role == "execution" else 0, self.max_pairs, self.mu, self.sigma)
+                            s.refine_per_phase if role == "execution" else 0, s.max_pairs_per_task, s.utility_mu,
+                            s.utility_sigma)
         if role == "execution":
             self.curriculum.add(fb.refinements)
             self.fresh = (self.fresh + fb.refinements)[-self.curriculum.max_size:]
-            self.failures = (self.failures + fb.failed)[-self.failure_pool:] if self.failure_pool else []
+            self.failures = (self.failures + fb.failed)[-s.failure_pool:] if s.failure_pool else []
         examples = iter(fb.imitation)  # socratic_phase made one per graded curriculum task, in task order
         for p, grades, pairs, reference in zip(played, fb.grades, fb.pairs, fb.references, strict=True):
             item = getattr(p.task, "socratic", None)
@@ -584,11 +553,11 @@ class SocraticZero(Method):
         data = [socratic_data(p) for p in minibatch]
         weights = [d.imitation.weight for d in data if d.imitation is not None]
         return {
-            "socratic/solver_success": _mean([g for d in data for g in d.grades if g is not None]),
+            "socratic/solver_success": success_rate([g for d in data for g in d.grades]),
             "socratic/pairs": sum(len(d.pairs) for d in data),
             "socratic/teacher_tasks": sum(getattr(p.task, "socratic", None) is not None for p in minibatch),
             "socratic/imitation_examples": len(weights) if role == "planning" else 0,
-            "socratic/imitation_weight_mean": _mean(weights) if role == "planning" else None,
+            "socratic/imitation_weight_mean": float(np.mean(weights)) if role == "planning" and weights else None,
         }
 
     def record_meta(self, played: Any) -> dict[str, Any]:
@@ -611,9 +580,7 @@ class SocraticZero(Method):
 
 
 
-# --------------------------------------------------------------------------------------------------
 # Reward sources (the records' Teacher grades and utilities; SocraticZero trains on pairs and imitation)
-
 
 @register_reward_source("execution", "teacher", check=check_teacher)
 def execution_teacher(fb: TaskFeedback) -> np.ndarray:
@@ -625,7 +592,7 @@ def execution_teacher(fb: TaskFeedback) -> np.ndarray:
 @register_reward_source("planning", "socratic_utility", check=check_teacher)
 def planning_socratic_utility(fb: TaskFeedback) -> float:
     """U(s) of the Generator's problem, s the Solver's graded success rate on it (0 when nothing was graded)."""
-    s = fb.settings if isinstance(fb.settings, SocraticSettings) else SocraticSettings()
+    s = socratic_settings(fb.settings)
     rate = success_rate([teacher_for(s).grade(fb.question, a) for a in fb.answers])
     if rate is None:
         return 0.0

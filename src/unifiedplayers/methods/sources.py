@@ -75,9 +75,7 @@ def register_reward_source(role: str, name: str, *, batch: bool = False, reads_v
 
 def reward_source(role: str, name: str) -> RewardSource:
     """``role``'s source ``name``; an unknown name fails naming the known ones (the baselines' included).
-
-    ``"module:name"`` names a source registered outside the package: the module (on ``PYTHONPATH``) is imported,
-    which registers it, so a new reward term is one Python file and the ``method.<role>_reward`` key."""
+    ``"module:name"``: a source registered outside the package, by importing ``module`` (on ``PYTHONPATH``)."""
     if role not in REWARD_SOURCES:
         raise ValueError(f"unknown role {role!r}; roles: {ROLES}")
     module, sep, short = name.rpartition(":")
@@ -94,17 +92,19 @@ def reward_source(role: str, name: str) -> RewardSource:
             raise ValueError(f"method.{role}_reward={name!r}: {module} registers no {role} reward source {short!r}")
         return found
     if name not in REWARD_SOURCES[role]:  # a baseline's source registers when its module is imported
-        for builtin in BUILTIN_MODULES.values():
-            importlib.import_module(builtin)
+        import_builtin_methods()
     return REWARD_SOURCES[role].get(name)
 
 
-def self_consistency(fb: Any) -> float:
-    """p̂: share of the K samples that give the majority answer (R-Zero / Agent0), K counting every sample.
+def import_builtin_methods() -> None:
+    """Import every baseline of the package (their methods and reward sources register)."""
+    for module in BUILTIN_MODULES.values():
+        importlib.import_module(module)
 
-    Computed once per task (answer matching runs math-verify) and kept on ``fb``; the clustering options
-    (missing answers, time limit) are the reward config's, so p̂ agrees with the U(q) of the record.
-    """
+
+def self_consistency(fb: Any) -> float:
+    """p̂: share of the K samples that give the majority answer (R-Zero / Agent0), K counting every sample. Computed
+    once per task and kept on ``fb``, with the reward config's clustering options (p̂ agrees with the record's U(q))."""
     if fb.p_hat is None:
         c = fb.reward_cfg
         fb.p_hat = float(majority_share(list(fb.answers), bool(getattr(c, "missing_answer_in_majority", False)),
@@ -112,9 +112,7 @@ def self_consistency(fb: Any) -> float:
     return fb.p_hat
 
 
-# --------------------------------------------------------------------------------------------------
 # UnifiedPlayers' sources, and the pseudo-label reward shared by R-Zero and Agent0
-
 
 @register_reward_source("execution", "verdict", reads_verdicts=True)
 def execution_verdict(fb: Any) -> np.ndarray:

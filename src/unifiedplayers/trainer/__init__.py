@@ -1,6 +1,4 @@
-"""Per-player GRPO trainers (Appendix B.3, D.2): torch and DeepSpeed ZeRO-2/3 backends, checkpoints, diagnostics.
-
-Public interface::
+"""Per-player GRPO trainers (Appendix B.3, D.2): torch and DeepSpeed ZeRO-2/3 backends. Use, inside a block::
 
     trainer = build_trainer(cfg.trainer, model, role="execution", entropy_bank=contexts)
     trainer.start_outer_iteration()      # π_ref := current weights
@@ -10,39 +8,16 @@ Public interface::
     trainer.offload_state()              # block over: only the weights it samples with stay in memory
     trainer.block_diagnostics()          # block over: final bank entropy, retention, grad-norm median / CV
 
-Modules: ``sample`` (:class:`TrainSample`, what an update trains on), ``optim`` (AdamW and the warm-up
-schedule), ``base`` (the interface: :class:`BaseTrainer` with the shared update), ``backends`` (the backend
-registry, :func:`build_trainer`), ``batching`` (micro-batches), ``torch_backend`` (torch backend,
-:class:`TorchTrainer`), ``deepspeed_backend`` (ZeRO-2/3, imported when built), ``offload`` (an idle player's state
-in files), ``logprobs``, ``checkpoint``, ``diagnostics``, ``entropy`` (the bank's entropy shared by the ranks),
-``flops``. Backends import ``base``, never each other.
+The update and its hooks: :mod:`~unifiedplayers.trainer.base`; backends by name: :mod:`~.backends`.
 """
 from unifiedplayers.trainer.backends import TRAINER_BACKENDS, build_trainer, register_trainer_backend
 from unifiedplayers.trainer.base import BaseTrainer
 from unifiedplayers.trainer.checkpoint import atomic_directory, capture_rng_state, restore_rng_state
 from unifiedplayers.trainer.diagnostics import EntropyRetention, grad_norm_block_stats
 from unifiedplayers.trainer.logprobs import mean_token_entropy, selected_token_logprobs
-from unifiedplayers.trainer.optim import make_optimizer, make_scheduler
 from unifiedplayers.trainer.torch_backend import TorchTrainer  # the torch backend; registers "torch"
-from unifiedplayers.trainer.sample import TrainSample, as_sample, sample_from_completion, sample_from_segments
+from unifiedplayers.trainer.sample import TrainSample, sample_from_completion
 
-__all__ = [
-    "TRAINER_BACKENDS",
-    "BaseTrainer",
-    "EntropyRetention",
-    "TorchTrainer",
-    "TrainSample",
-    "as_sample",
-    "atomic_directory",
-    "build_trainer",
-    "capture_rng_state",
-    "grad_norm_block_stats",
-    "make_optimizer",
-    "make_scheduler",
-    "mean_token_entropy",
-    "register_trainer_backend",
-    "restore_rng_state",
-    "sample_from_completion",
-    "sample_from_segments",
-    "selected_token_logprobs",
-]
+__all__ = ["TRAINER_BACKENDS", "BaseTrainer", "EntropyRetention", "TorchTrainer", "TrainSample", "atomic_directory",
+           "build_trainer", "capture_rng_state", "grad_norm_block_stats", "mean_token_entropy", "register_trainer_backend",
+           "restore_rng_state", "sample_from_completion", "selected_token_logprobs"]

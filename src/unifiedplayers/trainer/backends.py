@@ -1,9 +1,6 @@
-"""Trainer backends by name (``trainer.backend``, Appendix B.3): :data:`TRAINER_BACKENDS`,
-:func:`register_trainer_backend` and :func:`build_trainer`.
-
-A backend is a :class:`~unifiedplayers.trainer.base.BaseTrainer` subclass (or any factory with its signature)
-registered under a name. The built-in ones are listed as ``"module:Class"`` and imported on first use, so this
-module imports no backend: DeepSpeed is imported only by a run that names a ZeRO backend.
+"""Trainer backends by name (``trainer.backend``, Appendix B.3): a :class:`~unifiedplayers.trainer.base.BaseTrainer`
+subclass, or any factory with its signature. The built-in ones are listed as ``"module:Class"`` and imported on first
+use (importing the module registers its classes), so DeepSpeed is imported only by a run that names a ZeRO backend.
 """
 from __future__ import annotations
 
@@ -14,8 +11,6 @@ from torch import nn
 from unifiedplayers.registry import Registry
 from unifiedplayers.trainer.base import BaseTrainer
 
-# name -> factory(cfg, model, **kwargs), or "module:Class" imported on first use (the built-in backends:
-# importing a backend module registers its classes here, replacing the strings).
 TRAINER_BACKENDS = Registry("trainer backend", "trainer.backend")
 TRAINER_BACKENDS.register("torch", "unifiedplayers.trainer.torch_backend:TorchTrainer")
 TRAINER_BACKENDS.register("deepspeed_zero2", "unifiedplayers.trainer.deepspeed_backend:DeepSpeedZero2Trainer")
@@ -32,9 +27,6 @@ def _resolve_backend(name: str) -> Callable[..., BaseTrainer]:
 
 
 def build_trainer(cfg, model: nn.Module, **kwargs) -> BaseTrainer:
-    """Build the trainer of one player for ``cfg.backend`` (torch | deepspeed_zero2 | deepspeed_zero3).
-
-    Keyword arguments: ``role`` (name used in file names and logs), ``entropy_bank`` (held-out role
-    contexts as token-id lists), ``pad_token_id``, ``dist`` (data-parallel ranks; one process by default).
-    """
+    """The trainer of one player for ``cfg.backend``; ``kwargs``: ``role``, ``entropy_bank`` (held-out role contexts
+    as token-id lists), ``pad_token_id``, ``dist`` (data-parallel ranks; one process by default)."""
     return _resolve_backend(cfg.backend)(cfg, model, **kwargs)

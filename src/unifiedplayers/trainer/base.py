@@ -1,46 +1,20 @@
 """The trainer of one player (§3.3, Appendix B.3): :class:`BaseTrainer`, the GRPO update every backend shares, with
-the reference policy, the block diagnostics and checkpoints, and the hooks a backend supplies.
+the reference policy, the block diagnostics and checkpoints, and the hooks a backend supplies (the methods here that
+raise ``NotImplementedError``): plain torch in :mod:`~.torch_backend`, DeepSpeed ZeRO-2/3 in :mod:`~.deepspeed_backend`,
+built by name (:func:`~unifiedplayers.trainer.backends.build_trainer`). Backends import this module, never each other.
 
-Built like verl's engine base: this module is the interface every backend imports, and backends never import
-each other.
+One :meth:`BaseTrainer.update` is one optimizer step over a batch: the micro-batches of
+:func:`~unifiedplayers.trainer.batching.plan_micro_batches` (Eq. 21 weights from the whole batch), each run through the
+model once for the log-probs of its trainable tokens, the loss of :mod:`unifiedplayers.trainer.grpo`, then AdamW with
+gradient clipping. π_old is the behaviour log-probs, or the trainer's own forward at the phase's start
+(:meth:`~BaseTrainer.recompute_old_logprobs`). π_ref (Eq. 20) is a frozen copy of the weights at the outer
+iteration's start (``ref_mode: copy``) or those weights swapped in once per batch (``precompute``); it is taken at the
+iteration's first update, just before its step (until then the policy is π_ref).
 
-- :class:`BaseTrainer`: the backend-independent logic. A backend subclass supplies the model wrapper, optimizer,
-  backward, step and checkpoint I/O (the methods here that raise ``NotImplementedError``): plain torch in
-  :mod:`unifiedplayers.trainer.torch_backend`, DeepSpeed ZeRO-2/3 in
-  :mod:`unifiedplayers.trainer.deepspeed_backend`. Backends are built by name (``trainer.backend``) by
-  :func:`~unifiedplayers.trainer.backends.build_trainer`.
-- What an update trains on is :class:`~unifiedplayers.trainer.sample.TrainSample`
-  (:mod:`unifiedplayers.trainer.sample`); AdamW and the warm-up schedule every backend uses are in
-  :mod:`unifiedplayers.trainer.optim`.
-
-The maths lives in :mod:`unifiedplayers.trainer.grpo`; this module only feeds it. One :meth:`BaseTrainer.update` =
-one optimizer step over a batch of samples (one block update):
-
-1. Eq. 21 aggregation weights are computed over the *whole* batch, so micro-batches with gradient
-   accumulation give exactly the loss and gradient of the full batch.
-2. Each micro-batch is right-padded, run through the model once, and the log-probs of its trainable
-   tokens only are computed (:func:`~unifiedplayers.trainer.logprobs.selected_token_logprobs`).
-3. The ratio uses the behaviour log-probs recorded at sampling time as π_old, or the trainer's own forward at
-   the phase's start (``trainer.recompute_old_logprobs``, :meth:`~BaseTrainer.recompute_old_logprobs`).
-4. π_ref (Eq. 20's KL reference, Appendix B.3) log-probs come from a frozen copy of the weights at the start of
-   the outer iteration (``ref_mode: copy``) or from swapping those weights in once per batch (``ref_mode:
-   precompute``); neither is needed when β = 0 or when the policy still equals the reference (first update of an
-   iteration). The copy is taken at the iteration's first update, just before its step (until then the policy is
-   π_ref), so a player that has not trained yet in this iteration holds none.
-5. AdamW step with gradient clipping; the global grad norm before clipping is logged.
-
-An idle player (:meth:`~BaseTrainer.offload_state`, when its block ends) keeps in memory only the weights it
-samples with: its optimizer state, π_ref and, per backend, its float32 master weights go to files without a name
-(:mod:`unifiedplayers.trainer.offload`) and come back, bit for bit, at its next update, checkpoint or reference pass.
-
-Data-parallel ranks (``dist``, :mod:`unifiedplayers.distributed`): every rank receives the whole batch,
-runs the micro-batches ``i`` with ``i mod N = rank`` (weights from the whole batch, step 1), and the
-gradients are summed over the ranks before the step, so every rank takes the step of the whole batch.
-A backend whose forward and backward are collectives (DeepSpeed: ZeRO-3 gathers parameters in each
-forward, ZeRO-2 reduces in backward hooks) sets ``lockstep_micro_batches``: a rank with one micro-batch
-fewer than the others runs a zero-weight copy of the first one, so no rank waits for a call that never
-comes. Checkpoints are written by rank 0 alone, or by every rank into one directory where the backend
-shards its state (``collective_checkpoint``).
+Data-parallel ranks (``dist``) each receive the whole batch, run the micro-batches ``i`` with ``i mod N = rank`` and sum
+their gradients before the step, so every rank takes the step of the whole batch. A backend whose forward and backward
+are collectives sets ``lockstep_micro_batches``; one that shards its checkpoint over the ranks sets
+``collective_checkpoint``. An idle player keeps only the weights it samples with (:meth:`~BaseTrainer.offload_state`).
 """
 from __future__ import annotations
 
@@ -52,31 +26,26 @@ import tempfile
 import time
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterable, Mapping, NamedTuple, Optional, Sequence
+from typing import Any, Callable, ContextManager, Iterable, Mapping, NamedTuple, Optional, Sequence
 
 import torch
 from torch import nn
 
 import unifiedplayers.trainer.grpo as grpo
 from unifiedplayers.distributed import SINGLE, DistContext
-from unifiedplayers.lora import adapter_parameters, is_adapted, load_policy_state, policy_state, share_base
-from unifiedplayers.rundir import REFERENCE, RNG_STATE, TRAINER_STATE
+from unifiedplayers.lora import (adapter_config, adapter_parameters, is_adapted, load_policy_state, policy_state,
+                                 share_base)
+from unifiedplayers.rundir import MODEL_WEIGHTS, REFERENCE, RNG_STATE, TRAINER_STATE
 from unifiedplayers.trainer.batching import MicroBatchPlan, _as_tensor, _combine_metrics, _MicroBatch, plan_micro_batches
 from unifiedplayers.trainer.checkpoint import atomic_directory, capture_rng_state, restore_rng_state
 from unifiedplayers.trainer.diagnostics import EntropyRetention, grad_norm_block_stats
 from unifiedplayers.trainer.entropy import shared_mean_token_entropy
-from unifiedplayers.trainer.logprobs import TokenLogprobModel, TokenLogprobs
+from unifiedplayers.trainer.logprobs import TokenLogprobModel, TokenLogprobs, eval_mode
 from unifiedplayers.trainer.offload import ParkedTensors
 from unifiedplayers.trainer.precision import cast_parameters, logprob_mismatch, resolve_setting
-from unifiedplayers.trainer.sample import as_sample
-
-if TYPE_CHECKING:  # annotations only
-    from unifiedplayers.trainer.sample import TrainSample
+from unifiedplayers.trainer.sample import TrainSample, as_sample
 
 Tensor = torch.Tensor
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
 
 class HeldReference(NamedTuple):
     """Where a trainer holds π_ref now (:attr:`BaseTrainer.held_reference`), for measurements: read it, never
@@ -105,19 +74,9 @@ def in_update_threads(method: Callable) -> Callable:
 
 
 class BaseTrainer:
-    """GRPO trainer of one player, whatever the backend.
-
-    Build with :func:`~unifiedplayers.trainer.backends.build_trainer`. Typical use inside a block::
-
-        trainer.start_outer_iteration()        # once per outer iteration: π_ref := current weights
-        trainer.start_block()                  # resets block diagnostics, records initial bank entropy
-        metrics = trainer.update(samples)      # one optimizer step
-        trainer.save_checkpoint(run_dir / "checkpoints" / "iter1" / "execution")
-        trainer.offload_state()                # block over: keep only the weights co-players sample from
-
-    A backend sets ``backend`` (its name in checkpoints), ``lockstep_micro_batches`` (every rank must make the same
-    number of forward/backward calls) and ``collective_checkpoint`` (every rank writes its part of a checkpoint, else
-    rank 0 writes it all).
+    """GRPO trainer of one player, whatever the backend (its use: :mod:`unifiedplayers.trainer`). A backend sets
+    ``backend`` (its name in checkpoints), ``lockstep_micro_batches`` (every rank makes the same number of forward and
+    backward calls) and ``collective_checkpoint`` (every rank writes its part of a checkpoint, else rank 0 all of it).
     """
 
     backend = "base"
@@ -125,35 +84,24 @@ class BaseTrainer:
     collective_checkpoint = False
     device: torch.device  # set by the backend's _setup
 
-    def __init__(
-        self,
-        cfg,
-        model: nn.Module,
-        *,
-        role: str = "player",
-        entropy_bank: Optional[Sequence[Sequence[int] | Tensor]] = None,
-        pad_token_id: int = 0,
-        dist: DistContext = SINGLE,
-    ) -> None:
+    def __init__(self, cfg, model: nn.Module, *, role: str = "player",
+                 entropy_bank: Optional[Sequence[Sequence[int] | Tensor]] = None, pad_token_id: int = 0,
+                 dist: DistContext = SINGLE) -> None:
         if cfg.ref_mode not in ("copy", "precompute"):
             raise ValueError(f"trainer.ref_mode must be 'copy' or 'precompute', got {cfg.ref_mode!r}")
         grpo.get_policy_loss(cfg.policy_loss)  # fail at start-up on an unknown name
         grpo.get_aggregation(cfg.aggregation)
         grpo.get_kl_estimator(cfg.kl_estimator)
-        self.cfg = cfg
-        self.role = role
-        self.pad_token_id = pad_token_id
-        self.dist = dist
+        self.cfg, self.role, self.pad_token_id, self.dist = cfg, role, pad_token_id, dist
         if cfg.num_threads > 0:
             torch.set_num_threads(cfg.num_threads)
-        self.compute_dtype = _DTYPES[resolve_setting(cfg.dtype, next(model.parameters()).device)]
+        self.compute_dtype = getattr(torch, resolve_setting(cfg.dtype, next(model.parameters()).device))
         model = self._prepare_model(model)
         if cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable()
             model.config.use_cache = False
         model.train()
-        self.global_step = 0
-        self.outer_iteration = 0
+        self.global_step = self.outer_iteration = 0
         self._policy_is_reference = False
         self._ref_model: Optional[nn.Module] = None  # ref_mode copy: π_ref as a module
         self._ref_state: Optional[dict[str, Tensor]] = None  # ref_mode precompute: π_ref's weights on the host
@@ -164,9 +112,8 @@ class BaseTrainer:
         self._has_reference = False
         self._finished = False  # offload_state(final=True): the run's last update of this player is behind it
         if cfg.kl_coef != 0.0 and cfg.ref_mode == "copy":
-            # Copied before any backend wraps or shards the model; loaded at the iteration's first update.
-            # In the compute dtype: the reference pass is a forward like the policy's.
-            # Adapters (trainer.lora): a module over the shared backbone with its own float32 adapter, as the policy's.
+            # Copied before a backend wraps or shards the model, in the compute dtype (an adapter: over the shared
+            # backbone); loaded at the iteration's first update.
             self._ref_model = (share_base(model).requires_grad_(False).eval() if is_adapted(model) else
                                cast_parameters(copy.deepcopy(model), self.compute_dtype).requires_grad_(False).eval())
         self._setup(model)
@@ -238,16 +185,22 @@ class BaseTrainer:
         raise NotImplementedError
 
     def _save_backend(self, directory: Path) -> None:
-        """Write the policy weights (``model.pt``) and the optimizer state into ``directory``."""
+        """Write the policy weights (:meth:`_save_weights`) and the optimizer state into ``directory``."""
         raise NotImplementedError
+
+    def _save_weights(self, directory: Path, state: Mapping[str, Tensor]) -> None:
+        """``model.pt``, what evaluation reads whatever the backend (an adapter player: its adapter alone, with its
+        rank, alpha and targets beside it for :func:`~unifiedplayers.lora.checkpoint_weights`)."""
+        torch.save(state, directory / MODEL_WEIGHTS)
+        if is_adapted(self.model):
+            adapter_config(self.model).save_pretrained(str(directory))
 
     def _load_backend(self, directory: Path) -> None:
         raise NotImplementedError
 
     def _offload_optimizer(self, keep: bool = True) -> None:
-        """Free the optimizer state's memory, and whatever else of the backend an idle player does not sample with
-        (brought back, bit-exactly, by :meth:`_ensure_optimizer`; ``keep=False``: freed unwritten, of no further
-        use)."""
+        """Park the optimizer state and whatever else of the backend an idle player does not sample with (back by
+        :meth:`_ensure_optimizer`; ``keep=False``: freed unwritten)."""
         raise NotImplementedError
 
     @property
@@ -260,24 +213,15 @@ class BaseTrainer:
         raise NotImplementedError
 
     def full_state_dict(self) -> dict[str, Tensor]:
-        """Full (unsharded) policy weights, detached clones. Under a sharding backend this is a collective:
-        every rank calls it at the same point."""
+        """Full (unsharded) policy weights, detached clones (a collective under a sharding backend)."""
         with self.gathered_weights():
             return {k: v.detach().clone() for k, v in policy_state(self.model).items()}
 
-    def reload_state(self) -> None:
-        """Bring offloaded state back now (``update`` also does it lazily)."""
-        self._ensure_optimizer()
-        self._restore_reference()
-
     def offload_state(self, final: bool = False) -> None:
-        """The player goes idle (its block is over, or another's starts): everything but the weights it samples with
-        leaves memory for files without a name (``trainer.offload_dir``): optimizer state, π_ref and, per backend,
-        master weights. All of it comes back, bit for bit, when the next update, checkpoint or reference pass needs
-        it; a process that ends, however it ends, leaves no file behind. ``final``: the player takes no further
-        update in this run (the checkpoint just saved holds its state): optimizer state, π_ref and parked master
-        weights are freed without being written, and a later update, save or read of the master weights fails until
-        a checkpoint is loaded."""
+        """The player goes idle: everything but the weights it samples with is parked (:mod:`.offload`) until the
+        next update, checkpoint or reference pass needs it. ``final``: the player takes no further update in this run
+        (the checkpoint just saved holds its state): what is parked is freed unwritten, and a later update, save or
+        read of the master weights fails until a checkpoint is loaded."""
         self._park_reference(keep=not final)
         self._offload_optimizer(keep=not final)
         self._finished = final
@@ -298,16 +242,14 @@ class BaseTrainer:
 
     # ------------------------------------------------------------------ reference policy
     def start_outer_iteration(self) -> None:
-        """π_ref := the current weights (Appendix B.3: the player's parameters at the start of the outer iteration).
-        Until the iteration's first step the policy is π_ref, so the copy is taken then (:meth:`update`)."""
+        """π_ref := the current weights (Appendix B.3), taken at the iteration's first step (:meth:`update`)."""
         self.outer_iteration += 1
         self._policy_is_reference = True
         self._discard_reference()
 
     @property
     def held_reference(self) -> HeldReference:
-        """π_ref as this rank holds it now: its module (ref_mode copy), its host weights (precompute; none before it
-        is taken, nor on a rank that does not hold it), and the bytes parked while the player is idle."""
+        """π_ref as this rank holds it now (:class:`HeldReference`)."""
         parked = self._reference_parked.nbytes if self._reference_parked is not None else 0
         return HeldReference(self._ref_model, MappingProxyType(self._ref_state or {}), parked)
 
@@ -384,20 +326,18 @@ class BaseTrainer:
             self._load_policy_weights(current)
 
     def _ref_pass(self, module: nn.Module, mb: _MicroBatch) -> TokenLogprobs:
-        was = module.training
-        module.eval()
-        try:
+        with eval_mode(module):
             return module(mb.input_ids, mb.attention_mask, mb.loss_mask)
-        finally:
-            module.train(was)
+
+    def _plan(self, samples: Sequence[TrainSample]) -> MicroBatchPlan:
+        return plan_micro_batches(samples, self.cfg, rank=self.dist.rank, world_size=self.dist.world_size,
+                                  lockstep=self.lockstep_micro_batches, device=self.device, pad_id=self.pad_token_id)
 
     # ------------------------------------------------------------------ the update
     @in_update_threads
     def update(self, batch: Iterable[Any], on_policy: bool = False) -> dict[str, float]:
-        """One GRPO optimizer step over ``batch`` (a list of :class:`TrainSample`-like items). ``on_policy``: the
-        weights are those the batch was sampled with (a phase's first step): ``actor/logprob_mismatch`` reports
-        the mean |log π_train − log π_behaviour| over its trained tokens. With π_old recomputed
-        (:meth:`recompute_old_logprobs`) every step reports it, as |log π_old − log π_behaviour|."""
+        """One GRPO optimizer step over ``batch`` (:class:`TrainSample`-like items). ``on_policy``: the weights are
+        those the batch was sampled with (a phase's first step), so ``actor/logprob_mismatch`` is reported."""
         samples = [as_sample(s) for s in batch]
         if not samples:
             raise ValueError("empty batch")
@@ -406,9 +346,7 @@ class BaseTrainer:
         self._ensure_optimizer()  # an idle player's state back before the engine runs
         if self.cfg.kl_coef != 0.0 and self._policy_is_reference and not self._has_reference:
             self._take_reference()  # the iteration's first step: π_ref := the weights before it
-        plan = plan_micro_batches(samples, self.cfg, rank=self.dist.rank, world_size=self.dist.world_size,
-                                  lockstep=self.lockstep_micro_batches, device=self.device,
-                                  pad_id=self.pad_token_id)
+        plan = self._plan(samples)
         refs = self._reference_logprobs(plan.micro)
         timings = {"perf/time_ref": time.perf_counter() - t0}
         parts = self._accumulate_gradients(plan, refs, timings, on_policy)
@@ -437,9 +375,8 @@ class BaseTrainer:
 
     def _accumulate_gradients(self, plan: MicroBatchPlan, refs: list[Optional[TokenLogprobs]],
                               timings: dict[str, float], on_policy: bool = False) -> list[dict[str, float]]:
-        """Forward and backward of every micro-batch of ``plan``, gradients accumulating; returns the
-        metrics of the micro-batches that hold tokens of the batch and adds forward/backward times to
-        ``timings``."""
+        """Forward and backward of every micro-batch of ``plan``; returns the metrics of those that hold tokens of the
+        batch and adds forward/backward times to ``timings``."""
         cfg = self.cfg
         loss_fn = grpo.get_policy_loss(cfg.policy_loss)
         module = self._forward_module()
@@ -477,35 +414,21 @@ class BaseTrainer:
             ref_logprobs = ref.logprobs
         else:  # β = 0: not used; else π_θ = π_ref before the iteration's first step
             ref_logprobs = out.logprobs.detach() if cfg.kl_coef != 0.0 else None
-        return loss_fn(
-            out.logprobs,
-            mb.old_logprobs,
-            ref_logprobs,
-            mb.advantages,
-            mb.loss_mask,
-            mb.groups,
-            clip_eps=cfg.clip_eps,
-            kl_coef=cfg.kl_coef,
-            kl_estimator=cfg.kl_estimator,
-            aggregation=cfg.aggregation,
-            sample_weights=mb.weights,
-            entropy=out.entropy,
-            **({} if mb.clip_high is None else {"clip_high": mb.clip_high}),
-        )
+        return loss_fn(out.logprobs, mb.old_logprobs, ref_logprobs, mb.advantages, mb.loss_mask, mb.groups,
+                       clip_eps=cfg.clip_eps, kl_coef=cfg.kl_coef, kl_estimator=cfg.kl_estimator,
+                       aggregation=cfg.aggregation, sample_weights=mb.weights, entropy=out.entropy,
+                       **({} if mb.clip_high is None else {"clip_high": mb.clip_high}))
 
     @torch.no_grad()
     @in_update_threads
     def recompute_old_logprobs(self, samples: Sequence[TrainSample]) -> None:
         """π_old := this trainer's own forward over ``samples`` (``trainer.recompute_old_logprobs``; verl's default),
-        before the phase's first step. Each sample keeps what it was sampled with in ``behaviour_logprobs``.
-
-        Data-parallel ranks call it with the same samples: each runs its micro-batches of the update's split (as
-        many forwards on every rank under ``lockstep_micro_batches``), and every rank gets all the log-probs."""
+        before the phase's first step; each sample keeps what it was sampled with in ``behaviour_logprobs``. Every
+        rank calls it with the same samples, runs its micro-batches of the update's split and gets all the log-probs."""
         samples = list(samples)
         if not samples:
             return
-        plan = plan_micro_batches(samples, self.cfg, rank=self.dist.rank, world_size=self.dist.world_size,
-                                  lockstep=self.lockstep_micro_batches, device=self.device, pad_id=self.pad_token_id)
+        plan = self._plan(samples)
         module = self._forward_module()
         mine = [self._ref_pass(module, mb).logprobs.float().cpu() for mb in plan.micro][: plan.real]
         by_rank = self.dist.all_gather(mine)
@@ -564,12 +487,8 @@ class BaseTrainer:
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, path: str | os.PathLike) -> Path:
-        """Write weights, optimizer, scheduler, reference, RNG and trainer state atomically to ``path``.
-
-        Called on every rank. The ranks' weights and optimizer states are identical (data-parallel step),
-        so rank 0 writes everything, except the shards of a ``collective_checkpoint`` backend, which every
-        rank writes into the same directory.
-        """
+        """Write weights, optimizer, scheduler, reference, RNG and trainer state atomically to ``path``. Called on
+        every rank: rank 0 writes, and so does every rank of a ``collective_checkpoint`` backend (its shards)."""
         self._check_not_finished()
         if not self.dist.is_main and not self.collective_checkpoint:
             return Path(path)
@@ -587,18 +506,9 @@ class BaseTrainer:
             torch.save(ref, directory / REFERENCE)
             if parked:
                 self._park_reference()
-        torch.save(
-            {
-                "backend": self.backend,
-                "role": self.role,
-                "global_step": self.global_step,
-                "outer_iteration": self.outer_iteration,
-                "policy_is_reference": self._policy_is_reference,
-                **self.entropy.state(),
-                "block_grad_norms": list(self.block_grad_norms),
-            },
-            directory / TRAINER_STATE,
-        )
+        torch.save({"backend": self.backend, "role": self.role, "global_step": self.global_step,
+                    "outer_iteration": self.outer_iteration, "policy_is_reference": self._policy_is_reference,
+                    **self.entropy.state(), "block_grad_norms": list(self.block_grad_norms)}, directory / TRAINER_STATE)
         torch.save(capture_rng_state(), directory / RNG_STATE)
 
     def load_checkpoint(self, path: str | os.PathLike, restore_rng: bool = True) -> None:

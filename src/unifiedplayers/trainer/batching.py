@@ -43,34 +43,25 @@ def _collate(samples: list[Any], weights: Tensor, device: torch.device, pad_id: 
     att = torch.zeros(b, length, dtype=torch.long)
     mask = torch.zeros(b, length, dtype=torch.bool)
     old = torch.zeros(b, length, dtype=torch.float32)
+    recomputed = any(getattr(s, "behaviour_logprobs", None) is not None for s in samples)
+    behaviour = torch.zeros(b, length, dtype=torch.float32) if recomputed else old
     for i, s in enumerate(samples):
         n = len(s.token_ids)
         ids[i, :n] = _as_tensor(s.token_ids, torch.long)
         att[i, :n] = 1
         mask[i, :n] = _as_tensor(s.loss_mask, torch.bool)
         old[i, :n] = _as_tensor(s.old_logprobs, torch.float32)
-    old = old.masked_fill(~mask, 0.0)
-    behaviour = old
-    recomputed = any(getattr(s, "behaviour_logprobs", None) is not None for s in samples)
-    if recomputed:
-        behaviour = torch.zeros(b, length, dtype=torch.float32)
-        for i, s in enumerate(samples):
+        if recomputed:
             source = s.old_logprobs if s.behaviour_logprobs is None else s.behaviour_logprobs
-            behaviour[i, : len(s.token_ids)] = _as_tensor(source, torch.float32)
-        behaviour = behaviour.masked_fill(~mask, 0.0)
-    return _MicroBatch(
-        ids.to(device),
-        att.to(device),
-        mask.to(device),
-        old.to(device),
-        torch.tensor([float(s.advantage) for s in samples], device=device),
-        torch.tensor([int(s.group) for s in samples], device=device),
-        weights.to(device),
-        None if all(getattr(s, "clip_high", None) is None for s in samples) else torch.tensor(
-            [float("nan") if s.clip_high is None else float(s.clip_high) for s in samples], device=device),
-        behaviour.to(device),
-        recomputed,
-    )
+            behaviour[i, :n] = _as_tensor(source, torch.float32)
+    old = old.masked_fill(~mask, 0.0)
+    behaviour = behaviour.masked_fill(~mask, 0.0) if recomputed else old
+    clip_high = None if all(getattr(s, "clip_high", None) is None for s in samples) else torch.tensor(
+        [float("nan") if s.clip_high is None else float(s.clip_high) for s in samples], device=device)
+    return _MicroBatch(ids.to(device), att.to(device), mask.to(device), old.to(device),
+                       torch.tensor([float(s.advantage) for s in samples], device=device),
+                       torch.tensor([int(s.group) for s in samples], device=device), weights.to(device), clip_high,
+                       behaviour.to(device), recomputed)
 
 
 @dataclass
@@ -137,23 +128,13 @@ def pad_share(lengths: Sequence[int], members: Sequence[Sequence[int]]) -> float
     return 1.0 - sum(lengths[i] for m in members for i in m) / processed if processed else 0.0
 
 
-def plan_micro_batches(
-    samples: Sequence[Any],
-    cfg,
-    *,
-    rank: int,
-    world_size: int,
-    lockstep: bool,
-    device: torch.device,
-    pad_id: int,
-) -> MicroBatchPlan:
-    """Split ``samples`` into micro-batches (:func:`rank_micro_batches`) and collate this rank's share
-    (Appendix B.3).
+def plan_micro_batches(samples: Sequence[Any], cfg, *, rank: int, world_size: int, lockstep: bool,
+                       device: torch.device, pad_id: int) -> MicroBatchPlan:
+    """Split ``samples`` into micro-batches (:func:`rank_micro_batches`) and collate this rank's share (Appendix B.3).
 
-    The Eq. 21 aggregation weights are computed over the *whole* batch, so micro-batches with gradient
-    accumulation give exactly the loss and gradient of the full batch, however the samples are grouped and
-    whichever rank runs them. Under ``lockstep`` (a backend whose forward and backward are collectives) a rank with
-    fewer micro-batches than the busiest runs zero-weight copies of one until it has as many.
+    The Eq. 21 weights are computed over the *whole* batch (:mod:`~unifiedplayers.trainer.grpo`), however the samples
+    are grouped and whichever rank runs them. Under ``lockstep`` (a backend whose forward and backward are
+    collectives) a rank with fewer micro-batches than the busiest runs zero-weight copies of one until it has as many.
     """
     counts = torch.tensor([int(_as_tensor(s.loss_mask, torch.long).sum()) for s in samples])
     groups = torch.tensor([int(s.group) for s in samples])

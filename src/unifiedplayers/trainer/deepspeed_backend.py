@@ -1,39 +1,19 @@
-"""DeepSpeed ZeRO-2 / ZeRO-3 backends of :class:`~unifiedplayers.trainer.base.BaseTrainer`.
+"""DeepSpeed ZeRO-2 / ZeRO-3 backends of :class:`~unifiedplayers.trainer.base.BaseTrainer`: DeepSpeed owns backward,
+gradient clipping, the optimizer step and checkpoint files.
 
-Same update as the torch backend (:mod:`unifiedplayers.trainer.torch_backend`; the two import only the
-interface, :mod:`unifiedplayers.trainer.base` with ``backends`` and ``optim``, never each other); DeepSpeed owns
-backward, gradient clipping, the optimizer step and checkpoint files. DeepSpeed's gradient accumulation count stays
-1; we call ``backward`` once per micro-batch without its 1/gas scaling (our Eq. 21 weights already sum to 1 over
-the batch), mark only the last micro-batch as the accumulation boundary
-(``set_gradient_accumulation_boundary``) and call ``step`` once per update, whatever the number of
-micro-batches. The engine wraps
-:class:`~unifiedplayers.trainer.logprobs.TokenLogprobModel`, so every forward goes through
-``engine.forward``: ZeRO-3 advances its micro-step counter there, and without it each micro-batch's
-gradient would overwrite the previous one instead of accumulating.
+The engine's gradient accumulation count stays 1: ``backward`` runs once per micro-batch without its 1/gas scaling
+(the Eq. 21 weights already sum to 1 over the batch), only the last micro-batch is the accumulation boundary, and
+``step`` runs once per update. The engine wraps :class:`~unifiedplayers.trainer.logprobs.TokenLogprobModel`, so every
+forward goes through ``engine.forward``, where ZeRO-3 advances its micro-step counter (without it each micro-batch's
+gradient would overwrite the last). Data-parallel ranks: the engine *averages* gradients over the ranks, so each loss
+is scaled by the world size (:meth:`DeepSpeedTrainer._backward`); every forward and backward is a collective
+(``lockstep_micro_batches``), each rank writes its optimizer partition (``collective_checkpoint``), and under ZeRO-3
+reading the full weights (:meth:`~DeepSpeedTrainer.gathered_weights`) is a collective too.
 
-Data-parallel ranks (torchrun): the engine joins the process group of
-:func:`~unifiedplayers.distributed.init_distributed` and its data-parallel group is all the ranks. It
-*averages* gradients over them, while our per-micro-batch losses carry the whole batch's Eq. 21 weights
-(their sum over the ranks is the batch gradient), so each loss is scaled by the world size before
-``backward``: the N-rank step equals the 1-rank step on the same batch. Every forward (ZeRO-3 gathers
-parameters) and backward (gradient reduction hooks) is a collective, so the ranks run equal numbers of
-micro-batches (``lockstep_micro_batches``), and checkpoints are written by every rank into one directory
-(``collective_checkpoint``: each rank's optimizer partition). Under ZeRO-3 reading the full weights
-(:meth:`gathered_weights`, :meth:`full_state_dict`) is a collective too.
-
-Runs on CPU (gloo) as well as on GPUs. A single process without a launcher gets MASTER_ADDR/PORT, RANK,
-LOCAL_RANK and WORLD_SIZE defaults. DeepSpeed's shared-memory all-reduce op, which serves its inference engine only,
-is not built (:func:`skip_inference_comm_op`). DeepSpeed's C++ ops are JIT-built into ``TORCH_EXTENSIONS_DIR``,
-which defaults to ``~/.cache/unifiedplayers/torch_extensions`` so later runs reuse them.
-
-ZeRO-Offload (``trainer.offload_optimizer``) steps on the host with DeepSpeed's CPU Adam (as OpenRLHF and TRL
-do; DeepSpeed refuses a torch optimizer there), over the same parameter groups and hyper-parameters as
-:func:`~unifiedplayers.trainer.optim.make_optimizer`. Its C++ op is JIT-built on first use, into the same
-directory (:func:`load_cpu_adam_op`: without debug information, one translation unit: about one CPU-minute with
-gcc).
-
-The code is tested with the DeepSpeed versions of :data:`DEEPSPEED_WINDOW` (also the pin of pyproject.toml and
-environment.yml); a backend refuses to start with another (:func:`check_deepspeed_version`).
+Runs on CPU (gloo) as on GPUs. DeepSpeed's C++ ops are JIT-built into ``TORCH_EXTENSIONS_DIR`` (default
+``~/.cache/unifiedplayers/torch_extensions``). ZeRO-Offload (``trainer.offload_optimizer``) steps on the host with
+DeepSpeed's CPU Adam (:func:`make_ds_optimizer`). Tested with the versions of :data:`DEEPSPEED_WINDOW`
+(:func:`check_deepspeed_version`).
 """
 from __future__ import annotations
 
@@ -50,9 +30,9 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 from torch import nn
 
-from unifiedplayers.rundir import DEEPSPEED, MODEL_WEIGHTS
+from unifiedplayers.rundir import DEEPSPEED
 from unifiedplayers.trainer.backends import register_trainer_backend
-from unifiedplayers.lora import adapter_config, is_adapted, load_policy_state, policy_state
+from unifiedplayers.lora import is_adapted, load_policy_state, policy_state
 from unifiedplayers.trainer.base import BaseTrainer
 from unifiedplayers.trainer.logprobs import TokenLogprobModel
 from unifiedplayers.trainer.offload import ParkedStorages
@@ -136,8 +116,7 @@ def offloads_optimizer(ds: Mapping[str, Any]) -> bool:
 def skip_inference_comm_op() -> None:
     """Keep DeepSpeed from building its shared-memory all-reduce op (``deepspeed_shm_comm``), which its
     communication backend builds on start on a CPU. Only DeepSpeed-Inference's ``inference_all_reduce`` calls it;
-    training reduces through torch.distributed (gloo here), and the inference call falls back to it as well. Its
-    JIT build took 34 s alone on 2 cores (68 CPU-seconds), once per machine and Python environment."""
+    training reduces through torch.distributed (gloo here), and the inference call falls back to it as well."""
     import deepspeed.ops
 
     compatible = getattr(deepspeed.ops, "__compatible_ops__", None)
@@ -146,14 +125,9 @@ def skip_inference_comm_op() -> None:
 
 
 def load_cpu_adam_op() -> Any:
-    """DeepSpeed's CPU Adam op, JIT-built on first use into ``TORCH_EXTENSIONS_DIR``: DeepSpeed's sources and flags,
-    without debug information, as one translation unit.
-
-    DeepSpeed's builder compiles two translation units with ``-O3 -g``. The debug information is most of the build's
-    time and of what it leaves on disk, and each unit parses torch's headers again, which is most of a unit's time
-    without it. One unit that includes both sources (:func:`cpu_adam_unity_source`) parses them once
-    (benchmarks/README.md, "Building DeepSpeed's CPU Adam op", for the figures). The op loaded here is what
-    :class:`DeepSpeedCPUAdam` then finds in DeepSpeed's table of loaded ops, so it builds nothing more."""
+    """DeepSpeed's CPU Adam op, JIT-built on first use into ``TORCH_EXTENSIONS_DIR``: DeepSpeed's sources and flags
+    without ``-g``, as one translation unit (:func:`cpu_adam_unity_source`: torch's headers parsed once; figures in
+    benchmarks/README.md, "Building DeepSpeed's CPU Adam op"). :class:`DeepSpeedCPUAdam` then finds it loaded."""
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(DEFAULT_EXTENSIONS_DIR))
     from deepspeed.ops.op_builder import CPUAdamBuilder
 
@@ -185,8 +159,8 @@ def cpu_adam_unity_source(sources: Sequence[str], directory: Path) -> Path:
 
 
 def make_ds_optimizer(cfg, model: nn.Module, ds: Mapping[str, Any]) -> torch.optim.Optimizer:
-    """The optimizer handed to ``deepspeed.initialize``: under ZeRO-Offload, DeepSpeed's CPU Adam in AdamW mode
-    with :func:`make_optimizer`'s parameter groups, betas and eps (its C++ op is JIT-built on first use); else
+    """The optimizer handed to ``deepspeed.initialize``: under ZeRO-Offload, DeepSpeed's CPU Adam in AdamW mode with
+    :func:`make_optimizer`'s parameter groups and hyper-parameters (DeepSpeed refuses a torch optimizer there); else
     :func:`make_optimizer`'s torch AdamW."""
     if not offloads_optimizer(ds):
         return make_optimizer(cfg, model)
@@ -205,24 +179,17 @@ _ZERO3_STATES = ("optim_states", "hp_params", "lp_grads", "contiguous_grad_buffe
 _ON_HOST_UNDER_OFFLOAD = {2: ("optim_states", "hp_params"), 3: ("optim_states", "hp_params", "lp_grads")}
 
 
-def states_to_offload(stage: int, cpu_optimizer: bool, optimizer: str, version: str) -> tuple[str, ...]:
-    """What an idle player's engine moves to the host (``offload_states(include=...)``): optimizer state, fp32
-    master weights, gradient buffers, never the weights (see the comment above). ``optimizer``: the class name
-    of the engine's basic optimizer; ``version``: DeepSpeed's. Read from DeepSpeed 0.19's ``offload_states``:
-
-    - ZeRO-Offload (``cpu_optimizer``): optimizer state and master weights already live on the host (and, under
-      ZeRO-3, the gradient partitions), which the engine leaves out; the rest may move. Before 0.19.0 the
-      engine asserts on any offload: nothing moves.
-    - ZeRO-3 moves optimizer state and master weights of ``FusedAdam`` only (else it asserts); before 0.19.0
-      it asserts whatever is asked, unless the optimizer is ``FusedAdam``.
-    - ZeRO-2 moves any optimizer's state (since 0.17.6).
-    """
-    states, since_0_19 = (_ZERO3_STATES if stage == 3 else _ZERO2_STATES), Version(version) >= Version("0.19.0")
-    if cpu_optimizer:  # the engine leaves out what already lives on the host
-        return tuple(s for s in states if s not in _ON_HOST_UNDER_OFFLOAD[stage]) if since_0_19 else ()
+def states_to_offload(stage: int, cpu_optimizer: bool, optimizer: str) -> tuple[str, ...]:
+    """What an idle player's engine moves to the host (``offload_states(include=...)``): never the weights (see the
+    comment above). ``optimizer``: the class name of the engine's basic optimizer. As DeepSpeed's ``offload_states``
+    allows (:data:`DEEPSPEED_WINDOW`): under ZeRO-Offload (``cpu_optimizer``) it leaves out what already lives on the
+    host; ZeRO-3 moves optimizer state and master weights of ``FusedAdam`` only (else it asserts)."""
+    states = _ZERO3_STATES if stage == 3 else _ZERO2_STATES
+    if cpu_optimizer:
+        return tuple(s for s in states if s not in _ON_HOST_UNDER_OFFLOAD[stage])
     if stage == 3 and optimizer != "FusedAdam":
-        return tuple(s for s in states if s not in ("optim_states", "hp_params")) if since_0_19 else ()
-    return () if stage != 3 and Version(version) < Version("0.17.6") else states
+        return tuple(s for s in states if s not in ("optim_states", "hp_params"))
+    return states
 
 
 class DeepSpeedTrainer(BaseTrainer):
@@ -295,12 +262,14 @@ class DeepSpeedTrainer(BaseTrainer):
     def current_lr(self) -> float:
         return float(self.engine.get_lr()[0])
 
-    def gathered_weights(self) -> ContextManager[None]:
+    def gathered_weights(self, modifier_rank: int | None = None) -> ContextManager[None]:
+        """ZeRO-3: a collective gathering the full weights (``modifier_rank``: whose changes are partitioned back after
+        it). ZeRO-2 keeps the full weights on every rank."""
         if self.stage != 3:
-            return contextlib.nullcontext()  # ZeRO-2 keeps the full weights on every rank
+            return contextlib.nullcontext()
         import deepspeed
 
-        return deepspeed.zero.GatheredParameters(list(self.model.parameters()), modifier_rank=None)
+        return deepspeed.zero.GatheredParameters(list(self.model.parameters()), modifier_rank=modifier_rank)
 
     @property
     def _holds_reference(self) -> bool:
@@ -308,32 +277,20 @@ class DeepSpeedTrainer(BaseTrainer):
         return self.stage != 3 or self.cfg.ref_mode != "precompute" or self.dist.is_main
 
     def _load_policy_weights(self, state: Mapping[str, Tensor] | None) -> None:
-        # Only used to swap the reference in and out for ref_mode=precompute. ZeRO-3: every rank takes part,
-        # rank 0's weights are partitioned to all (the others pass None).
-        module = self.model
-        if self.stage == 3:
-            import deepspeed
-
-            params = list(module.parameters())
-            with deepspeed.zero.GatheredParameters(params, modifier_rank=0), torch.no_grad():
-                if state is not None:
-                    load_policy_state(module, state)
-        else:
-            load_policy_state(module, state)
+        # Swaps π_ref in and out (ref_mode=precompute). ZeRO-3: every rank takes part, rank 0's weights are
+        # partitioned to all (the others pass None).
+        with self.gathered_weights(modifier_rank=0), torch.no_grad():
+            if state is not None:
+                load_policy_state(self.model, state)
 
     def _save_backend(self, directory: Path) -> None:
         self._ensure_optimizer()
         # An adapter player (trainer.lora): its adapter and its optimizer state, not the frozen backbone it shares.
         self.engine.save_checkpoint(str(directory / DEEPSPEED), tag="state", save_latest=False,
                                     exclude_frozen_parameters=is_adapted(self.model))
-        # Also the full weights as the torch backend writes them (model.pt, on the host): what the
-        # evaluation harness and the retention policy read, whatever the backend. Every rank is here
-        # (a collective checkpoint), so ZeRO-3 can gather its partitions; rank 0 writes.
-        with self.gathered_weights():
+        with self.gathered_weights():  # model.pt too, on the host, by rank 0
             if self.dist.is_main:
-                torch.save({k: v.detach().cpu() for k, v in policy_state(self.model).items()}, directory / MODEL_WEIGHTS)
-                if is_adapted(self.model):  # rank, alpha, targets for the checkpoint's readers
-                    adapter_config(self.model).save_pretrained(str(directory))
+                self._save_weights(directory, {k: v.detach().cpu() for k, v in policy_state(self.model).items()})
 
     def _load_backend(self, directory: Path) -> None:
         self._ensure_optimizer()
@@ -345,11 +302,9 @@ class DeepSpeedTrainer(BaseTrainer):
             raise FileNotFoundError(f"no DeepSpeed checkpoint under {directory / 'deepspeed'}")
 
     def _offload_optimizer(self, keep: bool = True) -> None:
-        """Move the ZeRO optimizer state, fp32 master weights and gradient buffers (:func:`states_to_offload`)
-        off the accelerator (into plain host memory, not pinned), then park what the optimizer holds on the host
-        (:meth:`host_optimizer_tensors`: under ZeRO-Offload all of it lives there) in a file without a name. The
-        weights stay where they are, for the co-players that sample from them. On a CPU-only machine the host is
-        the device: only ZeRO-3's gradient bucket is let go (it goes to the meta device); the parking is the same."""
+        """Move :func:`states_to_offload` off the accelerator (into unpinned host memory), then park the optimizer's
+        host tensors (:meth:`host_optimizer_tensors`) in a file without a name; the weights stay. On a CPU-only
+        machine the host is the device: only ZeRO-3's gradient bucket is let go (to the meta device)."""
         if self._offloaded or self._parked is not None:
             return
         include = self.idle_offload_states()
@@ -382,10 +337,8 @@ class DeepSpeedTrainer(BaseTrainer):
 
     def idle_offload_states(self) -> tuple[str, ...]:
         """The engine states :meth:`offload_state` moves to the host (:func:`states_to_offload`)."""
-        import deepspeed
-
         return states_to_offload(self.stage, self.engine.zero_use_cpu_optimizer(),
-                                 type(self.engine.basic_optimizer).__name__, deepspeed.__version__)
+                                 type(self.engine.basic_optimizer).__name__)
 
     @property
     def has_optimizer_state(self) -> bool:
@@ -403,11 +356,8 @@ def _tensors(value: Any, depth: int = 3):
         yield value
         if value.is_leaf and value.grad is not None:
             yield value.grad
-    elif depth > 0 and isinstance(value, (list, tuple)):
-        for v in value:
-            yield from _tensors(v, depth - 1)
-    elif depth > 0 and isinstance(value, dict):
-        for v in value.values():
+    elif depth > 0 and isinstance(value, (list, tuple, dict)):
+        for v in value.values() if isinstance(value, dict) else value:
             yield from _tensors(v, depth - 1)
 
 

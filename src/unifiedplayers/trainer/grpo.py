@@ -9,21 +9,12 @@ Equation numbers follow the paper's Appendix B.3:
 - Eq. 21  aggregation               tokens within a candidate, candidates within a group, groups
                                     over the batch                                   -> :func:`seq_group_mean_weights`
 
-Everything is registered by name, verl style, so a new estimator, KL estimator or aggregation needs no
-trainer edit::
-
-    @register_policy_loss("my_loss")
-    def my_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, group_index, **kw): ...
-
-Aggregations are expressed as *per-sample token weights* that sum to 1 over the batch. Both of them
-(Eq. 21 and token-mean) are linear in the token terms, so a trainer that splits a batch into
-micro-batches computes the weights once over the whole batch (:func:`aggregation_weights`) and passes
-each micro-batch its slice (``sample_weights=``); the summed micro-batch losses then equal the loss of
-the whole batch exactly, and gradient accumulation needs no rescaling.
-
-π_old (the behaviour policy whose log-probs were recorded when the sample was drawn) and π_ref (the
-player's weights at the start of the outer iteration) are different policies; both enter as fixed
-tensors here.
+Everything is registered by name, verl style, so a new loss, estimator or aggregation needs no trainer edit
+(``@register_policy_loss("my_loss")``). Aggregations are *per-sample token weights* summing to 1 over the batch:
+linear in the token terms, so a trainer that computes them once over the whole batch (:func:`aggregation_weights`)
+and passes each micro-batch its slice (``sample_weights=``) gets the whole batch's loss as the sum of the
+micro-batches' losses, with no rescaling. π_old (the behaviour policy) and π_ref (the weights at the outer
+iteration's start) both enter as fixed tensors.
 """
 from __future__ import annotations
 
@@ -35,11 +26,7 @@ from unifiedplayers.registry import Registry
 
 Tensor = torch.Tensor
 
-# --------------------------------------------------------------------------------------------------
-# Registries
-# --------------------------------------------------------------------------------------------------
-# One :class:`~unifiedplayers.registry.Registry` per kind: a second, different function under a taken name is
-# refused; a miss is a KeyError naming the known entries.
+# One Registry per kind: a second, different function under a taken name is refused; a miss names the known ones.
 ADV_ESTIMATORS = Registry("advantage estimator", "trainer.adv_estimator")
 POLICY_LOSSES = Registry("policy loss", "trainer.policy_loss")
 KL_ESTIMATORS = Registry("KL estimator", "trainer.kl_estimator")
@@ -66,25 +53,13 @@ def register_aggregation(name: str):
     return AGGREGATIONS.register(name)
 
 
-def get_adv_estimator(name: str) -> Callable[..., Tensor]:
-    return ADV_ESTIMATORS.get(name)
+get_adv_estimator: Callable[[str], Callable[..., Tensor]] = ADV_ESTIMATORS.get
+get_policy_loss: Callable[[str], Callable[..., tuple[Tensor, dict[str, float]]]] = POLICY_LOSSES.get
+get_kl_estimator: Callable[[str], Callable[[Tensor, Tensor], Tensor]] = KL_ESTIMATORS.get
+get_aggregation: Callable[[str], Callable[[Tensor, Tensor], Tensor]] = AGGREGATIONS.get
 
 
-def get_policy_loss(name: str) -> Callable[..., tuple[Tensor, dict[str, float]]]:
-    return POLICY_LOSSES.get(name)
-
-
-def get_kl_estimator(name: str) -> Callable[[Tensor, Tensor], Tensor]:
-    return KL_ESTIMATORS.get(name)
-
-
-def get_aggregation(name: str) -> Callable[[Tensor, Tensor], Tensor]:
-    return AGGREGATIONS.get(name)
-
-
-# --------------------------------------------------------------------------------------------------
 # Eq. 17: advantages
-# --------------------------------------------------------------------------------------------------
 def _group_ids(group_index: Tensor) -> tuple[Tensor, int]:
     """Map arbitrary group labels (N,) to dense ids 0..G-1; returns (ids (N,), G)."""
     _, dense = torch.unique(group_index, return_inverse=True)
@@ -93,32 +68,23 @@ def _group_ids(group_index: Tensor) -> tuple[Tensor, int]:
 
 def _group_mean(values: Tensor, dense: Tensor, num_groups: int) -> Tensor:
     """Per-group mean of ``values`` (N,) -> (G,)."""
-    total = torch.zeros(num_groups, dtype=values.dtype, device=values.device).index_add_(0, dense, values)
-    count = torch.zeros(num_groups, dtype=values.dtype, device=values.device).index_add_(
-        0, dense, torch.ones_like(values)
-    )
-    return total / count
+    return _group_sum(values, dense, num_groups) / _group_sum(torch.ones_like(values), dense, num_groups)
+
+
+def _group_sum(values: Tensor, dense: Tensor, num_groups: int) -> Tensor:
+    """Per-group sum of ``values`` (N,) -> (G,)."""
+    return torch.zeros(num_groups, dtype=values.dtype, device=values.device).index_add_(0, dense, values)
 
 
 @register_adv_est("grpo")
 def group_advantages(rewards: Tensor, group_index: Tensor, eps: float = 1e-6, unbiased: bool = False) -> Tensor:
     """Eq. 17: Â_g = (r_g − mean_{g' ∈ G(g)} r_g') / (std_{g' ∈ G(g)} r_g' + ε).
 
-    Args:
-        rewards: (N,) scalar reward of each candidate.
-        group_index: (N,) group label of each candidate (any integers; candidates of one context share one).
-        eps: ε of Eq. 17.
-        unbiased: use the sample std (divide by n − 1) instead of the population std.
-
-    Returns:
-        (N,) advantages, float32 (float64 if ``rewards`` is float64).
-
-    The std is the *population* std (divide by the group size n) by default. The paper defines s_p as
-    "the standard deviation of the rewards in this group", a description of the group itself rather than
-    an estimate of a wider population; the population std is also defined for a group of one (giving a
-    zero advantage, where the sample std would divide 0 by 0), and the choice only rescales all
-    advantages of a group of size n by sqrt((n−1)/n), a constant absorbed by the learning rate.
-    Equal rewards give a zero numerator and hence exactly zero advantages.
+    ``rewards`` (N,) of the candidates, ``group_index`` (N,) their group labels (any integers) -> (N,) advantages,
+    float32 (float64 for float64 rewards). The std is the *population* std by default (``unbiased``: divide by n − 1):
+    the paper's s_p is "the standard deviation of the rewards in this group", a description of the group itself; it
+    is defined for a group of one (a zero advantage), and the choice only rescales a group's advantages by
+    sqrt((n−1)/n). Equal rewards give exactly zero advantages.
     """
     rewards = rewards.to(torch.float64 if rewards.dtype == torch.float64 else torch.float32)
     dense, num_groups = _group_ids(group_index)
@@ -126,9 +92,7 @@ def group_advantages(rewards: Tensor, group_index: Tensor, eps: float = 1e-6, un
     centred = rewards - mean[dense]
     var = _group_mean(centred**2, dense, num_groups)
     if unbiased:
-        count = torch.zeros(num_groups, dtype=rewards.dtype, device=rewards.device).index_add_(
-            0, dense, torch.ones_like(rewards)
-        )
+        count = _group_sum(torch.ones_like(rewards), dense, num_groups)
         var = var * count / (count - 1).clamp(min=1)
     return centred / (var.sqrt()[dense] + eps)
 
@@ -141,9 +105,7 @@ def group_centred_rewards(rewards: Tensor, group_index: Tensor, eps: float = 1e-
     return rewards - _group_mean(rewards, dense, num_groups)[dense]
 
 
-# --------------------------------------------------------------------------------------------------
 # Eq. 20: per-token KL(π_θ ‖ π_ref) estimators (Schulman's k1, k2, k3), evaluated at tokens o_t ~ π_old
-# --------------------------------------------------------------------------------------------------
 _KL_LOG_RATIO_CLAMP = 20.0  # keeps exp() finite when a token's log-ratio explodes early in training
 
 
@@ -166,29 +128,19 @@ def kl_k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
     return torch.exp(log_ratio) - log_ratio - 1.0
 
 
-# --------------------------------------------------------------------------------------------------
 # Eq. 21: aggregation as per-sample token weights summing to 1 over the batch
-# --------------------------------------------------------------------------------------------------
 @register_aggregation("seq_group_mean")
 def seq_group_mean_weights(token_counts: Tensor, group_index: Tensor) -> Tensor:
     """Eq. 21: tokens averaged within a candidate, candidates within a group, groups over the batch.
 
-    A token of candidate n (|o_n| trainable tokens, group g with |g| candidates, B groups in the batch)
-    gets weight 1 / (|o_n| · |g| · B). Candidates with no trainable token are left out of their group's
-    count, and groups left empty out of B, so an all-masked sample neither adds loss nor dilutes others.
-
-    Args:
-        token_counts: (N,) number of trainable (mask = 1) tokens per candidate.
-        group_index: (N,) group label per candidate.
-    Returns:
-        (N,) weight of each trainable token of each candidate.
+    A token of candidate n (|o_n| trainable tokens of ``token_counts`` (N,), group g of ``group_index`` (N,) with |g|
+    candidates, B groups) gets weight 1 / (|o_n| · |g| · B) -> (N,). Candidates with no trainable token are left out of
+    their group's count, and groups left empty out of B: an all-masked sample neither adds loss nor dilutes others.
     """
     counts = token_counts.to(torch.float64)
     valid = counts > 0
     dense, num_groups = _group_ids(group_index)
-    per_group = torch.zeros(num_groups, dtype=torch.float64, device=counts.device).index_add_(
-        0, dense, valid.to(torch.float64)
-    )
+    per_group = _group_sum(valid.to(torch.float64), dense, num_groups)
     num_nonempty_groups = (per_group > 0).sum().clamp(min=1)
     weights = 1.0 / (counts.clamp(min=1) * per_group[dense].clamp(min=1) * num_nonempty_groups)
     return torch.where(valid, weights, torch.zeros_like(weights)).to(torch.float32)
@@ -215,21 +167,12 @@ def aggregation_weights(mask: Tensor, group_index: Tensor, aggregation: str = "s
     return get_aggregation(aggregation)(mask.sum(dim=-1), group_index)
 
 
-# --------------------------------------------------------------------------------------------------
 # Eqs. 18–19: ratio and clipped surrogate
-# --------------------------------------------------------------------------------------------------
 def clipped_surrogate(ratio: Tensor, advantages: Tensor, clip_eps: float,
                       clip_high: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
-    """Eq. 19: min(ϱ Â, clip(ϱ, 1 − ε, 1 + ε) Â) per token.
-
-    Args:
-        ratio: (N, T) ϱ of Eq. 18.
-        advantages: (N, 1) or (N, T) Â of Eq. 17 broadcast over tokens.
-        clip_high: optional (N,) upper ε of each sample, so the clip is [1 − ε, 1 + ε_high[n]] (Agent0's
-            ADPO: ε_high depends on the task's self-consistency); None: ε on both sides.
-    Returns:
-        (surrogate (N, T), clipped_active (N, T) bool: the clipped branch is the strict minimum, so the
-        token carries no policy gradient).
+    """Eq. 19: min(ϱ Â, clip(ϱ, 1 − ε, 1 + ε) Â) per token, from ``ratio`` ϱ (N, T) and ``advantages`` Â (N, 1) or
+    (N, T). ``clip_high``: optional (N,) upper ε of each sample, clip [1 − ε, 1 + ε_high[n]] (Agent0's ADPO).
+    Returns (surrogate (N, T), clipped_active (N, T): the clipped branch is the strict minimum, no policy gradient).
     """
     unclipped = ratio * advantages
     if clip_high is None:
@@ -238,12 +181,6 @@ def clipped_surrogate(ratio: Tensor, advantages: Tensor, clip_eps: float,
         upper = 1.0 + clip_high.to(ratio.dtype)[:, None]
         clipped = torch.minimum(ratio.clamp(min=1.0 - clip_eps), upper) * advantages
     return torch.minimum(unclipped, clipped), clipped < unclipped
-
-
-def entropy_from_logits(logits: Tensor) -> Tensor:
-    """Token entropy H(softmax(logits)) over the last dim: (..., V) -> (...)."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    return -(logp.exp() * logp).sum(dim=-1)
 
 
 @register_policy_loss("grpo_clip")
@@ -258,7 +195,6 @@ def policy_loss(
     kl_coef: float,
     kl_estimator: str = "k3",
     aggregation: str = "seq_group_mean",
-    logits: Optional[Tensor] = None,
     sample_weights: Optional[Tensor] = None,
     entropy: Optional[Tensor] = None,
     clip_high: Optional[Tensor] = None,
@@ -269,27 +205,12 @@ def policy_loss(
     with ϱ_t = exp(log π_θ − log π_old) (Eq. 18); loss = −Σ_{n,t} w_n · mask_{n,t} · ℓ_{n,t} with the
     Eq. 21 weights w_n.
 
-    Args:
-        logprobs: (N, T) log π_θ of the taken tokens (carries the gradient).
-        old_logprobs: (N, T) behaviour log-probs recorded at sampling time (fixed).
-        ref_logprobs: (N, T) log π_ref, or None when ``kl_coef == 0``.
-        advantages: (N,) Â per candidate (Eq. 17).
-        mask: (N, T) 1 for trainable completion tokens, 0 for prompt, padding and tool observations.
-        group_index: (N,) group label per candidate.
-        clip_eps: ε_clip.
-        kl_coef: β_p.
-        kl_estimator: a name in :data:`KL_ESTIMATORS` (k1, k2, k3).
-        aggregation: a name in :data:`AGGREGATIONS` (seq_group_mean = Eq. 21, seq_mean, token_mean).
-        logits: optional (N, T, V) logits at the same positions, only for the entropy metric.
-        sample_weights: optional (N,) precomputed aggregation weights (the slice of a larger batch's
-            :func:`aggregation_weights`); when given, ``aggregation`` is not used.
-        entropy: optional (N, T) precomputed token entropy for the metric (instead of ``logits``).
-        clip_high: optional (N,) per-sample upper clip ε_high (Agent0's ADPO); NaN entries use ``clip_eps``.
-
-    Returns:
-        (loss: 0-dim tensor, metrics: dict of floats with ``actor/`` keys). Token statistics (ratio, KL,
-        clip fractions, entropy) are plain means over trainable tokens; ``actor/num_tokens`` lets a
-        caller combine micro-batches.
+    ``logprobs`` (N, T) log π_θ (with gradient), ``old_logprobs`` (N, T) π_old's, ``ref_logprobs`` (N, T) π_ref's (None
+    when β = 0), ``advantages`` (N,), ``mask`` (N, T) 1 on trainable completion tokens, ``group_index`` (N,).
+    ``sample_weights`` (N,): the slice of the whole batch's :func:`aggregation_weights` (else ``aggregation`` names
+    them); ``entropy`` (N, T): token entropy, for its metric only; ``clip_high`` (N,): Eq. 19's
+    per-sample ε_high, NaN for ``clip_eps``. Returns (loss, metrics with ``actor/`` keys: token statistics are means
+    over trainable tokens; ``actor/num_tokens`` lets a caller combine micro-batches).
     """
     maskf = mask.to(logprobs.dtype)
     valid = mask.bool()
@@ -311,8 +232,6 @@ def policy_loss(
         denom = max(int(metrics["actor/num_tokens"]), 1)
         if kl is not None:
             metrics["actor/kl"] = float((kl.detach() * maskf).sum()) / denom
-        if entropy is None and logits is not None:
-            entropy = entropy_from_logits(logits.detach())
         if entropy is not None:
             metrics["actor/entropy"] = float((entropy.detach().float() * maskf).sum()) / denom
     return loss, metrics
@@ -366,9 +285,7 @@ def _clip_metrics(loss: Tensor, pg_loss: Tensor, ratio: Tensor, clipped_active: 
     }
 
 
-# --------------------------------------------------------------------------------------------------
 # Preference and imitation losses (Socratic-Zero's Solver and Generator; methods/socratic_zero.py)
-# --------------------------------------------------------------------------------------------------
 @register_policy_loss("dpo")
 def dpo_loss(logprobs: Tensor, old_logprobs: Tensor, ref_logprobs: Optional[Tensor], advantages: Tensor, mask: Tensor,
              group_index: Tensor, clip_eps: float, kl_coef: float, sample_weights: Optional[Tensor] = None,
@@ -401,21 +318,11 @@ def dpo_loss(logprobs: Tensor, old_logprobs: Tensor, ref_logprobs: Optional[Tens
         margins.append(z.detach())
     loss = torch.stack(losses).sum()
     with torch.no_grad():
-        valid = mask.bool()
-        n_tok = int(valid.sum().item())
-        r = torch.exp(logprobs.detach() - old_logprobs.to(logprobs.dtype))[valid]
-        m = torch.stack(margins)
-        metrics = {
-            "actor/loss": float(loss.detach()), "actor/pg_loss": float(loss.detach()),
-            "actor/pg_clip_frac": 0.0,  # nothing is clipped
-            "actor/clip_frac": float(((r < 1 - clip_eps) | (r > 1 + clip_eps)).sum()) / max(n_tok, 1),
-            "actor/ratio_mean": float(r.mean()) if n_tok else 1.0,
-            "actor/ratio_min": float(r.min()) if n_tok else 1.0,
-            "actor/ratio_max": float(r.max()) if n_tok else 1.0,
-            "actor/kl": float(((logprobs.detach() - ref_logprobs) * maskf).sum()) / max(n_tok, 1),
-            "actor/dpo_margin": float(m.mean()), "actor/dpo_accuracy": float((m > 0).float().mean()),
-            "actor/num_tokens": float(n_tok),
-        }
+        valid, m = mask.bool(), torch.stack(margins)
+        ratio = torch.exp(logprobs.detach() - old_logprobs.to(logprobs.dtype))
+        metrics = _clip_metrics(loss, loss, ratio, torch.zeros_like(valid), valid, clip_eps, None)  # nothing clipped
+        metrics["actor/kl"] = float(((logprobs.detach() - ref_logprobs) * maskf).sum()) / max(int(valid.sum()), 1)
+        metrics.update({"actor/dpo_margin": float(m.mean()), "actor/dpo_accuracy": float((m > 0).float().mean())})
     return loss, metrics
 
 

@@ -1,15 +1,7 @@
-"""What an idle player keeps out of host memory: tensors parked in a file without a name.
-
-An idle player needs in memory only the weights it samples with, in the sampling dtype. The rest waits for its next
-block in a file without a name (:func:`offload_file`, in ``trainer.offload_dir``): its optimizer state, its float32
-master weights when it samples from a lower-precision copy, and π_ref. Two ways to park, both bit-exact:
-
-- :class:`ParkedTensors`, for tensors that alone hold their memory (a module's parameters, a dict of weights): each
-  tensor's ``data`` is replaced by an empty tensor, so that a read by mistake fails on the shape;
-- :class:`ParkedStorages`, for tensors that others hold views of (DeepSpeed's flat buffers and its per-parameter
-  views of them): each storage is resized to zero bytes and later given its bytes back, so every view over it sees
-  its values again. Until then none of them may be read (a kernel over a freed storage faults): the trainer
-  restores before any step, checkpoint or reference pass (:mod:`unifiedplayers.trainer.base`).
+"""What an idle player keeps out of host memory: tensors parked, bit-exactly, in a file without a name
+(:func:`offload_file`, in ``trainer.offload_dir``): its optimizer state, its float32 master weights when it samples
+from a lower-precision copy, and π_ref. :class:`ParkedTensors` parks tensors that alone hold their memory,
+:class:`ParkedStorages` storages that others hold views of (DeepSpeed's flat buffers).
 """
 from __future__ import annotations
 
@@ -32,8 +24,7 @@ _warned: set[str] = set()
 
 def offload_file(directory: Path) -> Any:
     """A file without a name in ``directory`` (O_TMPFILE, or unlinked at once): its space returns to the disk when
-    it is closed or its process ends, however it ends. A named file outlived a killed run (kill -9, a timeout)
-    and left a model-sized optimizer state per player in the temp directory."""
+    it is closed or its process ends, however it ends (kill -9 included)."""
     directory.mkdir(parents=True, exist_ok=True)
     _warn_if_in_memory(directory)
     return tempfile.TemporaryFile(dir=directory)
@@ -127,11 +118,9 @@ class _Parked:
 
 
 class ParkedTensors(_Parked):
-    """``tensors`` (each the only holder of its memory: a module's parameters, a dict of weights) parked: those on the
-    host and contiguous are written into a file without a name in ``directory`` and their ``data`` replaced by an
-    empty tensor, so that a read by mistake fails on the shape instead of reading freed memory. ``contents=False``:
-    freed without being written (their values are of no further use): :meth:`restore` gives the memory back,
-    uninitialised."""
+    """``tensors`` (each the only holder of its memory) parked: those on the host and contiguous are written to a file
+    without a name in ``directory`` and their ``data`` replaced by an empty tensor (a read by mistake fails on the
+    shape). ``contents=False``: freed unwritten; :meth:`restore` gives the memory back uninitialised."""
 
     def __init__(self, tensors: Iterable[Optional[Tensor]], directory: str | Path, contents: bool = True) -> None:
         unique = {id(t): t for t in tensors if t is not None}.values()
@@ -151,11 +140,9 @@ class ParkedTensors(_Parked):
 
 class ParkedStorages(_Parked):
     """The host storages of ``tensors`` (at least ``min_bytes``, resizable: not pinned), except those of ``keep``,
-    parked: written into a file without a name in ``directory`` and resized to zero bytes. :meth:`restore` gives the
-    same storage objects their memory and bytes back, so every tensor and view over them (DeepSpeed's flat buffers
-    and its per-parameter views of them) sees its values again. Until then none of them may be read: a kernel over a
-    freed storage fails or faults. ``contents=False``: freed without being written (:meth:`restore` gives the memory
-    back uninitialised)."""
+    parked: written to a file without a name in ``directory`` and resized to zero bytes, until :meth:`restore` gives
+    the same storages their bytes back, so every view over them sees its values again. Until then none may be read
+    (a kernel over a freed storage faults). ``contents=False`` as :class:`ParkedTensors`'."""
 
     def __init__(self, tensors: Iterable[Optional[Tensor]], directory: str | Path, keep: Iterable[Tensor] = (),
                  min_bytes: int = MIN_BYTES, contents: bool = True) -> None:

@@ -1,9 +1,5 @@
-"""What one GRPO update trains on (§3.3, Appendix B.3): :class:`TrainSample`, one candidate of a group, and its
-constructors from a rollout (:func:`sample_from_segments`, :func:`sample_from_completion`) or from any object with
-its field names (:func:`as_sample`).
-
-Pure data, no model: the update (:class:`~unifiedplayers.trainer.base.BaseTrainer`) and the micro-batches
-(:mod:`unifiedplayers.trainer.batching`) read it, the phase (:mod:`unifiedplayers.loop.phase`) builds and saves it.
+"""What one GRPO update trains on (§3.3, Appendix B.3): :class:`TrainSample`, one candidate of a group, pure data,
+and its constructors from a rollout or from any object with its field names (:func:`as_sample`).
 """
 from __future__ import annotations
 
@@ -17,12 +13,8 @@ Tensor = torch.Tensor
 
 @dataclass
 class TrainSample:
-    """One candidate of a group, as the rollout flattens it.
-
-    ``old_logprobs[t]`` is the behaviour log-prob of ``token_ids[t]`` (any value where ``loss_mask[t] == 0``);
-    ``loss_mask[t] = 1`` marks a trainable completion token (prompt, padding and tool-observation tokens
-    are 0).
-    """
+    """One candidate of a group, as the rollout flattens it: ``loss_mask[t] = 1`` marks a trainable completion token
+    (0: prompt, padding, tool observation); ``old_logprobs[t]``, the behaviour log-prob of ``token_ids[t]``."""
 
     token_ids: Sequence[int] | Tensor
     loss_mask: Sequence[int] | Tensor
@@ -30,8 +22,7 @@ class TrainSample:
     advantage: float
     group: int
     clip_high: Optional[float] = None  # per-sample upper clip ε_high (Agent0's ADPO); None: trainer.clip_eps
-    # The log-probs recorded at sampling when ``old_logprobs`` were recomputed by the trainer
-    # (``trainer.recompute_old_logprobs``); None: ``old_logprobs`` are the behaviour log-probs.
+    # Recorded at sampling when the trainer recomputed ``old_logprobs`` (``trainer.recompute_old_logprobs``)
     behaviour_logprobs: Optional[Sequence[float] | Tensor] = None
 
 

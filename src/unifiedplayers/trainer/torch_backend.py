@@ -1,14 +1,6 @@
-"""The plain torch backend of one player's GRPO trainer (Appendix B.3): single process, CPU or one GPU.
-
-:class:`TorchTrainer` supplies the backend hooks of :class:`~unifiedplayers.trainer.base.BaseTrainer`
-(which holds the update, the reference policy, diagnostics and checkpoints) with plain torch: a
-:class:`~unifiedplayers.trainer.logprobs.TokenLogprobModel` around the model, AdamW created lazily,
-``loss.backward()``, gradient clipping and ``model.pt`` / ``optimizer.pt`` checkpoint files. Data-parallel
-ranks sum their gradients with :meth:`~unifiedplayers.distributed.DistContext.all_reduce_gradients`.
-
-An idle player (:meth:`~unifiedplayers.trainer.base.BaseTrainer.offload_state`) keeps only the weights it samples
-with: its AdamW state goes to a file without a name, and so do its float32 master weights (on the host) when
-neither its rollouts nor its forward use them (a bf16 copy does both).
+"""The plain torch backend of :class:`~unifiedplayers.trainer.base.BaseTrainer` (Appendix B.3): one process, CPU or
+one GPU, float32 master weights with lower-precision copies (:mod:`~unifiedplayers.trainer.precision`), AdamW created
+lazily, ``model.pt`` / ``optimizer.pt`` checkpoint files.
 """
 from __future__ import annotations
 
@@ -24,7 +16,7 @@ from torch import nn
 from unifiedplayers.rundir import MODEL_WEIGHTS, OPTIMIZER
 from unifiedplayers.trainer.backends import register_trainer_backend
 from unifiedplayers.trainer.base import BaseTrainer
-from unifiedplayers.lora import adapter_config, is_adapted, load_policy_state, policy_state
+from unifiedplayers.lora import is_adapted, load_policy_state, policy_state
 from unifiedplayers.trainer.logprobs import TokenLogprobModel
 from unifiedplayers.trainer.offload import ParkedTensors, offload_file
 from unifiedplayers.trainer.optim import make_optimizer, make_scheduler
@@ -43,17 +35,14 @@ class HeldWeights(NamedTuple):
 
 @register_trainer_backend("torch")
 class TorchTrainer(BaseTrainer):
-    """GRPO trainer of one player, plain torch backend (single process, CPU or one GPU); its use is
-    :class:`~unifiedplayers.trainer.base.BaseTrainer`'s."""
+    """GRPO trainer of one player, plain torch backend (its use: :class:`~unifiedplayers.trainer.base.BaseTrainer`)."""
 
     backend = "torch"
 
     def _prepare_model(self, model: nn.Module) -> nn.Module:
-        """Master weights in float32, whatever the compute dtype: AdamW never steps bf16 weights. In memory of their
-        own: a model loaded zero-copy from a safetensors file keeps its weights in the file's mapping, which stays
-        resident as long as any of them lives, so an idle player could not give it back. A player that is an adapter
-        (trainer.lora) is taken as it is: its float32 adapter is its master weights, and the frozen backbone under it,
-        in the compute dtype, is every player's."""
+        """Master weights in float32, in memory of their own (a zero-copy safetensors mapping would stay resident
+        while the player is idle). An adapter player (trainer.lora) is taken as it is: its float32 adapter is its
+        master weights, the frozen backbone under it every player's."""
         if is_adapted(model):
             return model
         model = cast_parameters(model, torch.float32)
@@ -122,11 +111,17 @@ class TorchTrainer(BaseTrainer):
             self.scheduler = make_scheduler(self.cfg, self.optimizer)
             if self._offloaded_to is not None:
                 self._offloaded_to.seek(0)
-                state = torch.load(self._offloaded_to, map_location=self.device, weights_only=False)
-                self.optimizer.load_state_dict(state["optimizer"])
-                self.scheduler.load_state_dict(state["scheduler"])
+                self._load_optimizer_state(self._offloaded_to)
                 self._offloaded_to.close()
                 self._offloaded_to = None
+
+    def _optimizer_state(self) -> dict[str, Any]:
+        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+
+    def _load_optimizer_state(self, file: Any) -> None:
+        state = torch.load(file, map_location=self.device, weights_only=False)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
 
     def _zero_grad(self) -> None:
         self._ensure_optimizer()
@@ -155,18 +150,13 @@ class TorchTrainer(BaseTrainer):
         self._sync_copies()
 
     def _save_backend(self, directory: Path) -> None:
-        torch.save(policy_state(self.model), directory / MODEL_WEIGHTS)  # an adapter player: its adapter alone
-        if self._adapted:  # its rank, alpha and targets, for the checkpoint's readers (lora.checkpoint_weights)
-            adapter_config(self.model).save_pretrained(str(directory))
+        self._save_weights(directory, policy_state(self.model))
         if self._offloaded_to is not None:  # offloaded: same file format, copy it and keep memory free
             self._offloaded_to.seek(0)
             with open(directory / OPTIMIZER, "wb") as out:
                 shutil.copyfileobj(self._offloaded_to, out)
         elif self.optimizer is not None:
-            torch.save(
-                {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()},
-                directory / OPTIMIZER,
-            )
+            torch.save(self._optimizer_state(), directory / OPTIMIZER)
 
     def _load_backend(self, directory: Path) -> None:
         state = torch.load(directory / MODEL_WEIGHTS, map_location=self.device, weights_only=True)
@@ -176,21 +166,16 @@ class TorchTrainer(BaseTrainer):
         self.optimizer, self.scheduler, self._offloaded_to = None, None, None
         if (directory / OPTIMIZER).exists():
             self._ensure_optimizer()
-            opt = torch.load(directory / OPTIMIZER, map_location=self.device, weights_only=False)
-            self.optimizer.load_state_dict(opt["optimizer"])
-            self.scheduler.load_state_dict(opt["scheduler"])
+            self._load_optimizer_state(directory / OPTIMIZER)
 
     def _offload_optimizer(self, keep: bool = True) -> None:
-        """Drop the optimizer state from memory (it is written to an unnamed temporary file in
-        ``trainer.offload_dir``, default the temp directory, and reloaded on the next :meth:`update`, bit-exactly;
-        ``keep=False``: not written, it is of no further use).
-        The float32 master weights follow it when the player neither samples nor computes with them (on the host).
-        The files go with the trainer, or with the process if it is killed."""
+        """AdamW's state to a file without a name; the float32 master weights follow it when the player neither
+        samples nor computes with them."""
         if self.optimizer is not None and not keep:
             self.optimizer, self.scheduler = None, None
         if self.optimizer is not None:
             fh = offload_file(self._offload_dir())
-            torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}, fh)
+            torch.save(self._optimizer_state(), fh)
             fh.flush()
             self.optimizer, self.scheduler = None, None
             self._offloaded_to = fh
