@@ -37,6 +37,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from benchmarks.gpu_check_common import (GIB, PLAYERS, SHAPE_DEFAULTS, SHAPES, Clock, build_model, count_parameters,
+                                         layers_that_fit,
                                          mib, parameters_label, qwen3_config, release, render_prompts)
 from benchmarks.gpu_check_lora import LoraUnit
 from benchmarks.gpu_check_paper import PaperUnit
@@ -62,12 +63,16 @@ class Check:
         self.dtype = getattr(torch, self.dtype_name)
         self.tokenizer = build_byte_tokenizer()
         self.config = qwen3_config(args.shape, tokenizer=self.tokenizer)
+        layers = (layers_that_fit(args.shape, torch.cuda.get_device_properties(self.device).total_memory)
+                  if self.cuda else self.config.num_hidden_layers)
+        self.player_config = qwen3_config(args.shape, layers, tokenizer=self.tokenizer)  # the player runs' model
         self.start = time.perf_counter()
         self.out = Path(args.out)
         self.out.mkdir(parents=True, exist_ok=True)
         self.report: dict[str, Any] = {
             "device": self._device_info(), "args": vars(args), "dtype": self.dtype_name,
-            "shape": {"name": args.shape, "parameters": count_parameters(self.config), **SHAPES[args.shape]},
+            "shape": {"name": args.shape, "parameters": count_parameters(self.config), **SHAPES[args.shape],
+                      "player_layers": layers, "player_parameters": count_parameters(self.player_config)},
             "runs": [], "resume": {}, "sandbox": {"status": "not run", "reason": "no execution player in --players"},
             "deepspeed": {"status": "not requested"}, **{name: {"status": "not requested"} for name in UNITS},
             "vllm": {"status": "not run", "reason": VLLM_NOTE.split("(", 1)[1].rstrip(")")}}
@@ -186,6 +191,10 @@ class Check:
         print(f"shape {a.shape}: {parameters_label(self.report['shape']['parameters'])} parameters, device {a.device}, "
               f"compute dtype {self.dtype_name}, backends {','.join(a.backends)}, players {','.join(a.players)}, "
               f"{a.steps} steps of {a.prompts} x {a.samples} x {a.max_new_tokens} new tokens", flush=True)
+        shape = self.report["shape"]
+        if shape["player_layers"] < self.config.num_hidden_layers:
+            print(f"the player runs: {shape['player_layers']} of {self.config.num_hidden_layers} layers "
+                  f"({parameters_label(shape['player_parameters'])} parameters), what fits this GPU's memory", flush=True)
         resume_role = "execution" if "execution" in a.players else a.players[0]
         for backend in a.backends:
             reason = self.backend_unavailable(backend)

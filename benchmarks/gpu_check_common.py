@@ -69,6 +69,21 @@ def count_parameters(config) -> int:
         return sum(p.numel() for p in Qwen3ForCausalLM(config).parameters())
 
 
+# A full-parameter torch-backend player of the Qwen3-4B shape peaked at 84.2 GiB on one H200 (4.02B parameters,
+# 22.5 bytes each: fp32 weights, gradients and AdamW state, the reference and activations): over an 80 GB H100.
+PLAYER_BYTES_PER_PARAMETER = 24
+
+
+def layers_that_fit(shape: str, memory_bytes: float) -> int:
+    """The most layers (at least 2, at most the shape's own) whose torch-backend player fits 90 % of
+    ``memory_bytes`` at :data:`PLAYER_BYTES_PER_PARAMETER`: the players' steps keep the shape's width and vocabulary
+    on a GPU too small for the whole model."""
+    layers = SHAPES[shape]["num_hidden_layers"]
+    while layers > 2 and count_parameters(qwen3_config(shape, layers)) * PLAYER_BYTES_PER_PARAMETER > 0.9 * memory_bytes:
+        layers -= 1
+    return layers
+
+
 def build_model(config, device, seed: int):
     """A float32 ``Qwen3ForCausalLM`` with random weights, seeded, initialised on ``device``."""
     from transformers import Qwen3ForCausalLM

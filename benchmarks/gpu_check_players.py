@@ -87,7 +87,7 @@ def run_player(check, backend: str, role: str) -> dict:
     if check.cuda:
         torch.cuda.reset_peak_memory_stats(check.device)
     t0 = time.perf_counter()
-    trainer = check.make_trainer(backend, role, check.config, seed=a.seed + PLAYERS.index(role))
+    trainer = check.make_trainer(backend, role, check.player_config, seed=a.seed + PLAYERS.index(role))
     trainer.start_outer_iteration()
     trainer.start_block()
     hook = drain_after_backward(trainer, check.cuda)

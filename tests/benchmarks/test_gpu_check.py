@@ -305,3 +305,18 @@ def test_paper_unit_fails_under_planted_bugs(check_runs):
     assert lines["exact_resume"].startswith("FAIL (loaded state NOT equal"), lines["exact_resume"]
     assert lines["reference"].startswith("PASS") and lines["save_cadence"].startswith("PASS")
     assert report["paper_check"] == "FAIL"
+
+
+def test_the_player_runs_cut_layers_to_what_fits_the_gpu():
+    """The H200's 139.8 GiB held the whole Qwen3-4B shape's torch-backend players (84.2 GiB peak); an H100's 79.2 GiB
+    ran out of memory at their second step: there they run on fewer layers, each under 90 % of the card."""
+    from benchmarks.gpu_check_common import (GIB, PLAYER_BYTES_PER_PARAMETER, count_parameters, layers_that_fit,
+                                             qwen3_config)
+
+    assert layers_that_fit("qwen3_4b", 139.8 * GIB) == 36
+    h100 = layers_that_fit("qwen3_4b", 79.18 * GIB)
+    assert h100 == 27
+    for layers, fits in ((h100, True), (h100 + 1, False)):
+        need = count_parameters(qwen3_config("qwen3_4b", layers)) * PLAYER_BYTES_PER_PARAMETER
+        assert (need <= 0.9 * 79.18 * GIB) is fits
+    assert layers_that_fit("qwen3_4b", 1 * GIB) == 2  # never fewer than the resume check's 2
