@@ -17,9 +17,6 @@ What makes it at least as fast as ``model.generate`` on CPU:
 - a KV cache with room to grow, written in place at each step (transformers' dynamic cache
   concatenates, i.e. copies the whole cache of every layer, at every step);
 - no attention mask at all when the rows of a batch have no padding (one prompt's n samples);
-- on CPU, the linear layers of a batch of few rows (every decoding step) compute ``(W xᵀ)ᵀ`` instead of
-  ``x Wᵀ`` (:func:`skinny_linears`): the same products, and BLAS streams the weight matrix well in that
-  orientation (here about 1.5× faster per decoding step of 8 rows, 2× for the 49k-row LM head);
 - on CPU, the decoding steps' linear layers multiply by a copy of their weights packed once per call for oneDNN
   (:func:`packed_linears`, ``rollout.packed_linears``) rather than repacked at every product: by default only
   where that is bit-identical to the unpacked product (bfloat16), float32 on request;
@@ -109,29 +106,6 @@ def sample_next(
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
 
 
-SKINNY_ROWS = 256  # at most this many rows: the weight-major product (measured faster up to ~512 rows here)
-
-
-def _skinny_linear_forward(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """``module(x)`` as ``(W xᵀ)ᵀ`` when ``x`` has at most :data:`SKINNY_ROWS` rows, else ``F.linear``."""
-    rows = x.numel() // max(x.shape[-1], 1)
-    if rows > SKINNY_ROWS or x.dtype != module.weight.dtype:
-        return F.linear(x, module.weight, module.bias)
-    y = torch.mm(module.weight, x.reshape(rows, x.shape[-1]).t()).t()
-    if module.bias is not None:
-        y = y + module.bias
-    return y.contiguous().view(*x.shape[:-1], y.shape[-1])
-
-
-def skinny_linears(model: torch.nn.Module) -> ContextManager[None]:
-    """While inside, the float32 CPU ``nn.Linear`` layers of ``model`` run :func:`_skinny_linear_forward`
-    (restored on exit). CPU BLAS packs the weight for ``x Wᵀ`` with few rows of ``x`` at every call, while
-    ``W xᵀ`` streams it; the results differ only by float rounding. A no-op on other devices and dtypes,
-    and for layers whose weight is not a plain 2-D tensor (ZeRO-3 shards)."""
-    layers = [m for m in model.modules() if _plain_cpu_linear(m, (torch.float32,))]
-    return forward_overridden(layers, _skinny_linear_forward)
-
-
 def _plain_cpu_linear(m: torch.nn.Module, dtypes: tuple[torch.dtype, ...]) -> bool:
     """An ``nn.Linear`` whose weight is a plain 2-D CPU tensor of one of ``dtypes`` (not a ZeRO-3 shard)."""
     w = getattr(m, "weight", None)
@@ -141,7 +115,7 @@ def _plain_cpu_linear(m: torch.nn.Module, dtypes: tuple[torch.dtype, ...]) -> bo
 
 PACKABLE = (torch.float32, torch.bfloat16)
 PACKED_ROWS = 64  # batches of at most this many rows (the decoding steps) take the packed product
-# (out, in, bias, dtype, threads, rows, F.linear) -> whether the packed product is bit-equal to the engine's own there
+# (out, in, bias, dtype, threads, rows, F.linear) -> whether the packed product is bit-equal to F.linear's there
 _PACKING_EXACT: dict[tuple, bool] = {}
 
 
@@ -161,13 +135,6 @@ def packing_probes(dtype: torch.dtype) -> list[bool]:
     return [exact for key, exact in _PACKING_EXACT.items() if key[3] == dtype]
 
 
-def _own_linear(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """The product the engine computes without packing: :func:`_skinny_linear_forward` in float32, else ``F.linear``."""
-    if module.weight.dtype == torch.float32:
-        return _skinny_linear_forward(module, x)
-    return F.linear(x, module.weight, module.bias)
-
-
 def _exact_key(module: torch.nn.Linear, rows: int) -> tuple:
     w = module.weight
     # F.linear too: DeepSpeed's ZeRO-3 replaces it process-wide (its own matmul), and the probe compares with it
@@ -175,7 +142,7 @@ def _exact_key(module: torch.nn.Linear, rows: int) -> tuple:
 
 
 def _packing_exact(module: torch.nn.Linear, packed: torch.Tensor, rows: int) -> bool:
-    """Whether the packed product of ``module`` is bit-equal to :func:`_own_linear` for ``rows`` rows: probed once per
+    """Whether the packed product of ``module`` is bit-equal to ``F.linear`` for ``rows`` rows: probed once per
     shape, dtype, bias, thread count and row count with random rows (oneDNN picks its kernel and its split of the
     sums by shape and threads, never by values), with a generator of its own (the run's streams are untouched)."""
     w = module.weight
@@ -183,7 +150,7 @@ def _packing_exact(module: torch.nn.Linear, packed: torch.Tensor, rows: int) -> 
     if key not in _PACKING_EXACT:
         x = torch.randn(rows, w.shape[1], generator=torch.Generator().manual_seed(rows)).to(w.dtype)
         with torch.no_grad():
-            _PACKING_EXACT[key] = torch.equal(_packed_product(module, packed, x), _own_linear(module, x))
+            _PACKING_EXACT[key] = torch.equal(_packed_product(module, packed, x), F.linear(x, module.weight, module.bias))
     return _PACKING_EXACT[key]
 
 
@@ -205,10 +172,10 @@ def packed_linears(model: torch.nn.Module, setting: Optional[bool]) -> ContextMa
     """While inside, the CPU float32/bfloat16 ``nn.Linear`` layers of ``model`` multiply a batch of at most
     :data:`PACKED_ROWS` rows (the decoding steps) by a copy of their weight packed once for oneDNN, instead of
     repacking it at every call (``F.linear``), which is most of the cost of a decoding step's small products
-    (1.5x per bf16 step of 8 rows on Zen 5). Larger batches (prefills) keep the engine's own product.
+    (1.5x per bf16 step of 8 rows on Zen 5). Larger batches (prefills) keep ``F.linear``.
     ``setting`` (``rollout.packed_linears``): None (auto) uses the packed product only at the row counts where it
-    is bit-equal to the engine's own (:func:`_packing_exact`; bfloat16 here, the same oneDNN kernel); True at
-    every row count (float32 then rounds differently from :func:`skinny_linears`); False never. The copies (one
+    is bit-equal to ``F.linear`` (:func:`_packing_exact`; bfloat16 here, the same oneDNN kernel); True at
+    every row count (float32 then rounds differently from ``F.linear``); False never. The copies (one
     more copy of the weights) are made on entry, so they hold the weights of this call, and dropped on exit. A
     layer oneDNN cannot pack or multiply leaves every layer unpacked, with one warning."""
     if setting is False:
@@ -231,7 +198,7 @@ def packed_linears(model: torch.nn.Module, setting: Optional[bool]) -> ContextMa
         rows = x.numel() // max(x.shape[-1], 1)
         if (rows > PACKED_ROWS or x.dtype != module.weight.dtype
                 or not (setting or _packing_exact(module, packed[module], rows))):
-            return _own_linear(module, x)
+            return F.linear(x, module.weight, module.bias)
         return _packed_product(module, packed[module], x)
 
     return forward_overridden(list(packed), forward)
@@ -407,8 +374,7 @@ class HFRollout(RolloutEngine):
         was_training = self.model.training
         self.model.eval()
         try:
-            # Packed layers (entered second) take precedence over the skinny ones; the rest stay skinny.
-            with skinny_linears(self.model), packed_linears(self.model, self._packed_setting):
+            with packed_linears(self.model, self._packed_setting):
                 for start in range(0, len(order), chunk):
                     idx = order[start : start + chunk]
                     outs = self._sample_batch(
