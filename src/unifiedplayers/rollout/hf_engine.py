@@ -20,10 +20,6 @@ What makes it at least as fast as ``model.generate`` on CPU:
 - on CPU, the decoding steps' linear layers multiply by a copy of their weights packed once per call for oneDNN
   (:func:`packed_linears`, ``rollout.packed_linears``) rather than repacked at every product: by default only
   where that is bit-identical to the unpacked product (bfloat16), float32 on request;
-- rows that have ended leave the batch (:data:`COMPACT_FINISHED`): a batch whose rows end at very different
-  lengths costs what its running rows cost, not 8 rows until the longest ends. Each step still draws one
-  uniform per row of the whole batch, so every row's samples are those of the full-batch loop (up to the float
-  rounding of a smaller batch, which can move a draw that falls on a boundary of the CDF);
 - with ``rollout.prefix_cache`` (:mod:`unifiedplayers.rollout.prefix_cache`), the prefix shared by a batch's
   prompts (system prompt, few-shot examples) is prefilled once, and its KV kept for later calls and turns
   while the weights are unchanged. Off by default in float32, whose prefill it would change by rounding.
@@ -50,10 +46,6 @@ try:  # transformers >= 4.56: caches are lists of per-layer objects
 except ImportError:  # older transformers: every row is prefilled and the returned cache grows by concatenation
     DynamicCache = DynamicLayer = None
 
-# Ended rows leave the batch (their KV cache rows, position ids and masks) at the step after they end, so a
-# batch costs what its running rows cost. False keeps every row to the end, as before (tests compare both).
-COMPACT_FINISHED = True
-
 
 def top_p_mask(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     """Set to -inf every logit outside the nucleus: the smallest set of most likely tokens whose
@@ -67,32 +59,21 @@ def top_p_mask(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     return torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
 
 
-def draw_uniforms(batch: int, generator: Optional[torch.Generator], device: torch.device,
-                  dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """The ``(batch, 1)`` uniforms of one sampling step, one per row."""
-    return torch.rand((batch, 1), generator=generator, device=device, dtype=dtype)
-
-
-def draw(probs: torch.Tensor, generator: Optional[torch.Generator], uniforms: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """One token per row of ``probs`` (B, V) by inverting the CDF with a single uniform per row
-    (``uniforms`` (B, 1), else drawn here from ``generator``).
+def draw(probs: torch.Tensor, generator: Optional[torch.Generator]) -> torch.Tensor:
+    """One token per row of ``probs`` (B, V) by inverting the CDF with a single uniform per row.
 
     Same distribution as ``torch.multinomial(probs, 1)``, a fraction of its cost over a 50k vocabulary;
     tokens of probability zero (outside the nucleus) are never drawn.
     """
     cdf = probs.cumsum(dim=-1)
-    if uniforms is None:
-        uniforms = draw_uniforms(probs.shape[0], generator, probs.device, cdf.dtype)
-    u = uniforms.to(cdf.dtype) * cdf[:, -1:]
+    u = torch.rand((probs.shape[0], 1), generator=generator, device=probs.device, dtype=cdf.dtype) * cdf[:, -1:]
     return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
 
 
 def sample_next(
     logits: torch.Tensor, temperature: float, top_p: float, greedy: bool, generator: Optional[torch.Generator],
-    uniforms: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pick the next token of each row and its behaviour log-prob. ``logits``: (B, V) float32; ``uniforms``:
-    the rows' draws (:func:`draw`).
+    """Pick the next token of each row and its behaviour log-prob. ``logits``: (B, V) float32.
 
     Returns ``(tokens (B,), logprobs (B,))``; the log-prob is under the distribution sampled from
     (temperature and top-p applied; for greedy, the model's own softmax).
@@ -102,7 +83,7 @@ def sample_next(
         tokens = logits.argmax(dim=-1)
     else:
         logp = torch.log_softmax(top_p_mask(logits / temperature, top_p), dim=-1)
-        tokens = draw(logp.exp(), generator, uniforms)
+        tokens = draw(logp.exp(), generator)
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
 
 
@@ -171,8 +152,8 @@ def _packed_product(module: torch.nn.Linear, packed: torch.Tensor, x: torch.Tens
 def packed_linears(model: torch.nn.Module, setting: Optional[bool]) -> ContextManager[None]:
     """While inside, the CPU float32/bfloat16 ``nn.Linear`` layers of ``model`` multiply a batch of at most
     :data:`PACKED_ROWS` rows (the decoding steps) by a copy of their weight packed once for oneDNN, instead of
-    repacking it at every call (``F.linear``), which is most of the cost of a decoding step's small products
-    (1.5x per bf16 step of 8 rows on Zen 5). Larger batches (prefills) keep ``F.linear``.
+    repacking it at every call (``F.linear``), which is most of the cost of a decoding step's small products.
+    Larger batches (prefills) keep ``F.linear``.
     ``setting`` (``rollout.packed_linears``): None (auto) uses the packed product only at the row counts where it
     is bit-equal to ``F.linear`` (:func:`_packing_exact`; bfloat16 here, the same oneDNN kernel); True at
     every row count (float32 then rounds differently from ``F.linear``); False never. The copies (one
@@ -248,40 +229,6 @@ if DynamicLayer is not None:
 
         def get_seq_length(self) -> int:
             return self.length
-
-        def keep_rows(self, rows: torch.Tensor) -> None:
-            """Keep the batch rows ``rows`` (row ``j`` becomes old row ``rows[j]``) in the same buffers, the room
-            to grow included: only the rows that change place are copied, and only their filled positions."""
-            count, end = rows.numel(), self.length
-            here = torch.arange(count, device=rows.device)
-            moved = rows != here
-            dst, src = here[moved], rows[moved]
-            for name in ("_keys", "_values"):
-                buf = getattr(self, name)
-                if dst.numel():
-                    buf[dst, :, :end] = buf[src, :, :end]
-                setattr(self, name, buf[:count])
-            self.keys, self.values = self._keys[:, :, :end], self._values[:, :, :end]
-
-
-def _preallocated(cache: Any) -> bool:
-    layers = getattr(cache, "layers", None)
-    return DynamicLayer is not None and bool(layers) and all(isinstance(layer, PreallocatedLayer) for layer in layers)
-
-
-def select_cache_rows(cache: Any, rows: torch.Tensor) -> None:
-    """Keep only the batch rows ``rows`` of a KV cache (row ``j`` becomes old row ``rows[j]``):
-    :class:`PreallocatedLayer` s in place, other transformers caches by their ``batch_select_indices``."""
-    if _preallocated(cache):
-        for layer in cache.layers:
-            layer.keep_rows(rows)
-    else:
-        cache.batch_select_indices(rows)
-
-
-def rows_selectable(cache: Any) -> bool:
-    """Whether :func:`select_cache_rows` can shrink ``cache`` (legacy tuple caches cannot)."""
-    return _preallocated(cache) or callable(getattr(cache, "batch_select_indices", None))
 
 
 def expand_prefill_cache(cache: Any, rows: torch.Tensor, limit: int) -> bool:
@@ -410,29 +357,24 @@ class HFRollout(RolloutEngine):
         if padded:  # the attention mask of every step, filled in advance: pads 0, everything after them 1
             full_attention = attention.new_ones((batch, width + steps))
             full_attention[:, :width] = attention
-        running = _Running(batch, positions[:, -1:] + 1, full_attention)
-        compact = COMPACT_FINISHED and rows_selectable(cache)
+        next_pos = positions[:, -1:] + 1
         rows = _Rows(batch, budgets, eos, stop, self.tokenizer)
 
         for step in range(steps):
-            # One uniform per row of the whole batch at every step, each running row taking its own: a row's
-            # draws do not depend on when its batch-mates end.
-            uniforms = None if greedy else running.mine(draw_uniforms(batch, generator, device))
-            nxt, lp = sample_next(logits.float(), temperature, top_p, greedy, generator, uniforms)
-            if rows.record(running.rows, nxt.tolist(), lp.tolist()):
+            nxt, lp = sample_next(logits.float(), temperature, top_p, greedy, generator)
+            if rows.record(nxt.tolist(), lp.tolist()):
                 break
-            if compact:
-                running.drop_ended(rows.finish, cache)
-            step_ids = torch.tensor(rows.last_tokens(running.rows), dtype=torch.long, device=device)[:, None]
+            # Every row steps until the last one ends; an ended row's tokens are no longer recorded.
+            step_ids = torch.tensor(rows.last_tokens(), dtype=torch.long, device=device)[:, None]
             out = self.model(
                 input_ids=step_ids,
-                attention_mask=running.attention[:, : width + step + 1] if padded else None,
-                position_ids=running.next_pos,
+                attention_mask=full_attention[:, : width + step + 1] if padded else None,
+                position_ids=next_pos,
                 use_cache=True,
                 **{self._cache_arg: cache},
             )
             cache, logits = returned_cache(out), out.logits[:, -1, :]
-            running.next_pos = running.next_pos + 1
+            next_pos = next_pos + 1
         return rows.completions(prompts)
 
     def _budgets(self, prompts: list[list[int]], max_new_tokens: int) -> list[int]:
@@ -544,41 +486,6 @@ def _pad_rows(prompts: list[list[int]], width: int, pad: int, shared: int) -> tu
     return input_ids, attention
 
 
-class _Running:
-    """The rows of a batch still decoding, in the order of the batch's tensors (``rows``: their indices in the
-    original batch), with their next position ids and attention masks. :meth:`drop_ended` shrinks the batch, so
-    that ended rows stop costing work at the next step (:data:`COMPACT_FINISHED`)."""
-
-    def __init__(self, batch: int, next_pos: torch.Tensor, attention: Optional[torch.Tensor]) -> None:
-        self.rows = list(range(batch))
-        self.index: Optional[torch.Tensor] = None  # ``rows`` as a tensor once the batch has shrunk
-        self.next_pos, self.attention = next_pos, attention
-
-    def mine(self, per_row: torch.Tensor) -> torch.Tensor:
-        """The running rows' part of a tensor over the original batch."""
-        return per_row if self.index is None else per_row.index_select(0, self.index)
-
-    def drop_ended(self, finish: list[Optional[str]], cache: Any) -> None:
-        """Remove the rows that ``finish`` says have ended from this state and from ``cache``. The running rows
-        past the new end of the batch fill the places of the ended rows before it, so that only those rows'
-        KV cache is copied (a row's place in the batch does not change its results)."""
-        ended = [i for i, b in enumerate(self.rows) if finish[b] is not None]
-        if not ended:
-            return
-        count = len(self.rows) - len(ended)
-        keep = list(range(count))
-        tail = [i for i in range(count, len(self.rows)) if finish[self.rows[i]] is None]
-        for hole, row in zip((i for i in ended if i < count), tail):
-            keep[hole] = row
-        kept = torch.tensor(keep, dtype=torch.long, device=self.next_pos.device)
-        select_cache_rows(cache, kept)
-        self.next_pos = self.next_pos.index_select(0, kept)
-        if self.attention is not None:
-            self.attention = self.attention.index_select(0, kept)
-        self.rows = [self.rows[i] for i in keep]
-        self.index = torch.tensor(self.rows, dtype=torch.long, device=self.next_pos.device)
-
-
 class _Rows:
     """What each row of a batch has produced so far: its tokens and their log-probs, its decoded text
     (kept only when there are stop strings), where a stop string ended it, and why it ended (None while
@@ -593,12 +500,11 @@ class _Rows:
         self.stop_at: list[Optional[tuple[int, str]]] = [None] * batch
         self.longest_stop = max((len(s) for s in stop), default=0)
 
-    def record(self, rows: list[int], nxt_list: list[int], lp_list: list[float]) -> bool:
-        """Append one step's token and log-prob to the running rows among ``rows`` (the rows the step's
-        tensors hold, in their order) and end the rows it ends (eos, a stop string, the row's budget). True
-        when every row has ended."""
+    def record(self, nxt_list: list[int], lp_list: list[float]) -> bool:
+        """Append one step's token and log-prob to every running row and end the rows it ends (eos, a stop
+        string, the row's budget). True when every row has ended."""
         tokens, logps, texts, finish, stop = self.tokens, self.logps, self.texts, self.finish, self.stop
-        for b, token, logp in zip(rows, nxt_list, lp_list):
+        for b, (token, logp) in enumerate(zip(nxt_list, lp_list)):
             if finish[b] is not None:
                 continue
             tokens[b].append(token)
@@ -618,9 +524,9 @@ class _Rows:
                 finish[b] = "length"
         return all(f is not None for f in finish)
 
-    def last_tokens(self, rows: list[int]) -> list[int]:
-        """The last token of each of ``rows`` (ended ones included while the batch keeps its shape)."""
-        return [self.tokens[b][-1] for b in rows]
+    def last_tokens(self) -> list[int]:
+        """The last token of each row, ended ones included."""
+        return [t[-1] for t in self.tokens]
 
     def completions(self, prompts: list[list[int]]) -> list[Completion]:
         """One :class:`Completion` per row, its text cut right after the stop string that ended it."""
