@@ -408,8 +408,7 @@ def returned_cache(output: Any) -> Any:
 def forward_overridden(modules: Iterable[torch.nn.Module], forward: Callable[..., Any]) -> Iterator[None]:
     """While inside, each of ``modules`` runs ``forward(module, *args)`` in place of its own forward; on exit
     each gets back exactly what it had (its class's forward, or a forward of its own). Used for exact
-    rewrites of a layer's computation in one phase only (the trainer's lean SwiGLU and RMSNorm backwards,
-    the rollout's weight-major linear layers)."""
+    rewrites of a layer's computation in one phase only (the rollout's packed linear layers)."""
     patched = [(m, m.__dict__.get("forward")) for m in modules]
     for m, _ in patched:
         m.forward = forward.__get__(m)

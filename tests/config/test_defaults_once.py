@@ -28,8 +28,6 @@ pytestmark = pytest.mark.cpu
 SCHEMAS = {"config": Config, "evaluate": EvaluateConfig}
 KEPT_BY_DEFAULT_OPTIONS = {"model": ("",), "player": ("planning.", "execution.", "evaluation.", "topics"),
                            "eval": ("name", "run", "benchmarks.", "prompts.")}
-# rollout.packed_linears goes with the CPU speed-ups of rollout/hf_engine.py, which decide its key and default.
-LEFT_TO_THE_HF_ENGINE = {("rollout/hf.yaml", "packed_linears")}
 FILES = sorted(str(p.relative_to(CONF_DIR)) for p in CONF_DIR.rglob("*.yaml"))
 
 
@@ -145,8 +143,7 @@ def test_no_yaml_key_restates_what_it_sets_over(rel, tmp_path):
     else:
         beneath = option_beneath(group, path)
     restated = [f"{key} = {value!r}" for key, value, below in leaves(body(path), beneath)
-                if value == below and (rel, key) not in LEFT_TO_THE_HF_ENGINE
-                and not (is_global(path) and pins(rel, key, value))]
+                if value == below and not (is_global(path) and pins(rel, key, value))]
     if group is not None:
         below = choices_beneath(path)
         restated += [f"override /{g}: {o}" for g, o in overrides(path).items() if below.get(g) == o]
@@ -165,7 +162,7 @@ def test_the_options_chosen_by_default_hold_no_default_of_their_own(root):
         kept = KEPT_BY_DEFAULT_OPTIONS.get(group, ())
         keys = body(CONF_DIR / rel)
         disagreements += [f"{rel}: {key}" for key, _, _ in leaves(keys, keys)
-                          if not key.startswith(kept) and (rel, key) not in LEFT_TO_THE_HF_ENGINE]
+                          if not key.startswith(kept)]
     assert not disagreements, f"default options that set a value the schema does not hold: {disagreements}"
 
 

@@ -1,6 +1,5 @@
-"""The hf engine's decoding economies against the plain loop, on the tiny random Llama in float32:
-ended rows leaving the batch (hf_engine.COMPACT_FINISHED) and the shared-prefix KV cache
-(rollout.prefix_cache)."""
+"""The hf engine's shared-prefix KV cache (rollout.prefix_cache) against whole-prompt prefills, on the tiny random
+Llama in float32."""
 from __future__ import annotations
 
 import copy
@@ -44,77 +43,6 @@ def assert_same(a, b, atol=1e-5):
         for x, y in zip(row_a, row_b):
             assert (x.finish_reason, x.stop_str, x.text) == (y.finish_reason, y.stop_str, y.text)
             assert torch.allclose(torch.tensor(x.logprobs), torch.tensor(y.logprobs), atol=atol, rtol=0)
-
-
-def generate_both_ways(monkeypatch, engine, *args, **kw):
-    """``engine.generate`` with the batch compacted as rows end, then with every row kept to the end (the
-    loop before compaction); also how many times the batch shrank."""
-    shrinks = []
-    select = hf_engine.select_cache_rows
-    monkeypatch.setattr(hf_engine, "select_cache_rows", lambda cache, rows: (shrinks.append(rows.numel()), select(cache, rows)))
-    compacted = engine.generate(*args, **kw)
-    monkeypatch.setattr(hf_engine, "COMPACT_FINISHED", False)
-    kept = engine.generate(*args, **kw)
-    monkeypatch.setattr(hf_engine, "COMPACT_FINISHED", True)
-    return compacted, kept, shrinks
-
-
-# ----------------------------------------------------------------------------- ended rows leave the batch
-
-
-@pytest.fixture(scope="module")
-def short_context(tiny):
-    """The tiny model told its context ends at 160 positions: rows run into it after few tokens, cheaply."""
-    model, tok = tiny
-    model = copy.deepcopy(model)
-    model.config.max_position_embeddings = 160
-    return model, tok
-
-
-def ragged_prompts(tok, max_pos: int) -> list[list[int]]:
-    """Prompts whose budgets differ a lot: the longer ones run into the model's context end after a few tokens."""
-    base = tok("tell me something long", add_special_tokens=False)["input_ids"]
-    room = [6, 40, 17, 64]  # new tokens left before the context ends (with max_new_tokens=64)
-    return [(base * max_pos)[: max_pos - r] for r in room] + [base, base[:5]]
-
-
-def test_compacted_sampling_equals_the_full_batch_loop(short_context, monkeypatch):
-    model, tok = short_context
-    engine = build_rollout(RolloutConfig(batch_size=8), model, tok)  # 12 rows: two batches share the generator
-    prompts = ragged_prompts(tok, model.config.max_position_embeddings)
-    kw = dict(n=2, max_new_tokens=64, temperature=1.0, seed=3, stop=["q", "x", "7"])
-    compacted, kept, shrinks = generate_both_ways(monkeypatch, engine, prompts, **kw)
-    lengths = [len(c.token_ids) for row in kept for c in row]
-    assert min(lengths) <= 8 and max(lengths) >= 40, lengths  # rows end at very different steps
-    assert {c.finish_reason for row in kept for c in row} == {"stop", "length"}
-    assert shrinks and len(shrinks) >= 3, shrinks  # the batch did shrink, several times
-    assert_same(compacted, kept)
-
-
-def test_compacted_greedy_equals_the_full_batch_loop(short_context, monkeypatch):
-    model, tok = short_context
-    engine = build_rollout(RolloutConfig(batch_size=0), model, tok)
-    prompts = ragged_prompts(tok, model.config.max_position_embeddings)
-    compacted, kept, shrinks = generate_both_ways(monkeypatch, engine, prompts, n=1, max_new_tokens=64, greedy=True)
-    assert sorted({len(row[0].token_ids) for row in kept}) == [6, 17, 40, 64]
-    assert shrinks == [5, 4, 3]  # after each row budget (6, 17, 40) ends, the two unpadded prompts run on
-    assert_same(compacted, kept)
-
-
-def test_keep_rows_moves_the_kept_rows_to_the_front_and_keeps_room():
-    from unifiedplayers.rollout.hf_engine import PreallocatedLayer
-
-    g = torch.Generator().manual_seed(0)
-    keys, values = torch.randn(4, 2, 5, 3, generator=g), torch.randn(4, 2, 5, 3, generator=g)
-    layer = PreallocatedLayer(keys.clone(), values.clone(), limit=16, room=4)
-    layer.keep_rows(torch.tensor([3, 1]))
-    assert torch.equal(layer.keys, keys[[3, 1]]) and torch.equal(layer.values, values[[3, 1]])
-    k, v = torch.randn(2, 2, 2, 3, generator=g), torch.randn(2, 2, 2, 3, generator=g)
-    out_k, out_v = layer.update(k, v)  # the room to grow is still there
-    assert torch.equal(out_k, torch.cat([keys[[3, 1]], k], 2)) and torch.equal(out_v, torch.cat([values[[3, 1]], v], 2))
-
-
-# ----------------------------------------------------------------------------- shared-prefix KV cache
 
 
 def shared_prompts(tok) -> list[list[int]]:
@@ -281,3 +209,35 @@ def test_a_backend_that_swaps_weights_builds_one_engine():
     assert engines.engine(a, "a", gather) is shared and (len(gathers), updates) == (1, [])
     assert engines.engine(b, "b", gather) is shared and (len(gathers), updates) == (2, [b])
     assert engines.built() == [shared]
+
+
+@pytest.mark.parametrize("diverges", [False, True], ids=["strict-prefix-of-stored", "diverges-from-stored"])
+def test_prefix_cache_on_a_partial_match_of_a_stored_prefix_equals_the_plain_engine(tiny, diverges):
+    """A first call stores the KV of a long shared prefix; the second call's prompts share only its first
+    ``cut`` tokens (then their own parts, or first a common part that differs from the stored prefix): the
+    store must hand back those ``cut`` positions only.
+
+    Catches the plant "``PrefixStore.lookup`` returns the whole stored entry instead of the matched part": the
+    second call's cache would hold the stored prefix's later positions too (outputs differ, or the cache
+    cannot take its rows' length)."""
+    model, tok = tiny
+    cached, plain = engines(model, tok, batch_size=0)
+    first = shared_prompts(tok)
+    stored = first[0][: common_prefix_length(first)]
+    cached.generate(first, n=1, max_new_tokens=2, greedy=True)
+    assert list(cached._prefixes.entries) == [tuple(stored)]
+
+    cut = MIN_PREFIX + 8
+    assert len(stored) > cut + 8
+    middle = tok("# something else entirely:", add_special_tokens=False)["input_ids"] if diverges else []
+    assert not middle or middle[0] != stored[cut]
+    own = ["Q: 9+9?", "Q: what is the square of eleven, please? A:", "?"]
+    prompts = [stored[:cut] + middle + tok(s, add_special_tokens=False)["input_ids"] for s in own]
+    assert common_prefix_length(prompts) == cut + len(middle) >= MIN_PREFIX
+
+    hits = cached._prefixes.hits
+    kw = dict(n=1, max_new_tokens=10, greedy=True)
+    assert_same(cached.generate(prompts, **kw), plain.generate(prompts, **kw))
+    assert cached._prefixes.hits == hits + cut  # the store served the matched part, no more
+    kw = dict(n=2, max_new_tokens=10, temperature=1.0, seed=4)  # served again (whole, where the first call stored it)
+    assert_same(cached.generate(prompts, **kw), plain.generate(prompts, **kw))

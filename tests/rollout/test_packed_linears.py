@@ -15,7 +15,7 @@ from unifiedplayers.config import RolloutConfig
 from unifiedplayers.models import cast_parameters
 from unifiedplayers.rollout import build_rollout
 from unifiedplayers.rollout import hf_engine
-from unifiedplayers.rollout.hf_engine import PACKED_ROWS, packed_linears, skinny_linears
+from unifiedplayers.rollout.hf_engine import PACKED_ROWS, packed_linears
 from tests.rollout.test_hf_decoding import one_thread, tiny  # noqa: E402,F401
 
 pytestmark = pytest.mark.skipif(not hf_engine.packing_available(), reason="torch built without oneDNN")
@@ -86,18 +86,17 @@ def test_bf16_packed_layers_give_the_linear_values_bit_for_bit_and_are_restored(
     assert calls == ([] if rows[0] > PACKED_ROWS else [x.numel() // 64] * 2)
 
 
-def test_float32_is_packed_only_when_asked_and_large_batches_keep_the_engines_own_product(monkeypatch):
-    """Catches auto packing float32 (whose packed product rounds differently from the skinny one), True not
-    packing, and a prefill-sized batch going through the packed product (the row limit dropped)."""
+def test_float32_is_packed_only_when_asked_and_large_batches_keep_f_linear(monkeypatch):
+    """Catches auto packing float32 where its packed product rounds differently from ``F.linear``, True not packing,
+    and a prefill-sized batch going through the packed product (the row limit dropped)."""
     net = net_of(torch.float32)
     small, large = torch.randn(4, 64), torch.randn(PACKED_ROWS + 1, 64)
-    with skinny_linears(net):
-        own_small, own_large = net(small), net(large)
+    own_small, own_large = net(small), net(large)
     calls = packed_calls(monkeypatch, net)
-    with skinny_linears(net), packed_linears(net, None):  # auto: exact whatever it packs (nothing, on Zen 5)
+    with packed_linears(net, None):  # auto: exact whatever it packs
         assert torch.equal(net(small), own_small)
     calls.clear()
-    with skinny_linears(net), packed_linears(net, True):
+    with packed_linears(net, True):
         got_small, got_large = net(small), net(large)
     assert calls == [4, 4]
     assert torch.allclose(got_small, own_small, atol=1e-5, rtol=1e-5) and torch.equal(got_large, own_large)
@@ -214,7 +213,7 @@ def test_a_replaced_f_linear_is_probed_again(monkeypatch):
 
 @needs_bf16
 def test_auto_never_copies_a_weight_it_knows_is_not_exact(monkeypatch):
-    """Catches a layer whose packed product is not exact (float32 here: MKL's product is the engine's own) paying a
+    """Catches a layer whose packed product is not exact (float32 here: F.linear's product is MKL's) paying a
     packed copy of its weight at every call only to throw it away: the default float32 rollouts of a CPU without
     native bf16 must not get slower. Planted: a packed product one ulp off."""
     monkeypatch.setattr(hf_engine, "_PACKING_EXACT", {})

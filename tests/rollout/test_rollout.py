@@ -127,39 +127,6 @@ def test_preallocated_cache_layer_grows_and_equals_concatenation():
         layer.update(k, v)
 
 
-def test_skinny_linears_give_the_linear_values_and_are_restored(tiny):
-    from unifiedplayers.rollout.hf_engine import SKINNY_ROWS, skinny_linears
-
-    g = torch.Generator().manual_seed(0)
-    net = torch.nn.Sequential(torch.nn.Linear(16, 48), torch.nn.Linear(48, 8, bias=False))
-    for x in (torch.randn(3, 16, generator=g), torch.randn(2, 5, 16, generator=g),
-              torch.randn(SKINNY_ROWS + 1, 16, generator=g)):
-        want = net(x)
-        calls = []
-        with skinny_linears(net):
-            assert all("forward" in m.__dict__ for m in net)
-            hook = net[0].register_forward_hook(lambda m, a, out: calls.append(out.is_contiguous()))
-            got = net(x)
-            hook.remove()
-        assert "forward" not in net[0].__dict__ and "forward" not in net[1].__dict__  # restored
-        assert got.shape == want.shape and calls == [True]
-        assert torch.allclose(got, want, atol=1e-6, rtol=1e-5)
-    half = torch.nn.Linear(4, 4).to(torch.bfloat16)
-    with skinny_linears(half):  # only float32 layers are rerouted
-        assert "forward" not in half.__dict__
-    # The tiny model's generation goes through it: every linear layer of the model is patched meanwhile.
-    model, tok = tiny
-    seen = []
-    hook = model.register_forward_pre_hook(
-        lambda m, a: seen.append(all("forward" in l.__dict__ for l in m.modules() if isinstance(l, torch.nn.Linear))))
-    try:
-        build_rollout(RolloutConfig(), model, tok).generate([chat(tok, "hi")], n=2, max_new_tokens=2, ignore_eos=True)
-    finally:
-        hook.remove()
-    assert seen and all(seen)
-    assert not any("forward" in l.__dict__ for l in model.modules() if isinstance(l, torch.nn.Linear))
-
-
 def test_a_seed_reproduces_a_call_and_another_seed_does_not(tiny, engine):
     _, tok = tiny
     prompts = [chat(tok, "seed test"), "another"]

@@ -17,16 +17,9 @@ What makes it at least as fast as ``model.generate`` on CPU:
 - a KV cache with room to grow, written in place at each step (transformers' dynamic cache
   concatenates, i.e. copies the whole cache of every layer, at every step);
 - no attention mask at all when the rows of a batch have no padding (one prompt's n samples);
-- on CPU, the linear layers of a batch of few rows (every decoding step) compute ``(W xᵀ)ᵀ`` instead of
-  ``x Wᵀ`` (:func:`skinny_linears`): the same products, and BLAS streams the weight matrix well in that
-  orientation (here about 1.5× faster per decoding step of 8 rows, 2× for the 49k-row LM head);
 - on CPU, the decoding steps' linear layers multiply by a copy of their weights packed once per call for oneDNN
   (:func:`packed_linears`, ``rollout.packed_linears``) rather than repacked at every product: by default only
   where that is bit-identical to the unpacked product (bfloat16), float32 on request;
-- rows that have ended leave the batch (:data:`COMPACT_FINISHED`): a batch whose rows end at very different
-  lengths costs what its running rows cost, not 8 rows until the longest ends. Each step still draws one
-  uniform per row of the whole batch, so every row's samples are those of the full-batch loop (up to the float
-  rounding of a smaller batch, which can move a draw that falls on a boundary of the CDF);
 - with ``rollout.prefix_cache`` (:mod:`unifiedplayers.rollout.prefix_cache`), the prefix shared by a batch's
   prompts (system prompt, few-shot examples) is prefilled once, and its KV kept for later calls and turns
   while the weights are unchanged. Off by default in float32, whose prefill it would change by rounding.
@@ -53,10 +46,6 @@ try:  # transformers >= 4.56: caches are lists of per-layer objects
 except ImportError:  # older transformers: every row is prefilled and the returned cache grows by concatenation
     DynamicCache = DynamicLayer = None
 
-# Ended rows leave the batch (their KV cache rows, position ids and masks) at the step after they end, so a
-# batch costs what its running rows cost. False keeps every row to the end, as before (tests compare both).
-COMPACT_FINISHED = True
-
 
 def top_p_mask(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     """Set to -inf every logit outside the nucleus: the smallest set of most likely tokens whose
@@ -70,32 +59,21 @@ def top_p_mask(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     return torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
 
 
-def draw_uniforms(batch: int, generator: Optional[torch.Generator], device: torch.device,
-                  dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """The ``(batch, 1)`` uniforms of one sampling step, one per row."""
-    return torch.rand((batch, 1), generator=generator, device=device, dtype=dtype)
-
-
-def draw(probs: torch.Tensor, generator: Optional[torch.Generator], uniforms: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """One token per row of ``probs`` (B, V) by inverting the CDF with a single uniform per row
-    (``uniforms`` (B, 1), else drawn here from ``generator``).
+def draw(probs: torch.Tensor, generator: Optional[torch.Generator]) -> torch.Tensor:
+    """One token per row of ``probs`` (B, V) by inverting the CDF with a single uniform per row.
 
     Same distribution as ``torch.multinomial(probs, 1)``, a fraction of its cost over a 50k vocabulary;
     tokens of probability zero (outside the nucleus) are never drawn.
     """
     cdf = probs.cumsum(dim=-1)
-    if uniforms is None:
-        uniforms = draw_uniforms(probs.shape[0], generator, probs.device, cdf.dtype)
-    u = uniforms.to(cdf.dtype) * cdf[:, -1:]
+    u = torch.rand((probs.shape[0], 1), generator=generator, device=probs.device, dtype=cdf.dtype) * cdf[:, -1:]
     return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
 
 
 def sample_next(
     logits: torch.Tensor, temperature: float, top_p: float, greedy: bool, generator: Optional[torch.Generator],
-    uniforms: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pick the next token of each row and its behaviour log-prob. ``logits``: (B, V) float32; ``uniforms``:
-    the rows' draws (:func:`draw`).
+    """Pick the next token of each row and its behaviour log-prob. ``logits``: (B, V) float32.
 
     Returns ``(tokens (B,), logprobs (B,))``; the log-prob is under the distribution sampled from
     (temperature and top-p applied; for greedy, the model's own softmax).
@@ -105,31 +83,8 @@ def sample_next(
         tokens = logits.argmax(dim=-1)
     else:
         logp = torch.log_softmax(top_p_mask(logits / temperature, top_p), dim=-1)
-        tokens = draw(logp.exp(), generator, uniforms)
+        tokens = draw(logp.exp(), generator)
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
-
-
-SKINNY_ROWS = 256  # at most this many rows: the weight-major product (measured faster up to ~512 rows here)
-
-
-def _skinny_linear_forward(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """``module(x)`` as ``(W xᵀ)ᵀ`` when ``x`` has at most :data:`SKINNY_ROWS` rows, else ``F.linear``."""
-    rows = x.numel() // max(x.shape[-1], 1)
-    if rows > SKINNY_ROWS or x.dtype != module.weight.dtype:
-        return F.linear(x, module.weight, module.bias)
-    y = torch.mm(module.weight, x.reshape(rows, x.shape[-1]).t()).t()
-    if module.bias is not None:
-        y = y + module.bias
-    return y.contiguous().view(*x.shape[:-1], y.shape[-1])
-
-
-def skinny_linears(model: torch.nn.Module) -> ContextManager[None]:
-    """While inside, the float32 CPU ``nn.Linear`` layers of ``model`` run :func:`_skinny_linear_forward`
-    (restored on exit). CPU BLAS packs the weight for ``x Wᵀ`` with few rows of ``x`` at every call, while
-    ``W xᵀ`` streams it; the results differ only by float rounding. A no-op on other devices and dtypes,
-    and for layers whose weight is not a plain 2-D tensor (ZeRO-3 shards)."""
-    layers = [m for m in model.modules() if _plain_cpu_linear(m, (torch.float32,))]
-    return forward_overridden(layers, _skinny_linear_forward)
 
 
 def _plain_cpu_linear(m: torch.nn.Module, dtypes: tuple[torch.dtype, ...]) -> bool:
@@ -141,7 +96,7 @@ def _plain_cpu_linear(m: torch.nn.Module, dtypes: tuple[torch.dtype, ...]) -> bo
 
 PACKABLE = (torch.float32, torch.bfloat16)
 PACKED_ROWS = 64  # batches of at most this many rows (the decoding steps) take the packed product
-# (out, in, bias, dtype, threads, rows, F.linear) -> whether the packed product is bit-equal to the engine's own there
+# (out, in, bias, dtype, threads, rows, F.linear) -> whether the packed product is bit-equal to F.linear's there
 _PACKING_EXACT: dict[tuple, bool] = {}
 
 
@@ -161,13 +116,6 @@ def packing_probes(dtype: torch.dtype) -> list[bool]:
     return [exact for key, exact in _PACKING_EXACT.items() if key[3] == dtype]
 
 
-def _own_linear(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """The product the engine computes without packing: :func:`_skinny_linear_forward` in float32, else ``F.linear``."""
-    if module.weight.dtype == torch.float32:
-        return _skinny_linear_forward(module, x)
-    return F.linear(x, module.weight, module.bias)
-
-
 def _exact_key(module: torch.nn.Linear, rows: int) -> tuple:
     w = module.weight
     # F.linear too: DeepSpeed's ZeRO-3 replaces it process-wide (its own matmul), and the probe compares with it
@@ -175,7 +123,7 @@ def _exact_key(module: torch.nn.Linear, rows: int) -> tuple:
 
 
 def _packing_exact(module: torch.nn.Linear, packed: torch.Tensor, rows: int) -> bool:
-    """Whether the packed product of ``module`` is bit-equal to :func:`_own_linear` for ``rows`` rows: probed once per
+    """Whether the packed product of ``module`` is bit-equal to ``F.linear`` for ``rows`` rows: probed once per
     shape, dtype, bias, thread count and row count with random rows (oneDNN picks its kernel and its split of the
     sums by shape and threads, never by values), with a generator of its own (the run's streams are untouched)."""
     w = module.weight
@@ -183,7 +131,7 @@ def _packing_exact(module: torch.nn.Linear, packed: torch.Tensor, rows: int) -> 
     if key not in _PACKING_EXACT:
         x = torch.randn(rows, w.shape[1], generator=torch.Generator().manual_seed(rows)).to(w.dtype)
         with torch.no_grad():
-            _PACKING_EXACT[key] = torch.equal(_packed_product(module, packed, x), _own_linear(module, x))
+            _PACKING_EXACT[key] = torch.equal(_packed_product(module, packed, x), F.linear(x, module.weight, module.bias))
     return _PACKING_EXACT[key]
 
 
@@ -204,11 +152,11 @@ def _packed_product(module: torch.nn.Linear, packed: torch.Tensor, x: torch.Tens
 def packed_linears(model: torch.nn.Module, setting: Optional[bool]) -> ContextManager[None]:
     """While inside, the CPU float32/bfloat16 ``nn.Linear`` layers of ``model`` multiply a batch of at most
     :data:`PACKED_ROWS` rows (the decoding steps) by a copy of their weight packed once for oneDNN, instead of
-    repacking it at every call (``F.linear``), which is most of the cost of a decoding step's small products
-    (1.5x per bf16 step of 8 rows on Zen 5). Larger batches (prefills) keep the engine's own product.
+    repacking it at every call (``F.linear``), which is most of the cost of a decoding step's small products.
+    Larger batches (prefills) keep ``F.linear``.
     ``setting`` (``rollout.packed_linears``): None (auto) uses the packed product only at the row counts where it
-    is bit-equal to the engine's own (:func:`_packing_exact`; bfloat16 here, the same oneDNN kernel); True at
-    every row count (float32 then rounds differently from :func:`skinny_linears`); False never. The copies (one
+    is bit-equal to ``F.linear`` (:func:`_packing_exact`; bfloat16 here, the same oneDNN kernel); True at
+    every row count (float32 then rounds differently from ``F.linear``); False never. The copies (one
     more copy of the weights) are made on entry, so they hold the weights of this call, and dropped on exit. A
     layer oneDNN cannot pack or multiply leaves every layer unpacked, with one warning."""
     if setting is False:
@@ -231,7 +179,7 @@ def packed_linears(model: torch.nn.Module, setting: Optional[bool]) -> ContextMa
         rows = x.numel() // max(x.shape[-1], 1)
         if (rows > PACKED_ROWS or x.dtype != module.weight.dtype
                 or not (setting or _packing_exact(module, packed[module], rows))):
-            return _own_linear(module, x)
+            return F.linear(x, module.weight, module.bias)
         return _packed_product(module, packed[module], x)
 
     return forward_overridden(list(packed), forward)
@@ -281,40 +229,6 @@ if DynamicLayer is not None:
 
         def get_seq_length(self) -> int:
             return self.length
-
-        def keep_rows(self, rows: torch.Tensor) -> None:
-            """Keep the batch rows ``rows`` (row ``j`` becomes old row ``rows[j]``) in the same buffers, the room
-            to grow included: only the rows that change place are copied, and only their filled positions."""
-            count, end = rows.numel(), self.length
-            here = torch.arange(count, device=rows.device)
-            moved = rows != here
-            dst, src = here[moved], rows[moved]
-            for name in ("_keys", "_values"):
-                buf = getattr(self, name)
-                if dst.numel():
-                    buf[dst, :, :end] = buf[src, :, :end]
-                setattr(self, name, buf[:count])
-            self.keys, self.values = self._keys[:, :, :end], self._values[:, :, :end]
-
-
-def _preallocated(cache: Any) -> bool:
-    layers = getattr(cache, "layers", None)
-    return DynamicLayer is not None and bool(layers) and all(isinstance(layer, PreallocatedLayer) for layer in layers)
-
-
-def select_cache_rows(cache: Any, rows: torch.Tensor) -> None:
-    """Keep only the batch rows ``rows`` of a KV cache (row ``j`` becomes old row ``rows[j]``):
-    :class:`PreallocatedLayer` s in place, other transformers caches by their ``batch_select_indices``."""
-    if _preallocated(cache):
-        for layer in cache.layers:
-            layer.keep_rows(rows)
-    else:
-        cache.batch_select_indices(rows)
-
-
-def rows_selectable(cache: Any) -> bool:
-    """Whether :func:`select_cache_rows` can shrink ``cache`` (legacy tuple caches cannot)."""
-    return _preallocated(cache) or callable(getattr(cache, "batch_select_indices", None))
 
 
 def expand_prefill_cache(cache: Any, rows: torch.Tensor, limit: int) -> bool:
@@ -407,8 +321,7 @@ class HFRollout(RolloutEngine):
         was_training = self.model.training
         self.model.eval()
         try:
-            # Packed layers (entered second) take precedence over the skinny ones; the rest stay skinny.
-            with skinny_linears(self.model), packed_linears(self.model, self._packed_setting):
+            with packed_linears(self.model, self._packed_setting):
                 for start in range(0, len(order), chunk):
                     idx = order[start : start + chunk]
                     outs = self._sample_batch(
@@ -444,29 +357,24 @@ class HFRollout(RolloutEngine):
         if padded:  # the attention mask of every step, filled in advance: pads 0, everything after them 1
             full_attention = attention.new_ones((batch, width + steps))
             full_attention[:, :width] = attention
-        running = _Running(batch, positions[:, -1:] + 1, full_attention)
-        compact = COMPACT_FINISHED and rows_selectable(cache)
+        next_pos = positions[:, -1:] + 1
         rows = _Rows(batch, budgets, eos, stop, self.tokenizer)
 
         for step in range(steps):
-            # One uniform per row of the whole batch at every step, each running row taking its own: a row's
-            # draws do not depend on when its batch-mates end.
-            uniforms = None if greedy else running.mine(draw_uniforms(batch, generator, device))
-            nxt, lp = sample_next(logits.float(), temperature, top_p, greedy, generator, uniforms)
-            if rows.record(running.rows, nxt.tolist(), lp.tolist()):
+            nxt, lp = sample_next(logits.float(), temperature, top_p, greedy, generator)
+            if rows.record(nxt.tolist(), lp.tolist()):
                 break
-            if compact:
-                running.drop_ended(rows.finish, cache)
-            step_ids = torch.tensor(rows.last_tokens(running.rows), dtype=torch.long, device=device)[:, None]
+            # Every row steps until the last one ends; an ended row's tokens are no longer recorded.
+            step_ids = torch.tensor(rows.last_tokens(), dtype=torch.long, device=device)[:, None]
             out = self.model(
                 input_ids=step_ids,
-                attention_mask=running.attention[:, : width + step + 1] if padded else None,
-                position_ids=running.next_pos,
+                attention_mask=full_attention[:, : width + step + 1] if padded else None,
+                position_ids=next_pos,
                 use_cache=True,
                 **{self._cache_arg: cache},
             )
             cache, logits = returned_cache(out), out.logits[:, -1, :]
-            running.next_pos = running.next_pos + 1
+            next_pos = next_pos + 1
         return rows.completions(prompts)
 
     def _budgets(self, prompts: list[list[int]], max_new_tokens: int) -> list[int]:
@@ -578,41 +486,6 @@ def _pad_rows(prompts: list[list[int]], width: int, pad: int, shared: int) -> tu
     return input_ids, attention
 
 
-class _Running:
-    """The rows of a batch still decoding, in the order of the batch's tensors (``rows``: their indices in the
-    original batch), with their next position ids and attention masks. :meth:`drop_ended` shrinks the batch, so
-    that ended rows stop costing work at the next step (:data:`COMPACT_FINISHED`)."""
-
-    def __init__(self, batch: int, next_pos: torch.Tensor, attention: Optional[torch.Tensor]) -> None:
-        self.rows = list(range(batch))
-        self.index: Optional[torch.Tensor] = None  # ``rows`` as a tensor once the batch has shrunk
-        self.next_pos, self.attention = next_pos, attention
-
-    def mine(self, per_row: torch.Tensor) -> torch.Tensor:
-        """The running rows' part of a tensor over the original batch."""
-        return per_row if self.index is None else per_row.index_select(0, self.index)
-
-    def drop_ended(self, finish: list[Optional[str]], cache: Any) -> None:
-        """Remove the rows that ``finish`` says have ended from this state and from ``cache``. The running rows
-        past the new end of the batch fill the places of the ended rows before it, so that only those rows'
-        KV cache is copied (a row's place in the batch does not change its results)."""
-        ended = [i for i, b in enumerate(self.rows) if finish[b] is not None]
-        if not ended:
-            return
-        count = len(self.rows) - len(ended)
-        keep = list(range(count))
-        tail = [i for i in range(count, len(self.rows)) if finish[self.rows[i]] is None]
-        for hole, row in zip((i for i in ended if i < count), tail):
-            keep[hole] = row
-        kept = torch.tensor(keep, dtype=torch.long, device=self.next_pos.device)
-        select_cache_rows(cache, kept)
-        self.next_pos = self.next_pos.index_select(0, kept)
-        if self.attention is not None:
-            self.attention = self.attention.index_select(0, kept)
-        self.rows = [self.rows[i] for i in keep]
-        self.index = torch.tensor(self.rows, dtype=torch.long, device=self.next_pos.device)
-
-
 class _Rows:
     """What each row of a batch has produced so far: its tokens and their log-probs, its decoded text
     (kept only when there are stop strings), where a stop string ended it, and why it ended (None while
@@ -627,12 +500,11 @@ class _Rows:
         self.stop_at: list[Optional[tuple[int, str]]] = [None] * batch
         self.longest_stop = max((len(s) for s in stop), default=0)
 
-    def record(self, rows: list[int], nxt_list: list[int], lp_list: list[float]) -> bool:
-        """Append one step's token and log-prob to the running rows among ``rows`` (the rows the step's
-        tensors hold, in their order) and end the rows it ends (eos, a stop string, the row's budget). True
-        when every row has ended."""
+    def record(self, nxt_list: list[int], lp_list: list[float]) -> bool:
+        """Append one step's token and log-prob to every running row and end the rows it ends (eos, a stop
+        string, the row's budget). True when every row has ended."""
         tokens, logps, texts, finish, stop = self.tokens, self.logps, self.texts, self.finish, self.stop
-        for b, token, logp in zip(rows, nxt_list, lp_list):
+        for b, (token, logp) in enumerate(zip(nxt_list, lp_list)):
             if finish[b] is not None:
                 continue
             tokens[b].append(token)
@@ -652,9 +524,9 @@ class _Rows:
                 finish[b] = "length"
         return all(f is not None for f in finish)
 
-    def last_tokens(self, rows: list[int]) -> list[int]:
-        """The last token of each of ``rows`` (ended ones included while the batch keeps its shape)."""
-        return [self.tokens[b][-1] for b in rows]
+    def last_tokens(self) -> list[int]:
+        """The last token of each row, ended ones included."""
+        return [t[-1] for t in self.tokens]
 
     def completions(self, prompts: list[list[int]]) -> list[Completion]:
         """One :class:`Completion` per row, its text cut right after the stop string that ended it."""

@@ -5,16 +5,12 @@ tokens that is 480 MB before the log-softmax doubles it. The loss only needs the
 *trainable* tokens, so we run the decoder body, gather the hidden states at the positions that predict
 those tokens and apply the LM head to these rows only (M × V instead of B × L × V).
 
-Three more savings, all exact up to float rounding:
+Two more savings, both exact up to float rounding:
 - the rows of a GRPO group start with the same prompt, so the decoder runs that shared prefix once and
   the rows continue from its KV cache (:func:`decoder_hidden`);
 - the LM head, log-softmax and entropy are one autograd function (:class:`HeadLogprob`) whose backward is
   the two LM-head matmuls and nothing else: the softmax it needs is kept from the forward pass (or
-  recomputed chunk by chunk when memory is short);
-- the SwiGLU MLP of each decoder layer keeps two (tokens, intermediate) blocks for the backward
-  instead of autograd's four (:class:`SwiGLUMLP`), about a quarter of all activation memory;
-- each RMSNorm keeps its input and one scalar per row instead of its input and its output
-  (:class:`RMSNorm`), about a seventh of what remains.
+  recomputed chunk by chunk when memory is short).
 """
 from __future__ import annotations
 
@@ -24,9 +20,8 @@ from typing import Iterator, Optional
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
-from unifiedplayers.models import cache_keyword, forward_overridden, returned_cache
+from unifiedplayers.models import cache_keyword, returned_cache
 from unifiedplayers.trainer.flops import decoder_forward_flops, head_forward_flops
 
 Tensor = torch.Tensor
@@ -54,105 +49,6 @@ def shared_prefix_length(input_ids: Tensor, attention_mask: Tensor) -> int:
     """Number of leading positions where every row holds the same real token. ``input_ids``: (B, L)."""
     same = (input_ids == input_ids[:1]).all(dim=0) & attention_mask.bool().all(dim=0)
     return int(same.long().cumprod(dim=0).sum())
-
-
-class SwiGLUMLP(torch.autograd.Function):
-    """y = (silu(x W_g^T) ⊙ x W_u^T) W_d^T, the MLP of Llama-family decoder layers, with a lean backward.
-
-    Autograd would keep four (tokens, intermediate) blocks for the backward (the gate, its silu, the up
-    projection and their product); this keeps the gate and the up projection and recomputes the other two
-    elementwise. Same forward values; no extra matmul. The backward recomputes silu(gate) with the forward's own
-    op (a ``gate * sigmoid(gate)`` rounds differently in bf16) and takes silu's derivative in one fused op.
-    """
-
-    @staticmethod
-    def forward(ctx, x, w_gate, w_up, w_down):
-        gate, up = F.linear(x, w_gate), F.linear(x, w_up)
-        ctx.save_for_backward(x, w_gate, w_up, w_down, gate, up)
-        return F.linear(F.silu(gate) * up, w_down)
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        x, w_gate, w_up, w_down, gate, up = ctx.saved_tensors
-        act = F.silu(gate)  # the forward's own silu(gate), bit for bit
-        d_prod = grad_out @ w_down
-        d_up = d_prod * act
-        # d_prod ⊙ up ⊙ silu'(gate), silu'(g) = σ(g) (1 + g (1 − σ(g))), in one pass (float32 inside, one rounding)
-        d_gate = torch.ops.aten.silu_backward(d_prod * up, gate)
-        rows = lambda t: t.reshape(-1, t.shape[-1])  # noqa: E731  (leading dims flattened for weight grads)
-        grad_x = d_gate @ w_gate + d_up @ w_up
-        grad_w_down = rows(grad_out).t() @ rows(act * up)
-        return grad_x, rows(d_gate).t() @ rows(x), rows(d_up).t() @ rows(x), grad_w_down
-
-
-def _is_swiglu(module: nn.Module) -> bool:
-    projections = [getattr(module, name, None) for name in ("gate_proj", "up_proj", "down_proj")]
-    act = getattr(module, "act_fn", None)
-    return (
-        all(isinstance(p, nn.Linear) and p.bias is None and not hasattr(p.weight, "ds_id") for p in projections)
-        and (isinstance(act, nn.SiLU) or type(act).__name__ == "SiLUActivation")
-    )
-
-
-def _swiglu_forward(module: nn.Module, x: Tensor) -> Tensor:
-    return SwiGLUMLP.apply(x, module.gate_proj.weight, module.up_proj.weight, module.down_proj.weight)
-
-
-class RMSNorm(torch.autograd.Function):
-    """y = w ⊙ (x / sqrt(mean(x²) + eps)), the RMSNorm of Llama-family models, with a lean backward.
-
-    Autograd keeps the input and the normalised output (two (tokens, hidden) blocks) per norm; this keeps
-    the input and the per-row 1/rms and recomputes the normalised rows in the backward. Same forward ops
-    in the same order as the models' own (``LlamaRMSNorm`` and the Qwen2/Qwen3/Mistral copies), so the
-    same values.
-    """
-
-    @staticmethod
-    def forward(ctx, x, weight, eps):
-        x32 = x.to(torch.float32)
-        rstd = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-        ctx.save_for_backward(x, weight, rstd)
-        return weight * (x32 * rstd).to(x.dtype)
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        x, weight, rstd = ctx.saved_tensors
-        x_hat = x.to(torch.float32) * rstd
-        grad_weight = (grad_out * x_hat.to(x.dtype)).reshape(-1, x.shape[-1]).sum(0).to(weight.dtype)
-        g = (grad_out * weight).to(torch.float32)
-        # d/dx of x·r with r = (mean(x²) + eps)^(-1/2):  r (g − x̂ · mean(g ⊙ x̂))
-        grad_x = (g - x_hat * (g * x_hat).mean(-1, keepdim=True)).mul_(rstd)
-        return grad_x.to(x.dtype), grad_weight, None
-
-
-# RMSNorm classes whose forward is exactly RMSNorm.forward above (Gemma's, for one, scales by 1 + w).
-_RMSNORMS = {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm"}
-
-
-def _is_rmsnorm(module: nn.Module) -> bool:
-    weight = getattr(module, "weight", None)
-    return (
-        type(module).__name__ in _RMSNORMS
-        and isinstance(weight, torch.Tensor)
-        and weight.dim() == 1
-        and not hasattr(weight, "ds_id")
-        and isinstance(getattr(module, "variance_epsilon", None), float)
-    )
-
-
-def _rmsnorm_forward(module: nn.Module, x: Tensor) -> Tensor:
-    return RMSNorm.apply(x, module.weight, module.variance_epsilon)
-
-
-@contextlib.contextmanager
-def lean_layers(model: nn.Module) -> Iterator[None]:
-    """While inside, the SwiGLU MLPs of ``model`` (gate/up/down projections without bias, silu) and its
-    RMSNorms run as :class:`SwiGLUMLP` and :class:`RMSNorm`; their forwards are restored on exit (the graph
-    built inside keeps the lean backwards)."""
-    modules = list(model.modules())
-    with forward_overridden([m for m in modules if _is_swiglu(m)], _swiglu_forward), \
-            forward_overridden([m for m in modules if _is_rmsnorm(m)], _rmsnorm_forward):
-        yield
 
 
 def _activation_checkpointing(model: nn.Module) -> bool:
@@ -232,10 +128,8 @@ def selected_token_logprobs(
     checkpointing = _activation_checkpointing(model)  # its recomputation must save what the forward saved
     if checkpointing or zero3:
         min_shared_prefix = 0
-    lean = torch.is_grad_enabled() and not checkpointing and not zero3
     prefix = prefix_to_share(input_ids, attention_mask, min_shared_prefix)
-    with lean_layers(body) if lean else contextlib.nullcontext():
-        hidden = decoder_hidden(body, input_ids, attention_mask, prefix)
+    hidden = decoder_hidden(body, input_ids, attention_mask, prefix)
     # Position t - 1 predicts token t.
     pred_select = torch.zeros_like(select)
     pred_select[:, :-1] = select[:, 1:]
