@@ -103,9 +103,10 @@ class Arch:
         return 2 * self.num_hidden_layers * self.kv_width * width
 
     def layer_activations(self) -> int:
-        """Values per token one decoder layer keeps for its backward: its input and two norm inputs (3h), q, k, v
-        and the attention output (2q + 2kv), the MLP's gate and up projections (2I: ``SwiGLUMLP`` keeps no more)."""
-        return 3 * self.hidden_size + 2 * self.q_width + 2 * self.kv_width + 2 * self.intermediate_size
+        """Values per token one decoder layer of transformers keeps for its backward: the layer's input, the two
+        norms' inputs and outputs and the residual sum (6h), q, k, v and the attention output (2q + 2kv), and the MLP's
+        gate, its activation, up and their product (4I). Measured: ``tests/capacity/test_layer_activations.py``."""
+        return 6 * self.hidden_size + 2 * self.q_width + 2 * self.kv_width + 4 * self.intermediate_size
 
     def forward_flops(self, length: int, scored: int) -> float:
         """FLOPs of one row's forward (``trainer/flops.py``): ``length`` positions, the LM head on ``scored`` rows."""
