@@ -1,27 +1,14 @@
-"""Socratic-Zero (Appendix G.1; Wang et al. 2025, arXiv 2509.24726): a fixed Teacher and two trained players.
+"""Socratic-Zero (Appendix G.1; Wang et al. 2025, arXiv 2509.24726): a fixed Teacher and two trained players
+(docs/baselines.md says what is kept and what departs).
 
-- **Teacher** (not trained): an external model behind an OpenAI-compatible endpoint (``method.extra``:
-  :class:`SocraticSettings`). V(q, y) ∈ {0, 1} grades a solution (:meth:`TeacherClient.grade`); G(q, y_fail) →
-  (q', y'_ref) turns a problem the Solver failed into a new problem aimed at that failure, with a worked reference
-  solution (:meth:`TeacherClient.refine`).
-- **Solver** (the Execution role, no tools): DPO (``grpo.dpo_loss``, β = the role's ``kl_coef``) on Teacher-judged
-  preference pairs (:func:`preference_pairs`).
-- **Generator** (the Planning role): value-weighted SFT (``grpo.weighted_sft_loss``) imitating the Teacher's
-  refinements: prompt (q, y_fail), target q', weight U(s) of the Solver's success rate s on q'
-  (:func:`generator_utility`).
-- **Curriculum**: the refined problems wait in a queue (:class:`SocraticCurriculum`) for the next Execution phase.
+- **Teacher** (not trained, an OpenAI-compatible endpoint, :class:`SocraticSettings`): V(q, y) ∈ {0, 1} grades a
+  solution (:meth:`TeacherClient.grade`); G(q, y_fail) → (q', y'_ref) turns a failed problem into a new one with a
+  worked solution (:meth:`TeacherClient.refine`). An unparseable reply is recorded (``TeacherClient.failures``).
+- **Solver** (Execution, no tools): DPO (``grpo.dpo_loss``) on Teacher-judged pairs (:func:`preference_pairs`).
+- **Generator** (Planning): value-weighted SFT (``grpo.weighted_sft_loss``) imitating the refinements, weight U(s)
+  (:func:`generator_utility`); the refined problems wait in :class:`SocraticCurriculum` for the next Execution phase.
 
-:func:`socratic_phase` is the whole per-phase computation; :class:`SocraticZero` is what the outer loop runs:
-
-- an Execution phase plays the curriculum's oldest problems mixed with the Generator's (:func:`mix_tasks`); the
-  Teacher grades them, the Solver trains on the pairs, the failed problems are refined into the curriculum, and the
-  failures (q, y_fail) become the Generator's prompts;
-- a Planning phase prompts the Generator with recent failures (its problems are played and recorded, not trained
-  on), has the Solver play the refinements made since the last Planning phase, and trains the Generator on them.
-
-The reward sources at the end (``teacher``, ``socratic_utility``) fill the records' rewards; no GRPO step reads them
-under this loop. Without an endpoint the method stops at start-up. A Teacher reply that cannot be parsed is recorded
-(``TeacherClient.failures``) and counts as no grade / no refinement; an unreachable endpoint is an error.
+:func:`socratic_phase` is the per-phase computation; :class:`SocraticZero` is what the outer loop runs.
 """
 from __future__ import annotations
 
