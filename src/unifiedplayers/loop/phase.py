@@ -1,19 +1,10 @@
-"""One sampling phase of a block (§3.3, Appendix B.3): fixed records, several optimizer steps.
+"""One sampling phase of a block (§3.3, Appendix B.3; docs/method.md, "Sampling phases"): fixed records, S × μ optimizer
+steps against the behaviour log-probs recorded at sampling (sg[D_p^(b)]), so the ratio of Eq. 18 moves off 1 inside
+the phase and the clip of Eq. 19 can bind.
 
-A block of ``<role>_updates`` optimizer steps is cut into phases of S × μ steps (S =
-``schedule.steps_per_generation``, μ = ``trainer.num_iterations``). A phase samples the data of S steps at
-once with the policies as they stand at its start, builds the perturbations, verdict matrices and rewards
-once, and splits the active player's GRPO groups into S disjoint *mini-batches*. The trainer then
-takes μ passes over the S minibatches, one optimizer step per minibatch, always against the behaviour log-probs
-recorded at sampling (sg[D_p^(b)]): π_θ moves away from π_old inside the phase, so the ratio of Eq. 18
-moves off 1 and the clip of Eq. 19 can bind.
-
-This module holds the pure parts of a phase, as maps over its played tasks (one
-:class:`~unifiedplayers.loop.sampling.PlayedTask` record each, carried from sampling to the records): the feedback
-stage (:func:`add_feedback`: feedback and rewards onto each task), how steps map to minibatches, how tasks are split
-into minibatches, the active player's groups and advantages (Eq. 17) (:func:`build_minibatches`), the metrics of a minibatch and
-the interaction records (:func:`phase_records`). The outer loop (:mod:`unifiedplayers.loop.outer`) runs it after
-sampling (:mod:`unifiedplayers.loop.sampling`), with a :class:`PhaseContext`.
+The pure parts of a phase, as maps over its played tasks (:class:`~unifiedplayers.loop.sampling.PlayedTask`): the
+feedback (:func:`add_feedback`), the active player's groups, advantages (Eq. 17) and minibatches
+(:func:`build_minibatches`), a minibatch's metrics and the records (:func:`phase_records`).
 """
 from __future__ import annotations
 

@@ -1,20 +1,13 @@
-"""The trainer of one player (§3.3, Appendix B.3): :class:`BaseTrainer`, the GRPO update every backend shares, with
-the reference policy, the block diagnostics and checkpoints, and the hooks a backend supplies (the methods here that
-raise ``NotImplementedError``): plain torch in :mod:`~.torch_backend`, DeepSpeed ZeRO-2/3 in :mod:`~.deepspeed_backend`,
-built by name (:func:`~unifiedplayers.trainer.backends.build_trainer`). Backends import this module, never each other.
+"""The trainer of one player (§3.3, Appendix B.3): :class:`BaseTrainer`, the GRPO update every backend shares, and the
+hooks a backend supplies (the methods that raise ``NotImplementedError``; backends import this module, never each
+other).
 
-One :meth:`BaseTrainer.update` is one optimizer step over a batch: the micro-batches of
-:func:`~unifiedplayers.trainer.batching.plan_micro_batches` (Eq. 21 weights from the whole batch), each run through the
-model once for the log-probs of its trainable tokens, the loss of :mod:`unifiedplayers.trainer.grpo`, then AdamW with
-gradient clipping. π_old is the behaviour log-probs, or the trainer's own forward at the phase's start
-(:meth:`~BaseTrainer.recompute_old_logprobs`). π_ref (Eq. 20) is a frozen copy of the weights at the outer
-iteration's start (``ref_mode: copy``) or those weights swapped in once per batch (``precompute``); it is taken at the
-iteration's first update, just before its step (until then the policy is π_ref).
-
-Data-parallel ranks (``dist``) each receive the whole batch, run the micro-batches ``i`` with ``i mod N = rank`` and sum
-their gradients before the step, so every rank takes the step of the whole batch. A backend whose forward and backward
-are collectives sets ``lockstep_micro_batches``; one that shards its checkpoint over the ranks sets
-``collective_checkpoint``. An idle player keeps only the weights it samples with (:meth:`~BaseTrainer.offload_state`).
+One :meth:`BaseTrainer.update` is one optimizer step: the micro-batches of
+:func:`~unifiedplayers.trainer.batching.plan_micro_batches` (Eq. 21 weights from the whole batch), the loss of
+:mod:`unifiedplayers.trainer.grpo`, then AdamW with gradient clipping. π_ref (Eq. 20) is a frozen copy of the weights
+at the outer iteration's start (``ref_mode: copy``) or those weights swapped in once per batch (``precompute``).
+Data-parallel ranks each receive the whole batch, run the micro-batches ``i`` with ``i mod N = rank`` and sum their
+gradients before the step, so every rank takes the step of the whole batch.
 """
 from __future__ import annotations
 

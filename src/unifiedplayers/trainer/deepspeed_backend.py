@@ -5,15 +5,9 @@ The engine's gradient accumulation count stays 1: ``backward`` runs once per mic
 (the Eq. 21 weights already sum to 1 over the batch), only the last micro-batch is the accumulation boundary, and
 ``step`` runs once per update. The engine wraps :class:`~unifiedplayers.trainer.logprobs.TokenLogprobModel`, so every
 forward goes through ``engine.forward``, where ZeRO-3 advances its micro-step counter (without it each micro-batch's
-gradient would overwrite the last). Data-parallel ranks: the engine *averages* gradients over the ranks, so each loss
-is scaled by the world size (:meth:`DeepSpeedTrainer._backward`); every forward and backward is a collective
-(``lockstep_micro_batches``), each rank writes its optimizer partition (``collective_checkpoint``), and under ZeRO-3
-reading the full weights (:meth:`~DeepSpeedTrainer.gathered_weights`) is a collective too.
-
-Runs on CPU (gloo) as on GPUs. DeepSpeed's C++ ops are JIT-built into ``TORCH_EXTENSIONS_DIR`` (default
-``~/.cache/unifiedplayers/torch_extensions``). ZeRO-Offload (``trainer.offload_optimizer``) steps on the host with
-DeepSpeed's CPU Adam (:func:`make_ds_optimizer`). Tested with the versions of :data:`DEEPSPEED_WINDOW`
-(:func:`check_deepspeed_version`).
+gradient would overwrite the last). The engine averages gradients over the ranks, so each loss is scaled by the world
+size (:meth:`DeepSpeedTrainer._backward`). DeepSpeed's C++ ops are JIT-built into ``TORCH_EXTENSIONS_DIR`` (default
+``~/.cache/unifiedplayers/torch_extensions``).
 """
 from __future__ import annotations
 
