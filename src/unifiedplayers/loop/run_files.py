@@ -69,7 +69,7 @@ class DiagnosticPool:
     def metrics(self, at: Update, team: Any, execution_cfg: Any, timing: dict[str, float],
                 progress: Any = None, before: bool = False) -> dict[str, Any]:
         """The pool's metrics after update ``at`` when an evaluation is due, else {}. ``before``: the initial
-        checkpoint (update 0, Appendix D.2), before the run's first update whatever its block, as ``execution/pool0_*``."""
+        checkpoint (update 0, Appendix D.2), before the run's first update, as ``execution/pool0_*``."""
         if self.pool is None or (at.role != "execution" and not before):
             return {}
         # the pool's checkpoint: the Execution updates done (every iteration has one Execution block)

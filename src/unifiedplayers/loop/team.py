@@ -159,8 +159,8 @@ class Team:
 
     @every_rank
     def split(self, job: Callable[..., list[list[Any]]], role: str, active: str, num_prompts: int) -> Any:
-        """``job(engine, sandbox, tokenizer, prompts)`` (picklable) over the ranks by prompt, with ``role``'s engine while
-        ``active`` trains: every prompt's samples in prompt order on rank 0 (None elsewhere)."""
+        """``job(engine, sandbox, tokenizer, prompts)`` (picklable) over the ranks by prompt, with ``role``'s engine
+        while ``active`` trains: every prompt's samples in prompt order on rank 0 (None elsewhere)."""
         engine, _ = self.engine(role, active)
         return self.dist.split_prompts(lambda prompts: job(engine, self.sandbox, self.tokenizer, prompts), num_prompts,
                                        to_all=False)

@@ -125,7 +125,7 @@ class BaseTrainer:
 
     @property
     def model(self) -> nn.Module:
-        """The policy as a plain transformers module (for export and checkpoints: the master weights)."""
+        """The policy as a plain transformers module (the master weights)."""
         raise NotImplementedError
 
     @property
@@ -134,8 +134,7 @@ class BaseTrainer:
         return self.model
 
     def sampling_model(self, dtype: torch.dtype) -> nn.Module:
-        """A module for rollouts in ``dtype``, equal to the policy after every optimizer step (default: :attr:`model`,
-        whatever its dtype: a backend that cannot keep copies samples from its own module)."""
+        """A module for rollouts in ``dtype``, equal to the policy after every step (default: :attr:`model` itself)."""
         return self.model
 
     def _sync_copies(self) -> None:
@@ -211,10 +210,9 @@ class BaseTrainer:
             return {k: v.detach().clone() for k, v in policy_state(self.model).items()}
 
     def offload_state(self, final: bool = False) -> None:
-        """The player goes idle: everything but the weights it samples with is parked (:mod:`.offload`) until the
-        next update, checkpoint or reference pass needs it. ``final``: the player takes no further update in this run
-        (the checkpoint just saved holds its state): what is parked is freed unwritten, and a later update, save or
-        read of the master weights fails until a checkpoint is loaded."""
+        """The player goes idle: everything but the weights it samples with is parked (:mod:`.offload`). ``final``: it
+        takes no further update in this run: that is freed unwritten, and a later update or save fails until a
+        checkpoint is loaded."""
         self._park_reference(keep=not final)
         self._offload_optimizer(keep=not final)
         self._finished = final
@@ -228,8 +226,7 @@ class BaseTrainer:
         return Path(self.cfg.offload_dir or tempfile.gettempdir())
 
     def _host_weights(self) -> Optional[dict[str, Tensor]]:
-        """The policy's full weights copied to the host on the ranks that hold π_ref, None on the others (a
-        collective under ZeRO-3: every rank calls it). Tied weights stay one tensor."""
+        """The policy's full weights on the host on the ranks that hold π_ref, None on the others (a collective)."""
         with self.gathered_weights():
             return host_copy(policy_state(self.model)) if self._holds_reference else None
 
@@ -275,8 +272,7 @@ class BaseTrainer:
         return list((self._ref_state or {}).values())
 
     def _park_reference(self, keep: bool = True) -> None:
-        """π_ref to a file without a name while the player is idle (freed without a file when none is taken, or
-        when ``keep`` is False: it is of no further use)."""
+        """π_ref to a file without a name while the player is idle (freed unwritten: none taken, or not ``keep``)."""
         if self._reference_parked is None and self.cfg.kl_coef != 0.0:
             self._reference_parked = ParkedTensors(self._reference_tensors(), self._offload_dir(),
                                                    contents=self._has_reference and keep)
@@ -415,9 +411,8 @@ class BaseTrainer:
     @torch.no_grad()
     @in_update_threads
     def recompute_old_logprobs(self, samples: Sequence[TrainSample]) -> None:
-        """π_old := this trainer's own forward over ``samples`` (``trainer.recompute_old_logprobs``; verl's default),
-        before the phase's first step; each sample keeps what it was sampled with in ``behaviour_logprobs``. Every
-        rank calls it with the same samples, runs its micro-batches of the update's split and gets all the log-probs."""
+        """π_old := this trainer's own forward over ``samples`` (``trainer.recompute_old_logprobs``), split as the
+        update will be; each sample keeps what it was sampled with in ``behaviour_logprobs``."""
         samples = list(samples)
         if not samples:
             return
@@ -438,8 +433,8 @@ class BaseTrainer:
         self.entropy_bank = [_as_tensor(c, torch.long) for c in list(contexts)[: self.cfg.entropy_bank_size]]
 
     def bank_entropy(self) -> float:
-        """Mean token entropy of the current policy on the entropy bank; data-parallel ranks share the bank (every
-        rank calls it, and every rank gets the one-rank value, bit for bit)."""
+        """Mean token entropy of the current policy on the entropy bank (ranks share it; the one-rank value, bit for
+        bit)."""
         if not self.entropy_bank:
             raise RuntimeError("no entropy bank: pass entropy_bank= to build_trainer or call set_entropy_bank")
         return shared_mean_token_entropy(self.compute_model, self.entropy_bank, self.dist,
@@ -466,9 +461,8 @@ class BaseTrainer:
 
     @in_update_threads  # as inside an update: the same floats
     def block_diagnostics(self) -> dict[str, float]:
-        """The block is over (called once, on every rank, after its last update): grad-norm median and CV of the
-        block, and entropy retention (Appendix D.2): the final bank entropy is scored now, unless the last score is
-        of these weights already (the block's start without an update since, or an ``entropy_every``-th update)."""
+        """The block is over: grad-norm median and CV of the block, and entropy retention (Appendix D.2), the final bank
+        entropy scored now unless the last score is of these weights already."""
         if self.entropy_bank and self.entropy.history and self.entropy.step != self.global_step:
             self.entropy.record(self.bank_entropy(), self.global_step)
         out = grad_norm_block_stats(self.block_grad_norms)
@@ -480,8 +474,8 @@ class BaseTrainer:
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, path: str | os.PathLike) -> Path:
-        """Write weights, optimizer, scheduler, reference, RNG and trainer state atomically to ``path``. Called on
-        every rank: rank 0 writes, and so does every rank of a ``collective_checkpoint`` backend (its shards)."""
+        """Write weights, optimizer, scheduler, reference, RNG and trainer state atomically to ``path`` (every rank
+        calls it)."""
         self._check_not_finished()
         if not self.dist.is_main and not self.collective_checkpoint:
             return Path(path)

@@ -43,11 +43,8 @@ def restore_rng_state(state: dict[str, Any]) -> None:
 
 @contextlib.contextmanager
 def atomic_directory(path: str | os.PathLike, dist: DistContext = SINGLE) -> Iterator[Path]:
-    """Yield a temporary directory that becomes ``path`` when the block exits without error.
-
-    With ``dist`` every rank must enter: all get the same directory, and it is renamed after all have left
-    the block. (A rank that fails ends the whole job under torchrun, so the others never wait for it.)
-    """
+    """Yield a temporary directory that becomes ``path`` when the block exits without error. With ``dist`` every rank
+    enters, all get the same directory, and it is renamed after all have left."""
     final = Path(path)
     tmp = final.parent / dist.broadcast(f".{final.name}.tmp-{os.getpid()}")
     if dist.is_main:

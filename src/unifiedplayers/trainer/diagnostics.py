@@ -16,11 +16,8 @@ import numpy as np
 
 
 def grad_norm_block_stats(grad_norms: Sequence[float]) -> dict[str, float]:
-    """Median and CV (population std / mean) of a block's pre-clipping gradient norms.
-
-    Non-finite norms (an overflowing step) are dropped and counted separately so that one bad step does
-    not turn the block's statistics into NaN.
-    """
+    """Median and CV (population std / mean) of a block's pre-clipping gradient norms; non-finite ones are dropped
+    and counted apart."""
     values = np.asarray([g for g in grad_norms if g is not None], dtype=np.float64)
     finite = values[np.isfinite(values)]
     if finite.size == 0:

@@ -21,10 +21,7 @@ from torch import nn
 
 
 def linear_weights(body: nn.Module) -> int:
-    """Weights of the ``nn.Linear`` layers inside ``body`` (the decoder without its LM head).
-
-    Read from the layers' shapes, so it also holds for ZeRO-3's partitioned parameters.
-    """
+    """Weights of the ``nn.Linear`` layers inside ``body``, from their shapes (so under ZeRO-3 too)."""
     return sum(m.in_features * m.out_features for m in body.modules() if isinstance(m, nn.Linear))
 
 
@@ -39,10 +36,7 @@ def attention_shape(config: object) -> Optional[tuple[int, int, int]]:
 
 
 def causal_pairs(end: int, start: int = 0) -> int:
-    """(query, key) pairs of causal attention for the queries at positions start … end − 1.
-
-    The query at position i attends to the keys 0 … i, so this is Σ_{i=start}^{end−1} (i + 1).
-    """
+    """(query, key) pairs of causal attention of the queries at start … end − 1: Σ_{i=start}^{end−1} (i + 1)."""
     if end <= start:
         return 0
     return (end * (end + 1) - start * (start + 1)) // 2
