@@ -90,9 +90,8 @@ def outputs_equal(a: Optional[str], b: Optional[str]) -> bool:
 
 
 def validate_proposal(sandbox: Any, program: str, input_literal: str) -> ProposalCheck:
-    """Run ``f(input)`` twice in the sandbox; valid when both runs succeed and print the same repr. The two runs
-    take seeds 0 and 1, so that a program reading the clock or a random source prints differently, as AZR's
-    determinism check needs (the sandbox gives every run of one seed the same clock and random state)."""
+    """Run ``f(input)`` twice in the sandbox, with seeds 0 and 1 (so that a program reading the clock or a random
+    source prints differently); valid when both runs succeed and print the same repr."""
     why = static_check(program)
     if why:
         return ProposalCheck(False, reason=why)
@@ -309,10 +308,8 @@ def check_task_types(topics: Sequence[str]) -> None:
 
 
 def build_code_task(task: Any, sandbox: Any, max_induction_inputs: int = MAX_INDUCTION_INPUTS) -> Any:
-    """Turn a proposer output (``task.text``; the task type is its topic) into a validated code task:
-    ``question``, ``expected_answer`` (the sandbox's output, the input for abduction, None for induction)
-    and ``check`` (an :class:`AnswerCheck`). An invalid proposal stays a malformed task with its reason; a
-    topic that is no task type is an error (a configuration mistake, never a silent deduction)."""
+    """Turn a proposer output (its task type: its topic) into a validated code task with its :class:`AnswerCheck`;
+    an invalid proposal stays a malformed task with its reason, and a topic that is no task type is an error."""
     from unifiedplayers.players.planning import PlanningTask
 
     kind = task.topic

@@ -47,13 +47,10 @@ def bleu_distance_matrix(questions: Sequence[str]) -> np.ndarray:
 
 
 def average_linkage_labels(dist: np.ndarray, threshold: float = BLEU_DISTANCE_THRESHOLD) -> np.ndarray:
-    """Flat clusters of agglomerative clustering with average linkage (UPGMA) on a precomputed distance matrix.
-
-    Repeatedly merges the two clusters of smallest mean pairwise distance while that distance is strictly
-    below ``threshold`` (sklearn's ``distance_threshold``: "at or above which clusters will not be merged",
-    R-Zero's setting). The mean distance of a merged cluster a ∪ b to any k follows Lance-Williams:
-    (|a|·D(a,k) + |b|·D(b,k))/(|a| + |b|). Returns a label per item, numbered by first member.
-    """
+    """Flat clusters of average-linkage (UPGMA) clustering on a distance matrix: the two closest clusters merge while
+    their distance is strictly below ``threshold`` (sklearn's ``distance_threshold``, R-Zero's setting); a merged
+    cluster's distance to k is (|a|·D(a,k) + |b|·D(b,k))/(|a| + |b|) (Lance-Williams). A label per item, numbered by
+    first member."""
     d = np.array(dist, dtype=np.float64)
     n = d.shape[0]
     if d.shape != (n, n):

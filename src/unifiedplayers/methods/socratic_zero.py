@@ -95,9 +95,8 @@ def parse_refinement(text: str, source_question: str, failed_solution: str) -> t
 
 
 class TeacherClient:
-    """Minimal OpenAI-compatible chat client (``POST {endpoint}/chat/completions``), greedy. Grades are cached by
-    (question, answer), so the Solver's reward and the Generator's utility ask once; ``failures`` records every reply
-    that could not be parsed."""
+    """Minimal OpenAI-compatible chat client, greedy; grades are cached by (question, answer), and ``failures`` records
+    every reply that could not be parsed."""
 
     def __init__(self, endpoint: str, model: str, api_key: Optional[str] = None, timeout_s: float = 60.0) -> None:
         self.url = endpoint.rstrip("/") + "/chat/completions"
@@ -198,13 +197,9 @@ def require_teacher(endpoint: Optional[str], model: Optional[str], method_name: 
 
 def preference_pairs(grades: Sequence[Optional[float]], has_reference: bool = False,
                      max_pairs: Optional[int] = None) -> list[tuple[int, int]]:
-    """(chosen, rejected) sample indices of one problem's K graded solutions (Socratic-Zero's Y_w × Y_l).
-
-    Winners are the solutions graded 1; when there is none, the Teacher's reference solution (index
-    :data:`REFERENCE`) is the one winner if ``has_reference``. Losers are those graded 0 (an ungraded
-    solution, None, is neither). The pairs are taken round-robin — each loser with the next winner — so a
-    cap ``max_pairs`` keeps every loser before any is repeated. No winner or no loser: no pairs.
-    """
+    """(chosen, rejected) sample indices of one problem's K graded solutions (Socratic-Zero's Y_w × Y_l): winners
+    graded 1 (none: the Teacher's reference, :data:`REFERENCE`, if ``has_reference``), losers graded 0 (None is
+    neither), paired round-robin so that a cap ``max_pairs`` keeps every loser before any is repeated."""
     winners = [i for i, g in enumerate(grades) if g == 1.0]
     losers = [i for i, g in enumerate(grades) if g == 0.0]
     if not winners and has_reference:
@@ -285,9 +280,8 @@ def curriculum_tasks(items: Sequence[CurriculumItem]) -> list[Any]:
 
 
 def mix_tasks(curriculum: SocraticCurriculum, generated: Sequence[Any], n: int, share: float) -> list[Any]:
-    """The ``n`` tasks of an Execution phase: up to round(share · n) Teacher problems taken from the
-    curriculum (oldest first), the rest the Generator's well-formed tasks in order; when either side runs
-    short, the other fills in. Curriculum tasks carry ``task.socratic``."""
+    """The ``n`` tasks of an Execution phase: up to round(share · n) from the curriculum (oldest first), the rest the
+    Generator's well-formed tasks; when either side runs short, the other fills in."""
     if not 0.0 <= share <= 1.0:
         raise ValueError(f"curriculum_share={share}: need 0..1")
     generated = [t for t in generated if t.valid]
@@ -313,14 +307,10 @@ class SocraticFeedback:
 def socratic_phase(teacher: TeacherClient, tasks: Sequence[Any], rollouts: Sequence[Sequence[Any]],
                    refine_limit: int = 8, max_pairs: Optional[int] = None, mu: float = DEFAULT_MU,
                    sigma: float = DEFAULT_SIGMA) -> SocraticFeedback:
-    """Grade every solution, build the Solver's pairs, refine failed problems, and score the imitation examples.
-
-    ``tasks[i].question`` with ``rollouts[i]`` its K solutions (``.final_answer``, ``.text``). A task drawn
-    from the curriculum (``task.socratic``) offers its reference solution to its pairs and becomes an
-    imitation example weighted by U(its success rate). The first ``refine_limit`` failures (at most one per
-    task: its first wrong solution) go to the Teacher for refinement; the new problems are returned, not
-    queued (the caller adds them to its :class:`SocraticCurriculum`).
-    """
+    """Grade every solution, build the Solver's pairs, refine failed problems, and score the imitation examples. A
+    curriculum task (``task.socratic``) offers its reference solution to its pairs and becomes an imitation example
+    weighted by U(its success rate); the first ``refine_limit`` failures (a task's first wrong solution) are refined,
+    and the new problems returned, not queued."""
     if len(tasks) != len(rollouts):
         raise ValueError(f"{len(tasks)} tasks but {len(rollouts)} rollout groups")
     n_failures = len(teacher.failures)
@@ -445,9 +435,8 @@ def socratic_data(played: Any) -> SocraticTask:
 
 @register_method("socratic_zero")
 class SocraticZero(Method):
-    """Socratic-Zero's hooks into the outer loop (module docstring). Its run state: the curriculum, the refinements
-    the Generator has not imitated yet (``fresh``) and the Solver's recent failures (the Generator's prompts); a
-    task's Teacher feedback lives on its record (:class:`SocraticTask`)."""
+    """Socratic-Zero's hooks into the outer loop. Its run state: the curriculum, the refinements not imitated yet
+    (``fresh``) and the Solver's recent failures (the Generator's prompts)."""
 
     Settings = SocraticSettings
 
@@ -477,9 +466,8 @@ class SocraticZero(Method):
                 for i in range(n)]
 
     def phase_tasks(self, role: str, groups: list, used: list, unused: list, n: int) -> tuple[list, list, list]:
-        """Execution: ``n`` tasks mixed from the curriculum and the Generator (mix_tasks; the Generator's
-        tasks left out are recorded as unused). Planning: the Generator's tasks plus the fresh refinements,
-        whose success rate gives the imitation weights. The Teacher's problems are one extra group."""
+        """Execution: ``n`` tasks mixed from the curriculum and the Generator (:func:`mix_tasks`). Planning: the
+        Generator's tasks plus the fresh refinements, as one extra group."""
         if role == "execution":
             tasks = mix_tasks(self.curriculum, used, n, self.settings.curriculum_share)
             unused = list(unused) + [t for t in used if not any(t is c for c in tasks)]  # the Generator's left out
@@ -496,9 +484,8 @@ class SocraticZero(Method):
 
     # -- after them (rank 0)
     def after_rollouts(self, role: str, played: Sequence[Any]) -> dict[str, Any]:
-        """The Teacher grades the phase; an Execution phase's failures are refined into the curriculum (and
-        wait as fresh refinements for the Generator) and kept as the Generator's prompts. Each played task keeps
-        its grades, pairs and imitation example (:class:`SocraticTask`); returns the phase's Teacher figures."""
+        """The Teacher grades the phase; an Execution phase's failures are refined into the curriculum and kept as the
+        Generator's prompts. Each played task keeps its :class:`SocraticTask`; returns the phase's Teacher figures."""
         s = self.settings
         fb = socratic_phase(self.teacher, [p.task for p in played], [p.rollouts for p in played],
                             s.refine_per_phase if role == "execution" else 0, s.max_pairs_per_task, s.utility_mu,

@@ -81,10 +81,8 @@ def group_advantages(rewards: Tensor, group_index: Tensor, eps: float = 1e-6, un
     """Eq. 17: Â_g = (r_g − mean_{g' ∈ G(g)} r_g') / (std_{g' ∈ G(g)} r_g' + ε).
 
     ``rewards`` (N,) of the candidates, ``group_index`` (N,) their group labels (any integers) -> (N,) advantages,
-    float32 (float64 for float64 rewards). The std is the *population* std by default (``unbiased``: divide by n − 1):
-    the paper's s_p is "the standard deviation of the rewards in this group", a description of the group itself; it
-    is defined for a group of one (a zero advantage), and the choice only rescales a group's advantages by
-    sqrt((n−1)/n). Equal rewards give exactly zero advantages.
+    float32 (float64 for float64 rewards). The std is the *population* std (the paper's s_p describes the group
+    itself; defined for a group of one), unless ``unbiased``. Equal rewards give exactly zero advantages.
     """
     rewards = rewards.to(torch.float64 if rewards.dtype == torch.float64 else torch.float32)
     dense, num_groups = _group_ids(group_index)
