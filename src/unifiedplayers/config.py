@@ -227,19 +227,15 @@ class RewardConfig:
 
 @dataclass
 class PlayerPrompts:
-    """The prompt of one player (``conf/player/``), rendered with the tokenizer's chat template.
-
-    Messages: ``system`` (if any), then each ``few_shot`` pair as a user turn and an assistant turn,
-    then ``template`` with its ``{placeholders}`` filled in as the user turn. ``response_prefix`` is
-    appended after the generation prompt: the start of the reply is given, not sampled (a format nudge;
-    it is part of the context, never of the loss). ``stop``: strings that end a generation early.
-    """
+    """The prompt of one player (``conf/player/``), rendered with the tokenizer's chat template: ``system``, each
+    ``few_shot`` pair as a user and an assistant turn, then ``template`` filled in as the user turn."""
 
     system: str = ""
-    template: str = MISSING
+    template: str = MISSING  # with {placeholders}
     few_shot: list[dict[str, str]] = field(default_factory=list)  # [{user: ..., assistant: ...}, ...]
-    response_prefix: str = ""  # Planning and Evaluation only (the Execution tool loop parses its own text)
-    stop: list[str] = field(default_factory=list)
+    # The reply's given start, part of the context, never of the loss (Planning and Evaluation only)
+    response_prefix: str = ""
+    stop: list[str] = field(default_factory=list)  # strings that end a generation early
 
 
 @dataclass
@@ -442,10 +438,9 @@ def _first_set(value: Any, default: Any) -> Any:
 
 
 def backbone_name(path: Optional[str]) -> str:
-    """The backbone's name as ``model.path`` spells it (``ModelConfig.name``'s default): a hub id's repository
-    (``Qwen/Qwen3-4B-Base``), a local directory's name (``/models/Qwen3-4B-Base``), or the repository of a Hugging Face
-    cache snapshot (``.../models--Qwen--Qwen3-4B-Base/snapshots/<commit>``), each ``Qwen3-4B-Base``. Not config.json's
-    ``_name_or_path``: transformers no longer writes it, and the versions that did wrote where a fine-tune started."""
+    """The backbone's name as ``model.path`` spells it (``ModelConfig.name``'s default; docs/settings.md): a hub id's
+    repository, a local directory's name, or the repository of a hub cache snapshot (``models--Qwen--X/snapshots/c``:
+    ``X``)."""
     if not path:
         raise ValueError("model.name: no model.path to name the backbone after; set model.name")
     parts = [p for p in str(path).replace("\\", "/").split("/") if p not in ("", ".")]
@@ -455,8 +450,7 @@ def backbone_name(path: Optional[str]) -> str:
 
 
 def register_configs() -> None:
-    """Register the schema so that ``conf/config.yaml`` can list ``schema`` first in its defaults, and the
-    ``first_set`` resolver (``${first_set:${run_dir},runs/...}``: Hydra's output dir is the run dir when set)."""
+    """Register the schema (``conf/config.yaml`` lists ``schema`` first) and the ``first_set`` resolver."""
     from omegaconf import OmegaConf
 
     cs = ConfigStore.instance()
@@ -467,8 +461,7 @@ def register_configs() -> None:
 
 
 def _register_backbone_name() -> None:
-    """The ``backbone_name`` resolver of ``ModelConfig.name``'s default, registered as this module is imported: every
-    config with a ``model`` (the run's, eval's) reads it, whichever entry point composed it."""
+    """The resolver of ``ModelConfig.name``'s default, registered on import: whichever entry point composes a config."""
     from omegaconf import OmegaConf
 
     if not OmegaConf.has_resolver("backbone_name"):
@@ -481,11 +474,8 @@ _register_backbone_name()
 def compose(
     overrides: Sequence[str] = (), config_dir: Optional[Path] = None, config_name: str = "config"
 ) -> DictConfig:
-    """Compose ``conf/<config_name>.yaml`` with Hydra overrides, outside a Hydra app (tests, scripts).
-
-    An unknown key or a value of the wrong type raises at once, naming the key. Other roots than ``config``
-    (``evaluate``) must have registered their schema first.
-    """
+    """Compose ``conf/<config_name>.yaml`` with Hydra overrides outside a Hydra app (tests, scripts); other roots than
+    ``config`` must have registered their schema first."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
@@ -509,9 +499,8 @@ def typed_schema() -> DictConfig:
 
 
 def check_override_keys(overrides: Sequence[str]) -> None:
-    """Command-line overrides ``a.b=v`` name keys of the typed schema; a misspelled one fails with the closest
-    key (Hydra itself only says it cannot override it). ``+``/``~`` overrides and ``hydra.*`` are left to Hydra
-    and :func:`check_known_keys`."""
+    """A command-line override ``a.b=v`` of a key the typed schema lacks fails with the closest key (Hydra itself
+    only says it cannot override it); ``+``/``~`` overrides and ``hydra.*`` are left to Hydra."""
     from omegaconf import DictConfig, OmegaConf
 
     schema = typed_schema()
