@@ -26,8 +26,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from unifiedplayers.methods.base import GroupShape, Method, register_method
-from unifiedplayers.methods.r_zero import (BLEU_DISTANCE_THRESHOLD, ChallengerSettings, challenger_rewards, in_band,
-                                           r_zero_challenger)
+from unifiedplayers.methods.r_zero import ChallengerSettings, in_band, r_zero_challenger
 from unifiedplayers.methods.sources import register_reward_source, self_consistency
 
 if TYPE_CHECKING:
@@ -49,14 +48,6 @@ def tool_reward(tool_calls: Sequence[int], weight: float = DEFAULT_TOOL_WEIGHT,
     if (n < 0).any():
         raise ValueError(f"negative tool-call counts: {list(tool_calls)}")
     return float(weight * np.minimum(n, cap).mean())
-
-
-def curriculum_rewards(p_hats: Sequence[float], tool_rewards: Sequence[float], questions: Sequence[str],
-                       form: str = "paper", weight: float = 1.0,
-                       threshold: float = BLEU_DISTANCE_THRESHOLD) -> list[float]:
-    """R_C of each well-formed task of one batch (the module docstring's formulas): R-Zero's Challenger reward with
-    R_tool added."""
-    return challenger_rewards(p_hats, questions, form, weight, threshold, bonus=tool_rewards)
 
 
 @dataclass
