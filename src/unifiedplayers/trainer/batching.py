@@ -1,8 +1,5 @@
-"""Micro-batches of one update (Appendix B.3, Eq. 21): the split of a batch, right-padded collation, metric merging.
-
-Pure data handling, no model and no optimizer; :class:`~unifiedplayers.trainer.base.BaseTrainer` calls it.
-Samples are :class:`~unifiedplayers.trainer.sample.TrainSample`-like (``token_ids``, ``loss_mask``,
-``old_logprobs``, ``advantage``, ``group``, optional ``clip_high``).
+"""Micro-batches of one update (Appendix B.3, Eq. 21): the split of a batch, right-padded collation, metric merging; pure
+data handling over :class:`~unifiedplayers.trainer.sample.TrainSample`-like samples.
 """
 from __future__ import annotations
 
