@@ -88,17 +88,14 @@ class RolloutConfig:
 
 @dataclass
 class RoleHyperparameters:
-    """Per-policy overrides of the shared hyperparameters (``trainer.roles.<role>.<key>``; Table 6 gives
-    hyperparameters per policy). ``None`` keeps the shared value. Resolved by :func:`role_trainer_config`,
-    :func:`role_temperature` and :func:`resolve_player_config`."""
+    """Per-policy overrides of the shared hyperparameters (``trainer.roles.<role>.<key>``, Table 6; docs/method.md,
+    "Per-player hyperparameters"). ``None`` keeps the shared value."""
 
     lr: Optional[float] = None  # trainer.lr
     clip_eps: Optional[float] = None  # trainer.clip_eps (ε_clip, Eq. 19)
     kl_coef: Optional[float] = None  # trainer.kl_coef (β_p, Eq. 20)
-    # This player's sampling temperature and its trainer's (they must agree for Eq. 18's ratio)
-    temperature: Optional[float] = None
-    # The GRPO group: G_T (player.tasks_per_prompt), K (player.num_trajectories) or M (player.num_verifiers)
-    group_size: Optional[int] = None
+    temperature: Optional[float] = None  # this player's sampling temperature and its trainer's (Eq. 18)
+    group_size: Optional[int] = None  # the GRPO group: player.tasks_per_prompt, num_trajectories or num_verifiers
     max_new_tokens: Optional[int] = None  # player.<role>_max_new_tokens
     policy_loss: Optional[str] = None  # trainer.policy_loss (Socratic-Zero's Solver: dpo; its Generator: weighted_sft)
 
@@ -111,8 +108,7 @@ class LoraSettings:
     rank: int = 0  # r; > 0: one frozen backbone in memory, an adapter per player; only adapters train
     alpha: float = 32.0  # α: the adapter's output is scaled by α / r
     dropout: float = 0.0  # dropout on the adapter's input (0: the update's forward is deterministic)
-    # The decoder layers' projections that get an adapter (the LM head and the embeddings stay frozen)
-    target_modules: list[str] = field(default_factory=lambda: [
+    target_modules: list[str] = field(default_factory=lambda: [  # the decoder's projections that get an adapter
         "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
 
 
@@ -215,14 +211,12 @@ class RewardConfig:
     malformed_task_reward: float = -1.0  # r_T of a malformed Planning output: below the lowest valid r_T (−w_rep)
     # p̂ counts all K samples; False: a missing answer joins no cluster; True: all missing answers form one cluster
     missing_answer_in_majority: bool = False
-    # U(q)'s answer matching is killed after this many seconds (then grouped by text): sympy can run for ever
-    answer_match_timeout_s: float = 10.0
+    answer_match_timeout_s: float = 10.0  # U(q)'s answer matching killed after it (then grouped by text)
     # R(q): max_bleu (max sentence-BLEU/100 against the history) | cluster_share (share with BLEU/100 >= threshold)
     repetition_mode: str = "max_bleu"
     repetition_bleu_threshold: float = 0.5
     repetition_history: int = 1000  # earlier questions R(q) compares against (about one iteration's pool)
-    # ρ_red similarity on canonical code tokens (names renumbered): sequence (difflib ratio) | jaccard (trigrams)
-    redundancy_similarity: str = "sequence"
+    redundancy_similarity: str = "sequence"  # ρ_red on canonical code tokens: sequence (difflib) | jaccard (trigrams)
 
 
 @dataclass

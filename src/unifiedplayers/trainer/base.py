@@ -105,8 +105,7 @@ class BaseTrainer:
         self._has_reference = False
         self._finished = False  # offload_state(final=True): the run's last update of this player is behind it
         if cfg.kl_coef != 0.0 and cfg.ref_mode == "copy":
-            # Copied before a backend wraps or shards the model, in the compute dtype (an adapter: over the shared
-            # backbone); loaded at the iteration's first update.
+            # Copied before a backend wraps or shards the model; loaded at the iteration's first update.
             self._ref_model = (share_base(model).requires_grad_(False).eval() if is_adapted(model) else
                                cast_parameters(copy.deepcopy(model), self.compute_dtype).requires_grad_(False).eval())
         self._setup(model)
