@@ -39,8 +39,7 @@ class NoSettings:
 
 
 def parse_settings(settings_class: type, extra: Any, method_name: str) -> Any:
-    """``method.extra`` as an instance of the method's ``Settings`` dataclass; an unknown key or a value of
-    the wrong type fails here, naming the key and the known ones."""
+    """``method.extra`` as the method's ``Settings``; an unknown key or a wrong type fails, naming the key."""
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
@@ -183,8 +182,7 @@ for _name in ("unifiedplayers", "vanilla", "tool_augmented"):  # the same method
 
 
 def register_method(name: str):
-    """Register a :class:`Method` subclass under ``name`` (``method.name`` in the config); a name already taken
-    by another class is refused."""
+    """Register a :class:`Method` subclass as ``method.name`` ``name``; a name another class took is refused."""
 
     def deco(cls: type[Method]) -> type[Method]:
         if not (isinstance(cls, type) and issubclass(cls, Method)):

@@ -267,8 +267,7 @@ class SocraticCurriculum:
 
 
 def curriculum_tasks(items: Sequence[CurriculumItem]) -> list[Any]:
-    """Played tasks from curriculum items (the Teacher's answer as the expected answer); each task keeps its
-    item as ``task.socratic`` so :func:`socratic_phase` can score the Generator's imitation of it."""
+    """Played tasks from curriculum items (the Teacher's answer expected), each with its item as ``task.socratic``."""
     from unifiedplayers.players.planning import PlanningTask
 
     out = []
@@ -336,8 +335,7 @@ def socratic_phase(teacher: TeacherClient, tasks: Sequence[Any], rollouts: Seque
 # Training samples (the Solver's DPO pairs, the Generator's SFT examples)
 
 def _reply_sample(tokenizer: Any, prompt: str, reply: str, advantage: float, group: int) -> Any:
-    """A TrainSample of ``prompt`` + ``reply`` (+ eos) with only the reply trained; behaviour log-probs 0 (text
-    not sampled by the policy: neither DPO nor SFT reads them)."""
+    """A TrainSample of ``prompt`` + ``reply`` (+ eos), only the reply trained; behaviour log-probs 0 (never read)."""
     from unifiedplayers.trainer.sample import TrainSample
 
     p = tokenizer(prompt, add_special_tokens=False)["input_ids"]
@@ -349,8 +347,8 @@ def _reply_sample(tokenizer: Any, prompt: str, reply: str, advantage: float, gro
 
 def preference_samples(tokenizer: Any, player_cfg: Any, tasks: Sequence[Any], rollouts: Sequence[Sequence[Any]],
                        fb: SocraticFeedback) -> list[Any]:
-    """The Solver's DPO batch: each pair is a group of two adjacent samples, chosen (+1) then rejected (−1).
-    A Teacher reference (REFERENCE) is rendered after the Solver's own Execution prompt."""
+    """The Solver's DPO batch: each pair a group of two adjacent samples, chosen (+1) then rejected (−1); a Teacher
+    reference (REFERENCE) rendered after the Solver's own Execution prompt."""
     from unifiedplayers.players.execution import execution_prompt
     from unifiedplayers.trainer.sample import sample_from_segments
 
@@ -387,8 +385,7 @@ def imitation_samples(tokenizer: Any, planning_prompts: Any, examples: Sequence[
 # The loop: what the outer loop does for method=socratic_zero
 
 def check_loop_trainers(cfg: Any) -> None:
-    """Start-up: the Solver trains by DPO (β = its kl_coef > 0; each pair whole in one micro-batch, so the
-    micro-batch size is even and fixed), the Generator by weighted SFT."""
+    """Start-up: the Solver trains by DPO (β = kl_coef > 0, each pair in one micro-batch), the Generator by SFT."""
     from unifiedplayers.config import role_trainer_config
 
     roles = set(cfg.method.roles) if cfg.method.trainable else set()
