@@ -1,9 +1,7 @@
 """The plan of a run (§3.3, Appendix B.4), a pure function of its config: the blocks of an outer iteration
-(Planning → Execution → Evaluation, ``schedule.<role>_updates`` updates each, :func:`blocks`), cut into sampling
-phases of S × μ updates (:func:`phase_steps`), what a phase samples (:func:`phase_calls`), which phase ends save
-(:func:`save_due`), where a resumed run goes on (:func:`position`) and the generation seeds. The outer loop
-(:mod:`unifiedplayers.loop.outer`) runs it; :mod:`unifiedplayers.checks` checks a config against it before anything
-is loaded, and :mod:`unifiedplayers.capacity` plans a run's memory from it, so it imports nothing of the loop."""
+(:func:`blocks`), cut into sampling phases of S × μ updates (:func:`phase_steps`), what a phase samples
+(:func:`phase_calls`), which phase ends save (:func:`save_due`), where a resumed run goes on (:func:`position`) and
+the generation seeds. The start-up checks and the capacity plan read it too, so it imports nothing of the loop."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -107,11 +105,8 @@ class SamplingCall:
 def phase_calls(player_cfg: Any, role: str, num_minibatches: int, use_tools: bool,
                 writes_verifiers: bool) -> list[SamplingCall]:
     """What a phase of ``num_minibatches`` updates training ``role`` samples, as
-    :class:`~unifiedplayers.loop.sampling.PhaseSampler` samples it: one round of Planning prompts, G_T tasks each (up
-    to player.task_attempts rounds while too few tasks are well-formed), then K trajectories and M verifiers (none for
-    a verdict-free method) of each task played: every well-formed task of a Planning phase (at most all of them),
-    ``tasks_per_update`` an update otherwise. The capacity plan reads the same calls
-    (:func:`unifiedplayers.capacity.phase_stages`)."""
+    :meth:`~unifiedplayers.loop.sampling.PhaseSampler.tasks` samples it (at most: every output of a Planning phase
+    played), for the capacity plan (:func:`unifiedplayers.capacity.phase_stages`)."""
     p = player_cfg
     prompts = num_minibatches * p.prompts_per_update
     played = prompts * p.tasks_per_prompt if role == "planning" else num_minibatches * p.tasks_per_update

@@ -13,6 +13,7 @@ from unifiedplayers.config import compose
 from unifiedplayers.feedback.pipeline import TaskFeedback
 from unifiedplayers.methods import GroupShape, build_method
 from unifiedplayers.methods import agent0
+from unifiedplayers.methods.r_zero import challenger_rewards
 from unifiedplayers.trainer.batching import _collate
 from unifiedplayers.trainer.sample import TrainSample
 
@@ -51,11 +52,11 @@ def test_curriculum_reward_paper_and_code_forms_by_hand():
     p, tools = [0.5, 0.25, 0.5, 1.0], [0.125, 0.0, 0.2, 0.05]
     # paper: max(0, 1 − 2|p − 1/2| + R_tool − |C|/B) = max(0, 1 + .125 − .75), max(0, .5 − .75),
     # 1 + .2 − .25, max(0, 0 + .05 − .75)
-    assert agent0.curriculum_rewards(p, tools, QUESTIONS) == pytest.approx([0.375, 0.0, 0.95, 0.0])
+    assert challenger_rewards(p, QUESTIONS, bonus=tools) == pytest.approx([0.375, 0.0, 0.95, 0.0])
     # code (curriculum_reward.py): min(p, 1 − p) + R_tool − |C|/B
-    assert agent0.curriculum_rewards(p, tools, QUESTIONS, form="code") == pytest.approx([-0.125, -0.5, 0.45, -0.7])
+    assert challenger_rewards(p, QUESTIONS, form="code", bonus=tools) == pytest.approx([-0.125, -0.5, 0.45, -0.7])
     with pytest.raises(ValueError, match="questions"):
-        agent0.curriculum_rewards(p, tools[:2], QUESTIONS)
+        challenger_rewards(p, QUESTIONS, bonus=tools[:2])
 
 
 def test_planning_rewards_of_a_batch(cfg, method):

@@ -1,17 +1,7 @@
-"""The run's checkpoints (``checkpoints/`` of the run directory): what a save writes and what retention keeps. When
-a save falls is the run's plan (:func:`unifiedplayers.schedule.save_due`).
-
-- ``iter<t>/<role>/``: the trained player's checkpoint at the end of each of its blocks (``model.pt``, what
-  eval/ reads; the optimizer state; π_ref; RNG).
-- ``resume/<role>-a`` and ``resume/<role>-b``: the active player's in-block checkpoint, written to the copy the
-  run state does not point at, so that the state always names a complete checkpoint.
-- ``published/<role>.pt``: stale feedback's copies (:mod:`unifiedplayers.loop.team`).
-
-A checkpoint and the run state that names it are written together (a *save*), on the cadence
-``schedule.save_every``; a run killed between two saves resumes from the last one and replays the updates after it.
-
-``schedule.checkpoint_retention`` thins a finished run's checkpoints (:func:`prune`), and a running one's that
-the run state no longer points at, at each block end (:func:`thin_at_block_end`).
+"""The run's checkpoints (``checkpoints/``; the layout: docs/running.md, "The run directory"): what a save writes
+and what ``schedule.checkpoint_retention`` keeps. When a save falls: :func:`unifiedplayers.schedule.save_due`.
+The in-block checkpoint alternates between ``resume/<role>-a`` and ``-b``, so the run state always names a complete
+one.
 """
 from __future__ import annotations
 
@@ -39,10 +29,8 @@ def save_active(team: Any, role: str, iteration: int, block_end: bool, run_dir: 
 
 
 def thin_at_block_end(run_dir: Path, role: str, checkpoints: dict[str, Optional[str]], keep: str) -> None:
-    """At a block end, once the state is written: drop the role's in-block copies the state no longer points
-    at, and thin every end-of-block checkpoint it no longer points at as ``keep`` (``checkpoint_retention``)
-    thins a finished run's. Only a checkpoint the state names is ever resumed from, so a run's disk use stays
-    near a finished run's instead of growing by a player's optimizer state and π_ref per block."""
+    """At a block end, once the state is written: drop the role's in-block copies the state no longer names, and thin
+    every block-end checkpoint it no longer names as a finished run's (only a named one is ever resumed from)."""
     for name in ("a", "b"):
         rel = str(rundir.resume_checkpoint(role, name))
         if checkpoints.get(role) != rel:

@@ -1,7 +1,5 @@
-"""The players' rollout engines (:class:`RolloutEngines`, one per set of weights, or one whose weights are
-swapped) and the timed sandbox, as the outer loop uses them (the edges of :mod:`unifiedplayers.loop.outer`;
-:mod:`unifiedplayers.loop.team` asks for them). "Engine" here is always a rollout engine; "pool" in this project is
-the Execution player's fixed diagnostic pool (:mod:`unifiedplayers.diagnostics.execution_pool`)."""
+"""The players' rollout engines (:class:`RolloutEngines`) and the timed sandbox, as :mod:`unifiedplayers.loop.team`
+uses them."""
 from __future__ import annotations
 
 import contextlib
@@ -35,15 +33,10 @@ class TimedSandbox:
 
 
 class RolloutEngines:
-    """Rollout engines for the players' weights.
-
-    A backend that samples from the module itself (``samples_from_module``: hf): one engine per model object.
-    Others (vLLM): one engine whose weights are swapped in (``update_weights``) when another player or checkpoint
-    samples; the engine reads the module inside ``gather()`` (a trainer's :meth:`gathered_weights`: ZeRO-3 gathers
-    its partitions there, collectively, so every rank asks for the same engines in the same order). With
-    ``rollout.sleep_level`` it sleeps through the trainer's work (:meth:`sleep`) and wakes at the next sampling;
-    at level 2 it dropped its weights, and the sampling player's are copied in again.
-    """
+    """Rollout engines for the players' weights: one per model object for a backend that samples from the module
+    (``samples_from_module``: hf); else one engine whose weights are swapped in (``update_weights``), read inside
+    ``gather()`` (a trainer's :meth:`gathered_weights`: under ZeRO-3 a collective, so every rank asks for the same
+    engines in the same order)."""
 
     def __init__(self, rollout_cfg: Any, tokenizer: Any, build: Optional[Callable[..., Any]] = None) -> None:
         from unifiedplayers.rollout import build_rollout, engine_class
@@ -83,9 +76,8 @@ class RolloutEngines:
 
 
     def sleep(self) -> None:
-        """The trainer is about to work (an update, a π_old pass): a shared engine with ``rollout.sleep_level`` > 0
-        frees its GPU memory until it samples again; at level 2 its weights are gone, so whatever samples next
-        is copied in."""
+        """The trainer is about to work: a shared engine with ``rollout.sleep_level`` > 0 frees its GPU memory until it
+        samples again (level 2: its weights too, so whatever samples next is copied in)."""
         level = int(getattr(self.cfg, "sleep_level", 0) or 0)
         if self._shared is None or level == 0 or self._asleep:
             return
@@ -100,10 +92,7 @@ class RolloutEngines:
 
 
 class SamplingTemperature:
-    """A rollout engine whose default sampling temperature is one player's (``trainer.roles.<role>.temperature``).
-
-    The engine may be shared between players (vLLM swaps weights into one engine), so the temperature is
-    set per call rather than in the engine's config."""
+    """A rollout engine whose default sampling temperature is one player's, set per call: the engine may be shared."""
 
     def __init__(self, engine: Any, temperature: float) -> None:
         self.engine = engine

@@ -228,8 +228,7 @@ class OuterLoop:
 
     def _sample_phase(self, at: Update) -> Phase:
         """Sample the phase that update ``at`` starts, build its feedback and minibatches once, write its records, and
-        save it. Timed by stage (:class:`~unifiedplayers.diagnostics.timing.StageClock`): generation, sandbox, and
-        ``feedback``, the rest."""
+        save it, timed by stage: generation, sandbox, and ``feedback`` (the rest)."""
         clock = self.team.sandbox.clock
         before = dict(clock.seconds)
         with clock("feedback"):

@@ -1,19 +1,10 @@
-"""One sampling phase of a block (§3.3, Appendix B.3): fixed records, several optimizer steps.
+"""One sampling phase of a block (§3.3, Appendix B.3; docs/method.md, "Sampling phases"): fixed records, S × μ optimizer
+steps against the behaviour log-probs recorded at sampling (sg[D_p^(b)]), so the ratio of Eq. 18 moves off 1 inside
+the phase and the clip of Eq. 19 can bind.
 
-A block of ``<role>_updates`` optimizer steps is cut into phases of S × μ steps (S =
-``schedule.steps_per_generation``, μ = ``trainer.num_iterations``). A phase samples the data of S steps at
-once with the policies as they stand at its start, builds the perturbations, verdict matrices and rewards
-once, and splits the active player's GRPO groups into S disjoint *mini-batches*. The trainer then
-takes μ passes over the S minibatches, one optimizer step per minibatch, always against the behaviour log-probs
-recorded at sampling (sg[D_p^(b)]): π_θ moves away from π_old inside the phase, so the ratio of Eq. 18
-moves off 1 and the clip of Eq. 19 can bind.
-
-This module holds the pure parts of a phase, as maps over its played tasks (one
-:class:`~unifiedplayers.loop.sampling.PlayedTask` record each, carried from sampling to the records): the feedback
-stage (:func:`add_feedback`: feedback and rewards onto each task), how steps map to minibatches, how tasks are split
-into minibatches, the active player's groups and advantages (Eq. 17) (:func:`build_minibatches`), the metrics of a minibatch and
-the interaction records (:func:`phase_records`). The outer loop (:mod:`unifiedplayers.loop.outer`) runs it after
-sampling (:mod:`unifiedplayers.loop.sampling`), with a :class:`PhaseContext`.
+The pure parts of a phase, as maps over its played tasks (:class:`~unifiedplayers.loop.sampling.PlayedTask`): the
+feedback (:func:`add_feedback`), the active player's groups, advantages (Eq. 17) and minibatches
+(:func:`build_minibatches`), a minibatch's metrics and the records (:func:`phase_records`).
 """
 from __future__ import annotations
 
@@ -40,11 +31,8 @@ def minibatch_of_step(step_in_phase: int, steps_per_generation: int) -> tuple[in
 
 
 def split_minibatches(n: int, minibatches: int) -> list[list[int]]:
-    """``n`` items (tasks or questioner prompts) into ``minibatches`` contiguous, disjoint chunks of near-equal size.
-
-    With ``minibatches`` × per-update items sampled every chunk holds exactly the per-update number; a shortfall
-    (too few well-formed tasks) is spread so that no minibatch is left much smaller than another.
-    """
+    """``n`` items (tasks or questioner prompts) into ``minibatches`` contiguous, disjoint chunks of near-equal size
+    (a shortfall of well-formed tasks is spread over them)."""
     return [list(map(int, c)) for c in np.array_split(np.arange(n), minibatches)]
 
 
@@ -65,8 +53,7 @@ class Phase:
     timing: dict[str, float] = field(default_factory=dict)  # generation_s, sandbox_s, feedback_s of the phase
 
     def to_state(self) -> dict[str, Any]:
-        """What phase.pt holds: each sample as a dict of its fields (tensors stay tensors), so that the file names
-        no class of ours and a run stopped inside a phase resumes whatever becomes of :class:`TrainSample`."""
+        """What phase.pt holds: each sample as a dict of its fields, so that the file names no class of ours."""
         return {"first": self.first, "timing": dict(self.timing),
                 "minibatches": [{"batch": [_sample_fields(s) for s in u.batch], "metrics": u.metrics}
                                 for u in self.minibatches]}
@@ -84,8 +71,7 @@ def _sample_fields(sample: Any) -> dict[str, Any]:
 
 
 def load_phase_state(path: Any) -> dict[str, Any]:
-    """phase.pt as :meth:`Phase.to_state` wrote it. One this version cannot read (written by an older version, which
-    pickled the samples or named the minibatches otherwise) is refused, saying what to do."""
+    """phase.pt as :meth:`Phase.to_state` wrote it; one this version cannot read is refused, saying what to do."""
     try:
         state = torch.load(path, weights_only=False)
         if not isinstance(state, dict) or "minibatches" not in state:
@@ -100,13 +86,9 @@ def load_phase_state(path: Any) -> dict[str, Any]:
 
 def group_samples(role: str, groups: Sequence[Sequence[Any]], played: Sequence[Any],
                   malformed_reward: Callable[[Any], float]) -> tuple[list[Callable[[float], Any]], list[float], list[int]]:
-    """(sample makers, rewards, group ids) of the active player in one minibatch, one maker per candidate.
-
-    Groups (Appendix B.3, Eq. 16): Planning, the G_T outputs of one of the minibatch's questioner prompts
-    (``groups``; a played one's reward is its task's, a malformed one gets ``malformed_reward(task)``: the
-    method's ``malformed_task_reward``); Execution, the K trajectories of a played task; Evaluation, its M
-    verifiers. ``played``: the minibatch's :class:`~unifiedplayers.loop.sampling.PlayedTask` records, rewards filled.
-    """
+    """(sample makers, rewards, group ids) of the active player in one minibatch, one maker per candidate. Groups
+    (Appendix B.3, Eq. 16): Planning, the G_T outputs of a questioner prompt (a malformed one at
+    ``malformed_reward(task)``); Execution, the K trajectories of a played task; Evaluation, its M verifiers."""
     makers: list[Callable[[float], Any]] = []
     rewards: list[float] = []
     gids: list[int] = []
@@ -134,10 +116,7 @@ def training_batch(makers: Sequence[Callable[[float], Any]], rewards: Sequence[f
                    trainer_cfg: Any, drop_zero_advantage_groups: bool,
                    shapes: Optional[dict[int, GroupShape]] = None) -> list[Any]:
     """The minibatch's samples with their group-relative advantages (Eq. 17); zero-advantage groups dropped when asked.
-
-    ``shapes``: a baseline's shape of each group (:meth:`unifiedplayers.methods.Method.group_shape`: groups left
-    out, advantages scaled, a per-sample upper clip; Agent0's ADPO, R-Zero's band). Plain GRPO without.
-    """
+    ``shapes``: a baseline's shape of each group (:meth:`unifiedplayers.methods.Method.group_shape`)."""
     if not makers:
         return []
     adv = grpo.get_adv_estimator(trainer_cfg.adv_estimator)(
@@ -235,9 +214,8 @@ def trainer_metrics_line(role: str, trainer_metrics: dict[str, float], global_st
 
 
 def add_feedback(played: Sequence[Any], method: Any, ctx: FeedbackContext) -> None:
-    """The feedback stage: each played task's feedback (perturb → verdict matrix → Eq. 2-5,
-    :func:`unifiedplayers.feedback.pipeline.phase_feedback`), then every player's rewards from it (the method's reward
-    sources, :meth:`~unifiedplayers.methods.Method.phase_rewards`)."""
+    """The feedback stage: each played task's feedback (perturb → verdict matrix → Eq. 2-5), then every player's
+    rewards from it (:meth:`~unifiedplayers.methods.Method.phase_rewards`)."""
     for p, fb in zip(played, phase_feedback(played, ctx), strict=True):
         p.feedback = fb
     for p, rewards in zip(played, method.phase_rewards([p.feedback for p in played]), strict=True):
@@ -269,8 +247,7 @@ class PhaseContext:
 
     @cached_property
     def group_minibatch(self) -> list[int]:
-        """The minibatch of each group. Planning: a minibatch trains a share of the questioner prompts, malformed outputs
-        included; other roles: 0 (only played tasks train, and the Planning outputs are phase-wide figures)."""
+        """The minibatch of each group: Planning, a share of the questioner prompts; other roles, 0 (phase-wide)."""
         if self.role != "planning":
             return [0] * len(self.groups)
         return [u for u, idx in enumerate(split_minibatches(len(self.groups), self.num_minibatches)) for _ in idx]
@@ -322,10 +299,8 @@ def build_minibatch(minibatch: Sequence[Any], groups: Sequence[Sequence[Any]], c
 
 def feedback_record(fb: Any, trajectories: Sequence[Any], verifier_sources: Sequence[str], rules: Sequence[str],
                     player_rewards: dict[str, Any], meta: dict[str, Any], **fields: Any) -> InteractionRecord:
-    """The interaction record ξ(q) of one played task from its feedback (:func:`unifiedplayers.feedback.pipeline.phase_feedback`):
-    Z, the variants, the verifiers and their validity, every check error, the players' rewards
-    (``player_rewards``: the method's, by role) and the terms of Eq. 2-5. ``fields``: task_id, iteration,
-    expected_answer."""
+    """The interaction record ξ(q) of one played task from its feedback: Z, the variants, the verifiers and their
+    validity, every check error, the players' rewards and the terms of Eq. 2-5."""
     vm, tr = fb.verdicts, fb.terms
     meta = dict(meta, verifier_outputs=list(verifier_sources), verifier_validity=vm.validity,
                 # every check that raised, timed out or gave no verdict (invalid verifiers' included); the counts
@@ -339,8 +314,7 @@ def feedback_record(fb: Any, trajectories: Sequence[Any], verifier_sources: Sequ
 
 
 def phase_records(played: Sequence[Any], ctx: PhaseContext) -> list[InteractionRecord]:
-    """One interaction record ξ(q) per Planning output of the phase, malformed and unused ones included, in
-    the order of the groups: a played output's from its :class:`~unifiedplayers.loop.sampling.PlayedTask`."""
+    """One interaction record ξ(q) per Planning output of the phase, malformed and unused ones included."""
     out: list[InteractionRecord] = []
     played_at = {p.place: p for p in played}
     unused_at = {t.place for t in ctx.unused}
@@ -361,8 +335,7 @@ def phase_records(played: Sequence[Any], ctx: PhaseContext) -> list[InteractionR
 
 
 def record_meta(ctx: PhaseContext, minibatch: int) -> dict[str, Any]:
-    """The metadata every record of the phase has: the phase, the update that trains on the output (its minibatch's),
-    the checkpoints that produced it."""
+    """The metadata of every record of the phase: the phase, the update that trains on it, the checkpoints."""
     at = ctx.at
     return {"outer_iteration": at.iteration, "block": at.role, "phase": at.phase_first, "update": at.step_in_block + minibatch,
             "global_update": at.phase_first + minibatch, "checkpoints": ctx.versions}
@@ -389,9 +362,8 @@ def unplayed_record(task: Any, status: str, meta: dict[str, Any], task_id: str,
 
 def update_metrics(at: Any, phase: Phase, minibatch: MiniBatch, n_pass: int, minibatch_index: int,
                    trainer_metrics: dict[str, float], global_step: int, update_s: float) -> dict[str, Any]:
-    """The metrics line of one update: its minibatch's sampling and feedback figures (on the minibatch's first pass only:
-    each sample counted once), the trainer's figures, its place in the run, and its timings (the phase's
-    sampling and feedback are timed on the phase's first step)."""
+    """The metrics line of one update: its minibatch's figures (on its first pass only), the trainer's, its place in
+    the run, and its timings (the phase's sampling and feedback on the phase's first step)."""
     metrics: dict[str, Any] = dict(minibatch.metrics) if n_pass == 0 else {}
     metrics[f"{at.role}/skipped"] = float(not trainer_metrics)
     metrics.update(trainer_metrics_line(at.role, trainer_metrics, global_step))

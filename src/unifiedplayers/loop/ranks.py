@@ -1,18 +1,10 @@
 """The run's one rank boundary: rank 0 drives, the other ranks follow (a single controller).
 
-Rank 0 runs the whole outer loop as single-process code: sampling, feedback, minibatches, records, metrics,
-checkpoints and the run state. A team method that every rank must run (a collective of the trainer or the engine,
-or generation split by prompt) is declared so where it is defined, with :func:`every_rank`: called on rank 0, its
-name and arguments are first sent to the other ranks (one broadcast), then it runs on rank 0. Its arguments hold
-all that it needs; each rank brings its own team, engines and sandbox.
-
-The other ranks run :func:`follow`: wait for the next call, run it on their own team, until rank 0 sends
-:data:`STOP`. They hold no run state, read no run file and write none. While rank 0 works alone (verdicts, rewards,
-the pool's grading) they wait at the broadcast of the next call, and the watchdog's heartbeat
-(:mod:`unifiedplayers.watchdog`) tells a rank that waits from one that hangs.
-
-With one process (:data:`~unifiedplayers.distributed.SINGLE`) nothing is sent and every call runs here. This module
-is the only place that asks which rank this is.
+Rank 0 runs the whole outer loop as single-process code. A team method that every rank must run (a collective, or
+generation split by prompt) is declared so where it is defined, with :func:`every_rank`: called on rank 0, its name
+and arguments are first broadcast to the other ranks, then it runs on rank 0. The other ranks run :func:`follow`
+until rank 0 sends :data:`STOP`; they hold no run state and touch no run file (docs/distributed.md). With one process
+nothing is sent. This module is the only place that asks which rank this is.
 """
 from __future__ import annotations
 

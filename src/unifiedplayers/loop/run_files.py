@@ -2,10 +2,8 @@
 
 - :class:`RunFiles`: records.jsonl (one interaction record ξ(q) per Planning output), metrics.jsonl and W&B
   (one line per update), and the progress bar;
-- :class:`DiagnosticPool`: the fixed diagnostic pool (Appendix D.2, ``schedule.execution_pool``): after every
-  ``every``-th Execution update the Execution player answers it greedily; its accuracies go into that update's
-  metrics line and execution_pool.jsonl. Every rank answers its share of the questions (``Team.answer_pool``), which
-  leaves the RNG states as it found them, so a run with the pool on trains exactly as one without it;
+- :class:`DiagnosticPool`: the fixed diagnostic pool (Appendix D.2, ``schedule.execution_pool``); answering it
+  leaves the RNG states as it found them (``Team.answer_pool``), so a run with the pool on trains as one without;
 - :func:`finish`: the end-of-run summary and the checkpoint retention.
 """
 from __future__ import annotations
@@ -60,12 +58,8 @@ class RunFiles:
 
 
 class DiagnosticPool:
-    """The fixed diagnostic pool of the Execution player (see the module docstring).
-
-    Over several ranks every rank answers its block of the questions with its own engine and sandbox
-    (:meth:`~unifiedplayers.loop.team.Team.answer_pool`, as sampling splits); rank 0 reads the pool's files,
-    gathers the graded answers in question order and writes execution_pool.jsonl and the metrics, as one rank does.
-    """
+    """The fixed diagnostic pool of the Execution player; every rank answers its block of the questions, rank 0 grades
+    them and writes execution_pool.jsonl and the metrics."""
 
     def __init__(self, cfg: Any, run_dir: Path, trained: Sequence[str]) -> None:
         self.cfg = cfg.schedule.execution_pool
@@ -74,13 +68,8 @@ class DiagnosticPool:
 
     def metrics(self, at: Update, team: Any, execution_cfg: Any, timing: dict[str, float],
                 progress: Any = None, before: bool = False) -> dict[str, Any]:
-        """The pool's metrics after update ``at``, when an evaluation is due; {} otherwise.
-
-        ``before``: the initial checkpoint (update 0, Appendix D.2), evaluated before the run's first update
-        (whatever its block: with a shared model a Planning update already moves the Execution weights), on
-        the first line under ``execution/pool0_*``. ``team``: rank 0's; every rank answers its share of the
-        questions when the pool decodes.
-        """
+        """The pool's metrics after update ``at`` when an evaluation is due, else {}. ``before``: the initial
+        checkpoint (update 0, Appendix D.2), before the run's first update, as ``execution/pool0_*``."""
         if self.pool is None or (at.role != "execution" and not before):
             return {}
         # the pool's checkpoint: the Execution updates done (every iteration has one Execution block)
@@ -99,8 +88,7 @@ class DiagnosticPool:
 
 
 def finish(cfg: Any, run_dir: Path, finished: bool, timing: Optional[dict[str, float]]) -> dict[str, Any]:
-    """The end of a run: the summary (printed when ``schedule.print_summary``, drawn when
-    ``schedule.summary_png``) and, for a finished run, ``schedule.checkpoint_retention``. ``timing`` None: the
+    """The end of a run: the summary and, for a finished run, ``schedule.checkpoint_retention``. ``timing`` None: the
     summary of an already finished run."""
     from unifiedplayers.diagnostics.summary import write_summary
 

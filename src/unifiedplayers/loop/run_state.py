@@ -14,9 +14,8 @@ from unifiedplayers import rundir
 from unifiedplayers.precision import matches_stored
 from unifiedplayers.rundir import count_lines, load_state, truncate_lines
 
-# Config keys that may change between a run and its resumption (they steer this process, not the result, or,
-# ``machine``, record where each start ran: a run may resume on another machine; trainer.offload_dir holds only
-# files without a name, parked and read back bit-exactly).
+# Config keys that may change when a run is resumed: they steer this process, not the result (``machine`` records
+# where each start ran; trainer.offload_dir holds only files without a name, read back bit-exactly).
 RUN_CONTROL_KEYS = ("resume", "run_dir", "logger", "schedule.max_updates", "schedule.print_summary",
                     "schedule.checkpoint_retention", "schedule.save_every", "schedule.export_at_end", "capacity",
                     "machine", "trainer.offload_dir")
@@ -76,23 +75,16 @@ def is_schema_default(key: str, value: Any) -> bool:
 
 @dataclass
 class RunState:
-    """Where a run stands after its last completed update; ``state.pt`` holds it as of the last save (the
-    checkpoint it names: ``schedule.save_every``, :func:`unifiedplayers.schedule.save_due`).
-
-    ``records`` and ``metrics`` count the lines of records.jsonl and metrics.jsonl that belong to completed
-    updates (a resumed run cuts the rest: the lines of the updates after the last save, which it replays);
-    ``checkpoints[role]`` is the player's last checkpoint (relative to the run directory) and ``published[role]``
-    its stale-feedback copy; ``phase`` is the first update of a phase in progress (its minibatches are in phase.pt).
-    """
+    """Where a run stands after its last completed update; ``state.pt`` holds it as of the last save."""
 
     completed: int = 0
-    records: int = 0
-    metrics: int = 0
-    checkpoints: dict[str, Optional[str]] = field(default_factory=dict)
-    published: dict[str, Optional[str]] = field(default_factory=dict)
+    records: int = 0  # lines of records.jsonl of completed updates (a resume cuts the rest and replays them)
+    metrics: int = 0  # the same of metrics.jsonl
+    checkpoints: dict[str, Optional[str]] = field(default_factory=dict)  # each player's last, relative to the run dir
+    published: dict[str, Optional[str]] = field(default_factory=dict)  # each player's stale-feedback copy
     question_history: list[str] = field(default_factory=list)
     block_questions: list[str] = field(default_factory=list)
-    phase: Optional[int] = None
+    phase: Optional[int] = None  # the first update of a phase in progress (its minibatches are in phase.pt)
     prompt_counter: int = 0
     finished: bool = False
     wandb_id: Optional[str] = None
@@ -166,14 +158,10 @@ def check_resumable(state: dict[str, Any], cfg: Any, run_dir: Path, world_size: 
 
 
 def saved_state(run_dir: Path, cfg: Any, world_size: int, restart: bool = True) -> Optional[dict[str, Any]]:
-    """The run state saved in ``run_dir`` (None for a new run), checked before anything is written or loaded.
-
-    A run there is never overwritten: without ``resume=true`` it is an error; with it the run's format must be this
-    version's (:data:`~unifiedplayers.rundir.RUN_FORMAT`) and the config must match (:func:`check_resumable`). A run
-    that stopped before its first save (records but no state) is restarted from its first update with
-    ``resume=true``: its records and metrics lines are cut, so none is written twice (``restart``; false: only check,
-    as the command line does before a launch).
-    """
+    """The run state saved in ``run_dir`` (None for a new run), checked before anything is written or loaded: a run
+    there is never overwritten without ``resume=true``, and resumes only with this version's format and the same
+    config. A run stopped before its first save restarts from its first update, its lines cut (``restart``; false:
+    only check, as the command line does before a launch)."""
     path = run_dir / rundir.STATE
     state = load_state(path) if path.exists() else None
     if state is not None and not cfg.resume:
@@ -206,11 +194,9 @@ def saved_state(run_dir: Path, cfg: Any, world_size: int, restart: bool = True) 
 
 
 def restore(state: dict[str, Any], run_dir: Path, team: Any, method: Any, current: RunState) -> tuple[RunState, Any]:
-    """Bring a fresh process to the state after update ``state['completed']`` (the last save): records and metrics
-    cut to the updates saved (the later ones are replayed: the RNG states and every seed make them the same), the
-    phase in progress read back, every player's checkpoint and the RNG states (on every rank), the method's state.
-    The outer loop restores the current outer iteration's reference and published weights where it goes on
-    (``Team.resume_iteration``). Returns (run state, phase)."""
+    """Bring a fresh process to the state after the last save: records and metrics cut to it, the phase in progress,
+    every player's checkpoint, the RNG states, the method's state. Returns (run state, phase); the outer loop restores
+    the iteration's π_ref and published weights (``Team.resume_iteration``)."""
     from unifiedplayers.loop.phase import Phase, load_phase_state
 
     dropped_r = truncate_lines(run_dir / rundir.RECORDS, state["records"])

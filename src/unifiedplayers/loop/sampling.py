@@ -1,12 +1,8 @@
-"""Sampling a phase (§3.1, §3.3): tasks from the Planning player, K trajectories per task from the Execution
-player (tool loop) and M verifiers per task from the Evaluation player, with the policies as they stand at the
-phase's start (:class:`PhaseSampler`). Every generation is seeded from (seed, the phase's first update, stream),
-so a resumed run samples what an uninterrupted one does.
-
-Several ranks: rank 0 samples; each generation call is a picklable job (:class:`TaskJob`, :class:`SolveJob`,
-:class:`VerifierJob`) that every rank runs on its block of the prompts, with its own engine and sandbox, gathered
-in prompt order on rank 0 (:meth:`~unifiedplayers.loop.team.Team.split`). The seeds of a block are those of
-its prompts in the whole call, so the samples do not depend on the number of ranks' split.
+"""Sampling a phase (§3.1, §3.3): tasks from the Planning player, K trajectories and M verifiers per task, with the
+policies as they stand at the phase's start (:class:`PhaseSampler`), seeded from (seed, the phase's first update,
+stream). Each generation call is a picklable job (:class:`TaskJob`, :class:`SolveJob`, :class:`VerifierJob`) that
+every rank runs on its block of the prompts (:meth:`~unifiedplayers.loop.team.Team.split`), with the seeds of those
+prompts in the whole call, so the samples do not depend on the number of ranks.
 """
 from __future__ import annotations
 
@@ -28,10 +24,8 @@ TASK_STREAM, TRAJECTORY_STREAM, VERIFIER_STREAM = 10, 20, 30
 
 @dataclass
 class PlayedTask:
-    """One played task's way through a phase, built once and added to by each stage: sampling gives the task, its
-    K rollouts and M verifiers; the feedback stage its :class:`~unifiedplayers.feedback.pipeline.TaskFeedback` and each
-    player's rewards; the mini-batch stage the mini-batch that trains on it; the method its own data. Mini-batches,
-    records and metrics are maps over the phase's list of them. It is also what the feedback reads
+    """One played task's way through a phase, added to by each stage (the fields below); mini-batches, records and
+    metrics are maps over the phase's list of them. It is also what the feedback reads
     (:class:`~unifiedplayers.feedback.pipeline.FeedbackTask`)."""
 
     task: PlanningTask
@@ -79,10 +73,8 @@ class PlayedTask:
 
 @dataclass
 class PhaseSample:
-    """What a phase sampled. ``groups``: every Planning output, by questioner prompt (each output's ``place`` is
-    its (group, position) there); ``played``: the well-formed tasks played, with their rollouts and verifiers
-    (rank 0 only; the tasks alone elsewhere); ``unused``: well-formed ones beyond the phase's need (recorded, not
-    played)."""
+    """What a phase sampled: every Planning output by questioner prompt, the tasks played, and the well-formed ones
+    beyond the phase's need (recorded, not played)."""
 
     groups: list[list[PlanningTask]]
     played: list[PlayedTask]
@@ -96,8 +88,7 @@ class PhaseSample:
 
 
 def place_outputs(groups: list[list[PlanningTask]]) -> None:
-    """Give every Planning output of a phase its place (group, position), by which the played and unused ones
-    are found among the groups (its records, the Planning player's groups)."""
+    """Give every Planning output of a phase its place (group, position) among the groups."""
     for g, group in enumerate(groups):
         for j, task in enumerate(group):
             task.place = (g, j)
@@ -105,9 +96,8 @@ def place_outputs(groups: list[list[PlanningTask]]) -> None:
 
 @dataclass(frozen=True)
 class TaskJob:
-    """The G_T tasks of each questioner prompt of a block (indices into the attempt's prompts), numbered by their
-    place among all of the attempt's prompts. ``first_prompt``: the prompt counter at the attempt's start;
-    ``seed``: the attempt's; ``prompts``: the method's own Planning prompts (None: the topic prompts)."""
+    """The G_T tasks of each questioner prompt of a block, numbered by their place among all of the attempt's prompts.
+    ``prompts``: the method's own Planning prompts (None: the topic prompts)."""
 
     player_cfg: Any
     first_prompt: int
@@ -155,11 +145,8 @@ class VerifierJob:
 
 
 class PhaseSampler:
-    """Samples the phases of a run. ``team``: rank 0's (:class:`~unifiedplayers.loop.team.Team`):
-    ``team.split(job, role, active, n)`` runs a generation job over the ranks with the engine ``role`` samples with
-    while ``active`` trains, ``team.sampler(role, active)`` names its checkpoint, and ``team.sandbox`` runs the tool
-    calls; ``progress(name)`` shows progress. ``prompt_counter`` (the questioner prompts used so far: it rotates the
-    topics) is run state."""
+    """Samples the phases of a run with rank 0's :class:`~unifiedplayers.loop.team.Team`. ``prompt_counter`` (the
+    questioner prompts used so far: it rotates the topics) is run state."""
 
     def __init__(self, cfg: Any, player_cfg: Any, execution_cfg: Any, method: Any, team: Any,
                  progress: Callable[[str], None] = lambda name: None, prompt_counter: int = 0) -> None:
@@ -169,15 +156,12 @@ class PhaseSampler:
         self.prompt_counter = prompt_counter
 
     def seed(self, at: Update, stream: int) -> int:
-        """The seed of a phase's generation call of seed ``stream`` (``TASK_STREAM`` + attempt, ``TRAJECTORY_STREAM``,
-        ``VERIFIER_STREAM``); a job's block of prompts from ``start`` draws with seed + start·n. vLLM seeds sample j
-        of the call's i-th prompt with seed + i·n + j (``rollout/vllm_engine.py``), so each sample's seed is the same
-        whichever rank draws it; the hf engine draws a call from one generator."""
+        """The seed of a phase's generation call of seed ``stream``; a job's block of prompts from ``start`` draws with
+        seed + start·n (vLLM seeds sample j of prompt i with seed + i·n + j, whichever rank draws it)."""
         return seed_for(self.cfg.seed, at.phase_first, stream)
 
     def sample(self, at: Update, num_minibatches: int) -> PhaseSample:
-        """Tasks, then K trajectories and M verifiers per task, for a phase of ``num_minibatches`` updates; timed as
-        the stage ``generation`` of the sandbox's clock (the tool calls inside are its ``sandbox`` stage)."""
+        """Tasks, then K trajectories and M verifiers per task, timed as the stage ``generation``."""
         clock = getattr(self.sandbox, "clock", None) or StageClock()  # a plain sandbox (tests): a clock of its own
         before = dict(clock.seconds)
         with clock("generation"):
@@ -204,10 +188,8 @@ class PhaseSampler:
 
     def tasks(self, at: Update, num_minibatches: int
               ) -> tuple[list[list[PlanningTask]], list[PlanningTask], list[PlanningTask]]:
-        """(groups, used, unused): the Planning outputs of a phase of ``num_minibatches`` updates, the well-formed
-        tasks played, and the well-formed ones beyond ``num_minibatches × tasks_per_update`` (recorded, not
-        played). A phase that trains Planning plays every well-formed task of one round (its groups are the
-        questioner prompts, :func:`unifiedplayers.schedule.phase_calls`)."""
+        """(groups, used, unused): the Planning outputs of a phase, the well-formed tasks played, and those beyond
+        ``num_minibatches × tasks_per_update``. A phase that trains Planning plays every well-formed task of a round."""
         p = self.player_cfg
         groups: list[list[PlanningTask]] = []
         used: list[PlanningTask] = []

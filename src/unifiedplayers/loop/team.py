@@ -1,11 +1,8 @@
 """The players of a run (§3): their weights, trainers and checkpoint names, and the engines they sample with.
 
-All three players start from the same backbone, as separate parameters (a method with a shared model, Absolute
-Zero, joins Planning and Execution into one model and trainer). Feedback (``schedule.feedback``): *fresh*, a
-co-player samples with its latest weights; *stale*, with its weights at the start of the outer iteration (its
-*published* copy). The active player samples with its weights at the start of the phase (π_old). Every
-trainer's π_ref is reset at the start of every outer iteration. The methods marked :func:`~.ranks.every_rank` run
-on every rank, each with its own team, engines and sandbox (:mod:`unifiedplayers.loop.ranks`).
+All three players start from the same backbone, as separate parameters (a shared model, Absolute Zero's, joins
+Planning and Execution). Stale feedback (``schedule.feedback``): a co-player samples with its *published* copy from
+the outer iteration's start. The methods marked :func:`~.ranks.every_rank` run on every rank.
 """
 from __future__ import annotations
 
@@ -90,8 +87,7 @@ class Team:
         return [self.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
 
     def setup(self, model: Any, tokenizer: Any) -> None:
-        """Three players from one backbone; a trainer for each trained one. With adapters (``trainer.lora.rank`` >
-        0) the backbone is frozen and held once, and each player is an adapter on it (:mod:`unifiedplayers.lora`)."""
+        """Three players from one backbone, a trainer for each trained one (adapters: one frozen backbone held once)."""
         self.tokenizer = tokenizer
         adapters = lora.enabled(self.cfg.trainer)
         if adapters:  # one frozen backbone, in the dtype the trainers compute in (the adapters stay float32)
@@ -129,8 +125,7 @@ class Team:
 
     @property
     def adapter_base_dtype(self) -> torch.dtype:
-        """The dtype of the backbone that adapter players share: the trainers' compute dtype (``trainer.dtype``,
-        resolved at the run's start), in which they also sample; ``model.dtype`` when nothing trains."""
+        """The dtype of the backbone adapter players share: ``trainer.dtype``; ``model.dtype`` when nothing trains."""
         from unifiedplayers.models import resolve_dtype
 
         if not self.trained:
@@ -164,17 +159,15 @@ class Team:
 
     @every_rank
     def split(self, job: Callable[..., list[list[Any]]], role: str, active: str, num_prompts: int) -> Any:
-        """``job(engine, sandbox, tokenizer, prompts)`` over the ranks by prompt, each rank with its engine for ``role``
-        while ``active`` trains and its sandbox: every prompt's samples in prompt order on rank 0 (None elsewhere).
-        ``job`` is sent to the other ranks, so it is picklable (a module-level class with its arguments)."""
+        """``job(engine, sandbox, tokenizer, prompts)`` (picklable) over the ranks by prompt, with ``role``'s engine
+        while ``active`` trains: every prompt's samples in prompt order on rank 0 (None elsewhere)."""
         engine, _ = self.engine(role, active)
         return self.dist.split_prompts(lambda prompts: job(engine, self.sandbox, self.tokenizer, prompts), num_prompts,
                                        to_all=False)
 
     @every_rank
     def answer_pool(self, execution_cfg: Any, pool_cfg: Any, questions: list[Any]) -> Optional[dict[str, Any]]:
-        """The diagnostic pool's ``questions`` answered greedily by the Execution player, each rank its block of them:
-        graded, on rank 0 (None elsewhere). The run's RNG streams do not notice it."""
+        """The diagnostic pool answered greedily by the Execution player, graded on rank 0; the RNG states untouched."""
         rng = capture_rng_state()
         engine, _ = self.engine("execution", "execution")
         result = evaluate_pool(engine, self.sandbox, self.tokenizer, execution_cfg, pool_cfg, questions,
@@ -215,8 +208,7 @@ class Team:
 
     @every_rank
     def start_block(self, role: str) -> dict[str, Any]:
-        """The other players are frozen in this block: eval mode, in memory only the weights they sample with
-        (``trainer.offload_state``: optimizer state, master weights and π_ref wait in files)."""
+        """The other players are frozen in this block: eval mode, only the weights they sample with in memory."""
         active = self.players[role]
         for other, player in self.players.items():
             if other != role and player.model is not active.model:
@@ -227,8 +219,7 @@ class Team:
 
     @every_rank
     def update(self, role: str, iteration: int, batch: list[Any], on_policy: bool = False) -> tuple[dict[str, float], float]:
-        """One optimizer step of ``role`` on ``batch`` (skipped when empty); (trainer metrics, seconds). ``on_policy``:
-        the phase's first step (the trainer reports the train/rollout log-prob mismatch)."""
+        """One optimizer step of ``role`` on ``batch`` (skipped when empty); (trainer metrics, seconds)."""
         t = time.perf_counter()
         metrics: dict[str, float] = {}
         active = self.players[role]
@@ -244,9 +235,7 @@ class Team:
 
     @every_rank
     def recompute_old_logprobs(self, role: str, batches: list[list[Any]]) -> None:
-        """π_old of the phase's samples := the trainer's own forward (``trainer.recompute_old_logprobs``), before the
-        phase's first step, minibatch by minibatch: the micro-batches each minibatch's update will make (over several
-        ranks, each rank runs its share of them)."""
+        """π_old of the phase's samples := the trainer's own forward, minibatch by minibatch, before its first step."""
         if batches:
             self.engines.sleep()
         for batch in batches:
@@ -264,9 +253,8 @@ class Team:
 
     @every_rank
     def end_block(self, role: str, later_roles: Optional[Iterable[str]] = None) -> None:
-        """The block's player goes idle: in memory only the weights it samples with. Given ``later_roles`` (the roles
-        with blocks still to come in the run), a player none of them trains with its trainer took its last update:
-        its optimizer state and π_ref are freed, not written (the block-end checkpoint holds them)."""
+        """The block's player goes idle. A player that none of ``later_roles`` (those with blocks to come) trains took
+        its last update: its optimizer state and π_ref are freed, not written (the block-end checkpoint holds them)."""
         active = self.players[role]
         final = later_roles is not None and not any(self.players[r].trainer is active.trainer for r in later_roles)
         active.trainer.offload_state(final=final)

@@ -1,39 +1,23 @@
 """Absolute Zero (Appendix G.1; Zhao et al. 2025, arXiv 2505.03335): one model proposes and solves code-reasoning
-tasks; the proposed programs are validated and answered by executing them in *our* sandbox.
+tasks, validated and answered by executing them in our sandbox (docs/baselines.md: what is kept and what departs).
 
-A proposal is a Python program defining ``f`` and one or more inputs (Python literals). It is valid when
-the program parses, defines ``f``, imports nothing that makes it nondeterministic (``random``, ``time``,
-...), and running ``f(input)`` twice in the sandbox exits cleanly with the same printed ``repr`` both times
-(``validate_proposal``; AZR §3.3's determinism check with j = 2 runs). The task types (AZR §3.2):
+A proposal (a program defining ``f`` and inputs) is valid when it parses, imports nothing nondeterministic and
+``f(input)`` prints the same ``repr`` in two sandbox runs (:func:`validate_proposal`; AZR §3.3, j = 2). Task types
+(AZR §3.2): deduction (predict the output), abduction (predict an input; value equality of ``f(predicted)``),
+induction (write ``f`` from half the pairs; checked on all, so a lookup table fails). The expected answer is the one
+the sandbox computed, never the proposer's claim.
 
-- deduction: given ``f`` and the input, predict the output — correct when it equals the executed output;
-- abduction: given ``f`` and the output, predict an input — correct when ``f(predicted)`` gives the output
-  (value equality, since ``f`` need not be bijective);
-- induction: given the first half of the input/output pairs (and the proposer's message, if any), write
-  ``f`` — correct when it reproduces *every* pair, the hidden half included, so a lookup table of the
-  shown pairs fails (AZR §3.2: "the use of held-out examples discourages overfitting through if-else").
-
-The solver reasons about the program without running it (AZR's solver has no code tool: ``method.use_tools=false``);
-only the *checks* execute code. The expected answer of a task is the one the sandbox computed, never the proposer's
-claim; comparisons parse both sides as Python literals when they can.
-
-Rewards: AZR's composite, format-aware reward (its §3.1) over the role rewards of Eq. 4-6::
+Rewards: AZR's composite reward (its §3.1) over the role rewards of Eq. 4-6::
 
     R(y) = r_role   if the response is well formatted and passable
            −0.5     if it is well formatted but not passable
            −1       if it has a format error
 
-- proposer (Planning): r_propose = 1 − r̄_solve when 0 < r̄_solve < 1, else 0 (AZR Eq. 4; r̄_solve: the share of the
-  K solver samples that are correct). A format error is an output from which no proposal can be read (``NO_PROGRAM``,
-  ``NO_INPUT``); a proposal read but failing validation is one too, since AZR counts only "responses that produce
-  valid triplets and pass the filtering stage" as correctly formatted. Both are malformed tasks, never played, so they
-  reach GRPO through :meth:`AbsoluteZero.malformed_task_reward`. A valid task with r_propose = 0 (solved by every
-  sample or by none) is not passable: −0.5, as AZR's reward manager gives.
-- solver (Execution): r_solve = binary correctness (AZR Eq. 5; ``expected_answer`` alone); no ``\\boxed{}`` answer
-  is the format error, a wrong answer not passable.
+- proposer: r_propose = 1 − r̄_solve when 0 < r̄_solve < 1, else 0 (AZR Eq. 4); an unreadable or invalid proposal is
+  a malformed task (:meth:`AbsoluteZero.malformed_task_reward`);
+- solver: r_solve = binary correctness (AZR Eq. 5); no ``\boxed{}`` answer is the format error.
 
-A task's answer check is an :class:`AnswerCheck` (plain data, picklable): the outer loop broadcasts built tasks to every
-rank; its sandbox is bound on the rank that built it and is not pickled.
+An :class:`AnswerCheck` is plain, picklable data, broadcast to every rank; its sandbox is bound where it was built.
 """
 from __future__ import annotations
 
@@ -106,9 +90,8 @@ def outputs_equal(a: Optional[str], b: Optional[str]) -> bool:
 
 
 def validate_proposal(sandbox: Any, program: str, input_literal: str) -> ProposalCheck:
-    """Run ``f(input)`` twice in the sandbox; valid when both runs succeed and print the same repr. The two runs
-    take seeds 0 and 1, so that a program reading the clock or a random source prints differently, as AZR's
-    determinism check needs (the sandbox gives every run of one seed the same clock and random state)."""
+    """Run ``f(input)`` twice in the sandbox, with seeds 0 and 1 (so that a program reading the clock or a random
+    source prints differently); valid when both runs succeed and print the same repr."""
     why = static_check(program)
     if why:
         return ProposalCheck(False, reason=why)
@@ -325,10 +308,8 @@ def check_task_types(topics: Sequence[str]) -> None:
 
 
 def build_code_task(task: Any, sandbox: Any, max_induction_inputs: int = MAX_INDUCTION_INPUTS) -> Any:
-    """Turn a proposer output (``task.text``; the task type is its topic) into a validated code task:
-    ``question``, ``expected_answer`` (the sandbox's output, the input for abduction, None for induction)
-    and ``check`` (an :class:`AnswerCheck`). An invalid proposal stays a malformed task with its reason; a
-    topic that is no task type is an error (a configuration mistake, never a silent deduction)."""
+    """Turn a proposer output (its task type: its topic) into a validated code task with its :class:`AnswerCheck`;
+    an invalid proposal stays a malformed task with its reason, and a topic that is no task type is an error."""
     from unifiedplayers.players.planning import PlanningTask
 
     kind = task.topic

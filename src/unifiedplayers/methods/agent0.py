@@ -1,39 +1,22 @@
-"""Agent0 (Xia et al., arXiv 2511.16043; Appendix G.1): a Curriculum player (the Planning role) and an Executor
-(the Execution role, multi-turn tool use) trained by GRPO in turns, no Evaluation player.
+"""Agent0 (Xia et al., arXiv 2511.16043; Appendix G.1): a Curriculum player (Planning) and an Executor (Execution,
+multi-turn tool use), no Evaluation player (docs/baselines.md: what is kept and what departs).
 
 Curriculum (``agent0_curriculum``, a batch source: the repetition penalty needs the whole batch):
 
   R_unc(x)  = 1 − 2·|p̂(x) − 1/2|                  (p̂: the Executor's self-consistency over its K samples)
-  R_tool(x) = (1/K)·Σ_k γ·min(n_k, C)               (n_k tool calls of sample k; γ = ``method.extra.tool_bonus``
-                                                     = 0.05, C = ``method.extra.tool_call_cap`` = 4)
+  R_tool(x) = (1/K)·Σ_k γ·min(n_k, C)               (n_k tool calls of sample k; γ = ``method.extra.tool_bonus``,
+                                                     C = ``method.extra.tool_call_cap``)
   R_rep(x)  = λ·|C(x)|/B                            (R-Zero's within-batch BLEU clustering, λ = 1)
   R_C(x)    = R_format(x)·max(0, R_unc + R_tool − R_rep)      (paper form, ``method.extra.reward_form=paper``)
   R_C(x)    = min(p̂, 1 − p̂) + R_tool − |C(x)|/B               (Agent0's code, curriculum_reward.py: ``code``)
 
-  The format gate R_format is 0 for an output that is not a task (no question or no \\boxed{} answer): such
-  an output never reaches this source and gets ``reward.malformed_task_reward`` (0 in conf/method/agent0.yaml;
-  Agent0's code gives −1 − |C|/B + its tool term).
+  R_format = 0 (not a task) never reaches this source: it gets ``reward.malformed_task_reward``.
 
-  Where the originals differ from this: the paper (Eq. 3, 5) counts ```output markers in "a complete
-  prediction y" of the Executor and weights the tool term by λ_tool = 0.6 (§4.1; γ unstated), while Agent0's
-  code (curriculum_reward.py) counts ```output markers in the Curriculum's own response with weight 0.05 and
-  cap 4 and no λ_tool; ours averages γ·min(n_k, C) over the Executor's K samples with the code's constants.
-  In the code form, Agent0's server (start_vllm_server_tool.py) also sets p̂ to 0 unless the Executor's
-  majority answer matches the Curriculum's \\boxed{} answer and p̂ > 0.1; ours does not.
+Executor: majority-vote pseudo-labels, trained only on tasks with p̂ ∈ ``method.extra.frontier_band``, with ADPO
+(Agent0's core_algos.py ``adpo``; p_lo, p_hi, s_min, Δε: ``method.extra.adpo``):
 
-Executor: majority-vote pseudo-labels (``majority_vote``); trained only on tasks near its capability frontier,
-p̂ ∈ [0.3, 0.8] (``method.extra.frontier_band``; Agent0's data curation, ``upload.py --min_score 0.3
---max_score 0.8``), with ADPO (Agent0's executor_train core_algos.py ``adpo``):
-
-  s(p̂)      = s_min + (1 − s_min)·clip((p̂ − p_lo)/(p_hi − p_lo), 0, 1)    advantage scale, s_min = 0.6
-  ε_high(p̂) = ε + Δε·clip((p_hi − p̂)/(p_hi − p_lo), 0, 1)                per-sample upper clip, Δε = 0.1
-
-  with p_lo = 0.3, p_hi = 0.8 (``method.extra.adpo``): ambiguous tasks (low p̂, noisy pseudo-labels) get
-  smaller advantages but more room to raise a token's probability; the lower clip stays 1 − ε. s multiplies
-  the group-normalised advantage, as in Agent0's code. s_min = 0.6 is train_qwen3_4b_adpo.sh's value (the
-  function's default there is 0.5). Agent0 takes p̂ and the pseudo-label from the curation pass (before
-  training, 9 answers without tools) and trains on 16 fresh rollouts; ours takes both from the K rollouts
-  it trains on.
+  s(p̂)      = s_min + (1 − s_min)·clip((p̂ − p_lo)/(p_hi − p_lo), 0, 1)    scales the group-normalised advantage
+  ε_high(p̂) = ε + Δε·clip((p_hi − p̂)/(p_hi − p_lo), 0, 1)                per-sample upper clip (the lower: 1 − ε)
 """
 from __future__ import annotations
 
@@ -43,8 +26,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from unifiedplayers.methods.base import GroupShape, Method, register_method
-from unifiedplayers.methods.r_zero import (BLEU_DISTANCE_THRESHOLD, ChallengerSettings, challenger_rewards, in_band,
-                                           r_zero_challenger)
+from unifiedplayers.methods.r_zero import ChallengerSettings, in_band, r_zero_challenger
 from unifiedplayers.methods.sources import register_reward_source, self_consistency
 
 if TYPE_CHECKING:
@@ -66,14 +48,6 @@ def tool_reward(tool_calls: Sequence[int], weight: float = DEFAULT_TOOL_WEIGHT,
     if (n < 0).any():
         raise ValueError(f"negative tool-call counts: {list(tool_calls)}")
     return float(weight * np.minimum(n, cap).mean())
-
-
-def curriculum_rewards(p_hats: Sequence[float], tool_rewards: Sequence[float], questions: Sequence[str],
-                       form: str = "paper", weight: float = 1.0,
-                       threshold: float = BLEU_DISTANCE_THRESHOLD) -> list[float]:
-    """R_C of each well-formed task of one batch (the module docstring's formulas): R-Zero's Challenger reward with
-    R_tool added."""
-    return challenger_rewards(p_hats, questions, form, weight, threshold, bonus=tool_rewards)
 
 
 @dataclass

@@ -1,28 +1,14 @@
 """One interface for a method: UnifiedPlayers itself, and every baseline (§4.1, Appendix G.1).
 
-A method is a :class:`Method` subclass, registered by name with :func:`register_method` (or named by its YAML's
-``method._target_`` when defined outside the package), and a ``conf/method/<name>.yaml``. Every hook defaults to
-UnifiedPlayers' behaviour, so a method overrides only what differs; its settings are its ``Settings`` dataclass, the
-typed ``method.extra``. Rewards come from the reward source each role's YAML names (:mod:`.sources`), never from a
-hook. The outer loop reads the method's properties and calls its hooks; it never branches on a method's name.
-
-Hooks, in the order a sampling phase calls them:
-
-- :meth:`Method.check` at start-up (a setting the method cannot honour fails before any model loads);
-- :meth:`Method.planning_prompts` before the Planning player writes the phase's tasks (None: topic prompts);
-- :meth:`Method.build_task` turns each Planning output into a task (Absolute Zero: a code puzzle);
-- :meth:`Method.phase_tasks` chooses the tasks played (Socratic-Zero: with its curriculum);
-- :meth:`Method.after_rollouts` once the K solutions are in (Socratic-Zero: the Teacher grades); per-task data
-  lives on each task's record (``PlayedTask.method_data``), where the later hooks read it;
-- then each player's rewards, from its reward source (:meth:`Method.source`, read by :meth:`Method.phase_rewards`;
-  not a hook);
-- :meth:`Method.malformed_task_reward` gives the Planning reward of each malformed Planning output (never played,
-  so no reward source sees it);
-- :meth:`Method.group_shape` shapes each task's GRPO group (R-Zero's band, Agent0's ADPO);
-- :meth:`Method.minibatch_samples` may replace a minibatch's GRPO batch (Socratic-Zero: DPO pairs, imitation);
-- :meth:`Method.minibatch_metrics` and :meth:`Method.record_meta` add to the metrics line and the records (they get
-  the minibatch's played tasks, or the one task, with the data ``after_rollouts`` left on them);
-- :meth:`Method.state_dict` / :meth:`Method.load_state_dict` travel with the run state.
+A method is a :class:`Method` subclass registered with :func:`register_method` (or named by ``method._target_``) and
+a ``conf/method/<name>.yaml``; its ``Settings`` dataclass is the typed ``method.extra``. Every hook defaults to
+UnifiedPlayers' behaviour; rewards come from the reward source each role names (:mod:`.sources`), never from a hook.
+The outer loop never branches on a method's name. Hooks, in the order a sampling phase calls them:
+:meth:`~Method.check` (start-up), :meth:`~Method.planning_prompts`, :meth:`~Method.build_task`,
+:meth:`~Method.phase_tasks`, :meth:`~Method.after_rollouts` (per-task data goes on ``PlayedTask.method_data``), the
+rewards (:meth:`~Method.phase_rewards`), :meth:`~Method.malformed_task_reward`, :meth:`~Method.group_shape`,
+:meth:`~Method.minibatch_samples`, :meth:`~Method.minibatch_metrics`, :meth:`~Method.record_meta`; the run state
+carries :meth:`~Method.state_dict`.
 """
 from __future__ import annotations
 
@@ -53,8 +39,7 @@ class NoSettings:
 
 
 def parse_settings(settings_class: type, extra: Any, method_name: str) -> Any:
-    """``method.extra`` as an instance of the method's ``Settings`` dataclass; an unknown key or a value of
-    the wrong type fails here, naming the key and the known ones."""
+    """``method.extra`` as the method's ``Settings``; an unknown key or a wrong type fails, naming the key."""
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
@@ -197,8 +182,7 @@ for _name in ("unifiedplayers", "vanilla", "tool_augmented"):  # the same method
 
 
 def register_method(name: str):
-    """Register a :class:`Method` subclass under ``name`` (``method.name`` in the config); a name already taken
-    by another class is refused."""
+    """Register a :class:`Method` subclass as ``method.name`` ``name``; a name another class took is refused."""
 
     def deco(cls: type[Method]) -> type[Method]:
         if not (isinstance(cls, type) and issubclass(cls, Method)):

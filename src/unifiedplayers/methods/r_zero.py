@@ -1,12 +1,8 @@
-"""R-Zero (Huang et al., arXiv 2508.05004; Appendix G.1): a Challenger (the Planning role) and a Solver (the
-Execution role) from one base, no tools.
+"""R-Zero (Huang et al., arXiv 2508.05004; Appendix G.1): a Challenger (Planning) and a Solver (Execution) from one
+base, no tools (docs/baselines.md: what is kept and what departs).
 
-- Solver: majority-vote pseudo-labels (``majority_vote``), trained only on questions whose self-consistency
-  p̂ lies in ``method.extra.solver_band`` (:meth:`RZero.group_shape`), default [0.3, 0.7]: the paper keeps
-  |p̂ − 1/2| ≤ δ = 0.25 with m = 10 answers, i.e. 3–7 of 10 agreeing (= [0.3, 0.7] at m = 10, [0.25, 0.75]
-  read literally: the two differ at K = 8, where 2/8 and 6/8 are kept only by the literal reading). R-Zero's
-  code runs ``upload.py --min_score 0.3 --max_score 0.8`` (scripts/solver_train.sh; 0.7 is only upload.py's
-  argparse default), i.e. [0.3, 0.8].
+- Solver: majority-vote pseudo-labels (``majority_vote``), trained only on questions whose self-consistency p̂ lies
+  in ``method.extra.solver_band`` (:meth:`RZero.group_shape`), default [0.3, 0.7] (the paper's 3–7 of 10 agreeing).
 - Challenger (``r_zero_challenger``, a batch source: the penalty needs the whole batch):
 
   r_unc(x)  = 1 − 2·|p̂(x) − 1/2|                             (R-Zero paper, uncertainty reward)
@@ -14,19 +10,10 @@ Execution role) from one base, no tools.
   r(x)      = max(0, r_unc(x) − r_rep(x))                       (paper; ``method.extra.reward_form=paper``)
   r(x)      = min(p̂, 1 − p̂) − |C(x)|/B                         (R-Zero's code, caller_penalty.py; ``=code``)
 
-  C(x) is the cluster of x among the B questions of the current batch, clustered agglomeratively with
-  average linkage on the BLEU distance d_ij = 1 − BLEU(x_i, x_j), merging while the linkage distance is
-  below 0.5. λ = ``method.extra.repetition_weight`` (1, the weight R-Zero's code uses). B here counts the
-  batch's well-formed questions; R-Zero's code clusters every Challenger output of the step, malformed ones
-  as empty questions (BLEU 0, singletons), so its B is the full batch. A question that fails the format
-  (no question or no answer) is not a task here: it gets ``reward.malformed_task_reward`` (R-Zero's paper:
-  0, its code: −1 − |C|/B).
-
-BLEU is sacrebleu's sentence BLEU (13a tokens, exponential smoothing, effective order)/100 of the earlier
-question against the later one as reference, as R-Zero's code orders them (it uses NLTK's sentence_bleu with
-SmoothingFunction().method1 on whitespace tokens, which replaces a zero n-gram count by 0.1). The two differ
-most on short near-duplicates: "a b c d" against "a b c e" is 0.595 here (distance 0.405, clustered) and
-(3/4·2/3·1/2·0.1)^(1/4) = 0.398 under NLTK method 1 (distance 0.602, not clustered).
+  C(x) is x's cluster among the batch's B well-formed questions: agglomerative, average linkage on the distance
+  1 − BLEU, merging below 0.5; λ = ``method.extra.repetition_weight``. BLEU is sacrebleu's sentence BLEU/100 of the
+  earlier question against the later one as reference (R-Zero uses NLTK's, smoothed: it clusters short
+  near-duplicates less readily).
 """
 from __future__ import annotations
 
@@ -60,13 +47,10 @@ def bleu_distance_matrix(questions: Sequence[str]) -> np.ndarray:
 
 
 def average_linkage_labels(dist: np.ndarray, threshold: float = BLEU_DISTANCE_THRESHOLD) -> np.ndarray:
-    """Flat clusters of agglomerative clustering with average linkage (UPGMA) on a precomputed distance matrix.
-
-    Repeatedly merges the two clusters of smallest mean pairwise distance while that distance is strictly
-    below ``threshold`` (sklearn's ``distance_threshold``: "at or above which clusters will not be merged",
-    R-Zero's setting). The mean distance of a merged cluster a ∪ b to any k follows Lance-Williams:
-    (|a|·D(a,k) + |b|·D(b,k))/(|a| + |b|). Returns a label per item, numbered by first member.
-    """
+    """Flat clusters of average-linkage (UPGMA) clustering on a distance matrix: the two closest clusters merge while
+    their distance is strictly below ``threshold`` (sklearn's ``distance_threshold``, R-Zero's setting); a merged
+    cluster's distance to k is (|a|·D(a,k) + |b|·D(b,k))/(|a| + |b|) (Lance-Williams). A label per item, numbered by
+    first member."""
     d = np.array(dist, dtype=np.float64)
     n = d.shape[0]
     if d.shape != (n, n):

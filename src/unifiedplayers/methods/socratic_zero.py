@@ -1,27 +1,14 @@
-"""Socratic-Zero (Appendix G.1; Wang et al. 2025, arXiv 2509.24726): a fixed Teacher and two trained players.
+"""Socratic-Zero (Appendix G.1; Wang et al. 2025, arXiv 2509.24726): a fixed Teacher and two trained players
+(docs/baselines.md says what is kept and what departs).
 
-- **Teacher** (not trained): an external model behind an OpenAI-compatible endpoint (``method.extra``:
-  :class:`SocraticSettings`). V(q, y) ∈ {0, 1} grades a solution (:meth:`TeacherClient.grade`); G(q, y_fail) →
-  (q', y'_ref) turns a problem the Solver failed into a new problem aimed at that failure, with a worked reference
-  solution (:meth:`TeacherClient.refine`).
-- **Solver** (the Execution role, no tools): DPO (``grpo.dpo_loss``, β = the role's ``kl_coef``) on Teacher-judged
-  preference pairs (:func:`preference_pairs`).
-- **Generator** (the Planning role): value-weighted SFT (``grpo.weighted_sft_loss``) imitating the Teacher's
-  refinements: prompt (q, y_fail), target q', weight U(s) of the Solver's success rate s on q'
-  (:func:`generator_utility`).
-- **Curriculum**: the refined problems wait in a queue (:class:`SocraticCurriculum`) for the next Execution phase.
+- **Teacher** (not trained, an OpenAI-compatible endpoint, :class:`SocraticSettings`): V(q, y) ∈ {0, 1} grades a
+  solution (:meth:`TeacherClient.grade`); G(q, y_fail) → (q', y'_ref) turns a failed problem into a new one with a
+  worked solution (:meth:`TeacherClient.refine`). An unparseable reply is recorded (``TeacherClient.failures``).
+- **Solver** (Execution, no tools): DPO (``grpo.dpo_loss``) on Teacher-judged pairs (:func:`preference_pairs`).
+- **Generator** (Planning): value-weighted SFT (``grpo.weighted_sft_loss``) imitating the refinements, weight U(s)
+  (:func:`generator_utility`); the refined problems wait in :class:`SocraticCurriculum` for the next Execution phase.
 
-:func:`socratic_phase` is the whole per-phase computation; :class:`SocraticZero` is what the outer loop runs:
-
-- an Execution phase plays the curriculum's oldest problems mixed with the Generator's (:func:`mix_tasks`); the
-  Teacher grades them, the Solver trains on the pairs, the failed problems are refined into the curriculum, and the
-  failures (q, y_fail) become the Generator's prompts;
-- a Planning phase prompts the Generator with recent failures (its problems are played and recorded, not trained
-  on), has the Solver play the refinements made since the last Planning phase, and trains the Generator on them.
-
-The reward sources at the end (``teacher``, ``socratic_utility``) fill the records' rewards; no GRPO step reads them
-under this loop. Without an endpoint the method stops at start-up. A Teacher reply that cannot be parsed is recorded
-(``TeacherClient.failures``) and counts as no grade / no refinement; an unreachable endpoint is an error.
+:func:`socratic_phase` is the per-phase computation; :class:`SocraticZero` is what the outer loop runs.
 """
 from __future__ import annotations
 
@@ -108,9 +95,8 @@ def parse_refinement(text: str, source_question: str, failed_solution: str) -> t
 
 
 class TeacherClient:
-    """Minimal OpenAI-compatible chat client (``POST {endpoint}/chat/completions``), greedy. Grades are cached by
-    (question, answer), so the Solver's reward and the Generator's utility ask once; ``failures`` records every reply
-    that could not be parsed."""
+    """Minimal OpenAI-compatible chat client, greedy; grades are cached by (question, answer), and ``failures`` records
+    every reply that could not be parsed."""
 
     def __init__(self, endpoint: str, model: str, api_key: Optional[str] = None, timeout_s: float = 60.0) -> None:
         self.url = endpoint.rstrip("/") + "/chat/completions"
@@ -211,13 +197,9 @@ def require_teacher(endpoint: Optional[str], model: Optional[str], method_name: 
 
 def preference_pairs(grades: Sequence[Optional[float]], has_reference: bool = False,
                      max_pairs: Optional[int] = None) -> list[tuple[int, int]]:
-    """(chosen, rejected) sample indices of one problem's K graded solutions (Socratic-Zero's Y_w × Y_l).
-
-    Winners are the solutions graded 1; when there is none, the Teacher's reference solution (index
-    :data:`REFERENCE`) is the one winner if ``has_reference``. Losers are those graded 0 (an ungraded
-    solution, None, is neither). The pairs are taken round-robin — each loser with the next winner — so a
-    cap ``max_pairs`` keeps every loser before any is repeated. No winner or no loser: no pairs.
-    """
+    """(chosen, rejected) sample indices of one problem's K graded solutions (Socratic-Zero's Y_w × Y_l): winners
+    graded 1 (none: the Teacher's reference, :data:`REFERENCE`, if ``has_reference``), losers graded 0 (None is
+    neither), paired round-robin so that a cap ``max_pairs`` keeps every loser before any is repeated."""
     winners = [i for i, g in enumerate(grades) if g == 1.0]
     losers = [i for i, g in enumerate(grades) if g == 0.0]
     if not winners and has_reference:
@@ -285,8 +267,7 @@ class SocraticCurriculum:
 
 
 def curriculum_tasks(items: Sequence[CurriculumItem]) -> list[Any]:
-    """Played tasks from curriculum items (the Teacher's answer as the expected answer); each task keeps its
-    item as ``task.socratic`` so :func:`socratic_phase` can score the Generator's imitation of it."""
+    """Played tasks from curriculum items (the Teacher's answer expected), each with its item as ``task.socratic``."""
     from unifiedplayers.players.planning import PlanningTask
 
     out = []
@@ -298,9 +279,8 @@ def curriculum_tasks(items: Sequence[CurriculumItem]) -> list[Any]:
 
 
 def mix_tasks(curriculum: SocraticCurriculum, generated: Sequence[Any], n: int, share: float) -> list[Any]:
-    """The ``n`` tasks of an Execution phase: up to round(share · n) Teacher problems taken from the
-    curriculum (oldest first), the rest the Generator's well-formed tasks in order; when either side runs
-    short, the other fills in. Curriculum tasks carry ``task.socratic``."""
+    """The ``n`` tasks of an Execution phase: up to round(share · n) from the curriculum (oldest first), the rest the
+    Generator's well-formed tasks; when either side runs short, the other fills in."""
     if not 0.0 <= share <= 1.0:
         raise ValueError(f"curriculum_share={share}: need 0..1")
     generated = [t for t in generated if t.valid]
@@ -326,14 +306,10 @@ class SocraticFeedback:
 def socratic_phase(teacher: TeacherClient, tasks: Sequence[Any], rollouts: Sequence[Sequence[Any]],
                    refine_limit: int = 8, max_pairs: Optional[int] = None, mu: float = DEFAULT_MU,
                    sigma: float = DEFAULT_SIGMA) -> SocraticFeedback:
-    """Grade every solution, build the Solver's pairs, refine failed problems, and score the imitation examples.
-
-    ``tasks[i].question`` with ``rollouts[i]`` its K solutions (``.final_answer``, ``.text``). A task drawn
-    from the curriculum (``task.socratic``) offers its reference solution to its pairs and becomes an
-    imitation example weighted by U(its success rate). The first ``refine_limit`` failures (at most one per
-    task: its first wrong solution) go to the Teacher for refinement; the new problems are returned, not
-    queued (the caller adds them to its :class:`SocraticCurriculum`).
-    """
+    """Grade every solution, build the Solver's pairs, refine failed problems, and score the imitation examples. A
+    curriculum task (``task.socratic``) offers its reference solution to its pairs and becomes an imitation example
+    weighted by U(its success rate); the first ``refine_limit`` failures (a task's first wrong solution) are refined,
+    and the new problems returned, not queued."""
     if len(tasks) != len(rollouts):
         raise ValueError(f"{len(tasks)} tasks but {len(rollouts)} rollout groups")
     n_failures = len(teacher.failures)
@@ -359,8 +335,7 @@ def socratic_phase(teacher: TeacherClient, tasks: Sequence[Any], rollouts: Seque
 # Training samples (the Solver's DPO pairs, the Generator's SFT examples)
 
 def _reply_sample(tokenizer: Any, prompt: str, reply: str, advantage: float, group: int) -> Any:
-    """A TrainSample of ``prompt`` + ``reply`` (+ eos) with only the reply trained; behaviour log-probs 0 (text
-    not sampled by the policy: neither DPO nor SFT reads them)."""
+    """A TrainSample of ``prompt`` + ``reply`` (+ eos), only the reply trained; behaviour log-probs 0 (never read)."""
     from unifiedplayers.trainer.sample import TrainSample
 
     p = tokenizer(prompt, add_special_tokens=False)["input_ids"]
@@ -372,8 +347,8 @@ def _reply_sample(tokenizer: Any, prompt: str, reply: str, advantage: float, gro
 
 def preference_samples(tokenizer: Any, player_cfg: Any, tasks: Sequence[Any], rollouts: Sequence[Sequence[Any]],
                        fb: SocraticFeedback) -> list[Any]:
-    """The Solver's DPO batch: each pair is a group of two adjacent samples, chosen (+1) then rejected (−1).
-    A Teacher reference (REFERENCE) is rendered after the Solver's own Execution prompt."""
+    """The Solver's DPO batch: each pair a group of two adjacent samples, chosen (+1) then rejected (−1); a Teacher
+    reference (REFERENCE) rendered after the Solver's own Execution prompt."""
     from unifiedplayers.players.execution import execution_prompt
     from unifiedplayers.trainer.sample import sample_from_segments
 
@@ -410,8 +385,7 @@ def imitation_samples(tokenizer: Any, planning_prompts: Any, examples: Sequence[
 # The loop: what the outer loop does for method=socratic_zero
 
 def check_loop_trainers(cfg: Any) -> None:
-    """Start-up: the Solver trains by DPO (β = its kl_coef > 0; each pair whole in one micro-batch, so the
-    micro-batch size is even and fixed), the Generator by weighted SFT."""
+    """Start-up: the Solver trains by DPO (β = kl_coef > 0, each pair in one micro-batch), the Generator by SFT."""
     from unifiedplayers.config import role_trainer_config
 
     roles = set(cfg.method.roles) if cfg.method.trainable else set()
@@ -458,9 +432,8 @@ def socratic_data(played: Any) -> SocraticTask:
 
 @register_method("socratic_zero")
 class SocraticZero(Method):
-    """Socratic-Zero's hooks into the outer loop (module docstring). Its run state: the curriculum, the refinements
-    the Generator has not imitated yet (``fresh``) and the Solver's recent failures (the Generator's prompts); a
-    task's Teacher feedback lives on its record (:class:`SocraticTask`)."""
+    """Socratic-Zero's hooks into the outer loop. Its run state: the curriculum, the refinements not imitated yet
+    (``fresh``) and the Solver's recent failures (the Generator's prompts)."""
 
     Settings = SocraticSettings
 
@@ -490,9 +463,8 @@ class SocraticZero(Method):
                 for i in range(n)]
 
     def phase_tasks(self, role: str, groups: list, used: list, unused: list, n: int) -> tuple[list, list, list]:
-        """Execution: ``n`` tasks mixed from the curriculum and the Generator (mix_tasks; the Generator's
-        tasks left out are recorded as unused). Planning: the Generator's tasks plus the fresh refinements,
-        whose success rate gives the imitation weights. The Teacher's problems are one extra group."""
+        """Execution: ``n`` tasks mixed from the curriculum and the Generator (:func:`mix_tasks`). Planning: the
+        Generator's tasks plus the fresh refinements, as one extra group."""
         if role == "execution":
             tasks = mix_tasks(self.curriculum, used, n, self.settings.curriculum_share)
             unused = list(unused) + [t for t in used if not any(t is c for c in tasks)]  # the Generator's left out
@@ -509,9 +481,8 @@ class SocraticZero(Method):
 
     # -- after them (rank 0)
     def after_rollouts(self, role: str, played: Sequence[Any]) -> dict[str, Any]:
-        """The Teacher grades the phase; an Execution phase's failures are refined into the curriculum (and
-        wait as fresh refinements for the Generator) and kept as the Generator's prompts. Each played task keeps
-        its grades, pairs and imitation example (:class:`SocraticTask`); returns the phase's Teacher figures."""
+        """The Teacher grades the phase; an Execution phase's failures are refined into the curriculum and kept as the
+        Generator's prompts. Each played task keeps its :class:`SocraticTask`; returns the phase's Teacher figures."""
         s = self.settings
         fb = socratic_phase(self.teacher, [p.task for p in played], [p.rollouts for p in played],
                             s.refine_per_phase if role == "execution" else 0, s.max_pairs_per_task, s.utility_mu,

@@ -1,10 +1,7 @@
 """Reward sources: the named reward functions a method's config picks for each player (``method.<role>_reward``),
-the one way a method gets, and changes, a player's rewards.
-
-UnifiedPlayers uses ``verdict`` (Eq. 4 for Execution, Eq. 5 for Evaluation) and ``unifiedplayers`` (Eq. 2 for
-Planning); the baselines add theirs in their own modules (``majority_vote`` is here, shared by R-Zero and
-Agent0). A source reads one task's :class:`unifiedplayers.feedback.pipeline.TaskFeedback`, or, registered with
-``batch=True``, the list of all the phase's tasks (R-Zero's and Agent0's within-batch repetition penalty)::
+the one way a method gets a player's rewards. A source reads one task's
+:class:`unifiedplayers.feedback.pipeline.TaskFeedback`, or, registered with ``batch=True``, the list of all the
+phase's tasks (R-Zero's and Agent0's within-batch repetition penalty)::
 
     @register_reward_source("planning", "my_curriculum")
     def my_curriculum(fb: TaskFeedback) -> float: ...

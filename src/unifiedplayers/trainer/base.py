@@ -1,20 +1,13 @@
-"""The trainer of one player (§3.3, Appendix B.3): :class:`BaseTrainer`, the GRPO update every backend shares, with
-the reference policy, the block diagnostics and checkpoints, and the hooks a backend supplies (the methods here that
-raise ``NotImplementedError``): plain torch in :mod:`~.torch_backend`, DeepSpeed ZeRO-2/3 in :mod:`~.deepspeed_backend`,
-built by name (:func:`~unifiedplayers.trainer.backends.build_trainer`). Backends import this module, never each other.
+"""The trainer of one player (§3.3, Appendix B.3): :class:`BaseTrainer`, the GRPO update every backend shares, and the
+hooks a backend supplies (the methods that raise ``NotImplementedError``; backends import this module, never each
+other).
 
-One :meth:`BaseTrainer.update` is one optimizer step over a batch: the micro-batches of
-:func:`~unifiedplayers.trainer.batching.plan_micro_batches` (Eq. 21 weights from the whole batch), each run through the
-model once for the log-probs of its trainable tokens, the loss of :mod:`unifiedplayers.trainer.grpo`, then AdamW with
-gradient clipping. π_old is the behaviour log-probs, or the trainer's own forward at the phase's start
-(:meth:`~BaseTrainer.recompute_old_logprobs`). π_ref (Eq. 20) is a frozen copy of the weights at the outer
-iteration's start (``ref_mode: copy``) or those weights swapped in once per batch (``precompute``); it is taken at the
-iteration's first update, just before its step (until then the policy is π_ref).
-
-Data-parallel ranks (``dist``) each receive the whole batch, run the micro-batches ``i`` with ``i mod N = rank`` and sum
-their gradients before the step, so every rank takes the step of the whole batch. A backend whose forward and backward
-are collectives sets ``lockstep_micro_batches``; one that shards its checkpoint over the ranks sets
-``collective_checkpoint``. An idle player keeps only the weights it samples with (:meth:`~BaseTrainer.offload_state`).
+One :meth:`BaseTrainer.update` is one optimizer step: the micro-batches of
+:func:`~unifiedplayers.trainer.batching.plan_micro_batches` (Eq. 21 weights from the whole batch), the loss of
+:mod:`unifiedplayers.trainer.grpo`, then AdamW with gradient clipping. π_ref (Eq. 20) is a frozen copy of the weights
+at the outer iteration's start (``ref_mode: copy``) or those weights swapped in once per batch (``precompute``).
+Data-parallel ranks each receive the whole batch, run the micro-batches ``i`` with ``i mod N = rank`` and sum their
+gradients before the step, so every rank takes the step of the whole batch.
 """
 from __future__ import annotations
 
@@ -112,8 +105,7 @@ class BaseTrainer:
         self._has_reference = False
         self._finished = False  # offload_state(final=True): the run's last update of this player is behind it
         if cfg.kl_coef != 0.0 and cfg.ref_mode == "copy":
-            # Copied before a backend wraps or shards the model, in the compute dtype (an adapter: over the shared
-            # backbone); loaded at the iteration's first update.
+            # Copied before a backend wraps or shards the model; loaded at the iteration's first update.
             self._ref_model = (share_base(model).requires_grad_(False).eval() if is_adapted(model) else
                                cast_parameters(copy.deepcopy(model), self.compute_dtype).requires_grad_(False).eval())
         self._setup(model)
@@ -132,7 +124,7 @@ class BaseTrainer:
 
     @property
     def model(self) -> nn.Module:
-        """The policy as a plain transformers module (for export and checkpoints: the master weights)."""
+        """The policy as a plain transformers module (the master weights)."""
         raise NotImplementedError
 
     @property
@@ -141,8 +133,7 @@ class BaseTrainer:
         return self.model
 
     def sampling_model(self, dtype: torch.dtype) -> nn.Module:
-        """A module for rollouts in ``dtype``, equal to the policy after every optimizer step (default: :attr:`model`,
-        whatever its dtype: a backend that cannot keep copies samples from its own module)."""
+        """A module for rollouts in ``dtype``, equal to the policy after every step (default: :attr:`model` itself)."""
         return self.model
 
     def _sync_copies(self) -> None:
@@ -218,10 +209,9 @@ class BaseTrainer:
             return {k: v.detach().clone() for k, v in policy_state(self.model).items()}
 
     def offload_state(self, final: bool = False) -> None:
-        """The player goes idle: everything but the weights it samples with is parked (:mod:`.offload`) until the
-        next update, checkpoint or reference pass needs it. ``final``: the player takes no further update in this run
-        (the checkpoint just saved holds its state): what is parked is freed unwritten, and a later update, save or
-        read of the master weights fails until a checkpoint is loaded."""
+        """The player goes idle: everything but the weights it samples with is parked (:mod:`.offload`). ``final``: it
+        takes no further update in this run: that is freed unwritten, and a later update or save fails until a
+        checkpoint is loaded."""
         self._park_reference(keep=not final)
         self._offload_optimizer(keep=not final)
         self._finished = final
@@ -235,8 +225,7 @@ class BaseTrainer:
         return Path(self.cfg.offload_dir or tempfile.gettempdir())
 
     def _host_weights(self) -> Optional[dict[str, Tensor]]:
-        """The policy's full weights copied to the host on the ranks that hold π_ref, None on the others (a
-        collective under ZeRO-3: every rank calls it). Tied weights stay one tensor."""
+        """The policy's full weights on the host on the ranks that hold π_ref, None on the others (a collective)."""
         with self.gathered_weights():
             return host_copy(policy_state(self.model)) if self._holds_reference else None
 
@@ -282,8 +271,7 @@ class BaseTrainer:
         return list((self._ref_state or {}).values())
 
     def _park_reference(self, keep: bool = True) -> None:
-        """π_ref to a file without a name while the player is idle (freed without a file when none is taken, or
-        when ``keep`` is False: it is of no further use)."""
+        """π_ref to a file without a name while the player is idle (freed unwritten: none taken, or not ``keep``)."""
         if self._reference_parked is None and self.cfg.kl_coef != 0.0:
             self._reference_parked = ParkedTensors(self._reference_tensors(), self._offload_dir(),
                                                    contents=self._has_reference and keep)
@@ -422,9 +410,8 @@ class BaseTrainer:
     @torch.no_grad()
     @in_update_threads
     def recompute_old_logprobs(self, samples: Sequence[TrainSample]) -> None:
-        """π_old := this trainer's own forward over ``samples`` (``trainer.recompute_old_logprobs``; verl's default),
-        before the phase's first step; each sample keeps what it was sampled with in ``behaviour_logprobs``. Every
-        rank calls it with the same samples, runs its micro-batches of the update's split and gets all the log-probs."""
+        """π_old := this trainer's own forward over ``samples`` (``trainer.recompute_old_logprobs``), split as the
+        update will be; each sample keeps what it was sampled with in ``behaviour_logprobs``."""
         samples = list(samples)
         if not samples:
             return
@@ -445,8 +432,8 @@ class BaseTrainer:
         self.entropy_bank = [_as_tensor(c, torch.long) for c in list(contexts)[: self.cfg.entropy_bank_size]]
 
     def bank_entropy(self) -> float:
-        """Mean token entropy of the current policy on the entropy bank; data-parallel ranks share the bank (every
-        rank calls it, and every rank gets the one-rank value, bit for bit)."""
+        """Mean token entropy of the current policy on the entropy bank (ranks share it; the one-rank value, bit for
+        bit)."""
         if not self.entropy_bank:
             raise RuntimeError("no entropy bank: pass entropy_bank= to build_trainer or call set_entropy_bank")
         return shared_mean_token_entropy(self.compute_model, self.entropy_bank, self.dist,
@@ -473,9 +460,8 @@ class BaseTrainer:
 
     @in_update_threads  # as inside an update: the same floats
     def block_diagnostics(self) -> dict[str, float]:
-        """The block is over (called once, on every rank, after its last update): grad-norm median and CV of the
-        block, and entropy retention (Appendix D.2): the final bank entropy is scored now, unless the last score is
-        of these weights already (the block's start without an update since, or an ``entropy_every``-th update)."""
+        """The block is over: grad-norm median and CV of the block, and entropy retention (Appendix D.2), the final bank
+        entropy scored now unless the last score is of these weights already."""
         if self.entropy_bank and self.entropy.history and self.entropy.step != self.global_step:
             self.entropy.record(self.bank_entropy(), self.global_step)
         out = grad_norm_block_stats(self.block_grad_norms)
@@ -487,8 +473,8 @@ class BaseTrainer:
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, path: str | os.PathLike) -> Path:
-        """Write weights, optimizer, scheduler, reference, RNG and trainer state atomically to ``path``. Called on
-        every rank: rank 0 writes, and so does every rank of a ``collective_checkpoint`` backend (its shards)."""
+        """Write weights, optimizer, scheduler, reference, RNG and trainer state atomically to ``path`` (every rank
+        calls it)."""
         self._check_not_finished()
         if not self.dist.is_main and not self.collective_checkpoint:
             return Path(path)

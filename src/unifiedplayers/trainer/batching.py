@@ -1,8 +1,5 @@
-"""Micro-batches of one update (Appendix B.3, Eq. 21): the split of a batch, right-padded collation, metric merging.
-
-Pure data handling, no model and no optimizer; :class:`~unifiedplayers.trainer.base.BaseTrainer` calls it.
-Samples are :class:`~unifiedplayers.trainer.sample.TrainSample`-like (``token_ids``, ``loss_mask``,
-``old_logprobs``, ``advantage``, ``group``, optional ``clip_high``).
+"""Micro-batches of one update (Appendix B.3, Eq. 21): the split of a batch, right-padded collation, metric merging; pure
+data handling over :class:`~unifiedplayers.trainer.sample.TrainSample`-like samples.
 """
 from __future__ import annotations
 
@@ -79,13 +76,10 @@ _warned_over_budget: set[int] = set()
 
 
 def rank_micro_batches(lengths: Sequence[int], cfg, world_size: int = 1) -> list[list[list[int]]]:
-    """Each rank's micro-batches of one update (sample indices), in the order it runs them.
-
-    ``trainer.max_tokens_per_micro_batch`` unset: consecutive samples, ``micro_batch_size`` of them (or the batch in
-    ``grad_accum_steps`` parts), micro-batch ``i`` on rank ``i mod world_size``. Set: a token budget (what verl calls
-    dynamic batch size): the samples longest first (ties in batch order) go each to the rank holding the fewest
-    tokens so far, and each rank fills its micro-batches in that order while rows x the micro-batch's longest
-    sample stays within the budget; a sample longer than the budget is a micro-batch of its own (one warning)."""
+    """Each rank's micro-batches of one update (sample indices), in the order it runs them: consecutive samples,
+    micro-batch ``i`` on rank ``i mod world_size``; or, under ``trainer.max_tokens_per_micro_batch``, the samples
+    longest first (ties in batch order) each to the rank with the fewest tokens, micro-batches filled while rows ×
+    the longest sample fits the budget (a longer sample alone, with one warning)."""
     n = len(lengths)
     budget = getattr(cfg, "max_tokens_per_micro_batch", None)
     if budget is None:
@@ -130,12 +124,8 @@ def pad_share(lengths: Sequence[int], members: Sequence[Sequence[int]]) -> float
 
 def plan_micro_batches(samples: Sequence[Any], cfg, *, rank: int, world_size: int, lockstep: bool,
                        device: torch.device, pad_id: int) -> MicroBatchPlan:
-    """Split ``samples`` into micro-batches (:func:`rank_micro_batches`) and collate this rank's share (Appendix B.3).
-
-    The Eq. 21 weights are computed over the *whole* batch (:mod:`~unifiedplayers.trainer.grpo`), however the samples
-    are grouped and whichever rank runs them. Under ``lockstep`` (a backend whose forward and backward are
-    collectives) a rank with fewer micro-batches than the busiest runs zero-weight copies of one until it has as many.
-    """
+    """Split ``samples`` into micro-batches and collate this rank's share, with the Eq. 21 weights of the whole batch.
+    Under ``lockstep`` a rank with fewer micro-batches than the busiest runs zero-weight copies until it has as many."""
     counts = torch.tensor([int(_as_tensor(s.loss_mask, torch.long).sum()) for s in samples])
     groups = torch.tensor([int(s.group) for s in samples])
     weights = grpo.get_aggregation(cfg.aggregation)(counts, groups)

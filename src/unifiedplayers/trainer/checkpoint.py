@@ -1,10 +1,6 @@
-"""Atomic per-player checkpoint directories and RNG state capture.
-
-A checkpoint is a directory. It is written under ``<parent>/.<name>.tmp-<pid>`` and renamed into place
-only when complete, so a crash never leaves a half-written checkpoint under the final name; an older
-checkpoint of the same name is moved aside and removed after the rename. Data-parallel ranks that each
-write a part of one checkpoint (DeepSpeed's optimizer partitions) share rank 0's temporary directory, and
-rank 0 renames it once every rank is done.
+"""Atomic per-player checkpoint directories and RNG state capture: a checkpoint is written under
+``<parent>/.<name>.tmp-<pid>`` and renamed into place when complete (an older one of that name moved aside, then
+removed); ranks that each write a part of it share rank 0's temporary directory.
 """
 from __future__ import annotations
 
@@ -43,11 +39,8 @@ def restore_rng_state(state: dict[str, Any]) -> None:
 
 @contextlib.contextmanager
 def atomic_directory(path: str | os.PathLike, dist: DistContext = SINGLE) -> Iterator[Path]:
-    """Yield a temporary directory that becomes ``path`` when the block exits without error.
-
-    With ``dist`` every rank must enter: all get the same directory, and it is renamed after all have left
-    the block. (A rank that fails ends the whole job under torchrun, so the others never wait for it.)
-    """
+    """Yield a temporary directory that becomes ``path`` when the block exits without error. With ``dist`` every rank
+    enters, all get the same directory, and it is renamed after all have left."""
     final = Path(path)
     tmp = final.parent / dist.broadcast(f".{final.name}.tmp-{os.getpid()}")
     if dist.is_main:

@@ -5,15 +5,9 @@ The engine's gradient accumulation count stays 1: ``backward`` runs once per mic
 (the Eq. 21 weights already sum to 1 over the batch), only the last micro-batch is the accumulation boundary, and
 ``step`` runs once per update. The engine wraps :class:`~unifiedplayers.trainer.logprobs.TokenLogprobModel`, so every
 forward goes through ``engine.forward``, where ZeRO-3 advances its micro-step counter (without it each micro-batch's
-gradient would overwrite the last). Data-parallel ranks: the engine *averages* gradients over the ranks, so each loss
-is scaled by the world size (:meth:`DeepSpeedTrainer._backward`); every forward and backward is a collective
-(``lockstep_micro_batches``), each rank writes its optimizer partition (``collective_checkpoint``), and under ZeRO-3
-reading the full weights (:meth:`~DeepSpeedTrainer.gathered_weights`) is a collective too.
-
-Runs on CPU (gloo) as on GPUs. DeepSpeed's C++ ops are JIT-built into ``TORCH_EXTENSIONS_DIR`` (default
-``~/.cache/unifiedplayers/torch_extensions``). ZeRO-Offload (``trainer.offload_optimizer``) steps on the host with
-DeepSpeed's CPU Adam (:func:`make_ds_optimizer`). Tested with the versions of :data:`DEEPSPEED_WINDOW`
-(:func:`check_deepspeed_version`).
+gradient would overwrite the last). The engine averages gradients over the ranks, so each loss is scaled by the world
+size (:meth:`DeepSpeedTrainer._backward`). DeepSpeed's C++ ops are JIT-built into ``TORCH_EXTENSIONS_DIR`` (default
+``~/.cache/unifiedplayers/torch_extensions``).
 """
 from __future__ import annotations
 
@@ -114,9 +108,8 @@ def offloads_optimizer(ds: Mapping[str, Any]) -> bool:
 
 
 def skip_inference_comm_op() -> None:
-    """Keep DeepSpeed from building its shared-memory all-reduce op (``deepspeed_shm_comm``), which its
-    communication backend builds on start on a CPU. Only DeepSpeed-Inference's ``inference_all_reduce`` calls it;
-    training reduces through torch.distributed (gloo here), and the inference call falls back to it as well."""
+    """Keep DeepSpeed from building its shared-memory all-reduce op on a CPU: only DeepSpeed-Inference calls it;
+    training reduces through torch.distributed."""
     import deepspeed.ops
 
     compatible = getattr(deepspeed.ops, "__compatible_ops__", None)
@@ -125,9 +118,8 @@ def skip_inference_comm_op() -> None:
 
 
 def load_cpu_adam_op() -> Any:
-    """DeepSpeed's CPU Adam op, JIT-built on first use into ``TORCH_EXTENSIONS_DIR``: DeepSpeed's sources and flags
-    without ``-g``, as one translation unit (:func:`cpu_adam_unity_source`: torch's headers parsed once; figures in
-    benchmarks/README.md, "Building DeepSpeed's CPU Adam op"). :class:`DeepSpeedCPUAdam` then finds it loaded."""
+    """DeepSpeed's CPU Adam op, JIT-built on first use without ``-g`` as one translation unit
+    (:func:`cpu_adam_unity_source`; benchmarks/README.md, "Building DeepSpeed's CPU Adam op")."""
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(DEFAULT_EXTENSIONS_DIR))
     from deepspeed.ops.op_builder import CPUAdamBuilder
 
@@ -140,10 +132,8 @@ def load_cpu_adam_op() -> Any:
 
 
 def cpu_adam_unity_source(sources: Sequence[str], directory: Path) -> Path:
-    """``directory/cpu_adam_unity.cpp``: one translation unit that includes ``sources`` (absolute paths) in order.
-    It names their SHA-256 too: torch rebuilds an op when a listed source's text changes, and the included files
-    are not listed, so a DeepSpeed upgrade changes this file. Written whole (a rename), and only when it differs,
-    for processes that build the op at the same time."""
+    """``directory/cpu_adam_unity.cpp``, including ``sources`` in order and naming their SHA-256 (torch rebuilds an
+    op only when a listed source changes); written atomically, and only when it differs."""
     lines = ["// DeepSpeed's CPU Adam op as one translation unit (unifiedplayers.trainer.deepspeed_backend)."]
     for source in sources:
         digest = hashlib.sha256(Path(source).read_bytes()).hexdigest()
@@ -159,9 +149,8 @@ def cpu_adam_unity_source(sources: Sequence[str], directory: Path) -> Path:
 
 
 def make_ds_optimizer(cfg, model: nn.Module, ds: Mapping[str, Any]) -> torch.optim.Optimizer:
-    """The optimizer handed to ``deepspeed.initialize``: under ZeRO-Offload, DeepSpeed's CPU Adam in AdamW mode with
-    :func:`make_optimizer`'s parameter groups and hyper-parameters (DeepSpeed refuses a torch optimizer there); else
-    :func:`make_optimizer`'s torch AdamW."""
+    """The optimizer handed to ``deepspeed.initialize``: under ZeRO-Offload, DeepSpeed's CPU Adam in AdamW mode (it
+    refuses a torch optimizer there), else :func:`make_optimizer`'s."""
     if not offloads_optimizer(ds):
         return make_optimizer(cfg, model)
     from deepspeed.ops.adam import DeepSpeedCPUAdam
@@ -180,10 +169,8 @@ _ON_HOST_UNDER_OFFLOAD = {2: ("optim_states", "hp_params"), 3: ("optim_states", 
 
 
 def states_to_offload(stage: int, cpu_optimizer: bool, optimizer: str) -> tuple[str, ...]:
-    """What an idle player's engine moves to the host (``offload_states(include=...)``): never the weights (see the
-    comment above). ``optimizer``: the class name of the engine's basic optimizer. As DeepSpeed's ``offload_states``
-    allows (:data:`DEEPSPEED_WINDOW`): under ZeRO-Offload (``cpu_optimizer``) it leaves out what already lives on the
-    host; ZeRO-3 moves optimizer state and master weights of ``FusedAdam`` only (else it asserts)."""
+    """What an idle player's engine moves to the host (``offload_states(include=...)``), as DeepSpeed allows: not what
+    ZeRO-Offload keeps there already; under ZeRO-3 optimizer state and master weights of ``FusedAdam`` only."""
     states = _ZERO3_STATES if stage == 3 else _ZERO2_STATES
     if cpu_optimizer:
         return tuple(s for s in states if s not in _ON_HOST_UNDER_OFFLOAD[stage])
@@ -302,9 +289,8 @@ class DeepSpeedTrainer(BaseTrainer):
             raise FileNotFoundError(f"no DeepSpeed checkpoint under {directory / 'deepspeed'}")
 
     def _offload_optimizer(self, keep: bool = True) -> None:
-        """Move :func:`states_to_offload` off the accelerator (into unpinned host memory), then park the optimizer's
-        host tensors (:meth:`host_optimizer_tensors`) in a file without a name; the weights stay. On a CPU-only
-        machine the host is the device: only ZeRO-3's gradient bucket is let go (to the meta device)."""
+        """Move :func:`states_to_offload` to the host, then park the optimizer's host tensors in a file without a name;
+        the weights stay. On a CPU the host is the device: only ZeRO-3's gradient bucket is let go."""
         if self._offloaded or self._parked is not None:
             return
         include = self.idle_offload_states()
@@ -319,9 +305,8 @@ class DeepSpeedTrainer(BaseTrainer):
                                       contents=keep)
 
     def host_optimizer_tensors(self) -> list[Tensor]:
-        """The tensors the engine's ZeRO optimizer holds (its attributes' tensors, lists and dicts of them, their
-        gradients) and its basic optimizer's state; those on the host are what an idle player parks. The weights
-        among them (:meth:`_weights`) are kept."""
+        """The tensors the engine's ZeRO optimizer and its basic optimizer hold (what an idle player parks, the
+        weights aside)."""
         zero = self.engine.optimizer
         basic = getattr(zero, "optimizer", None)
         out = [t for value in vars(zero).values() for t in _tensors(value)]

@@ -1,10 +1,6 @@
-"""Optimisation diagnostics (§4.4, Appendix D.2; Tables 4, 7, 8).
-
-- :func:`grad_norm_block_stats`: median and coefficient of variation of the pre-clipping global gradient
-  norms of one block.
-- :class:`EntropyRetention`: mean token entropy on a fixed bank of held-out role contexts at the block's start and
-  end (``trainer.entropy_every`` = n > 0: also after every n-th update); ``ratio`` = final / initial. The trainer
-  scores the bank (:meth:`~unifiedplayers.trainer.base.BaseTrainer.bank_entropy`).
+"""Optimisation diagnostics (§4.4, Appendix D.2; Tables 4, 7, 8): the pre-clipping gradient norms' median and CV of a
+block (:func:`grad_norm_block_stats`), and the entropy retention on a bank of held-out role contexts
+(:class:`EntropyRetention`, ``ratio`` = final / initial).
 """
 from __future__ import annotations
 
@@ -16,11 +12,8 @@ import numpy as np
 
 
 def grad_norm_block_stats(grad_norms: Sequence[float]) -> dict[str, float]:
-    """Median and CV (population std / mean) of a block's pre-clipping gradient norms.
-
-    Non-finite norms (an overflowing step) are dropped and counted separately so that one bad step does
-    not turn the block's statistics into NaN.
-    """
+    """Median and CV (population std / mean) of a block's pre-clipping gradient norms; non-finite ones are dropped
+    and counted apart."""
     values = np.asarray([g for g in grad_norms if g is not None], dtype=np.float64)
     finite = values[np.isfinite(values)]
     if finite.size == 0:

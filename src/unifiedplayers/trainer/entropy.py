@@ -1,16 +1,11 @@
-"""The entropy bank's mean token entropy (Appendix D.2) scored by data-parallel ranks together.
+"""The entropy bank's mean token entropy (Appendix D.2) scored by data-parallel ranks together, bit for bit as one rank.
 
-:func:`~unifiedplayers.trainer.logprobs.mean_token_entropy` runs the bank as micro-batches of
-:data:`~unifiedplayers.trainer.logprobs.ENTROPY_BATCH` contexts and adds, in bank order, the entropy sum of each
-:data:`~unifiedplayers.trainer.logprobs.ENTROPY_ROWS`-row part as a Python float. Here the ranks share those same
-micro-batches: rank r of N runs micro-batches r, r + N, r + 2N, ... (each context in the batch one rank would give
-it, so every part sum is one rank's, bit for bit); the (sum, rows) of every part are all-gathered and added in the
-one-rank order, so the mean is one rank's, bit for bit.
-
-Under ZeRO-3 a forward gathers each module's parameters collectively, so every rank must call the decoder and the LM
-head as often as the others (``lockstep``): a rank with one micro-batch fewer runs micro-batch 0 again and discards
-it, and a pass whose micro-batch has fewer 512-row parts than another rank's calls the head on one zero row for each
-missing part. Every rank knows the whole bank, so each works out the others' part counts without asking.
+:func:`~unifiedplayers.trainer.logprobs.mean_token_entropy` runs the bank as micro-batches and adds, in bank order, the
+entropy sum of each :data:`~unifiedplayers.trainer.logprobs.ENTROPY_ROWS`-row part. Here rank r of N runs micro-batches
+r, r + N, ... of that same split, and the (sum, rows) of every part are all-gathered and added in the one-rank order.
+Under ZeRO-3 (``lockstep``) every rank calls the decoder and the LM head as often as the others: a rank short of a
+micro-batch runs micro-batch 0 again and discards it, and one short of a part calls the head on one zero row. Every
+rank knows the whole bank, so each works out the others' part counts without asking.
 """
 from __future__ import annotations
 

@@ -1,17 +1,8 @@
-"""Model FLOPs of the trainer's passes, counted from the shapes that ran (the MFU convention).
-
-One multiply-add is 2 FLOPs. A forward pass of a decoder-only LM costs
-- 2 · P_lin per token run, for the decoder's linear layers (P_lin: the number of their weights);
-- 4 · heads · head_dim per (query, key) pair that a causal query attends to, per layer: the scores
-  q·k and the weighted sum of the values;
-- 2 · hidden · vocab per row the LM head scores.
-
-A training update costs 3× the forward of what it trains (the backward does two matmuls for each one of
-the forward). Recomputation (gradient checkpointing, a chunked LM head's second logits pass) is not
-counted, as MFU does not count it; the padding positions the decoder runs are.
-
-These figures turn the trainer's timings into an achieved rate (``perf/update_tflop_per_s``) that can be
-set against the machine's matmul rate (measured: benchmarks/README.md).
+"""Model FLOPs of the trainer's passes, counted from the shapes that ran (the MFU convention; one multiply-add is
+2 FLOPs). A decoder-only LM's forward costs 2 · P_lin per token (P_lin: the decoder's linear weights), 4 · heads ·
+head_dim per causal (query, key) pair per layer, and 2 · hidden · vocab per row the LM head scores. An update costs 3×
+the forward of what it trains; recomputation is not counted, the padding positions are. They give
+``perf/update_tflop_per_s`` (benchmarks/README.md).
 """
 from __future__ import annotations
 
@@ -21,10 +12,7 @@ from torch import nn
 
 
 def linear_weights(body: nn.Module) -> int:
-    """Weights of the ``nn.Linear`` layers inside ``body`` (the decoder without its LM head).
-
-    Read from the layers' shapes, so it also holds for ZeRO-3's partitioned parameters.
-    """
+    """Weights of the ``nn.Linear`` layers inside ``body``, from their shapes (so under ZeRO-3 too)."""
     return sum(m.in_features * m.out_features for m in body.modules() if isinstance(m, nn.Linear))
 
 
@@ -39,10 +27,7 @@ def attention_shape(config: object) -> Optional[tuple[int, int, int]]:
 
 
 def causal_pairs(end: int, start: int = 0) -> int:
-    """(query, key) pairs of causal attention for the queries at positions start … end − 1.
-
-    The query at position i attends to the keys 0 … i, so this is Σ_{i=start}^{end−1} (i + 1).
-    """
+    """(query, key) pairs of causal attention of the queries at start … end − 1: Σ_{i=start}^{end−1} (i + 1)."""
     if end <= start:
         return 0
     return (end * (end + 1) - start * (start + 1)) // 2

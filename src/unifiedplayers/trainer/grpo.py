@@ -9,12 +9,9 @@ Equation numbers follow the paper's Appendix B.3:
 - Eq. 21  aggregation               tokens within a candidate, candidates within a group, groups
                                     over the batch                                   -> :func:`seq_group_mean_weights`
 
-Everything is registered by name, verl style, so a new loss, estimator or aggregation needs no trainer edit
-(``@register_policy_loss("my_loss")``). Aggregations are *per-sample token weights* summing to 1 over the batch:
-linear in the token terms, so a trainer that computes them once over the whole batch (:func:`aggregation_weights`)
-and passes each micro-batch its slice (``sample_weights=``) gets the whole batch's loss as the sum of the
-micro-batches' losses, with no rescaling. π_old (the behaviour policy) and π_ref (the weights at the outer
-iteration's start) both enter as fixed tensors.
+Everything is registered by name, verl style (``@register_policy_loss("my_loss")``). Aggregations are *per-sample
+token weights* summing to 1 over the whole batch (:func:`aggregation_weights`), so the micro-batches' losses, each
+with its slice (``sample_weights=``), add up to the batch's loss. π_old and π_ref enter as fixed tensors.
 """
 from __future__ import annotations
 
@@ -81,10 +78,8 @@ def group_advantages(rewards: Tensor, group_index: Tensor, eps: float = 1e-6, un
     """Eq. 17: Â_g = (r_g − mean_{g' ∈ G(g)} r_g') / (std_{g' ∈ G(g)} r_g' + ε).
 
     ``rewards`` (N,) of the candidates, ``group_index`` (N,) their group labels (any integers) -> (N,) advantages,
-    float32 (float64 for float64 rewards). The std is the *population* std by default (``unbiased``: divide by n − 1):
-    the paper's s_p is "the standard deviation of the rewards in this group", a description of the group itself; it
-    is defined for a group of one (a zero advantage), and the choice only rescales a group's advantages by
-    sqrt((n−1)/n). Equal rewards give exactly zero advantages.
+    float32 (float64 for float64 rewards). The std is the *population* std (the paper's s_p describes the group
+    itself; defined for a group of one), unless ``unbiased``. Equal rewards give exactly zero advantages.
     """
     rewards = rewards.to(torch.float64 if rewards.dtype == torch.float64 else torch.float32)
     dense, num_groups = _group_ids(group_index)
@@ -199,11 +194,9 @@ def policy_loss(
     entropy: Optional[Tensor] = None,
     clip_high: Optional[Tensor] = None,
 ) -> tuple[Tensor, dict[str, float]]:
-    """The GRPO loss of one player (Eqs. 18–21); minimise it.
-
-    Token objective ℓ_t = min(ϱ_t Â, clip(ϱ_t, 1 − ε, 1 + ε) Â) − β_p · KL_t(π_θ ‖ π_ref)   (Eqs. 19, 20),
-    with ϱ_t = exp(log π_θ − log π_old) (Eq. 18); loss = −Σ_{n,t} w_n · mask_{n,t} · ℓ_{n,t} with the
-    Eq. 21 weights w_n.
+    """The GRPO loss of one player (Eqs. 18–21), to minimise: ℓ_t = min(ϱ_t Â, clip(ϱ_t, 1 − ε, 1 + ε) Â) − β_p ·
+    KL_t(π_θ ‖ π_ref) (Eqs. 19, 20), ϱ_t = exp(log π_θ − log π_old) (Eq. 18); loss = −Σ_{n,t} w_n · mask_{n,t} · ℓ_{n,t}
+    with the Eq. 21 weights w_n.
 
     ``logprobs`` (N, T) log π_θ (with gradient), ``old_logprobs`` (N, T) π_old's, ``ref_logprobs`` (N, T) π_ref's (None
     when β = 0), ``advantages`` (N,), ``mask`` (N, T) 1 on trainable completion tokens, ``group_index`` (N,).
@@ -238,8 +231,7 @@ def policy_loss(
 
 
 def _resolve_clip_high(clip_high: Optional[Tensor], clip_eps: float, device: torch.device) -> Optional[Tensor]:
-    """Per-sample upper clip ε_high (N,) of Eq. 19, float32 on ``device``; NaN entries (a sample without its
-    own upper clip) become ``clip_eps``. None stays None (ε on both sides)."""
+    """Per-sample upper clip ε_high (N,) of Eq. 19, float32 on ``device``, NaN entries as ``clip_eps``; None stays None."""
     if clip_high is None:
         return None
     clip_high = clip_high.to(device, torch.float32)
@@ -248,11 +240,8 @@ def _resolve_clip_high(clip_high: Optional[Tensor], clip_eps: float, device: tor
 
 def _kl_penalty(pg_loss: Tensor, logprobs: Tensor, ref_logprobs: Optional[Tensor], token_weights: Tensor,
                 kl_coef: float, kl_estimator: str) -> tuple[Tensor, Optional[Tensor]]:
-    """Eq. 20: loss = pg_loss + β_p · Σ w · KL_t(π_θ ‖ π_ref); returns (loss, per-token KL or None).
-
-    Skipped entirely (no π_ref needed) when β_p = 0; the KL is then still measured, without gradient, if
-    ``ref_logprobs`` is given.
-    """
+    """Eq. 20: loss = pg_loss + β_p · Σ w · KL_t(π_θ ‖ π_ref); returns (loss, per-token KL or None). β_p = 0: no
+    penalty, the KL measured without gradient if ``ref_logprobs`` is given."""
     if kl_coef != 0.0:
         if ref_logprobs is None:
             raise ValueError("kl_coef != 0 needs ref_logprobs")
@@ -292,12 +281,8 @@ def dpo_loss(logprobs: Tensor, old_logprobs: Tensor, ref_logprobs: Optional[Tens
              aggregation: str = "seq_group_mean", **_: object) -> tuple[Tensor, dict[str, float]]:
     """DPO (Rafailov et al. 2023), the Solver's loss in Socratic-Zero: per preference pair (y_w, y_l),
     −log σ(β [(log π_θ(y_w) − log π_ref(y_w)) − (log π_θ(y_l) − log π_ref(y_l))]), sequence log-probs summed
-    over the trainable tokens; β = ``kl_coef`` (DPO's β is the KL coefficient of the objective it solves).
-
-    A pair is a group of two samples: ``advantages`` +1 marks the chosen one, −1 the rejected one (both in
-    the same micro-batch). A pair weighs what its two samples weigh under ``sample_weights`` (the Eq. 21
-    weights give every pair 1/#pairs), so micro-batch losses add up to the batch's loss.
-    """
+    over the trainable tokens; β = ``kl_coef``. A pair is a group of two samples in one micro-batch, ``advantages``
+    +1 the chosen, −1 the rejected; it weighs what its samples weigh under ``sample_weights`` (1/#pairs)."""
     if kl_coef <= 0.0 or ref_logprobs is None:
         raise ValueError("dpo needs β = trainer kl_coef > 0 and the reference log-probs")
     maskf = mask.to(logprobs.dtype)

@@ -139,10 +139,9 @@ class ParkedTensors(_Parked):
 
 
 class ParkedStorages(_Parked):
-    """The host storages of ``tensors`` (at least ``min_bytes``, resizable: not pinned), except those of ``keep``,
-    parked: written to a file without a name in ``directory`` and resized to zero bytes, until :meth:`restore` gives
-    the same storages their bytes back, so every view over them sees its values again. Until then none may be read
-    (a kernel over a freed storage faults). ``contents=False`` as :class:`ParkedTensors`'."""
+    """The host storages of ``tensors`` (at least ``min_bytes``, not pinned), except those of ``keep``, parked: written
+    to a file without a name and resized to zero bytes until :meth:`restore` gives them their bytes back (none may be
+    read before). ``contents=False`` as :class:`ParkedTensors`'."""
 
     def __init__(self, tensors: Iterable[Optional[Tensor]], directory: str | Path, keep: Iterable[Tensor] = (),
                  min_bytes: int = MIN_BYTES, contents: bool = True) -> None:

@@ -1,10 +1,6 @@
-"""Mixed precision of the trainer: float32 master weights, a copy in the compute dtype, float32 log-probs.
-
-Under ``trainer.dtype=bfloat16`` the torch backend keeps the master weights, their gradients and AdamW's state
-in float32 and runs the forward and backward through a bf16 copy of the weights, refreshed after each
-optimizer step (:func:`copy_weights`): the weights are cast once per step, not at every forward as autocast
-would. The LM head's log-softmax and everything after it (log-probs, ratios, advantages, KL, the loss
-reductions) stay float32 (:mod:`unifiedplayers.trainer.logprobs`, :mod:`unifiedplayers.trainer.grpo`).
+"""Mixed precision of the trainer: float32 master weights, gradients and AdamW state, the forward and backward through a
+copy in the compute dtype refreshed after each optimizer step (:func:`copy_weights`: cast once per step, not at every
+forward as autocast would), and float32 log-probs, ratios, KL and loss.
 """
 from __future__ import annotations
 

@@ -40,9 +40,7 @@ class TorchTrainer(BaseTrainer):
     backend = "torch"
 
     def _prepare_model(self, model: nn.Module) -> nn.Module:
-        """Master weights in float32, in memory of their own (a zero-copy safetensors mapping would stay resident
-        while the player is idle). An adapter player (trainer.lora) is taken as it is: its float32 adapter is its
-        master weights, the frozen backbone under it every player's."""
+        """Master weights in float32, in memory of their own (not a safetensors mapping); an adapter player as it is."""
         if is_adapted(model):
             return model
         model = cast_parameters(model, torch.float32)
