@@ -20,8 +20,7 @@ def _uid_pids(uid, exclude=0):
 
 
 def await_uid_empty(uid, me, timeout=2.0):
-    """In a new forker (as ``uid``): kill every other process of ``uid`` and wait until none is left
-    (their parent or init reaps them), for at most ``timeout`` seconds."""
+    """In a new forker (as ``uid``): kill every other process of ``uid``; wait at most ``timeout`` s until none is left."""
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -34,8 +33,7 @@ def await_uid_empty(uid, me, timeout=2.0):
 
 
 def clean_uid(uid, timeout=5.0):
-    """In the server, after a cell's forker died: kill every process of ``uid`` and wait until none is
-    left. The forker's orphans are the server's children (it is their subreaper): reaped here."""
+    """In the server, after a cell's forker died: kill every process of ``uid`` and reap them (it is their subreaper)."""
     deadline = time.monotonic() + timeout
     while True:
         _sweep_uid(uid)
