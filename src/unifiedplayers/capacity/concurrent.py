@@ -24,7 +24,6 @@ class Need:
 
 
 def run_need(plan: Plan, machine: Hardware) -> Need:
-    """One run's :class:`Need` on ``machine``."""
     parked = plan.parked.bytes if plan.parked else 0.0
     return Need(plan.host_peak.total, plan.run_disk + plan.parked_on_run_disk(machine).bytes,
                 parked if machine.offload_disk is not None else 0.0)

@@ -98,15 +98,12 @@ def call_process(kind, text, code, function, payload, timeout, forker, workdir, 
         out["error"] = "MemoryError: the call exceeded its %d MB memory cap" % forker.memory_mb
         print(out["error"], file=sys.stderr)
     except BaseException as exc:  # noqa: BLE001 - anything the code raises is its failure
-        out["exit_code"] = 1
         try:
             tb = _user_traceback(exc)
         except MemoryError:
             tb = repr(exc)
         print(tb, file=sys.stderr, end="")
-        out["ok"] = False
-        out["error"] = "%s: %s" % (type(exc).__name__, exc)
-        out["traceback"] = tb[-4000:]
+        out.update(exit_code=1, ok=False, error="%s: %s" % (type(exc).__name__, exc), traceback=tb[-4000:])
     try:
         sys.stdout.flush()
         sys.stderr.flush()

@@ -78,11 +78,7 @@ class Server:
         raise RuntimeError("no free block of sandbox uids")
 
     def spawn(self, i):
-        ctl_r, ctl_w = os.pipe()
-        st_r, st_w = os.pipe()
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        res_r, res_w = os.pipe()
+        (ctl_r, ctl_w), (st_r, st_w), (out_r, out_w), (err_r, err_w), (res_r, res_w) = (os.pipe() for _ in range(5))
         pid = os.fork()
         if pid == 0:
             if self.iso["cell_namespaces"]:

@@ -41,10 +41,7 @@ def stdlib_mirror(cache_root, src=STDLIB):
 
     for root, dirs, files in os.walk(src):
         rel = os.path.relpath(root, src)
-        if rel == ".":
-            dirs[:] = [d for d in dirs if d not in STDLIB_SKIP]
-        else:
-            dirs[:] = [d for d in dirs if d not in ("test", "tests", "idle_test")]
+        dirs[:] = [d for d in dirs if d not in (STDLIB_SKIP if rel == "." else ("test", "tests", "idle_test"))]
         os.makedirs(os.path.join(tmp, rel), mode=0o755, exist_ok=True)
         for f in files:
             if f.endswith((".py", ".pyc", ".so")) or os.path.dirname(os.path.join(root, f)) == dynload:

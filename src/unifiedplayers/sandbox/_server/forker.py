@@ -17,7 +17,7 @@ from .framing import CELL_ERROR, DONE, DONE_BODY, ENDED, FATAL, KILLED, KIND_CAL
 from .kernel import PR_SET_CHILD_SUBREAPER, PR_SET_DUMPABLE, PR_SET_PDEATHSIG, STDLIB, libc, set_rlimit
 from .landlock import Landlock
 from .namespaces import drop_capabilities
-from .uids import await_uid_empty
+from .uids import clean_uid
 from .warmup import warm_regexes
 
 # Every fork write-protects the forker's memory, so each page it writes afterwards costs a copy-on-write fault: per
@@ -31,7 +31,7 @@ class Forker:
         self.contained = bool(iso["uid"] or iso.get("pidns"))
         self.deterministic, self.memory_mb = cfg.deterministic, cfg.memory_mb
         self.wall_factor = cfg.wall_timeout_factor or 1.0
-        self.iso, self.dir, self.ruleset = iso, cell_dir, ruleset
+        self.iso, self.ruleset = iso, ruleset
         self.ctl, self.st, self.out_w, self.err_w, self.res_w = fds
         # Every call works in the same path, made empty before it and removed after it: HOME and TMPDIR set once.
         self.work = os.path.join(cell_dir, "w")
@@ -203,7 +203,7 @@ def _take_cell_uid(cfg, iso, cell):
         os.setgid(uid)
         os.setuid(uid)
         set_rlimit(resource.RLIMIT_NPROC, cfg.max_processes + 1)
-        await_uid_empty(uid, os.getpid())  # leftovers of an earlier server or forker of this cell
+        clean_uid(uid, os.getpid(), timeout=2.0)
         libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # a call's orphans become this forker's children
         # The server's death (told after setuid, which clears the setting): kill every process of the uid, exit.
         forker_pid = os.getpid()

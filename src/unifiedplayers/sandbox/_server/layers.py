@@ -39,9 +39,7 @@ def take_isolation(cfg, root, claim_uids):
             reasons["tmpfs"] = notes[-1]
     elif cfg.workdir_tmpfs_mb > 0:
         reasons["tmpfs"] = "not root: cannot mount a private tmpfs; working directories on disk, total uncapped"
-    stdlib = STDLIB
-    if iso["uid"]:
-        stdlib = stdlib_mirror(cfg.mirror_root)
+    stdlib = stdlib_mirror(cfg.mirror_root) if iso["uid"] else STDLIB
     iso["sys_path"] = [stdlib, os.path.join(stdlib, "lib-dynload")]
     landlock = None
     if cfg.landlock:
@@ -53,8 +51,7 @@ def take_isolation(cfg, root, claim_uids):
             # errno of landlock_create_ruleset: ENOSYS not built in, EOPNOTSUPP built in but not enabled
             reasons["landlock"] = "kernel has no Landlock (%s)" % os.strerror(ctypes.get_errno())
             landlock = None
-    iso["notes"] = notes
-    iso["reasons"] = reasons
+    iso.update(notes=notes, reasons=reasons)
     return iso, landlock
 
 

@@ -19,8 +19,7 @@ def build_result(req, limit, value_limit, bufs, totals, status, how, duration, t
         "duration_s": duration,
         "memory_exceeded": False,
     }
-    exit_code = -signal.SIGKILL if how != ENDED else os.waitstatus_to_exitcode(status)
-    result["exit_code"] = exit_code
+    result["exit_code"] = exit_code = -signal.SIGKILL if how != ENDED else os.waitstatus_to_exitcode(status)
     if exit_code == 70 and "sandbox setup failed" in result["stderr"]:
         result["error"] = result["stderr"][-1000:]
     info = None
@@ -30,9 +29,8 @@ def build_result(req, limit, value_limit, bufs, totals, status, how, duration, t
         try:
             info = json.loads(res.decode("utf-8", errors="replace"))
         except (ValueError, RecursionError):
-            info = None
-        if not isinstance(info, dict):
-            info = None
+            pass
+        info = info if isinstance(info, dict) else None
     if info is not None:
         result["memory_exceeded"] = bool(info.get("memory_exceeded"))
         # A program's ``error`` is kept for failures of the sandbox itself; a function call's is its outcome.
