@@ -208,9 +208,7 @@ def device_instants(s: Setup, loads: Mapping[str, RoleLoad]) -> tuple[Instant, .
     out = []
     if s.trained and s.backend == "deepspeed_zero3":
         out.append(Instant("gather", base + (Item("a player's weights gathered whole", b * n, "trainer.backend"),)))
-    kinds = ["forward", "backward"]
-    if s.kl or s.cfg.trainer.recompute_old_logprobs:
-        kinds.insert(0, "no-grad")
+    kinds = (["no-grad"] if s.kl or s.cfg.trainer.recompute_old_logprobs else []) + ["forward", "backward"]
     for kind in (kinds if s.trained else ()):
         best = max((Instant(f"{kind} ({r})", base + tuple(pass_items(s, loads[r], kind))) for r in s.trained
                     if loads[r].rows), key=lambda i: i.total, default=None)

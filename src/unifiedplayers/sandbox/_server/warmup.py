@@ -33,9 +33,8 @@ def _literal_patterns(source):
                     and type(func.value).__name__ == "Name" and func.value.id == "re"
                     and args and type(args[0]).__name__ == "Constant"
                     and type(args[0].value) in (str, bytes)):
-                flags, at = 0, _RE_FLAGS_ARG[func.attr]
-                if len(args) > at:
-                    flags = _re_flags(args[at])
+                at = _RE_FLAGS_ARG[func.attr]
+                flags = _re_flags(args[at]) if len(args) > at else 0
                 for kw in node.keywords:
                     if kw.arg == "flags":
                         flags = _re_flags(kw.value)
