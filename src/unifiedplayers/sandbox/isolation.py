@@ -23,14 +23,10 @@ class IsolationWarning(UserWarning):
     """A run's sandbox lacks an isolation layer (``sandbox=strict`` refuses to start instead)."""
 
 
-def process_layer(isolation: Mapping[str, Any]) -> str:
-    """``pidns`` in a user namespace, else ``uid`` (also for a run recorded before the mechanism was)."""
-    return "pidns" if isolation.get("mechanism") == "user namespace" else "uid"
-
-
 def expected_layers(isolation: Mapping[str, Any]) -> list[str]:
-    """The layers a sandbox of this mechanism can have, in report order."""
-    other = "uid" if process_layer(isolation) == "pidns" else "pidns"
+    """The layers a sandbox of this mechanism can have, in report order: its process layer is ``pidns`` in a user
+    namespace, else ``uid`` (also for a run recorded before the mechanism was)."""
+    other = "uid" if isolation.get("mechanism") == "user namespace" else "pidns"
     return [layer for layer in LAYERS if layer != other]
 
 
