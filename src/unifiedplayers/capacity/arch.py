@@ -11,8 +11,7 @@ from typing import Any, Mapping
 
 from unifiedplayers.config import CONF_DIR
 
-# The backbones' config.json figures, kept in the repository (the hub may be out of reach). MiMo-7B-Base's were
-# found with the search tool (jd-opensource/xllm's MiMo registration, fitmyllm.com; its "_source" field says so).
+# The backbones' config.json figures, kept in the repository (the hub may be out of reach); "_source" says whence.
 ARCH_DIR = CONF_DIR / "model" / "arch"
 
 
@@ -110,11 +109,7 @@ class Arch:
 
     def forward_flops(self, length: int, scored: int) -> float:
         """FLOPs of one row's forward (``trainer/flops.py``): ``length`` positions, the LM head on ``scored`` rows."""
-        from unifiedplayers.trainer.flops import causal_pairs, head_forward_flops
-
-        attention = 4 * self.q_width * self.num_hidden_layers * causal_pairs(length)
-        return 2 * self.linear_parameters * length + attention + head_forward_flops(self.vocab_size, self.hidden_size,
-                                                                                    scored)
+        return self.extend_flops(0, length, scored)
 
     def extend_flops(self, start: int, new: int, scored: int) -> float:
         """FLOPs of ``new`` positions after a cached context of ``start`` (decoding, a turn's tool output)."""
@@ -147,9 +142,8 @@ def arch_file(name: str) -> Path:
 
 
 def model_arch(model: Any) -> Arch:
-    """The backbone's shapes from its configuration only: a local ``model.path``'s config.json wins; a tiny_random
-    model's own sizes (the byte tokenizer's 259 ids, untied, as ``models.build_tiny_random``); else the JSON file of
-    :func:`arch_file` for ``model.name``, which follows ``model.path`` (a hub id's repository) unless set."""
+    """The backbone's shapes: a tiny_random model's own sizes (the byte tokenizer's ids, untied, as
+    ``models.build_tiny_random``), a local ``model.path``'s config.json, else :func:`arch_file` of ``model.name``."""
     if model.source == "tiny_random":
         from unifiedplayers.models import BYTE_SPECIAL_TOKENS
 

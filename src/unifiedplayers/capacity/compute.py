@@ -40,10 +40,9 @@ def stage_flops(a: Arch, st: Stage) -> float:
 
 
 def stage_seconds(s: Setup, st: Stage) -> float:
-    """Wall seconds of a stage on the busiest rank (a call is split over the ranks by prompt). Decoding: each step
-    reads the weights and every row's KV cache (bandwidth-bound at machine.decode_efficiency) or does 2·P per row
-    (compute-bound at machine.utilisation), whichever is slower; every row runs to its budget (a batch lasts as long
-    as its longest sample). Prefill (prompts, tool outputs): compute-bound."""
+    """Wall seconds of a stage on the busiest rank (a call is split over the ranks by prompt). A decoding step reads
+    the weights and every row's KV cache or does 2·P per row, whichever is slower, each row to its budget; prefill
+    (prompts, tool outputs) is compute-bound."""
     m, a = s.machine, s.arch
     prompts = math.ceil(st.prompts / s.world)
     rows = prompts * st.samples
@@ -70,7 +69,9 @@ def role_compute(s: Setup, role: str, loads: Mapping[str, RoleLoad]) -> RoleComp
     row = a.forward_flops(load.length, load.response)
     grad = 2 if s.adapter else 3  # forward and backward; frozen weights (adapters) take no weight gradient
     passes = (1 if t.kl_coef != 0 else 0) + (1 / mu if cfg.trainer.recompute_old_logprobs else 0)
-    bank = entropy_flops(s, load) * bank_scorings_per_update(cfg, role)
+    # mean_token_entropy over the bank (Appendix D.2): entropy_bank_size prompts, the LM head on every position
+    bank = int(cfg.trainer.entropy_bank_size) * a.forward_flops(load.prompt, load.prompt)
+    bank *= bank_scorings_per_update(cfg, role)
     seconds: dict[str, float] = {}
     if s.on_gpu:
         seconds["generation"] = sum(stage_seconds(s, st) for st in stages) / per_phase
@@ -99,15 +100,9 @@ def bank_scorings_per_update(cfg: Any, role: str) -> float:
     return (1 + within + end) / block
 
 
-def entropy_flops(s: Setup, load: RoleLoad) -> float:
-    """``mean_token_entropy`` over the bank (Appendix D.2): entropy_bank_size contexts of the role's prompt, the
-    LM head on every position."""
-    return int(s.cfg.trainer.entropy_bank_size) * s.arch.forward_flops(load.prompt, load.prompt)
-
-
 def optimizer_seconds(s: Setup) -> float:
-    """ZeRO-Offload: DeepSpeed's CPU Adam over a node's share of the N parameters (all of them on one node), and the
-    gradients and weights over PCIe; on the GPU the step reads and writes the 18N state at HBM bandwidth."""
+    """ZeRO-Offload: CPU Adam over a node's share of N, gradients and weights over PCIe; else the GPU reads and
+    writes the optimizer state at HBM bandwidth."""
     n = s.n
     if s.adapter:  # the adapter's AdamW step (16 bytes a parameter read and written) on the GPU
         return 2 * 16 * s.adapter / s.machine.gpu_bandwidth
@@ -119,8 +114,7 @@ def optimizer_seconds(s: Setup) -> float:
 
 def pool_seconds(s: Setup, loads: Mapping[str, RoleLoad]) -> float:
     """The Appendix D.2 pool (schedule.execution_pool), answered greedily at the start and every ``every``
-    Execution updates, its questions split over the ranks (``execution_pool.evaluate_pool``): the busiest rank's
-    share."""
+    Execution updates: the busiest rank's share of its questions."""
     pool, p = s.cfg.schedule.execution_pool, resolve_player_config(s.cfg)
     if not s.on_gpu or pool.every <= 0 or "execution" not in s.trained:
         return 0.0
@@ -135,10 +129,9 @@ def pool_seconds(s: Setup, loads: Mapping[str, RoleLoad]) -> float:
 
 def omitted_seconds(s: Setup, loads: Mapping[str, RoleLoad], disk: Sequence[Item],
                     updates: Mapping[str, int]) -> tuple[tuple[str, float], ...]:
-    """Wall time the plan does not count, estimated: checkpoint writes (at DISK_WRITE_BYTES_PER_S), the weights
-    copied into vLLM after each optimizer step (ZeRO-3 gathers them over the GPU links, then vLLM reloads them at
-    HBM bandwidth), and, for scale, the prefill vLLM's prefix cache saves (K - 1 of a prompt's K prefills, which
-    the generation stage already leaves out)."""
+    """Wall time the plan does not count, estimated: checkpoint writes, the weights copied into vLLM after each
+    optimizer step (gathered over the GPU links, reloaded at HBM bandwidth), and, for scale, the prefill vLLM's
+    prefix cache saves (K - 1 of a prompt's K prefills, already left out of the generation stage)."""
     if not s.on_gpu:
         return ()
     out = []

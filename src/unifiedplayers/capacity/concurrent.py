@@ -1,7 +1,5 @@
-"""Runs started together on one node (``experiments/dp8_single_gpu_runs.sh``: eight one-GPU runs of a node): each
-run's start-up check sees only what is free at its own start, so all of them pass where their sum does not fit. Here
-their sum is checked (:func:`runs_that_fit`): the first runs, in launch order, whose host RAM and disk fit the node
-together."""
+"""Runs started together on one node (``experiments/dp8_single_gpu_runs.sh``), whose start-up checks each see only
+their own plan: :func:`runs_that_fit` checks their sum, in launch order."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -14,8 +12,8 @@ from unifiedplayers.capacity.units import GB, TB, GiB
 
 @dataclass(frozen=True)
 class Need:
-    """What one run takes of the node: host RAM at its peak, disk at the run directory (its peak, and its parked
-    state when trainer.offload_dir lies on the same file system), disk in trainer.offload_dir when it does not."""
+    """What one run takes of the node: host RAM at its peak, disk at the run directory (with its parked state when
+    trainer.offload_dir lies there) and in trainer.offload_dir (when it does not)."""
 
     host_ram: float
     disk: float
@@ -26,7 +24,6 @@ class Need:
 
 
 def run_need(plan: Plan, machine: Hardware) -> Need:
-    """One run's :class:`Need` on ``machine``."""
     parked = plan.parked.bytes if plan.parked else 0.0
     return Need(plan.host_peak.total, plan.run_disk + plan.parked_on_run_disk(machine).bytes,
                 parked if machine.offload_disk is not None else 0.0)
@@ -38,8 +35,8 @@ def fits(need: Need, machine: Hardware) -> bool:
 
 
 def runs_that_fit(plans: Sequence[Plan], machine: Hardware) -> int:
-    """How many of ``plans``, taken in order, fit ``machine`` together: their host RAM peaks summed (as if they all
-    peaked at once: runs of one schedule, started together, peak together) and their disks summed."""
+    """How many of ``plans``, in order, fit ``machine`` together: host RAM peaks summed (runs of one schedule, started
+    together, peak together) and disks summed."""
     total = Need(0.0, 0.0, 0.0)
     for k, p in enumerate(plans):
         total = total + run_need(p, machine)

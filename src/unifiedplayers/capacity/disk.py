@@ -11,9 +11,7 @@ from unifiedplayers.schedule import blocks, phase_steps, save_due
 
 
 def checkpoint_items(s: Setup) -> tuple[Item, ...]:
-    """One trained player's checkpoint (``TorchTrainer.save_checkpoint``): model.pt (DeepSpeed: the module's
-    weights in trainer.dtype; torch: the float32 masters), the optimizer state (DeepSpeed: fp32 master and Adam
-    partitions, 12N; torch: AdamW, 8N) and π_ref."""
+    """One trained player's checkpoint (``TorchTrainer.save_checkpoint``): weights, optimizer state and π_ref."""
     n = s.n
     if s.adapter:  # an adapter player's checkpoint: its adapter, its AdamW state and pi_ref (an adapter), fp32
         return (Item("model.pt: the adapter", 4 * s.adapter, "trainer.lora.rank"),
@@ -30,11 +28,10 @@ def checkpoint_items(s: Setup) -> tuple[Item, ...]:
 
 
 def checkpoint_disk(cfg: Any, full: float, weights: float) -> tuple[float, float, float, int]:
-    """(the peak bytes of checkpoints/ during the run, at its end, what the finished run keeps, saves), replayed over
-    the run's updates with :func:`unifiedplayers.schedule.save_due`. An in-block save writes the resume copy the
-    run state does not name (up to three at once: the named copy, the one being replaced, the new one), a block end
-    a named checkpoint; the role's resume copies then go, and every named checkpoint the state no longer names is
-    thinned as ``schedule.checkpoint_retention`` says (a running run keeps what a finished one would)."""
+    """(the peak bytes of checkpoints/ during the run, at its end, what the finished run keeps, saves), replayed with
+    :func:`unifiedplayers.schedule.save_due`: an in-block save writes the resume copy the run state does not name, a
+    block end a named checkpoint, after which the role's resume copies go and older named ones are thinned as
+    ``schedule.checkpoint_retention`` says."""
     s, per_phase = cfg.schedule, phase_steps(cfg)
     kept = {"all": lambda role: full, "weights": lambda role: weights,
             "execution_weights": lambda role: weights if role == "execution" else 0.0}[s.checkpoint_retention]
@@ -64,8 +61,8 @@ def checkpoint_disk(cfg: Any, full: float, weights: float) -> tuple[float, float
 
 
 def disk_items(s: Setup, checkpoint: Sequence[Item]) -> tuple[Item, ...]:
-    """The run directory: the checkpoints' peak (plus stale feedback's published copies, and the Hugging Face export of
-    each trained player at the end, schedule.export_at_end), what a finished run keeps, what the saves write in all."""
+    """The run directory: its peak (checkpoints, stale feedback's published copies, schedule.export_at_end's
+    export), what a finished run keeps, what the saves write in all."""
     if not s.trained:
         return (Item("checkpoints (no trained player)", 0.0, "method"),)
     full = sum(i.bytes for i in checkpoint)
@@ -81,11 +78,8 @@ def disk_items(s: Setup, checkpoint: Sequence[Item]) -> tuple[Item, ...]:
 
 
 def parked_item(s: Setup) -> Optional[Item]:
-    """The idle trained players' state in files without a name (``trainer/offload.py``), on one node (node 0's, the
-    largest): optimizer state (DeepSpeed: that node's ranks' partitions of 18N; the torch backend: the AdamW state and,
-    when it samples from a copy, the float32 masters), π_ref. At start-up every trained player's optimizer state waits
-    there; later the idle ones' with their π_ref. Each node parks its own ranks' state in its own
-    ``trainer.offload_dir``."""
+    """The idle trained players' state parked by ``trainer/offload.py`` on node 0 (the largest; each node parks its
+    own ranks'): optimizer state (the torch backend's with the float32 masters when it samples from a copy), π_ref."""
     if not s.trained:
         return None
     n = s.n

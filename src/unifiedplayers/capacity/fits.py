@@ -14,9 +14,8 @@ class CapacityError(ValueError):
 
 
 def check_fits(plan: Plan, machine: Hardware) -> None:
-    """Refuse (:class:`CapacityError`) a plan that exceeds ``machine``: GPU memory per GPU (skipped when
-    machine.gpu_memory is 0: no GPU), vLLM's KV cache, host RAM per node, free disk at the run directory and in
-    trainer.offload_dir. The message names each item over its limit and the settings to change."""
+    """Refuse a plan that exceeds ``machine`` (GPU memory, vLLM's KV cache, host RAM, disk), naming each item over
+    its limit and the settings to change."""
     problems = []
     peak = plan.gpu_peak
     if peak is not None and machine.gpu_memory > 0 and peak.total > machine.gpu_memory:
@@ -41,8 +40,7 @@ def check_fits(plan: Plan, machine: Hardware) -> None:
 
 
 def disk_problems(plan: Plan, machine: Hardware) -> list[str]:
-    """The run directory's disk (shared by the nodes: the checkpoints once, and every node's parked state when
-    trainer.offload_dir lies on it) and trainer.offload_dir's own disk (a node's, its parked state alone)."""
+    """The run directory's disk (shared by the nodes) and trainer.offload_dir's own (a node's)."""
     parked = plan.parked_on_run_disk(machine)
     problems = []
     if plan.run_disk + parked.bytes > machine.disk:

@@ -1,6 +1,5 @@
-"""The machine a plan is checked against: :class:`Hardware` (the paper's node by default, or several such nodes), and
-:func:`hardware_here`, this process's node read from torch, ``/proc``, the launcher's environment and the file
-systems."""
+"""The machine a plan is checked against: :class:`Hardware` (the paper's node by default), and :func:`hardware_here`,
+this process's node."""
 from __future__ import annotations
 
 import os
@@ -18,9 +17,8 @@ from unifiedplayers.rundir import CHECKPOINTS
 @dataclass(frozen=True)
 class Hardware:
     """What a plan is checked against and timed on; the defaults are the paper's node, 8 × A100 80GB (Appendix H.2).
-    Memory in bytes (an "80GB" A100 has 80 GiB), disk in bytes (disks are sold in decimal TB). A run over several
-    nodes has ``nodes`` alike: host RAM and ``trainer.offload_dir`` are each node's own, the run directory is shared
-    by them (one file system that every node sees, as a multi-node run needs)."""
+    Bytes throughout. ``nodes`` are alike, each with its own host RAM and ``trainer.offload_dir``; the run directory
+    is one file system they share."""
 
     gpus: int = 8  # GPUs of a node, one rank each (torchrun --nproc_per_node)
     gpu_memory: float = 80 * GiB  # per GPU; 0: no GPU (a GPU plan is then not checked)
@@ -38,10 +36,9 @@ class Hardware:
 
 
 def hardware_here(cfg: Any, world: int, run_dir: Optional[str] = None) -> Hardware:
-    """The node this process runs on, named by its host name: its GPU (``torch.cuda.get_device_properties``; none:
-    no GPU check), the host RAM available (/proc/meminfo MemAvailable, plus what this node's ranks already hold), the
-    free disk at the run directory (plus the checkpoints a resumed run already has there) and in trainer.offload_dir.
-    Of the ``world`` ranks, ``LOCAL_WORLD_SIZE`` (torchrun sets it in every rank) run on each node; without it, all."""
+    """The node this process runs on: its GPU (none: no GPU check), the host RAM available (plus what this node's
+    ranks already hold), the free disk at the run directory (plus a resumed run's checkpoints) and in
+    trainer.offload_dir."""
     import torch
 
     from unifiedplayers.precision import native_bf16
@@ -65,9 +62,8 @@ def hardware_here(cfg: Any, world: int, run_dir: Optional[str] = None) -> Hardwa
 
 
 def node_here(cfgs: Sequence[Any]) -> Hardware:
-    """This node for runs started together, one GPU each (``experiments/dp8_single_gpu_runs.sh``): :func:`hardware_here`
-    for the first run, with the checkpoints every run already has counted as free disk (a resumed run reuses its
-    own); the runs' directories on one file system."""
+    """This node for runs started together, one GPU each: :func:`hardware_here` of the first run, every run's
+    checkpoints counted as free disk; the runs' directories on one file system."""
     first = hardware_here(cfgs[0], 1, cfgs[0].get("run_dir"))
     dirs = [Path(c.run_dir or os.getcwd()).expanduser().resolve() for c in cfgs]
     disk = first.disk + sum(_bytes_under(d / CHECKPOINTS) for d in dirs[1:])

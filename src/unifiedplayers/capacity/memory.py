@@ -59,8 +59,12 @@ def resident_items(s: Setup) -> list[Item]:
     if s.kl and cfg.trainer.ref_mode == "copy":
         items.append(Item("pi_ref, a whole copy (ref_mode copy)", s.compute_width * n,
                           "trainer.ref_mode=precompute keeps it on the host"))
-    if cfg.rollout.backend == "vllm":
-        items += vllm_items(s)
+    return items + engine_items(s)
+
+
+def engine_items(s: Setup) -> list[Item]:
+    """vLLM's engine and the CUDA context, on the device whatever the players hold."""
+    items = vllm_items(s) if s.cfg.rollout.backend == "vllm" else []
     if s.on_gpu:
         items.append(Item("CUDA context, NCCL, allocator slack", CUDA_RESERVE, "(fixed)"))
     return items
@@ -78,11 +82,7 @@ def adapter_resident_items(s: Setup) -> list[Item]:
                   Item("active adapter's AdamW state (2 x fp32)", 8 * a, "trainer.lora.rank")]
     if s.kl and s.cfg.trainer.ref_mode == "copy":
         items.append(Item("pi_ref, an adapter (ref_mode copy)", 4 * a, "trainer.ref_mode"))
-    if s.cfg.rollout.backend == "vllm":
-        items += vllm_items(s)
-    if s.on_gpu:
-        items.append(Item("CUDA context, NCCL, allocator slack", CUDA_RESERVE, "(fixed)"))
-    return items
+    return items + engine_items(s)
 
 
 def active_state_items(s: Setup) -> list[Item]:
@@ -105,9 +105,8 @@ def active_state_items(s: Setup) -> list[Item]:
 
 
 def vllm_items(s: Setup) -> list[Item]:
-    """vLLM's engine: it takes gpu_memory_utilization of the GPU, for its weights (the backbone, and under adapter
-    players the adapters it keeps loaded), activations and KV cache. Without ``rollout.sleep_level`` it holds them
-    while the trainer runs too; asleep, it frees them for the trainer's passes (:func:`device_instants`)."""
+    """vLLM's engine: gpu_memory_utilization of the GPU, for its weights (and adapters), activations and KV cache;
+    asleep (``rollout.sleep_level``), it frees them for the trainer's passes."""
     weights = s.sample_width * s.arch.sampled_parameters
     adapters = ([Item(f"vLLM: the adapters it keeps loaded ({VLLM_MAX_LORAS})", VLLM_MAX_LORAS * s.sample_width
                       * s.adapter, "trainer.lora.rank")] if s.adapter else [])
@@ -173,10 +172,9 @@ def pass_items(s: Setup, load: RoleLoad, kind: str) -> list[Item]:
 
 
 def offload_gradient_items(s: Setup) -> list[Item]:
-    """ZeRO-Offload at the end of the backward, on the largest parameter's shard (the embedding), measured on an
-    H200 (docs/gpu/): ZeRO-3 copies the host gradient partition back onto the GPU (``stage3.partition_grads``)
-    and takes its norm in float64 in chunks of 250M elements (``_constant_buffered_norm2``); ZeRO-2 takes the
-    norm of a parameter's partition in float64 whole."""
+    """ZeRO-Offload at the end of the backward, on the largest parameter's shard (the embedding; docs/gpu/): ZeRO-3
+    copies the gradient partition back onto the GPU and takes its float64 norm in ZERO3_NORM_CHUNK chunks; ZeRO-2
+    takes it whole."""
     shard = s.arch.embedding_parameters / s.world
     if s.backend != "deepspeed_zero3":
         return [Item("gradient norm in float64 (ZeRO-Offload, the largest parameter's partition)", 8 * shard,
@@ -188,9 +186,8 @@ def offload_gradient_items(s: Setup) -> list[Item]:
 
 
 def rollout_items(s: Setup, loads: Mapping[str, RoleLoad]) -> list[Item]:
-    """hf generation: the KV cache and the last position's logits of one batch (rollout.batch_size sequences, 0: all
-    of a generation call's on the rank) at its full context, for the largest call of a phase; vLLM's engine is
-    resident instead (:func:`vllm_items`)."""
+    """hf generation: the KV cache and last logits of one rollout.batch_size batch of a phase's largest call at its
+    full context (vLLM's engine is resident instead)."""
     if s.cfg.rollout.backend == "vllm" or not s.trained:
         return []
     size = int(s.cfg.rollout.batch_size)
@@ -211,9 +208,7 @@ def device_instants(s: Setup, loads: Mapping[str, RoleLoad]) -> tuple[Instant, .
     out = []
     if s.trained and s.backend == "deepspeed_zero3":
         out.append(Instant("gather", base + (Item("a player's weights gathered whole", b * n, "trainer.backend"),)))
-    kinds = ["forward", "backward"]
-    if s.kl or s.cfg.trainer.recompute_old_logprobs:
-        kinds.insert(0, "no-grad")
+    kinds = (["no-grad"] if s.kl or s.cfg.trainer.recompute_old_logprobs else []) + ["forward", "backward"]
     for kind in (kinds if s.trained else ()):
         best = max((Instant(f"{kind} ({r})", base + tuple(pass_items(s, loads[r], kind))) for r in s.trained
                     if loads[r].rows), key=lambda i: i.total, default=None)
@@ -242,10 +237,9 @@ def entropy_items(s: Setup, loads: Mapping[str, RoleLoad]) -> tuple[Item, ...]:
 
 # --------------------------------------------------------------------------- host RAM
 def host_instants(s: Setup, device: Sequence[Instant]) -> tuple[Instant, ...]:
-    """A node's host RAM at start-up and at each instant of an update, for the ranks on that node (node 0's, the
-    largest: the one π_ref of ZeRO-3 is on rank 0). A GPU run: the ranks' processes, the node's share of the active
-    player's ZeRO-Offload state (18N summed over all the run's ranks), π_ref on the ranks that hold it and, while it
-    is swapped in, a copy of the current weights there. A CPU run: each process's device instants too."""
+    """Node 0's host RAM (the largest: ZeRO-3's one π_ref is on rank 0) at start-up and during an update: the ranks'
+    processes, the node's share of ZeRO-Offload's state, π_ref and, while it is swapped in, the current weights; a CPU
+    run adds each process's device instants."""
     cfg, n, b, ranks = s.cfg, s.n, s.compute_width, s.node_ranks
     what = "Python, torch, CUDA and vLLM host side, sandbox" if s.on_gpu else "Python, torch, tokenizer, sandbox"
     procs = Item(f"{ranks} process{'es' if ranks > 1 else ''}: {what}",

@@ -22,7 +22,6 @@ PAPER_NOTE = (f"paper: {PAPER_GPU_HOURS} local GPU-hours per seed, full UnifiedP
 
 
 def format_plan(plan: Plan) -> str:
-    """The whole plan as text."""
     a, m = plan.arch, plan.machine
     lines = [f"Capacity plan: experiment={plan.experiment}, {plan.model}, N = {a.parameters:,} parameters "
              f"({a.source})", f"Hardware: {m.name}; {ranks_line(plan)}",
@@ -61,13 +60,11 @@ def ranks_line(plan: Plan) -> str:
 
 def memory_table(title: str, instants: Sequence[Instant], unit: float) -> list[str]:
     """Items as rows, instants as columns (blank where an item is absent), the settings that change each item."""
-    names: list[str] = []
     settings: dict[str, str] = {}
     for inst in instants:
         for item in inst.items:
-            if item.name not in settings:
-                names.append(item.name)
-                settings[item.name] = item.setting
+            settings.setdefault(item.name, item.setting)
+    names = list(settings)
     width = max(len(n) + 2 for n in names + [title])
     heads = [i.name.split(" (")[0] for i in instants]
     cols = [max(8, len(h)) for h in heads]

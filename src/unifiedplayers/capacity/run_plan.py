@@ -49,7 +49,6 @@ class Plan:
 
     @property
     def node_ranks(self) -> int:
-        """The ranks on one node."""
         return self.world // self.machine.nodes
 
     @property
@@ -90,7 +89,6 @@ class Plan:
 
 
 def plan(cfg: Any, machine: Hardware = Hardware()) -> Plan:
-    """The capacity and compute plan of ``cfg`` on ``machine``."""
     s = setup_of(cfg, machine)
     loads = role_loads(cfg)
     device = device_instants(s, loads)

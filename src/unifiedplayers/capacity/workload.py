@@ -1,6 +1,5 @@
-"""What a run asks of a machine, before any memory or time is counted: the settings every estimate reads
-(:class:`Setup`), each player's GRPO mini-batch at its token budgets (:class:`RoleLoad`) and the generation calls of a
-phase (:class:`Stage`), both from ``schedule.phase_calls``, the calls ``PhaseSampler`` makes."""
+"""What a run asks of a machine: the settings every estimate reads (:class:`Setup`), each player's GRPO mini-batch
+at its token budgets (:class:`RoleLoad`) and a phase's generation calls (:class:`Stage`, ``schedule.phase_calls``)."""
 from __future__ import annotations
 
 import math
@@ -68,9 +67,8 @@ class Setup:
 
 
 def dtype_width(setting: str, on_gpu: bool, bf16: Optional[bool] = None) -> int:
-    """Bytes per value of a dtype setting. auto: as ``bf16`` says (the machine a run starts on: ``precision``'s
-    choice), else bfloat16 on a GPU (the presets' A100/H100) and float32 on a CPU (the larger: a CPU with AMX or
-    AVX512-BF16 resolves it to bfloat16 and needs less)."""
+    """Bytes per value of a dtype setting. auto: as ``bf16`` says (``precision``'s choice on the machine a run
+    starts on), else bfloat16 on a GPU and float32 on a CPU (the larger of a CPU's two choices)."""
     setting = str(setting)
     if setting == "auto":
         return 2 if (on_gpu if bf16 is None else bf16) else 4
@@ -109,10 +107,8 @@ def prompt_tokens(prompts: Any, filled_chars: int) -> int:
 
 
 def role_loads(cfg: Any) -> dict[str, RoleLoad]:
-    """Each player's mini-batch at its budgets, from the calls one update's phase makes
-    (``schedule.phase_calls``): Planning G_T tasks of each questioner prompt, Execution K trajectories of
-    max_turns generations with a tool output between two, Evaluation M verifiers per task. A task's question is
-    task_max_chars long."""
+    """Each player's mini-batch at its budgets, from the calls of one update's phase (``schedule.phase_calls``);
+    a task's question is task_max_chars long."""
     from unifiedplayers.feedback.trajectory import TRAJECTORY_SCHEMA
 
     p = resolve_player_config(cfg)
@@ -143,8 +139,7 @@ def observation_tokens(player: Any) -> int:
 
 
 def micro_rows(cfg: Any, load: RoleLoad) -> int:
-    """Rows of one micro-batch (``trainer.batching.micro_batch_members``) with every row at its budget: under
-    trainer.max_tokens_per_micro_batch as many rows of ``load.length`` as the budget holds (at least one)."""
+    """Rows of one micro-batch (``trainer.batching.micro_batch_members``), every row at its budget."""
     t = cfg.trainer
     budget = t.get("max_tokens_per_micro_batch")
     if budget is not None:
@@ -155,8 +150,8 @@ def micro_rows(cfg: Any, load: RoleLoad) -> int:
 
 
 def busiest_rank_rows(cfg: Any, load: RoleLoad, world: int) -> int:
-    """Rows the busiest rank runs in one update, padding copies included (lockstep: the ranks wait for it): whole
-    micro-batches round-robin, or under a token budget the rows spread over the ranks, then filled."""
+    """Rows the busiest rank runs in one update, padding copies included: whole micro-batches round-robin, or under
+    a token budget the rows spread over the ranks."""
     if cfg.trainer.get("max_tokens_per_micro_batch") is not None:
         return math.ceil(load.rows / world)
     micro = micro_rows(cfg, load)
@@ -183,8 +178,8 @@ class Stage:
 
 
 def phase_stages(cfg: Any, role: str, loads: Mapping[str, RoleLoad]) -> list[Stage]:
-    """What a phase of ``role`` samples: ``schedule.phase_calls`` (the calls ``PhaseSampler`` makes) with the
-    prompt and tool-output lengths of ``loads``; a phase's tasks all well-formed (one round of Planning prompts)."""
+    """What a phase of ``role`` samples (``schedule.phase_calls``) at the lengths of ``loads``, its tasks all
+    well-formed."""
     p, s = resolve_player_config(cfg), int(cfg.schedule.steps_per_generation)
     prompts = {"tasks": loads["planning"].prompt, "trajectories": loads["execution"].prompt,
                "verifiers": loads["evaluation"].prompt}

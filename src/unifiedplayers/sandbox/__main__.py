@@ -1,10 +1,6 @@
-"""What the sandbox gets on this machine, as this user: ``python -m unifiedplayers.sandbox``.
-
-Starts a sandbox with the default settings, prints the mechanism and each isolation layer (present, or missing and
-why), then tries what model-written code could do without them: reach the network (TCP and UDP), read or write a
-file outside its working directory, and run more processes than ``max_processes``. Exits 1 when an attempt
-succeeded, 0 otherwise. Standard library only, like the rest of the package,
-so a cluster user can run it on a node with ``PYTHONPATH=<checkout>/src python3 -m unifiedplayers.sandbox``.
+"""What the sandbox gets on this machine, as this user: ``python -m unifiedplayers.sandbox`` prints the mechanism and
+each layer, then tries what model-written code could do without them (docs/sandbox.md); exits 1 when an attempt
+succeeded. Standard library only, so that ``PYTHONPATH=<checkout>/src python3 -m unifiedplayers.sandbox`` runs it.
 """
 from __future__ import annotations
 

@@ -3,35 +3,26 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import struct
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
 from unifiedplayers.sandbox.config import SandboxConfig
 
 _SERVER = Path(__file__).with_name("_server")  # a package run by path (its __main__)
-
-
-# The interpreter flags of the server: isolated mode (-I) without its -E. Python 3.10 has no -P (safe path): its
-# sys.path[0] is then the sandbox package's folder, which holds only this package's own modules.
-_ISOLATED_FLAGS = ("-P", "-s", "-S") if sys.version_info >= (3, 11) else ("-s", "-S")
-
-
-# Where a server locks its block of per-call uids, the first of these that exists (see uid_lock_root).
 UID_LOCK_DIRS = ("/run/lock", "/dev/shm", "/tmp")
 
 
 def uid_lock_root(dirs: Sequence[str] = UID_LOCK_DIRS) -> str:
-    """The folder in which every sandbox server of this user locks its block of per-call uids: one per machine,
-    whatever ``TMPDIR`` or ``sandbox.workdir_root`` say. The uids belong to the machine, so two servers that locked
-    them in two folders (two processes with different TMPDIRs) took the same block, and each one's sweeps killed the
-    other's calls. Refuses a folder another user owns or can write."""
+    """The one folder per machine (whatever ``TMPDIR`` says: the uids belong to the machine) in which every sandbox
+    server of this user locks its block of per-call uids. Refuses a folder another user owns or can write."""
     for base in dirs:
         if not (os.path.isdir(base) and os.access(base, os.W_OK | os.X_OK)):
             continue
@@ -84,20 +75,17 @@ class CallResult:
 
 @dataclass
 class _Request:
-    kind: str
-    code: str = ""
-    source: str = ""
-    function: str = ""
-    payload: str = "null"
-    timeout_s: Optional[float] = None
-    seed: int = 0  # the call's random seed and clock offset (sandbox.deterministic)
-    extra: dict = field(default_factory=dict)
+    message: dict  # what the server is sent, but the id
     error: Optional[str] = None  # why this request cannot be sent: it fails as such, without running
 
 
+def _frame(obj: dict) -> bytes:
+    data = json.dumps(obj).encode()
+    return struct.pack(">I", len(data)) + data
+
+
 def _unsendable(**texts: str) -> Optional[str]:
-    """Why one of ``texts`` cannot cross to the sandbox (as UTF-8, surrogate escapes allowed), or None.
-    A lone surrogate such as ``"\\ud800"`` cannot, and sent as it is it would stop the server."""
+    """Why one of ``texts`` cannot cross as UTF-8 (a lone surrogate, ``"\\ud800"``, would stop the server), or None."""
     for name, text in texts.items():
         if not text.isascii():
             try:
@@ -107,30 +95,35 @@ def _unsendable(**texts: str) -> Optional[str]:
     return None
 
 
+def _message(kind: str, timeout_s: Optional[float], seed: int = 0, **fields: str) -> dict:
+    """``seed``: the call's random seed and clock offset (sandbox.deterministic)."""
+    message = {"kind": kind, **fields}
+    if timeout_s is not None:
+        message["timeout_s"] = float(timeout_s)
+    if seed:
+        message["seed"] = seed
+    return message
+
+
 def _run_request(code: Any, timeout_s: Optional[float], seed: int = 0) -> _Request:
     code = str(code)
-    return _Request("run", code=code, timeout_s=timeout_s, seed=int(seed), error=_unsendable(code=code))
+    return _Request(_message("run", timeout_s, int(seed), code=code), _unsendable(code=code))
 
 
 def _call_request(source: Any, function: Any, payload: Any, timeout_s: Optional[float]) -> _Request:
-    """A call's request; one whose argument JSON cannot hold (a set, bytes, an object, a circular or too
-    deep structure) is a request that fails as such, never an exception here."""
+    """A call's request; one whose argument JSON cannot hold fails as such, never an exception here."""
     source, function = str(source), str(function)
     try:
         text = json.dumps(payload)
     except Exception as exc:  # noqa: BLE001 - TypeError, ValueError, RecursionError, or a container's own
-        return _Request("call", source=source, function=function, timeout_s=timeout_s,
-                        error=f"argument is not JSON-serializable: {exc}")
-    return _Request("call", source=source, function=function, payload=text, timeout_s=timeout_s,
-                    error=_unsendable(source=source, function_name=function))
+        return _Request({}, f"argument is not JSON-serializable: {exc}")
+    return _Request(_message("call", timeout_s, source=source, function=function, payload=text),
+                    _unsendable(source=source, function_name=function))
 
 
 class Sandbox:
-    """Runs untrusted Python under the isolation of Appendix D.3, warm and in parallel (usage: the package docstring).
-
-    One server process is started lazily and restarted if it ever dies; calls from several threads
-    are serialised batch by batch. ``isolation`` reports which layers this machine provides.
-    """
+    """Runs untrusted Python under the isolation of Appendix D.3, warm and in parallel (docs/sandbox.md). The server
+    starts lazily and restarts if it dies; calls from several threads are serialised batch by batch."""
 
     def __init__(self, config: Optional[SandboxConfig] = None, **overrides: Any):
         cfg = config if config is not None else SandboxConfig()
@@ -177,20 +170,15 @@ class Sandbox:
         settings = asdict(self.config)
         settings["workdir_root"] = self._workroot
         settings["mirror_root"] = parent
-        # Per-call uids (root only) are locked machine-wide; without them the server claims none.
         settings["uid_lock_root"] = uid_lock_root() if os.geteuid() == 0 else None
         self._stderr_file = tempfile.TemporaryFile()
-        # LD_BIND_NOW: the server's shared libraries resolve their symbols at start-up, not on first use,
-        # when each call's fork would pay a copy-on-write fault for the write. The forkers clear their
-        # environment, so the calls never see it.
-        # PYTHONHASHSEED: one str hash for every run, so that code which prints or iterates a set of strings gives
-        # the same text and the same verdict in every run of a seed (a random hash per server gave another order
-        # each run). -E would drop it, so the server's isolated mode is spelt out: -P -s -S and an environment
-        # of our own that sets no other PYTHON* variable.
+        # LD_BIND_NOW: symbols resolved at start-up, not in each call's fork (a copy-on-write fault each); the
+        # forkers clear the environment. PYTHONHASHSEED: one str hash in every run (docs/sandbox.md); -E would
+        # drop it, so isolated mode is spelt out: -P -s -S and an environment with no other PYTHON* variable.
         env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LD_BIND_NOW": "1",
                "PYTHONHASHSEED": "0" if self.config.deterministic else "random"}
         self._proc = subprocess.Popen(
-            [sys.executable, *_ISOLATED_FLAGS, str(_SERVER)],
+            [sys.executable, "-P", "-s", "-S", str(_SERVER)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr_file,
             env=env, cwd="/", close_fds=True, start_new_session=True,
         )
@@ -223,8 +211,6 @@ class Sandbox:
             self._stderr_file.close()
             self._stderr_file = None
         if self._workroot and os.path.isdir(self._workroot):
-            import shutil
-
             shutil.rmtree(self._workroot, ignore_errors=True)
         self._workroot = None
 
@@ -236,8 +222,7 @@ class Sandbox:
 
     # -- framing -------------------------------------------------------------------------------
     def _write(self, obj: dict) -> None:
-        data = json.dumps(obj).encode()
-        self._proc.stdin.write(struct.pack(">I", len(data)) + data)
+        self._proc.stdin.write(_frame(obj))
         self._proc.stdin.flush()
 
     def _read(self) -> Optional[dict]:
@@ -268,27 +253,16 @@ class Sandbox:
             for r in requests:
                 self._next_id += 1
                 ids.append(self._next_id)
-                msg = {"id": self._next_id, "kind": r.kind}
-                if r.kind == "run":
-                    msg["code"] = r.code
-                else:
-                    msg.update(source=r.source, function=r.function, payload=r.payload)
-                if r.timeout_s is not None:
-                    msg["timeout_s"] = float(r.timeout_s)
-                if r.seed:
-                    msg["seed"] = r.seed
-                data = json.dumps(msg).encode()
-                frames.append(struct.pack(">I", len(data)) + data)
+                frames.append(_frame({"id": self._next_id, **r.message}))
             proc = self._proc
-            write_error: list[BaseException] = []
 
             def writer() -> None:  # a thread, so a large batch cannot deadlock on full pipes
                 try:
                     for f in frames:
                         proc.stdin.write(f)
                     proc.stdin.flush()
-                except (OSError, ValueError) as exc:
-                    write_error.append(exc)
+                except (OSError, ValueError):  # the server died: the answers that never come say so
+                    pass
 
             t = threading.Thread(target=writer, daemon=True)
             t.start()
@@ -341,8 +315,7 @@ class Sandbox:
     def run_many(self, codes: Iterable[str], timeout_s: Optional[float] = None,
                  seeds: Optional[Iterable[int]] = None) -> list[ExecResult]:
         """Run programs in parallel over the machine's cores; results in input order. ``seeds``: one per program,
-        its random seed and clock offset in seconds (default 0; under ``sandbox.deterministic`` a program run
-        twice with one seed prints the same, so a check for nondeterminism runs it with two seeds)."""
+        its random seed and clock offset in seconds (default 0; docs/sandbox.md)."""
         codes = list(codes)
         seeds = [0] * len(codes) if seeds is None else list(seeds)
         if len(seeds) != len(codes):
@@ -361,8 +334,7 @@ class Sandbox:
 
 
 def naive_run(code: str, timeout_s: float = 10.0) -> ExecResult:
-    """The baseline the benchmarks compare against: one fresh ``python3`` process per program, as a
-    researcher would write it (``subprocess.run([python, "-c", code])``), with no isolation at all."""
+    """The benchmarks' baseline: one fresh ``python3 -c`` per program, with no isolation at all."""
     t0 = time.perf_counter()
     try:
         p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

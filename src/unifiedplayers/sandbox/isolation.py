@@ -1,16 +1,6 @@
-"""Which isolation layers a sandbox got, and why any is missing (:func:`isolation_report`). Imports nothing of
-the project.
-
-A layer is missing either because the config switched it off or because the machine cannot give it (a kernel
-without Landlock or without unprivileged user namespaces, a container that forbids namespaces); the server names
-the second kind in its ready message (``isolation["reasons"]``). ``sandbox.require_isolation=true``
-(``sandbox=strict``) refuses to start without the first three layers; otherwise the calls run with the layers there
-are, and a run says which (``unifiedplayers.machine``).
-
-The *mechanism* is how the server got its layers (``isolation["mechanism"]``): ``root``, with a uid of its own for
-each cell (the ``uid`` layer); a ``user namespace``, not root, with a user and PID namespace of its own for each cell
-(the ``pidns`` layer, in the place of ``uid``); or ``none``, not root where no user namespace can serve (Landlock
-only, and the reason in ``reasons["uid"]``).
+"""Which isolation layers a sandbox got, and why any is missing (:func:`isolation_report`); the layers, the
+mechanisms (root, user namespace, none) and ``sandbox.require_isolation``: docs/sandbox.md. Imports nothing of the
+project.
 """
 from __future__ import annotations
 
@@ -33,20 +23,15 @@ class IsolationWarning(UserWarning):
     """A run's sandbox lacks an isolation layer (``sandbox=strict`` refuses to start instead)."""
 
 
-def process_layer(isolation: Mapping[str, Any]) -> str:
-    """The layer that bounds and sweeps a call's processes for this mechanism: ``pidns`` in a user namespace, else
-    ``uid`` (a run made before the mechanism was recorded had the uid layer)."""
-    return "pidns" if isolation.get("mechanism") == "user namespace" else "uid"
-
-
 def expected_layers(isolation: Mapping[str, Any]) -> list[str]:
-    """The layers a sandbox of this mechanism can have, in report order."""
-    other = "uid" if process_layer(isolation) == "pidns" else "pidns"
+    """The layers a sandbox of this mechanism can have, in report order: its process layer is ``pidns`` in a user
+    namespace, else ``uid`` (also for a run recorded before the mechanism was)."""
+    other = "uid" if isolation.get("mechanism") == "user namespace" else "pidns"
     return [layer for layer in LAYERS if layer != other]
 
 
 def switched_off(config: Any) -> dict[str, str]:
-    """The layers the config itself switches off (``config``: a :class:`SandboxConfig`), each with the key."""
+    """The layers a :class:`SandboxConfig` switches off, each with its key."""
     off = {"netns": ("sandbox.network=true", config.network),
            "uid": ("sandbox.drop_privileges=false", not config.drop_privileges),
            "pidns": ("sandbox.user_namespace=false", not getattr(config, "user_namespace", True)),
@@ -56,8 +41,7 @@ def switched_off(config: Any) -> dict[str, str]:
 
 
 def isolation_report(config: Any, isolation: Mapping[str, Any]) -> dict[str, Any]:
-    """``{"mechanism": ..., "present": [layers], "missing": {layer: reason in words}}`` of a started sandbox
-    (``isolation``: its ``Sandbox.isolation``). Every missing layer has a reason."""
+    """``{"mechanism": ..., "present": [layers], "missing": {layer: reason}}`` of a started ``Sandbox.isolation``."""
     off, reasons = switched_off(config), isolation.get("reasons") or {}
     layers = expected_layers(isolation)
     missing = {layer: off.get(layer) or reasons.get(layer) or "unavailable on this machine (no reason given)"
@@ -68,8 +52,8 @@ def isolation_report(config: Any, isolation: Mapping[str, Any]) -> dict[str, Any
 
 
 def isolation_line(report: Mapping[str, Any]) -> str:
-    """The report in one line: ``netns, uid, landlock, tmpfs (all layers, as root)``, or the layers present and
-    ``MISSING landlock: <why>; tmpfs: <why>``, and the mechanism."""
+    """``netns, uid, landlock, tmpfs (all layers, as root)``, or the layers present, the mechanism and
+    ``MISSING landlock: <why>; tmpfs: <why>``."""
     present = ", ".join(report.get("present") or []) or "no layer"
     how = MECHANISMS.get(report.get("mechanism"), "")
     missing = "; ".join(f"{layer}: {why}" for layer, why in (report.get("missing") or {}).items())
@@ -79,6 +63,5 @@ def isolation_line(report: Mapping[str, Any]) -> str:
 
 
 def missing_layer_warnings(report: Mapping[str, Any]) -> list[str]:
-    """One warning text per missing layer: the layer, why it is missing, what model-written code may do then."""
     return [f"sandbox isolation: layer {layer!r} is missing ({why}): {LAYERS[layer]}"
             for layer, why in (report.get("missing") or {}).items()]

@@ -12,9 +12,8 @@ from .framing import KIND_CALL, KIND_RUN, RESULT_VALUE, write_all
 from .kernel import PR_SET_PDEATHSIG, libc, set_rlimit
 from .landlock import Landlock
 
-# The JSON a call decodes (its argument) and encodes (its return value), through the C scanner and
-# encoder built here once: json.loads/json.dumps would first run several layers of Python code, and in a
-# fresh fork every object they touch costs a copy-on-write fault. Same text in, same values out.
+# A call's JSON goes through the C scanner and encoder built here once: json.loads/dumps would run Python layers
+# first, each object they touch a copy-on-write fault in a fresh fork. Same text in, same values out.
 _JSON_SCAN = json.JSONDecoder().scan_once
 _JSON_DEFAULT = json.JSONEncoder().default  # raises TypeError("Object of type X is not JSON serializable")
 _c_make_encoder = json.encoder.c_make_encoder
@@ -32,8 +31,6 @@ def json_loads(text):
 
 def json_dumps(value):
     """``json.dumps(value)`` with its default settings (ensure_ascii, allow_nan, circular check)."""
-    if _c_make_encoder is None:
-        return json.dumps(value)
     return "".join(_c_make_encoder({}, _JSON_DEFAULT, _encode_ascii, None, ": ", ", ", False, False, True)(value, 0))
 
 
@@ -50,16 +47,12 @@ def _user_traceback(exc):
 
 def call_process(kind, text, code, function, payload, timeout, forker, workdir, out_w, err_w, res_w, null_fd,
                   ruleset, seed=0):
-    """Runs in the fork of a cell's forker. Never returns. ``text``: the program (kind "run") or the source
-    (kind "call"); ``code``: that source compiled by the forker (None: compile it here); ``payload``: the
-    function's argument as JSON bytes. The memory, file-size and descriptor limits are the forker's own,
-    inherited; the CPU limit is per call."""
+    """Runs in the fork of a cell's forker; never returns. ``text``: the program or the source; ``code``: the source
+    compiled by the forker (None: compile it here); ``payload``: the argument as JSON bytes."""
     try:
         os.setsid()  # its own session and process group
         if not forker.contained:
-            # Under a uid or in a PID namespace of its own the call dies with its forker, by the forker's sweep
-            # (see _take_cell_uid) or with the namespace; without either, by this signal. (Each ctypes call costs a fork ~0.1 ms of
-            # copy-on-write faults here, so the calls make as few as they can.)
+            # Contained, a call dies with its forker's sweep or namespace; otherwise by this signal.
             libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         os.dup2(out_w, 1)
         os.dup2(err_w, 2)
@@ -105,15 +98,12 @@ def call_process(kind, text, code, function, payload, timeout, forker, workdir, 
         out["error"] = "MemoryError: the call exceeded its %d MB memory cap" % forker.memory_mb
         print(out["error"], file=sys.stderr)
     except BaseException as exc:  # noqa: BLE001 - anything the code raises is its failure
-        out["exit_code"] = 1
         try:
             tb = _user_traceback(exc)
         except MemoryError:
             tb = repr(exc)
         print(tb, file=sys.stderr, end="")
-        out["ok"] = False
-        out["error"] = "%s: %s" % (type(exc).__name__, exc)
-        out["traceback"] = tb[-4000:]
+        out.update(exit_code=1, ok=False, error="%s: %s" % (type(exc).__name__, exc), traceback=tb[-4000:])
     try:
         sys.stdout.flush()
         sys.stderr.flush()

@@ -1,13 +1,10 @@
-"""What a call reads that would change from run to run (``sandbox.deterministic``): the calendar clock and the random
-generators, made virtual and seeded before the call's code runs (:func:`deterministic_call`). The str hash is the
-client's PYTHONHASHSEED."""
+"""The calendar clock and random generators of a call, virtual and seeded (``sandbox.deterministic``,
+:func:`deterministic_call`; docs/sandbox.md)."""
 import datetime
 import os
 import random
 import time
 
-# Model-written code that printed time.time() would give another observation, and so another trajectory, in every
-# run of one seed.
 VIRTUAL_EPOCH = 1767225600.0  # 2026-01-01 00:00:00 UTC: the calendar time at which every call starts
 VIRTUAL_TICK = 1e-6  # seconds the virtual calendar clock advances at each reading
 _virtual = [0.0]  # seconds since the call began, on its virtual clock (0 in the forker: each call starts there)
@@ -43,19 +40,10 @@ _VirtualDatetime.min, _VirtualDatetime.max = _VirtualDatetime(1, 1, 1), _Virtual
 
 
 def deterministic_call(on, seed=0):
-    """Runs in each call before its code, so that a call gives the same output in every run, whatever the date:
-
-    - the calendar clock (``time.time``, ``time_ns``, ``localtime``, ``gmtime``, ``ctime``, ``strftime``,
-      ``clock_gettime(CLOCK_REALTIME)``, ``datetime.now``, ``date.today``) is virtual: it starts at VIRTUAL_EPOCH
-      + ``seed`` seconds and advances VIRTUAL_TICK per reading and by what the call sleeps. The interval clocks
-      (``monotonic``, ``perf_counter``, ``process_time``) stay real: the standard library's deadlines
-      (``queue``, ``threading``, ``asyncio``, ``subprocess``) run on them;
-    - ``random`` starts from ``seed``, an unseeded ``random.Random()`` (``tempfile``'s names) and ``os.urandom``
-      / ``os.getrandom`` (``uuid4``, ``secrets``) draw from a stream seeded by it.
-
-    Not changed: ``/dev/urandom`` read as a file, object addresses (``id``, a default ``repr``) and the pid.
-    ``on``: sandbox.deterministic. Each replacement is a staticmethod, so that one stored as a class attribute
-    (``logging.Formatter.converter = time.localtime``) does not bind, as the built-ins it replaces do not."""
+    """Runs in each call before its code when ``on`` (sandbox.deterministic): the calendar clock starts at
+    VIRTUAL_EPOCH + ``seed`` seconds and advances VIRTUAL_TICK per reading and by what the call sleeps; ``random``,
+    unseeded ``Random()``s and ``os.urandom``/``getrandom`` draw from ``seed``. What stays real: docs/sandbox.md.
+    Each replacement is a staticmethod, so that one stored as a class attribute does not bind (as built-ins)."""
     if not on:
         return
     epoch, stream = VIRTUAL_EPOCH + seed, random.Random(0x5EED + seed)

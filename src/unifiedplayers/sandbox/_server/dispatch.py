@@ -32,8 +32,7 @@ class Server:
 
     def __init__(self, cfg):
         self.cfg = cfg
-        # Two cells per core: a cell is idle while the server turns its finished call into a result and
-        # sends it the next one, and a second cell keeps the core busy meanwhile.
+        # Two cells per core: the second keeps the core busy while the server answers the first's call.
         self.workers = cfg.workers
         self.timeout = cfg.timeout_s
         self.wall_factor = cfg.wall_timeout_factor or 1.0
@@ -63,15 +62,11 @@ class Server:
         self.stdin_open = True
 
     def claim_uids(self, cfg):
-        """A block of uids that no other live sandbox server on this machine uses.
-
-        Several sandboxes may run at once (tests, an evaluation beside training); each holds an
-        exclusive lock on its block for its lifetime, so one server's sweeps never touch another's
-        calls. The locks lie in one folder per machine (``uid_lock_root``), not under TMPDIR.
-        """
+        """The first uid of a block no other live sandbox server on this machine uses: each holds a lock on its block
+        (in ``client.uid_lock_root``) for its lifetime, so that one server's sweeps never touch another's calls."""
         block = max(64, self.workers)
         for k in range(4096):
-            lock_dir = cfg.uid_lock_root or cfg.mirror_root  # one folder per machine (client.uid_lock_root)
+            lock_dir = cfg.uid_lock_root or cfg.mirror_root
             fd = os.open(os.path.join(lock_dir, "uids-%d.lock" % k), os.O_CREAT | os.O_RDWR, 0o600)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -83,11 +78,7 @@ class Server:
         raise RuntimeError("no free block of sandbox uids")
 
     def spawn(self, i):
-        ctl_r, ctl_w = os.pipe()
-        st_r, st_w = os.pipe()
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        res_r, res_w = os.pipe()
+        (ctl_r, ctl_w), (st_r, st_w), (out_r, out_w), (err_r, err_w), (res_r, res_w) = (os.pipe() for _ in range(5))
         pid = os.fork()
         if pid == 0:
             if self.iso["cell_namespaces"]:
@@ -109,8 +100,7 @@ class Server:
     def replace(self, s, error):
         """A forker died or hung: fail the call it was running, clean up, start a new forker."""
         if self.iso["cell_namespaces"]:
-            # The cell's first process (s.pid) kills the forker, the init of the cell's PID namespace, which takes
-            # every process in it along, and exits once the forker has: then none is left.
+            # The cell's first process kills the forker, the namespace's init, and exits after it: none is left.
             try:
                 os.kill(s.pid, signal.SIGTERM)
                 select.select([s.pidfd], [], [], 5.0)
@@ -149,8 +139,7 @@ class Server:
             if len(text) <= CODE_CACHE_MAX_SOURCE:
                 key = self.source_keys.pop(text, None)
                 if key is None:
-                    # Keys only grow, so a forgotten source's key is never reused: a forker still
-                    # caching it drops it in its turn (its own least-recently-used order, below).
+                    # Keys only grow: a forgotten key is never reused, and a forker caching it drops it in its turn.
                     self.next_key += 1
                     key = self.next_key
                     if len(self.source_keys) >= 4096:
@@ -173,12 +162,12 @@ class Server:
             self.replace(s, "sandbox cell worker died")
 
     def read_output(self, s, k):
-        """Read what is waiting in pipe ``k`` (0 stdout, 1 stderr, 2 result) of cell ``s``; False once
-        it is empty. Bytes beyond the limits are counted, not kept; a flood is stopped."""
+        """Read pipe ``k`` (0 stdout, 1 stderr, 2 result) of cell ``s``; False once it is empty. Bytes beyond the
+        limits are counted, not kept; a flood is stopped."""
         fd = (s.out, s.err, s.res)[k]
         try:
             chunk = os.read(fd, 1 << 16)
-        except (BlockingIOError, InterruptedError):
+        except BlockingIOError:
             return False
         if not chunk:
             return False
@@ -204,7 +193,7 @@ class Server:
         """Messages from a forker: the end of its call (answered here), or a failure."""
         try:
             chunk = os.read(s.st, 1 << 16)
-        except (BlockingIOError, InterruptedError):
+        except BlockingIOError:
             return
         if not chunk:
             return  # the forker is gone; its pidfd says so and the cell is replaced
@@ -242,9 +231,7 @@ class Server:
         if how == ENDED and max(s.totals[0], s.totals[1]) > self.flood:
             how = KILLED  # it flooded but ended before the kill: the same outcome whichever came first
         timeout = float(req.get("timeout_s") or self.timeout)
-        out, err, res = s.bufs
-        result = build_result(req, self.limit, self.value_limit, out, err, res, s.totals[0], s.totals[1],
-                               s.totals[2], status, how, duration, timeout)
+        result = build_result(req, self.limit, self.value_limit, s.bufs, s.totals, status, how, duration, timeout)
         result["id"] = req["id"]
         s.req = s.bufs = None
         send(result)
@@ -265,11 +252,7 @@ class Server:
                 rl += (s.out, s.err, s.res)
             if self.stdin_open:
                 rl.append(0)
-            try:
-                ready, _, _ = select.select(rl, [], [], wait)
-            except InterruptedError:
-                continue
-            ready = set(ready)
+            ready = set(select.select(rl, [], [], wait)[0])
             if 0 in ready:
                 self.on_stdin()
             for s in list(self.cells):

@@ -12,12 +12,8 @@ STDLIB_SKIP = {
 
 
 def stdlib_mirror(cache_root, src=STDLIB):
-    """A world-readable mirror of the standard library (hard links where possible).
-
-    A call that runs under an unprivileged uid cannot read an interpreter installed under a private
-    home (pyenv under /root, mode 700). The mirror leaves out site-packages, so third-party packages
-    stay out of reach even by path.
-    """
+    """A world-readable mirror of the standard library (hard links where possible), for calls under a uid that cannot
+    read the interpreter's home (pyenv under /root); without site-packages, out of reach even by path."""
     dynload = os.path.join(src, "lib-dynload")
     # A stable name (str hashes are salted per process): one mirror per interpreter, reused.
     tag = "stdlib-%s-%08x" % (sys.version.split()[0], fnv32("%s|%s" % (src, sys.version)))
@@ -27,10 +23,8 @@ def stdlib_mirror(cache_root, src=STDLIB):
     tmp = dst + ".tmp%d" % os.getpid()
 
     def link(s, d):
-        # A symbolic link is mirrored as the file it names: a distribution's stdlib has relative ones (Debian's
-        # _sysconfigdata__linux_*.py -> its sibling, which may not be mirrored yet) and ones that leave the
-        # tree (sitecustomize.py -> /etc/...), and a hard link to the link itself would dangle in the mirror.
-        # One that names nothing is left out, as the interpreter itself could not import it.
+        # A symbolic link is mirrored as the file it names (a link to it could dangle in the mirror: relative ones,
+        # ones out of the tree); one that names nothing is left out.
         real = os.path.realpath(s)
         if not os.path.isfile(real):
             return
@@ -47,10 +41,7 @@ def stdlib_mirror(cache_root, src=STDLIB):
 
     for root, dirs, files in os.walk(src):
         rel = os.path.relpath(root, src)
-        if rel == ".":
-            dirs[:] = [d for d in dirs if d not in STDLIB_SKIP]
-        else:
-            dirs[:] = [d for d in dirs if d not in ("test", "tests", "idle_test")]
+        dirs[:] = [d for d in dirs if d not in (STDLIB_SKIP if rel == "." else ("test", "tests", "idle_test"))]
         os.makedirs(os.path.join(tmp, rel), mode=0o755, exist_ok=True)
         for f in files:
             if f.endswith((".py", ".pyc", ".so")) or os.path.dirname(os.path.join(root, f)) == dynload:
@@ -67,10 +58,8 @@ def stdlib_mirror(cache_root, src=STDLIB):
 
 
 def rmtree(path):
-    """Remove a directory tree that a call left behind, iteratively and by descriptor (no recursion
-    limit, no path-length limit). Directories the call made unreadable are opened up first (the remover
-    owns them); symbolic links are removed, never followed. What cannot be removed is left for the
-    server's final clean-up, never raised."""
+    """Remove a tree a call left behind, iteratively and by descriptor (no recursion or path-length limit), opening up
+    unreadable directories, never following links. What cannot be removed is left, never raised."""
     flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
         os.chmod(path, 0o700, follow_symlinks=False)

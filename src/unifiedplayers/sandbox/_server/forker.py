@@ -17,19 +17,12 @@ from .framing import CELL_ERROR, DONE, DONE_BODY, ENDED, FATAL, KILLED, KIND_CAL
 from .kernel import PR_SET_CHILD_SUBREAPER, PR_SET_DUMPABLE, PR_SET_PDEATHSIG, STDLIB, libc, set_rlimit
 from .landlock import Landlock
 from .namespaces import drop_capabilities
-from .uids import await_uid_empty
+from .uids import clean_uid
 from .warmup import warm_regexes
 
-# ---------------------------------------------------------------------------------------------------
-# A cell: one *forker* process under its own uid and Landlock domain, which forks one process per call.
-#
-# Every fork write-protects all the memory of the process that forks, so each page that process writes
-# afterwards costs it a page fault (dear in this VM, several microseconds each). The forker therefore does
-# as little as it can per call: read the request, fork, wait (enforcing the wall clock), sweep, report.
-# The call's stdout, stderr and result travel through three pipes that live as long as the cell, which the
-# server reads, limits and turns into results; the server never forks per call, so that bookkeeping costs
-# no faults. One call at a time per cell, so a pipe's bytes always belong to the cell's current call: the
-# server sends the next request only after the DONE of the previous one, once it has drained the pipes.
+# Every fork write-protects the forker's memory, so each page it writes afterwards costs a copy-on-write fault: per
+# call it only reads the request, forks, waits, sweeps and reports. A call's output travels through the cell's three
+# pipes to the server, which sends the next request only once it has drained them after the DONE of this one.
 
 
 class Forker:
@@ -38,11 +31,9 @@ class Forker:
         self.contained = bool(iso["uid"] or iso.get("pidns"))
         self.deterministic, self.memory_mb = cfg.deterministic, cfg.memory_mb
         self.wall_factor = cfg.wall_timeout_factor or 1.0
-        self.iso, self.dir, self.ruleset = iso, cell_dir, ruleset
+        self.iso, self.ruleset = iso, ruleset
         self.ctl, self.st, self.out_w, self.err_w, self.res_w = fds
-        # Every call of this cell works in the same path, created empty before the call and removed after
-        # it, so HOME and TMPDIR are set once here and not in each call (where setting os.environ costs
-        # some 35 copy-on-write faults).
+        # Every call works in the same path, made empty before it and removed after it: HOME and TMPDIR set once.
         self.work = os.path.join(cell_dir, "w")
         os.environ["HOME"] = os.environ["TMPDIR"] = self.work
         self.stale = 0
@@ -50,10 +41,8 @@ class Forker:
         self.codes = {}  # source -> code object, most recently used last
 
     def compiled(self, key, drop, text):
-        """(code, source) of a call's source, compiled once per forker and reused for every call of that
-        source (a verifier is called on every trajectory and variant of its task). The server keeps the
-        keys and says which to drop, so both sides agree on what is cached. A source that does not compile
-        is left to the call itself (code None), which reports its SyntaxError."""
+        """(code, source) of a call's source, compiled once per forker; the server keeps the keys and says which to
+        drop. A source that does not compile gives code None: the call reports its SyntaxError."""
         if drop:
             self.codes.pop(drop, None)
         if text:
@@ -70,8 +59,7 @@ class Forker:
         return self.codes[key]
 
     def sweep(self, pgid):
-        """Kill every process the call started: all of this uid but this forker, or all of this PID namespace but
-        its first process (this forker), or the call's group."""
+        """Kill every process the call started: all of this uid or PID namespace but this forker, else its group."""
         try:
             if self.contained:
                 os.kill(-1, signal.SIGKILL)
@@ -81,10 +69,8 @@ class Forker:
             pass
 
     def reap(self, pgid):
-        """After a call: kill what it left running and, under the cell's own uid or in its PID namespace, wait
-        until no process but this forker is left: killed and reaped (the forker is their subreaper, or the
-        namespace's init, so every orphan of a call is its child). A process counts against RLIMIT_NPROC until it
-        is reaped, so a fork bomb's leftovers would otherwise make the next calls' forks fail."""
+        """After a call: kill what it left running and, when contained, reap until no process but this forker is
+        left (every orphan is its child), so that none counts against the next call's RLIMIT_NPROC."""
         self.sweep(pgid)
         while self.contained:
             try:
@@ -105,8 +91,8 @@ class Forker:
         return os.fork()
 
     def next_request(self):
-        """The next request as (header fields, text, function, payload), or None when the server has
-        closed the pipe. A kill message left over from a call that ended by itself meanwhile is skipped."""
+        """(header fields, text, function, payload), or None once the server closed the pipe; a kill left over
+        from a call that ended meanwhile is skipped."""
         while True:
             kind = read_exact(self.ctl, 1)
             if kind is None:
@@ -163,13 +149,9 @@ class Forker:
         write_all(self.st, DONE + DONE_BODY.pack(status, how, duration))
 
     def watch(self, pid, pidfd, start, timeout):
-        """Wait for call ``pid`` to end: ``(how, server_gone)``. It times out once it has used ``timeout`` seconds
-        of CPU time, or ``wall_timeout_factor`` times that of wall clock (a call that sleeps or blocks).
-
-        CPU time, not wall clock, decides: a call that finishes within its budget on a quiet machine finishes
-        within it under any load, so a verdict or an observation never depends on what else the machine runs.
-        The process's CPU clock (clock_getcpuclockid) is read only when the budget could be spent: a call can
-        spend no more CPU than the wall clock that has passed (per thread), so the watch sleeps until then."""
+        """Wait for call ``pid`` to end: ``(how, server_gone)``. It times out after ``timeout`` seconds of CPU time or
+        ``wall_timeout_factor`` times that of wall clock (docs/sandbox.md); the CPU clock is read only once the
+        wall clock passed allows the budget to be spent."""
         clock = ((~pid) << 3) | 2  # MAKE_PROCESS_CPUCLOCK(pid, CPUCLOCK_SCHED): all its threads, in ns
         wall_deadline = start + timeout * self.wall_factor
         while True:
@@ -180,10 +162,7 @@ class Forker:
             wait = min(wall_deadline - time.monotonic(), timeout - used)
             if wait <= 0:
                 return TIMED_OUT, False
-            try:
-                ready, _, _ = select.select([pidfd, self.ctl], [], [], max(min(wait, 1.0), 0.005))
-            except InterruptedError:
-                continue
+            ready, _, _ = select.select([pidfd, self.ctl], [], [], max(min(wait, 1.0), 0.005))
             if pidfd in ready:
                 return ENDED, False
             if ready:  # while a call runs the server only ever sends a kill
@@ -202,8 +181,7 @@ class Forker:
 
 
 def _keep_only(fds, ruleset):
-    """Close every inherited descriptor but the cell's pipes and its Landlock ruleset; those of 0-2 that
-    are not kept point at /dev/null."""
+    """Close every inherited descriptor but ``fds`` and the ruleset; 0-2 not kept point at /dev/null."""
     keep = sorted(set(fds) | ({ruleset} if ruleset is not None else set()))
     lo = 0
     for fd in keep:
@@ -217,21 +195,17 @@ def _keep_only(fds, ruleset):
 
 
 def _take_cell_uid(cfg, iso, cell):
-    """The forker's process layer. With uid isolation (root), become the cell's own uid (RLIMIT_NPROC on it) and
-    kill whatever that uid left running; then arrange to hear of the server's death: with a uid, SIGTERM, on which
-    the forker kills every process of its uid, its calls included, and exits; in the cell's PID namespace (a user
-    namespace, not root), RLIMIT_NPROC on the namespace and no capabilities; otherwise SIGKILL."""
+    """The forker's process layer (root: the cell's own uid; else the cell's PID namespace) and what it does when
+    the server dies."""
     if iso["uid"]:
         uid = iso["uid_base"] + cell
         os.setgroups([])
         os.setgid(uid)
         os.setuid(uid)
-        # The forker counts too; a call may run max_processes processes at once.
         set_rlimit(resource.RLIMIT_NPROC, cfg.max_processes + 1)
-        await_uid_empty(uid, os.getpid())  # leftovers of an earlier server or forker of this cell
+        clean_uid(uid, os.getpid(), timeout=2.0)
         libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # a call's orphans become this forker's children
-        # When the server dies this forker is told (after setuid, which clears the setting) and
-        # kills every process of its uid, its calls included, before it exits.
+        # The server's death (told after setuid, which clears the setting): kill every process of the uid, exit.
         forker_pid = os.getpid()
 
         def on_server_death(signum, frame):
@@ -247,10 +221,8 @@ def _take_cell_uid(cfg, iso, cell):
         signal.signal(signal.SIGTERM, on_server_death)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
     elif iso.get("cell_namespaces"):
-        # The forker is the first process (init) of the cell's PID namespace (enter_cell_namespaces): a call's
-        # orphans become its children, kill(-1) reaches every process of the namespace but itself, and the
-        # namespace, with all it holds, ends when it does. RLIMIT_NPROC counts the cell's user namespace: its
-        # first process, this forker and a call's max_processes.
+        # The forker is the init of the cell's PID namespace (enter_cell_namespaces). RLIMIT_NPROC counts the cell's
+        # user namespace: its first process, this forker and a call's max_processes.
         if iso["pidns"]:
             set_rlimit(resource.RLIMIT_NPROC, cfg.max_processes + 2)
         drop_capabilities()
@@ -260,14 +232,12 @@ def _take_cell_uid(cfg, iso, cell):
 
 
 def _calls_interpreter(iso):
-    """The interpreter state every call inherits: ``sys.path`` limited to the standard library mirror,
-    SIGXFSZ and SIGPIPE ignored, and text streams on fds 0-2 (which each call points at the cell's pipes)."""
+    """The interpreter state every call inherits: the standard library's path only, SIGXFSZ and SIGPIPE ignored,
+    text streams on fds 0-2."""
     sys.path[:] = iso["sys_path"]
     sys.path_importer_cache.clear()
-    # The packages loaded before (encodings, json, re, collections, ctypes) look for their submodules in
-    # their ``__path__``: the standard library's own directory, which a cell's uid cannot read. Point it
-    # at the mirror, or ``import encodings.idna`` fails, and with it every codec not loaded yet (a
-    # hostname lookup raised "LookupError: unknown encoding: idna" instead of a network error).
+    # The packages loaded already find their submodules through ``__path__``, the standard library a cell's uid
+    # cannot read: point it at the mirror (or ``import encodings.idna``, every codec not loaded yet, fails).
     old, new = os.path.join(STDLIB, ""), os.path.join(iso["sys_path"][0], "")
     for module in list(sys.modules.values()) if old != new else ():
         path = getattr(module, "__path__", None)
@@ -276,7 +246,6 @@ def _calls_interpreter(iso):
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an oversized write fails with EFBIG instead
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     sys.argv = ["<sandbox>"]
-    # Streams for the calls, bound to fds 0-2, which each call points at the cell's pipes.
     sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
     sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8",
                                   errors="backslashreplace")
@@ -285,8 +254,7 @@ def _calls_interpreter(iso):
 
 
 def _calls_rlimits(cfg):
-    """The calls' memory, file-size and descriptor limits, taken once by the forker and inherited by each
-    call (the forker itself needs far less)."""
+    """The calls' memory, file-size and descriptor limits, taken once by the forker and inherited."""
     mem = cfg.memory_mb << 20
     set_rlimit(resource.RLIMIT_AS, mem)
     set_rlimit(resource.RLIMIT_DATA, mem)
@@ -311,8 +279,7 @@ def cell_main(cfg, iso, cell, cell_dir, ruleset, fds):
         _calls_interpreter(iso)
         forker = Forker(cfg, iso, cell_dir, ruleset, fds)
         _calls_rlimits(cfg)
-        # Everything alive now is shared copy-on-write with every call: keep the collector from
-        # walking (and so copying) it in each call.
+        # Everything alive now is shared with every call: the collector must not walk (and so copy) it.
         gc.collect()
         gc.freeze()
     except BaseException:  # noqa: BLE001

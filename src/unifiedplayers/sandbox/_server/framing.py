@@ -11,10 +11,7 @@ def frame(obj):
 def write_all(fd, data):
     view = memoryview(data)
     while view:
-        try:
-            view = view[os.write(fd, view):]
-        except InterruptedError:
-            continue
+        view = view[os.write(fd, view):]
 
 
 def send(obj):
@@ -24,10 +21,7 @@ def send(obj):
 def read_exact(fd, n):
     buf = b""
     while len(buf) < n:
-        try:
-            part = os.read(fd, n - len(buf))
-        except InterruptedError:
-            continue
+        part = os.read(fd, n - len(buf))
         if not part:
             return None
         buf += part
@@ -63,16 +57,11 @@ class FrameReader:
 CODE_CACHE_ENTRIES = 64  # compiled sources kept per cell
 CODE_CACHE_MAX_SOURCE = 1 << 16  # larger sources are compiled by their call
 
-# Messages. Server -> forker: MSG_RUN + RUN_HEADER + text + function NUL payload, or MSG_KILL (end the
-# running call now: its output is flooding). Binary rather than JSON: a forker that parses JSON touches
-# about three times as many pages per call, each a copy-on-write fault. RUN_HEADER: kind, the
-# source's key in the forker's code cache (0: none), a key the forker may drop from its cache (0: none),
-# the lengths of text and of function NUL payload, the timeout, the call's seed. ``text`` is the program (run), or the
-# source (call) the first time the forker sees that key, else empty. Forker -> server: DONE (after the
-# call was reaped and swept), CELL_ERROR (this call could not be run) or FATAL (the cell could not start),
-# the last two followed by a 4-byte length and UTF-8 text.
-# A call's result pipe: RESULT_VALUE and the return value's JSON when the call returned normally, else a
-# JSON object (exit_code, memory_exceeded, ok, value, error, traceback).
+# Server -> forker, binary (parsing JSON would touch three times the pages, each a copy-on-write fault): MSG_RUN +
+# RUN_HEADER (kind, code-cache key, key to drop, len(text), len(function NUL payload), timeout, seed) + text (the
+# program, or a source new to the forker) + function NUL payload; or MSG_KILL (the call floods its output).
+# Forker -> server: DONE + DONE_BODY, or CELL_ERROR / FATAL + a 4-byte length + UTF-8 text.
+# A call's result pipe: RESULT_VALUE + the return value's JSON, else a JSON object (exit_code, ok, error, ...).
 MSG_RUN, MSG_KILL = b"R", b"K"
 RESULT_VALUE = b"\x01"
 RUN_HEADER = struct.Struct(">BIIIIdI")

@@ -35,12 +35,6 @@ class _PathBeneathAttr(ctypes.Structure):
     _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
 
 
-def _landlock_abi():
-    abi = libc.syscall(SYS_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0),
-                        ctypes.c_uint32(LANDLOCK_CREATE_RULESET_VERSION))
-    return int(abi) if abi > 0 else 0
-
-
 def _fs_rights(abi):
     rights = (1 << 13) - 1  # EXECUTE .. MAKE_SYM (ABI 1)
     if abi >= 2:
@@ -56,7 +50,9 @@ class Landlock:
     """Builds and applies one Landlock domain per call from path fds opened once at start-up."""
 
     def __init__(self, read_dirs, read_files):
-        self.abi = _landlock_abi()
+        abi = libc.syscall(SYS_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0),
+                           ctypes.c_uint32(LANDLOCK_CREATE_RULESET_VERSION))
+        self.abi = int(abi) if abi > 0 else 0
         self.ok = self.abi > 0
         if not self.ok:
             return

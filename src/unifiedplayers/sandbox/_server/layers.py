@@ -9,11 +9,9 @@ from .landlock import DEVICE_FILES, Landlock, SYSTEM_READ_DIRS
 from .namespaces import enter_user_namespace, private_tmpfs, user_namespace_trial
 
 def take_isolation(cfg, root, claim_uids):
-    """The isolation layers the server process takes once for all its cells: ``(iso, landlock)``. ``iso`` says
-    which layers it got (netns, uid or pidns, landlock, tmpfs) and by which ``mechanism`` (``root``; a ``user
-    namespace``, not root; ``none``), ``notes`` and ``reasons`` why one is missing (a layer the config switched off
-    has no reason), and ``sys_path`` the calls' standard library; ``landlock``: the rules for the cells' rulesets,
-    None without Landlock. ``claim_uids(cfg)``: the first uid of a free block."""
+    """``(iso, landlock)``: ``iso`` says which layers the server got and by which ``mechanism``, ``notes`` and
+    ``reasons`` why one is missing (none for a layer the config switched off), and ``sys_path`` the calls' standard
+    library; ``landlock`` builds the cells' rulesets (None without Landlock). ``claim_uids(cfg)``: a free block."""
     notes = []
     reasons = {}  # layer -> why the machine did not give it (switched off by the config: no entry)
     iso = {"uid": False, "pidns": False, "netns": False, "landlock": False, "cell_namespaces": False}
@@ -41,9 +39,7 @@ def take_isolation(cfg, root, claim_uids):
             reasons["tmpfs"] = notes[-1]
     elif cfg.workdir_tmpfs_mb > 0:
         reasons["tmpfs"] = "not root: cannot mount a private tmpfs; working directories on disk, total uncapped"
-    stdlib = STDLIB
-    if iso["uid"]:
-        stdlib = stdlib_mirror(cfg.mirror_root)
+    stdlib = stdlib_mirror(cfg.mirror_root) if iso["uid"] else STDLIB
     iso["sys_path"] = [stdlib, os.path.join(stdlib, "lib-dynload")]
     landlock = None
     if cfg.landlock:
@@ -55,17 +51,13 @@ def take_isolation(cfg, root, claim_uids):
             # errno of landlock_create_ruleset: ENOSYS not built in, EOPNOTSUPP built in but not enabled
             reasons["landlock"] = "kernel has no Landlock (%s)" % os.strerror(ctypes.get_errno())
             landlock = None
-    iso["notes"] = notes
-    iso["reasons"] = reasons
+    iso.update(notes=notes, reasons=reasons)
     return iso, landlock
 
 
 def _take_user_namespace(cfg, root, iso, notes, reasons):
-    """Not root: enter a user namespace that maps the caller's uid to itself, where the server may make the empty
-    network namespace and mount the private tmpfs as root does, and each cell gets a user and PID namespace of its
-    own (the ``pidns`` layer, in place of root's per-cell uid). Every step is tried first in a throw-away child
-    (:func:`user_namespace_trial`); where one fails, the server stays where it is (mechanism ``none``, today's
-    layers) and says why."""
+    """Not root: enter a user namespace mapping the caller's uid to itself (docs/sandbox.md), once every step has
+    passed its trial (:func:`user_namespace_trial`); otherwise mechanism ``none``, and why."""
     if not cfg.user_namespace:
         iso["mechanism"] = "none"
         reasons["uid"] = ("not root (uid %d): cannot drop to a per-call uid, calls run under the caller's uid "

@@ -12,11 +12,8 @@ from .framing import FATAL, write_all
 from .kernel import CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWUSER, MS_NODEV, MS_NOEXEC, MS_NOSUID, MS_PRIVATE, MS_REC, PR_SET_PDEATHSIG, _LINUX_CAPABILITY_VERSION_3, libc, set_rlimit
 
 def private_tmpfs(path, size_mb):
-    """Mount a size-capped tmpfs on ``path``, seen by this process and its children only (a private
-    mount namespace: it disappears with them, even if they are killed). Returns an error text or None.
-
-    The calls' working directories live there: creating and removing a directory costs ~1 ms on this
-    machine's disk and ~13 us in memory, and the cap bounds what the calls can write all together."""
+    """Mount a size-capped tmpfs on ``path`` in a private mount namespace (it goes with this process and its
+    children); the cap bounds what the calls write together. Returns an error text or None."""
     libc.mount.argtypes = (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p)
     if libc.unshare(CLONE_NEWNS) != 0:
         return "unshare(CLONE_NEWNS): " + os.strerror(ctypes.get_errno())
@@ -29,9 +26,8 @@ def private_tmpfs(path, size_mb):
 
 
 def _write_id_maps(uid, gid):
-    """Map ``uid`` and ``gid`` to themselves in the user namespace this process has just entered: one line each,
-    after denying setgroups, as the kernel requires of a writer without privileges outside the namespace. The ids
-    stay those of the user who started the sandbox (``geteuid()`` is not 0 inside). Returns an error text or None."""
+    """Map ``uid`` and ``gid`` to themselves in the user namespace just entered, after denying setgroups (as the
+    kernel requires of an unprivileged writer). Returns an error text or None."""
     for name, text in (("setgroups", "deny"), ("uid_map", "%d %d 1" % (uid, uid)), ("gid_map", "%d %d 1" % (gid, gid))):
         try:
             fd = os.open("/proc/self/" + name, os.O_WRONLY)
@@ -45,9 +41,8 @@ def _write_id_maps(uid, gid):
 
 
 def enter_user_namespace(flags=0):
-    """``unshare(CLONE_NEWUSER | flags)``, then map this process's ids to themselves. Returns an error text or None.
-    A failure after the unshare leaves the process in a namespace without a map: only a throw-away process (the
-    trial, :func:`user_namespace_trial`) or one that then exits may call this where it can fail."""
+    """``unshare(CLONE_NEWUSER | flags)``, then map this process's ids to themselves. Returns an error text or None;
+    a failure after the unshare leaves no map, so only a process that then exits may call it where it can fail."""
     uid, gid = os.geteuid(), os.getegid()
     if libc.unshare(CLONE_NEWUSER | flags) != 0:
         err = ctypes.get_errno()
@@ -59,8 +54,7 @@ def enter_user_namespace(flags=0):
 
 
 def drop_capabilities():
-    """Clear every capability of this process (effective, permitted and inheritable sets; the ambient set goes with
-    the permitted one). A process that makes a user namespace holds every capability inside it; the calls hold none."""
+    """Clear every capability of this process (the maker of a user namespace holds them all inside it)."""
     header = (ctypes.c_uint32 * 2)(_LINUX_CAPABILITY_VERSION_3, 0)
     data = (ctypes.c_uint32 * 6)()
     if libc.capset(header, data) != 0:
@@ -68,10 +62,9 @@ def drop_capabilities():
 
 
 def _nproc_counts_per_namespace():
-    """Whether RLIMIT_NPROC counts the processes of a user namespace (Linux 5.14 and later: per namespace and uid),
-    rather than every process of the uid on the machine: a child in a new user namespace, limited to 3 processes,
-    forks three children that wait; the first two forks must succeed (a per-uid count would already exceed 3 with
-    this server and its client) and the third must fail. Returns None, or why the cells' process bound is missing."""
+    """None if RLIMIT_NPROC counts per user namespace (Linux 5.14+), else why the process bound is missing: a child
+    in a new user namespace, limited to 3, must fork two waiting children and fail the third (a per-uid count would
+    already exceed 3 with this server and its client)."""
     pid = os.fork()
     if pid == 0:
         code = 3
@@ -107,10 +100,8 @@ def _nproc_counts_per_namespace():
 
 
 def user_namespace_trial(cfg, root):
-    """Try, in a throw-away child, every step the server takes in a user namespace (the namespace and its id map,
-    an empty network namespace, the private tmpfs) and whether RLIMIT_NPROC counts per namespace; the server takes
-    the steps itself only when all of them worked here, so that it never stops half way. Returns ``(why the user
-    namespace cannot serve or None, why the process bound is missing or None)``."""
+    """Try every step the server takes in a user namespace in a throw-away child, so that the server never stops
+    half way. Returns ``(why the user namespace cannot serve, why the process bound is missing)``, each or None."""
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -128,13 +119,8 @@ def user_namespace_trial(cfg, root):
             write_all(w, json.dumps(answer).encode())
             os._exit(0)
     os.close(w)
-    text = b""
-    while True:
-        chunk = os.read(r, 1 << 16)
-        if not chunk:
-            break
-        text += chunk
-    os.close(r)
+    with open(r, "rb") as f:
+        text = f.read()
     os.waitpid(pid, 0)
     try:
         answer = json.loads(text)
@@ -144,16 +130,10 @@ def user_namespace_trial(cfg, root):
 
 
 def enter_cell_namespaces(st):
-    """In a new cell's first process, with the user namespace mechanism: a user and a PID namespace of the cell's
-    own, whose first process (PID 1 there) goes on to become the forker; this process stays as the forker's parent,
-    closes every descriptor, waits for the forker and exits when it has. On SIGTERM (from the server, replacing the
-    cell) it kills the forker: the server's signal goes to its own child, whose pid cannot have been reused, and
-    the forker's to this process's child. Returns in the forker only.
-
-    Everything a call starts lives in the cell's PID namespace and dies with its first process (the forker): the
-    kernel kills the namespace when its init exits, whoever killed it. The cell's user namespace is what
-    RLIMIT_NPROC counts (see :func:`_nproc_counts_per_namespace`), and it is what lets a user without privileges
-    make the PID namespace."""
+    """In a new cell's first process (user namespace mechanism): make the cell's user and PID namespace, whose init
+    becomes the forker (returns there only); this process waits for it, kills it on the server's SIGTERM (each
+    signal goes to the sender's own child, whose pid cannot be reused) and exits with it. The namespace, all a call
+    started included, ends with its init."""
     server = os.getppid()
     try:
         why = enter_user_namespace(CLONE_NEWPID)
@@ -171,11 +151,6 @@ def enter_cell_namespaces(st):
     if os.getppid() != server:
         os._exit(0)
     os.closerange(0, 1 << 16)
-    while True:
-        try:
-            _, status = os.waitpid(forker, 0)
-            break
-        except InterruptedError:
-            continue
+    _, status = os.waitpid(forker, 0)
     code = os.waitstatus_to_exitcode(status)
     os._exit(code if code >= 0 else 128 - code)

@@ -2,11 +2,8 @@
 free. Imported first (``__main__``), before anything else imports ``random``."""
 import os
 
-# Modules model-written code commonly imports, loaded once here so each fork gets them for free. The
-# list is short on purpose: every call's fork and exit cost grows with this process's memory
-# (benchmarks/README.md, "Where the sandbox's time goes"), so rarer, larger modules (dataclasses,
-# statistics) are imported by the calls that use them (datetime is imported by the server itself, for the
-# calls' virtual calendar clock). The server itself avoids shutil and sysconfig for the same reason.
+# Short on purpose: a fork's cost grows with this process's memory (benchmarks/README.md, "Where the sandbox's time
+# goes"), so rarer, larger modules are imported by the calls that use them (and the server avoids shutil, sysconfig).
 PRELOAD = (
     "bisect", "cmath", "collections", "copy", "decimal", "enum", "fractions", "functools", "heapq",
     "itertools", "json", "math", "numbers", "operator", "random", "re", "string", "typing",
@@ -14,10 +11,8 @@ PRELOAD = (
 
 
 def _import_random():
-    """Import ``random`` with its after-fork hook (a fresh seed in each call, as a fresh interpreter gets)
-    calling the C seed directly: ``Random.seed`` would first run its Python checks and ``super()``,
-    about 30 copy-on-write faults in every call. Same effect: a seed from the OS, ``gauss_next`` None
-    (as this process, which never samples, has it)."""
+    """Import ``random`` with its after-fork hook (a fresh seed in each call) calling the C seed directly, without
+    ``Random.seed``'s Python checks (copy-on-write faults in every call); ``gauss_next`` is None here already."""
     import functools
 
     hooks = []

@@ -5,8 +5,10 @@ import signal
 
 from .framing import ENDED, KILLED, RESULT_VALUE, TIMED_OUT
 
-def build_result(req, limit, value_limit, out, err, res, out_total, err_total, res_total, status, how,
-                  duration, timeout):
+
+def build_result(req, limit, value_limit, bufs, totals, status, how, duration, timeout):
+    """``bufs``: what was kept of stdout, stderr and the result pipe; ``totals``: the bytes each carried."""
+    (out, err, res), (out_total, err_total, res_total) = bufs, totals
     result = {
         "stdout": out.decode("utf-8", errors="replace"),
         "stderr": err.decode("utf-8", errors="replace"),
@@ -17,8 +19,7 @@ def build_result(req, limit, value_limit, out, err, res, out_total, err_total, r
         "duration_s": duration,
         "memory_exceeded": False,
     }
-    exit_code = -signal.SIGKILL if how != ENDED else os.waitstatus_to_exitcode(status)
-    result["exit_code"] = exit_code
+    result["exit_code"] = exit_code = -signal.SIGKILL if how != ENDED else os.waitstatus_to_exitcode(status)
     if exit_code == 70 and "sandbox setup failed" in result["stderr"]:
         result["error"] = result["stderr"][-1000:]
     info = None
@@ -28,13 +29,11 @@ def build_result(req, limit, value_limit, out, err, res, out_total, err_total, r
         try:
             info = json.loads(res.decode("utf-8", errors="replace"))
         except (ValueError, RecursionError):
-            info = None
-        if not isinstance(info, dict):
-            info = None
+            pass
+        info = info if isinstance(info, dict) else None
     if info is not None:
         result["memory_exceeded"] = bool(info.get("memory_exceeded"))
-        # For a program, what its code raised is in its stderr and exit status; ``error`` is kept for
-        # failures of the sandbox itself. For a function call it is the call's outcome.
+        # A program's ``error`` is kept for failures of the sandbox itself; a function call's is its outcome.
         if info.get("error") and req["kind"] == "call":
             result["error"] = str(info["error"])[:4000]
         if info.get("traceback"):

@@ -3,10 +3,8 @@ import os
 
 
 class Settings:
-    """What the client sends first: the fields of ``unifiedplayers.sandbox.SandboxConfig`` (which this package
-    cannot import: it runs alone, on the standard library) and where the client put the calls' folders. Each field
-    is read once here, with its type checked, so that a missing or malformed one fails the server's start by name
-    rather than a cell's first call."""
+    """What the client sends first: the fields of ``SandboxConfig`` (not importable here) and the calls' folders,
+    each type-checked once, so that a bad one fails the server's start by name."""
 
     # name -> (type, default: None where the client must send it)
     FIELDS = {

@@ -19,30 +19,23 @@ def _uid_pids(uid, exclude=0):
     return pids
 
 
-def await_uid_empty(uid, me, timeout=2.0):
-    """In a new forker (as ``uid``): kill every other process of ``uid`` and wait until none is left
-    (their parent or init reaps them), for at most ``timeout`` seconds."""
+def clean_uid(uid, me=0, timeout=5.0):
+    """Kill every process of ``uid`` but ``me`` and wait at most ``timeout`` s until none is left: in a new forker
+    ``me``, which runs as ``uid`` (leftovers of an earlier server or forker), or in the server after a cell's forker
+    died (it reaps the forker's orphans: it is their subreaper)."""
     deadline = time.monotonic() + timeout
     while True:
-        try:
-            os.kill(-1, signal.SIGKILL)
-        except OSError:
-            pass
-        if not _uid_pids(uid, me) or time.monotonic() > deadline:
-            return
-        time.sleep(0.002)
-
-
-def clean_uid(uid, timeout=5.0):
-    """In the server, after a cell's forker died: kill every process of ``uid`` and wait until none is
-    left. The forker's orphans are the server's children (it is their subreaper): reaped here."""
-    deadline = time.monotonic() + timeout
-    while True:
-        _sweep_uid(uid)
-        left = _uid_pids(uid)
+        if me:
+            try:
+                os.kill(-1, signal.SIGKILL)
+            except OSError:
+                pass
+        else:
+            _sweep_uid(uid)
+        left = _uid_pids(uid, me)
         for pid in left:
             try:
-                os.waitpid(pid, os.WNOHANG)  # ours (an orphan of the dead forker) or not ours
+                os.waitpid(pid, os.WNOHANG)  # an orphan of the dead forker, or not ours
             except ChildProcessError:
                 pass
         if not left or time.monotonic() > deadline:

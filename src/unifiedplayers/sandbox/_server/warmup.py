@@ -2,9 +2,6 @@
 (:func:`warm_regexes`)."""
 import re
 
-# A cell worker: one call at a time, under its own uid and Landlock domain.
-
-
 # re functions -> index of their ``flags`` argument
 _RE_FLAGS_ARG = {"compile": 1, "match": 2, "search": 2, "fullmatch": 2, "findall": 2, "finditer": 2,
                  "split": 3, "sub": 4, "subn": 4}
@@ -36,9 +33,8 @@ def _literal_patterns(source):
                     and type(func.value).__name__ == "Name" and func.value.id == "re"
                     and args and type(args[0]).__name__ == "Constant"
                     and type(args[0].value) in (str, bytes)):
-                flags, at = 0, _RE_FLAGS_ARG[func.attr]
-                if len(args) > at:
-                    flags = _re_flags(args[at])
+                at = _RE_FLAGS_ARG[func.attr]
+                flags = _re_flags(args[at]) if len(args) > at else 0
                 for kw in node.keywords:
                     if kw.arg == "flags":
                         flags = _re_flags(kw.value)
@@ -54,9 +50,8 @@ def _literal_patterns(source):
 
 
 def warm_regexes(source):
-    """Compile the literal regular expressions of ``source`` into ``re``'s cache in the cell worker,
-    so that each call of that source finds them compiled (the same ``re._compile`` the call would run;
-    compiled in a fresh fork instead, a pattern is paid for by every call, mostly in copy-on-write faults)."""
+    """Compile the literal regular expressions of ``source`` into ``re``'s cache in the forker, so that no call of
+    that source pays for them in its own fork."""
     try:
         for pattern, flags in _literal_patterns(source)[:32]:
             try:
