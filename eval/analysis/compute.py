@@ -70,8 +70,7 @@ def to_markdown(r: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def analyse(run: RunData) -> dict[str, Any]:
-    return compute_accounting(run)
+analyse = compute_accounting
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:

@@ -90,8 +90,7 @@ def to_markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def analyse(run: RunData) -> dict[str, Any]:
-    return curves(run)
+analyse = curves
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:

@@ -18,7 +18,6 @@ from typing import Any, Iterator, Optional, Sequence
 SEED = 0  # the perturbation engine's seed
 SANDBOX_TIMEOUT_S = 0.5  # CPU seconds per check (wall clock: 3x, SandboxConfig.wall_timeout_factor)
 
-# ---------------------------------------------------------------------------------------------------
 # Planning outputs (what the Planning player writes; parse_task splits question and answer)
 
 PLANNING_A = ("Mia buys 7 boxes of 12 pencils and gives 15 pencils away. How many pencils does she have left?\n"
@@ -35,7 +34,6 @@ HISTORY = (  # R(q)'s earlier questions (the repeat strategy adds task A's own q
     "A rectangle is 8 cm long and 5 cm wide. What is its area in square centimetres?",
 )
 
-# ---------------------------------------------------------------------------------------------------
 # Execution samples: ("text", reasoning) and ("code", python) parts; the sandbox prints each code part's output,
 # written as the tool loop writes observations, and parse_transcript reads the transcript.
 
@@ -93,7 +91,6 @@ SAMPLES_NONE = (  # every sample stops before an answer (out of tokens or turns)
                                             "count depends on the exponent 20 and"),)),
 )
 
-# ---------------------------------------------------------------------------------------------------
 # Verifiers (what the Evaluation player writes)
 
 COMPANION = '''def check(trajectory):
@@ -183,7 +180,6 @@ def honest_pool(answer: str) -> list[str]:
     return [fenced(answer_checker(answer) if src is None else src) for _, src in HONEST]
 
 
-# ---------------------------------------------------------------------------------------------------
 # Building and pricing
 
 
@@ -201,24 +197,17 @@ def compose_config(reward: str = "default") -> Any:
     return compose([f"reward={reward}", "perturbation=all"])
 
 
-def _transcripts(samples: Sequence[Sample], sandbox: Any, max_chars: int) -> list[str]:
-    """The transcripts of ``samples``, each code part followed by the sandbox's output as the tool loop writes it."""
+def _trajectories(question: str, samples: Sequence[Sample], sandbox: Any, max_chars: int) -> list[Any]:
+    """The parsed transcripts of ``samples``, each code part followed by the sandbox's output as the tool loop
+    writes it."""
     from unifiedplayers.feedback.observation import observation_body
+    from unifiedplayers.feedback.trajectory import parse_transcript
 
     codes = [c for s in samples for kind, c in s.parts if kind == "code"]
     outputs: Iterator[str] = iter([observation_body(r, max_chars) for r in sandbox.run_many(codes)] if codes else [])
-    texts = []
-    for s in samples:
-        pieces = [f"```python\n{body}\n```\n\n```output\n{next(outputs)}\n```" if kind == "code" else body
-                  for kind, body in s.parts]
-        texts.append("\n\n".join(pieces))
-    return texts
-
-
-def _trajectories(question: str, samples: Sequence[Sample], sandbox: Any, max_chars: int) -> list[Any]:
-    from unifiedplayers.feedback.trajectory import parse_transcript
-
-    return [parse_transcript(question, t) for t in _transcripts(samples, sandbox, max_chars)]
+    return [parse_transcript(question, "\n\n".join(
+        f"```python\n{body}\n```\n\n```output\n{next(outputs)}\n```" if kind == "code" else body
+        for kind, body in s.parts)) for s in samples]
 
 
 def _task(question: str, trajectories: Sequence[Any], sources: Sequence[str], answer: Optional[str]) -> Any:
@@ -228,12 +217,6 @@ def _task(question: str, trajectories: Sequence[Any], sources: Sequence[str], an
                            tool_calls=[sum(s.type == "code" for s in t.steps) for t in trajectories])
 
 
-def _errors(vm: Any, verifier: int) -> tuple[int, int]:
-    """(errors on originals, errors on variants) of the checks of generated verifier ``verifier``."""
-    own = [c for c in vm.errors if c.verifier == verifier]
-    return sum(c.variant is None for c in own), sum(c.variant is not None for c in own)
-
-
 def _evaluation_row(fb: Any, strategy: Strategy) -> dict[str, Any]:
     """The terms of Eq. 5 of the strategy (verifier 0 of its pool), its kind and V(q) of the pool."""
     from unifiedplayers.feedback.kinds import task_kinds
@@ -241,7 +224,9 @@ def _evaluation_row(fb: Any, strategy: Strategy) -> dict[str, Any]:
     vm, t = fb.verdicts, fb.terms
     answered = [a is not None for a in fb.answers]
     kind = task_kinds(vm.num_generated, vm.valid, vm.z_orig, vm.z_adv, vm.adv_mask, vm.error_orig, answered)[0]
-    row = {"label": strategy.label, "kind": kind, "valid": 0 in vm.valid, "errors": _errors(vm, 0),
+    own = [c for c in vm.errors if c.verifier == 0]  # its checks that errored: on originals, on variants
+    errors = (sum(c.variant is None for c in own), sum(c.variant is not None for c in own))
+    row = {"label": strategy.label, "kind": kind, "valid": 0 in vm.valid, "errors": errors,
            "gold": None, "adv": None, "red": None, "reward": float(t.evaluation[0]), "writability": t.writability}
     if 0 in vm.valid:
         r = vm.valid.index(0)
@@ -333,7 +318,6 @@ def strategy_table(sandbox: Any = None, reward_cfg: Any = None,
     }
 
 
-# ---------------------------------------------------------------------------------------------------
 # Markdown
 
 

@@ -36,7 +36,6 @@ POLL_S = 2.0
 PROBE_ROLES = ("execution", "evaluation", "planning")  # the order their jobs start in (longest first)
 
 
-# ------------------------------------------------------------------------------------------------------
 # Jobs
 
 
@@ -103,7 +102,6 @@ def run_jobs(jobs: list[Job], max_jobs: int, env: dict[str, str], log: Any = pri
         time.sleep(POLL_S)
 
 
-# ------------------------------------------------------------------------------------------------------
 # figure1.json
 
 
@@ -192,7 +190,6 @@ def rises(fig: dict[str, Any]) -> dict[str, Optional[float]]:
     return out
 
 
-# ------------------------------------------------------------------------------------------------------
 # figure1.png
 
 
@@ -273,7 +270,6 @@ def plot(fig: dict[str, Any], path: Path, title: str = "") -> Path:
     return save_figure(plt, figure, path, title or f"Figure 1a reproduction: seeds {fig['seeds']}")
 
 
-# ------------------------------------------------------------------------------------------------------
 # The whole target
 
 

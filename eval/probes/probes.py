@@ -26,7 +26,6 @@ DATA_DIR = Path(__file__).resolve().parent / "data"
 PROBE_SEED = 0  # the sampling seed of every probe (not the training seed)
 
 
-# ------------------------------------------------------------------------------------------------------
 # Statistics (pure)
 
 
@@ -63,7 +62,6 @@ class ProbeSizes:
     execution_tool: Optional[int] = None  # tool-probe problems (the set holds 50), run with the Execution probe
 
 
-# ------------------------------------------------------------------------------------------------------
 # The probe sets
 
 
@@ -123,7 +121,6 @@ def load_planning_set(path: Path = DATA_DIR / "planning.json", topics: Optional[
     return list(data["topics"])[:topics], int(tasks_per_topic or data["tasks_per_topic"])
 
 
-# ------------------------------------------------------------------------------------------------------
 # Execution
 
 
@@ -161,7 +158,6 @@ def probe_execution_tool(engine: Any, sandbox: Any, tokenizer: Any, cfg: Any, qu
     return probe_execution(engine, sandbox, tokenizer, cfg, questions)
 
 
-# ------------------------------------------------------------------------------------------------------
 # Evaluation
 
 
@@ -241,17 +237,12 @@ def probe_evaluation(engine: Any, sandbox: Any, tokenizer: Any, cfg: Any, items:
     verdicts = [verdict_matrix([s.source for s in row], [it.original], [it.variants], sandbox)
                 for it, row in zip(items, outs)]
     out = evaluation_metrics(verdicts, items[0].rules)
-    out["invalid_reasons"] = _count(why.split(":")[0].split(" (")[0] for v in verdicts for why in v.validity
-                                    if why != "valid")
+    out["invalid_reasons"] = dict(Counter(why.split(":")[0].split(" (")[0] for v in verdicts for why in v.validity
+                                          if why != "valid"))
     out["sample_verifier"] = next((v.compiled[v.valid[0]].source for v in verdicts if v.valid), None)
     return out
 
 
-def _count(xs: Any) -> dict[str, int]:
-    return dict(Counter(xs))
-
-
-# ------------------------------------------------------------------------------------------------------
 # Planning
 
 
@@ -273,7 +264,7 @@ def planning_metrics(tasks: Sequence[Any], uncertainties: Sequence[float]) -> di
     u, u_se = mean_se(list(uncertainties))
     return {"n": n, "well_formed": wf, "well_formed_se": binomial_se(wf, n),
             "U": u, "U_se": u_se, "n_U": len(uncertainties),
-            "malformed_reasons": _count(t.reason for t in tasks if not t.valid)}
+            "malformed_reasons": dict(Counter(t.reason for t in tasks if not t.valid))}
 
 
 def planning_tasks(engine: Any, tokenizer: Any, cfg: Any, topics: Sequence[str], tasks_per_topic: int,
@@ -306,7 +297,6 @@ def probe_planning(tasks: Sequence[Any], exec_engine: Any, sandbox: Any, tokeniz
     return out
 
 
-# ------------------------------------------------------------------------------------------------------
 # Checkpoints and the whole probe
 
 
