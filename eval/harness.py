@@ -71,13 +71,11 @@ def samples_for(bench: Benchmark, entry: Any, eval_cfg: Any) -> int:
 
 def generate_vanilla(engine: Any, prompts: list[str], k: int, max_new_tokens: int, eval_cfg: Any) -> list[list[Generation]]:
     """k completions per prompt: greedy when k == 1, sampled otherwise; in batches of ``batch_size``."""
-    per_call = max(1, eval_cfg.batch_size // k)
+    per_call, greedy = max(1, eval_cfg.batch_size // k), k == 1
     out: list[list[Generation]] = []
     for start in range(0, len(prompts), per_call):
-        chunk = prompts[start:start + per_call]
-        greedy = k == 1
         completions = engine.generate(
-            chunk, n=k, max_new_tokens=max_new_tokens,
+            prompts[start:start + per_call], n=k, max_new_tokens=max_new_tokens,
             temperature=None if greedy else eval_cfg.sample_temperature,
             top_p=None if greedy else eval_cfg.sample_top_p,
             greedy=greedy, seed=eval_cfg.seed + start,

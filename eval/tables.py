@@ -139,9 +139,8 @@ def _notes(kind: str, rows, backbone: Optional[str]) -> list[str]:
     if others and table.get(backbone or ""):
         notes.append(f"Our rows marked with another backbone ({', '.join(others)}) did not run on {backbone}: "
                      f"the paper's {backbone} rows are for reference, not a comparison.")
-    partial = [r for r in rows if r[4]]
-    if partial:
-        for r in partial:
+    for r in rows:
+        if r[4]:  # a partial AVG
             present = [c for c, v in zip(columns, r[2]) if v is not None and not math.isnan(v)]
             notes.append(f"\\* {r[0]} ({_source_text(r[5], r[6], backbone)}): AVG over {', '.join(present)} only, "
                          f"not the paper's {len(columns)} ({', '.join(columns)}).")
@@ -150,10 +149,9 @@ def _notes(kind: str, rows, backbone: Optional[str]) -> list[str]:
 
 def render_markdown(heading: str, header: Sequence[str], rows: Sequence[Sequence[str]], notes: Sequence[str] = (),
                     sections: Optional[dict[int, str]] = None) -> str:
-    """A markdown table of already formatted cells: the ``heading`` line, a blank line, the table, then (after
-    a blank line) the ``notes``, one per line. ``sections`` maps a row index to a label printed in a row of
-    its own above that row (at ``len(rows)``: after the last row). Shared by these tables and the
-    ablations' (``ablations.aggregate.Table``)."""
+    """A markdown table of already formatted cells under ``heading``, then the ``notes``, one per line. ``sections``
+    maps a row index to a label printed in a row of its own above that row (at ``len(rows)``: after the last row).
+    Shared with the ablations' tables (``ablations.aggregate.Table``)."""
     sections = sections or {}
     lines = [heading, "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for i in range(len(rows) + 1):
@@ -169,10 +167,9 @@ def render_markdown(heading: str, header: Sequence[str], rows: Sequence[Sequence
 
 def render_latex(title: str, generator: str, header: Sequence[str], rows: Sequence[Sequence[str]],
                  sections: Optional[dict[int, str]] = None, comments: Sequence[str] = ()) -> str:
-    """A booktabs ``tabular`` of already formatted LaTeX cells (first column left-aligned, the others
-    centred), under a comment line naming ``title`` and the ``generator`` file, and followed by
-    ``comments`` as ``%`` lines. ``sections`` as in :func:`render_markdown`: an italic label spanning the
-    table above its row, after a rule unless it is the first."""
+    """A booktabs ``tabular`` of already formatted LaTeX cells under a comment naming ``title`` and ``generator``,
+    followed by ``comments`` as ``%`` lines; ``sections`` as in :func:`render_markdown` (an italic spanning label,
+    after a rule unless it is the first)."""
     sections = sections or {}
     n = len(header)
     out = [

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -51,7 +51,7 @@ class Job:
     proc: Optional[subprocess.Popen] = None
     rc: Optional[int] = None
     seconds: float = 0.0
-    started: float = field(default=0.0)
+    started: float = 0.0
 
 
 def _metrics_iteration(run_dir: Path) -> int:
