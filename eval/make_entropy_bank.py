@@ -261,14 +261,8 @@ def build(seed: int = SEED) -> dict:
             questions.append({"question": q, "answer": str(a), "template": t.__name__})
             if len(questions) == 2 * PER_ROLE:
                 break
-    return {
-        "version": 1,
-        "generator": "python -m eval.make_entropy_bank",
-        "seed": seed,
-        "planning": planning,
-        "execution": questions[:PER_ROLE],  # rounds 1-8 of the templates
-        "evaluation": questions[PER_ROLE:],
-    }
+    return {"version": 1, "generator": "python -m eval.make_entropy_bank", "seed": seed, "planning": planning,
+            "execution": questions[:PER_ROLE], "evaluation": questions[PER_ROLE:]}
 
 
 def dumps(bank: dict) -> str:

@@ -165,13 +165,8 @@ def collect(root: Path, seeds: Sequence[int], iterations: Sequence[int]) -> dict
     from eval.paper_numbers import FIGURE1_ENDPOINTS
 
     return {
-        "iterations": list(iterations),
-        "seeds": list(seeds),
-        "series": series,
-        "per_seed": per_seed,
-        "sd_over_seeds": spread,
-        "probe_se": probe_se,
-        "sources": sources,
+        "iterations": list(iterations), "seeds": list(seeds), "series": series, "per_seed": per_seed,
+        "sd_over_seeds": spread, "probe_se": probe_se, "sources": sources,
         # §4.5, Qwen3-4B-Base, iteration 1 -> iteration 3 (eval/paper_numbers.py)
         "paper_qwen3_4b": {"iterations": [1, 3], "planning/U": list(FIGURE1_ENDPOINTS["mean_U"]),
                            "execution/accuracy": list(FIGURE1_ENDPOINTS["execution_accuracy"]),

@@ -194,9 +194,7 @@ def make_sets(out_dir: Path = DATA_DIR) -> dict[str, Any]:
     files = ["execution.jsonl", "evaluation.jsonl", "planning.json"]
     sizes = ProbeSizes()
     manifest = {
-        "version": 1,
-        "made_by": "python -m eval.probes.make_sets",
-        "seed": SEED,
+        "version": 1, "made_by": "python -m eval.probes.make_sets", "seed": SEED,
         "defaults": {"evaluation_verifiers": sizes.evaluation_verifiers, "planning_u_tasks": sizes.planning_u_tasks,
                      "planning_u_samples": sizes.planning_u_samples},
         "sha256": {f: sha256(out_dir / f) for f in files},
