@@ -1,8 +1,5 @@
-"""Typed schema of the evaluation entry point (``conf/evaluate.yaml`` and the group ``conf/eval/``).
-
-``conf/evaluate.yaml`` composes the same ``model``, ``rollout``, ``sandbox`` and ``logger`` groups as
-training, plus one ``eval`` preset (``paper``: the twelve benchmarks of Tables 1 and 2 at full size;
-``smoke``: the offline subsets, small). A wrong key fails at start-up.
+"""Typed schema of the evaluation entry point: ``conf/evaluate.yaml`` composes training's ``model``, ``rollout``,
+``sandbox`` and ``logger`` groups and one ``conf/eval/`` preset. A wrong key fails at start-up.
 """
 from __future__ import annotations
 
@@ -26,8 +23,7 @@ class BenchmarkEntry:
     limit: Optional[int] = None  # keep the first N problems (None: all)
     samples: Optional[int] = None  # k of mean@k (None: the registry's, 32 for AMC/AIME)
     max_new_tokens: Optional[int] = None  # None: eval.max_new_tokens
-    # A benchmark outside the package: the module that registers it (unifiedplayers.data.benchmarks.register_benchmark),
-    # imported before the benchmarks are looked up; importable (PYTHONPATH).
+    # A benchmark outside the package: the importable module that registers it (register_benchmark)
     module: Optional[str] = None
 
 
@@ -45,9 +41,8 @@ class PromptTemplates:
 
 @dataclass
 class ToolModeConfig:
-    """The ``tool`` mode's use of ``unifiedplayers.players.tool_loop``. Its token budget is not here: a
-    sample's turns share ``max_new_tokens`` (the entry's, else ``eval.max_new_tokens``), the same total a
-    vanilla completion gets (``eval.harness.TotalTokenBudget``)."""
+    """The ``tool`` mode's use of ``unifiedplayers.players.tool_loop``; its token budget is ``max_new_tokens``, shared
+    by a sample's turns (``eval.harness.TotalTokenBudget``)."""
 
     max_turns: int = 4
     observation_max_chars: int = 1024
@@ -72,9 +67,8 @@ class EvalConfig:
     limit: Optional[int] = None  # cap on problems per benchmark (None: the entry's limit)
     unit_test_timeout_s: float = 10.0  # HumanEval, per program
     chat_template: str = "auto"  # auto | true | false
-    # Tool mode's system text and examples: "player" = the Execution player's (conf/player: system +
-    # few-shot, the format it is trained on), "eval" = prompts.tool_system. The user turn is the
-    # answer-type template either way.
+    # Tool mode's system text and examples: "player" = the Execution player's (the format it is trained on),
+    # "eval" = prompts.tool_system. The user turn is the answer-type template either way.
     tool_prompt: str = "player"
     tool: ToolModeConfig = field(default_factory=ToolModeConfig)
     prompts: PromptTemplates = field(default_factory=PromptTemplates)
@@ -93,12 +87,10 @@ class EvaluateConfig:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     player: PlayerConfig = field(default_factory=PlayerConfig)  # tool mode's Execution prompt
     eval: EvalConfig = field(default_factory=EvalConfig)
-    # A checkpoint: a save_pretrained directory, a trainer model.pt (state dict of ``model``), or a
-    # training run directory (its latest checkpoints/iter<N>/execution/model.pt).
+    # A save_pretrained directory, a trainer model.pt (state dict of ``model``) or a training run directory
     ckpt: Optional[str] = None
     out_dir: Optional[str] = None  # default: Hydra's run directory
-    # Write into an out_dir that already holds a results.json (its scores are replaced); false: refuse
-    overwrite: bool = False
+    overwrite: bool = False  # replace the results.json of an out_dir; false: refuse
 
 
 def register_eval_configs() -> None:

@@ -14,33 +14,23 @@ def code_blocks(text: str, langs: tuple[str, ...] = ("python", "py", "python3", 
 
 
 def humaneval_program(prompt: str, completion: str, entry_point: str) -> str:
-    """The program to test for a HumanEval problem, from the model's completion.
-
-    - If the completion has fenced Python blocks defining ``entry_point``, the last of them is the
-      solution (in tool mode the model may test and then fix its function); the prompt's lines before its ``def`` (imports, helper functions) are prepended so
-      that names like ``List`` resolve.
-    - Otherwise the completion continues the prompt (the function body), as in the original
-      HumanEval protocol: ``prompt + completion`` cut at the first line that leaves the function
-      (a top-level statement other than a ``def``/decorator/comment).
-    """
+    """The program to test for a HumanEval problem: the last fenced Python block defining ``entry_point`` (in tool
+    mode the model may test and then fix its function), after the prompt's lines before its ``def`` (imports,
+    helpers); else, as in the original protocol, ``prompt + completion`` cut at the first line that leaves the
+    function (a top-level statement other than a ``def``, decorator or comment)."""
     blocks = code_blocks(completion)
     for block in reversed(blocks):
         if re.search(rf"^\s*def\s+{re.escape(entry_point)}\s*\(", block, flags=re.M):
             header = prompt.split(f"def {entry_point}", 1)[0]
             return header + "\n" + block.rstrip() + "\n"
-    body = blocks[0] if blocks else completion
-    if not blocks:
-        body = _cut_at_top_level(completion)
-    return prompt + body
+    return prompt + (blocks[0] if blocks else _cut_at_top_level(completion))
 
 
 def _cut_at_top_level(completion: str) -> str:
-    """Keep the completion up to the first non-indented line that is not code of the function."""
+    """Keep the completion up to the first non-indented line that is not code of the function (a fence ends it)."""
     kept = []
     for line in completion.split("\n"):
-        if line and not line[0].isspace() and not line.startswith(("def ", "@", "#", "```")):
-            break
-        if line.startswith("```"):
+        if line and not line[0].isspace() and not line.startswith(("def ", "@", "#")):
             break
         kept.append(line)
     return "\n".join(kept)

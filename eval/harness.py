@@ -1,13 +1,11 @@
-"""Generation and grading of one benchmark in one mode, under the one protocol of §4.1 and Appendix G.
-
-``evaluate_benchmark(...)`` loads the problems, renders the prompts, generates (``vanilla``: one
-engine call per batch; ``tool``: the Execution player's tool loop with the sandbox), extracts and
-grades every completion, writes one JSON line per (problem, sample) and returns the score.
+"""Generation and grading of one benchmark in one mode (``vanilla`` or ``tool``: the Execution player's tool loop),
+under the one protocol of §4.1 and Appendix G: :func:`evaluate_benchmark`.
 """
 from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -73,13 +71,11 @@ def samples_for(bench: Benchmark, entry: Any, eval_cfg: Any) -> int:
 
 def generate_vanilla(engine: Any, prompts: list[str], k: int, max_new_tokens: int, eval_cfg: Any) -> list[list[Generation]]:
     """k completions per prompt: greedy when k == 1, sampled otherwise; in batches of ``batch_size``."""
-    per_call = max(1, eval_cfg.batch_size // k)
+    per_call, greedy = max(1, eval_cfg.batch_size // k), k == 1
     out: list[list[Generation]] = []
     for start in range(0, len(prompts), per_call):
-        chunk = prompts[start:start + per_call]
-        greedy = k == 1
         completions = engine.generate(
-            chunk, n=k, max_new_tokens=max_new_tokens,
+            prompts[start:start + per_call], n=k, max_new_tokens=max_new_tokens,
             temperature=None if greedy else eval_cfg.sample_temperature,
             top_p=None if greedy else eval_cfg.sample_top_p,
             greedy=greedy, seed=eval_cfg.seed + start,
@@ -90,19 +86,13 @@ def generate_vanilla(engine: Any, prompts: list[str], k: int, max_new_tokens: in
 
 
 class TotalTokenBudget:
-    """An engine view that caps the tokens *generated* for each context over all its turns.
+    """An engine view that caps the tokens *generated* for each context over all its turns (observations are
+    inserted, not generated, and do not count), so a tool-mode sample gets the budget of one vanilla completion.
 
-    Vanilla mode gives a problem ``max_new_tokens`` generated tokens in one call; the tool loop makes
-    several calls per sample (one per turn and continuation), each with its own ``max_new_tokens``, so
-    a per-turn cap gives tool rows up to ``max_turns`` times the budget. Wrapped in this view, every
-    sample of one ``run_tool_loop`` call shares one total: a call asks the engine for at most the
-    largest budget left among its contexts, and each completion is cut to its own context's remainder
-    (finish_reason ``length``, as if the engine had stopped there: a token prefix is the same prefix
-    under a smaller cap). A context whose budget is spent gets an empty ``length`` completion, so the
-    loop ends it as out of tokens. Observations are inserted, not generated, and are not counted.
-
-    Contexts are identified by object: the tool loop passes each sample's own segment list on every
-    turn. Use one view per ``run_tool_loop`` call.
+    A call asks the engine for at most the largest budget left among its contexts and cuts each completion to its
+    own context's remainder (finish_reason ``length``); a spent context gets an empty ``length`` completion, so the
+    loop ends it. Contexts are identified by object (the tool loop passes each sample's own segment list on every
+    turn): use one view per ``run_tool_loop`` call.
     """
 
     def __init__(self, engine: Any, budget: int) -> None:
@@ -151,11 +141,8 @@ class TotalTokenBudget:
 
 def generate_tool(engine: Any, sandbox: Any, prompts: list[str], questions: list[str], k: int,
                   max_new_tokens: int, eval_cfg: Any) -> list[list[Generation]]:
-    """k tool-loop samples per prompt (``unifiedplayers.players.tool_loop``), batched like vanilla.
-
-    ``max_new_tokens`` is each sample's total over all its turns (``TotalTokenBudget``), the same
-    budget a vanilla completion gets, so that the two modes compare like with like.
-    """
+    """k tool-loop samples per prompt (``unifiedplayers.players.tool_loop``), batched like vanilla;
+    ``max_new_tokens`` is each sample's total over all its turns (:class:`TotalTokenBudget`)."""
     from unifiedplayers.players.tool_loop import ToolLoopConfig, run_tool_loop
 
     greedy = k == 1
@@ -171,13 +158,9 @@ def generate_tool(engine: Any, sandbox: Any, prompts: list[str], questions: list
         budgeted = TotalTokenBudget(engine, max_new_tokens)
         rollouts = run_tool_loop(budgeted, sandbox, prompts[start:start + per_call], questions[start:start + per_call],
                                  cfg, n=k, seed=eval_cfg.seed + start)
-        for row in rollouts:
-            gens = []
-            for r in row:
-                spent = budgeted.spent.get(id(r.segments), 0)
-                gens.append(Generation(r.text, status=r.status, num_tool_calls=r.num_tool_calls, detail=r.detail,
-                                       generated_tokens=spent))
-            out.append(gens)
+        out.extend([[Generation(r.text, status=r.status, num_tool_calls=r.num_tool_calls, detail=r.detail,
+                                generated_tokens=budgeted.spent.get(id(r.segments), 0)) for r in row]
+                    for row in rollouts])
     return out
 
 
@@ -203,8 +186,8 @@ def grade_generations(bench: Benchmark, problems: list[Problem], gens: list[list
 
 def evaluate_benchmark(name: str, entry: Any, mode: str, engine: Any, sandbox: Any, eval_cfg: Any,
                        out_dir: Path, log=print, execution_prompts: Optional[Any] = None) -> BenchmarkResult:
-    """Evaluate benchmark ``name`` in ``mode``; write ``out_dir/<name>.<mode>.jsonl``. Raises
-    ``MissingDataset`` when its file is absent (the caller skips it)."""
+    """Evaluate benchmark ``name`` in ``mode``; write ``out_dir/<name>.<mode>.jsonl``. Raises ``MissingDataset``
+    when its file is absent."""
     if mode not in MODES:
         raise ValueError(f"mode {mode!r} is not one of {MODES}")
     bench = REGISTRY[name]
@@ -248,10 +231,7 @@ def evaluate_benchmark(name: str, entry: Any, mode: str, engine: Any, sandbox: A
                 f.write(json.dumps(line, ensure_ascii=False) + "\n")
 
     flat_gens = [g for row in gens for g in row]
-    statuses: dict[str, int] = {}
-    for g in flat_gens:
-        if g.status is not None:
-            statuses[g.status] = statuses.get(g.status, 0) + 1
+    statuses = dict(Counter(g.status for g in flat_gens if g.status is not None))
     answered = sum(a is not None for row in extracted for a in row) / max(1, len(flat_gens))
     result = BenchmarkResult(
         name=name, mode=mode, metric=bench.metric, score=score(bench.metric, verdicts) if problems else float("nan"),

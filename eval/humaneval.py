@@ -1,25 +1,11 @@
 """HumanEval unit-test execution in the project's sandbox (Appendix G.2: "running the produced code against
 the held-out unit tests").
 
-A program passes only when HumanEval's ``check(entry_point)`` *returns*. An exit status is not enough:
-``sys.exit(0)`` at the top level of the solution, or ``os._exit(0)`` inside the function, ends the
-process with status 0 before the tests ran (or while they run), and a grader that reads the exit status
-counts that as a pass. So each program is graded by a sentinel:
-
-- the source is ``solution + test + a grading function`` that calls ``check(entry_point)`` and then
-  returns its argument;
-- the sandbox defines the source in a fresh module and calls the grading function with a random nonce
-  (``Sandbox.call_many``: JSON in, JSON out; the nonce is the payload, not in the source text);
-- the program passes when the call returned exactly that nonce, within the time and memory caps.
-
-A ``SystemExit`` (any status) while the source is defined, or while the tests run, is a failed call;
-``os._exit`` ends the process before anything is returned. What the sentinel does not guard against is
-code that introspects the interpreter (its frames) to find the nonce: the threat handled here is the
-ordinary short-circuit of the exit status, not a sandbox escape.
-
-The source runs as module ``__sandbox__``, not ``__main__``, so a completion's own
-``if __name__ == "__main__":`` block does not run, as in the original harness (``exec`` in a fresh dict).
-Programs are sent in one ``call_many`` batch, so the sandbox runs them in parallel.
+A program passes only when HumanEval's ``check(entry_point)`` *returns* (eval/README.md): the source is
+``solution + test`` and a grading function that calls ``check`` and then returns its argument, a random nonce
+that the sandbox passes in (``Sandbox.call_many``), so an exit status 0 from ``sys.exit`` or ``os._exit`` fails.
+Code that introspects the interpreter to find the nonce is out of scope (this is no sandbox escape guard). The
+source runs as module ``__sandbox__``, so a completion's ``if __name__ == "__main__":`` block does not run.
 """
 from __future__ import annotations
 

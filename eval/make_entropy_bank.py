@@ -4,24 +4,17 @@ measures token entropy (entropy retention, Appendix D.2: 256 held-out contexts p
     python -m eval.make_entropy_bank            # rewrites the shipped file (deterministic)
     python -m eval.make_entropy_bank --check    # exits 1 if the shipped file differs from a fresh build
 
-Source: everything is written here, from templates with numbers drawn by a seeded generator; nothing
-comes from a data set. Training never samples these texts: Planning prompts are rendered from
-``player.topics`` (single words such as "algebra" or "money"), Execution and Evaluation see only the
-Planning player's own tasks, and the diagnostic pool is the offline GSM8K/MMLU subsets.
-
-- ``planning``: 256 topic phrases (a subtopic and a framing, "remainders with large numbers") for the
-  questioner template, distinct from every preset's topics.
-- ``execution`` and ``evaluation``: 256 math word problems each (512 distinct problems in all, the
-  first 256 drawn to execution), each with its integer answer worked out from the same numbers (kept
-  for reference; the bank uses the text).
-
-Items are interleaved (round-robin over subtopics or templates), so the first few items of a role,
-which a small ``trainer.entropy_bank_size`` takes, already cover many kinds.
+Everything is written here from templates with seeded numbers; training never samples these texts (its Planning
+prompts come from ``player.topics``, the other players see only Planning's tasks). ``planning``: 256 topic phrases
+(a subtopic and a framing); ``execution`` and ``evaluation``: 256 distinct math word problems each, with their
+integer answers. Items are interleaved over subtopics or templates, so a small ``trainer.entropy_bank_size``
+already covers many kinds.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import sys
 from pathlib import Path
@@ -56,9 +49,8 @@ ITEMS = ["apples", "pencils", "stickers", "marbles", "cards", "books", "stamps",
 def boxes(r: random.Random) -> tuple[str, int]:
     n, b, k, g = r.choice(NAMES), r.randint(3, 12), r.randint(4, 25), r.randint(1, 9)
     it = r.choice(ITEMS)
-    text = (f"{n} has {b} boxes with {k} {it} in each box and gives away {g} {it}. "
-         f"How many {it} are left?")
-    return text, b * k - g
+    return (f"{n} has {b} boxes with {k} {it} in each box and gives away {g} {it}. "
+            f"How many {it} are left?"), b * k - g
 
 
 def shop(r: random.Random) -> tuple[str, int]:
@@ -70,9 +62,8 @@ def shop(r: random.Random) -> tuple[str, int]:
 def change(r: random.Random) -> tuple[str, int]:
     q, p = r.randint(2, 8), r.randint(3, 12)
     paid = q * p + r.randint(1, 30)
-    text = (f"Tickets cost {p} dollars each. "
-         f"Someone buys {q} tickets and pays with {paid} dollars. How much change, in dollars, do they get?")
-    return text, paid - q * p
+    return (f"Tickets cost {p} dollars each. "
+            f"Someone buys {q} tickets and pays with {paid} dollars. How much change, in dollars, do they get?"), paid - q * p
 
 
 def speed(r: random.Random) -> tuple[str, int]:
@@ -92,9 +83,8 @@ def percent(r: random.Random) -> tuple[str, int]:
 
 def discount(r: random.Random) -> tuple[str, int]:
     price, p = 10 * r.randint(3, 40), r.choice([10, 20, 30, 50])
-    text = (f"A jacket costs {price} dollars and is sold at {p}% off. "
-         f"What is the sale price in dollars?")
-    return text, price * (100 - p) // 100
+    return (f"A jacket costs {price} dollars and is sold at {p}% off. "
+            f"What is the sale price in dollars?"), price * (100 - p) // 100
 
 
 def average(r: random.Random) -> tuple[str, int]:
@@ -107,9 +97,8 @@ def average(r: random.Random) -> tuple[str, int]:
 
 def rectangle(r: random.Random) -> tuple[str, int]:
     w, h = r.randint(2, 15), r.randint(2, 15)
-    text = (f"A rectangle has an area of {w * h} square meters and a width of {w} meters. "
-         f"What is its perimeter in meters?")
-    return text, 2 * (w + h)
+    return (f"A rectangle has an area of {w * h} square meters and a width of {w} meters. "
+            f"What is its perimeter in meters?"), 2 * (w + h)
 
 
 def square_perimeter(r: random.Random) -> tuple[str, int]:
@@ -138,14 +127,13 @@ def pythagoras(r: random.Random) -> tuple[str, int]:
 def divisible(r: random.Random) -> tuple[str, int]:
     a, b = r.choice([(2, 3), (3, 5), (2, 5), (3, 7), (4, 6), (5, 7)])
     n = r.randint(40, 200)
-    lcm = a * b // _gcd(a, b)
     return (f"How many positive integers less than or equal to {n} are divisible by {a} or by {b}?",
-            n // a + n // b - n // lcm)
+            n // a + n // b - n // math.lcm(a, b))
 
 
 def gcd_q(r: random.Random) -> tuple[str, int]:
     g, (x, y) = r.randint(2, 12), r.sample(range(2, 16), 2)
-    return f"What is the greatest common divisor of {g * x} and {g * y}?", g * _gcd(x, y)
+    return f"What is the greatest common divisor of {g * x} and {g * y}?", g * math.gcd(x, y)
 
 
 def remainder(r: random.Random) -> tuple[str, int]:
@@ -182,16 +170,14 @@ def ages(r: random.Random) -> tuple[str, int]:
 
 def arith_seq(r: random.Random) -> tuple[str, int]:
     a, d, n = r.randint(1, 20), r.randint(2, 9), r.randint(8, 30)
-    text = (f"An arithmetic sequence starts {a}, {a + d}, {a + 2 * d}, ... "
-         f"What is its {_ordinal(n)} term?")
-    return text, a + (n - 1) * d
+    return (f"An arithmetic sequence starts {a}, {a + d}, {a + 2 * d}, ... "
+            f"What is its {_ordinal(n)} term?"), a + (n - 1) * d
 
 
 def geo_seq(r: random.Random) -> tuple[str, int]:
     a, q, n = r.randint(1, 5), r.choice([2, 3]), r.randint(4, 8)
-    text = (f"A geometric sequence starts {a}, {a * q}, {a * q * q}, ... "
-         f"What is its {_ordinal(n)} term?")
-    return text, a * q ** (n - 1)
+    return (f"A geometric sequence starts {a}, {a * q}, {a * q * q}, ... "
+            f"What is its {_ordinal(n)} term?"), a * q ** (n - 1)
 
 
 def series_sum(r: random.Random) -> tuple[str, int]:
@@ -213,13 +199,13 @@ def interest(r: random.Random) -> tuple[str, int]:
 
 def arrangements(r: random.Random) -> tuple[str, int]:
     n = r.randint(3, 7)
-    return f"In how many ways can {n} different books be arranged in a row on a shelf?", _fact(n)
+    return f"In how many ways can {n} different books be arranged in a row on a shelf?", math.factorial(n)
 
 
 def committees(r: random.Random) -> tuple[str, int]:
     n, k = r.randint(5, 12), r.randint(2, 4)
     text = f"In how many ways can a committee of {k} people be chosen from {n} people?"
-    return text, _fact(n) // (_fact(k) * _fact(n - k))
+    return text, math.comb(n, k)
 
 
 def dice(r: random.Random) -> tuple[str, int]:
@@ -231,7 +217,7 @@ def dice(r: random.Random) -> tuple[str, int]:
 def grid(r: random.Random) -> tuple[str, int]:
     a, b = r.randint(2, 6), r.randint(2, 6)
     return (f"Moving only right or up, how many shortest paths go from the bottom-left corner to the "
-            f"top-right corner of a {a} by {b} grid of squares?"), _fact(a + b) // (_fact(a) * _fact(b))
+            f"top-right corner of a {a} by {b} grid of squares?"), math.comb(a + b, a)
 
 
 def polygon_angles(r: random.Random) -> tuple[str, int]:
@@ -257,28 +243,14 @@ def _ordinal(n: int) -> str:
     return f"{n}{suffix}"
 
 
-def _gcd(a: int, b: int) -> int:
-    while b:
-        a, b = b, a % b
-    return a
-
-
-def _fact(n: int) -> int:
-    out = 1
-    for i in range(2, n + 1):
-        out *= i
-    return out
-
-
 def build(seed: int = SEED) -> dict:
     """The bank as a JSON-able dict (deterministic in ``seed``)."""
     rng = random.Random(seed)
     planning = [f.format(s) for f in FRAMINGS for s in SUBTOPICS][:PER_ROLE]  # round-robin over subtopics
     questions: list[dict] = []
     seen: set[str] = set()
-    templates = TEMPLATES
     while len(questions) < 2 * PER_ROLE:
-        for t in templates:  # one of each template per round: the first items cover every kind
+        for t in TEMPLATES:  # one of each template per round: the first items cover every kind
             for _ in range(100):  # redraw a duplicate (a template with few distinct values)
                 q, a = t(rng)
                 if q not in seen:
@@ -289,14 +261,8 @@ def build(seed: int = SEED) -> dict:
             questions.append({"question": q, "answer": str(a), "template": t.__name__})
             if len(questions) == 2 * PER_ROLE:
                 break
-    return {
-        "version": 1,
-        "generator": "python -m eval.make_entropy_bank",
-        "seed": seed,
-        "planning": planning,
-        "execution": questions[:PER_ROLE],  # rounds 1-8 of the templates
-        "evaluation": questions[PER_ROLE:],
-    }
+    return {"version": 1, "generator": "python -m eval.make_entropy_bank", "seed": seed, "planning": planning,
+            "execution": questions[:PER_ROLE], "evaluation": questions[PER_ROLE:]}
 
 
 def dumps(bank: dict) -> str:

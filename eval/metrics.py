@@ -1,9 +1,5 @@
-"""Benchmark metrics (§4.1, Appendix G.2): greedy pass@1, mean@k, unit-test pass@1. Scores are in points (0-100).
-
-- pass@1 (greedy): one greedy completion per problem; the share of problems it gets right.
-- mean@k: k sampled completions per problem; the mean over problems of the share of its k samples
-  that are right (the paper's mean@32 for AMC, AIME24, AIME25).
-- unit-test pass@1: one greedy program per problem; the share whose unit tests all pass.
+"""Benchmark metrics (§4.1, Appendix G.2): greedy pass@1, mean@k (the paper's mean@32 for AMC, AIME24, AIME25),
+unit-test pass@1 (a program passes when all its unit tests pass). Scores are in points (0-100).
 """
 from __future__ import annotations
 
@@ -11,11 +7,8 @@ from typing import Sequence
 
 
 def mean_at_k(verdicts: Sequence[Sequence[bool]]) -> float:
-    """Mean over problems of the per-problem accuracy of its samples, in points.
-
-    ``verdicts[i][j]``: sample ``j`` of problem ``i`` is correct. With one sample per problem this is
-    pass@1.
-    """
+    """Mean over problems of the per-problem accuracy of its samples (``verdicts[i][j]``: sample ``j`` of problem
+    ``i`` is correct), in points; with one sample per problem this is pass@1."""
     if not verdicts:
         return float("nan")
     per_problem = []
@@ -27,12 +20,10 @@ def mean_at_k(verdicts: Sequence[Sequence[bool]]) -> float:
 
 
 def pass_at_1(verdicts: Sequence[bool]) -> float:
-    """Share of problems whose single (greedy) completion is right, in points."""
     return mean_at_k([[v] for v in verdicts])
 
 
 def score(metric: str, verdicts: Sequence[Sequence[bool]]) -> float:
-    """The benchmark score for ``metric`` from per-problem, per-sample verdicts."""
     if metric in ("pass@1", "unit_test_pass@1"):
         if any(len(row) != 1 for row in verdicts):
             raise ValueError(f"{metric} takes exactly one completion per problem")

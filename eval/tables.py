@@ -1,19 +1,11 @@
 """Scores tables laid out like the paper's Table 1 (math) and Table 2 (general), in markdown and LaTeX.
 
-Rows are methods; the three tick columns are Tool / External teacher / Learned verifier; then one
-column per benchmark and AVG. The paper's rows of one backbone (``backbone``) are printed beside ours.
-Each of our rows carries the backbone it ran on (``ScoreRow.backbone``, the eval run's ``model.name``):
+Rows are methods; the tick columns are Tool / External teacher / Learned verifier; then one column per benchmark
+and AVG. The paper's rows of one ``backbone`` are printed beside ours: a row of ours on that backbone goes right
+under the paper row of its method, a row on another backbone after them, in a group of its own ("Rows keep their
+backbone" in eval/README.md). A partial AVG is marked ``*``; the best value per column and backbone group is bold.
 
-- a row on the paper's backbone goes right under the paper row of the same method, marked "(ours)";
-- a row on another backbone is never placed under, nor labelled as, the paper's backbone: it comes
-  after the paper rows, marked "(ours, <its backbone>)", in a group of its own, and a note says that
-  the paper rows are for reference only.
-
-AVG over a row with missing benchmarks is the mean of the ones present, marked ``*`` and named in a
-note. The best value per column within each backbone's group is in bold, as in the paper.
-
-Also a command: ``python -m eval.tables RESULTS.json [RESULTS.json ...] --out DIR`` merges the rows of
-several evaluation runs into one pair of tables.
+``python -m eval.tables RESULTS.json [RESULTS.json ...] --out DIR`` merges the rows of several evaluation runs.
 """
 from __future__ import annotations
 
@@ -147,9 +139,8 @@ def _notes(kind: str, rows, backbone: Optional[str]) -> list[str]:
     if others and table.get(backbone or ""):
         notes.append(f"Our rows marked with another backbone ({', '.join(others)}) did not run on {backbone}: "
                      f"the paper's {backbone} rows are for reference, not a comparison.")
-    partial = [r for r in rows if r[4]]
-    if partial:
-        for r in partial:
+    for r in rows:
+        if r[4]:  # a partial AVG
             present = [c for c, v in zip(columns, r[2]) if v is not None and not math.isnan(v)]
             notes.append(f"\\* {r[0]} ({_source_text(r[5], r[6], backbone)}): AVG over {', '.join(present)} only, "
                          f"not the paper's {len(columns)} ({', '.join(columns)}).")
@@ -158,10 +149,9 @@ def _notes(kind: str, rows, backbone: Optional[str]) -> list[str]:
 
 def render_markdown(heading: str, header: Sequence[str], rows: Sequence[Sequence[str]], notes: Sequence[str] = (),
                     sections: Optional[dict[int, str]] = None) -> str:
-    """A markdown table of already formatted cells: the ``heading`` line, a blank line, the table, then (after
-    a blank line) the ``notes``, one per line. ``sections`` maps a row index to a label printed in a row of
-    its own above that row (at ``len(rows)``: after the last row). Shared by these tables and the
-    ablations' (``ablations.aggregate.Table``)."""
+    """A markdown table of already formatted cells under ``heading``, then the ``notes``, one per line. ``sections``
+    maps a row index to a label printed in a row of its own above that row (at ``len(rows)``: after the last row).
+    Shared with the ablations' tables (``ablations.aggregate.Table``)."""
     sections = sections or {}
     lines = [heading, "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for i in range(len(rows) + 1):
@@ -177,10 +167,9 @@ def render_markdown(heading: str, header: Sequence[str], rows: Sequence[Sequence
 
 def render_latex(title: str, generator: str, header: Sequence[str], rows: Sequence[Sequence[str]],
                  sections: Optional[dict[int, str]] = None, comments: Sequence[str] = ()) -> str:
-    """A booktabs ``tabular`` of already formatted LaTeX cells (first column left-aligned, the others
-    centred), under a comment line naming ``title`` and the ``generator`` file, and followed by
-    ``comments`` as ``%`` lines. ``sections`` as in :func:`render_markdown`: an italic label spanning the
-    table above its row, after a rule unless it is the first."""
+    """A booktabs ``tabular`` of already formatted LaTeX cells under a comment naming ``title`` and ``generator``,
+    followed by ``comments`` as ``%`` lines; ``sections`` as in :func:`render_markdown` (an italic spanning label,
+    after a rule unless it is the first)."""
     sections = sections or {}
     n = len(header)
     out = [
@@ -202,6 +191,26 @@ def render_latex(title: str, generator: str, header: Sequence[str], rows: Sequen
     return "\n".join(out) + "\n"
 
 
+def _body(kind: str, rows: list[tuple], backbone: Optional[str], latex: bool) -> list[list[str]]:
+    """The formatted cells of ``rows`` (:func:`_rows_for`), in markdown or LaTeX."""
+    best = _best(rows, len(TABLES[kind][1]))
+    body = []
+    for row in rows:
+        label, ticks, values, avg, partial, source, row_bb = row
+        if latex:
+            tag = "" if source == "paper" else f" ({_tex_escape(_source_text(source, row_bb, backbone))})"
+            cells = [_tex_escape(label) + tag] + ["$\\checkmark$" if t else "$\\times$" for t in ticks]
+        else:
+            cells = [f"{label} ({_source_text(source, row_bb, backbone)})"] + ["✓" if t else "✗" for t in ticks]
+        for j, v in enumerate(values + [avg]):
+            s = _fmt(v).replace("–", "--") if latex else _fmt(v)
+            s += ("$^*$" if latex else "*") if j == len(values) and partial else ""
+            bold = f"\\textbf{{{s}}}" if latex else f"**{s}**"
+            cells.append(bold if _is_best(best, row, j, v) else s)
+        body.append(cells)
+    return body
+
+
 def markdown_table(kind: str, ours: Sequence[ScoreRow], backbone: Optional[str]) -> str:
     title, columns, table = TABLES[kind]
     rows = _rows_for(kind, ours, backbone)
@@ -209,16 +218,7 @@ def markdown_table(kind: str, ours: Sequence[ScoreRow], backbone: Optional[str])
     ours_bb = sorted({r[6] for r in rows if r[5] == "ours" and r[6]})
     heading = (f"**{title}** (paper rows: {backbone if table.get(backbone or '') else 'none'}; "
                f"our rows: {', '.join(ours_bb) or '–'})")
-    best = _best(rows, len(columns))
-    body = []
-    for row in rows:
-        label, ticks, values, avg, partial, source, row_bb = row
-        cells = [f"{label} ({_source_text(source, row_bb, backbone)})"] + ["✓" if t else "✗" for t in ticks]
-        for j, v in enumerate(values + [avg]):
-            s = _fmt(v) + ("*" if j == len(values) and partial else "")
-            cells.append(f"**{s}**" if _is_best(best, row, j, v) else s)
-        body.append(cells)
-    return render_markdown(heading, header, body, _notes(kind, rows, backbone))
+    return render_markdown(heading, header, _body(kind, rows, backbone, False), _notes(kind, rows, backbone))
 
 
 def _tex_escape(s: str) -> str:
@@ -228,21 +228,10 @@ def _tex_escape(s: str) -> str:
 def latex_table(kind: str, ours: Sequence[ScoreRow], backbone: Optional[str]) -> str:
     title, columns, _ = TABLES[kind]
     rows = _rows_for(kind, ours, backbone)
-    best = _best(rows, len(columns))
     header = ["Model Name", "Tool", "Ext.", "Ver.", *(_tex_escape(c) for c in columns), "AVG"]
-    body = []
-    for row in rows:
-        label, ticks, values, avg, partial, source, row_bb = row
-        tag = "" if source == "paper" else f" ({_tex_escape(_source_text(source, row_bb, backbone))})"
-        cells = [_tex_escape(label) + tag]
-        cells += ["$\\checkmark$" if t else "$\\times$" for t in ticks]
-        for j, v in enumerate(values + [avg]):
-            s = _fmt(v).replace("–", "--") + ("$^*$" if j == len(values) and partial else "")
-            cells.append(f"\\textbf{{{s}}}" if _is_best(best, row, j, v) else s)
-        body.append(cells)
     comments = [n.replace("\\*", "*") for n in _notes(kind, rows, backbone)]
-    return render_latex(title, "eval/tables.py", header, body, sections={0: _tex_escape(backbone or "ours")},
-                        comments=comments)
+    return render_latex(title, "eval/tables.py", header, _body(kind, rows, backbone, True),
+                        sections={0: _tex_escape(backbone or "ours")}, comments=comments)
 
 
 def offline_markdown(ours: Sequence[ScoreRow]) -> str:

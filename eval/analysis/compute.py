@@ -1,11 +1,5 @@
-"""Compute accounting: wall-clock and device hours per block (outer iteration x player) and per run
-(Tables 3 and 14 report GPU-hours per run).
-
-Per metrics row (one update), its wall seconds are its ``KEYS["timing_total"]`` where present,
-else the sum of its ``timing/*_s`` entries. Device hours = wall hours x the number of accelerators
-the update used (``timing/devices`` on the row, else ``devices`` in ``summary.json``, else the
-``trainer.devices``/``num_gpus`` of the config, else 0 on a CPU run). A ``summary.json`` with
-``wall_s`` gives the run's end-to-end wall time (including what happens between updates).
+"""Compute accounting: wall-clock and device hours per block (outer iteration x player) and per run (Tables 3 and
+14), as eval/README.md defines them.
 """
 from __future__ import annotations
 
@@ -76,8 +70,7 @@ def to_markdown(r: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def analyse(run: RunData) -> dict[str, Any]:
-    return compute_accounting(run)
+analyse = compute_accounting
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:

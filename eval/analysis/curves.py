@@ -1,26 +1,14 @@
-"""Training curves per outer iteration (Figure 1a): mean U(q), Execution accuracy and the Evaluation
-adversarial-rejection rate.
-
-From ``metrics.jsonl`` (keys in ``eval.analysis.rundir.KEYS``), per outer iteration:
-- mean U(q): mean of the Planning block's ``planning/U`` values;
-- Execution accuracy: the last ``execution/accuracy`` value of the iteration (the fixed diagnostic
-  pool, measured every 50 updates; the last one is the checkpoint that ends the Execution block);
-- adversarial rejection: mean of ``evaluation/rho_adv``.
-Where the metrics lack U or the rejection rate, they are computed from the records of that
-iteration instead: U(q) from the trajectories' final answers (``unifiedplayers.feedback.rewards.uncertainty``),
-the rejection rate as the mean ρ_adv of the valid verifiers (Eq. 11, applied perturbations only; errors on
-variants as the default ``reward.variant_error_credit``, see :mod:`unifiedplayers.feedback.rewards`).
-Writes ``analysis/curves.png`` (three panels, paper endpoints as reference marks) and ``curves.json``.
+"""Training curves per outer iteration (Figure 1a): mean U(q), Execution accuracy and the Evaluation adversarial
+rejection, from the metrics or else the records (eval/README.md); writes ``curves.png`` and ``curves.json``.
 """
 from __future__ import annotations
 
-import argparse
 from collections import defaultdict
 from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from eval.analysis.rundir import RunData, key, load_run, write_outputs
+from eval.analysis.rundir import RunData, key, single_run_main
 from eval.paper_numbers import FIGURE1_ENDPOINTS
 
 PANELS = [("mean_U", "mean U(q)"), ("execution_accuracy", "Execution accuracy"),
@@ -102,23 +90,17 @@ def to_markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def analyse(run: RunData) -> dict[str, Any]:
-    return curves(run)
+analyse = curves
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
-    ap = argparse.ArgumentParser(description="Figure 1 curves per outer iteration")
-    ap.add_argument("run_dir")
-    args = ap.parse_args(argv)
-    run = load_run(args.run_dir)
-    if not run.metrics and not run.records:
-        raise SystemExit(f"{run.path}: neither metrics.jsonl nor records.jsonl to plot")
-    result = analyse(run)
-    md = to_markdown(result)
-    out = write_outputs(run, "curves", result, md)
-    plot(result, out / "curves.png")
-    print(md + f"\nwritten to {out} (curves.png)")
-    return result
+    def analyse_some(run: RunData) -> dict[str, Any]:
+        if not run.metrics and not run.records:
+            raise SystemExit(f"{run.path}: neither metrics.jsonl nor records.jsonl to plot")
+        return analyse(run)
+
+    return single_run_main(argv, "Figure 1 curves per outer iteration", "curves", analyse_some, to_markdown,
+                           figure=plot)
 
 
 if __name__ == "__main__":

@@ -1,15 +1,5 @@
-"""Optimisation diagnostics in the layout of Table 4 (Appendix D.2; Tables 7 and 8 for other players).
-
-One row per run directory (label: the run's experiment name, or the directory name):
-
-- Grad. Med./CV: median and coefficient of variation (std / mean) of the global gradient norm before
-  clipping, over the player's updates;
-- KL: mean token-level KL to π_ref; Clip: mean fraction of token ratios outside the clip interval;
-- Entropy: final / initial token entropy on the fixed bank of held-out contexts (the logged
-  ``entropy_ratio`` if the trainer logs the ratio itself);
-- Neg. Steps: share of adjacent diagnostic checkpoints whose accuracy falls; Max Drop: the largest such
-  fall, in points (accuracy logged in [0, 1] is scaled by 100).
-The paper's Table 4 rows (Qwen3-4B-Base, Execution) are printed below ours.
+"""Optimisation diagnostics in the layout of Table 4 (Appendix D.2; Tables 7 and 8 for other players), one row per
+run directory, the paper's rows below ours; the columns are defined in eval/README.md.
 """
 from __future__ import annotations
 

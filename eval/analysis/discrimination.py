@@ -1,23 +1,5 @@
 """Verifier discrimination: how well the verifier pool tells original trajectories from perturbed ones
-(paper §4.5 and Figure 3c: 84.2%).
-
-From each record ξ(q): Z_orig (M_q, K), Z_adv (M_q, K, P) and the mask of applied perturbations
-(K, P). A verdict is *right* when it accepts an original (Z = 1) or rejects a perturbation (Z = 0).
-
-- ``verifier`` level: every (valid verifier, trajectory) check counts.
-- ``pool`` level: one verdict per trajectory, the strict majority of the valid verifiers whose check completed
-  (accept when more than half of them accept; a tie rejects).
-
-A check that errored (raised, timed out, returned no verdict: the record's ``error_orig`` / ``error_adv``) is no
-verdict (the paper defines v_i(τ) only for a completed evaluation, B.1): it counts in the total and is
-never right, neither an acceptance of an original nor a rejection of a perturbation. A trajectory on which no
-check completed gets no pool verdict and counts as a miss. Records without error masks read as error-free.
-
-Per rule j: accuracy on originals (acceptance), on perturbations of rule j (rejection), and their
-mean, the balanced accuracy. Overall: the balanced accuracy over all rules (originals vs all
-perturbations) and the raw accuracy over all verdicts (dominated by the P-times more perturbations).
-The headline is the verifier-level balanced accuracy. Originals are not checked for correctness: an
-original with a wrong answer that the pool rejects counts as a miss, as in the paper's metric.
+(§4.5, Figure 3c), at verifier and pool level, per rule and overall; the definitions are in eval/README.md.
 """
 from __future__ import annotations
 
@@ -56,7 +38,7 @@ def _majority(z: np.ndarray, done: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def discrimination(records: Sequence[Any]) -> dict[str, Any]:
-    """Accuracies per rule and overall, at verifier and pool level (see the module docstring)."""
+    """Accuracies per rule and overall, at verifier and pool level."""
     levels = {}
     for level in ("verifier", "pool"):
         orig, adv_all = _counts(), _counts()

@@ -1,18 +1,5 @@
-"""Reward variance: the Execution reward of UnifiedPlayers against Agent0-style self-consistency on the
-same trajectories (paper §4.5, Figure 3a,b: 2.03x).
-
-Per task q with K trajectories:
-
-- UnifiedPlayers: r_S(τ_k) = mean of the valid verifiers' verdicts on τ_k (Eq. 4,
-  ``unifiedplayers.feedback.rewards.execution_rewards``; tasks without a valid verifier are left out, since
-  their reward is the constant of an open choice and says nothing about discrimination).
-- Agent0-style self-consistency: r_SC(τ_k) = 1 when τ_k's final answer is in the majority answer
-  cluster (math-verify equivalence, ``unifiedplayers.feedback.rewards.answer_clusters``), else 0; a missing
-  answer gets 0.
-
-Per-question variance is the population variance over the K samples. The ratio is
-mean_q Var(r_S) / mean_q Var(r_SC). Also reported: the share of questions whose reward is constant
-(zero variance: no GRPO signal).
+"""Reward variance: the Execution reward of UnifiedPlayers (Eq. 4) against Agent0-style self-consistency on the
+same trajectories (§4.5, Figure 3a,b); eval/README.md defines both.
 """
 from __future__ import annotations
 

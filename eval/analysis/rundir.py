@@ -1,14 +1,5 @@
-"""The one loader of a training run directory, and the metric keys the analyses read.
-
-A run directory (written by ``python -m unifiedplayers.train``; its files are named in ``unifiedplayers.rundir``)
-holds:
-
-- ``records.jsonl``: one interaction record ξ(q) per task (``unifiedplayers.diagnostics.records``);
-- ``metrics.jsonl``: one JSON object per update with ``outer_iteration``, ``block``
-  (planning | execution | evaluation), ``update`` and per-player namespaced metrics (``KEYS`` below);
-- ``config.yaml`` (or Hydra's ``.hydra/config.yaml``) and ``summary.json`` (optional).
-
-If the trainer names a key differently, change it in ``KEYS`` here and nothing else.
+"""The one loader of a training run directory (files named in ``unifiedplayers.rundir``), and the metric keys the
+analyses read: if the trainer names a key differently, change it in ``KEYS`` here and nothing else.
 """
 from __future__ import annotations
 

@@ -1,46 +1,23 @@
-"""Degenerate strategies, priced: ``python -m eval.analysis.strategies [--reward PRESET]``.
+"""Degenerate strategies, priced: ``python -m eval.analysis.strategies [--reward PRESET]`` (docs/method.md).
 
-What each player's reward pays for the degenerate strategies the paper warns about (§3.2: an Evaluation player
-that "may collapse to trivial rules that accept all trajectories, reject all trajectories"), and for the check
-errors (a check that crashes on answered trajectories), computed through the real feedback: hand-made tasks, the
-Planning parser (:func:`unifiedplayers.players.planning.parse_task`), the Execution transcript parser with outputs the sandbox
-printed, the perturbation engine with the five rules of ``conf/perturbation/all.yaml`` (P = 5), the sandbox
-running every check, the verdict matrix Z and Eq. 2-5 (:func:`unifiedplayers.feedback.pipeline.phase_feedback`).
-
-Tasks (fixed, no model):
-
-- A: "Mia buys 7 boxes of 12 pencils ..." (answer 69), K = 5 trajectories, one per Execution strategy: correct
-  with a tool call, wrong with a tool call (99), a boxed answer without a tool call (right: 69), the question
-  copied, an empty answer. Two originals are right, three have an answer.
-- B: the same question, no right original: K = 4 (the wrong 99, another wrong 84 with a tool, the question
-  copied, the empty answer). Where Eq. 5 leaves a tie, it shows here.
-- Planning's other tasks: one every trajectory solves (K = 4, all 270 with a tool), one none solves (K = 4, no
-  trajectory reaches an answer), task A asked again with its question in R(q)'s history, and two malformed
-  outputs (a question under ``player.task_min_chars``, no ``\\boxed{}`` answer) that ``parse_task`` refuses.
-
-Evaluation: each strategy is priced in a pool of M = 2, itself and one honest companion, the same in every pool
-(Appendix I.3's Verifier 1.2: "the last code output is the final answer"). So ρ_red (max similarity to another
-valid verifier, here the companion) is comparable across rows, and V(q) = (ρ_adv + ρ_adv(companion)) / 2 shows
-what the strategy adds to the Planning reward. The near-copy copies that companion. Execution and Planning are
-priced with three honest verifiers (M = 3): a perfect answer checker of the task, the tamper detector and the
-companion.
-
-Perturbation seed 0; the sandbox (:func:`sandbox_config`) is deterministic and its CPU limit bounds no number here.
+What each player's reward pays for the degenerate strategies of §3.2 (an Evaluation player that accepts or rejects
+all, or whose checks error), through the real feedback: hand-made tasks and Execution samples, the Planning parser,
+the sandbox, the five rules of ``conf/perturbation/all.yaml`` and Eq. 2-5
+(:func:`unifiedplayers.feedback.pipeline.phase_feedback`). Task A has two right originals of K = 5, task B none
+(where Eq. 5 leaves ties). Each Evaluation strategy is priced in a pool of M = 2 beside the same honest companion
+(Appendix I.3's Verifier 1.2), so ρ_red is comparable across rows; Execution and Planning are priced with three
+honest verifiers (:data:`HONEST`). Perturbation seed 0; no number here depends on the sandbox's CPU limit.
 """
 from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Iterator, Optional, Sequence
 
-
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 SEED = 0  # the perturbation engine's seed
 SANDBOX_TIMEOUT_S = 0.5  # CPU seconds per check (wall clock: 3x, SandboxConfig.wall_timeout_factor)
 
-# ---------------------------------------------------------------------------------------------------
 # Planning outputs (what the Planning player writes; parse_task splits question and answer)
 
 PLANNING_A = ("Mia buys 7 boxes of 12 pencils and gives 15 pencils away. How many pencils does she have left?\n"
@@ -57,7 +34,6 @@ HISTORY = (  # R(q)'s earlier questions (the repeat strategy adds task A's own q
     "A rectangle is 8 cm long and 5 cm wide. What is its area in square centimetres?",
 )
 
-# ---------------------------------------------------------------------------------------------------
 # Execution samples: ("text", reasoning) and ("code", python) parts; the sandbox prints each code part's output,
 # written as the tool loop writes observations, and parse_transcript reads the transcript.
 
@@ -115,7 +91,6 @@ SAMPLES_NONE = (  # every sample stops before an answer (out of tokens or turns)
                                             "count depends on the exponent 20 and"),)),
 )
 
-# ---------------------------------------------------------------------------------------------------
 # Verifiers (what the Evaluation player writes)
 
 COMPANION = '''def check(trajectory):
@@ -205,48 +180,34 @@ def honest_pool(answer: str) -> list[str]:
     return [fenced(answer_checker(answer) if src is None else src) for _, src in HONEST]
 
 
-# ---------------------------------------------------------------------------------------------------
 # Building and pricing
 
 
 def sandbox_config() -> Any:
-    """The sandbox of the table: the project's defaults (conf/sandbox/default.yaml: memory, isolation, a deterministic
-    clock) with a 0.5 s CPU limit per call, so that the sleeping check is killed after 1.5 s."""
+    """The project's sandbox defaults with a 0.5 s CPU limit per call, so that the sleeping check is killed soon."""
     from unifiedplayers.sandbox import SandboxConfig
 
     return SandboxConfig(timeout_s=SANDBOX_TIMEOUT_S, memory_mb=512)
 
 
 def compose_config(reward: str = "default") -> Any:
-    """The project config composed from ``conf/`` by Hydra, with ``reward=<reward>`` and ``perturbation=all``."""
-    from hydra import compose, initialize_config_dir
+    """The project config with ``reward=<reward>`` and ``perturbation=all``."""
+    from unifiedplayers.config import compose
 
-    from unifiedplayers.config import register_configs
-
-    register_configs()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        return compose("config", overrides=[f"reward={reward}", "perturbation=all"])
-
-
-def _transcripts(samples: Sequence[Sample], sandbox: Any, max_chars: int) -> list[str]:
-    """The transcripts of ``samples``, each code part followed by the output the sandbox printed for it, written
-    as the Execution tool loop writes it (:func:`unifiedplayers.feedback.observation.observation_body`)."""
-    from unifiedplayers.feedback.observation import observation_body
-
-    codes = [c for s in samples for kind, c in s.parts if kind == "code"]
-    outputs: Iterator[str] = iter([observation_body(r, max_chars) for r in sandbox.run_many(codes)] if codes else [])
-    texts = []
-    for s in samples:
-        pieces = [f"```python\n{body}\n```\n\n```output\n{next(outputs)}\n```" if kind == "code" else body
-                  for kind, body in s.parts]
-        texts.append("\n\n".join(pieces))
-    return texts
+    return compose([f"reward={reward}", "perturbation=all"])
 
 
 def _trajectories(question: str, samples: Sequence[Sample], sandbox: Any, max_chars: int) -> list[Any]:
+    """The parsed transcripts of ``samples``, each code part followed by the sandbox's output as the tool loop
+    writes it."""
+    from unifiedplayers.feedback.observation import observation_body
     from unifiedplayers.feedback.trajectory import parse_transcript
 
-    return [parse_transcript(question, t) for t in _transcripts(samples, sandbox, max_chars)]
+    codes = [c for s in samples for kind, c in s.parts if kind == "code"]
+    outputs: Iterator[str] = iter([observation_body(r, max_chars) for r in sandbox.run_many(codes)] if codes else [])
+    return [parse_transcript(question, "\n\n".join(
+        f"```python\n{body}\n```\n\n```output\n{next(outputs)}\n```" if kind == "code" else body
+        for kind, body in s.parts)) for s in samples]
 
 
 def _task(question: str, trajectories: Sequence[Any], sources: Sequence[str], answer: Optional[str]) -> Any:
@@ -256,12 +217,6 @@ def _task(question: str, trajectories: Sequence[Any], sources: Sequence[str], an
                            tool_calls=[sum(s.type == "code" for s in t.steps) for t in trajectories])
 
 
-def _errors(vm: Any, verifier: int) -> tuple[int, int]:
-    """(errors on originals, errors on variants) of the checks of generated verifier ``verifier``."""
-    own = [c for c in vm.errors if c.verifier == verifier]
-    return sum(c.variant is None for c in own), sum(c.variant is not None for c in own)
-
-
 def _evaluation_row(fb: Any, strategy: Strategy) -> dict[str, Any]:
     """The terms of Eq. 5 of the strategy (verifier 0 of its pool), its kind and V(q) of the pool."""
     from unifiedplayers.feedback.kinds import task_kinds
@@ -269,7 +224,9 @@ def _evaluation_row(fb: Any, strategy: Strategy) -> dict[str, Any]:
     vm, t = fb.verdicts, fb.terms
     answered = [a is not None for a in fb.answers]
     kind = task_kinds(vm.num_generated, vm.valid, vm.z_orig, vm.z_adv, vm.adv_mask, vm.error_orig, answered)[0]
-    row = {"label": strategy.label, "kind": kind, "valid": 0 in vm.valid, "errors": _errors(vm, 0),
+    own = [c for c in vm.errors if c.verifier == 0]  # its checks that errored: on originals, on variants
+    errors = (sum(c.variant is None for c in own), sum(c.variant is not None for c in own))
+    row = {"label": strategy.label, "kind": kind, "valid": 0 in vm.valid, "errors": errors,
            "gold": None, "adv": None, "red": None, "reward": float(t.evaluation[0]), "writability": t.writability}
     if 0 in vm.valid:
         r = vm.valid.index(0)
@@ -293,12 +250,9 @@ def _planning_row(label: str, text: str, fb: Any, reward_cfg: Any, limits: tuple
 
 def strategy_table(sandbox: Any = None, reward_cfg: Any = None,
                    evaluation: Optional[Sequence[str]] = None) -> dict[str, Any]:
-    """Every player's reward for each degenerate strategy (see the module docstring), under ``reward_cfg``
-    (default: ``conf/reward/default.yaml``); ``evaluation`` restricts the Evaluation strategies to those keys.
-
-    Returns ``{"reward": {...}, "K": {...}, "variants": {...}, "evaluation": {"A": {key: row}, "B": {key: row}},
-    "execution": {key: row}, "planning": {key: row}}``.
-    """
+    """Every player's reward for each degenerate strategy under ``reward_cfg`` (default: ``conf/reward/default.yaml``);
+    ``evaluation`` restricts the Evaluation strategies to those keys. Returns ``{"reward", "K", "variants",
+    "evaluation": {"A": {key: row}, "B": {key: row}}, "execution": {key: row}, "planning": {key: row}}``."""
     from unifiedplayers.feedback.perturbation import PerturbationEngine
     from unifiedplayers.feedback.pipeline import FeedbackContext, phase_feedback
     from unifiedplayers.players.planning import parse_task
@@ -364,7 +318,6 @@ def strategy_table(sandbox: Any = None, reward_cfg: Any = None,
     }
 
 
-# ---------------------------------------------------------------------------------------------------
 # Markdown
 
 
@@ -384,7 +337,6 @@ def _evaluation_markdown(rows: dict[str, dict[str, Any]]) -> list[str]:
 
 
 def to_markdown(table: dict[str, Any]) -> str:
-    """The table as markdown (what ``python -m eval.analysis.strategies`` prints)."""
     w, k, v = table["reward"], table["K"], table["variants"]
     lines = [f"Reward preset `{w['name']}`: (α, β, γ) = ({w['alpha']:g}, {w['beta']:g}, {w['gamma']:g}), "
              f"(w_unc, w_ver, w_rep) = ({w['w_unc']:g}, {w['w_ver']:g}, {w['w_rep']:g}), "
@@ -416,7 +368,6 @@ def to_markdown(table: dict[str, Any]) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> str:
-    """Print the table as markdown (``--reward PRESET``: price it under another ``conf/reward/`` preset)."""
     ap = argparse.ArgumentParser(prog="python -m eval.analysis.strategies",
                                  description="Degenerate strategies, priced through the real feedback")
     ap.add_argument("--reward", default="default", help="a conf/reward/ preset (default: default)")

@@ -1,18 +1,8 @@
 """What kinds of verifier the Evaluation reward favours: ``python -m eval.analysis.verifier_kinds RUN_DIR``.
 
-The kinds are :mod:`unifiedplayers.feedback.kinds`'. Per kind: how many, the mean Evaluation reward r_C, the mean
-ρ_red of its valid verifiers and the mean GRPO advantage within the record's M verifiers (see
-:mod:`unifiedplayers.diagnostics.verifier_kinds`); for all records, for the Evaluation player's own blocks, and per
-outer iteration, beside the share of originals with a final answer.
-
-Why it matters: under Eq. 5, for any valid verifier v (ρ_red aside),
-
-    r_C(v) − r_C(rejects all) = α·accept(originals) − β·accept(variants),
-
-so v out-scores rejecting everything only if it accepts originals at least β/α = 1.25 times as often as
-variants. Four of the five rules keep the final answer, so a perfect answer checker accepts variants at 0.8 times
-its rate on originals and only ties "rejects all"; the best score, α + β, goes to a tamper detector that accepts
-every original, right or wrong, and rejects every variant.
+Per kind (:mod:`unifiedplayers.feedback.kinds`): the count, mean r_C, mean ρ_red and mean GRPO advantage
+(:mod:`unifiedplayers.diagnostics.verifier_kinds`), for all records, the Evaluation blocks and each outer iteration;
+eval/README.md says why it matters (Eq. 5).
 """
 from __future__ import annotations
 
@@ -40,7 +30,7 @@ def _table(acc: dict[str, dict[str, list[float]]]) -> dict[str, Any]:
 
 
 def verifier_kinds(records: Sequence[Any], eps: float = 1e-6) -> dict[str, Any]:
-    """Kinds, rewards and advantages of the generated verifiers of ``records`` (see the module docstring)."""
+    """Kinds, rewards and advantages of the generated verifiers of ``records``."""
     from unifiedplayers.diagnostics.verifier_kinds import record_kinds
     from unifiedplayers.feedback.rewards import per_generated
 

@@ -1,25 +1,13 @@
-"""Whether check errors should earn ρ_adv credit: the Figure-1 runs with check errors given no ρ_adv credit (the
-default) against the control ``reward=errors_credited``, per seed, with the targets below fixed before any result
-was read.
+"""Whether check errors should earn ρ_adv credit: the Figure-1 runs with the default reward against the control
+``reward=errors_credited``, per seed, against targets fixed before any result was read (docs/results-laptop.md,
+"Finding 2").
 
     python -m eval.probes.error_credit --fix runs/figure1/smoke --control runs/figure1_credited/smoke [--json OUT]
 
-Each root is a ``make reproduce-figure1`` root (``<root>/seed<s>/`` with ``records.jsonl`` and ``probes/``). Per seed
-and arm, from the held-out Evaluation probe (iteration 0 = the backbone, ``last`` = the last probed iteration):
-
-- ``valid_delta``: Δ ``evaluation/valid``, last − iteration 0;
-- ``original_errors``: the share of the generated verifiers' checks of the probe's originals that errored, at
-  iteration 0 and last (older probe files: their run-time-invalid verifiers over the verifiers, the same count, since
-  a probe question has one original);
-- ``adv_rejection``, ``originals_accepted``, ``discrimination``: iteration 0 and last;
-
-and from training (the records of the last iteration's Evaluation block, :mod:`unifiedplayers.diagnostics.verifier_kinds`):
-the share and mean GRPO advantage of each verifier kind, ``crashes_answered`` being the prefix-crasher.
-
-Targets for the fixed arm (stated before the runs): Δ valid ≥ 0 on the mean over seeds and > −0.10 on
-every seed; crashers ≤ 15 % of the generated verifiers at the last iteration with a negative mean advantage; probe
-discrimination within 0.02 of the control's (mean over seeds). Adversarial rejection is read beside original
-acceptance: a rise with falling acceptance is rejection of everything, not detection.
+Each root is a ``make reproduce-figure1`` root. Per seed and arm: the held-out Evaluation probe's figures at
+iteration 0 and the last probed one (:data:`PROBE_KEYS`, ``valid_delta``), and from training the share and mean
+advantage of each verifier kind in the last iteration's Evaluation block
+(:mod:`unifiedplayers.diagnostics.verifier_kinds`), ``crashes_answered`` being the prefix-crasher.
 """
 from __future__ import annotations
 
@@ -48,7 +36,7 @@ def probe_iterations(run: Path) -> dict[int, dict[str, Optional[float]]]:
         it = int(re.fullmatch(r"iter(\d+)\.evaluation\.json", path.name).group(1))
         res = json.loads(path.read_text())["evaluation"]
         errors = res.get("original_errors")
-        if errors is None and res.get("verifiers"):
+        if errors is None and res.get("verifiers"):  # older probe files: the same count, one original per question
             errors = res.get("runtime_invalid", 0) / res["verifiers"]
         out[it] = {"valid": res.get("valid"), "original_errors": errors, "adv_rejection": res.get("adv_rejection"),
                    "originals_accepted": res.get("original_acceptance"), "discrimination": res.get("discrimination")}
@@ -56,7 +44,7 @@ def probe_iterations(run: Path) -> dict[int, dict[str, Optional[float]]]:
 
 
 def seed_row(run: Path) -> dict[str, Any]:
-    """One seed's figures (see the module docstring); missing parts are None."""
+    """One seed's figures; missing parts are None."""
     from unifiedplayers.diagnostics.records import iter_records
     from unifiedplayers.diagnostics.verifier_kinds import iteration_kinds
 

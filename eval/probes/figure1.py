@@ -2,19 +2,10 @@
 
     python -m eval.probes.figure1 --scale smoke --seeds 1 --root runs/figure1/smoke [--jobs 2] [overrides]
 
-For each paired seed s it trains one run (``experiment=<preset> seed=s run_dir=<root>/seed<s> resume=true``), then
-probes the backbone as iteration 0 and the checkpoints ``checkpoints/iter<i>/<role>`` as iteration i
-(``python -m eval.probes``, one job per checkpoint and role). Up to ``--jobs`` processes run at once, one torch
-thread each; a probe of iteration i starts as soon as the run has moved past it, so probing overlaps training.
-Everything is resumable: a finished run returns at once, a written probe file is not probed again
-(:func:`probe_done`).
-
-It writes ``figure1.json`` (per series, :data:`SERIES`, the mean over seeds per iteration, and ``per_seed``) and
-``figure1.png`` (:func:`plot`, with the paper's endpoints of §4.5 beside ours) into ``--root``, a single-seed
-``figure1.json`` into each run directory, and prints the path of the root's ``figure1.json`` on its last line.
-
-Presets: ``--scale smoke`` trains ``experiment=figure1_smoke`` (CPU); ``--scale paper`` ``experiment=paper_qwen3_4b``
-(GPUs); ``--experiment`` names any other preset.
+Per paired seed: one training run (``<root>/seed<s>``), then ``python -m eval.probes`` on the backbone (iteration 0)
+and on each ``checkpoints/iter<i>/<role>``, one job per checkpoint and role, overlapping training and resumable
+(:func:`probe_done`). Writes ``figure1.json`` (:data:`SERIES`) and ``figure1.png`` into ``--root``; eval/README.md
+says more.
 """
 from __future__ import annotations
 
@@ -26,7 +17,7 @@ import subprocess
 import sys
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -37,18 +28,14 @@ if str(_ROOT) not in sys.path:
 from unifiedplayers import rundir  # noqa: E402
 
 SCALES = {"smoke": "figure1_smoke", "paper": "paper_qwen3_4b"}
-# The series of figure1.json, in the order of the panels (each probe's metrics: eval.probes.probes).
 SERIES = ("planning/U", "planning/well_formed", "execution/accuracy", "execution/answered",
           "execution/accuracy_tool", "evaluation/valid", "evaluation/originals_accepted",
           "evaluation/adv_rejection", "evaluation/discrimination")
-# A role's probe file is finished only once it holds this key (probe_done).
-TOOL_KEY = "execution/accuracy_tool"
-DONE_KEYS = {"execution": TOOL_KEY, "evaluation": "evaluation/originals_accepted"}
+DONE_KEYS = {"execution": "execution/accuracy_tool", "evaluation": "evaluation/originals_accepted"}
 POLL_S = 2.0
 PROBE_ROLES = ("execution", "evaluation", "planning")  # the order their jobs start in (longest first)
 
 
-# ------------------------------------------------------------------------------------------------------
 # Jobs
 
 
@@ -64,7 +51,7 @@ class Job:
     proc: Optional[subprocess.Popen] = None
     rc: Optional[int] = None
     seconds: float = 0.0
-    started: float = field(default=0.0)
+    started: float = 0.0
 
 
 def _metrics_iteration(run_dir: Path) -> int:
@@ -77,9 +64,8 @@ def _metrics_iteration(run_dir: Path) -> int:
 
 
 def run_jobs(jobs: list[Job], max_jobs: int, env: dict[str, str], log: Any = print, start: bool = True) -> None:
-    """Start jobs (in list order, when ready) with at most ``max_jobs`` running; wait for all of them.
-    A job whose prerequisite failed never becomes ready: it is left with ``rc`` None and reported.
-    ``start`` False (``--collect-only``): start nothing; the jobs not done are reported and left with rc None."""
+    """Start jobs (in list order, when ready) with at most ``max_jobs`` running; wait for all of them. A job that
+    never becomes ready (its run failed), or any job not done when ``start`` is False, is left with ``rc`` None."""
     pending = [j for j in jobs if not j.done()]
     for j in jobs:
         if j not in pending:
@@ -109,15 +95,13 @@ def run_jobs(jobs: list[Job], max_jobs: int, env: dict[str, str], log: Any = pri
                                           cwd=str(_ROOT))
                 running.append(j)
                 log(f"[figure1] {j.name}: started ({' '.join(j.argv[1:])})")
-        stuck = pending and not running and not any(j.ready() for j in pending)
-        if stuck:
+        if pending and not running and not any(j.ready() for j in pending):
             for j in pending:
                 log(f"[figure1] {j.name}: not run (its run failed or stopped before it)")
             return
         time.sleep(POLL_S)
 
 
-# ------------------------------------------------------------------------------------------------------
 # figure1.json
 
 
@@ -141,14 +125,8 @@ def read_probes(run_dir: Path, iteration: int) -> Optional[dict[str, Any]]:
     return merged if found else None
 
 
-def _metric(row: Optional[dict[str, Any]], key: str) -> Optional[float]:
-    """One metric of a checkpoint's merged probes."""
-    return None if row is None else row["metrics"].get(key)
-
-
 def probe_done(path: Path, role: str) -> bool:
-    """Whether a probe file is finished: it exists and holds its role's :data:`DONE_KEYS` key (the Execution role's
-    tool probe, the Evaluation role's ``evaluation/originals_accepted``)."""
+    """Whether a probe file is finished: it exists and holds its role's :data:`DONE_KEYS` key."""
     if not path.exists():
         return False
     if role not in DONE_KEYS:
@@ -175,11 +153,10 @@ def collect(root: Path, seeds: Sequence[int], iterations: Sequence[int]) -> dict
     sources: dict[str, list[Optional[dict]]] = {}
     for s in seeds:
         run_dir = root / f"seed{s}"
-        rows = []
-        for i in iterations:
-            rows.append(read_probes(run_dir, i))
-        per_seed[str(s)] = {k: [_metric(r, k) for r in rows] for k in SERIES}
-        probe_se[str(s)] = {k: [_metric(r, f"{k}_se") for r in rows] for k in SERIES}
+        rows = [read_probes(run_dir, i) for i in iterations]
+        metrics = [r["metrics"] if r else {} for r in rows]
+        per_seed[str(s)] = {k: [m.get(k) for m in metrics] for k in SERIES}
+        probe_se[str(s)] = {k: [m.get(f"{k}_se") for m in metrics] for k in SERIES}
         sources[str(s)] = [r["sources"] if r else None for r in rows]
     series, spread = {}, {}
     for k in SERIES:
@@ -188,13 +165,8 @@ def collect(root: Path, seeds: Sequence[int], iterations: Sequence[int]) -> dict
     from eval.paper_numbers import FIGURE1_ENDPOINTS
 
     return {
-        "iterations": list(iterations),
-        "seeds": list(seeds),
-        "series": series,
-        "per_seed": per_seed,
-        "sd_over_seeds": spread,
-        "probe_se": probe_se,
-        "sources": sources,
+        "iterations": list(iterations), "seeds": list(seeds), "series": series, "per_seed": per_seed,
+        "sd_over_seeds": spread, "probe_se": probe_se, "sources": sources,
         # §4.5, Qwen3-4B-Base, iteration 1 -> iteration 3 (eval/paper_numbers.py)
         "paper_qwen3_4b": {"iterations": [1, 3], "planning/U": list(FIGURE1_ENDPOINTS["mean_U"]),
                            "execution/accuracy": list(FIGURE1_ENDPOINTS["execution_accuracy"]),
@@ -213,18 +185,46 @@ def rises(fig: dict[str, Any]) -> dict[str, Optional[float]]:
     return out
 
 
-# ------------------------------------------------------------------------------------------------------
 # figure1.png
 
 
-def plot(fig: dict[str, Any], path: Path, title: str = "") -> Path:
-    """Three panels as the paper's Figure 1a; ours: mean over seeds (thin lines: each seed; bars: the probe's
-    SE for one seed, the SD over seeds for several); the paper's Qwen3-4B-Base endpoints dashed."""
+def pyplot() -> Any:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def draw_series(ax: Any, fig: dict[str, Any], key: str, scale: float, its: Sequence[int], seeds: Sequence[str],
+                label: str, style: str, color: Optional[str] = None) -> None:
+    """One series of ``fig`` (figure1.json's layout): the mean over seeds with bars (the probe's SE for one seed,
+    the SD over seeds for several), and a thin line per seed when there are several."""
+    bars = fig["sd_over_seeds"][key] if len(seeds) > 1 else fig["probe_se"][seeds[0]][key] if seeds else []
+    bars = list(bars) or [None] * len(its)
+    pts = [(x, y * scale, (e or 0.0) * scale) for x, y, e in zip(its, fig["series"][key], bars) if y is not None]
+    if pts:
+        ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], fmt=style, capsize=3,
+                    label=label, color=color)
+    if len(seeds) > 1:
+        for s in seeds:
+            sp = [(x, y * scale) for x, y in zip(its, fig["per_seed"][s][key]) if y is not None]
+            ax.plot([p[0] for p in sp], [p[1] for p in sp], "-", lw=0.6, alpha=0.35, color=color)
+
+
+def save_figure(plt: Any, figure: Any, path: Path, title: str) -> Path:
+    figure.suptitle(title, fontsize=11)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
+def plot(fig: dict[str, Any], path: Path, title: str = "") -> Path:
+    """Three panels as the paper's Figure 1a (:func:`draw_series`), the paper's Qwen3-4B-Base endpoints dashed."""
+    plt = pyplot()
     its = fig["iterations"]
     paper = fig["paper_qwen3_4b"]
     seeds = [str(s) for s in fig["seeds"]]
@@ -238,21 +238,8 @@ def plot(fig: dict[str, Any], path: Path, title: str = "") -> Path:
     ]
     figure, axes = plt.subplots(1, 3, figsize=(15, 4.2))
 
-    def bars(key: str) -> list[Optional[float]]:
-        if len(seeds) > 1:
-            return fig["sd_over_seeds"][key]
-        return fig["probe_se"][seeds[0]][key] if seeds else [None] * len(its)
-
     def draw(ax: Any, key: str, scale: float, label: str, style: str, color: Optional[str] = None) -> None:
-        ys = fig["series"][key]
-        pts = [(x, y * scale, (e or 0.0) * scale) for x, y, e in zip(its, ys, bars(key)) if y is not None]
-        if pts:
-            ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], fmt=style, capsize=3,
-                        label=label, color=color)
-        if len(seeds) > 1:
-            for s in seeds:
-                sp = [(x, y * scale) for x, y in zip(its, fig["per_seed"][s][key]) if y is not None]
-                ax.plot([p[0] for p in sp], [p[1] for p in sp], "-", lw=0.6, alpha=0.35, color=color)
+        draw_series(ax, fig, key, scale, its, seeds, label, style, color)
 
     for ax, (name, key, scale, extra) in zip(axes, panels):
         draw(ax, key, scale, "ours (held-out probes)", "o-", "C0")
@@ -275,15 +262,9 @@ def plot(fig: dict[str, Any], path: Path, title: str = "") -> Path:
         ax.set_xticks(its)
         ax.grid(alpha=0.3)
         ax.legend(loc="upper left" if key != "planning/U" else "center left", fontsize=7)
-    figure.suptitle(title or f"Figure 1a reproduction: seeds {fig['seeds']}", fontsize=11)
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return path
+    return save_figure(plt, figure, path, title or f"Figure 1a reproduction: seeds {fig['seeds']}")
 
 
-# ------------------------------------------------------------------------------------------------------
 # The whole target
 
 
@@ -328,25 +309,20 @@ def build_jobs(root: Path, experiment: str, seeds: Sequence[int], overrides: Seq
 
 
 def probe_rank(iteration: int, iterations: int) -> tuple[int, int]:
-    """The order probes start in (among those ready): the endpoints first, the backbone (0) and the last
-    iteration, which the figure's changes and the ablation's goals are read at, then the middle iterations in
-    order. A target stopped part-way (runs may span sessions) has its endpoints; a middle probe that is ready
-    while training goes on still starts in a free slot, since run_jobs starts any ready job."""
+    """The order probes start in (among those ready): the endpoints first (the backbone and the last iteration,
+    which the figure's changes are read at, so a target stopped part-way has them), then the middle iterations."""
     return (0 if iteration in (0, iterations) else 1, iteration)
 
 
 def share_backbone_probes(root: Path, seeds: Sequence[int]) -> list[Path]:
-    """Copy the first seed's iteration-0 (backbone) probe files into the other seeds' runs where absent.
-
-    The probes sample with their own fixed seed (``PROBE_SEED``), never the training seed, and the backbone
-    is the same for every seed of a preset: its probe is one measurement, shared, not N equal ones (each is
-    about a quarter of a seed's probe time). Returns the files written."""
+    """Copy the first seed's iteration-0 (backbone) probe files into the other seeds' runs: the probes sample with
+    their own fixed seed (``PROBE_SEED``) and the backbone is the same for every seed, so it is one measurement."""
     return copy_backbone_probes(root / f"seed{seeds[0]}", [root / f"seed{s}" for s in seeds[1:]])
 
 
 def copy_backbone_probes(first: Path, runs: Sequence[Path]) -> list[Path]:
     """Copy the iteration-0 probe files of the run ``first`` into each of ``runs`` where absent, or where the
-    copy there predates the tool probe and the source has it. Returns the files written."""
+    copy there lacks the tool probe and the source has it. Returns the files written."""
     written = []
     for run_dir in runs:
         for src in sorted((first / rundir.PROBES).glob("iter0*.json")):
@@ -361,7 +337,6 @@ def copy_backbone_probes(first: Path, runs: Sequence[Path]) -> list[Path]:
 
 
 def _finished_state(run_dir: Path) -> bool:
-    """Whether the run in ``run_dir`` completed (its state says so)."""
     state = run_dir / rundir.STATE
     if not state.exists():
         return False
@@ -381,15 +356,13 @@ def reproduce(root: Path, experiment: str, seeds: Sequence[int], jobs: int = 2, 
     root.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     iterations = outer_iterations(experiment, overrides)
-    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
-               PYTHONPATH=os.pathsep.join([str(_ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
     job_list = build_jobs(root, experiment, seeds, overrides, probe_args, iterations)
-    run_jobs(job_list, jobs, env, log, start=not collect_only)
+    run_jobs(job_list, jobs, job_env(), log, start=not collect_only)
     share_backbone_probes(root, seeds)
     its = list(range(iterations + 1))
     fig = collect(root, seeds, its)
     fig["experiment"], fig["overrides"], fig["wall_s"] = experiment, list(overrides), time.time() - t0
-    fig["jobs"] = {j.name: {"rc": j.rc, "seconds": round(j.seconds, 1), "log": str(j.log)} for j in job_list}
+    fig["jobs"] = jobs_summary(job_list)
     fig["change_first_to_last"] = rises(fig)
     from unifiedplayers.diagnostics.summary import write_summary_png
 
@@ -412,19 +385,32 @@ def reproduce(root: Path, experiment: str, seeds: Sequence[int], jobs: int = 2, 
     return out, ok
 
 
+def job_env() -> dict[str, str]:
+    """The jobs' environment: one torch thread each, this checkout importable."""
+    return dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
+                PYTHONPATH=os.pathsep.join([str(_ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+
+
+def jobs_summary(job_list: Sequence[Job]) -> dict[str, Any]:
+    return {j.name: {"rc": j.rc, "seconds": round(j.seconds, 1), "log": str(j.log)} for j in job_list}
+
+
 def incomplete(collect_only: bool) -> str:
     """The closing line's word for a target that did not finish every job."""
     return "PARTIAL (--collect-only: jobs not run are listed above)" if collect_only else \
         "INCOMPLETE (see the failed jobs above)"
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m eval.probes.figure1", description=__doc__.split("\n")[0])
+def parse_args(name: str, description: str, argv: Optional[Sequence[str]],
+               check: Any = None) -> tuple[argparse.Namespace, str, Path]:
+    """The command line of ``python -m eval.probes.<name>``: (args, experiment, root); ``check(ap, args)`` may
+    refuse more."""
+    ap = argparse.ArgumentParser(prog=f"python -m eval.probes.{name}", description=description)
     ap.add_argument("overrides", nargs="*", help="training overrides key=value")
     ap.add_argument("--scale", choices=sorted(SCALES), default="smoke")
     ap.add_argument("--experiment", help="a conf/experiment preset instead of the scale's")
     ap.add_argument("--seeds", type=int, default=1, help="paired seeds 0 .. N-1")
-    ap.add_argument("--root", type=Path, help="default runs/figure1/<scale>")
+    ap.add_argument("--root", type=Path, help=f"default runs/{name}/<scale>")
     ap.add_argument("--jobs", type=int, default=2, help="processes at once (one torch thread each)")
     ap.add_argument("--probe-args", default="", help="extra arguments of python -m eval.probes (sizes)")
     ap.add_argument("--collect-only", action="store_true",
@@ -432,9 +418,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = ap.parse_args(argv)
     if args.seeds < 1:
         ap.error("--seeds must be at least 1")
-    experiment = args.experiment or SCALES[args.scale]
-    root = args.root or Path("runs") / "figure1" / args.scale
-    path, ok = reproduce(root, experiment, list(range(args.seeds)), max(1, args.jobs), args.overrides,
+    if check is not None:
+        check(ap, args)
+    args.jobs = max(1, args.jobs)
+    return args, args.experiment or SCALES[args.scale], args.root or Path("runs") / name / args.scale
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args, experiment, root = parse_args("figure1", __doc__.split("\n")[0], argv)
+    path, ok = reproduce(root, experiment, list(range(args.seeds)), args.jobs, args.overrides,
                          args.probe_args.split(), collect_only=args.collect_only)
     print(path)
     return 0 if ok or args.collect_only else 1

@@ -2,22 +2,15 @@
 
     python -m eval.probes.figure1_ablation --scale smoke --seeds 1 --root runs/figure1_ablation/smoke [--jobs 2]
 
-Trains the Figure-1 preset twice per paired seed, as two arms (:data:`ARMS`): ``full``, the preset as it is, and
-``no_perturbation``, Table 5's "w/o Perturbation Engine" (``perturbation=none``: P = 0, so ρ_adv = V(q) = 0 in
-training). Each arm is a reproduce-figure1 root of its own, ``<root>/<arm>/seed<s>``, built, probed and collected
-by :mod:`eval.probes.figure1`, and resumable as it is. The backbone is probed once and its files shared, as there.
-The full arm does not share its runs with ``make reproduce-figure1``: a finished run is skipped without its config
-being compared, so a shared directory could silently join runs trained with other ARGS.
-
-It writes ``figure1_ablation.json`` (per arm the series and per_seed of figure1.json and :func:`rule_margins`;
-``full_minus_no_perturbation_last``: each series' paired difference at the last iteration), ``figure1_ablation.png``
-(:data:`PANELS`) and each arm's own ``figure1.json``, and prints the path of ``figure1_ablation.json`` last.
+Trains the Figure-1 preset twice per paired seed, as two arms (:data:`ARMS`): ``full`` and ``no_perturbation``
+(Table 5's "w/o Perturbation Engine": P = 0, so ρ_adv = V(q) = 0 in training). Each arm is a root of
+:mod:`eval.probes.figure1` of its own, ``<root>/<arm>/seed<s>``, not shared with ``make reproduce-figure1`` (a
+finished run is skipped without its config being compared). Writes ``figure1_ablation.json`` and ``.png``
+(:data:`PANELS`); eval/README.md says more.
 """
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -43,9 +36,8 @@ ARM_STYLE = {"full": ("o-", "C0"), "no_perturbation": ("s--", "C3")}
 
 def arm_jobs(root: Path, experiment: str, seeds: Sequence[int], overrides: Sequence[str],
              probe_args: Sequence[str], iterations: int) -> list[F.Job]:
-    """Every arm's jobs: all trainings first, then the probes in :func:`~eval.probes.figure1.probe_rank`'s order
-    (the endpoints first; both arms side by side); the backbone probes of the first arm only (copied into the
-    other runs afterwards). Job names carry the arm."""
+    """Every arm's jobs: all trainings first, then the probes in :func:`~eval.probes.figure1.probe_rank`'s order,
+    both arms side by side; the backbone probes of the first arm only (copied into the other runs afterwards)."""
     trains, probes = [], []
     for index, (arm, extra) in enumerate(ARMS.items()):
         for job in F.build_jobs(root / arm, experiment, seeds, [*overrides, *extra], probe_args, iterations):
@@ -66,8 +58,7 @@ def summarise(fig: dict[str, Any]) -> dict[str, Any]:
 def paired_differences(data: dict[str, Any], treated: str = "full", control: str = "no_perturbation"
                        ) -> dict[str, dict[str, Any]]:
     """Per series, the paired difference treated − control at the last iteration, seed by seed (in points; U in
-    its own units), with its mean and SD over the seeds that have both values: the engine's effect, each seed's
-    arms sharing the seed. A seed that lacks either value is None and left out of the mean."""
+    its own units; None where either is missing), with its mean and SD over the seeds."""
     out: dict[str, dict[str, Any]] = {}
     seeds = [str(s) for s in data["seeds"]]
     for key in F.SERIES:
@@ -84,11 +75,8 @@ def paired_differences(data: dict[str, Any], treated: str = "full", control: str
 
 def rule_margins(arm_root: Path, seeds: Sequence[int], iterations: Sequence[int]) -> dict[str, dict[str, Any]]:
     """Per perturbation rule, each checkpoint's rejection of that rule's variants minus its rejection of the
-    originals, by the same valid verifiers (the Evaluation probe's ``per_rule_rejection`` and
-    ``original_acceptance``): what the verifiers detect of the rule beyond rejecting everything. 0 for a
-    verifier pool that rejects variants and originals alike, however high its adversarial rejection (exactly 0
-    where no check errored: the probe counts an errored original check as a rejection and an errored variant
-    check as none, so each margin is low by up to the probe's ``check_errors`` rate).
+    originals by the same valid verifiers: what they detect beyond rejecting everything (an errored original check
+    counts as a rejection and an errored variant check as none, so a margin is low by up to ``check_errors``).
     ``{rule: {"per_seed": {seed: [per iteration]}, "mean": [per iteration]}}``; None where a probe is missing."""
     per_seed: dict[str, dict[str, list[Optional[float]]]] = {}
     for s in seeds:
@@ -118,10 +106,8 @@ def reproduce_ablation(root: Path, experiment: str, seeds: Sequence[int], jobs: 
     root.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     iterations = F.outer_iterations(experiment, overrides)
-    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
-               PYTHONPATH=os.pathsep.join([str(_ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
     job_list = arm_jobs(root, experiment, seeds, overrides, probe_args, iterations)
-    F.run_jobs(job_list, jobs, env, log, start=not collect_only)
+    F.run_jobs(job_list, jobs, F.job_env(), log, start=not collect_only)
     arms = list(ARMS)
     first = root / arms[0] / f"seed{seeds[0]}"
     F.copy_backbone_probes(first, [root / a / f"seed{s}" for a in arms for s in seeds
@@ -140,7 +126,7 @@ def reproduce_ablation(root: Path, experiment: str, seeds: Sequence[int], jobs: 
     out["arm_overrides"] = {a: list(o) for a, o in ARMS.items()}
     out["full_minus_no_perturbation_last"] = paired_differences(out)
     out["wall_s"] = time.time() - t0
-    out["jobs"] = {j.name: {"rc": j.rc, "seconds": round(j.seconds, 1), "log": str(j.log)} for j in job_list}
+    out["jobs"] = F.jobs_summary(job_list)
     path = root / "figure1_ablation.json"
     path.write_text(json.dumps(out, indent=1))
     plot_ablation(out, root / "figure1_ablation.png",
@@ -167,30 +153,15 @@ def reproduce_ablation(root: Path, experiment: str, seeds: Sequence[int], jobs: 
 
 
 def plot_ablation(data: dict[str, Any], path: Path, title: str = "") -> Path:
-    """Four panels (:data:`PANELS`), both arms in each: the mean over seeds (thin lines: each seed; bars: the
-    probe's SE for one seed, the SD over seeds for several)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    """Four panels (:data:`PANELS`), both arms in each (:func:`~eval.probes.figure1.draw_series`)."""
+    plt = F.pyplot()
     its = data["iterations"]
     seeds = [str(s) for s in data["seeds"]]
     figure, axes = plt.subplots(1, len(PANELS), figsize=(4.2 * len(PANELS), 4.2))
     for ax, (name, key, scale) in zip(axes, PANELS):
         for arm, fig in data["arms"].items():
             style, color = ARM_STYLE.get(arm, ("^:", None))
-            bars: list[Optional[float]] = (fig["sd_over_seeds"][key] if len(seeds) > 1
-                                           else fig["probe_se"][seeds[0]][key])
-            pts = [(x, y * scale, (e or 0.0) * scale) for x, y, e in zip(its, fig["series"][key], bars)
-                   if y is not None]
-            if pts:
-                ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], fmt=style,
-                            capsize=3, color=color, label=arm)
-            if len(seeds) > 1:
-                for s in seeds:
-                    sp = [(x, y * scale) for x, y in zip(its, fig["per_seed"][s][key]) if y is not None]
-                    ax.plot([p[0] for p in sp], [p[1] for p in sp], "-", lw=0.6, alpha=0.35, color=color)
+            F.draw_series(ax, fig, key, scale, its, seeds, arm, style, color)
         ax.set_title(f"{name}\n{key}", fontsize=9)
         ax.set_ylim(0, 105)
         ax.set_xlabel("outer iteration (0 = backbone)")
@@ -198,34 +169,17 @@ def plot_ablation(data: dict[str, Any], path: Path, title: str = "") -> Path:
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(loc="upper left", fontsize=7)
-    figure.suptitle(title or f"Figure 1 ablation: seeds {data['seeds']}", fontsize=11)
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return path
+    return F.save_figure(plt, figure, path, title or f"Figure 1 ablation: seeds {data['seeds']}")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m eval.probes.figure1_ablation", description=__doc__.split("\n")[0])
-    ap.add_argument("overrides", nargs="*", help="training overrides key=value (both arms)")
-    ap.add_argument("--scale", choices=sorted(F.SCALES), default="smoke")
-    ap.add_argument("--experiment", help="a conf/experiment preset instead of the scale's")
-    ap.add_argument("--seeds", type=int, default=1, help="paired seeds 0 .. N-1 (each trained once per arm)")
-    ap.add_argument("--root", type=Path, help="default runs/figure1_ablation/<scale>")
-    ap.add_argument("--jobs", type=int, default=2, help="processes at once (one torch thread each)")
-    ap.add_argument("--probe-args", default="", help="extra arguments of python -m eval.probes (sizes)")
-    ap.add_argument("--collect-only", action="store_true",
-                    help="write the json and png from the runs and probes done so far; start nothing")
-    args = ap.parse_args(argv)
-    if args.seeds < 1:
-        ap.error("--seeds must be at least 1")
-    bad = [o for o in args.overrides if o.split("=", 1)[0].lstrip("+~") == "perturbation"]
-    if bad:
-        ap.error(f"{bad}: the arms set the perturbation engine themselves ({ARMS})")
-    experiment = args.experiment or F.SCALES[args.scale]
-    root = args.root or Path("runs") / "figure1_ablation" / args.scale
-    path, ok = reproduce_ablation(root, experiment, list(range(args.seeds)), max(1, args.jobs), args.overrides,
+    def check(ap: Any, args: Any) -> None:
+        bad = [o for o in args.overrides if o.split("=", 1)[0].lstrip("+~") == "perturbation"]
+        if bad:
+            ap.error(f"{bad}: the arms set the perturbation engine themselves ({ARMS})")
+
+    args, experiment, root = F.parse_args("figure1_ablation", __doc__.split("\n")[0], argv, check)
+    path, ok = reproduce_ablation(root, experiment, list(range(args.seeds)), args.jobs, args.overrides,
                                   args.probe_args.split(), collect_only=args.collect_only)
     print(path)
     return 0 if ok or args.collect_only else 1

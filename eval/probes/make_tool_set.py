@@ -2,21 +2,11 @@
 
     python -m eval.probes.make_tool_set        # rewrites execution_tool.jsonl and its sha256 in manifest.json
 
-A held-out probe where a tool decides correctness: :data:`N_ITEMS` short word problems, each a chain of
-three to five integer operations (products, sums, differences, divisions that come out exact, a whole
-percentage of an amount that is a multiple of 100) on three- to five-digit numbers, with the exact integer
-answer. Products of three-digit numbers and exact divisions of eight-digit ones are where running the
-arithmetic in Python beats working it out token by token, so accuracy here measures whether the Execution
-player uses its tool and then states what the tool computed.
-
-The file is a pure function of :data:`SEED` (``random.Random``, no other source), so running the script
-again gives the same bytes; its sha256 is recorded in ``manifest.json`` beside the other probe sets
-(``python -m eval.probes.make_sets`` remakes it with them). Each line holds:
-
-- ``id``, ``template``, ``question`` (the text the player sees), ``answer`` (the exact integer, as a string);
-- ``expression``: the computation as a nested list, ``[op, left, right]`` with ``op`` one of ``+``, ``-``,
-  ``*``, ``//`` (exact: the remainder is 0) and ``pct`` (``[pct, p, x]`` = p % of x, exact), leaves integers;
-  ``operations``: its number of operations. :func:`evaluate` computes the answer from it.
+A probe where a tool decides correctness: :data:`N_ITEMS` word problems, each a chain of three to five exact integer
+operations on three- to five-digit numbers, where running the arithmetic in Python beats working it out token by
+token. The file is a pure function of :data:`SEED`; its sha256 goes into ``manifest.json``. Each line holds ``id``,
+``template``, ``question``, ``answer`` (the exact integer, as a string), ``expression`` (``[op, left, right]`` with
+``op`` one of ``+ - * //`` and ``pct``, ``[pct, p, x]`` = p % of x; :func:`evaluate`) and ``operations``.
 """
 from __future__ import annotations
 
@@ -34,10 +24,6 @@ SEED = 20260922
 N_ITEMS = 50  # as each half of execution.jsonl (50 GSM8K + 50 MMLU): SE <= 7 points per rate
 
 Expr = Union[int, list]
-
-
-# ------------------------------------------------------------------------------------------------------
-# The arithmetic (exact; the test recomputes it on its own)
 
 
 def evaluate(expr: Expr) -> int:
@@ -82,7 +68,6 @@ def _fit(r: random.Random, total: int, divisor: int, lo: int, hi: int) -> int:
     return base + r.choice(ks) * divisor if ks else 0
 
 
-# ------------------------------------------------------------------------------------------------------
 # Templates: (question, expression) from drawn numbers, or None to draw again
 
 
@@ -172,17 +157,12 @@ def tool_items(n: int = N_ITEMS, seed: int = SEED) -> list[dict[str, Any]]:
     return items
 
 
-# ------------------------------------------------------------------------------------------------------
-# The file and the manifest
-
-
 def sha256(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def write_tool_set(out_dir: Path = DATA_DIR) -> str:
-    """Write ``execution_tool.jsonl`` into ``out_dir`` and its sha256 into ``out_dir/manifest.json`` (the other
-    entries are kept as they are). Returns the sha256."""
+    """Write ``execution_tool.jsonl`` into ``out_dir`` and its sha256 into ``out_dir/manifest.json``; returns it."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / FILENAME

@@ -1,25 +1,15 @@
 """Held-out probes of each player: is a checkpoint better at its role than the backbone?
 
-Each probe runs a player on a fixed set of ``eval/probes/data/`` (made once by ``python -m eval.probes.make_sets``,
-never trained on) and returns rates with their standard errors (:func:`binomial_se`), so that a change between two
-checkpoints can be read against its noise. All sampling uses fixed seeds that do not depend on the checkpoint: two
-checkpoints see the same draws (a paired comparison).
-
-- **Execution** (:func:`probe_execution`): greedy answers in the player's own tool loop to GSM8K and MMLU problems,
-  through the diagnostic pool's code (:func:`unifiedplayers.diagnostics.execution_pool.evaluate_pool`): accuracy and
-  the answered rate. Beside them the **tool probe** (:func:`probe_execution_tool`): the same on arithmetic word
-  problems where computing in Python beats guessing (:mod:`eval.probes.make_tool_set`), ``execution/accuracy_tool``.
-- **Evaluation** (:func:`probe_evaluation`): M verifiers per question, run on its correct trajectory and its five
-  perturbations; the rates of :func:`evaluation_metrics`.
-- **Planning** (:func:`probe_planning`): the well-formed-task rate over fixed topic prompts, and U(q) (§3.2) of the
-  first well-formed tasks from K trajectories of one fixed Execution policy (the backbone), so that U moves only
-  with the Planning player.
+Each probe runs a player on a fixed set of ``eval/probes/data/`` with fixed seeds and returns rates with their
+standard errors (eval/README.md): Execution (:func:`probe_execution`, and the tool probe
+:func:`probe_execution_tool`), Evaluation (:func:`probe_evaluation`) and Planning (:func:`probe_planning`).
 """
 from __future__ import annotations
 
 import json
 import math
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -27,14 +17,15 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-DATA_DIR = Path(__file__).resolve().parent / "data"
-PROBE_SEED = 0  # the sampling seed of every probe (not the training seed)
-from unifiedplayers.diagnostics.execution_pool import PoolQuestion
 from unifiedplayers import lora, rundir
+from unifiedplayers.data.benchmarks import Problem
+from unifiedplayers.diagnostics.execution_pool import PoolQuestion
 from unifiedplayers.roles import ROLES
 
+DATA_DIR = Path(__file__).resolve().parent / "data"
+PROBE_SEED = 0  # the sampling seed of every probe (not the training seed)
 
-# ------------------------------------------------------------------------------------------------------
+
 # Statistics (pure)
 
 
@@ -71,17 +62,13 @@ class ProbeSizes:
     execution_tool: Optional[int] = None  # tool-probe problems (the set holds 50), run with the Execution probe
 
 
-# ------------------------------------------------------------------------------------------------------
 # The probe sets
 
 
 def load_execution_set(path: Path = DATA_DIR / "execution.jsonl", limit: Optional[int] = None) -> list[Any]:
     """The Execution probe's problems as the diagnostic pool's ``PoolQuestion``; ``limit`` keeps the first
     ``limit // 2`` of each domain (math first), so a short probe stays balanced."""
-    from unifiedplayers.diagnostics.execution_pool import PoolQuestion
-    from unifiedplayers.data.benchmarks import Problem
-
-    rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    rows = rundir.read_jsonl(path)
     questions = [PoolQuestion(r["domain"], r["benchmark"], Problem(r["id"], r["question"], r["reference"], r.get("options")))
                  for r in rows]
     if limit is not None and limit < len(questions):
@@ -104,10 +91,7 @@ class ToolProbeQuestion(PoolQuestion):
 
 def load_execution_tool_set(path: Path = DATA_DIR / "execution_tool.jsonl", limit: Optional[int] = None) -> list[Any]:
     """The tool probe's problems (the first ``limit``) as the diagnostic pool's questions (domain math)."""
-    from unifiedplayers.data.benchmarks import Problem
-
-    rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
-    rows = rows if limit is None else rows[:limit]
+    rows = rundir.read_jsonl(path)[:limit]
     return [ToolProbeQuestion("math", TOOL_BENCHMARK, Problem(r["id"], r["question"], r["answer"], None)) for r in rows]
 
 
@@ -126,24 +110,17 @@ class EvaluationItem:
 def load_evaluation_set(path: Path = DATA_DIR / "evaluation.jsonl", limit: Optional[int] = None) -> list[EvaluationItem]:
     from unifiedplayers.feedback.trajectory import Trajectory
 
-    items = []
-    for line in Path(path).read_text().splitlines():
-        if not line.strip():
-            continue
-        r = json.loads(line)
-        items.append(EvaluationItem(r["id"], r["question"], r["answer"], Trajectory.from_dict(r["original"]),
-                                    list(r["rules"]), [None if v is None else Trajectory.from_dict(v) for v in r["variants"]]))
-    return items if limit is None else items[:limit]
+    return [EvaluationItem(r["id"], r["question"], r["answer"], Trajectory.from_dict(r["original"]), list(r["rules"]),
+                           [None if v is None else Trajectory.from_dict(v) for v in r["variants"]])
+            for r in rundir.read_jsonl(path)[:limit]]
 
 
 def load_planning_set(path: Path = DATA_DIR / "planning.json", topics: Optional[int] = None,
                       tasks_per_topic: Optional[int] = None) -> tuple[list[str], int]:
     data = json.loads(Path(path).read_text())
-    chosen = list(data["topics"])[:topics] if topics is not None else list(data["topics"])
-    return chosen, int(tasks_per_topic or data["tasks_per_topic"])
+    return list(data["topics"])[:topics], int(tasks_per_topic or data["tasks_per_topic"])
 
 
-# ------------------------------------------------------------------------------------------------------
 # Execution
 
 
@@ -158,10 +135,7 @@ def execution_metrics(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
         rows = [i for i in items if i["domain"] == d]
         out[f"accuracy_{d}"] = _rate(sum(bool(i["correct"]) for i in rows), len(rows))
         out[f"n_{d}"] = len(rows)
-    statuses: dict[str, int] = {}
-    for i in items:
-        statuses[i["status"]] = statuses.get(i["status"], 0) + 1
-    out["statuses"] = statuses
+    out["statuses"] = dict(Counter(i["status"] for i in items))
     return out
 
 
@@ -184,7 +158,6 @@ def probe_execution_tool(engine: Any, sandbox: Any, tokenizer: Any, cfg: Any, qu
     return probe_execution(engine, sandbox, tokenizer, cfg, questions)
 
 
-# ------------------------------------------------------------------------------------------------------
 # Evaluation
 
 
@@ -264,20 +237,12 @@ def probe_evaluation(engine: Any, sandbox: Any, tokenizer: Any, cfg: Any, items:
     verdicts = [verdict_matrix([s.source for s in row], [it.original], [it.variants], sandbox)
                 for it, row in zip(items, outs)]
     out = evaluation_metrics(verdicts, items[0].rules)
-    out["invalid_reasons"] = _count(why.split(":")[0].split(" (")[0] for v in verdicts for why in v.validity
-                                    if why != "valid")
+    out["invalid_reasons"] = dict(Counter(why.split(":")[0].split(" (")[0] for v in verdicts for why in v.validity
+                                          if why != "valid"))
     out["sample_verifier"] = next((v.compiled[v.valid[0]].source for v in verdicts if v.valid), None)
     return out
 
 
-def _count(xs: Any) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for x in xs:
-        out[x] = out.get(x, 0) + 1
-    return out
-
-
-# ------------------------------------------------------------------------------------------------------
 # Planning
 
 
@@ -299,7 +264,7 @@ def planning_metrics(tasks: Sequence[Any], uncertainties: Sequence[float]) -> di
     u, u_se = mean_se(list(uncertainties))
     return {"n": n, "well_formed": wf, "well_formed_se": binomial_se(wf, n),
             "U": u, "U_se": u_se, "n_U": len(uncertainties),
-            "malformed_reasons": _count(t.reason for t in tasks if not t.valid)}
+            "malformed_reasons": dict(Counter(t.reason for t in tasks if not t.valid))}
 
 
 def planning_tasks(engine: Any, tokenizer: Any, cfg: Any, topics: Sequence[str], tasks_per_topic: int,
@@ -332,7 +297,6 @@ def probe_planning(tasks: Sequence[Any], exec_engine: Any, sandbox: Any, tokeniz
     return out
 
 
-# ------------------------------------------------------------------------------------------------------
 # Checkpoints and the whole probe
 
 
@@ -380,11 +344,9 @@ def find_run_config(target: str) -> Optional[Path]:
 
 def run_probes(cfg: Any, ckpt: Checkpoint, roles: Sequence[str] = ROLES, sizes: Optional[ProbeSizes] = None,
                data_dir: Path = DATA_DIR, backbone: Optional[tuple[Any, Any]] = None, log: Any = print) -> dict[str, Any]:
-    """Probe ``roles`` of ``ckpt`` under the run config ``cfg`` (model, prompts, sandbox, rollout).
-
-    Returns ``{"checkpoint", "sources", "metrics" (flat keys as figure1.json's series, with ``_se``), <role>:
-    full result, "seconds", "probe_set"}``. ``backbone``: an already loaded (model, tokenizer) (tests).
-    """
+    """Probe ``roles`` of ``ckpt`` under the run config ``cfg``. Returns ``{"checkpoint", "sources", "metrics" (flat
+    keys as figure1.json's series, with ``_se``), <role>: full result, "seconds", "probe_set"}``. ``backbone``: an
+    already loaded (model, tokenizer)."""
     import copy
 
     import torch
@@ -407,9 +369,10 @@ def run_probes(cfg: Any, ckpt: Checkpoint, roles: Sequence[str] = ROLES, sizes: 
     engine = build_rollout(for_evaluation(cfg.rollout), model, tokenizer)  # prefix cache on unless set
     work: dict[str, Any] = {"model": None}
 
-    def policy(role: str) -> Any:
-        """The engine with ``role``'s weights swapped in (the backbone's when it has no checkpoint)."""
-        path = ckpt.weights.get(role)
+    def policy(role: str, backbone: bool = False) -> Any:
+        """The engine with ``role``'s weights swapped in (the backbone's when it has no checkpoint, or ``backbone``),
+        at ``role``'s temperature."""
+        path = None if backbone else ckpt.weights.get(role)
         if path is None:
             engine.update_weights(model)
         else:
@@ -432,7 +395,7 @@ def run_probes(cfg: Any, ckpt: Checkpoint, roles: Sequence[str] = ROLES, sizes: 
         if "evaluation" in roles:
             probe.evaluation(policy("evaluation"), sandbox)
         if "planning" in roles:
-            probe.planning(policy("planning"), lambda: policy_backbone(engine, model, cfg), sandbox)
+            probe.planning(policy("planning"), lambda: policy("execution", backbone=True), sandbox)
     seconds["total"] = time.perf_counter() - t0
     seconds["cpu_total"] = time.process_time() - c0  # this process's CPU time (the sandbox's calls not included)
     result["metrics"] = metrics
@@ -454,25 +417,20 @@ class _RoleProbe:
     log: Any
 
     def execution(self, policy: Any, sandbox: Any) -> None:
-        cfg, metrics, seconds = self.cfg, self.metrics, self.seconds
-        t = time.perf_counter()
-        questions = load_execution_set(self.data_dir / "execution.jsonl", self.sizes.execution)
-        res = probe_execution(policy, sandbox, self.tokenizer, cfg, questions)
-        seconds["execution"] = time.perf_counter() - t
-        self.result["execution"] = res
-        for k in ("accuracy", "answered"):
-            metrics[f"execution/{k}"], metrics[f"execution/{k}_se"] = res[k], res[f"{k}_se"]
-        self.log(f"[probe] execution: accuracy {_pct(res['accuracy'], res['accuracy_se'])}, answered "
-                 f"{_pct(res['answered'], res['answered_se'])} (n={res['n']}, {seconds['execution']:.0f} s)")
-        t = time.perf_counter()
-        tool_questions = load_execution_tool_set(self.data_dir / "execution_tool.jsonl", self.sizes.execution_tool)
-        res = probe_execution_tool(policy, sandbox, self.tokenizer, cfg, tool_questions)
-        seconds["execution_tool"] = time.perf_counter() - t
-        self.result["execution_tool"] = res
-        for k in ("accuracy", "answered"):  # always written (None for an empty set): figure1's resume reads it
-            metrics[f"execution/{k}_tool"], metrics[f"execution/{k}_tool_se"] = res[k], res[f"{k}_se"]
-        self.log(f"[probe] execution tool probe: accuracy {_pct(res['accuracy'], res['accuracy_se'])}, answered "
-                 f"{_pct(res['answered'], res['answered_se'])} (n={res['n']}, {seconds['execution_tool']:.0f} s)")
+        """The Execution probe, then the tool probe (its metrics always written, None for an empty set: figure1's
+        resume reads them)."""
+        for name, suffix, load, run, limit in (
+                ("execution", "", load_execution_set, probe_execution, self.sizes.execution),
+                ("execution_tool", "_tool", load_execution_tool_set, probe_execution_tool, self.sizes.execution_tool)):
+            t = time.perf_counter()
+            res = run(policy, sandbox, self.tokenizer, self.cfg, load(self.data_dir / f"{name}.jsonl", limit))
+            self.seconds[name] = time.perf_counter() - t
+            self.result[name] = res
+            for k in ("accuracy", "answered"):
+                key = f"execution/{k}{suffix}"
+                self.metrics[key], self.metrics[f"{key}_se"] = res[k], res[f"{k}_se"]
+            self.log(f"[probe] {name.replace('_tool', ' tool probe')}: accuracy {_pct(res['accuracy'], res['accuracy_se'])}, answered "
+                     f"{_pct(res['answered'], res['answered_se'])} (n={res['n']}, {self.seconds[name]:.0f} s)")
 
     def evaluation(self, policy: Any, sandbox: Any) -> None:
         metrics, seconds = self.metrics, self.seconds
@@ -485,7 +443,6 @@ class _RoleProbe:
             metrics[f"evaluation/{k}"], metrics[f"evaluation/{k}_se"] = res[k], res[f"{k}_se"]
         metrics["evaluation/originals_accepted"] = res["original_acceptance"]
         metrics["evaluation/originals_accepted_se"] = res["original_acceptance_se"]
-        # errors on the originals kept apart from rejections, over the generated verifiers' checks
         for k in ("original_errors", "original_rejections", "runtime_invalid"):
             metrics[f"evaluation/{k}"] = res[k]
         self.log(f"[probe] evaluation: valid {_pct(res['valid'], res['valid_se'])} (n={res['verifiers']}), originals "
@@ -511,15 +468,6 @@ class _RoleProbe:
         u = "-" if res["U"] is None else f"{res['U']:.3f} ± {res['U_se'] or 0:.3f}"
         self.log(f"[probe] planning: well-formed {_pct(res['well_formed'], res['well_formed_se'])} (n={res['n']}), "
                  f"U(q) {u} (n={res['n_U']}, backbone Execution; {seconds['planning']:.0f} s)")
-
-
-def policy_backbone(engine: Any, model: Any, cfg: Any) -> Any:
-    """The engine with the backbone's weights, at the Execution player's temperature (the fixed U(q) solver)."""
-    from unifiedplayers.config import role_temperature
-    from unifiedplayers.loop.engines import SamplingTemperature
-
-    engine.update_weights(model)
-    return SamplingTemperature(engine, role_temperature(cfg, "execution"))
 
 
 def _pct(p: Optional[float], se: Optional[float]) -> str:
