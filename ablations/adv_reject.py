@@ -1,20 +1,12 @@
 """Table 15's "Adv. Reject", measured on one fixed held-out set whatever rules the run trained with.
 
-The training metric ``evaluation/rho_adv`` (Eq. 11, mean over valid verifiers) is computed on the
-variants of the run's *own* rules: with ``perturbation=none`` there is no variant and it is 0 by
-construction, and the local and global runs are measured on different rules. Table 15 compares the
-four rule subsets, so all four are measured here on the same set:
-
-- ``ablations/data/table15_heldout.jsonl``: correct tool-use trajectories for held-out word problems
-  (written below, never in a training prompt), each with its five variants, one per rule of the
-  perturbation engine (Appendix F.1, all five rules), made once by ``python -m ablations.adv_reject build``
-  (the real engine and sandbox; the file is versioned, so later changes to the engine do not move it);
-- the run's final Evaluation player writes M verifiers per held-out task (its own ``player`` config:
-  prompt, M, max new tokens), each valid verifier is checked on the original and its variants
-  (``verdict_matrix``, the training path), and ρ_adv_i (Eq. 11, errors earn no credit as in training)
-  is averaged over all valid verifiers of all tasks: the same statistic as ``evaluation/rho_adv``;
-- written to ``<run>/eval/adv_reject.json`` with the valid-verifier rate, the gold pass rate ρ_gold and
-  the rejection rate per rule; ``ablations.aggregate`` reads it for Table 15.
+Training's ``evaluation/rho_adv`` (Eq. 11) is measured on the variants of the run's own rules (0 by construction
+with ``perturbation=none``), so Table 15's four rule subsets are measured here on one set instead:
+``ablations/data/table15_heldout.jsonl``, correct tool-use trajectories for the held-out word problems of
+:data:`TASKS`, each with its five variants (Appendix F.1), made once by ``build`` with the real engine and sandbox
+and versioned. The run's final Evaluation player writes M verifiers per task (its own ``player`` config), each
+valid one is checked on the original and its variants (``verdict_matrix``, the training path), and ρ_adv_i is
+averaged as training does (:func:`summarise`), into ``<run>/eval/adv_reject.json``.
 
     python -m ablations.adv_reject build                 # (re)make the held-out file
     python -m ablations.adv_reject measure RUN_DIR       # measure one finished run
@@ -195,10 +187,9 @@ def measure(engine: Any, player_cfg: Any, sandbox: Any, tasks: Sequence[HeldOutT
     return out
 
 
-def measure_run(run_dir: Path, sandbox_cfg: Any = None, log=print) -> Optional[dict[str, Any]]:
+def measure_run(run_dir: Path, sandbox_cfg: Any = None, log=print) -> dict[str, Any]:
     """Measure a finished run with its latest Evaluation checkpoint (the backbone if it has none, e.g. a run
-    whose Evaluation player was frozen) and write ``<run>/eval/adv_reject.json``. None for a method that
-    has no Evaluation player of its own (every role other than UnifiedPlayers')."""
+    whose Evaluation player was frozen) and write ``<run>/eval/adv_reject.json``."""
     import torch
     from omegaconf import OmegaConf
 

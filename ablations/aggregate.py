@@ -1,19 +1,8 @@
 """Aggregate a sweep's run directories into the paper's tables (3, 5, 15, 16, 17 and 1), markdown and LaTeX.
 
-Pure functions over run directories; nothing here trains or evaluates. What is read from one run
-directory (``load_run_row``):
-
-- ``config.yaml``: the resolved config the loop saved (seed, schedule switches, perturbation, M, reward
-  weights, method, model);
-- ``summary.json``: present once the run finished (``finished``);
-- ``metrics.jsonl``: training's adversarial rejection rate on the run's own rules (mean
-  ``evaluation/rho_adv`` over the updates of the last outer iteration) and compute hours
-  (``eval.analysis.compute``);
-- ``eval/adv_reject.json``: Table 15's Adv. Reject on the fixed held-out set (``ablations.adv_reject``);
-- ``eval/results.json``: the evaluation harness's output (``python -m eval.run`` or
-  ``ablations/evaluate_runs.py``). ``Math AVG`` and ``General AVG`` are the means of the math and general
-  benchmarks evaluated (paper columns, or the offline subsets at smoke scale: GSM8K-100 counts as math,
-  the MMLU subset as general). The ``tool`` mode is used when present (the Execution player is a tool user).
+Pure functions over run directories (:func:`load_run_row` says what is read from each); nothing here trains or
+evaluates. ``Math AVG`` and ``General AVG`` are the means of the math and general benchmarks evaluated, in the
+``tool`` mode when present (:func:`eval_scores`).
 
 Table 3 (Appendix C.1, paired over seeds s): with Y(P, E, s) the score of the configuration with Planning
 trained (P) and Evaluation trained (E),
@@ -24,8 +13,7 @@ trained (P) and Evaluation trained (E),
 - Fresh-feedback gain = Y_fresh(1,1) − Y_stale(1,1)
 
 each computed per seed (only seeds with every cell the contrast needs), then mean ± SD (ddof = 1) over
-those seeds; the paper's rows reproduce these formulas exactly (e.g. ½[(52.9 − 50.6) + (56.4 − 53.7)] = 2.5).
-An SD over one seed is undefined and printed as "–".
+those seeds; an SD over one seed is undefined and printed as "–".
 
 Command: ``python -m ablations.aggregate {table3,table5,table15,table16,table17,table1} SWEEP_DIR [--out DIR]``
 writes ``<table>.md``, ``<table>.tex`` and ``<table>.runs.csv`` (the per-run frame) and prints the markdown.
@@ -129,7 +117,9 @@ def compute_hours(run_dir: Path, metrics: list[dict[str, Any]], config: dict, su
 
 
 def load_run_row(run_dir: str | Path, mode: Optional[str] = None) -> dict[str, Any]:
-    """One row of the sweep frame: the config fields the tables key on, status, scores, compute."""
+    """One row of the sweep frame, from ``config.yaml`` (the resolved config), ``summary.json`` (present once
+    training finished), ``metrics.jsonl`` (training's ``evaluation/rho_adv`` over the last outer iteration, compute
+    hours), ``eval/adv_reject.json`` (Table 15's Adv. Reject) and ``eval/results.json`` (the harness's scores)."""
     import yaml
 
     run_dir = Path(run_dir)
@@ -228,6 +218,10 @@ def _num(x: float, signed: bool, digits: int) -> str:
     return f"{x:+.{digits}f}" if signed else f"{x:.{digits}f}"
 
 
+_LATEX = {"&": "\\&", "%": "\\%", "_": "\\_", "#": "\\#", "–": "--", "±": "$\\pm$", "γ": "$\\gamma$",
+          "α": "$\\alpha$", "β": "$\\beta$", "✓": "$\\checkmark$"}
+
+
 def fmt_cell(c: Any, latex: bool = False) -> str:
     if isinstance(c, Stat):
         m = _num(c.mean, c.signed, c.digits)
@@ -242,11 +236,7 @@ def fmt_cell(c: Any, latex: bool = False) -> str:
         s = _num(c, False, digits)
         return "--" if latex and s == "–" else s
     s = "" if c is None else str(c)
-    if latex:
-        s = s.replace("&", "\\&").replace("%", "\\%").replace("_", "\\_").replace("#", "\\#")
-        s = s.replace("–", "--").replace("±", "$\\pm$").replace("γ", "$\\gamma$").replace("α", "$\\alpha$")
-        s = s.replace("β", "$\\beta$").replace("✓", "$\\checkmark$")
-    return s
+    return "".join(_LATEX.get(ch, ch) for ch in s) if latex else s
 
 
 @dataclass
@@ -431,16 +421,15 @@ def table3(df: pd.DataFrame, metrics: Sequence[str] = ("math_avg", "general_avg"
         header += [f"{METRIC_NAMES[m]} (ours)", f"{METRIC_NAMES[m]} (paper)"]
     header += [_compute_header(ok if not ok.empty else df), "GPU-h (paper)"]
 
-    def paper_cfg(label: str, m: str) -> Stat:
-        p = paper.TABLE3_CONFIGS[label] if label in paper.TABLE3_CONFIGS else paper.TABLE3_STALE
+    def paper_stat(p: Sequence[float], m: str, signed: bool = False) -> Stat:
         i = 0 if m == "math_avg" else 2
-        return Stat(p[i], p[i + 1], 3)
+        return Stat(p[i], p[i + 1], 3, signed)
 
     rows: list[list[Any]] = []
     for (tp, te), label in TABLE3_CELLS.items():
         row: list[Any] = [label, "Trainable" if tp else "Frozen", "Trainable" if te else "Frozen"]
         for m in metrics:
-            row += [stat(cells[m][(tp, te)].tolist()), paper_cfg(label, m)]
+            row += [stat(cells[m][(tp, te)].tolist()), paper_stat(paper.TABLE3_CONFIGS[label], m)]
         sub = fresh[(fresh["train_planning"] == tp) & (fresh["train_evaluation"] == te)]
         row += [_compute_cell(sub), int(paper.TABLE3_CONFIGS[label][4])]
         rows.append(row)
@@ -450,23 +439,19 @@ def table3(df: pd.DataFrame, metrics: Sequence[str] = ("math_avg", "general_avg"
     for name, kind in contrast_kind.items():
         row = [name, kind, ""]
         for m in metrics:
-            p = paper.TABLE3_CONTRASTS[name]
-            i = 0 if m == "math_avg" else 2
-            row += [stat(contrasts[m][name].tolist(), signed=True), Stat(p[i], p[i + 1], 3, signed=True)]
+            row += [stat(contrasts[m][name].tolist(), signed=True), paper_stat(paper.TABLE3_CONTRASTS[name], m, True)]
         row += ["–", "–"]
         rows.append(row)
     first_control = len(rows)
     row = ["Stale-feedback UnifiedPlayers", "Trainable", "Trainable"]
     full_stale = stale[stale["train_planning"] & stale["train_evaluation"]]
     for m in metrics:
-        row += [stat(full_stale[m].astype(float).tolist()), paper_cfg("stale", m)]
+        row += [stat(full_stale[m].astype(float).tolist()), paper_stat(paper.TABLE3_STALE, m)]
     row += [_compute_cell(full_stale), int(paper.TABLE3_STALE[4])]
     rows.append(row)
     row = ["Fresh-feedback gain", "Matched capacity", ""]
     for m in metrics:
-        p = paper.TABLE3_FRESH_GAIN
-        i = 0 if m == "math_avg" else 2
-        row += [stat(gains[m].tolist(), signed=True), Stat(p[i], p[i + 1], 3, signed=True)]
+        row += [stat(gains[m].tolist(), signed=True), paper_stat(paper.TABLE3_FRESH_GAIN, m, True)]
     row += ["Matched", "Matched"]
     rows.append(row)
     seeds = sorted(int(s) for s in ok["seed"].unique()) if not ok.empty else []
@@ -502,12 +487,16 @@ def table5_label(row: pd.Series | dict, max_iterations: int) -> str:
     return hits[0] if hits else "Full UnifiedPlayers"
 
 
-def _simple_table(key: str, title: str, df: pd.DataFrame, label_of, order: Sequence[Any],
-                  label_text, paper_cols, metric_cols: Sequence[str], extra=None, notes=()) -> Table:
-    """Rows = ``order`` (row keys); cells = mean over the runs of that key (seeds averaged)."""
+COLUMNS = {"math_avg": ["Math AVG (ours)", "Math AVG (paper)"], "general_avg": ["General AVG (ours)",
+           "General AVG (paper)"], "adv_reject": ["Adv. Reject (ours, held-out)", "Adv. Reject (paper)"]}
+
+
+def _simple_table(key: str, title: str, df: pd.DataFrame, label_of, order: Sequence[Any], label_header: list[str],
+                  label_text, paper_cols, metric_cols: Sequence[str], extra=None, extra_header=(), notes=()) -> Table:
+    """Rows = ``order`` (row keys); cells = mean over the runs of that key (seeds averaged); AVG columns labelled."""
     ok = _complete(df).copy()
     ok["_key"] = [label_of(r) for _, r in ok.iterrows()] if not ok.empty else []
-    header: list[str] = []  # set by the caller
+    header = label_header + [h for m in metric_cols for h in COLUMNS[m]] + list(extra_header)
     rows = []
     for k in order:
         sub = ok[ok["_key"] == k]
@@ -524,7 +513,7 @@ def _simple_table(key: str, title: str, df: pd.DataFrame, label_of, order: Seque
     note = list(notes) + _pending_note(df)
     if not others.empty:
         note.append(f"Runs matching no row of this table: {', '.join(others['name'])}.")
-    return Table(key, title, header, rows, note)
+    return label_averages(Table(key, title, header, rows, note), df, metric_cols)
 
 
 def table5(df: pd.DataFrame) -> Table:
@@ -532,14 +521,12 @@ def table5(df: pd.DataFrame) -> Table:
     max_it = int(ok["outer_iterations"].max()) if not ok.empty else 0
     order = [label for label, _ in TABLE5_PREDICATES]
     order.insert(0, "Full UnifiedPlayers")
-    t = _simple_table(
+    return _simple_table(
         "table5", "Table 5: Component ablations of UnifiedPlayers", df,
-        lambda r: table5_label(r, max_it), order, lambda k: [k],
+        lambda r: table5_label(r, max_it), order, ["Method"], lambda k: [k],
         lambda k, m: paper.TABLE5[k][0 if m == "math_avg" else 1], ["math_avg", "general_avg"],
         notes=[f"Ours: full method at {max_it} outer iteration(s); mean over seeds where several ran."],
     )
-    t.header = ["Method", "Math AVG (ours)", "Math AVG (paper)", "General AVG (ours)", "General AVG (paper)"]
-    return label_averages(t, df, ["math_avg", "general_avg"])
 
 
 def table15(df: pd.DataFrame) -> Table:
@@ -557,28 +544,23 @@ def table15(df: pd.DataFrame) -> Table:
     if not unmeasured.empty:
         notes.append(f"Adv. Reject not measured for: {', '.join(unmeasured['name'])} "
                      "(python -m ablations.adv_reject measure <run dir>).")
-    t = _simple_table(
+    return _simple_table(
         "table15", "Table 15: Effect of perturbation-rule subsets", df, lambda r: r["perturbation"],
-        list(paper.TABLE15), lambda k: [paper.TABLE15[k][0]],
+        list(paper.TABLE15), ["Perturbation Rules"], lambda k: [paper.TABLE15[k][0]],
         lambda k, m: paper.TABLE15[k][1 if m == "math_avg" else 2], ["math_avg", "adv_reject"],
-        extra=own_rules, notes=notes,
+        extra=own_rules, extra_header=["ρ_adv in training (own rules)"], notes=notes,
     )
-    t.header = ["Perturbation Rules", "Math AVG (ours)", "Math AVG (paper)", "Adv. Reject (ours, held-out)",
-                "Adv. Reject (paper)", "ρ_adv in training (own rules)"]
-    return label_averages(t, df, ["math_avg"])
 
 
 def table16(df: pd.DataFrame) -> Table:
     ok = _complete(df)
-    t = _simple_table(
+    return _simple_table(
         "table16", "Table 16: Effect of the Evaluation player's pool size M", df, lambda r: int(r["num_verifiers"]),
-        list(paper.TABLE16), lambda k: [f"{k} (used)" if k == paper.TABLE16_USED else str(k)],
+        list(paper.TABLE16), ["M"], lambda k: [f"{k} (used)" if k == paper.TABLE16_USED else str(k)],
         lambda k, m: paper.TABLE16[k][0 if m == "math_avg" else 1], ["math_avg", "general_avg"],
         extra=lambda k, sub: [_compute_cell(sub), int(paper.TABLE16[k][2])],
+        extra_header=[_compute_header(ok if not ok.empty else df), "GPU-h (paper)"],
     )
-    t.header = ["M", "Math AVG (ours)", "Math AVG (paper)", "General AVG (ours)", "General AVG (paper)",
-                _compute_header(ok if not ok.empty else df), "GPU-h (paper)"]
-    return label_averages(t, df, ["math_avg", "general_avg"])
 
 
 def _weights(r: Any) -> tuple[float, float, float]:
@@ -586,14 +568,11 @@ def _weights(r: Any) -> tuple[float, float, float]:
 
 
 def table17(df: pd.DataFrame) -> Table:
-    t = _simple_table(
+    return _simple_table(
         "table17", "Table 17: Sensitivity to the Evaluation reward coefficients (α, β, γ)", df, _weights,
-        list(paper.TABLE17), lambda k: [paper.TABLE17[k][0], *map(str, k)],
+        list(paper.TABLE17), ["Configuration", "α", "β", "γ"], lambda k: [paper.TABLE17[k][0], *map(str, k)],
         lambda k, m: paper.TABLE17[k][1 if m == "math_avg" else 2], ["math_avg", "general_avg"],
     )
-    t.header = ["Configuration", "α", "β", "γ", "Math AVG (ours)", "Math AVG (paper)", "General AVG (ours)",
-                "General AVG (paper)"]
-    return label_averages(t, df, ["math_avg", "general_avg"])
 
 
 # --------------------------------------------------------------------------------------------------

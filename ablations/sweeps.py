@@ -1,4 +1,4 @@
-"""The sweeps behind ``make reproduce-table*``: train (Hydra multirun), evaluate, aggregate.
+"""The sweeps behind ``make reproduce-table*``: train (Hydra multirun), evaluate, aggregate (docs/baselines.md).
 
     python -m ablations.sweeps table3 --scale smoke            # what `make reproduce-table3` runs
     python -m ablations.sweeps table15 --scale paper --launcher slurm
@@ -6,26 +6,17 @@
     python -m ablations.sweeps table3 --scale paper --nproc-per-node 8 model.path=DIR   # one member at a time
     python -m ablations.sweeps table3 --scale paper --launcher slurm --slurm nodes=2 model.path=DIR  # 2 nodes each
 
-A sweep is a list of Hydra multiruns of ``python -m unifiedplayers.train`` (``SWEEPS`` below: the
-``conf/ablation/<preset>`` overlay plus the member overrides, comma lists being Hydra sweeps). Every
-member gets ``resume=true`` and a run directory named by its overrides
-(``hydra.sweep.subdir=${hydra.job.override_dirname}`` in the presets), so rerunning an interrupted
-sweep skips the finished members (the loop returns at once for a finished run) and resumes a partial
-one from its last completed update. Then ``ablations.evaluate_runs`` evaluates every finished member not
-yet evaluated, and ``ablations.aggregate`` prints the table (markdown and LaTeX) with the paper's numbers.
-
-Scales (``SCALES``): ``smoke`` = ``experiment=ablation_smoke`` + ``eval=ablation_smoke`` (CPU, toy sizes);
-``paper`` = ``experiment=paper_qwen3_4b`` + ``eval=paper`` (GPUs); ``paper_mimo_7b`` = ``experiment=paper_mimo_7b``
-+ ``eval=paper`` (the paper's MiMo-7B-Base rows). A scale's ``backbone`` only chooses which of the paper's
-rows are printed for reference: each of our rows is labelled with the backbone it ran on.
+A sweep is a list of Hydra multiruns of ``python -m unifiedplayers.train`` (:data:`SWEEPS`). Every member gets
+``resume=true`` and a run directory named by its overrides (``hydra.sweep.subdir=${hydra.job.override_dirname}``),
+so rerunning an interrupted sweep skips the finished members and resumes a partial one; whichever launcher
+started a member (or ``experiments/dp8_single_gpu_runs.sh``, ``--list-members``) finds it again. Then
+``ablations.evaluate_runs`` evaluates the finished members and ``ablations.aggregate`` prints the table.
 
 Launchers: ``local`` (joblib, ``--jobs`` members at a time) and ``slurm`` (Hydra's submitit launcher, ``pip install -e
-'.[slurm]'``, settings in ``ablations/conf/hydra/launcher/slurm.yaml``, outside ``conf/`` so that the configuration
-tests never need the plugin). At the GPU scales a member is one run over a node's GPUs as data-parallel ranks
-(:class:`Member`, docs/distributed.md): ``local`` runs the members one at a time, each ``torchrun --standalone`` over
-``--nproc-per-node`` GPUs, and ``slurm`` submits each member as one job holding whole nodes
-(``ablations/conf/slurm_node.yaml``). Both name each member's directory by Hydra's ``override_dirname``, so a member
-started by either launcher, or by ``experiments/dp8_single_gpu_runs.sh`` (``--list-members``), is found again.
+'.[slurm]'``, settings in ``ablations/conf/``, outside ``conf/`` so that the configuration tests never need the
+plugin). At the GPU scales a member is one run over a node's GPUs as data-parallel ranks (:class:`Member`,
+docs/distributed.md): ``local`` runs the members one at a time under torchrun, ``slurm`` submits each as one job
+holding whole nodes (``ablations/conf/slurm_node.yaml``).
 """
 from __future__ import annotations
 
@@ -104,7 +95,7 @@ SOCRATIC_ZERO_RUN = ("ablation=table1", "method=socratic_zero", "seed=0")
 
 
 def socratic_zero_run(endpoint: Optional[str], model: Optional[str]) -> Optional[tuple[str, ...]]:
-    """The Socratic-Zero multirun of Table 1 with its Teacher, or None (with why) when none is configured."""
+    """The Socratic-Zero multirun of Table 1 with its Teacher, or None when none is configured."""
     if not endpoint and not model:
         return None
     if not endpoint or not model:
@@ -159,9 +150,8 @@ RANK_FALLBACKS = {("deepspeed_zero3", "stale"): "trainer.backend=deepspeed_zero2
 
 @dataclass(frozen=True)
 class Member:
-    """One training run of a sweep at a GPU scale: the overrides of its Hydra job, the directory Hydra's multirun
-    names it (``<sweep dir>/<hydra.job.override_dirname>``) and the data-parallel ranks it runs over, on ``nodes``
-    nodes of ``ranks // nodes`` each."""
+    """One training run of a sweep at a GPU scale: its Hydra job's overrides, its directory
+    (``<sweep dir>/<hydra.job.override_dirname>``) and its ``ranks``, on ``nodes`` nodes of ``ranks // nodes``."""
     overrides: tuple[str, ...]
     run_dir: Path
     ranks: int
@@ -169,17 +159,14 @@ class Member:
     nodes: int = 1
 
     def train_args(self) -> list[str]:
-        """The overrides of its ``python -m unifiedplayers.train``, ``run_dir`` quoted for Hydra's parser (a member's
-        directory name holds ``=`` and ``,``)."""
+        """Its training overrides, ``run_dir`` quoted for Hydra's parser (the name holds ``=`` and ``,``)."""
         if "'" in str(self.run_dir):
             raise ValueError(f"{self.run_dir}: a sweep directory with a quote (') cannot be passed to Hydra")
         return [*self.overrides, f"run_dir='{self.run_dir}'"]
 
     def command(self, rendezvous: Optional[dict[str, str]] = None) -> list[str]:
-        """One node's command: torchrun (``python -m torch.distributed.run``, this interpreter's) over the node's
-        ``ranks // nodes`` ranks, with the options of :mod:`unifiedplayers.launch`: ``--standalone`` on one node, on
-        several the node's ``rendezvous`` (``NODE_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``: :func:`slurm_rendezvous`).
-        One process for one rank, as experiments/dp8_single_gpu_runs.sh runs it."""
+        """One node's command: this interpreter's torchrun over the node's ranks (:mod:`unifiedplayers.launch`;
+        ``rendezvous`` on several nodes: :func:`slurm_rendezvous`), or one plain process for one rank."""
         from unifiedplayers.launch import torchrun_command
 
         train = ["-m", "unifiedplayers.train", *self.train_args()]
@@ -190,9 +177,8 @@ class Member:
 
 
 def expand(overrides: Sequence[str]) -> list[list[str]]:
-    """The jobs of one ``python -m unifiedplayers.train -m <overrides>``, as Hydra's basic sweeper makes them (its own
-    function): the product of the comma lists, the ablation preset's ``hydra.sweeper.params`` first (the command
-    line's win)."""
+    """The jobs of one ``python -m unifiedplayers.train -m <overrides>``, made by Hydra's basic sweeper itself (the
+    ablation preset's ``hydra.sweeper.params`` first, so the command line's win)."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import OmegaConf
@@ -227,11 +213,9 @@ def compose_job(overrides: Sequence[str]) -> tuple[Any, str]:
 
 def members(multiruns: Sequence[Sequence[str]], scale: Scale, out: Path, nproc: int,
             extra: Sequence[str] = (), nodes: int = 1) -> list[Member]:
-    """Every member of ``multiruns`` at ``scale``, in Hydra's order. A member runs over ``nodes`` nodes of ``nproc``
-    ranks, or over as many ranks as the run in its directory began with (a run resumes only with its rank count),
-    on ``nodes`` nodes when they split evenly, else on one; a finished run is checked against the member's config,
-    as the loop would, and then left alone. Fails before anything is launched on a member that its ranks cannot run
-    (:data:`RANK_FALLBACKS` aside)."""
+    """Every member of ``multiruns`` at ``scale``, in Hydra's order, over ``nodes`` nodes of ``nproc`` ranks, or over
+    the ranks its run began with (a run resumes only with its rank count). Fails before anything is launched on a
+    member that its ranks cannot run (:data:`RANK_FALLBACKS` aside) or whose run does not match its config."""
     from unifiedplayers.checks import check_ranks
     from unifiedplayers.distributed import DistContext
     from unifiedplayers.loop.run_state import check_resumable
@@ -277,10 +261,8 @@ def run_members_here(found: Sequence[Member], nproc: int, dry_run: bool, retries
 
 
 def slurm_rendezvous(env: Mapping[str, str]) -> dict[str, str]:
-    """This node's place in a member's Slurm job of several nodes, as :mod:`unifiedplayers.launch` reads it:
-    ``NODE_RANK`` from ``SLURM_NODEID``, ``MASTER_ADDR`` the job's first host (``scontrol show hostnames``), and
-    ``MASTER_PORT`` from the job's id, so that two jobs sharing a node do not meet on one port (the id is also the
-    rendezvous's)."""
+    """This node's place in a member's Slurm job of several nodes, as :mod:`unifiedplayers.launch` reads it; the port
+    comes from the job's id, so that two jobs sharing a node do not meet on one port."""
     hosts = subprocess.run(["scontrol", "show", "hostnames", env["SLURM_JOB_NODELIST"]], capture_output=True,
                            text=True, check=True).stdout.split()
     return {"NODE_RANK": env["SLURM_NODEID"], "MASTER_ADDR": hosts[0],
@@ -288,8 +270,7 @@ def slurm_rendezvous(env: Mapping[str, str]) -> dict[str, str]:
 
 
 class MemberJob:
-    """What a member's Slurm job runs on each of its nodes, one task a node (pickled by submitit): the member's
-    command for that node, from the repository root."""
+    """What a member's Slurm job runs on each of its nodes (one task a node, pickled by submitit)."""
 
     def __init__(self, member: Member):
         self.member = member
@@ -302,16 +283,14 @@ class MemberJob:
 
 
 def slurm_parameters(settings: dict, member: Member, sweep_name: str) -> dict:
-    """submitit's SlurmExecutor parameters of one member's job: ``settings`` (slurm_node.yaml with the --slurm
-    changes), the member's nodes and their GPUs, one per rank."""
+    """submitit's SlurmExecutor parameters of one member's job: ``settings``, its nodes and a GPU per rank."""
     params = {k: v for k, v in settings.items() if v is not None}
     return {**params, "nodes": member.nodes, "gpus_per_node": member.ranks // member.nodes,
             "job_name": f"{sweep_name}-{member.run_dir.name}"[:120]}
 
 
 def slurm_settings(changes: Sequence[str] = ()) -> dict:
-    """``ablations/conf/slurm_node.yaml`` with ``KEY=VALUE`` changes (``--slurm partition=gpu``, ``--slurm
-    nodes=2``). A node's GPUs are the member's ranks on it (``--nproc-per-node``), not a setting."""
+    """``ablations/conf/slurm_node.yaml`` with the ``--slurm KEY=VALUE`` changes."""
     from omegaconf import OmegaConf
 
     if any(c.split("=", 1)[0] == "gpus_per_node" for c in changes):
@@ -322,8 +301,8 @@ def slurm_settings(changes: Sequence[str] = ()) -> dict:
 
 def run_members_on_slurm(found: Sequence[Member], sweep_name: str, out: Path, changes: Sequence[str],
                          dry_run: bool, executor: Any = None) -> None:
-    """The slurm launcher at a GPU scale: each unfinished member one job holding its whole nodes (torchrun on each),
-    all submitted, then waited for. ``executor``: submitit's SlurmExecutor (tests pass a stand-in)."""
+    """The slurm launcher at a GPU scale: each unfinished member one job, all submitted, then waited for.
+    ``executor``: submitit's SlurmExecutor (tests pass a stand-in)."""
     settings = slurm_settings(changes)
     pending = [m for m in found if not m.finished]
     for m in found:
@@ -363,8 +342,8 @@ def run_members_on_slurm(found: Sequence[Member], sweep_name: str, out: Path, ch
 
 
 def run(cmd: list[str], dry_run: bool, retries: int = 0) -> None:
-    """Run one step; a failed training multirun is rerun up to ``retries`` times (its members resume: one
-    member killed by the OOM killer, say, aborts the whole joblib pool, not the finished members' work)."""
+    """Run one step; a failed training multirun is rerun up to ``retries`` times (its members resume: one member
+    killed by the OOM killer aborts the whole joblib pool)."""
     print("[sweep] $ " + " ".join(shlex.quote(c) for c in cmd), flush=True)
     if dry_run:
         return
@@ -441,9 +420,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     elif "train" in steps:
         for mr in multiruns:
             run(train_command(mr, scale, out, args.launcher, args.jobs, args.overrides), args.dry_run, args.retries)
-    if "train" in steps:
-        if sweep.eval_only_methods and not args.dry_run:
-            write_eval_only_members(sweep, scale, out, args.overrides)
+    if "train" in steps and sweep.eval_only_methods and not args.dry_run:
+        write_eval_only_members(sweep, scale, out, args.overrides)
     py = [sys.executable, "-m"]
     if "evaluate" in steps:
         run(py + ["ablations.evaluate_runs", str(out), "--eval", scale.eval, "--threads", str(args.eval_threads),

@@ -1,12 +1,9 @@
 """The Execution player's fixed diagnostic pool (§4.4, Appendix D.2).
 
-Every ``schedule.execution_pool.every`` Execution updates (paper: 50) the Execution player answers a fixed
-pool of math and general questions (paper: 128 + 128), greedily, with its own tool loop and prompt. The pool is the
-first ``math_size`` problems of one offline benchmark file and the first ``general_size`` of another, loaded and
-graded by the evaluation harness's code (:mod:`unifiedplayers.data.benchmarks`, :mod:`unifiedplayers.feedback.answers`).
-The run summary reports, over the checkpoints, the negative-step rate and the maximum drop (:func:`negative_steps`).
-Each evaluation is logged to ``execution_pool.jsonl`` (:class:`PoolLog`), which a resumed run reuses; a missing
-dataset file is a warning and a ``missing`` entry in every line, never a crash.
+Every ``schedule.execution_pool.every`` Execution updates the Execution player answers the first ``math_size`` and
+``general_size`` problems of two benchmark files greedily, with its own tool loop and prompt, graded as the
+evaluation harness grades (docs/running.md). Each evaluation is logged to ``execution_pool.jsonl``
+(:class:`PoolLog`), which a resumed run reuses; a missing dataset file is a warning, never a crash.
 """
 from __future__ import annotations
 
@@ -14,6 +11,7 @@ import json
 import os
 import time
 import warnings
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
@@ -108,9 +106,8 @@ def grade_text(q: PoolQuestion, text: str) -> tuple[Optional[str], bool]:
 
 def answer_questions(engine: Any, sandbox: Any, tokenizer: Any, player_cfg: Any, pool_cfg: Any,
                      questions: Sequence[PoolQuestion]) -> list[dict[str, Any]]:
-    """One graded item per question, in order: the Execution player's greedy answer (its tool loop, its prompt),
-    in tool-loop calls of ``pool_cfg.batch_size`` questions. Greedy decoding draws nothing, so a question's answer
-    does not depend on the seed nor, up to the float rounding of a batch's shape, on its batch-mates."""
+    """One graded item per question, in order: the Execution player's greedy answer, in tool-loop calls of
+    ``pool_cfg.batch_size`` questions (greedy: an answer does not depend on the seed nor on its batch-mates)."""
     from unifiedplayers.players.prompts import render_prompt
     from unifiedplayers.players.tool_loop import ToolLoopConfig, run_tool_loop
 
@@ -142,15 +139,11 @@ Split = Callable[..., Optional[list[list[Any]]]]  # DistContext.split_prompts: (
 
 def evaluate_pool(engine: Any, sandbox: Any, tokenizer: Any, player_cfg: Any, pool_cfg: Any,
                   questions: Sequence[PoolQuestion], split: Optional[Split] = None) -> Optional[dict[str, Any]]:
-    """Greedy answers of the Execution player (its tool loop, its prompt) to ``questions``, graded.
-
-    Returns ``accuracy`` (all questions), ``accuracy_math``, ``accuracy_general`` (``None`` for an empty
-    domain), the counts, the tool-loop statuses and one item per question.
+    """Greedy answers of the Execution player to ``questions``, graded (:func:`summarise`).
 
     ``split``: over several ranks, :meth:`unifiedplayers.distributed.DistContext.split_prompts`, called on every
-    rank: each rank answers its block of the questions (:func:`unifiedplayers.distributed.prompt_shard`) with its
-    own engine and sandbox, and rank 0 gathers the items in question order and summarises them (the other ranks
-    get ``None``); a rank without questions still joins the gather.
+    rank: each rank answers its block of the questions, and rank 0 gathers and summarises them (the other ranks
+    get ``None``).
     """
     def answer(mine: range) -> list[list[dict[str, Any]]]:
         return [[item] for item in answer_questions(engine, sandbox, tokenizer, player_cfg, pool_cfg,
@@ -161,7 +154,7 @@ def evaluate_pool(engine: Any, sandbox: Any, tokenizer: Any, player_cfg: Any, po
 
 
 def summarise(items: list[dict[str, Any]]) -> dict[str, Any]:
-    """Accuracies (overall and per domain), counts and statuses of graded items."""
+    """Accuracies (overall and per domain, ``None`` for none), counts and statuses of graded items."""
     def acc(rows: list[dict[str, Any]]) -> Optional[float]:
         return sum(bool(r["correct"]) for r in rows) / len(rows) if rows else None
 
@@ -170,10 +163,7 @@ def summarise(items: list[dict[str, Any]]) -> dict[str, Any]:
         rows = [r for r in items if r["domain"] == d]
         out[f"accuracy_{d}"] = acc(rows)
         out[f"num_{d}"] = len(rows)
-    statuses: dict[str, int] = {}
-    for r in items:
-        statuses[r["status"]] = statuses.get(r["status"], 0) + 1
-    out["statuses"] = statuses
+    out["statuses"] = dict(Counter(r["status"] for r in items))
     out["items"] = items
     return out
 
@@ -183,11 +173,8 @@ def summarise(items: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 class PoolLog:
-    """``execution_pool.jsonl``: one line per evaluated checkpoint, keyed by ``execution_step``.
-
-    Append-only and durable (fsync); a torn last line (a process killed while writing) is dropped when
-    the file is opened. A line for a step that already has one is never written (the first one stands).
-    """
+    """``execution_pool.jsonl``: one line per evaluated checkpoint, keyed by ``execution_step`` (the first stands).
+    Append-only and durable (fsync); a torn last line is dropped when the file is opened."""
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
@@ -225,9 +212,8 @@ def metrics_of(entry: dict[str, Any]) -> dict[str, Any]:
 
 
 def pool_summary(metrics: list[dict[str, Any]], run_dir: Path) -> Optional[dict[str, Any]]:
-    """The run summary's ``execution_pool`` section: the accuracy per checkpoint (from the metrics lines,
-    so only evaluations of completed updates count), the negative-step rate and the maximum drop
-    (accuracy units and points), and any recorded missing-file messages. ``None`` when the pool was off."""
+    """The run summary's ``execution_pool`` section: the accuracy per checkpoint (from the metrics lines, so only
+    completed updates count), :func:`negative_steps` and the missing-file messages. ``None`` when the pool was off."""
     # The initial checkpoint (update 0, Appendix D.2) is on the first Execution update's line as pool0_*.
     rows = []
     for m in metrics:

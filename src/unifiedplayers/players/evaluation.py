@@ -28,24 +28,13 @@ def evaluation_prompt(tokenizer: Any, player_cfg: Any, question: str) -> str:
     return render_prompt(tokenizer, player_cfg.evaluation, question=question, schema=TRAJECTORY_SCHEMA)
 
 
-def write_verifiers(
-    engine: Any,
-    tokenizer: Any,
-    player_cfg: Any,
-    questions: Sequence[str],
-    m: int,
-    seed: Optional[int] = None,
-) -> list[list[VerifierSample]]:
+def write_verifiers(engine: Any, tokenizer: Any, player_cfg: Any, questions: Sequence[str], m: int,
+                    seed: Optional[int] = None) -> list[list[VerifierSample]]:
     """``out[t][i]``: verifier ``i`` of the ``m`` sampled for ``questions[t]``."""
     if not questions:
         return []
     prompts = [evaluation_prompt(tokenizer, player_cfg, q) for q in questions]
-    outs = engine.generate(
-        prompts,
-        n=m,
-        max_new_tokens=player_cfg.evaluation_max_new_tokens,
-        stop=list(player_cfg.evaluation.stop) or None,
-        seed=seed,
-    )
+    outs = engine.generate(prompts, n=m, max_new_tokens=player_cfg.evaluation_max_new_tokens,
+                           stop=list(player_cfg.evaluation.stop) or None, seed=seed)
     prefix = player_cfg.evaluation.response_prefix
     return [[VerifierSample(prefix + c.text, c) for c in row] for row in outs]

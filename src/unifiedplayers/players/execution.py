@@ -32,17 +32,8 @@ def execution_prompt(tokenizer: Any, player_cfg: Any, question: str) -> str:
     return render_prompt(tokenizer, player_cfg.execution, question=question)
 
 
-def solve(
-    engine: Any,
-    sandbox: Any,
-    tokenizer: Any,
-    player_cfg: Any,
-    questions: Sequence[str],
-    k: int,
-    seed: Optional[int] = None,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-) -> list[list[ToolRollout]]:
+def solve(engine: Any, sandbox: Any, tokenizer: Any, player_cfg: Any, questions: Sequence[str], k: int,
+          seed: Optional[int] = None, temperature: float = 1.0, top_p: float = 1.0) -> list[list[ToolRollout]]:
     """``out[t][j]``: trajectory ``j`` of the ``k`` sampled for ``questions[t]`` (all in one batched loop)."""
     if not questions:
         return []

@@ -1,11 +1,9 @@
 """The Planning player (Task-Setter, π_T; §3.2, Appendix E.1): a fixed questioner prompt with rotating topics.
 
-Each output should be a multi-step math problem followed by its answer in ``\\boxed{}``.
-:func:`parse_task` splits it into the question (shown to the other players) and the expected answer
-(used only to discard malformed outputs; never shown to Execution or Evaluation). A malformed output
-(no boxed answer, no question, the answer inside the question, too short or too long) is a
-:class:`PlanningTask` with ``valid=False`` and a ``reason``; its reward is
-``cfg.reward.malformed_task_reward`` (the schedule applies it).
+Each output should be a multi-step math problem followed by its answer in ``\\boxed{}``. :func:`parse_task` splits
+it into the question and the expected answer (used only to discard malformed outputs, never shown to the other
+players); a malformed output is a :class:`PlanningTask` with ``valid=False``, a ``reason`` and the reward
+``cfg.reward.malformed_task_reward``.
 
 Stop string. Generation stops at ``"}\\n"`` (``player.planning.stop``), the end of the answer line
 ``Answer: \\boxed{N}``. A line of the task itself can end in a LaTeX ``}`` too (``... \\frac{1}{2}``);
@@ -111,15 +109,8 @@ def _joined(tokenizer: Any, first: Completion, more: Completion) -> Completion:
     )
 
 
-def continue_unanswered(
-    engine: Any,
-    tokenizer: Any,
-    outs: list[list[Completion]],
-    prefix: str,
-    max_new_tokens: int,
-    stop: Optional[Sequence[str]],
-    seed: Optional[int] = None,
-) -> list[list[Completion]]:
+def continue_unanswered(engine: Any, tokenizer: Any, outs: list[list[Completion]], prefix: str, max_new_tokens: int,
+                        stop: Optional[Sequence[str]], seed: Optional[int] = None) -> list[list[Completion]]:
     """Continue every sample whose stop string fired before its ``\\boxed{}`` answer (see the module
     docstring), in one engine call per round; ``outs`` is returned with those samples joined."""
     outs = [list(row) for row in outs]
@@ -140,16 +131,9 @@ def continue_unanswered(
     return outs
 
 
-def generate_tasks(
-    engine: Any,
-    tokenizer: Any,
-    player_cfg: Any,
-    first_prompt: int,
-    num_prompts: int,
-    tasks_per_prompt: int,
-    seed: Optional[int] = None,
-    prompts: Optional[Sequence[tuple[str, str]]] = None,
-) -> list[list[PlanningTask]]:
+def generate_tasks(engine: Any, tokenizer: Any, player_cfg: Any, first_prompt: int, num_prompts: int,
+                   tasks_per_prompt: int, seed: Optional[int] = None,
+                   prompts: Optional[Sequence[tuple[str, str]]] = None) -> list[list[PlanningTask]]:
     """``out[p][g]``: task ``g`` of questioner prompt ``p`` (topic ``topic_at(first_prompt + p)``).
 
     ``prompts``: ``num_prompts`` (topic, rendered prompt) pairs in place of the topic prompts (a method's
@@ -166,26 +150,16 @@ def generate_tasks(
         topics, prompts = [t for t, _ in prompts], [text for _, text in prompts]
         player_cfg = OmegaConf.merge(player_cfg, {"planning": {"response_prefix": ""}})
     stop = list(player_cfg.planning.stop) or None
-    outs = engine.generate(
-        prompts,
-        n=tasks_per_prompt,
-        max_new_tokens=player_cfg.planning_max_new_tokens,
-        stop=stop,
-        seed=seed,
-    )
+    outs = engine.generate(prompts, n=tasks_per_prompt, max_new_tokens=player_cfg.planning_max_new_tokens, stop=stop,
+                           seed=seed)
     outs = continue_unanswered(engine, tokenizer, outs, player_cfg.planning.response_prefix,
                                player_cfg.planning_max_new_tokens, stop, seed)
     result = []
     for p, (topic, row) in enumerate(zip(topics, outs)):
-        tasks = []
+        result.append([])
         for c in row:
-            t = parse_task(
-                player_cfg.planning.response_prefix + c.text,
-                player_cfg.task_min_chars,
-                player_cfg.task_max_chars,
-                player_cfg.answer_max_chars,
-            )
+            t = parse_task(player_cfg.planning.response_prefix + c.text, player_cfg.task_min_chars,
+                           player_cfg.task_max_chars, player_cfg.answer_max_chars)
             t.prompt_index, t.topic, t.completion = p, topic, c
-            tasks.append(t)
-        result.append(tasks)
+            result[-1].append(t)
     return result
