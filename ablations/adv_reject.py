@@ -134,13 +134,10 @@ def file_digest(path: Path = HELDOUT) -> str:
 
 
 def summarise(matrices: Sequence[Any], generated: int) -> dict[str, Any]:
-    """Adv. Reject and its companions from one ``VerdictMatrix`` per held-out task (one original each).
-
-    ``adv_reject``: mean over every valid verifier of every task of ρ_adv_i (Eq. 11 over the variants that
-    exist, errors without credit), the statistic of training's ``evaluation/rho_adv``; ``per_rule``: the
-    share of (valid verifier, variant of that rule) checks that rejected; ``valid_rate``: valid verifiers /
-    ``generated``; ``gold_pass``: mean ρ_gold_i. None where there is nothing to average.
-    """
+    """From one ``VerdictMatrix`` per held-out task: ``adv_reject``, the mean over every valid verifier of every task
+    of ρ_adv_i (Eq. 11 over the variants that exist, errors without credit, as training's ``evaluation/rho_adv``);
+    ``per_rule``, the share of (valid verifier, variant of that rule) checks that rejected; ``valid_rate``, valid
+    verifiers / ``generated``; ``gold_pass``, mean ρ_gold_i. None where there is nothing to average."""
     from unifiedplayers.feedback.rewards import adversarial_rejection_rate, gold_pass_rate
 
     rho, gold = [], []
@@ -151,12 +148,10 @@ def summarise(matrices: Sequence[Any], generated: int) -> dict[str, Any]:
             continue
         rho.extend(adversarial_rejection_rate(vm.z_adv, vm.adv_mask, vm.error_adv).tolist())
         gold.extend(gold_pass_rate(vm.z_orig).tolist())
+        rejected = (vm.z_adv == 0) & ~vm.error_adv & vm.adv_mask  # (M_q, K, P), False where a variant is missing
         for j, rule in enumerate(ALL_RULES):
-            for k in range(vm.adv_mask.shape[0]):
-                if vm.adv_mask[k, j]:
-                    rejected = (vm.z_adv[:, k, j] == 0) & ~vm.error_adv[:, k, j]
-                    per_rule[rule][0] += int(rejected.sum())
-                    per_rule[rule][1] += m_q
+            per_rule[rule][0] += int(rejected[:, :, j].sum())
+            per_rule[rule][1] += m_q * int(vm.adv_mask[:, j].sum())
     valid = sum(vm.z_orig.shape[0] for vm in matrices)
     return {
         "adv_reject": float(np.mean(rho)) if rho else None,

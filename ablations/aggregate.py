@@ -43,6 +43,8 @@ ADV_REJECT_FILE = "adv_reject.json"  # ablations.adv_reject.RESULT_FILE
 ADV_REJECT_KEY = "evaluation/rho_adv"
 ITERATION_KEYS = ("outer_iteration", "iteration")
 METRIC_NAMES = {"math_avg": "Math AVG", "general_avg": "General AVG"}
+COLUMNS = {**{m: [f"{name} (ours)", f"{name} (paper)"] for m, name in METRIC_NAMES.items()},  # a metric's headers
+           "adv_reject": ["Adv. Reject (ours, held-out)", "Adv. Reject (paper)"]}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -79,19 +81,17 @@ def eval_scores(results: dict[str, Any], mode: Optional[str] = None) -> dict[str
     if mode not in modes:
         raise ValueError(f"eval results have modes {sorted(modes)}, not {mode!r}")
     out: dict[str, Any] = {"eval_mode": mode, "eval_label": modes[mode].get("label")}
-    by_domain: dict[str, list[float]] = {"math": [], "general": []}
     names: dict[str, list[str]] = {"math": [], "general": []}
     for name, res in modes[mode].get("benchmarks", {}).items():
         s = res.get("score")
         if s is None or (isinstance(s, float) and math.isnan(s)):
             continue
         out[f"score/{name}"] = float(s)
-        by_domain[benchmark_domain(name)].append(float(s))
         names[benchmark_domain(name)].append(name)
-    for dom, vals in by_domain.items():
-        out[f"{dom}_avg"] = float(np.mean(vals)) if vals else np.nan
-        out[f"n_{dom}"] = len(vals)
-        out[f"benchmarks_{dom}"] = ",".join(sorted(names[dom]))  # what the average covers
+    for dom, covered in names.items():
+        out[f"{dom}_avg"] = float(np.mean([out[f"score/{n}"] for n in covered])) if covered else np.nan
+        out[f"n_{dom}"] = len(covered)
+        out[f"benchmarks_{dom}"] = ",".join(sorted(covered))  # what the average covers
     return out
 
 
@@ -416,10 +416,8 @@ def table3(df: pd.DataFrame, metrics: Sequence[str] = ("math_avg", "general_avg"
     contrasts = {m: paired_contrasts(cells[m]) for m in metrics}
     gains = {m: fresh_gain(ok, m) for m in metrics}
     fresh, stale = ok[ok["feedback"] == "fresh"], ok[ok["feedback"] == "stale"]
-    header = ["Configuration", "Planning", "Evaluation"]
-    for m in metrics:
-        header += [f"{METRIC_NAMES[m]} (ours)", f"{METRIC_NAMES[m]} (paper)"]
-    header += [_compute_header(ok if not ok.empty else df), "GPU-h (paper)"]
+    header = ["Configuration", "Planning", "Evaluation", *(h for m in metrics for h in COLUMNS[m]),
+              _compute_header(ok if not ok.empty else df), "GPU-h (paper)"]
 
     def paper_stat(p: Sequence[float], m: str, signed: bool = False) -> Stat:
         i = 0 if m == "math_avg" else 2
@@ -455,11 +453,9 @@ def table3(df: pd.DataFrame, metrics: Sequence[str] = ("math_avg", "general_avg"
     row += ["Matched", "Matched"]
     rows.append(row)
     seeds = sorted(int(s) for s in ok["seed"].unique()) if not ok.empty else []
-    notes = [
-        f"Ours: mean ± SD over paired seeds {seeds} (n per cell = seeds with a finished, evaluated run; "
-        "contrasts per seed, then mean ± SD; '–': undefined, e.g. an SD over one seed). "
-        "Paper: Qwen3-4B-Base, three paired seeds, GPU-hours per seed on 8x A100.",
-    ] + _pending_note(df)
+    notes = [f"Ours: mean ± SD over paired seeds {seeds} (n per cell = seeds with a finished, evaluated run; "
+             "contrasts per seed, then mean ± SD; '–': undefined, e.g. an SD over one seed). "
+             "Paper: Qwen3-4B-Base, three paired seeds, GPU-hours per seed on 8x A100.", *_pending_note(df)]
     t = Table("table3", "Table 3: Player attribution with trainable Execution", header, rows, notes,
               sections={0: "Factorial configurations", first_contrast: "Paired contrasts",
                         first_control: "Coordination control"})
@@ -485,10 +481,6 @@ def table5_label(row: pd.Series | dict, max_iterations: int) -> str:
     if len(hits) > 1:
         raise ValueError(f"{row['run_dir']} applies several Table 5 ablations at once: {hits}")
     return hits[0] if hits else "Full UnifiedPlayers"
-
-
-COLUMNS = {"math_avg": ["Math AVG (ours)", "Math AVG (paper)"], "general_avg": ["General AVG (ours)",
-           "General AVG (paper)"], "adv_reject": ["Adv. Reject (ours, held-out)", "Adv. Reject (paper)"]}
 
 
 def _simple_table(key: str, title: str, df: pd.DataFrame, label_of, order: Sequence[Any], label_header: list[str],
@@ -525,8 +517,7 @@ def table5(df: pd.DataFrame) -> Table:
         "table5", "Table 5: Component ablations of UnifiedPlayers", df,
         lambda r: table5_label(r, max_it), order, ["Method"], lambda k: [k],
         lambda k, m: paper.TABLE5[k][0 if m == "math_avg" else 1], ["math_avg", "general_avg"],
-        notes=[f"Ours: full method at {max_it} outer iteration(s); mean over seeds where several ran."],
-    )
+        notes=[f"Ours: full method at {max_it} outer iteration(s); mean over seeds where several ran."])
 
 
 def table15(df: pd.DataFrame) -> Table:
@@ -548,8 +539,7 @@ def table15(df: pd.DataFrame) -> Table:
         "table15", "Table 15: Effect of perturbation-rule subsets", df, lambda r: r["perturbation"],
         list(paper.TABLE15), ["Perturbation Rules"], lambda k: [paper.TABLE15[k][0]],
         lambda k, m: paper.TABLE15[k][1 if m == "math_avg" else 2], ["math_avg", "adv_reject"],
-        extra=own_rules, extra_header=["ρ_adv in training (own rules)"], notes=notes,
-    )
+        extra=own_rules, extra_header=["ρ_adv in training (own rules)"], notes=notes)
 
 
 def table16(df: pd.DataFrame) -> Table:
@@ -559,8 +549,7 @@ def table16(df: pd.DataFrame) -> Table:
         list(paper.TABLE16), ["M"], lambda k: [f"{k} (used)" if k == paper.TABLE16_USED else str(k)],
         lambda k, m: paper.TABLE16[k][0 if m == "math_avg" else 1], ["math_avg", "general_avg"],
         extra=lambda k, sub: [_compute_cell(sub), int(paper.TABLE16[k][2])],
-        extra_header=[_compute_header(ok if not ok.empty else df), "GPU-h (paper)"],
-    )
+        extra_header=[_compute_header(ok if not ok.empty else df), "GPU-h (paper)"])
 
 
 def _weights(r: Any) -> tuple[float, float, float]:
@@ -571,8 +560,7 @@ def table17(df: pd.DataFrame) -> Table:
     return _simple_table(
         "table17", "Table 17: Sensitivity to the Evaluation reward coefficients (α, β, γ)", df, _weights,
         list(paper.TABLE17), ["Configuration", "α", "β", "γ"], lambda k: [paper.TABLE17[k][0], *map(str, k)],
-        lambda k, m: paper.TABLE17[k][1 if m == "math_avg" else 2], ["math_avg", "general_avg"],
-    )
+        lambda k, m: paper.TABLE17[k][1 if m == "math_avg" else 2], ["math_avg", "general_avg"])
 
 
 # --------------------------------------------------------------------------------------------------

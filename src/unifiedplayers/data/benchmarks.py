@@ -274,8 +274,7 @@ def _field(row: dict[str, Any], fields: dict[str, str], key: str, bench: str) ->
 
 
 def to_problem(bench: Benchmark, row: dict[str, Any], index: int, fields: dict[str, str]) -> Problem:
-    """One source row -> ``Problem``, according to the benchmark's row format (or its ``parse_row``) and field
-    mapping."""
+    """One source row -> ``Problem``, by the benchmark's row format (or its ``parse_row``) and field mapping."""
     if bench.parse_row is not None:
         return bench.parse_row(row, index, fields)
     pid = str(row[fields["id"]]) if fields.get("id") in row else f"{bench.name}-{index}"
@@ -304,10 +303,8 @@ def to_problem(bench: Benchmark, row: dict[str, Any], index: int, fields: dict[s
 
 def load_benchmark(name: str, path: str, fields: Optional[dict[str, str]] = None, limit: Optional[int] = None,
                    split: Optional[str] = None) -> list[Problem]:
-    """Load benchmark ``name`` from ``path``; raise ``MissingDataset`` (with the prepare command) if absent.
-
-    ``fields`` overrides entries of the registry's field mapping; ``limit`` keeps the first problems.
-    """
+    """Load benchmark ``name`` from ``path`` (``MissingDataset`` if absent); ``fields`` overrides entries of the
+    registry's field mapping; ``limit`` keeps the first problems."""
     bench = REGISTRY.get(name)
     resolved = resolve_path(path)
     if not resolved.exists():

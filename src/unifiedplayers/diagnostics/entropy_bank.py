@@ -40,8 +40,6 @@ def entropy_bank_texts(role: str, size: int) -> list[str]:
         raise ValueError(f"entropy bank size must be >= 0, got {size}")
     items = load_bank()[role]
     if size > len(items):
-        raise ValueError(
-            f"trainer.entropy_bank_size={size} but the {role} entropy bank holds {len(items)} held-out "
-            f"contexts; lower it or extend eval/make_entropy_bank.py"
-        )
+        raise ValueError(f"trainer.entropy_bank_size={size} but the {role} entropy bank holds {len(items)} held-out "
+                         f"contexts; lower it or extend eval/make_entropy_bank.py")
     return [item["question"] if isinstance(item, dict) else str(item) for item in items[:size]]

@@ -27,12 +27,11 @@ TEXT_TAIL_CHARS = 1000  # the end of each transcript is kept (the answer is ther
 
 
 def negative_steps(accuracy: Sequence[Optional[float]]) -> tuple[Optional[float], Optional[float]]:
-    """(negative-step rate, maximum drop) of a sequence of checkpoint accuracies (Appendix D.2).
+    """(negative-step rate, maximum drop) of a sequence of checkpoint accuracies (Appendix D.2):
 
     negative-step rate = #{i : a_{i+1} < a_i} / (n − 1) over the n checkpoints in order;
     maximum drop = max(0, max_i (a_i − a_{i+1})), in the units of ``accuracy``.
-    ``None`` entries (an evaluation that could not run) are left out; fewer than two values give
-    ``(None, None)``.
+    ``None`` entries (an evaluation that could not run) are left out; fewer than two values give ``(None, None)``.
     """
     acc = [float(a) for a in accuracy if a is not None]
     if len(acc) < 2:
@@ -111,11 +110,8 @@ def answer_questions(engine: Any, sandbox: Any, tokenizer: Any, player_cfg: Any,
     from unifiedplayers.players.prompts import render_prompt
     from unifiedplayers.players.tool_loop import ToolLoopConfig, run_tool_loop
 
-    loop_cfg = ToolLoopConfig.from_player_config(
-        player_cfg, greedy=True,
-        **({"max_turns": pool_cfg.max_turns} if pool_cfg.max_turns else {}),
-        **({"max_new_tokens": pool_cfg.max_new_tokens} if pool_cfg.max_new_tokens else {}),
-    )
+    limits = {"max_turns": pool_cfg.max_turns, "max_new_tokens": pool_cfg.max_new_tokens}
+    loop_cfg = ToolLoopConfig.from_player_config(player_cfg, greedy=True, **{k: v for k, v in limits.items() if v})
     prompts = [render_prompt(tokenizer, player_cfg.execution, include_prefix=False, question=user_message(q, pool_cfg))
                for q in questions]
     step = pool_cfg.batch_size if pool_cfg.batch_size > 0 else max(len(prompts), 1)
@@ -139,12 +135,9 @@ Split = Callable[..., Optional[list[list[Any]]]]  # DistContext.split_prompts: (
 
 def evaluate_pool(engine: Any, sandbox: Any, tokenizer: Any, player_cfg: Any, pool_cfg: Any,
                   questions: Sequence[PoolQuestion], split: Optional[Split] = None) -> Optional[dict[str, Any]]:
-    """Greedy answers of the Execution player to ``questions``, graded (:func:`summarise`).
-
-    ``split``: over several ranks, :meth:`unifiedplayers.distributed.DistContext.split_prompts`, called on every
-    rank: each rank answers its block of the questions, and rank 0 gathers and summarises them (the other ranks
-    get ``None``).
-    """
+    """Greedy answers of the Execution player to ``questions``, graded (:func:`summarise`). ``split``: over several
+    ranks, :meth:`unifiedplayers.distributed.DistContext.split_prompts`, called on every rank: each rank answers its
+    block, rank 0 gathers and summarises them (the other ranks get ``None``)."""
     def answer(mine: range) -> list[list[dict[str, Any]]]:
         return [[item] for item in answer_questions(engine, sandbox, tokenizer, player_cfg, pool_cfg,
                                                     [questions[i] for i in mine])]

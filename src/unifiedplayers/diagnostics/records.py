@@ -1,11 +1,7 @@
 """The interaction record ξ(q) = (q, T(q), V(q), T_adv(q), Z(q), ρ_red(q)) (§3.1, Eq. 1; Appendix B.1).
 
-One :class:`InteractionRecord` per task, appended as one JSON line to the run's record file
-(``<run_dir>/records.jsonl``). Crash safety: each append is one ``write`` of a complete line, then
-``flush`` and ``fsync``; a process killed mid-write leaves at most a torn last line, which
-:func:`load_records` skips with a warning and :class:`RecordWriter` cuts off before appending again.
-
-Load for analysis with :func:`records_dataframe` (one row per task) or ``pandas.read_json(path, lines=True)``.
+One :class:`InteractionRecord` per task, appended durably as one JSON line to ``<run_dir>/records.jsonl`` (a torn
+last line: :func:`unifiedplayers.rundir.iter_jsonl`). Load for analysis with :func:`records_dataframe`.
 """
 from __future__ import annotations
 
@@ -19,6 +15,7 @@ import numpy as np
 
 from unifiedplayers.feedback.trajectory import Trajectory
 from unifiedplayers.rundir import iter_jsonl, repair_tail
+
 
 @dataclass
 class InteractionRecord:
@@ -163,8 +160,7 @@ class RecordWriter:
 
 
 def iter_records(path: Union[str, os.PathLike]) -> Iterator[InteractionRecord]:
-    """Records of a file in order, streamed (:func:`unifiedplayers.rundir.iter_jsonl`: a torn last line is skipped
-    with a warning, a bad line anywhere else raises ``ValueError``)."""
+    """Records of a file in order, streamed (:func:`unifiedplayers.rundir.iter_jsonl`)."""
     return (InteractionRecord.from_dict(d) for d in iter_jsonl(path))
 
 

@@ -1,11 +1,9 @@
 """The Evaluation player (Critic-Coder, π_C; §3.2, Appendix E.3): M verifiers ``check(trajectory)`` per task.
 
 The prompt holds the task and :data:`unifiedplayers.feedback.trajectory.TRAJECTORY_SCHEMA`, never the expected
-answer. The default ``response_prefix`` starts the reply with ````python\\ndef check(trajectory):`` (a
-format nudge for small backbones); the verifier source handed to
-:func:`unifiedplayers.feedback.verdict.verdict_matrix` is prefix + generated text, and
-:func:`unifiedplayers.feedback.verifier.compile_verifier` decides its validity (an invalid one is a recorded
-failure with ``cfg.reward.invalid_verifier_reward``).
+answer. A verifier's source is the ``response_prefix`` (by default ````python\\ndef check(trajectory):``, a format
+nudge for small backbones) + the generated text; :func:`unifiedplayers.feedback.verifier.compile_verifier` decides
+its validity.
 """
 from __future__ import annotations
 

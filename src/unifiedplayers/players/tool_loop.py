@@ -92,11 +92,8 @@ class _TurnScan:
 
 
 def scan_turn(text: str) -> _TurnScan:
-    """Classify the text generated in the current turn (since the last observation).
-
-    The first closed python block wins unless a ``\\boxed{}`` answer comes before it. An opening fence
-    without a closing one is ``open``. Boxes inside fences never count.
-    """
+    """Classify the text generated in the current turn (since the last observation): the first closed python block
+    wins unless a ``\\boxed{}`` answer comes before it; an unclosed fence is ``open``; boxes in fences never count."""
     pos = 0
     while True:
         m = FENCE_OPEN.search(text, pos)
@@ -133,18 +130,18 @@ def _cut_completion(tokenizer: Any, c: Completion, char_end: int) -> tuple[list[
     return list(c.token_ids[:k]), list(c.logprobs[:k]), tokenizer.decode(c.token_ids[:k], skip_special_tokens=True)
 
 
+@dataclass
 class _Sample:
-    def __init__(self, prompt_ids: list[int], question: str) -> None:
-        self.segments: list[Segment] = [Segment.inserted(prompt_ids)]
-        self.question = question
-        self.text = ""  # transcript so far
-        self.turn_text = ""  # generated text of the current turn
-        self.turn = 1
-        self.continuations = 0
-        self.tool_calls = 0
-        self.status: Optional[str] = None
-        self.detail = ""
-        self.observations: list[str] = []
+    segments: list[Segment]  # [prompt (inserted), ...]
+    question: str
+    text: str = ""  # transcript so far
+    turn_text: str = ""  # generated text of the current turn
+    turn: int = 1
+    continuations: int = 0
+    tool_calls: int = 0
+    status: Optional[str] = None
+    detail: str = ""
+    observations: list[str] = field(default_factory=list)
 
     def finish(self, status: str, detail: str = "") -> None:
         self.status, self.detail = status, detail
@@ -154,13 +151,9 @@ def run_tool_loop(engine: Any, sandbox: Any, prompts: Sequence[Any], questions: 
                   config: Optional[ToolLoopConfig] = None, n: int = 1,
                   seed: Optional[int] = None) -> list[list[ToolRollout]]:
     """Run the tool loop on ``n`` samples of every prompt; ``out[i][j]`` is sample ``j`` of prompt ``i``.
-
-    ``prompts`` are chat-rendered strings or token-id lists (as for ``engine.generate``); ``questions``
-    are the task texts stored in each ``Trajectory`` (default: the prompts, when they are strings).
-    ``sandbox`` is an open :class:`unifiedplayers.sandbox.Sandbox` (or anything with ``run_many``).
-    Each turn, all unfinished samples generate in one ``continue_segments`` call and all their code
-    blocks run in one ``run_many`` call.
-    """
+    ``prompts``: chat-rendered strings or token-id lists; ``questions``: the task texts stored in each ``Trajectory``
+    (default: the prompts, when they are strings). Each turn, all unfinished samples generate in one
+    ``continue_segments`` call and all their code blocks run in one ``sandbox.run_many`` call."""
     cfg = config or ToolLoopConfig()
     if cfg.max_turns < 1:
         raise ValueError(f"max_turns={cfg.max_turns}: need at least one turn")
@@ -171,7 +164,7 @@ def run_tool_loop(engine: Any, sandbox: Any, prompts: Sequence[Any], questions: 
         raise ValueError(f"{len(prompts)} prompts but {len(questions)} questions")
     prompt_ids = [tokenizer(p, add_special_tokens=False)["input_ids"] if isinstance(p, str) else list(p)
                   for p in prompts]
-    samples = [_Sample(prompt_ids[i], questions[i]) for i in range(len(prompts)) for _ in range(n)]
+    samples = [_Sample([Segment.inserted(prompt_ids[i])], questions[i]) for i in range(len(prompts)) for _ in range(n)]
 
     max_context = cfg.max_context_tokens
     if max_context is None:
