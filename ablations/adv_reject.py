@@ -22,13 +22,23 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import numpy as np
+import torch
+from omegaconf import OmegaConf
 
 _ROOT = str(Path(__file__).resolve().parents[1])
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
-from unifiedplayers.feedback.perturbation import ALL_RULES  # noqa: E402
-from unifiedplayers.feedback.trajectory import Trajectory  # noqa: E402
+from eval.run import resolve_checkpoint  # noqa: E402
+from unifiedplayers.feedback.observation import observation_body  # noqa: E402
+from unifiedplayers.feedback.perturbation import ALL_RULES, PerturbationEngine  # noqa: E402
+from unifiedplayers.feedback.rewards import adversarial_rejection_rate, gold_pass_rate  # noqa: E402
+from unifiedplayers.feedback.trajectory import Trajectory, parse_transcript  # noqa: E402
+from unifiedplayers.feedback.verdict import verdict_matrix  # noqa: E402
+from unifiedplayers.models import load_model  # noqa: E402
+from unifiedplayers.players.evaluation import write_verifiers  # noqa: E402
+from unifiedplayers.rollout import build_rollout  # noqa: E402
+from unifiedplayers.sandbox import Sandbox  # noqa: E402
 from unifiedplayers import rundir  # noqa: E402
 
 HELDOUT = Path(__file__).resolve().parent / "data" / "table15_heldout.jsonl"
@@ -86,10 +96,6 @@ def transcript(reasoning: str, code: str, observation: str, answer: str) -> str:
 
 def build(sandbox: Any, path: Path = HELDOUT) -> list[HeldOutTask]:
     """Write the held-out file: each task's trajectory (code run in ``sandbox``) and its five variants."""
-    from unifiedplayers.feedback.observation import observation_body
-    from unifiedplayers.feedback.perturbation import PerturbationEngine
-    from unifiedplayers.feedback.trajectory import parse_transcript
-
     results = sandbox.run_many([code for _, _, code, _ in TASKS])
     originals = []
     for (question, reasoning, code, answer), r in zip(TASKS, results):
@@ -138,8 +144,6 @@ def summarise(matrices: Sequence[Any], generated: int) -> dict[str, Any]:
     of ρ_adv_i (Eq. 11 over the variants that exist, errors without credit, as training's ``evaluation/rho_adv``);
     ``per_rule``, the share of (valid verifier, variant of that rule) checks that rejected; ``valid_rate``, valid
     verifiers / ``generated``; ``gold_pass``, mean ρ_gold_i. None where there is nothing to average."""
-    from unifiedplayers.feedback.rewards import adversarial_rejection_rate, gold_pass_rate
-
     rho, gold = [], []
     per_rule = {r: [0, 0] for r in ALL_RULES}  # rule -> [rejections, checks]
     for vm in matrices:
@@ -170,9 +174,6 @@ def measure(engine: Any, player_cfg: Any, sandbox: Any, tasks: Sequence[HeldOutT
             seed: int = 0) -> dict[str, Any]:
     """The Evaluation player behind ``engine`` writes ``m`` (default ``player_cfg.num_verifiers``) verifiers per
     held-out task; each is checked on the original and all five variants (``summarise``)."""
-    from unifiedplayers.players.evaluation import write_verifiers
-    from unifiedplayers.feedback.verdict import verdict_matrix
-
     m = int(m or player_cfg.num_verifiers)
     written = write_verifiers(engine, engine.tokenizer, player_cfg, [t.question for t in tasks], m, seed=seed)
     matrices = [verdict_matrix([v.source for v in row], [t.original], [t.variants], sandbox)
@@ -185,14 +186,6 @@ def measure(engine: Any, player_cfg: Any, sandbox: Any, tasks: Sequence[HeldOutT
 def measure_run(run_dir: Path, sandbox_cfg: Any = None, log=print) -> dict[str, Any]:
     """Measure a finished run with its latest Evaluation checkpoint (the backbone if it has none, e.g. a run
     whose Evaluation player was frozen) and write ``<run>/eval/adv_reject.json``."""
-    import torch
-    from omegaconf import OmegaConf
-
-    from eval.run import resolve_checkpoint
-    from unifiedplayers.models import load_model
-    from unifiedplayers.rollout import build_rollout
-    from unifiedplayers.sandbox import Sandbox
-
     run_cfg = OmegaConf.load(run_dir / rundir.CONFIG)
     tasks = load()
     model, tokenizer = load_model(run_cfg.model)
@@ -224,8 +217,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     mp.add_argument("run_dir")
     args = ap.parse_args(argv)
     if args.cmd == "build":
-        from unifiedplayers.sandbox import Sandbox
-
         with Sandbox() as sb:
             tasks = build(sb)
         n = sum(v is not None for t in tasks for v in t.variants)

@@ -30,13 +30,18 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 import pandas as pd
+import yaml
 
 _ROOT = str(Path(__file__).resolve().parents[1])
 if _ROOT not in sys.path:  # `python ablations/aggregate.py` as well as `python -m ablations.aggregate`
     sys.path.insert(0, _ROOT)
 
 from ablations import paper_numbers as paper  # noqa: E402
+from eval.analysis.compute import compute_accounting  # noqa: E402
+from eval.analysis.rundir import RunData  # noqa: E402
+from eval.tables import render_latex, render_markdown, rows_from_results, write_tables  # noqa: E402
 from unifiedplayers import rundir  # noqa: E402
+from unifiedplayers.data.benchmarks import REGISTRY  # noqa: E402
 
 RESULTS_FILE = "results.json"
 ADV_REJECT_FILE = "adv_reject.json"  # ablations.adv_reject.RESULT_FILE
@@ -61,8 +66,6 @@ def _get(d: Any, dotted: str, default: Any = None) -> Any:
 
 def benchmark_domain(name: str) -> str:
     """``math`` or ``general`` for a benchmark of the registry; offline subsets by their answer type."""
-    from unifiedplayers.data.benchmarks import REGISTRY
-
     if name not in REGISTRY:
         raise ValueError(f"unknown benchmark {name!r} in an eval results.json; known: {sorted(REGISTRY)}")
     b = REGISTRY[name]
@@ -109,26 +112,26 @@ def adversarial_rejection(metrics: Sequence[dict[str, Any]]) -> float:
 
 def compute_hours(run_dir: Path, metrics: list[dict[str, Any]], config: dict, summary: dict) -> tuple[float, float]:
     """(wall hours, device hours) of the run's updates (``eval.analysis.compute``)."""
-    from eval.analysis.compute import compute_accounting
-    from eval.analysis.rundir import RunData
-
     acc = compute_accounting(RunData(path=run_dir, records=[], metrics=metrics, config=config, summary=summary))
     return float(acc["run"]["wall_h"]), float(acc["run"]["device_h"])
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text()) if path.exists() else {}
 
 
 def load_run_row(run_dir: str | Path, mode: Optional[str] = None) -> dict[str, Any]:
     """One row of the sweep frame, from ``config.yaml`` (the resolved config), ``summary.json`` (present once
     training finished), ``metrics.jsonl`` (training's ``evaluation/rho_adv`` over the last outer iteration, compute
     hours), ``eval/adv_reject.json`` (Table 15's Adv. Reject) and ``eval/results.json`` (the harness's scores)."""
-    import yaml
-
     run_dir = Path(run_dir)
     cfg_path = run_dir / rundir.CONFIG
     if not cfg_path.exists():
         raise FileNotFoundError(f"{cfg_path} not found: not a run directory")
     config = yaml.safe_load(cfg_path.read_text()) or {}
-    summary_path = run_dir / rundir.SUMMARY_JSON
-    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    summary = _read_json(run_dir / rundir.SUMMARY_JSON)
+    adv_reject = _read_json(run_dir / rundir.EVAL / ADV_REJECT_FILE).get("adv_reject")
+    scores = eval_scores(_read_json(run_dir / rundir.EVAL / RESULTS_FILE), mode)
     metrics = rundir.read_jsonl(run_dir / rundir.METRICS, missing_ok=True)
     reward = config.get("reward", {}) or {}
     rules = _get(config, "perturbation.rules", []) or []
@@ -154,22 +157,14 @@ def load_run_row(run_dir: str | Path, mode: Optional[str] = None) -> dict[str, A
         "use_verifiability": bool(reward.get("use_verifiability", True)),
         "finished": bool(summary) or not _get(config, "method.trainable", True),
         "updates": len(metrics),
-        "adv_reject": np.nan,  # Table 15: on the fixed held-out set (eval/adv_reject.json, ablations.adv_reject)
+        "adv_reject": np.nan if adv_reject is None else float(adv_reject),  # Table 15: on the fixed held-out set
         "adv_reject_train": adversarial_rejection(metrics),  # on the run's own rules, during training
         "math_avg": np.nan,
         "general_avg": np.nan,
-        "evaluated": False,
+        "evaluated": bool(scores),
     }
     row["wall_h"], row["device_h"] = compute_hours(run_dir, metrics, config, summary) if metrics else (0.0, 0.0)
-    adv_path = run_dir / rundir.EVAL / ADV_REJECT_FILE
-    if adv_path.exists():
-        adv = json.loads(adv_path.read_text()).get("adv_reject")
-        row["adv_reject"] = float(adv) if adv is not None else np.nan
-    res_path = run_dir / rundir.EVAL / RESULTS_FILE
-    if res_path.exists():
-        scores = eval_scores(json.loads(res_path.read_text()), mode)
-        row.update(scores)
-        row["evaluated"] = bool(scores)
+    row.update(scores)
     return row
 
 
@@ -251,14 +246,10 @@ class Table:
     sections: dict[int, str] = field(default_factory=dict)  # row index -> section label printed above it
 
     def to_markdown(self) -> str:
-        from eval.tables import render_markdown
-
         return render_markdown(f"**{self.title}**", self.header, [[fmt_cell(c) for c in row] for row in self.rows],
                                self.notes, self.sections)
 
     def to_latex(self) -> str:
-        from eval.tables import render_latex
-
         return render_latex(self.title, "ablations/aggregate.py", [fmt_cell(h, latex=True) for h in self.header],
                             [[fmt_cell(c, latex=True) for c in row] for row in self.rows],
                             {i: fmt_cell(s, latex=True) for i, s in self.sections.items()})
@@ -305,14 +296,10 @@ FLAG = "†"
 
 def paper_benchmarks(domain: str) -> list[str]:
     """The benchmarks of the paper's Math AVG (Table 1's seven) or General AVG (Table 2's five)."""
-    from unifiedplayers.data.benchmarks import REGISTRY
-
     return [name for name, b in REGISTRY.items() if b.table == domain]
 
 
 def _titles(names: Sequence[str]) -> str:
-    from unifiedplayers.data.benchmarks import REGISTRY
-
     order = {n: i for i, n in enumerate(REGISTRY)}  # the paper's column order
     names = sorted(names, key=lambda n: (order.get(n, len(order)), n))
     return ", ".join(REGISTRY[n].title if n in REGISTRY else n for n in names) or "none"
@@ -568,8 +555,6 @@ def table17(df: pd.DataFrame) -> Table:
 
 def table1(root: str | Path, out_dir: Path, backbone: Optional[str] = None) -> str:
     """Tables 1 and 2 from every ``eval/results.json`` under ``root`` (``eval.tables``); returns the markdown."""
-    from eval.tables import rows_from_results, write_tables
-
     rows, bb = [], backbone
     paths = sorted(Path(root).rglob(f"{rundir.EVAL}/{RESULTS_FILE}"))
     if not paths:

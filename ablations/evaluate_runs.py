@@ -15,22 +15,23 @@ import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from joblib import Parallel, delayed
 from omegaconf import OmegaConf
 
 _ROOT = str(Path(__file__).resolve().parents[1])
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
+from ablations.adv_reject import measure_run  # noqa: E402
 from ablations.aggregate import ADV_REJECT_FILE, RESULTS_FILE, find_run_dirs  # noqa: E402
+from eval.config import register_eval_configs  # noqa: E402
+from eval.run import apply_run_config, build_engine, evaluate  # noqa: E402
 from unifiedplayers import rundir  # noqa: E402
+from unifiedplayers.config import compose  # noqa: E402
 
 
 def eval_config(run_cfg: Any, preset: str, overrides: Sequence[str] = ()) -> Any:
     """The ``conf/evaluate.yaml`` config of one run (``eval.run.apply_run_config``, as ``make eval CKPT=<run dir>``)."""
-    from eval.config import register_eval_configs
-    from eval.run import apply_run_config
-    from unifiedplayers.config import compose
-
     register_eval_configs()
     cfg = compose([f"eval={preset}", *overrides], config_name="evaluate")
     explicit = [o.split("=", 1)[0].lstrip("+~") for o in overrides]
@@ -47,16 +48,12 @@ def has_evaluation_player(run_cfg: Any) -> bool:
 def evaluate_run(run_dir: Path, preset: str, overrides: Sequence[str] = (), log=print,
                  adv_reject: bool = False) -> Optional[dict]:
     """Evaluate one run directory; returns its results, or None when it was skipped."""
-    from eval.run import build_engine, evaluate
-
     out = run_dir / rundir.EVAL
     run_cfg = OmegaConf.load(run_dir / rundir.CONFIG)
     if run_cfg.method.trainable and not (run_dir / rundir.SUMMARY_JSON).exists():
         log(f"[evaluate] {run_dir}: training not finished, skipped (rerun the sweep to resume it)")
         return None
     if adv_reject and has_evaluation_player(run_cfg) and not (out / ADV_REJECT_FILE).exists():
-        from ablations.adv_reject import measure_run
-
         measure_run(run_dir, log=log)
     if (out / RESULTS_FILE).exists():
         log(f"[evaluate] {run_dir}: already evaluated")
@@ -91,13 +88,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("overrides", nargs="*", help="further overrides of conf/evaluate.yaml, e.g. eval.limit=5")
     args = ap.parse_intermixed_args(argv)
     dirs = find_run_dirs(args.sweep_dir)
-    if args.jobs > 1 and len(dirs) > 1:
-        from joblib import Parallel, delayed
-
-        flags = Parallel(n_jobs=args.jobs, backend="loky")(
-            delayed(_evaluate_in_worker)(d, args.eval, args.overrides, args.threads, args.adv_reject) for d in dirs)
-    else:
-        flags = [_evaluate_in_worker(d, args.eval, args.overrides, args.threads, args.adv_reject) for d in dirs]
+    jobs = args.jobs if args.jobs > 1 and len(dirs) > 1 else 1  # one job: in this process
+    flags = Parallel(n_jobs=jobs, backend="loky")(
+        delayed(_evaluate_in_worker)(d, args.eval, args.overrides, args.threads, args.adv_reject) for d in dirs)
     print(f"[evaluate] {args.sweep_dir}: evaluated {sum(flags)} run(s)")
     return 0
 

@@ -30,6 +30,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
+import hydra
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import OmegaConf, open_dict
+
+from unifiedplayers import rundir
+from unifiedplayers.config import CONF_DIR, check_override_keys, compose, register_configs
+
 REPO = Path(__file__).resolve().parents[1]
 LAUNCHER_CONF = REPO / "ablations" / "conf"
 
@@ -90,17 +99,14 @@ SWEEPS = {
     "table1": Sweep("table1", (("ablation=table1", "method=unifiedplayers,agent0,r_zero,absolute_zero", "seed=0"),),
                     eval_only_methods=("vanilla", "tool_augmented")),
 }
-# Table 1's Socratic-Zero member: its Teacher is an external model, so it joins only with an endpoint.
-SOCRATIC_ZERO_RUN = ("ablation=table1", "method=socratic_zero", "seed=0")
-
-
 def socratic_zero_run(endpoint: Optional[str], model: Optional[str]) -> Optional[tuple[str, ...]]:
-    """The Socratic-Zero multirun of Table 1 with its Teacher, or None when none is configured."""
+    """The Socratic-Zero multirun of Table 1 with its Teacher, an external model: None when none is configured."""
     if not endpoint and not model:
         return None
     if not endpoint or not model:
         raise SystemExit("[sweep] Socratic-Zero needs both --teacher-endpoint and --teacher-model")
-    return (*SOCRATIC_ZERO_RUN, f"method.extra.teacher_endpoint={endpoint}", f"method.extra.teacher_model={model}")
+    return ("ablation=table1", "method=socratic_zero", "seed=0", f"method.extra.teacher_endpoint={endpoint}",
+            f"method.extra.teacher_model={model}")
 
 
 def sweep_dir(sweep: Sweep, scale: Scale, root: Path = REPO / "runs" / "ablations") -> Path:
@@ -123,11 +129,6 @@ def train_command(run: Sequence[str], scale: Scale, out: Path, launcher: str, jo
 
 def write_eval_only_members(sweep: Sweep, scale: Scale, out: Path, extra: Sequence[str] = ()) -> list[Path]:
     """A run directory (config.yaml only) per evaluation-only method: evaluate_runs scores the backbone."""
-    from omegaconf import OmegaConf
-
-    from unifiedplayers import rundir
-    from unifiedplayers.config import compose
-
     made = []
     for method in sweep.eval_only_methods:
         d = out / f"method={method}"
@@ -179,12 +180,6 @@ class Member:
 def expand(overrides: Sequence[str]) -> list[list[str]]:
     """The jobs of one ``python -m unifiedplayers.train -m <overrides>``, made by Hydra's basic sweeper itself (the
     ablation preset's ``hydra.sweeper.params`` first, so the command line's win)."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from omegaconf import OmegaConf
-
-    from unifiedplayers.config import CONF_DIR
-
     preset = next((o.split("=", 1)[1] for o in overrides if o.startswith("ablation=")), None)
     params = OmegaConf.select(OmegaConf.load(CONF_DIR / "ablation" / f"{preset}.yaml"), "hydra.sweeper.params",
                               default={}) if preset else {}
@@ -194,17 +189,11 @@ def expand(overrides: Sequence[str]) -> list[list[str]]:
 
 def compose_job(overrides: Sequence[str]) -> tuple[Any, str]:
     """The config of one job (the run's config, validated) and its ``hydra.job.override_dirname``."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from omegaconf import open_dict
-
-    from unifiedplayers.config import CONF_DIR, check_override_keys, register_configs
-
     register_configs()
     check_override_keys(overrides)
     GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose("config", overrides=list(overrides), return_hydra_config=True)
+    with hydra.initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = hydra.compose("config", overrides=list(overrides), return_hydra_config=True)
     dirname = str(cfg.hydra.job.override_dirname)
     with open_dict(cfg):
         del cfg["hydra"]
@@ -219,7 +208,6 @@ def members(multiruns: Sequence[Sequence[str]], scale: Scale, out: Path, nproc: 
     from unifiedplayers.checks import check_ranks
     from unifiedplayers.distributed import DistContext
     from unifiedplayers.loop.run_state import check_resumable
-    from unifiedplayers import rundir
 
     found = []
     for run in multiruns:
@@ -282,17 +270,8 @@ class MemberJob:
         subprocess.run(self.command(), cwd=REPO, env={**os.environ, "HYDRA_FULL_ERROR": "1"}, check=True)
 
 
-def slurm_parameters(settings: dict, member: Member, sweep_name: str) -> dict:
-    """submitit's SlurmExecutor parameters of one member's job: ``settings``, its nodes and a GPU per rank."""
-    params = {k: v for k, v in settings.items() if v is not None}
-    return {**params, "nodes": member.nodes, "gpus_per_node": member.ranks // member.nodes,
-            "job_name": f"{sweep_name}-{member.run_dir.name}"[:120]}
-
-
 def slurm_settings(changes: Sequence[str] = ()) -> dict:
     """``ablations/conf/slurm_node.yaml`` with the ``--slurm KEY=VALUE`` changes."""
-    from omegaconf import OmegaConf
-
     if any(c.split("=", 1)[0] == "gpus_per_node" for c in changes):
         raise SystemExit("[sweep] --slurm gpus_per_node: a node's GPUs are its ranks, --nproc-per-node")
     merged = OmegaConf.merge(OmegaConf.load(SLURM_NODE), OmegaConf.from_dotlist(list(changes)))
@@ -317,7 +296,8 @@ def run_members_on_slurm(found: Sequence[Member], sweep_name: str, out: Path, ch
             raise SystemExit("[sweep] --launcher slurm needs submitit: pip install -e '.[slurm]'") from None
     jobs = []
     for m in pending:
-        params = slurm_parameters(settings, m, sweep_name)
+        params = {**{k: v for k, v in settings.items() if v is not None}, "nodes": m.nodes,  # and a GPU per rank
+                  "gpus_per_node": m.ranks // m.nodes, "job_name": f"{sweep_name}-{m.run_dir.name}"[:120]}
         node0 = {"NODE_RANK": "0", "MASTER_ADDR": "<first host>", "MASTER_PORT": "<20000 + job id % 20000>"}
         print(f"[sweep] slurm job ({', '.join(f'{k}={v}' for k, v in params.items())}): "
               + ("" if m.nodes == 1 else "on each node, node 0's command (the others' NODE_RANK is their "

@@ -16,6 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
+from unifiedplayers.data.benchmarks import REGISTRY, load_benchmark
+from unifiedplayers.feedback.answers import extract_answer, grade
+from unifiedplayers.players.prompts import fill, option_fields, render_prompt
+from unifiedplayers.players.tool_loop import ToolLoopConfig, run_tool_loop
 from unifiedplayers.rundir import EXECUTION_POOL, iter_jsonl, repair_tail
 
 DOMAINS = ("math", "general")
@@ -54,16 +58,12 @@ class PoolQuestion:
 
     @property
     def answer_type(self) -> str:
-        from unifiedplayers.data.benchmarks import REGISTRY
-
         return REGISTRY[self.benchmark].answer_type
 
 
 def build_pool(pool_cfg: Any) -> tuple[list[PoolQuestion], list[str]]:
     """(questions, messages): the first ``math_size`` math and ``general_size`` general problems; one
     message per file that is missing or unreadable (that share of the pool is then empty)."""
-    from unifiedplayers.data.benchmarks import REGISTRY, load_benchmark
-
     questions: list[PoolQuestion] = []
     missing: list[str] = []
     for domain in DOMAINS:
@@ -88,8 +88,6 @@ def build_pool(pool_cfg: Any) -> tuple[list[PoolQuestion], list[str]]:
 
 def user_message(q: PoolQuestion, pool_cfg: Any) -> str:
     """The question as the Execution player sees it (inside its own prompt template)."""
-    from unifiedplayers.players.prompts import fill, option_fields
-
     if q.answer_type == "option":
         return fill(pool_cfg.option_template, question=q.problem.question, **option_fields(q.problem.options or []))
     return fill(pool_cfg.math_template, question=q.problem.question)
@@ -97,8 +95,6 @@ def user_message(q: PoolQuestion, pool_cfg: Any) -> str:
 
 def grade_text(q: PoolQuestion, text: str) -> tuple[Optional[str], bool]:
     """(extracted answer, correct) of one tool-loop transcript, graded as the harness grades its tool mode."""
-    from unifiedplayers.feedback.answers import extract_answer, grade
-
     answer = extract_answer(q.answer_type, text, len(q.problem.options or []), tool=True)
     return answer, bool(grade(q.answer_type, answer, q.problem.reference))
 
@@ -107,9 +103,6 @@ def answer_questions(engine: Any, sandbox: Any, tokenizer: Any, player_cfg: Any,
                      questions: Sequence[PoolQuestion]) -> list[dict[str, Any]]:
     """One graded item per question, in order: the Execution player's greedy answer, in tool-loop calls of
     ``pool_cfg.batch_size`` questions (greedy: an answer does not depend on the seed nor on its batch-mates)."""
-    from unifiedplayers.players.prompts import render_prompt
-    from unifiedplayers.players.tool_loop import ToolLoopConfig, run_tool_loop
-
     limits = {"max_turns": pool_cfg.max_turns, "max_new_tokens": pool_cfg.max_new_tokens}
     loop_cfg = ToolLoopConfig.from_player_config(player_cfg, greedy=True, **{k: v for k, v in limits.items() if v})
     prompts = [render_prompt(tokenizer, player_cfg.execution, include_prefix=False, question=user_message(q, pool_cfg))

@@ -14,6 +14,8 @@ import warnings
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
+from tqdm.auto import tqdm
+
 from unifiedplayers.rundir import METRICS, WANDB, read_jsonl
 
 # Seconds wandb.init may wait for the W&B server in online mode before the run falls back to offline (wandb's own
@@ -134,8 +136,6 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
 def progress(iterable: Optional[Iterable] = None, *, total: Optional[int] = None, desc: str = "",
              enabled: bool = True, leave: bool = False, position: Optional[int] = None, initial: int = 0):
     """A tqdm bar (that draws nothing when ``enabled`` is false)."""
-    from tqdm.auto import tqdm
-
     return tqdm(iterable, total=total, desc=desc, leave=leave, position=position, initial=initial, dynamic_ncols=True,
                 disable=not enabled)
 

@@ -14,6 +14,7 @@ from typing import Any, Iterator, Optional, Sequence, Union
 import numpy as np
 
 from unifiedplayers.feedback.trajectory import Trajectory
+from unifiedplayers.feedback.verdict import check_error_summary
 from unifiedplayers.rundir import iter_jsonl, repair_tail
 
 
@@ -74,8 +75,6 @@ class InteractionRecord:
     def error_summary(self) -> dict[str, Any]:
         """Check-error counts of this task: ``checks``, ``errors_orig``, ``errors_adv``, ``error_rate``,
         ``runtime_invalid`` (``verdict.check_error_summary``)."""
-        from unifiedplayers.feedback.verdict import check_error_summary
-
         return check_error_summary(self.error_orig, self.error_adv, self.adv_mask, len(self.runtime_invalid))
 
     @classmethod

@@ -10,13 +10,16 @@ from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
+from omegaconf import OmegaConf
 
 from unifiedplayers.diagnostics.execution_pool import pool_summary
 from unifiedplayers.feedback.perturbation import RULES
 from unifiedplayers.diagnostics.records import iter_records
 from unifiedplayers.diagnostics.verifier_kinds import iteration_kinds, kinds_lines
 from unifiedplayers.feedback.trajectory import render
+from unifiedplayers.machine import machine_line
 from unifiedplayers.roles import ROLES
+from unifiedplayers.sandbox.isolation import isolation_line
 from unifiedplayers import rundir
 
 
@@ -107,8 +110,6 @@ def pad_shares(metrics: list[dict[str, Any]]) -> dict[str, float]:
 
 def _run_config(run_dir: Path) -> Optional[Any]:
     """The run's ``config.yaml`` (None when it has none)."""
-    from omegaconf import OmegaConf
-
     config = Path(run_dir) / rundir.CONFIG
     return OmegaConf.load(config) if config.exists() else None
 
@@ -116,8 +117,6 @@ def _run_config(run_dir: Path) -> Optional[Any]:
 def machine_summary(cfg: Optional[Any]) -> list[dict[str, Any]]:
     """Where each start of the run ran and its sandbox isolation (``config.yaml``'s ``machine``, written by
     :func:`unifiedplayers.machine.record_start`); empty for a run without it."""
-    from omegaconf import OmegaConf
-
     starts = OmegaConf.select(cfg, "machine", default=None) if cfg is not None else None
     return list(OmegaConf.to_container(starts)) if OmegaConf.is_list(starts) else []
 
@@ -126,8 +125,6 @@ def precision_summary(metrics: list[dict[str, Any]], cfg: Optional[Any]) -> dict
     """The run's dtypes (``config.yaml``: as ``auto`` resolved at its start, and why) and, per player, the
     train/rollout log-prob mismatch: mean |log π_train − log π_behaviour| at each phase's on-policy step (at every
     step when π_old is recomputed)."""
-    from omegaconf import OmegaConf
-
     out: dict[str, Any] = {}
     if cfg is not None:
         out.update({"model.dtype": OmegaConf.select(cfg, "model.dtype"),
@@ -140,9 +137,6 @@ def precision_summary(metrics: list[dict[str, Any]], cfg: Optional[Any]) -> dict
 
 def machine_lines(starts: list[dict[str, Any]]) -> list[str]:
     """Two lines per start of the run: its machine and its sandbox's isolation layers."""
-    from unifiedplayers.machine import machine_line
-    from unifiedplayers.sandbox.isolation import isolation_line
-
     out = []
     for start in starts:
         where = f" (from update {start.get('from_update')})" if len(starts) > 1 else ""
@@ -239,10 +233,9 @@ def write_summary(run_dir: Path, timing: Optional[dict] = None, png: bool = True
     tmp.write_text(json.dumps(summary, indent=2, default=lambda o: o.tolist() if isinstance(o, np.ndarray) else str(o)))
     tmp.replace(run_dir / rundir.SUMMARY_JSON)
     (run_dir / rundir.SUMMARY_MD).write_text(text + "\n")
-    if not png:
-        return summary, text
     try:
-        write_summary_png(run_dir, metrics)
+        if png:
+            write_summary_png(run_dir, metrics)
     except Exception as exc:  # a plot must never fail a finished run; the text summary is written already
         warnings.warn(f"summary.png not written: {type(exc).__name__}: {exc}", RuntimeWarning, stacklevel=2)
     return summary, text

@@ -15,6 +15,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
+from omegaconf import OmegaConf
+
 from unifiedplayers.players.prompts import render_prompt
 from unifiedplayers.rollout.types import Completion, Segment
 from unifiedplayers.feedback.trajectory import _boxed_spans
@@ -130,8 +132,6 @@ def generate_tasks(engine: Any, tokenizer: Any, player_cfg: Any, first_prompt: i
         topics = [topic_at(player_cfg.topics, first_prompt + p) for p in range(num_prompts)]
         prompts = [planning_prompt(tokenizer, player_cfg, t) for t in topics]
     else:
-        from omegaconf import OmegaConf
-
         if len(prompts) != num_prompts:
             raise ValueError(f"{len(prompts)} prompts given for num_prompts={num_prompts}")
         topics, prompts = [t for t, _ in prompts], [text for _, text in prompts]
