@@ -12,11 +12,9 @@ so rerunning an interrupted sweep skips the finished members and resumes a parti
 started a member (or ``experiments/dp8_single_gpu_runs.sh``, ``--list-members``) finds it again. Then
 ``ablations.evaluate_runs`` evaluates the finished members and ``ablations.aggregate`` prints the table.
 
-Launchers: ``local`` (joblib, ``--jobs`` members at a time) and ``slurm`` (Hydra's submitit launcher, ``pip install -e
-'.[slurm]'``, settings in ``ablations/conf/``, outside ``conf/`` so that the configuration tests never need the
-plugin). At the GPU scales a member is one run over a node's GPUs as data-parallel ranks (:class:`Member`,
-docs/distributed.md): ``local`` runs the members one at a time under torchrun, ``slurm`` submits each as one job
-holding whole nodes (``ablations/conf/slurm_node.yaml``).
+Launchers: ``local`` (joblib, ``--jobs`` members at a time) and ``slurm`` (submitit, ``pip install -e '.[slurm]'``,
+settings in ``ablations/conf/``, outside ``conf/`` so that the configuration tests never need the plugin). At the GPU
+scales a member is one run over a node's GPUs (:class:`Member`, docs/distributed.md).
 """
 from __future__ import annotations
 

@@ -76,7 +76,7 @@ def build_summary(run_dir: Path, timing: Optional[dict] = None) -> tuple[dict[st
     totals = {k: float(sum(m.get(f"timing/{k}", 0.0) or 0.0 for m in metrics))
               for k in ("generation_s", "sandbox_s", "update_s", "total_s")}
     statuses = dict(Counter(r.meta.get("status", "?") for r in records))
-    cfg = _run_config(run_dir)
+    cfg = OmegaConf.load(run_dir / rundir.CONFIG) if (run_dir / rundir.CONFIG).exists() else None
     summary = {
         "run_dir": str(run_dir),
         "updates": len(metrics),
@@ -106,12 +106,6 @@ def pad_shares(metrics: list[dict[str, Any]]) -> dict[str, float]:
     """Each trained player's padded positions / positions processed by its updates' micro-batches, the mean over its
     updates (``<role>/pad_share``; ``trainer.max_tokens_per_micro_batch`` lowers it)."""
     return {role: float(sum(values) / len(values)) for role, values in _per_role(metrics, "pad_share").items()}
-
-
-def _run_config(run_dir: Path) -> Optional[Any]:
-    """The run's ``config.yaml`` (None when it has none)."""
-    config = Path(run_dir) / rundir.CONFIG
-    return OmegaConf.load(config) if config.exists() else None
 
 
 def machine_summary(cfg: Optional[Any]) -> list[dict[str, Any]]:
