@@ -481,10 +481,8 @@ def _simple_table(key: str, title: str, df: pd.DataFrame, label_of, order: Seque
         sub = ok[ok["_key"] == k]
         row: list[Any] = list(label_text(k))
         for m in metric_cols:
-            vals = sub[m].astype(float).tolist()
-            st = stat(vals, digits=2 if m == "adv_reject" else 1)
-            row.append(st if st.n > 1 else (st.mean if st.n == 1 else float("nan")))
-            row.append(paper_cols(k, m))
+            st = stat(sub[m].astype(float).tolist(), digits=2 if m == "adv_reject" else 1)
+            row += [st if st.n > 1 else (st.mean if st.n == 1 else float("nan")), paper_cols(k, m)]
         if extra:
             row += extra(k, sub)
         rows.append(row)
@@ -498,8 +496,7 @@ def _simple_table(key: str, title: str, df: pd.DataFrame, label_of, order: Seque
 def table5(df: pd.DataFrame) -> Table:
     ok = _complete(df)
     max_it = int(ok["outer_iterations"].max()) if not ok.empty else 0
-    order = [label for label, _ in TABLE5_PREDICATES]
-    order.insert(0, "Full UnifiedPlayers")
+    order = ["Full UnifiedPlayers", *(label for label, _ in TABLE5_PREDICATES)]
     return _simple_table(
         "table5", "Table 5: Component ablations of UnifiedPlayers", df,
         lambda r: table5_label(r, max_it), order, ["Method"], lambda k: [k],

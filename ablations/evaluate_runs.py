@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+import torch
 from joblib import Parallel, delayed
 from omegaconf import OmegaConf
 
@@ -70,8 +71,6 @@ def evaluate_run(run_dir: Path, preset: str, overrides: Sequence[str] = (), log=
 def _evaluate_in_worker(run_dir: Path, preset: str, overrides: Sequence[str], threads: int,
                         adv_reject: bool = False) -> bool:
     if threads > 0:
-        import torch
-
         torch.set_num_threads(threads)
     return evaluate_run(Path(run_dir), preset, overrides, log=lambda m: print(m, flush=True),
                         adv_reject=adv_reject) is not None

@@ -6,6 +6,7 @@ Progress bars (tqdm) go to stderr and can be turned off with ``logger.progress=f
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -53,10 +54,8 @@ def init_wandb(mode: str, timeout_s: Optional[float] = None, **kwargs: Any) -> A
                f"uploads it later). Set WANDB_INIT_TIMEOUT=<seconds> to wait longer, or logger=wandb_offline.")
     warnings.warn(msg, RuntimeWarning, stacklevel=2)
     print(f"[logger] {msg}", flush=True)
-    try:  # the service still holds the failed run (its id "in use"): start a fresh one for the offline run
+    with contextlib.suppress(Exception):  # the service still holds the failed run (its id "in use"): start afresh
         wandb.teardown()
-    except Exception:  # noqa: BLE001
-        pass
     return wandb.init(mode="offline", **kwargs)
 
 
@@ -121,10 +120,8 @@ class RunLogger:
         if not self._f.closed:
             self._f.close()
         if self.wandb is not None:
-            try:
+            with contextlib.suppress(Exception):
                 self.wandb.finish()
-            except Exception:
-                pass
             self.wandb = None
 
 

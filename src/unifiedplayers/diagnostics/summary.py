@@ -3,6 +3,7 @@ and ``summary.png`` (:func:`write_summary_png`, the diagnostics of Appendix D.2 
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import warnings
 from collections import Counter
@@ -37,11 +38,8 @@ def pick_sample(records: list) -> Optional[Any]:
     played = [r for r in records if r.trajectories]
     if not played:
         return None
-
-    def score(r):
-        return (r.z_orig.shape[0] > 0, any(t.final_answer for t in r.trajectories), bool(r.z_orig.any()))
-
-    return max(reversed(played), key=score)
+    return max(reversed(played), key=lambda r: (r.z_orig.shape[0] > 0, any(t.final_answer for t in r.trajectories),
+                                                bool(r.z_orig.any())))
 
 
 def verdict_table(record: Any) -> str:
@@ -259,11 +257,9 @@ def probe_results(run_dir: Path) -> dict[int, dict[str, Any]]:
     ``iter<i>.json`` and the per-role ``iter<i>.<role>.json`` merged; unreadable files are skipped."""
     out: dict[int, dict[str, Any]] = {}
     for path in sorted(Path(run_dir).glob(f"{rundir.PROBES}/iter*.json")):
-        try:
+        with contextlib.suppress(ValueError, KeyError, OSError, TypeError):
             it = int(path.name.split(".")[0][4:])
             out.setdefault(it, {}).update(json.loads(path.read_text())["metrics"])
-        except (ValueError, KeyError, OSError, TypeError):
-            continue
     return dict(sorted(out.items()))
 
 

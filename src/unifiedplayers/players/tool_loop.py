@@ -205,10 +205,7 @@ def _generate(engine: Any, active: list[_Sample], cfg: ToolLoopConfig,
         if len(active) == 1:
             active[0].finish("error", f"engine: {type(exc).__name__}: {exc}")
             return []
-    done = []
-    for s in active:
-        done.extend(_generate(engine, [s], cfg, seed))
-    return done
+    return [done for s in active for done in _generate(engine, [s], cfg, seed)]
 
 
 def _advance(s: _Sample, c: Completion, tokenizer: Any, cfg: ToolLoopConfig) -> list[tuple[_Sample, str]]:
