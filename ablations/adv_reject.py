@@ -1,20 +1,12 @@
 """Table 15's "Adv. Reject", measured on one fixed held-out set whatever rules the run trained with.
 
-The training metric ``evaluation/rho_adv`` (Eq. 11, mean over valid verifiers) is computed on the
-variants of the run's *own* rules: with ``perturbation=none`` there is no variant and it is 0 by
-construction, and the local and global runs are measured on different rules. Table 15 compares the
-four rule subsets, so all four are measured here on the same set:
-
-- ``ablations/data/table15_heldout.jsonl``: correct tool-use trajectories for held-out word problems
-  (written below, never in a training prompt), each with its five variants, one per rule of the
-  perturbation engine (Appendix F.1, all five rules), made once by ``python -m ablations.adv_reject build``
-  (the real engine and sandbox; the file is versioned, so later changes to the engine do not move it);
-- the run's final Evaluation player writes M verifiers per held-out task (its own ``player`` config:
-  prompt, M, max new tokens), each valid verifier is checked on the original and its variants
-  (``verdict_matrix``, the training path), and ρ_adv_i (Eq. 11, errors earn no credit as in training)
-  is averaged over all valid verifiers of all tasks: the same statistic as ``evaluation/rho_adv``;
-- written to ``<run>/eval/adv_reject.json`` with the valid-verifier rate, the gold pass rate ρ_gold and
-  the rejection rate per rule; ``ablations.aggregate`` reads it for Table 15.
+Training's ``evaluation/rho_adv`` (Eq. 11) is measured on the variants of the run's own rules (0 by construction
+with ``perturbation=none``), so Table 15's four rule subsets are measured here on one set instead:
+``ablations/data/table15_heldout.jsonl``, correct tool-use trajectories for the held-out word problems of
+:data:`TASKS`, each with its five variants (Appendix F.1), made once by ``build`` with the real engine and sandbox
+and versioned. The run's final Evaluation player writes M verifiers per task (its own ``player`` config), each
+valid one is checked on the original and its variants (``verdict_matrix``, the training path), and ρ_adv_i is
+averaged as training does (:func:`summarise`), into ``<run>/eval/adv_reject.json``.
 
     python -m ablations.adv_reject build                 # (re)make the held-out file
     python -m ablations.adv_reject measure RUN_DIR       # measure one finished run
@@ -30,13 +22,23 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import numpy as np
+import torch
+from omegaconf import OmegaConf
 
 _ROOT = str(Path(__file__).resolve().parents[1])
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
-from unifiedplayers.feedback.perturbation import ALL_RULES  # noqa: E402
-from unifiedplayers.feedback.trajectory import Trajectory  # noqa: E402
+from eval.run import resolve_checkpoint  # noqa: E402
+from unifiedplayers.feedback.observation import observation_body  # noqa: E402
+from unifiedplayers.feedback.perturbation import ALL_RULES, PerturbationEngine  # noqa: E402
+from unifiedplayers.feedback.rewards import adversarial_rejection_rate, gold_pass_rate  # noqa: E402
+from unifiedplayers.feedback.trajectory import Trajectory, parse_transcript  # noqa: E402
+from unifiedplayers.feedback.verdict import verdict_matrix  # noqa: E402
+from unifiedplayers.models import load_model  # noqa: E402
+from unifiedplayers.players.evaluation import write_verifiers  # noqa: E402
+from unifiedplayers.rollout import build_rollout  # noqa: E402
+from unifiedplayers.sandbox import Sandbox  # noqa: E402
 from unifiedplayers import rundir  # noqa: E402
 
 HELDOUT = Path(__file__).resolve().parent / "data" / "table15_heldout.jsonl"
@@ -94,10 +96,6 @@ def transcript(reasoning: str, code: str, observation: str, answer: str) -> str:
 
 def build(sandbox: Any, path: Path = HELDOUT) -> list[HeldOutTask]:
     """Write the held-out file: each task's trajectory (code run in ``sandbox``) and its five variants."""
-    from unifiedplayers.feedback.observation import observation_body
-    from unifiedplayers.feedback.perturbation import PerturbationEngine
-    from unifiedplayers.feedback.trajectory import parse_transcript
-
     results = sandbox.run_many([code for _, _, code, _ in TASKS])
     originals = []
     for (question, reasoning, code, answer), r in zip(TASKS, results):
@@ -142,15 +140,10 @@ def file_digest(path: Path = HELDOUT) -> str:
 
 
 def summarise(matrices: Sequence[Any], generated: int) -> dict[str, Any]:
-    """Adv. Reject and its companions from one ``VerdictMatrix`` per held-out task (one original each).
-
-    ``adv_reject``: mean over every valid verifier of every task of ρ_adv_i (Eq. 11 over the variants that
-    exist, errors without credit), the statistic of training's ``evaluation/rho_adv``; ``per_rule``: the
-    share of (valid verifier, variant of that rule) checks that rejected; ``valid_rate``: valid verifiers /
-    ``generated``; ``gold_pass``: mean ρ_gold_i. None where there is nothing to average.
-    """
-    from unifiedplayers.feedback.rewards import adversarial_rejection_rate, gold_pass_rate
-
+    """From one ``VerdictMatrix`` per held-out task: ``adv_reject``, the mean over every valid verifier of every task
+    of ρ_adv_i (Eq. 11 over the variants that exist, errors without credit, as training's ``evaluation/rho_adv``);
+    ``per_rule``, the share of (valid verifier, variant of that rule) checks that rejected; ``valid_rate``, valid
+    verifiers / ``generated``; ``gold_pass``, mean ρ_gold_i. None where there is nothing to average."""
     rho, gold = [], []
     per_rule = {r: [0, 0] for r in ALL_RULES}  # rule -> [rejections, checks]
     for vm in matrices:
@@ -159,12 +152,10 @@ def summarise(matrices: Sequence[Any], generated: int) -> dict[str, Any]:
             continue
         rho.extend(adversarial_rejection_rate(vm.z_adv, vm.adv_mask, vm.error_adv).tolist())
         gold.extend(gold_pass_rate(vm.z_orig).tolist())
+        rejected = (vm.z_adv == 0) & ~vm.error_adv & vm.adv_mask  # (M_q, K, P), False where a variant is missing
         for j, rule in enumerate(ALL_RULES):
-            for k in range(vm.adv_mask.shape[0]):
-                if vm.adv_mask[k, j]:
-                    rejected = (vm.z_adv[:, k, j] == 0) & ~vm.error_adv[:, k, j]
-                    per_rule[rule][0] += int(rejected.sum())
-                    per_rule[rule][1] += m_q
+            per_rule[rule][0] += int(rejected[:, :, j].sum())
+            per_rule[rule][1] += m_q * int(vm.adv_mask[:, j].sum())
     valid = sum(vm.z_orig.shape[0] for vm in matrices)
     return {
         "adv_reject": float(np.mean(rho)) if rho else None,
@@ -183,9 +174,6 @@ def measure(engine: Any, player_cfg: Any, sandbox: Any, tasks: Sequence[HeldOutT
             seed: int = 0) -> dict[str, Any]:
     """The Evaluation player behind ``engine`` writes ``m`` (default ``player_cfg.num_verifiers``) verifiers per
     held-out task; each is checked on the original and all five variants (``summarise``)."""
-    from unifiedplayers.players.evaluation import write_verifiers
-    from unifiedplayers.feedback.verdict import verdict_matrix
-
     m = int(m or player_cfg.num_verifiers)
     written = write_verifiers(engine, engine.tokenizer, player_cfg, [t.question for t in tasks], m, seed=seed)
     matrices = [verdict_matrix([v.source for v in row], [t.original], [t.variants], sandbox)
@@ -195,18 +183,9 @@ def measure(engine: Any, player_cfg: Any, sandbox: Any, tasks: Sequence[HeldOutT
     return out
 
 
-def measure_run(run_dir: Path, sandbox_cfg: Any = None, log=print) -> Optional[dict[str, Any]]:
+def measure_run(run_dir: Path, sandbox_cfg: Any = None, log=print) -> dict[str, Any]:
     """Measure a finished run with its latest Evaluation checkpoint (the backbone if it has none, e.g. a run
-    whose Evaluation player was frozen) and write ``<run>/eval/adv_reject.json``. None for a method that
-    has no Evaluation player of its own (every role other than UnifiedPlayers')."""
-    import torch
-    from omegaconf import OmegaConf
-
-    from eval.run import resolve_checkpoint
-    from unifiedplayers.models import load_model
-    from unifiedplayers.rollout import build_rollout
-    from unifiedplayers.sandbox import Sandbox
-
+    whose Evaluation player was frozen) and write ``<run>/eval/adv_reject.json``."""
     run_cfg = OmegaConf.load(run_dir / rundir.CONFIG)
     tasks = load()
     model, tokenizer = load_model(run_cfg.model)
@@ -238,8 +217,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     mp.add_argument("run_dir")
     args = ap.parse_args(argv)
     if args.cmd == "build":
-        from unifiedplayers.sandbox import Sandbox
-
         with Sandbox() as sb:
             tasks = build(sb)
         n = sum(v is not None for t in tasks for v in t.variants)

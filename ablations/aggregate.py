@@ -1,19 +1,8 @@
 """Aggregate a sweep's run directories into the paper's tables (3, 5, 15, 16, 17 and 1), markdown and LaTeX.
 
-Pure functions over run directories; nothing here trains or evaluates. What is read from one run
-directory (``load_run_row``):
-
-- ``config.yaml``: the resolved config the loop saved (seed, schedule switches, perturbation, M, reward
-  weights, method, model);
-- ``summary.json``: present once the run finished (``finished``);
-- ``metrics.jsonl``: training's adversarial rejection rate on the run's own rules (mean
-  ``evaluation/rho_adv`` over the updates of the last outer iteration) and compute hours
-  (``eval.analysis.compute``);
-- ``eval/adv_reject.json``: Table 15's Adv. Reject on the fixed held-out set (``ablations.adv_reject``);
-- ``eval/results.json``: the evaluation harness's output (``python -m eval.run`` or
-  ``ablations/evaluate_runs.py``). ``Math AVG`` and ``General AVG`` are the means of the math and general
-  benchmarks evaluated (paper columns, or the offline subsets at smoke scale: GSM8K-100 counts as math,
-  the MMLU subset as general). The ``tool`` mode is used when present (the Execution player is a tool user).
+Pure functions over run directories (:func:`load_run_row` says what is read from each); nothing here trains or
+evaluates. ``Math AVG`` and ``General AVG`` are the means of the math and general benchmarks evaluated, in the
+``tool`` mode when present (:func:`eval_scores`).
 
 Table 3 (Appendix C.1, paired over seeds s): with Y(P, E, s) the score of the configuration with Planning
 trained (P) and Evaluation trained (E),
@@ -24,8 +13,7 @@ trained (P) and Evaluation trained (E),
 - Fresh-feedback gain = Y_fresh(1,1) − Y_stale(1,1)
 
 each computed per seed (only seeds with every cell the contrast needs), then mean ± SD (ddof = 1) over
-those seeds; the paper's rows reproduce these formulas exactly (e.g. ½[(52.9 − 50.6) + (56.4 − 53.7)] = 2.5).
-An SD over one seed is undefined and printed as "–".
+those seeds; an SD over one seed is undefined and printed as "–".
 
 Command: ``python -m ablations.aggregate {table3,table5,table15,table16,table17,table1} SWEEP_DIR [--out DIR]``
 writes ``<table>.md``, ``<table>.tex`` and ``<table>.runs.csv`` (the per-run frame) and prints the markdown.
@@ -42,19 +30,26 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 import pandas as pd
+import yaml
 
 _ROOT = str(Path(__file__).resolve().parents[1])
 if _ROOT not in sys.path:  # `python ablations/aggregate.py` as well as `python -m ablations.aggregate`
     sys.path.insert(0, _ROOT)
 
 from ablations import paper_numbers as paper  # noqa: E402
+from eval.analysis.compute import compute_accounting  # noqa: E402
+from eval.analysis.rundir import RunData  # noqa: E402
+from eval.tables import render_latex, render_markdown, rows_from_results, write_tables  # noqa: E402
 from unifiedplayers import rundir  # noqa: E402
+from unifiedplayers.data.benchmarks import REGISTRY  # noqa: E402
 
 RESULTS_FILE = "results.json"
 ADV_REJECT_FILE = "adv_reject.json"  # ablations.adv_reject.RESULT_FILE
 ADV_REJECT_KEY = "evaluation/rho_adv"
 ITERATION_KEYS = ("outer_iteration", "iteration")
 METRIC_NAMES = {"math_avg": "Math AVG", "general_avg": "General AVG"}
+COLUMNS = {**{m: [f"{name} (ours)", f"{name} (paper)"] for m, name in METRIC_NAMES.items()},  # a metric's headers
+           "adv_reject": ["Adv. Reject (ours, held-out)", "Adv. Reject (paper)"]}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -71,8 +66,6 @@ def _get(d: Any, dotted: str, default: Any = None) -> Any:
 
 def benchmark_domain(name: str) -> str:
     """``math`` or ``general`` for a benchmark of the registry; offline subsets by their answer type."""
-    from unifiedplayers.data.benchmarks import REGISTRY
-
     if name not in REGISTRY:
         raise ValueError(f"unknown benchmark {name!r} in an eval results.json; known: {sorted(REGISTRY)}")
     b = REGISTRY[name]
@@ -91,19 +84,17 @@ def eval_scores(results: dict[str, Any], mode: Optional[str] = None) -> dict[str
     if mode not in modes:
         raise ValueError(f"eval results have modes {sorted(modes)}, not {mode!r}")
     out: dict[str, Any] = {"eval_mode": mode, "eval_label": modes[mode].get("label")}
-    by_domain: dict[str, list[float]] = {"math": [], "general": []}
     names: dict[str, list[str]] = {"math": [], "general": []}
     for name, res in modes[mode].get("benchmarks", {}).items():
         s = res.get("score")
         if s is None or (isinstance(s, float) and math.isnan(s)):
             continue
         out[f"score/{name}"] = float(s)
-        by_domain[benchmark_domain(name)].append(float(s))
         names[benchmark_domain(name)].append(name)
-    for dom, vals in by_domain.items():
-        out[f"{dom}_avg"] = float(np.mean(vals)) if vals else np.nan
-        out[f"n_{dom}"] = len(vals)
-        out[f"benchmarks_{dom}"] = ",".join(sorted(names[dom]))  # what the average covers
+    for dom, covered in names.items():
+        out[f"{dom}_avg"] = float(np.mean([out[f"score/{n}"] for n in covered])) if covered else np.nan
+        out[f"n_{dom}"] = len(covered)
+        out[f"benchmarks_{dom}"] = ",".join(sorted(covered))  # what the average covers
     return out
 
 
@@ -121,24 +112,26 @@ def adversarial_rejection(metrics: Sequence[dict[str, Any]]) -> float:
 
 def compute_hours(run_dir: Path, metrics: list[dict[str, Any]], config: dict, summary: dict) -> tuple[float, float]:
     """(wall hours, device hours) of the run's updates (``eval.analysis.compute``)."""
-    from eval.analysis.compute import compute_accounting
-    from eval.analysis.rundir import RunData
-
     acc = compute_accounting(RunData(path=run_dir, records=[], metrics=metrics, config=config, summary=summary))
     return float(acc["run"]["wall_h"]), float(acc["run"]["device_h"])
 
 
-def load_run_row(run_dir: str | Path, mode: Optional[str] = None) -> dict[str, Any]:
-    """One row of the sweep frame: the config fields the tables key on, status, scores, compute."""
-    import yaml
+def _read_json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text()) if path.exists() else {}
 
+
+def load_run_row(run_dir: str | Path, mode: Optional[str] = None) -> dict[str, Any]:
+    """One row of the sweep frame, from ``config.yaml`` (the resolved config), ``summary.json`` (present once
+    training finished), ``metrics.jsonl`` (training's ``evaluation/rho_adv`` over the last outer iteration, compute
+    hours), ``eval/adv_reject.json`` (Table 15's Adv. Reject) and ``eval/results.json`` (the harness's scores)."""
     run_dir = Path(run_dir)
     cfg_path = run_dir / rundir.CONFIG
     if not cfg_path.exists():
         raise FileNotFoundError(f"{cfg_path} not found: not a run directory")
     config = yaml.safe_load(cfg_path.read_text()) or {}
-    summary_path = run_dir / rundir.SUMMARY_JSON
-    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    summary = _read_json(run_dir / rundir.SUMMARY_JSON)
+    adv_reject = _read_json(run_dir / rundir.EVAL / ADV_REJECT_FILE).get("adv_reject")
+    scores = eval_scores(_read_json(run_dir / rundir.EVAL / RESULTS_FILE), mode)
     metrics = rundir.read_jsonl(run_dir / rundir.METRICS, missing_ok=True)
     reward = config.get("reward", {}) or {}
     rules = _get(config, "perturbation.rules", []) or []
@@ -164,22 +157,14 @@ def load_run_row(run_dir: str | Path, mode: Optional[str] = None) -> dict[str, A
         "use_verifiability": bool(reward.get("use_verifiability", True)),
         "finished": bool(summary) or not _get(config, "method.trainable", True),
         "updates": len(metrics),
-        "adv_reject": np.nan,  # Table 15: on the fixed held-out set (eval/adv_reject.json, ablations.adv_reject)
+        "adv_reject": np.nan if adv_reject is None else float(adv_reject),  # Table 15: on the fixed held-out set
         "adv_reject_train": adversarial_rejection(metrics),  # on the run's own rules, during training
         "math_avg": np.nan,
         "general_avg": np.nan,
-        "evaluated": False,
+        "evaluated": bool(scores),
     }
     row["wall_h"], row["device_h"] = compute_hours(run_dir, metrics, config, summary) if metrics else (0.0, 0.0)
-    adv_path = run_dir / rundir.EVAL / ADV_REJECT_FILE
-    if adv_path.exists():
-        adv = json.loads(adv_path.read_text()).get("adv_reject")
-        row["adv_reject"] = float(adv) if adv is not None else np.nan
-    res_path = run_dir / rundir.EVAL / RESULTS_FILE
-    if res_path.exists():
-        scores = eval_scores(json.loads(res_path.read_text()), mode)
-        row.update(scores)
-        row["evaluated"] = bool(scores)
+    row.update(scores)
     return row
 
 
@@ -228,6 +213,10 @@ def _num(x: float, signed: bool, digits: int) -> str:
     return f"{x:+.{digits}f}" if signed else f"{x:.{digits}f}"
 
 
+_LATEX = {"&": "\\&", "%": "\\%", "_": "\\_", "#": "\\#", "–": "--", "±": "$\\pm$", "γ": "$\\gamma$",
+          "α": "$\\alpha$", "β": "$\\beta$", "✓": "$\\checkmark$"}
+
+
 def fmt_cell(c: Any, latex: bool = False) -> str:
     if isinstance(c, Stat):
         m = _num(c.mean, c.signed, c.digits)
@@ -242,11 +231,7 @@ def fmt_cell(c: Any, latex: bool = False) -> str:
         s = _num(c, False, digits)
         return "--" if latex and s == "–" else s
     s = "" if c is None else str(c)
-    if latex:
-        s = s.replace("&", "\\&").replace("%", "\\%").replace("_", "\\_").replace("#", "\\#")
-        s = s.replace("–", "--").replace("±", "$\\pm$").replace("γ", "$\\gamma$").replace("α", "$\\alpha$")
-        s = s.replace("β", "$\\beta$").replace("✓", "$\\checkmark$")
-    return s
+    return "".join(_LATEX.get(ch, ch) for ch in s) if latex else s
 
 
 @dataclass
@@ -261,14 +246,10 @@ class Table:
     sections: dict[int, str] = field(default_factory=dict)  # row index -> section label printed above it
 
     def to_markdown(self) -> str:
-        from eval.tables import render_markdown
-
         return render_markdown(f"**{self.title}**", self.header, [[fmt_cell(c) for c in row] for row in self.rows],
                                self.notes, self.sections)
 
     def to_latex(self) -> str:
-        from eval.tables import render_latex
-
         return render_latex(self.title, "ablations/aggregate.py", [fmt_cell(h, latex=True) for h in self.header],
                             [[fmt_cell(c, latex=True) for c in row] for row in self.rows],
                             {i: fmt_cell(s, latex=True) for i, s in self.sections.items()})
@@ -315,14 +296,10 @@ FLAG = "†"
 
 def paper_benchmarks(domain: str) -> list[str]:
     """The benchmarks of the paper's Math AVG (Table 1's seven) or General AVG (Table 2's five)."""
-    from unifiedplayers.data.benchmarks import REGISTRY
-
     return [name for name, b in REGISTRY.items() if b.table == domain]
 
 
 def _titles(names: Sequence[str]) -> str:
-    from unifiedplayers.data.benchmarks import REGISTRY
-
     order = {n: i for i, n in enumerate(REGISTRY)}  # the paper's column order
     names = sorted(names, key=lambda n: (order.get(n, len(order)), n))
     return ", ".join(REGISTRY[n].title if n in REGISTRY else n for n in names) or "none"
@@ -426,21 +403,18 @@ def table3(df: pd.DataFrame, metrics: Sequence[str] = ("math_avg", "general_avg"
     contrasts = {m: paired_contrasts(cells[m]) for m in metrics}
     gains = {m: fresh_gain(ok, m) for m in metrics}
     fresh, stale = ok[ok["feedback"] == "fresh"], ok[ok["feedback"] == "stale"]
-    header = ["Configuration", "Planning", "Evaluation"]
-    for m in metrics:
-        header += [f"{METRIC_NAMES[m]} (ours)", f"{METRIC_NAMES[m]} (paper)"]
-    header += [_compute_header(ok if not ok.empty else df), "GPU-h (paper)"]
+    header = ["Configuration", "Planning", "Evaluation", *(h for m in metrics for h in COLUMNS[m]),
+              _compute_header(ok if not ok.empty else df), "GPU-h (paper)"]
 
-    def paper_cfg(label: str, m: str) -> Stat:
-        p = paper.TABLE3_CONFIGS[label] if label in paper.TABLE3_CONFIGS else paper.TABLE3_STALE
+    def paper_stat(p: Sequence[float], m: str, signed: bool = False) -> Stat:
         i = 0 if m == "math_avg" else 2
-        return Stat(p[i], p[i + 1], 3)
+        return Stat(p[i], p[i + 1], 3, signed)
 
     rows: list[list[Any]] = []
     for (tp, te), label in TABLE3_CELLS.items():
         row: list[Any] = [label, "Trainable" if tp else "Frozen", "Trainable" if te else "Frozen"]
         for m in metrics:
-            row += [stat(cells[m][(tp, te)].tolist()), paper_cfg(label, m)]
+            row += [stat(cells[m][(tp, te)].tolist()), paper_stat(paper.TABLE3_CONFIGS[label], m)]
         sub = fresh[(fresh["train_planning"] == tp) & (fresh["train_evaluation"] == te)]
         row += [_compute_cell(sub), int(paper.TABLE3_CONFIGS[label][4])]
         rows.append(row)
@@ -450,31 +424,25 @@ def table3(df: pd.DataFrame, metrics: Sequence[str] = ("math_avg", "general_avg"
     for name, kind in contrast_kind.items():
         row = [name, kind, ""]
         for m in metrics:
-            p = paper.TABLE3_CONTRASTS[name]
-            i = 0 if m == "math_avg" else 2
-            row += [stat(contrasts[m][name].tolist(), signed=True), Stat(p[i], p[i + 1], 3, signed=True)]
+            row += [stat(contrasts[m][name].tolist(), signed=True), paper_stat(paper.TABLE3_CONTRASTS[name], m, True)]
         row += ["–", "–"]
         rows.append(row)
     first_control = len(rows)
     row = ["Stale-feedback UnifiedPlayers", "Trainable", "Trainable"]
     full_stale = stale[stale["train_planning"] & stale["train_evaluation"]]
     for m in metrics:
-        row += [stat(full_stale[m].astype(float).tolist()), paper_cfg("stale", m)]
+        row += [stat(full_stale[m].astype(float).tolist()), paper_stat(paper.TABLE3_STALE, m)]
     row += [_compute_cell(full_stale), int(paper.TABLE3_STALE[4])]
     rows.append(row)
     row = ["Fresh-feedback gain", "Matched capacity", ""]
     for m in metrics:
-        p = paper.TABLE3_FRESH_GAIN
-        i = 0 if m == "math_avg" else 2
-        row += [stat(gains[m].tolist(), signed=True), Stat(p[i], p[i + 1], 3, signed=True)]
+        row += [stat(gains[m].tolist(), signed=True), paper_stat(paper.TABLE3_FRESH_GAIN, m, True)]
     row += ["Matched", "Matched"]
     rows.append(row)
     seeds = sorted(int(s) for s in ok["seed"].unique()) if not ok.empty else []
-    notes = [
-        f"Ours: mean ± SD over paired seeds {seeds} (n per cell = seeds with a finished, evaluated run; "
-        "contrasts per seed, then mean ± SD; '–': undefined, e.g. an SD over one seed). "
-        "Paper: Qwen3-4B-Base, three paired seeds, GPU-hours per seed on 8x A100.",
-    ] + _pending_note(df)
+    notes = [f"Ours: mean ± SD over paired seeds {seeds} (n per cell = seeds with a finished, evaluated run; "
+             "contrasts per seed, then mean ± SD; '–': undefined, e.g. an SD over one seed). "
+             "Paper: Qwen3-4B-Base, three paired seeds, GPU-hours per seed on 8x A100.", *_pending_note(df)]
     t = Table("table3", "Table 3: Player attribution with trainable Execution", header, rows, notes,
               sections={0: "Factorial configurations", first_contrast: "Paired contrasts",
                         first_control: "Coordination control"})
@@ -502,21 +470,19 @@ def table5_label(row: pd.Series | dict, max_iterations: int) -> str:
     return hits[0] if hits else "Full UnifiedPlayers"
 
 
-def _simple_table(key: str, title: str, df: pd.DataFrame, label_of, order: Sequence[Any],
-                  label_text, paper_cols, metric_cols: Sequence[str], extra=None, notes=()) -> Table:
-    """Rows = ``order`` (row keys); cells = mean over the runs of that key (seeds averaged)."""
+def _simple_table(key: str, title: str, df: pd.DataFrame, label_of, order: Sequence[Any], label_header: list[str],
+                  label_text, paper_cols, metric_cols: Sequence[str], extra=None, extra_header=(), notes=()) -> Table:
+    """Rows = ``order`` (row keys); cells = mean over the runs of that key (seeds averaged); AVG columns labelled."""
     ok = _complete(df).copy()
     ok["_key"] = [label_of(r) for _, r in ok.iterrows()] if not ok.empty else []
-    header: list[str] = []  # set by the caller
+    header = label_header + [h for m in metric_cols for h in COLUMNS[m]] + list(extra_header)
     rows = []
     for k in order:
         sub = ok[ok["_key"] == k]
         row: list[Any] = list(label_text(k))
         for m in metric_cols:
-            vals = sub[m].astype(float).tolist()
-            st = stat(vals, digits=2 if m == "adv_reject" else 1)
-            row.append(st if st.n > 1 else (st.mean if st.n == 1 else float("nan")))
-            row.append(paper_cols(k, m))
+            st = stat(sub[m].astype(float).tolist(), digits=2 if m == "adv_reject" else 1)
+            row += [st if st.n > 1 else (st.mean if st.n == 1 else float("nan")), paper_cols(k, m)]
         if extra:
             row += extra(k, sub)
         rows.append(row)
@@ -524,22 +490,18 @@ def _simple_table(key: str, title: str, df: pd.DataFrame, label_of, order: Seque
     note = list(notes) + _pending_note(df)
     if not others.empty:
         note.append(f"Runs matching no row of this table: {', '.join(others['name'])}.")
-    return Table(key, title, header, rows, note)
+    return label_averages(Table(key, title, header, rows, note), df, metric_cols)
 
 
 def table5(df: pd.DataFrame) -> Table:
     ok = _complete(df)
     max_it = int(ok["outer_iterations"].max()) if not ok.empty else 0
-    order = [label for label, _ in TABLE5_PREDICATES]
-    order.insert(0, "Full UnifiedPlayers")
-    t = _simple_table(
+    order = ["Full UnifiedPlayers", *(label for label, _ in TABLE5_PREDICATES)]
+    return _simple_table(
         "table5", "Table 5: Component ablations of UnifiedPlayers", df,
-        lambda r: table5_label(r, max_it), order, lambda k: [k],
+        lambda r: table5_label(r, max_it), order, ["Method"], lambda k: [k],
         lambda k, m: paper.TABLE5[k][0 if m == "math_avg" else 1], ["math_avg", "general_avg"],
-        notes=[f"Ours: full method at {max_it} outer iteration(s); mean over seeds where several ran."],
-    )
-    t.header = ["Method", "Math AVG (ours)", "Math AVG (paper)", "General AVG (ours)", "General AVG (paper)"]
-    return label_averages(t, df, ["math_avg", "general_avg"])
+        notes=[f"Ours: full method at {max_it} outer iteration(s); mean over seeds where several ran."])
 
 
 def table15(df: pd.DataFrame) -> Table:
@@ -557,28 +519,21 @@ def table15(df: pd.DataFrame) -> Table:
     if not unmeasured.empty:
         notes.append(f"Adv. Reject not measured for: {', '.join(unmeasured['name'])} "
                      "(python -m ablations.adv_reject measure <run dir>).")
-    t = _simple_table(
+    return _simple_table(
         "table15", "Table 15: Effect of perturbation-rule subsets", df, lambda r: r["perturbation"],
-        list(paper.TABLE15), lambda k: [paper.TABLE15[k][0]],
+        list(paper.TABLE15), ["Perturbation Rules"], lambda k: [paper.TABLE15[k][0]],
         lambda k, m: paper.TABLE15[k][1 if m == "math_avg" else 2], ["math_avg", "adv_reject"],
-        extra=own_rules, notes=notes,
-    )
-    t.header = ["Perturbation Rules", "Math AVG (ours)", "Math AVG (paper)", "Adv. Reject (ours, held-out)",
-                "Adv. Reject (paper)", "ρ_adv in training (own rules)"]
-    return label_averages(t, df, ["math_avg"])
+        extra=own_rules, extra_header=["ρ_adv in training (own rules)"], notes=notes)
 
 
 def table16(df: pd.DataFrame) -> Table:
     ok = _complete(df)
-    t = _simple_table(
+    return _simple_table(
         "table16", "Table 16: Effect of the Evaluation player's pool size M", df, lambda r: int(r["num_verifiers"]),
-        list(paper.TABLE16), lambda k: [f"{k} (used)" if k == paper.TABLE16_USED else str(k)],
+        list(paper.TABLE16), ["M"], lambda k: [f"{k} (used)" if k == paper.TABLE16_USED else str(k)],
         lambda k, m: paper.TABLE16[k][0 if m == "math_avg" else 1], ["math_avg", "general_avg"],
         extra=lambda k, sub: [_compute_cell(sub), int(paper.TABLE16[k][2])],
-    )
-    t.header = ["M", "Math AVG (ours)", "Math AVG (paper)", "General AVG (ours)", "General AVG (paper)",
-                _compute_header(ok if not ok.empty else df), "GPU-h (paper)"]
-    return label_averages(t, df, ["math_avg", "general_avg"])
+        extra_header=[_compute_header(ok if not ok.empty else df), "GPU-h (paper)"])
 
 
 def _weights(r: Any) -> tuple[float, float, float]:
@@ -586,14 +541,10 @@ def _weights(r: Any) -> tuple[float, float, float]:
 
 
 def table17(df: pd.DataFrame) -> Table:
-    t = _simple_table(
+    return _simple_table(
         "table17", "Table 17: Sensitivity to the Evaluation reward coefficients (α, β, γ)", df, _weights,
-        list(paper.TABLE17), lambda k: [paper.TABLE17[k][0], *map(str, k)],
-        lambda k, m: paper.TABLE17[k][1 if m == "math_avg" else 2], ["math_avg", "general_avg"],
-    )
-    t.header = ["Configuration", "α", "β", "γ", "Math AVG (ours)", "Math AVG (paper)", "General AVG (ours)",
-                "General AVG (paper)"]
-    return label_averages(t, df, ["math_avg", "general_avg"])
+        list(paper.TABLE17), ["Configuration", "α", "β", "γ"], lambda k: [paper.TABLE17[k][0], *map(str, k)],
+        lambda k, m: paper.TABLE17[k][1 if m == "math_avg" else 2], ["math_avg", "general_avg"])
 
 
 # --------------------------------------------------------------------------------------------------
@@ -601,8 +552,6 @@ def table17(df: pd.DataFrame) -> Table:
 
 def table1(root: str | Path, out_dir: Path, backbone: Optional[str] = None) -> str:
     """Tables 1 and 2 from every ``eval/results.json`` under ``root`` (``eval.tables``); returns the markdown."""
-    from eval.tables import rows_from_results, write_tables
-
     rows, bb = [], backbone
     paths = sorted(Path(root).rglob(f"{rundir.EVAL}/{RESULTS_FILE}"))
     if not paths:

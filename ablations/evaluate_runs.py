@@ -2,20 +2,10 @@
 
     python -m ablations.evaluate_runs runs/ablations/ablation_smoke/table3 --eval ablation_smoke
 
-For each run directory under the sweep (a directory with ``config.yaml``):
-
-- already evaluated (``eval/results.json``): skipped, so an interrupted sweep resumes;
-- training not finished (no ``summary.json``): skipped with a message (the sweep's training step resumes it);
-- otherwise the backbone named by the run's own ``model`` config is loaded with the weights of the run's
-  latest Execution checkpoint (``eval.run.resolve_checkpoint``; evaluation-only methods keep the backbone),
-  and ``eval.run.evaluate`` writes ``<run>/eval/`` (per-problem JSONL, ``results.json``, ``scores.md/tex``).
-
-For Table 15 (``--adv-reject``), a run with an Evaluation player of its own is also measured on the fixed
-held-out set of ``ablations.adv_reject`` (``<run>/eval/adv_reject.json``).
-
-The mode follows the method: ``method.eval_mode`` when set (Absolute Zero: tool, as the paper's Table 1),
-else ``tool`` for methods with ``use_tools`` (the sandbox at inference) and ``vanilla`` for the others. The ``eval`` preset (``conf/eval/<name>.yaml``) fixes the benchmarks and generation lengths;
-the run's W&B group and tags are reused, so the scores land in the sweep's group.
+A run already evaluated (``eval/results.json``) or whose training has not finished is skipped, so an interrupted
+sweep resumes. Otherwise the run's backbone is loaded with its latest Execution checkpoint and evaluated with the
+``eval`` preset into ``<run>/eval/``, in the mode, W&B group and tags the run's config gives
+(``eval.run.apply_run_config``). ``--adv-reject`` also measures Table 15's Adv. Reject (``ablations.adv_reject``).
 """
 from __future__ import annotations
 
@@ -25,23 +15,24 @@ import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+import torch
+from joblib import Parallel, delayed
 from omegaconf import OmegaConf
 
 _ROOT = str(Path(__file__).resolve().parents[1])
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
+from ablations.adv_reject import measure_run  # noqa: E402
 from ablations.aggregate import ADV_REJECT_FILE, RESULTS_FILE, find_run_dirs  # noqa: E402
+from eval.config import register_eval_configs  # noqa: E402
+from eval.run import apply_run_config, build_engine, evaluate  # noqa: E402
 from unifiedplayers import rundir  # noqa: E402
+from unifiedplayers.config import compose  # noqa: E402
 
 
 def eval_config(run_cfg: Any, preset: str, overrides: Sequence[str] = ()) -> Any:
-    """The ``conf/evaluate.yaml`` config of one run: its backbone, W&B group/tags, method label, mode and
-    Execution prompt (``eval.run.apply_run_config``, the same rule as ``make eval CKPT=<run dir>``)."""
-    from eval.config import register_eval_configs
-    from eval.run import apply_run_config
-    from unifiedplayers.config import compose
-
+    """The ``conf/evaluate.yaml`` config of one run (``eval.run.apply_run_config``, as ``make eval CKPT=<run dir>``)."""
     register_eval_configs()
     cfg = compose([f"eval={preset}", *overrides], config_name="evaluate")
     explicit = [o.split("=", 1)[0].lstrip("+~") for o in overrides]
@@ -57,18 +48,13 @@ def has_evaluation_player(run_cfg: Any) -> bool:
 
 def evaluate_run(run_dir: Path, preset: str, overrides: Sequence[str] = (), log=print,
                  adv_reject: bool = False) -> Optional[dict]:
-    """Evaluate one run directory; returns its results, or None when it was skipped. With ``adv_reject``
-    also measures Table 15's Adv. Reject on the fixed held-out set (``ablations.adv_reject``), once."""
-    from eval.run import build_engine, evaluate
-
+    """Evaluate one run directory; returns its results, or None when it was skipped."""
     out = run_dir / rundir.EVAL
     run_cfg = OmegaConf.load(run_dir / rundir.CONFIG)
     if run_cfg.method.trainable and not (run_dir / rundir.SUMMARY_JSON).exists():
         log(f"[evaluate] {run_dir}: training not finished, skipped (rerun the sweep to resume it)")
         return None
     if adv_reject and has_evaluation_player(run_cfg) and not (out / ADV_REJECT_FILE).exists():
-        from ablations.adv_reject import measure_run
-
         measure_run(run_dir, log=log)
     if (out / RESULTS_FILE).exists():
         log(f"[evaluate] {run_dir}: already evaluated")
@@ -85,8 +71,6 @@ def evaluate_run(run_dir: Path, preset: str, overrides: Sequence[str] = (), log=
 def _evaluate_in_worker(run_dir: Path, preset: str, overrides: Sequence[str], threads: int,
                         adv_reject: bool = False) -> bool:
     if threads > 0:
-        import torch
-
         torch.set_num_threads(threads)
     return evaluate_run(Path(run_dir), preset, overrides, log=lambda m: print(m, flush=True),
                         adv_reject=adv_reject) is not None
@@ -103,15 +87,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("overrides", nargs="*", help="further overrides of conf/evaluate.yaml, e.g. eval.limit=5")
     args = ap.parse_intermixed_args(argv)
     dirs = find_run_dirs(args.sweep_dir)
-    if args.jobs > 1 and len(dirs) > 1:
-        from joblib import Parallel, delayed
-
-        flags = Parallel(n_jobs=args.jobs, backend="loky")(
-            delayed(_evaluate_in_worker)(d, args.eval, args.overrides, args.threads, args.adv_reject) for d in dirs)
-    else:
-        flags = [_evaluate_in_worker(d, args.eval, args.overrides, args.threads, args.adv_reject) for d in dirs]
-    done = sum(flags)
-    print(f"[evaluate] {args.sweep_dir}: evaluated {done} run(s)")
+    jobs = args.jobs if args.jobs > 1 and len(dirs) > 1 else 1  # one job: in this process
+    flags = Parallel(n_jobs=jobs, backend="loky")(
+        delayed(_evaluate_in_worker)(d, args.eval, args.overrides, args.threads, args.adv_reject) for d in dirs)
+    print(f"[evaluate] {args.sweep_dir}: evaluated {sum(flags)} run(s)")
     return 0
 
 

@@ -2,11 +2,9 @@
 
     python -m ablations.plan [table1 table3 ...] [--scale paper|paper_mimo_7b] [capacity options: --gpus 8 ...]
 
-For each member of a sweep (:data:`ablations.sweeps.SWEEPS`, at ``--scale``), its projected GPU-hours, peak memory
-per GPU, host RAM and disk per run, then the table's total. A member's plan is the one ``make plan`` prints for its
-config; members differ (a frozen player trains nothing, M = 8 runs twice the verifiers of M = 4), so the total is a
-sum, not the preset's figure times the member count. Evaluation (``make eval``) is not counted. ``make plan-tables``
-prints every table at the paper scale.
+For each member of a sweep (:data:`ablations.sweeps.SWEEPS`, at ``--scale``), the plan ``make plan`` prints for its
+config (GPU-hours, peak memory per GPU, host RAM, disk), then the table's total: members differ (a frozen player
+trains nothing), so the total is a sum. Evaluation is not counted.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The sweeps behind ``make reproduce-table*``: train (Hydra multirun), evaluate, aggregate.
+"""The sweeps behind ``make reproduce-table*``: train (Hydra multirun), evaluate, aggregate (docs/baselines.md).
 
     python -m ablations.sweeps table3 --scale smoke            # what `make reproduce-table3` runs
     python -m ablations.sweeps table15 --scale paper --launcher slurm
@@ -6,26 +6,15 @@
     python -m ablations.sweeps table3 --scale paper --nproc-per-node 8 model.path=DIR   # one member at a time
     python -m ablations.sweeps table3 --scale paper --launcher slurm --slurm nodes=2 model.path=DIR  # 2 nodes each
 
-A sweep is a list of Hydra multiruns of ``python -m unifiedplayers.train`` (``SWEEPS`` below: the
-``conf/ablation/<preset>`` overlay plus the member overrides, comma lists being Hydra sweeps). Every
-member gets ``resume=true`` and a run directory named by its overrides
-(``hydra.sweep.subdir=${hydra.job.override_dirname}`` in the presets), so rerunning an interrupted
-sweep skips the finished members (the loop returns at once for a finished run) and resumes a partial
-one from its last completed update. Then ``ablations.evaluate_runs`` evaluates every finished member not
-yet evaluated, and ``ablations.aggregate`` prints the table (markdown and LaTeX) with the paper's numbers.
+A sweep is a list of Hydra multiruns of ``python -m unifiedplayers.train`` (:data:`SWEEPS`). Every member gets
+``resume=true`` and a run directory named by its overrides (``hydra.sweep.subdir=${hydra.job.override_dirname}``),
+so rerunning an interrupted sweep skips the finished members and resumes a partial one; whichever launcher
+started a member (or ``experiments/dp8_single_gpu_runs.sh``, ``--list-members``) finds it again. Then
+``ablations.evaluate_runs`` evaluates the finished members and ``ablations.aggregate`` prints the table.
 
-Scales (``SCALES``): ``smoke`` = ``experiment=ablation_smoke`` + ``eval=ablation_smoke`` (CPU, toy sizes);
-``paper`` = ``experiment=paper_qwen3_4b`` + ``eval=paper`` (GPUs); ``paper_mimo_7b`` = ``experiment=paper_mimo_7b``
-+ ``eval=paper`` (the paper's MiMo-7B-Base rows). A scale's ``backbone`` only chooses which of the paper's
-rows are printed for reference: each of our rows is labelled with the backbone it ran on.
-
-Launchers: ``local`` (joblib, ``--jobs`` members at a time) and ``slurm`` (Hydra's submitit launcher, ``pip install -e
-'.[slurm]'``, settings in ``ablations/conf/hydra/launcher/slurm.yaml``, outside ``conf/`` so that the configuration
-tests never need the plugin). At the GPU scales a member is one run over a node's GPUs as data-parallel ranks
-(:class:`Member`, docs/distributed.md): ``local`` runs the members one at a time, each ``torchrun --standalone`` over
-``--nproc-per-node`` GPUs, and ``slurm`` submits each member as one job holding whole nodes
-(``ablations/conf/slurm_node.yaml``). Both name each member's directory by Hydra's ``override_dirname``, so a member
-started by either launcher, or by ``experiments/dp8_single_gpu_runs.sh`` (``--list-members``), is found again.
+Launchers: ``local`` (joblib, ``--jobs`` members at a time) and ``slurm`` (submitit, ``pip install -e '.[slurm]'``,
+settings in ``ablations/conf/``, outside ``conf/`` so that the configuration tests never need the plugin). At the GPU
+scales a member is one run over a node's GPUs (:class:`Member`, docs/distributed.md).
 """
 from __future__ import annotations
 
@@ -38,6 +27,15 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
+
+import hydra
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import OmegaConf, open_dict
+
+from unifiedplayers import rundir
+from unifiedplayers.config import CONF_DIR, check_override_keys, compose, register_configs
 
 REPO = Path(__file__).resolve().parents[1]
 LAUNCHER_CONF = REPO / "ablations" / "conf"
@@ -99,17 +97,14 @@ SWEEPS = {
     "table1": Sweep("table1", (("ablation=table1", "method=unifiedplayers,agent0,r_zero,absolute_zero", "seed=0"),),
                     eval_only_methods=("vanilla", "tool_augmented")),
 }
-# Table 1's Socratic-Zero member: its Teacher is an external model, so it joins only with an endpoint.
-SOCRATIC_ZERO_RUN = ("ablation=table1", "method=socratic_zero", "seed=0")
-
-
 def socratic_zero_run(endpoint: Optional[str], model: Optional[str]) -> Optional[tuple[str, ...]]:
-    """The Socratic-Zero multirun of Table 1 with its Teacher, or None (with why) when none is configured."""
+    """The Socratic-Zero multirun of Table 1 with its Teacher, an external model: None when none is configured."""
     if not endpoint and not model:
         return None
     if not endpoint or not model:
         raise SystemExit("[sweep] Socratic-Zero needs both --teacher-endpoint and --teacher-model")
-    return (*SOCRATIC_ZERO_RUN, f"method.extra.teacher_endpoint={endpoint}", f"method.extra.teacher_model={model}")
+    return ("ablation=table1", "method=socratic_zero", "seed=0", f"method.extra.teacher_endpoint={endpoint}",
+            f"method.extra.teacher_model={model}")
 
 
 def sweep_dir(sweep: Sweep, scale: Scale, root: Path = REPO / "runs" / "ablations") -> Path:
@@ -132,11 +127,6 @@ def train_command(run: Sequence[str], scale: Scale, out: Path, launcher: str, jo
 
 def write_eval_only_members(sweep: Sweep, scale: Scale, out: Path, extra: Sequence[str] = ()) -> list[Path]:
     """A run directory (config.yaml only) per evaluation-only method: evaluate_runs scores the backbone."""
-    from omegaconf import OmegaConf
-
-    from unifiedplayers import rundir
-    from unifiedplayers.config import compose
-
     made = []
     for method in sweep.eval_only_methods:
         d = out / f"method={method}"
@@ -159,9 +149,8 @@ RANK_FALLBACKS = {("deepspeed_zero3", "stale"): "trainer.backend=deepspeed_zero2
 
 @dataclass(frozen=True)
 class Member:
-    """One training run of a sweep at a GPU scale: the overrides of its Hydra job, the directory Hydra's multirun
-    names it (``<sweep dir>/<hydra.job.override_dirname>``) and the data-parallel ranks it runs over, on ``nodes``
-    nodes of ``ranks // nodes`` each."""
+    """One training run of a sweep at a GPU scale: its Hydra job's overrides, its directory
+    (``<sweep dir>/<hydra.job.override_dirname>``) and its ``ranks``, on ``nodes`` nodes of ``ranks // nodes``."""
     overrides: tuple[str, ...]
     run_dir: Path
     ranks: int
@@ -169,17 +158,14 @@ class Member:
     nodes: int = 1
 
     def train_args(self) -> list[str]:
-        """The overrides of its ``python -m unifiedplayers.train``, ``run_dir`` quoted for Hydra's parser (a member's
-        directory name holds ``=`` and ``,``)."""
+        """Its training overrides, ``run_dir`` quoted for Hydra's parser (the name holds ``=`` and ``,``)."""
         if "'" in str(self.run_dir):
             raise ValueError(f"{self.run_dir}: a sweep directory with a quote (') cannot be passed to Hydra")
         return [*self.overrides, f"run_dir='{self.run_dir}'"]
 
     def command(self, rendezvous: Optional[dict[str, str]] = None) -> list[str]:
-        """One node's command: torchrun (``python -m torch.distributed.run``, this interpreter's) over the node's
-        ``ranks // nodes`` ranks, with the options of :mod:`unifiedplayers.launch`: ``--standalone`` on one node, on
-        several the node's ``rendezvous`` (``NODE_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``: :func:`slurm_rendezvous`).
-        One process for one rank, as experiments/dp8_single_gpu_runs.sh runs it."""
+        """One node's command: this interpreter's torchrun over the node's ranks (:mod:`unifiedplayers.launch`;
+        ``rendezvous`` on several nodes: :func:`slurm_rendezvous`), or one plain process for one rank."""
         from unifiedplayers.launch import torchrun_command
 
         train = ["-m", "unifiedplayers.train", *self.train_args()]
@@ -190,15 +176,8 @@ class Member:
 
 
 def expand(overrides: Sequence[str]) -> list[list[str]]:
-    """The jobs of one ``python -m unifiedplayers.train -m <overrides>``, as Hydra's basic sweeper makes them (its own
-    function): the product of the comma lists, the ablation preset's ``hydra.sweeper.params`` first (the command
-    line's win)."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from omegaconf import OmegaConf
-
-    from unifiedplayers.config import CONF_DIR
-
+    """The jobs of one ``python -m unifiedplayers.train -m <overrides>``, made by Hydra's basic sweeper itself (the
+    ablation preset's ``hydra.sweeper.params`` first, so the command line's win)."""
     preset = next((o.split("=", 1)[1] for o in overrides if o.startswith("ablation=")), None)
     params = OmegaConf.select(OmegaConf.load(CONF_DIR / "ablation" / f"{preset}.yaml"), "hydra.sweeper.params",
                               default={}) if preset else {}
@@ -208,17 +187,11 @@ def expand(overrides: Sequence[str]) -> list[list[str]]:
 
 def compose_job(overrides: Sequence[str]) -> tuple[Any, str]:
     """The config of one job (the run's config, validated) and its ``hydra.job.override_dirname``."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from omegaconf import open_dict
-
-    from unifiedplayers.config import CONF_DIR, check_override_keys, register_configs
-
     register_configs()
     check_override_keys(overrides)
     GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose("config", overrides=list(overrides), return_hydra_config=True)
+    with hydra.initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = hydra.compose("config", overrides=list(overrides), return_hydra_config=True)
     dirname = str(cfg.hydra.job.override_dirname)
     with open_dict(cfg):
         del cfg["hydra"]
@@ -227,15 +200,12 @@ def compose_job(overrides: Sequence[str]) -> tuple[Any, str]:
 
 def members(multiruns: Sequence[Sequence[str]], scale: Scale, out: Path, nproc: int,
             extra: Sequence[str] = (), nodes: int = 1) -> list[Member]:
-    """Every member of ``multiruns`` at ``scale``, in Hydra's order. A member runs over ``nodes`` nodes of ``nproc``
-    ranks, or over as many ranks as the run in its directory began with (a run resumes only with its rank count),
-    on ``nodes`` nodes when they split evenly, else on one; a finished run is checked against the member's config,
-    as the loop would, and then left alone. Fails before anything is launched on a member that its ranks cannot run
-    (:data:`RANK_FALLBACKS` aside)."""
+    """Every member of ``multiruns`` at ``scale``, in Hydra's order, over ``nodes`` nodes of ``nproc`` ranks, or over
+    the ranks its run began with (a run resumes only with its rank count). Fails before anything is launched on a
+    member that its ranks cannot run (:data:`RANK_FALLBACKS` aside) or whose run does not match its config."""
     from unifiedplayers.checks import check_ranks
     from unifiedplayers.distributed import DistContext
     from unifiedplayers.loop.run_state import check_resumable
-    from unifiedplayers import rundir
 
     found = []
     for run in multiruns:
@@ -277,10 +247,8 @@ def run_members_here(found: Sequence[Member], nproc: int, dry_run: bool, retries
 
 
 def slurm_rendezvous(env: Mapping[str, str]) -> dict[str, str]:
-    """This node's place in a member's Slurm job of several nodes, as :mod:`unifiedplayers.launch` reads it:
-    ``NODE_RANK`` from ``SLURM_NODEID``, ``MASTER_ADDR`` the job's first host (``scontrol show hostnames``), and
-    ``MASTER_PORT`` from the job's id, so that two jobs sharing a node do not meet on one port (the id is also the
-    rendezvous's)."""
+    """This node's place in a member's Slurm job of several nodes, as :mod:`unifiedplayers.launch` reads it; the port
+    comes from the job's id, so that two jobs sharing a node do not meet on one port."""
     hosts = subprocess.run(["scontrol", "show", "hostnames", env["SLURM_JOB_NODELIST"]], capture_output=True,
                            text=True, check=True).stdout.split()
     return {"NODE_RANK": env["SLURM_NODEID"], "MASTER_ADDR": hosts[0],
@@ -288,8 +256,7 @@ def slurm_rendezvous(env: Mapping[str, str]) -> dict[str, str]:
 
 
 class MemberJob:
-    """What a member's Slurm job runs on each of its nodes, one task a node (pickled by submitit): the member's
-    command for that node, from the repository root."""
+    """What a member's Slurm job runs on each of its nodes (one task a node, pickled by submitit)."""
 
     def __init__(self, member: Member):
         self.member = member
@@ -301,19 +268,8 @@ class MemberJob:
         subprocess.run(self.command(), cwd=REPO, env={**os.environ, "HYDRA_FULL_ERROR": "1"}, check=True)
 
 
-def slurm_parameters(settings: dict, member: Member, sweep_name: str) -> dict:
-    """submitit's SlurmExecutor parameters of one member's job: ``settings`` (slurm_node.yaml with the --slurm
-    changes), the member's nodes and their GPUs, one per rank."""
-    params = {k: v for k, v in settings.items() if v is not None}
-    return {**params, "nodes": member.nodes, "gpus_per_node": member.ranks // member.nodes,
-            "job_name": f"{sweep_name}-{member.run_dir.name}"[:120]}
-
-
 def slurm_settings(changes: Sequence[str] = ()) -> dict:
-    """``ablations/conf/slurm_node.yaml`` with ``KEY=VALUE`` changes (``--slurm partition=gpu``, ``--slurm
-    nodes=2``). A node's GPUs are the member's ranks on it (``--nproc-per-node``), not a setting."""
-    from omegaconf import OmegaConf
-
+    """``ablations/conf/slurm_node.yaml`` with the ``--slurm KEY=VALUE`` changes."""
     if any(c.split("=", 1)[0] == "gpus_per_node" for c in changes):
         raise SystemExit("[sweep] --slurm gpus_per_node: a node's GPUs are its ranks, --nproc-per-node")
     merged = OmegaConf.merge(OmegaConf.load(SLURM_NODE), OmegaConf.from_dotlist(list(changes)))
@@ -322,8 +278,8 @@ def slurm_settings(changes: Sequence[str] = ()) -> dict:
 
 def run_members_on_slurm(found: Sequence[Member], sweep_name: str, out: Path, changes: Sequence[str],
                          dry_run: bool, executor: Any = None) -> None:
-    """The slurm launcher at a GPU scale: each unfinished member one job holding its whole nodes (torchrun on each),
-    all submitted, then waited for. ``executor``: submitit's SlurmExecutor (tests pass a stand-in)."""
+    """The slurm launcher at a GPU scale: each unfinished member one job, all submitted, then waited for.
+    ``executor``: submitit's SlurmExecutor (tests pass a stand-in)."""
     settings = slurm_settings(changes)
     pending = [m for m in found if not m.finished]
     for m in found:
@@ -338,7 +294,8 @@ def run_members_on_slurm(found: Sequence[Member], sweep_name: str, out: Path, ch
             raise SystemExit("[sweep] --launcher slurm needs submitit: pip install -e '.[slurm]'") from None
     jobs = []
     for m in pending:
-        params = slurm_parameters(settings, m, sweep_name)
+        params = {**{k: v for k, v in settings.items() if v is not None}, "nodes": m.nodes,  # and a GPU per rank
+                  "gpus_per_node": m.ranks // m.nodes, "job_name": f"{sweep_name}-{m.run_dir.name}"[:120]}
         node0 = {"NODE_RANK": "0", "MASTER_ADDR": "<first host>", "MASTER_PORT": "<20000 + job id % 20000>"}
         print(f"[sweep] slurm job ({', '.join(f'{k}={v}' for k, v in params.items())}): "
               + ("" if m.nodes == 1 else "on each node, node 0's command (the others' NODE_RANK is their "
@@ -363,8 +320,8 @@ def run_members_on_slurm(found: Sequence[Member], sweep_name: str, out: Path, ch
 
 
 def run(cmd: list[str], dry_run: bool, retries: int = 0) -> None:
-    """Run one step; a failed training multirun is rerun up to ``retries`` times (its members resume: one
-    member killed by the OOM killer, say, aborts the whole joblib pool, not the finished members' work)."""
+    """Run one step; a failed training multirun is rerun up to ``retries`` times (its members resume: one member
+    killed by the OOM killer aborts the whole joblib pool)."""
     print("[sweep] $ " + " ".join(shlex.quote(c) for c in cmd), flush=True)
     if dry_run:
         return
@@ -441,9 +398,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     elif "train" in steps:
         for mr in multiruns:
             run(train_command(mr, scale, out, args.launcher, args.jobs, args.overrides), args.dry_run, args.retries)
-    if "train" in steps:
-        if sweep.eval_only_methods and not args.dry_run:
-            write_eval_only_members(sweep, scale, out, args.overrides)
+    if "train" in steps and sweep.eval_only_methods and not args.dry_run:
+        write_eval_only_members(sweep, scale, out, args.overrides)
     py = [sys.executable, "-m"]
     if "evaluate" in steps:
         run(py + ["ablations.evaluate_runs", str(out), "--eval", scale.eval, "--threads", str(args.eval_threads),

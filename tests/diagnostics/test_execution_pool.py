@@ -6,17 +6,8 @@ import json
 import pytest
 
 from unifiedplayers.config import compose
-from unifiedplayers.diagnostics.execution_pool import (
-    FixedPool,
-    PoolLog,
-    PoolQuestion,
-    build_pool,
-    grade_text,
-    negative_steps,
-    pool_summary,
-    summarise,
-    user_message,
-)
+from unifiedplayers.diagnostics.execution_pool import (FixedPool, PoolLog, PoolQuestion, build_pool, grade_text,
+                                                      negative_steps, pool_summary, summarise, user_message)
 from unifiedplayers.rundir import EXECUTION_POOL
 from unifiedplayers.data.benchmarks import Problem
 

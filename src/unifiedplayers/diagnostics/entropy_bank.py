@@ -1,17 +1,9 @@
-"""The fixed bank of held-out role contexts for entropy retention (Appendix D.2: token
-entropy on 256 held-out contexts per role, final/initial ratio).
+"""The fixed bank of held-out role contexts for entropy retention (Appendix D.2: token entropy on 256 held-out
+contexts per role, final/initial ratio).
 
 Shipped as package data (``unifiedplayers/data/entropy_bank.json``), written once by
-``python -m eval.make_entropy_bank`` from our own templates with seeded numbers: no data set, and
-nothing training ever samples (Planning prompts come from ``player.topics``, Execution and Evaluation
-see the Planning player's own tasks). Per role, 256 items:
-
-- ``planning``: topic phrases for the questioner template (``planning_prompt(tokenizer, player, topic)``);
-- ``execution`` and ``evaluation``: math word problems (``execution_prompt`` / ``evaluation_prompt``
-  of the question), 256 different ones per role.
-
-:func:`entropy_bank_texts` gives the first ``size`` items of a role; a size beyond the bank is an
-error, never a silent cap. Pure: no tokenizer, no torch.
+``python -m eval.make_entropy_bank`` from our own templates with seeded numbers, so nothing training samples is in
+it: per role 256 topic phrases (planning) or math word problems (execution, evaluation).
 """
 from __future__ import annotations
 
@@ -21,6 +13,7 @@ from importlib import resources
 from typing import Any
 
 from unifiedplayers.roles import ROLES
+
 BANK_FILE = "entropy_bank.json"
 
 
@@ -38,22 +31,15 @@ def load_bank() -> dict[str, Any]:
 
 def entropy_bank_texts(role: str, size: int) -> list[str]:
     """The first ``size`` held-out texts of ``role``: topic phrases (planning) or questions (execution,
-    evaluation), to be rendered with that role's prompt. Raises ``ValueError`` for an unknown role, a
-    negative size, or a size larger than the bank holds."""
-    _check_role(role)
+    evaluation), to be rendered with that role's prompt; a size beyond the bank is an error, never a silent cap."""
+    if role not in ROLES:
+        raise ValueError(f"unknown role {role!r}: one of {ROLES}")
     if isinstance(size, bool) or not isinstance(size, int):
         raise ValueError(f"entropy bank size must be an int, got {size!r}")
     if size < 0:
         raise ValueError(f"entropy bank size must be >= 0, got {size}")
     items = load_bank()[role]
     if size > len(items):
-        raise ValueError(
-            f"trainer.entropy_bank_size={size} but the {role} entropy bank holds {len(items)} held-out "
-            f"contexts; lower it or extend eval/make_entropy_bank.py"
-        )
+        raise ValueError(f"trainer.entropy_bank_size={size} but the {role} entropy bank holds {len(items)} held-out "
+                         f"contexts; lower it or extend eval/make_entropy_bank.py")
     return [item["question"] if isinstance(item, dict) else str(item) for item in items[:size]]
-
-
-def _check_role(role: str) -> None:
-    if role not in ROLES:
-        raise ValueError(f"unknown role {role!r}: one of {ROLES}")

@@ -1,12 +1,9 @@
 """The Execution player's fixed diagnostic pool (§4.4, Appendix D.2).
 
-Every ``schedule.execution_pool.every`` Execution updates (paper: 50) the Execution player answers a fixed
-pool of math and general questions (paper: 128 + 128), greedily, with its own tool loop and prompt. The pool is the
-first ``math_size`` problems of one offline benchmark file and the first ``general_size`` of another, loaded and
-graded by the evaluation harness's code (:mod:`unifiedplayers.data.benchmarks`, :mod:`unifiedplayers.feedback.answers`).
-The run summary reports, over the checkpoints, the negative-step rate and the maximum drop (:func:`negative_steps`).
-Each evaluation is logged to ``execution_pool.jsonl`` (:class:`PoolLog`), which a resumed run reuses; a missing
-dataset file is a warning and a ``missing`` entry in every line, never a crash.
+Every ``schedule.execution_pool.every`` Execution updates the Execution player answers the first ``math_size`` and
+``general_size`` problems of two benchmark files greedily, with its own tool loop and prompt, graded as the
+evaluation harness grades (docs/running.md). Each evaluation is logged to ``execution_pool.jsonl``
+(:class:`PoolLog`), which a resumed run reuses; a missing dataset file is a warning, never a crash.
 """
 from __future__ import annotations
 
@@ -14,10 +11,15 @@ import json
 import os
 import time
 import warnings
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
+from unifiedplayers.data.benchmarks import REGISTRY, load_benchmark
+from unifiedplayers.feedback.answers import extract_answer, grade
+from unifiedplayers.players.prompts import fill, option_fields, render_prompt
+from unifiedplayers.players.tool_loop import ToolLoopConfig, run_tool_loop
 from unifiedplayers.rundir import EXECUTION_POOL, iter_jsonl, repair_tail
 
 DOMAINS = ("math", "general")
@@ -29,12 +31,11 @@ TEXT_TAIL_CHARS = 1000  # the end of each transcript is kept (the answer is ther
 
 
 def negative_steps(accuracy: Sequence[Optional[float]]) -> tuple[Optional[float], Optional[float]]:
-    """(negative-step rate, maximum drop) of a sequence of checkpoint accuracies (Appendix D.2).
+    """(negative-step rate, maximum drop) of a sequence of checkpoint accuracies (Appendix D.2):
 
     negative-step rate = #{i : a_{i+1} < a_i} / (n − 1) over the n checkpoints in order;
     maximum drop = max(0, max_i (a_i − a_{i+1})), in the units of ``accuracy``.
-    ``None`` entries (an evaluation that could not run) are left out; fewer than two values give
-    ``(None, None)``.
+    ``None`` entries (an evaluation that could not run) are left out; fewer than two values give ``(None, None)``.
     """
     acc = [float(a) for a in accuracy if a is not None]
     if len(acc) < 2:
@@ -57,16 +58,12 @@ class PoolQuestion:
 
     @property
     def answer_type(self) -> str:
-        from unifiedplayers.data.benchmarks import REGISTRY
-
         return REGISTRY[self.benchmark].answer_type
 
 
 def build_pool(pool_cfg: Any) -> tuple[list[PoolQuestion], list[str]]:
     """(questions, messages): the first ``math_size`` math and ``general_size`` general problems; one
     message per file that is missing or unreadable (that share of the pool is then empty)."""
-    from unifiedplayers.data.benchmarks import REGISTRY, load_benchmark
-
     questions: list[PoolQuestion] = []
     missing: list[str] = []
     for domain in DOMAINS:
@@ -91,8 +88,6 @@ def build_pool(pool_cfg: Any) -> tuple[list[PoolQuestion], list[str]]:
 
 def user_message(q: PoolQuestion, pool_cfg: Any) -> str:
     """The question as the Execution player sees it (inside its own prompt template)."""
-    from unifiedplayers.players.prompts import fill, option_fields
-
     if q.answer_type == "option":
         return fill(pool_cfg.option_template, question=q.problem.question, **option_fields(q.problem.options or []))
     return fill(pool_cfg.math_template, question=q.problem.question)
@@ -100,25 +95,16 @@ def user_message(q: PoolQuestion, pool_cfg: Any) -> str:
 
 def grade_text(q: PoolQuestion, text: str) -> tuple[Optional[str], bool]:
     """(extracted answer, correct) of one tool-loop transcript, graded as the harness grades its tool mode."""
-    from unifiedplayers.feedback.answers import extract_answer, grade
-
     answer = extract_answer(q.answer_type, text, len(q.problem.options or []), tool=True)
     return answer, bool(grade(q.answer_type, answer, q.problem.reference))
 
 
 def answer_questions(engine: Any, sandbox: Any, tokenizer: Any, player_cfg: Any, pool_cfg: Any,
                      questions: Sequence[PoolQuestion]) -> list[dict[str, Any]]:
-    """One graded item per question, in order: the Execution player's greedy answer (its tool loop, its prompt),
-    in tool-loop calls of ``pool_cfg.batch_size`` questions. Greedy decoding draws nothing, so a question's answer
-    does not depend on the seed nor, up to the float rounding of a batch's shape, on its batch-mates."""
-    from unifiedplayers.players.prompts import render_prompt
-    from unifiedplayers.players.tool_loop import ToolLoopConfig, run_tool_loop
-
-    loop_cfg = ToolLoopConfig.from_player_config(
-        player_cfg, greedy=True,
-        **({"max_turns": pool_cfg.max_turns} if pool_cfg.max_turns else {}),
-        **({"max_new_tokens": pool_cfg.max_new_tokens} if pool_cfg.max_new_tokens else {}),
-    )
+    """One graded item per question, in order: the Execution player's greedy answer, in tool-loop calls of
+    ``pool_cfg.batch_size`` questions (greedy: an answer does not depend on the seed nor on its batch-mates)."""
+    limits = {"max_turns": pool_cfg.max_turns, "max_new_tokens": pool_cfg.max_new_tokens}
+    loop_cfg = ToolLoopConfig.from_player_config(player_cfg, greedy=True, **{k: v for k, v in limits.items() if v})
     prompts = [render_prompt(tokenizer, player_cfg.execution, include_prefix=False, question=user_message(q, pool_cfg))
                for q in questions]
     step = pool_cfg.batch_size if pool_cfg.batch_size > 0 else max(len(prompts), 1)
@@ -142,16 +128,9 @@ Split = Callable[..., Optional[list[list[Any]]]]  # DistContext.split_prompts: (
 
 def evaluate_pool(engine: Any, sandbox: Any, tokenizer: Any, player_cfg: Any, pool_cfg: Any,
                   questions: Sequence[PoolQuestion], split: Optional[Split] = None) -> Optional[dict[str, Any]]:
-    """Greedy answers of the Execution player (its tool loop, its prompt) to ``questions``, graded.
-
-    Returns ``accuracy`` (all questions), ``accuracy_math``, ``accuracy_general`` (``None`` for an empty
-    domain), the counts, the tool-loop statuses and one item per question.
-
-    ``split``: over several ranks, :meth:`unifiedplayers.distributed.DistContext.split_prompts`, called on every
-    rank: each rank answers its block of the questions (:func:`unifiedplayers.distributed.prompt_shard`) with its
-    own engine and sandbox, and rank 0 gathers the items in question order and summarises them (the other ranks
-    get ``None``); a rank without questions still joins the gather.
-    """
+    """Greedy answers of the Execution player to ``questions``, graded (:func:`summarise`). ``split``: over several
+    ranks, :meth:`unifiedplayers.distributed.DistContext.split_prompts`, called on every rank: each rank answers its
+    block, rank 0 gathers and summarises them (the other ranks get ``None``)."""
     def answer(mine: range) -> list[list[dict[str, Any]]]:
         return [[item] for item in answer_questions(engine, sandbox, tokenizer, player_cfg, pool_cfg,
                                                     [questions[i] for i in mine])]
@@ -161,7 +140,7 @@ def evaluate_pool(engine: Any, sandbox: Any, tokenizer: Any, player_cfg: Any, po
 
 
 def summarise(items: list[dict[str, Any]]) -> dict[str, Any]:
-    """Accuracies (overall and per domain), counts and statuses of graded items."""
+    """Accuracies (overall and per domain, ``None`` for none), counts and statuses of graded items."""
     def acc(rows: list[dict[str, Any]]) -> Optional[float]:
         return sum(bool(r["correct"]) for r in rows) / len(rows) if rows else None
 
@@ -170,10 +149,7 @@ def summarise(items: list[dict[str, Any]]) -> dict[str, Any]:
         rows = [r for r in items if r["domain"] == d]
         out[f"accuracy_{d}"] = acc(rows)
         out[f"num_{d}"] = len(rows)
-    statuses: dict[str, int] = {}
-    for r in items:
-        statuses[r["status"]] = statuses.get(r["status"], 0) + 1
-    out["statuses"] = statuses
+    out["statuses"] = dict(Counter(r["status"] for r in items))
     out["items"] = items
     return out
 
@@ -183,11 +159,8 @@ def summarise(items: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 class PoolLog:
-    """``execution_pool.jsonl``: one line per evaluated checkpoint, keyed by ``execution_step``.
-
-    Append-only and durable (fsync); a torn last line (a process killed while writing) is dropped when
-    the file is opened. A line for a step that already has one is never written (the first one stands).
-    """
+    """``execution_pool.jsonl``: one line per evaluated checkpoint, keyed by ``execution_step`` (the first stands).
+    Append-only and durable (fsync); a torn last line is dropped when the file is opened."""
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
@@ -225,9 +198,8 @@ def metrics_of(entry: dict[str, Any]) -> dict[str, Any]:
 
 
 def pool_summary(metrics: list[dict[str, Any]], run_dir: Path) -> Optional[dict[str, Any]]:
-    """The run summary's ``execution_pool`` section: the accuracy per checkpoint (from the metrics lines,
-    so only evaluations of completed updates count), the negative-step rate and the maximum drop
-    (accuracy units and points), and any recorded missing-file messages. ``None`` when the pool was off."""
+    """The run summary's ``execution_pool`` section: the accuracy per checkpoint (from the metrics lines, so only
+    completed updates count), :func:`negative_steps` and the missing-file messages. ``None`` when the pool was off."""
     # The initial checkpoint (update 0, Appendix D.2) is on the first Execution update's line as pool0_*.
     rows = []
     for m in metrics:

@@ -1,15 +1,12 @@
 """Run metrics: ``metrics.jsonl`` in the run directory (always) and Weights & Biases (``conf/logger/``).
 
-W&B runs offline by default (``WANDB_MODE=offline``, files under ``<run_dir>/wandb``), online with
-``logger=wandb_online`` and not at all with ``logger=none``. A W&B failure (not installed, no network)
-is a warning, never a crash: ``metrics.jsonl`` is the record of the run. Online, ``wandb.init`` waits at
-most :func:`wandb_init_timeout` for the server; past that, or on any other online failure, the run goes on in
-offline mode with a warning (``wandb sync`` uploads its files later). Progress bars (tqdm) go to
-stderr and can be turned off with ``logger.progress=false``. A W&B run is named ``logger.name``, by default
-``<experiment>/<run dir's name>`` (:func:`wandb_run_name`), in ``logger.project`` under ``logger.entity``.
+W&B runs offline by default (files under ``<run_dir>/wandb``), online with ``logger=wandb_online`` and not at all
+with ``logger=none``. A W&B failure is a warning, never a crash: ``metrics.jsonl`` is the record of the run.
+Progress bars (tqdm) go to stderr and can be turned off with ``logger.progress=false``.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -17,6 +14,8 @@ import time
 import warnings
 from pathlib import Path
 from typing import Any, Iterable, Optional
+
+from tqdm.auto import tqdm
 
 from unifiedplayers.rundir import METRICS, WANDB, read_jsonl
 
@@ -36,10 +35,9 @@ def wandb_init_timeout(cfg: Any = None) -> float:
 
 
 def init_wandb(mode: str, timeout_s: Optional[float] = None, **kwargs: Any) -> Any:
-    """``wandb.init(mode=mode, **kwargs)``. Online, the wait for the server is bounded by ``timeout_s``
-    (``wandb.Settings(init_timeout=...)``; default :func:`wandb_init_timeout`); when it fails (no network, a
-    server that does not answer, a rejected key) the run is started offline instead, with a RuntimeWarning
-    and a printed line. Errors of the offline init itself propagate (the callers turn them into a warning)."""
+    """``wandb.init(mode=mode, **kwargs)``. Online, the wait for the server is bounded by ``timeout_s`` (default
+    :func:`wandb_init_timeout`); when it fails (no network, no answer, a rejected key) the run is started offline
+    instead (``wandb sync`` uploads it later), with a warning. Errors of the offline init itself propagate."""
     import wandb
 
     if mode != "online":
@@ -56,10 +54,8 @@ def init_wandb(mode: str, timeout_s: Optional[float] = None, **kwargs: Any) -> A
                f"uploads it later). Set WANDB_INIT_TIMEOUT=<seconds> to wait longer, or logger=wandb_offline.")
     warnings.warn(msg, RuntimeWarning, stacklevel=2)
     print(f"[logger] {msg}", flush=True)
-    try:  # the service still holds the failed run (its id "in use"): start a fresh one for the offline run
+    with contextlib.suppress(Exception):  # the service still holds the failed run (its id "in use"): start afresh
         wandb.teardown()
-    except Exception:  # noqa: BLE001
-        pass
     return wandb.init(mode="offline", **kwargs)
 
 
@@ -99,19 +95,10 @@ class RunLogger:
     def _init_wandb(self, run_dir: Path, config: Optional[dict], run_id: Optional[str]):
         try:
             os.environ.setdefault("WANDB_SILENT", "true")
-            run = init_wandb(
-                self.cfg.mode,
-                timeout_s=wandb_init_timeout(self.cfg),
-                project=self.cfg.project,
-                entity=self.cfg.entity,
-                name=wandb_run_name(self.cfg, run_dir, config),
-                group=self.cfg.group,
-                tags=list(self.cfg.tags) or None,
-                dir=str(run_dir),
-                config=config,
-                id=run_id,
-                resume="allow" if run_id else None,
-            )
+            run = init_wandb(self.cfg.mode, timeout_s=wandb_init_timeout(self.cfg), project=self.cfg.project,
+                             entity=self.cfg.entity, name=wandb_run_name(self.cfg, run_dir, config),
+                             group=self.cfg.group, tags=list(self.cfg.tags) or None, dir=str(run_dir), config=config,
+                             id=run_id, resume="allow" if run_id else None)
             self.wandb_mode = getattr(getattr(run, "settings", None), "mode", None) or str(self.cfg.mode)
             return run
         except Exception as exc:  # W&B is a mirror; the run goes on without it
@@ -133,10 +120,8 @@ class RunLogger:
         if not self._f.closed:
             self._f.close()
         if self.wandb is not None:
-            try:
+            with contextlib.suppress(Exception):
                 self.wandb.finish()
-            except Exception:
-                pass
             self.wandb = None
 
 
@@ -147,33 +132,9 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
 
 def progress(iterable: Optional[Iterable] = None, *, total: Optional[int] = None, desc: str = "",
              enabled: bool = True, leave: bool = False, position: Optional[int] = None, initial: int = 0):
-    """A tqdm bar (disabled when ``enabled`` is false or tqdm is missing)."""
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:  # pragma: no cover
-        enabled = False
-    if not enabled:
-        class _Null:
-            def __init__(self, it):
-                self.it = it
-
-            def __iter__(self):
-                return iter(self.it if self.it is not None else [])
-
-            def update(self, n=1):
-                pass
-
-            def set_postfix_str(self, s, refresh=True):
-                pass
-
-            def set_description_str(self, s, refresh=True):
-                pass
-
-            def close(self):
-                pass
-
-        return _Null(iterable)
-    return tqdm(iterable, total=total, desc=desc, leave=leave, position=position, initial=initial, dynamic_ncols=True)
+    """A tqdm bar (that draws nothing when ``enabled`` is false)."""
+    return tqdm(iterable, total=total, desc=desc, leave=leave, position=position, initial=initial, dynamic_ncols=True,
+                disable=not enabled)
 
 
 def verdict_progress(items: Iterable, desc: str):

@@ -1,24 +1,22 @@
 """The interaction record ξ(q) = (q, T(q), V(q), T_adv(q), Z(q), ρ_red(q)) (§3.1, Eq. 1; Appendix B.1).
 
-One :class:`InteractionRecord` per task, appended as one JSON line to the run's record file
-(``<run_dir>/records.jsonl``). Crash safety: each append is one ``write`` of a complete line, then
-``flush`` and ``fsync``; a process killed mid-write leaves at most a torn last line, which
-:func:`load_records` skips with a warning and :class:`RecordWriter` cuts off before appending again.
-
-Load for analysis with :func:`records_dataframe` (one row per task) or ``pandas.read_json(path, lines=True)``.
+One :class:`InteractionRecord` per task, appended durably as one JSON line to ``<run_dir>/records.jsonl`` (a torn
+last line: :func:`unifiedplayers.rundir.iter_jsonl`). Load for analysis with :func:`records_dataframe`.
 """
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence, Union
 
 import numpy as np
 
 from unifiedplayers.feedback.trajectory import Trajectory
+from unifiedplayers.feedback.verdict import check_error_summary
 from unifiedplayers.rundir import iter_jsonl, repair_tail
+
 
 @dataclass
 class InteractionRecord:
@@ -77,39 +75,19 @@ class InteractionRecord:
     def error_summary(self) -> dict[str, Any]:
         """Check-error counts of this task: ``checks``, ``errors_orig``, ``errors_adv``, ``error_rate``,
         ``runtime_invalid`` (``verdict.check_error_summary``)."""
-        from unifiedplayers.feedback.verdict import check_error_summary
-
         return check_error_summary(self.error_orig, self.error_adv, self.adv_mask, len(self.runtime_invalid))
 
     @classmethod
-    def from_verdict(
-        cls,
-        question: str,
-        trajectories: Sequence[Trajectory],
-        variants: Sequence[Sequence[Optional[Trajectory]]],
-        verdict: Any,
-        redundancy: Any,
-        rules: Sequence[str],
-        **extra: Any,
-    ) -> "InteractionRecord":
+    def from_verdict(cls, question: str, trajectories: Sequence[Trajectory],
+                     variants: Sequence[Sequence[Optional[Trajectory]]], verdict: Any, redundancy: Any,
+                     rules: Sequence[str], **extra: Any) -> "InteractionRecord":
         """Assemble ξ(q) from a ``VerdictMatrix`` and the inputs it was computed from."""
-        return cls(
-            question=question,
-            trajectories=list(trajectories),
-            verifiers=verdict.valid_sources,
-            variants=[list(r) for r in variants] if variants else [[] for _ in trajectories],
-            z_orig=verdict.z_orig,
-            z_adv=verdict.z_adv,
-            adv_mask=verdict.adv_mask,
-            redundancy=redundancy,
-            rules=list(rules),
-            valid=list(verdict.valid),
-            num_generated=verdict.num_generated,
-            error_orig=getattr(verdict, "error_orig", None),
-            error_adv=getattr(verdict, "error_adv", None),
-            runtime_invalid=dict(getattr(verdict, "runtime_invalid", {}) or {}),
-            **extra,
-        )
+        return cls(question=question, trajectories=list(trajectories), verifiers=verdict.valid_sources,
+                   variants=[list(r) for r in variants] if variants else [[] for _ in trajectories],
+                   z_orig=verdict.z_orig, z_adv=verdict.z_adv, adv_mask=verdict.adv_mask, redundancy=redundancy,
+                   rules=list(rules), valid=list(verdict.valid), num_generated=verdict.num_generated,
+                   error_orig=verdict.error_orig, error_adv=verdict.error_adv,
+                   runtime_invalid=dict(verdict.runtime_invalid), **extra)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -136,27 +114,10 @@ class InteractionRecord:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "InteractionRecord":
-        return cls(
-            question=d["question"],
-            trajectories=[Trajectory.from_dict(t) for t in d["trajectories"]],
-            verifiers=list(d["verifiers"]),
-            variants=[[None if v is None else Trajectory.from_dict(v) for v in row] for row in d["variants"]],
-            z_orig=d["z_orig"],
-            z_adv=d["z_adv"],
-            adv_mask=d["adv_mask"],
-            redundancy=d["redundancy"],
-            rules=list(d["rules"]),
-            valid=list(d["valid"]),
-            num_generated=int(d["num_generated"]),
-            task_id=d.get("task_id"),
-            iteration=d.get("iteration"),
-            expected_answer=d.get("expected_answer"),
-            rewards=d.get("rewards") or {},
-            meta=d.get("meta") or {},
-            error_orig=d.get("error_orig"),
-            error_adv=d.get("error_adv"),
-            runtime_invalid=d.get("runtime_invalid") or {},
-        )
+        kw = {f.name: d[f.name] for f in fields(cls) if d.get(f.name) is not None}
+        kw["trajectories"] = [Trajectory.from_dict(t) for t in d["trajectories"]]
+        kw["variants"] = [[None if v is None else Trajectory.from_dict(v) for v in row] for row in d["variants"]]
+        return cls(**kw)
 
 
 def _jsonable(x: Any) -> Any:
@@ -198,19 +159,12 @@ class RecordWriter:
 
 
 def iter_records(path: Union[str, os.PathLike]) -> Iterator[InteractionRecord]:
-    """Records of a file in order, streamed (:func:`unifiedplayers.rundir.iter_jsonl`: a torn last line is skipped
-    with a warning, a bad line anywhere else raises ``ValueError``)."""
+    """Records of a file in order, streamed (:func:`unifiedplayers.rundir.iter_jsonl`)."""
     return (InteractionRecord.from_dict(d) for d in iter_jsonl(path))
 
 
 def load_records(path: Union[str, os.PathLike]) -> list[InteractionRecord]:
     return list(iter_records(path))
-
-
-def _error_columns(summary: dict[str, Any]) -> dict[str, Any]:
-    return {"checks": summary["checks"], "check_errors_orig": summary["errors_orig"],
-            "check_errors_adv": summary["errors_adv"], "check_error_rate": summary["error_rate"],
-            "runtime_invalid": summary["runtime_invalid"]}
 
 
 def records_dataframe(source: Union[str, os.PathLike, Sequence[InteractionRecord]]) -> Any:
@@ -221,6 +175,7 @@ def records_dataframe(source: Union[str, os.PathLike, Sequence[InteractionRecord
     rows = []
     for r in records:
         m_q, k, p = r.z_adv.shape
+        errors = r.error_summary()
         row: dict[str, Any] = {
             "task_id": r.task_id,
             "iteration": r.iteration,
@@ -233,7 +188,9 @@ def records_dataframe(source: Union[str, os.PathLike, Sequence[InteractionRecord
             "orig_accept_rate": float(r.z_orig.mean()) if r.z_orig.size else float("nan"),
             "adv_reject_rate": float(1 - r.z_adv[:, r.adv_mask].mean()) if m_q and r.adv_mask.any() else float("nan"),
             "redundancy_mean": float(r.redundancy.mean()) if m_q else float("nan"),
-            **_error_columns(r.error_summary()),
+            "checks": errors["checks"], "check_errors_orig": errors["errors_orig"],
+            "check_errors_adv": errors["errors_adv"], "check_error_rate": errors["error_rate"],
+            "runtime_invalid": errors["runtime_invalid"],
             "answers": [t.final_answer for t in r.trajectories],
         }
         for key, value in r.rewards.items():

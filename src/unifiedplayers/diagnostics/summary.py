@@ -1,32 +1,26 @@
-"""The end-of-run summary: ``summary.json`` and ``summary.md`` in the run directory, and the text printed.
-
-It is rebuilt from the run directory alone (``metrics.jsonl``, ``records.jsonl``): per-player reward
-trajectories, time spent in generation, sandbox and updates, the Execution player's accuracy on the fixed
-diagnostic pool with its negative-step rate and maximum drop (Appendix D.2), per outer iteration the kinds of
-verifier in the Evaluation blocks with their shares and mean advantages, one sample task with a trajectory
-and a verifier, and the verdict matrix of that task.
-
-``summary.png`` beside them (:func:`write_summary_png`, matplotlib without a display) plots per update each
-player's mean reward, clip fraction, KL and grad-norm (the diagnostics of Appendix D.2), and, where
-they were run, the diagnostic pool's accuracy and the held-out probes of ``probes/iter<i>.json``
-(``eval/probes``) per outer iteration.
+"""The end-of-run summary, rebuilt from the run directory alone: ``summary.json``, ``summary.md`` (the text printed)
+and ``summary.png`` (:func:`write_summary_png`, the diagnostics of Appendix D.2 per update).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import warnings
+from collections import Counter
 from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
+from omegaconf import OmegaConf
 
 from unifiedplayers.diagnostics.execution_pool import pool_summary
 from unifiedplayers.feedback.perturbation import RULES
 from unifiedplayers.diagnostics.records import iter_records
 from unifiedplayers.diagnostics.verifier_kinds import iteration_kinds, kinds_lines
 from unifiedplayers.feedback.trajectory import render
-
+from unifiedplayers.machine import machine_line
 from unifiedplayers.roles import ROLES
+from unifiedplayers.sandbox.isolation import isolation_line
 from unifiedplayers import rundir
 
 
@@ -44,11 +38,8 @@ def pick_sample(records: list) -> Optional[Any]:
     played = [r for r in records if r.trajectories]
     if not played:
         return None
-
-    def score(r):
-        return (r.z_orig.shape[0] > 0, any(t.final_answer for t in r.trajectories), bool(r.z_orig.any()))
-
-    return max(reversed(played), key=score)
+    return max(reversed(played), key=lambda r: (r.z_orig.shape[0] > 0, any(t.final_answer for t in r.trajectories),
+                                                bool(r.z_orig.any())))
 
 
 def verdict_table(record: Any) -> str:
@@ -82,11 +73,8 @@ def build_summary(run_dir: Path, timing: Optional[dict] = None) -> tuple[dict[st
     trained = {r: [m.get(f"{r}/reward_mean") for m in metrics if m.get("block") == r] for r in ROLES}
     totals = {k: float(sum(m.get(f"timing/{k}", 0.0) or 0.0 for m in metrics))
               for k in ("generation_s", "sandbox_s", "update_s", "total_s")}
-    statuses: dict[str, int] = {}
-    for r in records:
-        s = r.meta.get("status", "?")
-        statuses[s] = statuses.get(s, 0) + 1
-    cfg = _run_config(run_dir)
+    statuses = dict(Counter(r.meta.get("status", "?") for r in records))
+    cfg = OmegaConf.load(run_dir / rundir.CONFIG) if (run_dir / rundir.CONFIG).exists() else None
     summary = {
         "run_dir": str(run_dir),
         "updates": len(metrics),
@@ -96,73 +84,51 @@ def build_summary(run_dir: Path, timing: Optional[dict] = None) -> tuple[dict[st
         "reward_mean_in_own_block": trained,
         "timing_from_metrics": totals,
         "timing": timing,
-        "last": {k: v for k, v in (metrics[-1] if metrics else {}).items()},
+        "last": dict(metrics[-1]) if metrics else {},
         "execution_pool": pool_summary(metrics, run_dir),
-        "precision": precision_summary(run_dir, metrics, cfg),
-        "machine": machine_summary(run_dir, cfg),
+        "precision": precision_summary(metrics, cfg),
+        "machine": machine_summary(cfg),
         "verifier_kinds": iteration_kinds(records),
         "pad_share": pad_shares(metrics),
     }
     return summary, pick_sample(records)
 
 
+def _per_role(metrics: list[dict[str, Any]], name: str) -> dict[str, list[float]]:
+    """The values of ``<role>/<name>`` over the metrics lines, per role that logged any."""
+    out = {role: [m[f"{role}/{name}"] for m in metrics if m.get(f"{role}/{name}") is not None] for role in ROLES}
+    return {role: values for role, values in out.items() if values}
+
+
 def pad_shares(metrics: list[dict[str, Any]]) -> dict[str, float]:
     """Each trained player's padded positions / positions processed by its updates' micro-batches, the mean over its
     updates (``<role>/pad_share``; ``trainer.max_tokens_per_micro_batch`` lowers it)."""
-    out = {}
-    for role in ROLES:
-        values = [m[f"{role}/pad_share"] for m in metrics if m.get(f"{role}/pad_share") is not None]
-        if values:
-            out[role] = float(sum(values) / len(values))
-    return out
+    return {role: float(sum(values) / len(values)) for role, values in _per_role(metrics, "pad_share").items()}
 
 
-def _run_config(run_dir: Path) -> Optional[Any]:
-    """The run's ``config.yaml`` (None when it has none)."""
-    from omegaconf import OmegaConf
-
-    config = Path(run_dir) / rundir.CONFIG
-    return OmegaConf.load(config) if config.exists() else None
-
-
-def machine_summary(run_dir: Path, cfg: Optional[Any] = None) -> list[dict[str, Any]]:
-    """Where each start of the run ran and the sandbox isolation it got (``config.yaml``'s ``machine``, written by
-    :func:`unifiedplayers.machine.record_start`); empty for a run of an earlier version. ``cfg``: the run's config
-    when read already."""
-    from omegaconf import OmegaConf
-
-    cfg = _run_config(run_dir) if cfg is None else cfg
+def machine_summary(cfg: Optional[Any]) -> list[dict[str, Any]]:
+    """Where each start of the run ran and its sandbox isolation (``config.yaml``'s ``machine``, written by
+    :func:`unifiedplayers.machine.record_start`); empty for a run without it."""
     starts = OmegaConf.select(cfg, "machine", default=None) if cfg is not None else None
     return list(OmegaConf.to_container(starts)) if OmegaConf.is_list(starts) else []
 
 
-def precision_summary(run_dir: Path, metrics: list[dict[str, Any]],
-                      cfg: Optional[Any] = None) -> dict[str, Any]:
+def precision_summary(metrics: list[dict[str, Any]], cfg: Optional[Any]) -> dict[str, Any]:
     """The run's dtypes (``config.yaml``: as ``auto`` resolved at its start, and why) and, per player, the
     train/rollout log-prob mismatch: mean |log π_train − log π_behaviour| at each phase's on-policy step (at every
     step when π_old is recomputed)."""
     out: dict[str, Any] = {}
-    cfg = _run_config(run_dir) if cfg is None else cfg
     if cfg is not None:
-        from omegaconf import OmegaConf
-
         out.update({"model.dtype": OmegaConf.select(cfg, "model.dtype"),
                     "trainer.dtype": OmegaConf.select(cfg, "trainer.dtype"),
                     "reason": OmegaConf.select(cfg, "precision_reason")})
-    mismatch = {}
-    for role in ROLES:
-        values = [m[f"{role}/logprob_mismatch"] for m in metrics if m.get(f"{role}/logprob_mismatch") is not None]
-        if values:
-            mismatch[role] = {"mean": float(np.mean(values)), "max": float(np.max(values)), "steps": len(values)}
-    out["logprob_mismatch"] = mismatch
+    out["logprob_mismatch"] = {role: {"mean": float(np.mean(v)), "max": float(np.max(v)), "steps": len(v)}
+                               for role, v in _per_role(metrics, "logprob_mismatch").items()}
     return out
 
 
 def machine_lines(starts: list[dict[str, Any]]) -> list[str]:
     """Two lines per start of the run: its machine and its sandbox's isolation layers."""
-    from unifiedplayers.machine import machine_line
-    from unifiedplayers.sandbox.isolation import isolation_line
-
     out = []
     for start in starts:
         where = f" (from update {start.get('from_update')})" if len(starts) > 1 else ""
@@ -259,10 +225,9 @@ def write_summary(run_dir: Path, timing: Optional[dict] = None, png: bool = True
     tmp.write_text(json.dumps(summary, indent=2, default=lambda o: o.tolist() if isinstance(o, np.ndarray) else str(o)))
     tmp.replace(run_dir / rundir.SUMMARY_JSON)
     (run_dir / rundir.SUMMARY_MD).write_text(text + "\n")
-    if not png:
-        return summary, text
     try:
-        write_summary_png(run_dir, metrics)
+        if png:
+            write_summary_png(run_dir, metrics)
     except Exception as exc:  # a plot must never fail a finished run; the text summary is written already
         warnings.warn(f"summary.png not written: {type(exc).__name__}: {exc}", RuntimeWarning, stacklevel=2)
     return summary, text
@@ -288,23 +253,20 @@ def metric_series(metrics: list[dict[str, Any]], key: str) -> tuple[list[int], l
 
 
 def probe_results(run_dir: Path) -> dict[int, dict[str, Any]]:
-    """``{outer iteration: metrics}`` of the held-out probes written into ``run_dir/probes/`` (iteration 0:
-    the backbone): ``iter<i>.json`` and the per-role ``iter<i>.<role>.json`` merged; unreadable files are
-    skipped."""
+    """``{outer iteration: metrics}`` of the held-out probes in ``run_dir/probes/`` (iteration 0: the backbone):
+    ``iter<i>.json`` and the per-role ``iter<i>.<role>.json`` merged; unreadable files are skipped."""
     out: dict[int, dict[str, Any]] = {}
     for path in sorted(Path(run_dir).glob(f"{rundir.PROBES}/iter*.json")):
-        try:
+        with contextlib.suppress(ValueError, KeyError, OSError, TypeError):
             it = int(path.name.split(".")[0][4:])
             out.setdefault(it, {}).update(json.loads(path.read_text())["metrics"])
-        except (ValueError, KeyError, OSError, TypeError):
-            continue
     return dict(sorted(out.items()))
 
 
 def write_summary_png(run_dir: Path, metrics: Optional[list[dict[str, Any]]] = None) -> Optional[Path]:
-    """``summary.png``: one panel per :data:`PLOT_PANELS` entry (one line per player, dots where that player
-    was trained), plus the diagnostic pool's accuracy per update and the probes per outer iteration where
-    the run has them. ``None`` (nothing written) when there is no metrics line."""
+    """``summary.png``: one panel per :data:`PLOT_PANELS` entry (a line per player), plus the diagnostic pool's
+    accuracy per update and the probes (``eval/probes``) per outer iteration where the run has them. ``None``
+    (nothing written) when there is no metrics line."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display on training machines

@@ -1,8 +1,6 @@
-"""Wall time by stage, measured where the stage runs rather than subtracted afterwards (verl's ``marked_timer``,
-with nesting): ``with clock("generation"):`` adds the seconds spent in the block, less those of the stages
-opened inside it, to ``clock.seconds["generation"]``. The sandbox's calls are a stage of their own
-(:class:`unifiedplayers.loop.engines.TimedSandbox`), so the tool calls made while sampling count as sandbox
-time, never as generation."""
+"""Wall time by stage, measured where the stage runs: ``with clock("generation"):`` adds the seconds spent in the
+block, less those of the stages opened inside it, to ``clock.seconds["generation"]`` (so the tool calls made while
+sampling, :class:`unifiedplayers.loop.engines.TimedSandbox`, count as sandbox time, never as generation)."""
 from __future__ import annotations
 
 import time

@@ -1,10 +1,9 @@
 """What the Evaluation reward pays each kind of verifier: shares and mean GRPO advantages.
 
-The kinds are :mod:`unifiedplayers.feedback.kinds`'. A verifier's advantage is Eq. 17's within its task's group of M verifiers
-(:func:`unifiedplayers.trainer.grpo.group_advantages` on the task's Evaluation rewards r_C): a kind with a positive
-mean advantage is what the Evaluation player's updates make more likely. The training metrics
-(``evaluation/kind/<kind>/share`` and ``.../advantage``, per update), the summary (per outer iteration, over the
-records of the Evaluation blocks) and ``eval/analysis/verifier_kinds.py`` all read :func:`task_kinds_and_advantages`.
+The kinds are :mod:`unifiedplayers.feedback.kinds`'. A verifier's advantage is Eq. 17's within its task's group of
+M verifiers (on the Evaluation rewards r_C): a kind with a positive mean advantage is what the Evaluation player's
+updates make more likely. The training metrics, the summary and ``eval/analysis/verifier_kinds.py`` all read
+:func:`task_kinds_and_advantages`.
 """
 from __future__ import annotations
 

@@ -1,11 +1,9 @@
 """The Evaluation player (Critic-Coder, π_C; §3.2, Appendix E.3): M verifiers ``check(trajectory)`` per task.
 
 The prompt holds the task and :data:`unifiedplayers.feedback.trajectory.TRAJECTORY_SCHEMA`, never the expected
-answer. The default ``response_prefix`` starts the reply with ````python\\ndef check(trajectory):`` (a
-format nudge for small backbones); the verifier source handed to
-:func:`unifiedplayers.feedback.verdict.verdict_matrix` is prefix + generated text, and
-:func:`unifiedplayers.feedback.verifier.compile_verifier` decides its validity (an invalid one is a recorded
-failure with ``cfg.reward.invalid_verifier_reward``).
+answer. A verifier's source is the ``response_prefix`` (by default ````python\\ndef check(trajectory):``, a format
+nudge for small backbones) + the generated text; :func:`unifiedplayers.feedback.verifier.compile_verifier` decides
+its validity.
 """
 from __future__ import annotations
 
@@ -28,24 +26,13 @@ def evaluation_prompt(tokenizer: Any, player_cfg: Any, question: str) -> str:
     return render_prompt(tokenizer, player_cfg.evaluation, question=question, schema=TRAJECTORY_SCHEMA)
 
 
-def write_verifiers(
-    engine: Any,
-    tokenizer: Any,
-    player_cfg: Any,
-    questions: Sequence[str],
-    m: int,
-    seed: Optional[int] = None,
-) -> list[list[VerifierSample]]:
+def write_verifiers(engine: Any, tokenizer: Any, player_cfg: Any, questions: Sequence[str], m: int,
+                    seed: Optional[int] = None) -> list[list[VerifierSample]]:
     """``out[t][i]``: verifier ``i`` of the ``m`` sampled for ``questions[t]``."""
     if not questions:
         return []
     prompts = [evaluation_prompt(tokenizer, player_cfg, q) for q in questions]
-    outs = engine.generate(
-        prompts,
-        n=m,
-        max_new_tokens=player_cfg.evaluation_max_new_tokens,
-        stop=list(player_cfg.evaluation.stop) or None,
-        seed=seed,
-    )
+    outs = engine.generate(prompts, n=m, max_new_tokens=player_cfg.evaluation_max_new_tokens,
+                           stop=list(player_cfg.evaluation.stop) or None, seed=seed)
     prefix = player_cfg.evaluation.response_prefix
     return [[VerifierSample(prefix + c.text, c) for c in row] for row in outs]

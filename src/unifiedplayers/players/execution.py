@@ -1,10 +1,7 @@
 """The Execution player (Solver, π_S; §3.2, Appendix E.2): K tool-integrated trajectories per task.
 
-The prompt is the task alone (``conf/player/`` ``execution``: a system text and a worked example that
-shows the fence format; a method without tools sets a plain-text one in ``conf/method/``, checked by
-:func:`code_requests`); the multi-turn loop itself is :func:`unifiedplayers.players.tool_loop.run_tool_loop`,
-whose statuses (``answered``, ``turn_limit``, ``no_answer``, ``error``) are the recorded failures of
-malformed output. The expected answer of a task is never passed here.
+The prompt is the task alone, never its expected answer (a method without tools sets a plain-text prompt, checked
+by :func:`code_requests`); the multi-turn loop is :func:`unifiedplayers.players.tool_loop.run_tool_loop`.
 """
 from __future__ import annotations
 
@@ -32,17 +29,8 @@ def execution_prompt(tokenizer: Any, player_cfg: Any, question: str) -> str:
     return render_prompt(tokenizer, player_cfg.execution, question=question)
 
 
-def solve(
-    engine: Any,
-    sandbox: Any,
-    tokenizer: Any,
-    player_cfg: Any,
-    questions: Sequence[str],
-    k: int,
-    seed: Optional[int] = None,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-) -> list[list[ToolRollout]]:
+def solve(engine: Any, sandbox: Any, tokenizer: Any, player_cfg: Any, questions: Sequence[str], k: int,
+          seed: Optional[int] = None, temperature: float = 1.0, top_p: float = 1.0) -> list[list[ToolRollout]]:
     """``out[t][j]``: trajectory ``j`` of the ``k`` sampled for ``questions[t]`` (all in one batched loop)."""
     if not questions:
         return []

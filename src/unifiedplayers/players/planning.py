@@ -1,23 +1,21 @@
 """The Planning player (Task-Setter, π_T; §3.2, Appendix E.1): a fixed questioner prompt with rotating topics.
 
-Each output should be a multi-step math problem followed by its answer in ``\\boxed{}``.
-:func:`parse_task` splits it into the question (shown to the other players) and the expected answer
-(used only to discard malformed outputs; never shown to Execution or Evaluation). A malformed output
-(no boxed answer, no question, the answer inside the question, too short or too long) is a
-:class:`PlanningTask` with ``valid=False`` and a ``reason``; its reward is
-``cfg.reward.malformed_task_reward`` (the schedule applies it).
+Each output should be a multi-step math problem followed by its answer in ``\\boxed{}``. :func:`parse_task` splits
+it into the question and the expected answer (used only to discard malformed outputs, never shown to the other
+players); a malformed output is a :class:`PlanningTask` with ``valid=False``, a ``reason`` and the reward
+``cfg.reward.malformed_task_reward``.
 
-Stop string. Generation stops at ``"}\\n"`` (``player.planning.stop``), the end of the answer line
-``Answer: \\boxed{N}``. A line of the task itself can end in a LaTeX ``}`` too (``... \\frac{1}{2}``);
-a stop that leaves no closed ``\\boxed{}`` in the text so far is therefore not the end: the sample is
-continued from its own tokens (at most ``MAX_CONTINUATIONS`` times, within ``planning_max_new_tokens``
-in all) and the pieces are joined into one completion, so no task is cut before its answer.
+Generation stops at ``"}\\n"`` (``player.planning.stop``), the end of ``Answer: \\boxed{N}``. A line of the task
+can end in a LaTeX ``}`` too, so a stop that leaves no closed ``\\boxed{}`` is not the end: the sample is continued
+from its own tokens (:func:`continue_unanswered`) and the pieces joined, so no task is cut before its answer.
 """
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
+
+from omegaconf import OmegaConf
 
 from unifiedplayers.players.prompts import render_prompt
 from unifiedplayers.rollout.types import Completion, Segment
@@ -53,11 +51,8 @@ class PlanningTask:
 
 
 def parse_task(text: str, min_chars: int = 20, max_chars: int = 1200, answer_max_chars: int = 64) -> PlanningTask:
-    """Split a Planning output into question and expected answer; mark malformed outputs.
-
-    The answer is the content of the last balanced ``\\boxed{}``; the question is the text before that
-    box, without a trailing "Answer:" label and a leading "Problem:" label.
-    """
+    """Split a Planning output into question and expected answer, marking malformed outputs: the answer is the
+    content of the last balanced ``\\boxed{}``, the question the text before it without "Answer:"/"Problem:" labels."""
     spans = _boxed_spans(text)
     if not spans:
         return PlanningTask(text, None, None, False, "no \\boxed{} answer")
@@ -101,27 +96,15 @@ def _joined(tokenizer: Any, first: Completion, more: Completion) -> Completion:
     # Characters of first's last token past its stop string are in the context ``more`` continued.
     decoded = tokenizer.decode(first.token_ids, skip_special_tokens=True)
     overhang = decoded[len(first.text):] if decoded.startswith(first.text) else ""
-    return Completion(
-        prompt_ids=list(first.prompt_ids),
-        token_ids=list(first.token_ids) + list(more.token_ids),
-        text=first.text + overhang + more.text,
-        logprobs=list(first.logprobs) + list(more.logprobs),
-        finish_reason=more.finish_reason,
-        stop_str=more.stop_str,
-    )
+    return Completion(prompt_ids=list(first.prompt_ids), token_ids=list(first.token_ids) + list(more.token_ids),
+                      text=first.text + overhang + more.text, logprobs=list(first.logprobs) + list(more.logprobs),
+                      finish_reason=more.finish_reason, stop_str=more.stop_str)
 
 
-def continue_unanswered(
-    engine: Any,
-    tokenizer: Any,
-    outs: list[list[Completion]],
-    prefix: str,
-    max_new_tokens: int,
-    stop: Optional[Sequence[str]],
-    seed: Optional[int] = None,
-) -> list[list[Completion]]:
-    """Continue every sample whose stop string fired before its ``\\boxed{}`` answer (see the module
-    docstring), in one engine call per round; ``outs`` is returned with those samples joined."""
+def continue_unanswered(engine: Any, tokenizer: Any, outs: list[list[Completion]], prefix: str, max_new_tokens: int,
+                        stop: Optional[Sequence[str]], seed: Optional[int] = None) -> list[list[Completion]]:
+    """Continue every sample whose stop string fired before its ``\\boxed{}`` answer, at most ``MAX_CONTINUATIONS``
+    times within ``max_new_tokens`` in all, one engine call per round; returns ``outs`` with those samples joined."""
     outs = [list(row) for row in outs]
     for round_ in range(MAX_CONTINUATIONS):
         todo = [(p, g) for p, row in enumerate(outs) for g, c in enumerate(row)
@@ -140,52 +123,30 @@ def continue_unanswered(
     return outs
 
 
-def generate_tasks(
-    engine: Any,
-    tokenizer: Any,
-    player_cfg: Any,
-    first_prompt: int,
-    num_prompts: int,
-    tasks_per_prompt: int,
-    seed: Optional[int] = None,
-    prompts: Optional[Sequence[tuple[str, str]]] = None,
-) -> list[list[PlanningTask]]:
-    """``out[p][g]``: task ``g`` of questioner prompt ``p`` (topic ``topic_at(first_prompt + p)``).
-
-    ``prompts``: ``num_prompts`` (topic, rendered prompt) pairs in place of the topic prompts (a method's
-    own prompts, e.g. Socratic-Zero's Generator prompted with a failure); rendered without a response prefix.
-    """
+def generate_tasks(engine: Any, tokenizer: Any, player_cfg: Any, first_prompt: int, num_prompts: int,
+                   tasks_per_prompt: int, seed: Optional[int] = None,
+                   prompts: Optional[Sequence[tuple[str, str]]] = None) -> list[list[PlanningTask]]:
+    """``out[p][g]``: task ``g`` of questioner prompt ``p`` (topic ``topic_at(first_prompt + p)``). ``prompts``:
+    ``num_prompts`` (topic, rendered prompt) pairs of a method's own, used without a response prefix."""
     if prompts is None:
         topics = [topic_at(player_cfg.topics, first_prompt + p) for p in range(num_prompts)]
         prompts = [planning_prompt(tokenizer, player_cfg, t) for t in topics]
     else:
-        from omegaconf import OmegaConf
-
         if len(prompts) != num_prompts:
             raise ValueError(f"{len(prompts)} prompts given for num_prompts={num_prompts}")
         topics, prompts = [t for t, _ in prompts], [text for _, text in prompts]
         player_cfg = OmegaConf.merge(player_cfg, {"planning": {"response_prefix": ""}})
     stop = list(player_cfg.planning.stop) or None
-    outs = engine.generate(
-        prompts,
-        n=tasks_per_prompt,
-        max_new_tokens=player_cfg.planning_max_new_tokens,
-        stop=stop,
-        seed=seed,
-    )
+    outs = engine.generate(prompts, n=tasks_per_prompt, max_new_tokens=player_cfg.planning_max_new_tokens, stop=stop,
+                           seed=seed)
     outs = continue_unanswered(engine, tokenizer, outs, player_cfg.planning.response_prefix,
                                player_cfg.planning_max_new_tokens, stop, seed)
     result = []
     for p, (topic, row) in enumerate(zip(topics, outs)):
-        tasks = []
+        result.append([])
         for c in row:
-            t = parse_task(
-                player_cfg.planning.response_prefix + c.text,
-                player_cfg.task_min_chars,
-                player_cfg.task_max_chars,
-                player_cfg.answer_max_chars,
-            )
+            t = parse_task(player_cfg.planning.response_prefix + c.text, player_cfg.task_min_chars,
+                           player_cfg.task_max_chars, player_cfg.answer_max_chars)
             t.prompt_index, t.topic, t.completion = p, topic, c
-            tasks.append(t)
-        result.append(tasks)
+            result[-1].append(t)
     return result

@@ -41,10 +41,8 @@ def chat_messages(prompts: Any, **values: str) -> list[dict[str, str]]:
 
 
 def render_prompt(tokenizer: Any, prompts: Any, include_prefix: bool = True, **values: str) -> str:
-    """The prompt string given to the rollout engine (chat template, generation prompt, response prefix).
-
-    A tokenizer without a chat template gets a plain ``system / user / assistant`` transcript.
-    """
+    """The prompt string given to the rollout engine (chat template, generation prompt, response prefix); a
+    tokenizer without a chat template gets a plain ``system / user / assistant`` transcript."""
     messages = chat_messages(prompts, **values)
     if getattr(tokenizer, "chat_template", None):
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)

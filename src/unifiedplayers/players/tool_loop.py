@@ -1,7 +1,5 @@
-"""The Execution player's multi-turn tool loop (§3.2, Execution Player; Appendix D.3, E.2).
-
-Shared by training (the Execution block samples K trajectories per task with it) and by the
-evaluation harness's ``tool`` mode. One call runs every sample of a batch together::
+"""The Execution player's multi-turn tool loop (§3.2, Execution Player; Appendix D.3, E.2), shared by training
+and the evaluation harness's ``tool`` mode. One call runs every sample of a batch together::
 
     results = run_tool_loop(engine, sandbox, prompts, questions, ToolLoopConfig(max_turns=4))
     r = results[i][j]                    # j-th sample of prompt i
@@ -10,31 +8,20 @@ evaluation harness's ``tool`` mode. One call runs every sample of a batch togeth
 
 One *turn* is one generation of the model, until either
 
-- a fenced python block closes (a line ```` ```python ```` ... a line ```` ``` ````; an unlabelled fence
-  counts as python, as in :func:`unifiedplayers.feedback.trajectory.parse_transcript`): the code runs in the
-  sandbox, and its observation (:mod:`unifiedplayers.feedback.observation`) is appended as an inserted,
-  non-trainable segment in an ```` ```output ```` fence; or
-- a closed ``\\boxed{...}`` appears in the reasoning text (outside code and output fences): the sample
-  is ``answered``; or
+- a fenced python block closes (an unlabelled fence counts as python, as in
+  :func:`unifiedplayers.feedback.trajectory.parse_transcript`): the code runs in the sandbox, and its observation
+  (:mod:`unifiedplayers.feedback.observation`) is appended as an inserted, non-trainable ```` ```output ```` block;
+- a closed ``\\boxed{...}`` appears outside code and output fences: the sample is ``answered``;
 - the model stops (eos) or runs out of ``max_new_tokens``.
 
-Generation stops at the stop string ``"```\\n"``, the end of a closing fence. That string also ends an
-*opening* unlabelled fence and the closing fence of a non-python block; then the turn simply
-continues (a *continuation*: a new trainable segment in the same turn, at most ``max_continuations``).
-Text past a closed python block within one generation (when the fence line ended without a newline
-and no stop string fired) is cut, on a token boundary, right after the fence.
+Generation stops at ``"```\\n"``, which also ends an *opening* fence and the closing fence of a non-python block;
+then the turn continues (a new trainable segment, at most ``max_continuations``). Text generated past a closed
+python block is cut, on a token boundary, right after the fence.
 
-Statuses, never exceptions, for malformed output:
-
-- ``answered``: a final ``\\boxed{}`` answer;
-- ``turn_limit``: the model still wanted to run code in its last allowed turn (an endless tool loop);
-  that last block is not run;
-- ``no_answer``: the model stopped without code or answer (``detail``: ``eos``, ``length``,
-  ``continuations``);
-- ``error``: an unterminated code block at eos/length (``unterminated_code_block``), a context that
-  reached ``max_context_tokens`` (``context_limit``), or the sandbox or the engine failed for this
-  sample (``detail`` names it). When a batched engine call raises, the samples are retried one by one
-  so that only the failing ones end.
+Statuses, never exceptions, for malformed output: ``answered``; ``turn_limit`` (code requested in the last allowed
+turn, not run); ``no_answer`` (stopped without code or answer; ``detail``: ``eos``, ``length``, ``continuations``);
+``error`` (``unterminated_code_block`` at eos/length, ``context_limit`` at ``max_context_tokens``, or the sandbox or
+the engine failed for this sample; a batched engine call that raises is retried sample by sample).
 """
 from __future__ import annotations
 
@@ -54,8 +41,6 @@ STATUSES = ("answered", "turn_limit", "no_answer", "error")
 
 @dataclass
 class ToolLoopConfig:
-    """Knobs of the loop; ``from_player_config`` takes them from ``conf/player/``."""
-
     max_turns: int = 4  # generations per sample; code in the last one is not run (status turn_limit)
     max_new_tokens: int = 256  # per generation
     observation_max_chars: int = 1024
@@ -70,19 +55,12 @@ class ToolLoopConfig:
 
     @classmethod
     def from_player_config(cls, player_cfg: Any, **overrides: Any) -> "ToolLoopConfig":
-        kw = dict(
-            max_turns=player_cfg.max_turns,
-            max_new_tokens=player_cfg.execution_max_new_tokens,
-            observation_max_chars=player_cfg.observation_max_chars,
-        )
-        kw.update(overrides)
-        return cls(**kw)
+        return cls(**{"max_turns": player_cfg.max_turns, "max_new_tokens": player_cfg.execution_max_new_tokens,
+                      "observation_max_chars": player_cfg.observation_max_chars, **overrides})
 
 
 @dataclass
 class ToolRollout:
-    """One sample of the tool loop."""
-
     question: str
     text: str  # the transcript after the prompt: generated text and rendered observations
     segments: list[Segment]  # [prompt (inserted), generated (trainable), observation (inserted), ...]
@@ -114,11 +92,8 @@ class _TurnScan:
 
 
 def scan_turn(text: str) -> _TurnScan:
-    """Classify the text generated in the current turn (since the last observation).
-
-    The first closed python block wins unless a ``\\boxed{}`` answer comes before it. An opening fence
-    without a closing one is ``open``. Boxes inside fences never count.
-    """
+    """Classify the text generated in the current turn (since the last observation): the first closed python block
+    wins unless a ``\\boxed{}`` answer comes before it; an unclosed fence is ``open``; boxes in fences never count."""
     pos = 0
     while True:
         m = FENCE_OPEN.search(text, pos)
@@ -155,40 +130,30 @@ def _cut_completion(tokenizer: Any, c: Completion, char_end: int) -> tuple[list[
     return list(c.token_ids[:k]), list(c.logprobs[:k]), tokenizer.decode(c.token_ids[:k], skip_special_tokens=True)
 
 
+@dataclass
 class _Sample:
-    def __init__(self, prompt_ids: list[int], question: str) -> None:
-        self.segments: list[Segment] = [Segment.inserted(prompt_ids)]
-        self.question = question
-        self.text = ""  # transcript so far
-        self.turn_text = ""  # generated text of the current turn
-        self.turn = 1
-        self.continuations = 0
-        self.tool_calls = 0
-        self.status: Optional[str] = None
-        self.detail = ""
-        self.observations: list[str] = []
+    segments: list[Segment]  # [prompt (inserted), ...]
+    question: str
+    text: str = ""  # transcript so far
+    turn_text: str = ""  # generated text of the current turn
+    turn: int = 1
+    continuations: int = 0
+    tool_calls: int = 0
+    status: Optional[str] = None
+    detail: str = ""
+    observations: list[str] = field(default_factory=list)
 
     def finish(self, status: str, detail: str = "") -> None:
         self.status, self.detail = status, detail
 
 
-def run_tool_loop(
-    engine: Any,
-    sandbox: Any,
-    prompts: Sequence[Any],
-    questions: Optional[Sequence[str]] = None,
-    config: Optional[ToolLoopConfig] = None,
-    n: int = 1,
-    seed: Optional[int] = None,
-) -> list[list[ToolRollout]]:
+def run_tool_loop(engine: Any, sandbox: Any, prompts: Sequence[Any], questions: Optional[Sequence[str]] = None,
+                  config: Optional[ToolLoopConfig] = None, n: int = 1,
+                  seed: Optional[int] = None) -> list[list[ToolRollout]]:
     """Run the tool loop on ``n`` samples of every prompt; ``out[i][j]`` is sample ``j`` of prompt ``i``.
-
-    ``prompts`` are chat-rendered strings or token-id lists (as for ``engine.generate``); ``questions``
-    are the task texts stored in each ``Trajectory`` (default: the prompts, when they are strings).
-    ``sandbox`` is an open :class:`unifiedplayers.sandbox.Sandbox` (or anything with ``run_many``).
-    Each turn, all unfinished samples generate in one ``continue_segments`` call and all their code
-    blocks run in one ``run_many`` call.
-    """
+    ``prompts``: chat-rendered strings or token-id lists; ``questions``: the task texts stored in each ``Trajectory``
+    (default: the prompts, when they are strings). Each turn, all unfinished samples generate in one
+    ``continue_segments`` call and all their code blocks run in one ``sandbox.run_many`` call."""
     cfg = config or ToolLoopConfig()
     if cfg.max_turns < 1:
         raise ValueError(f"max_turns={cfg.max_turns}: need at least one turn")
@@ -197,10 +162,9 @@ def run_tool_loop(
         questions = [p if isinstance(p, str) else "" for p in prompts]
     if len(questions) != len(prompts):
         raise ValueError(f"{len(prompts)} prompts but {len(questions)} questions")
-    prompt_ids = [
-        tokenizer(p, add_special_tokens=False)["input_ids"] if isinstance(p, str) else list(p) for p in prompts
-    ]
-    samples = [_Sample(prompt_ids[i], questions[i]) for i in range(len(prompts)) for _ in range(n)]
+    prompt_ids = [tokenizer(p, add_special_tokens=False)["input_ids"] if isinstance(p, str) else list(p)
+                  for p in prompts]
+    samples = [_Sample([Segment.inserted(prompt_ids[i])], questions[i]) for i in range(len(prompts)) for _ in range(n)]
 
     max_context = cfg.max_context_tokens
     if max_context is None:
@@ -223,20 +187,8 @@ def run_tool_loop(
         if to_run:
             _execute(to_run, sandbox, tokenizer, cfg)
 
-    results = []
-    for s in samples:
-        results.append(
-            ToolRollout(
-                question=s.question,
-                text=s.text,
-                segments=s.segments,
-                trajectory=parse_transcript(s.question, s.text),
-                num_tool_calls=s.tool_calls,
-                status=s.status or "error",
-                detail=s.detail,
-                observations=s.observations,
-            )
-        )
+    results = [ToolRollout(s.question, s.text, s.segments, parse_transcript(s.question, s.text), s.tool_calls,
+                           s.status or "error", s.detail, s.observations) for s in samples]
     return [results[i * n:(i + 1) * n] for i in range(len(prompts))]
 
 
@@ -253,10 +205,7 @@ def _generate(engine: Any, active: list[_Sample], cfg: ToolLoopConfig,
         if len(active) == 1:
             active[0].finish("error", f"engine: {type(exc).__name__}: {exc}")
             return []
-    done = []
-    for s in active:
-        done.extend(_generate(engine, [s], cfg, seed))
-    return done
+    return [done for s in active for done in _generate(engine, [s], cfg, seed)]
 
 
 def _advance(s: _Sample, c: Completion, tokenizer: Any, cfg: ToolLoopConfig) -> list[tuple[_Sample, str]]:
