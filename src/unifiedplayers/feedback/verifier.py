@@ -91,12 +91,10 @@ def compile_verifier(text: str) -> CompiledVerifier:
                 check_def = functions[node.value.id]
             else:
                 check_def = "other"
-    if check_def is None:
-        return CompiledVerifier(False, "defines no top-level check", source)
-    if check_def == "async":
-        return CompiledVerifier(False, "check is a coroutine function", source)
-    if check_def == "other":
-        return CompiledVerifier(False, "check is bound to something other than a function", source)
+    problems = {None: "defines no top-level check", "async": "check is a coroutine function",
+                "other": "check is bound to something other than a function"}
+    if check_def is None or isinstance(check_def, str):
+        return CompiledVerifier(False, problems[check_def], source)
     if not _check_signature_ok(check_def):
         return CompiledVerifier(False, "check cannot be called with one argument (the trajectory)", source)
     return CompiledVerifier(True, "ok", source)
@@ -186,12 +184,8 @@ def outcome_of(call: Any) -> CheckOutcome:
     fail_step = value.get("fail_step") if isinstance(value.get("fail_step"), int) else None
     if value["accepted"] is True:
         return CheckOutcome(True, "accepted", "accepted", fail_step, duration)
-    returned = value.get("returned")
-    shown = value.get("repr")
-    rejected = value.get("rejected")  # the prelude's reading: False, or an exact tuple whose first item is False
-    if rejected is None:  # a value without it (not from this prelude): read the type's name and the printed text
-        rejected = returned == "bool" or (returned == "tuple" and str(shown).startswith("(False"))
-    if rejected is True:
+    returned, shown = value.get("returned"), value.get("repr")
+    if value.get("rejected") is True:  # the prelude's reading: False, or an exact tuple whose first item is False
         return CheckOutcome(False, "rejected", _text(f"check returned {shown}"), fail_step, duration)
     reason = f"check returned {returned} {shown}; only True or (True, ...) accepts"
     return CheckOutcome(False, "bad_return", _text(reason), fail_step, duration)
