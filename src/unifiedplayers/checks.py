@@ -94,8 +94,7 @@ def check_precision(cfg: Any) -> None:
 
 
 def check_ranges(cfg: Any) -> None:
-    """Values that are accepted by type but give meaningless runs (every verifier invalid, a clip that always
-    binds, an ascent instead of a descent, no micro-batch)."""
+    """Values that are accepted by type but give meaningless runs."""
     sb = cfg.sandbox
     if not sb.timeout_s > 0:
         raise ValueError(f"sandbox.timeout_s={sb.timeout_s}: need > 0 (seconds per sandbox call; default 10)")
@@ -212,16 +211,13 @@ def check_sampling(cfg: Any) -> None:
 
 
 def check_adapters(cfg: Any) -> None:
-    """``trainer.lora`` (players as adapters on one shared backbone) and ``rollout.sleep_level``: values in range,
-    and the combinations that cannot run: a sleeping engine that is not vLLM's, level 2 under adapters (the
-    backbone would be dropped for good)."""
+    """``trainer.lora`` and ``rollout.sleep_level``: values in range, and the combinations that cannot run."""
     lora = cfg.trainer.lora
     if lora.rank < 0:
         raise ValueError(f"trainer.lora.rank={lora.rank}: need >= 0 (0: every parameter trained)")
-    if lora.rank > 0:
-        if not lora.alpha > 0 or not 0 <= lora.dropout < 1 or not lora.target_modules:
-            raise ValueError(f"trainer.lora: alpha={lora.alpha} (need > 0), dropout={lora.dropout} (need in [0, 1)), "
-                             f"target_modules={list(lora.target_modules)} (need at least one)")
+    if lora.rank > 0 and (not lora.alpha > 0 or not 0 <= lora.dropout < 1 or not lora.target_modules):
+        raise ValueError(f"trainer.lora: alpha={lora.alpha} (need > 0), dropout={lora.dropout} (need in [0, 1)), "
+                         f"target_modules={list(lora.target_modules)} (need at least one)")
     if lora.rank > 0 and str(cfg.trainer.backend) == "deepspeed_zero3":
         frozen = [r for r in BLOCK_ORDER if r not in trained_roles(cfg)]
         if cfg.trainer.ref_mode != "precompute" or frozen or cfg.schedule.feedback != "fresh":

@@ -163,8 +163,8 @@ def without_rendezvous(env: Mapping[str, str]) -> dict[str, str]:
 
 
 def _listed_gpus() -> list[str]:
-    """The node's GPUs as ``CUDA_VISIBLE_DEVICES`` names them (its entries, else nvidia-smi's indices; none
-    without a GPU). Read without starting CUDA, which would fix the visible devices for good."""
+    """The node's GPUs as ``CUDA_VISIBLE_DEVICES`` names them (else nvidia-smi's indices), read without starting CUDA
+    (which would fix the visible devices for good)."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
         return [d.strip() for d in visible.split(",") if d.strip()]
@@ -193,8 +193,8 @@ def _pin_gpu(local_rank: int) -> None:
 
 
 def init_distributed(backend: Optional[str] = None, pin_gpu: bool = True) -> DistContext:
-    """The context of this process: :data:`SINGLE` without a launcher or with ``WORLD_SIZE=1``, else a
-    joined process group (``nccl`` where CUDA is available, ``gloo`` otherwise, or ``backend``)."""
+    """:data:`SINGLE` without a launcher or with ``WORLD_SIZE=1``, else a joined process group (``backend``, else
+    ``nccl`` where CUDA is available, else ``gloo``)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         return SINGLE

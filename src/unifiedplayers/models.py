@@ -226,9 +226,8 @@ def _load_gguf_wheel(cfg: ModelConfig, dtype: torch.dtype) -> tuple[Any, Any]:
 
 @contextlib.contextmanager
 def _gguf_read_once() -> Iterator[None]:
-    """While inside, transformers parses a GGUF file's metadata once, not once for the tokenizer and again for the
-    config (each caller gets its own deep copy), and gguf builds its tensor-name map once per architecture and
-    layer count, not once per tensor: the same results. Both are restored on exit."""
+    """While inside, transformers parses a GGUF file's metadata once (each caller gets its own deep copy), not once
+    for the tokenizer and again for the config, and gguf builds its tensor-name map once, not once per tensor."""
     import gguf
     from transformers import modeling_gguf_pytorch_utils as gguf_utils
 
@@ -291,8 +290,8 @@ BYTE_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 
 
 def build_byte_tokenizer() -> Any:
-    """A byte-level tokenizer with no merges (every UTF-8 string round-trips): 256 byte tokens plus
-    ``<|endoftext|>`` (pad, id 0), ``<|im_start|>`` and ``<|im_end|>`` (eos), with a ChatML chat template."""
+    """A byte-level tokenizer with no merges (every UTF-8 string round-trips): 256 byte tokens, ``<|endoftext|>`` (pad,
+    id 0), ``<|im_start|>`` and ``<|im_end|>`` (eos), and a ChatML chat template."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 

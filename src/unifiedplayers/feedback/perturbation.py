@@ -51,7 +51,7 @@ class Rule:
     name: str
     fn: RuleFn
     scope: str  # local | global
-    abbrev: str  # its column in the summary's verdict table
+    abbrev: str  # its column in the summary's verdict table (default: the name)
     # A rule that re-executes code (arg_mutation): the variant without its new output and the index of the code
     # step, drawing exactly as ``fn`` does; the engine re-runs every proposal of a batch in one sandbox call.
     propose: Optional[Callable[[Trajectory, random.Random, RuleParams], Proposal]] = None
@@ -73,9 +73,8 @@ RULES = Registry("perturbation rule", "perturbation.rules")
 
 def register_rule(name: str, scope: str, *, abbrev: Optional[str] = None,
                   propose: Optional[Callable[[Trajectory, random.Random, RuleParams], Proposal]] = None):
-    """Register the decorated ``fn(traj, rng, params) -> Trajectory | None`` as rule ``name`` of ``scope``
-    (local | global). ``abbrev``: its column in the summary's verdict table (default: the name). ``propose``: for a
-    rule that re-executes code, see :class:`Rule`."""
+    """Register the decorated ``fn(traj, rng, params) -> Trajectory | None`` as rule ``name`` of ``scope`` (local |
+    global); ``abbrev`` and ``propose``: see :class:`Rule`."""
     if scope not in SCOPES:
         raise ValueError(f"register_rule({name!r}): scope {scope!r} is not one of {SCOPES}")
 

@@ -1,8 +1,6 @@
 """The guarded sympy equivalence check behind U(q)'s answer matching (§3.2, below Eq. 2): math-verify (sympy) in a
-child process that is killed when it exceeds its time.
-
-:func:`unifiedplayers.feedback.rewards.answer_clusters` groups equivalent answers (5/2 ≡ 2.5 ≡ \\frac{5}{2}) through
-:data:`_GUARD`, and falls back to grouping by text (:func:`_text_clusters`) when the guard gives no answer.
+child process that is killed when it exceeds its time; :func:`unifiedplayers.feedback.rewards.answer_clusters`
+goes through :data:`_GUARD` and groups by text (:func:`_text_clusters`) when the guard gives no answer.
 
 It is a process of its own because sympy evaluates a short answer such as 9^{9^{9^{9}}} for ever and
 math-verify's own timeouts rely on signals, which fail outside the main thread; a killed child costs one restart
