@@ -1,14 +1,13 @@
 """Answer extraction and grading against references, per answer type (Appendix G.2).
 
-One implementation for the whole project: the evaluation harness (``eval/``) and the Execution
-player's fixed diagnostic pool (:mod:`unifiedplayers.diagnostics.execution_pool`) both grade with it.
-:func:`extract_answer` reads an answer per answer type and mode (``None`` when there is none). Grading:
+The evaluation harness (``eval/``) and the diagnostic pool (:mod:`unifiedplayers.diagnostics.execution_pool`) both
+grade with it. :func:`extract_answer` reads an answer per answer type and mode. Grading:
 
 - ``math``: math-verify, so ``0.5``, ``1/2`` and ``\\frac{1}{2}`` agree; its signal-based timeouts fail off the
   main thread, so they are off and replaced by a length cap and our own CPU-time alarm (:func:`_alarm`).
 - ``option``: exact option letter.
-- ``string``: exact match after light normalisation (case, surrounding quotes/brackets/punctuation,
-  inner whitespace), with a numeric comparison when both sides are numbers (BBEH answers).
+- ``string``: exact match after light normalisation (case, surrounding quotes/brackets/punctuation, inner
+  whitespace), with a numeric comparison when both sides are numbers (BBEH answers).
 - ``program``: graded by running unit tests (``eval.humaneval``), not here.
 """
 from __future__ import annotations
