@@ -11,12 +11,7 @@ import torch
 
 from unifiedplayers import models
 from unifiedplayers.config import ModelConfig, compose
-from unifiedplayers.models import (
-    ModelNotFoundError,
-    build_byte_tokenizer,
-    load_model,
-    model_cache_dir,
-)
+from unifiedplayers.models import (ModelNotFoundError, build_byte_tokenizer, load_model, model_cache_dir)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

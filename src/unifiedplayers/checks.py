@@ -38,14 +38,9 @@ def validate(cfg: Any, dist: DistContext = SINGLE) -> Method:
 
 
 def check_capacity(cfg: Any, dist: DistContext = SINGLE) -> None:
-    """The run's capacity plan against the node this rank is on (``unifiedplayers.capacity.check_fits``): GPU memory,
-    the host RAM of the ranks on this node (``LOCAL_WORLD_SIZE`` of the ``WORLD_SIZE`` ranks), free disk at the run
-    directory (``run_dir``, else the working directory Hydra's run directories go under) and in trainer.offload_dir
-    (each node's own). Every rank checks, so every node is checked, and a node without room refuses on each of its
-    ranks with its figures and its host name (a rank that leaves ends the job: ``unifiedplayers.distributed``).
-    ``capacity.check=false`` skips it. So does a GPU run (``model.device=cuda``) on a machine without a GPU: its plan
-    is a GPU node's, and the run stops at its model load anyway. A backbone whose shapes the plan cannot tell is let
-    through, with a warning."""
+    """The run's capacity plan against the node this rank is on (``unifiedplayers.capacity.check_fits``); every rank
+    checks, so every node is. Skipped with ``capacity.check=false`` and for a GPU run on a machine without a GPU (it
+    stops at its model load anyway); a backbone whose shapes the plan cannot tell is let through, with a warning."""
     import warnings
 
     from unifiedplayers.capacity import UnknownArchitecture, check_fits, hardware_here, plan
@@ -99,8 +94,7 @@ def check_precision(cfg: Any) -> None:
 
 
 def check_ranges(cfg: Any) -> None:
-    """Values that are accepted by type but give meaningless runs (every verifier invalid, a clip that always
-    binds, an ascent instead of a descent, no micro-batch)."""
+    """Values that are accepted by type but give meaningless runs."""
     sb = cfg.sandbox
     if not sb.timeout_s > 0:
         raise ValueError(f"sandbox.timeout_s={sb.timeout_s}: need > 0 (seconds per sandbox call; default 10)")
@@ -117,14 +111,12 @@ def check_ranges(cfg: Any) -> None:
                          "each block's start and end only; n > 0: also after every n-th update)")
     for role in trained_roles(cfg):
         t = role_trainer_config(cfg.trainer, role)
-        if not t.lr >= 0:
-            raise ValueError(f"trainer.lr (or trainer.roles.{role}.lr)={t.lr}: need >= 0 (a negative rate ascends the loss)")
-        if not t.clip_eps > 0:
-            raise ValueError(f"trainer.clip_eps (or trainer.roles.{role}.clip_eps)={t.clip_eps}: need > 0 (ε_clip of Eq. 19; default 0.2)")
-        if t.micro_batch_size < 1:
-            raise ValueError(f"trainer.micro_batch_size (or trainer.roles.{role}.micro_batch_size)={t.micro_batch_size}: need >= 1")
-        if t.grad_accum_steps < 0:
-            raise ValueError(f"trainer.grad_accum_steps (or trainer.roles.{role}.grad_accum_steps)={t.grad_accum_steps}: need >= 0")
+        for key, ok, need in (("lr", t.lr >= 0, ">= 0 (a negative rate ascends the loss)"),
+                              ("clip_eps", t.clip_eps > 0, "> 0 (ε_clip of Eq. 19; default 0.2)"),
+                              ("micro_batch_size", t.micro_batch_size >= 1, ">= 1"),
+                              ("grad_accum_steps", t.grad_accum_steps >= 0, ">= 0")):
+            if not ok:
+                raise ValueError(f"trainer.{key} (or trainer.roles.{role}.{key})={getattr(t, key)}: need {need}")
         budget = getattr(t, "max_tokens_per_micro_batch", None)
         if budget is not None and not budget > 0:
             raise ValueError(f"trainer.max_tokens_per_micro_batch={budget}: need > 0 tokens, or null for "
@@ -153,8 +145,6 @@ def check_ranks(cfg: Any, dist: DistContext) -> None:
     if getattr(engine, "check_ranks", None) is not None:
         engine.check_ranks(cfg.rollout, dist.world_size)
     if cfg.trainer.backend == "deepspeed_zero3":
-        # ZeRO-3 gathers the partitioned weights in every forward, a collective: the ranks would have to
-        # generate in lockstep, but each samples its own share, of its own lengths.
         if getattr(engine, "samples_from_module", False):
             backend = cfg.rollout.backend
             raise NotImplementedError(
@@ -163,10 +153,9 @@ def check_ranks(cfg: Any, dist: DistContext) -> None:
                 "ranks, which the ranks' different samples break; use rollout=vllm (its own weight copy per rank) "
                 "or trainer=deepspeed_zero2")
         if cfg.schedule.feedback == "stale":
-            raise NotImplementedError(
-                f"schedule.feedback=stale with trainer=deepspeed_zero3 over {dist.world_size} ranks is not "
-                "supported (the published snapshot copies the module, whose ZeRO-3 parameters are partitions); "
-                "use trainer=deepspeed_zero2 or trainer=torch")
+            raise NotImplementedError(f"schedule.feedback=stale with trainer=deepspeed_zero3 over {dist.world_size} "
+                                      "ranks is not supported (the published snapshot copies the module, whose ZeRO-3 "
+                                      "parameters are partitions); use trainer=deepspeed_zero2 or trainer=torch")
 
 
 def check_schedule(cfg: Any) -> None:
@@ -222,16 +211,13 @@ def check_sampling(cfg: Any) -> None:
 
 
 def check_adapters(cfg: Any) -> None:
-    """``trainer.lora`` (players as adapters on one shared backbone) and ``rollout.sleep_level``: values in range,
-    and the combinations that cannot run: a sleeping engine that is not vLLM's, level 2 under adapters (the
-    backbone would be dropped for good)."""
+    """``trainer.lora`` and ``rollout.sleep_level``: values in range, and the combinations that cannot run."""
     lora = cfg.trainer.lora
     if lora.rank < 0:
         raise ValueError(f"trainer.lora.rank={lora.rank}: need >= 0 (0: every parameter trained)")
-    if lora.rank > 0:
-        if not lora.alpha > 0 or not 0 <= lora.dropout < 1 or not lora.target_modules:
-            raise ValueError(f"trainer.lora: alpha={lora.alpha} (need > 0), dropout={lora.dropout} (need in [0, 1)), "
-                             f"target_modules={list(lora.target_modules)} (need at least one)")
+    if lora.rank > 0 and (not lora.alpha > 0 or not 0 <= lora.dropout < 1 or not lora.target_modules):
+        raise ValueError(f"trainer.lora: alpha={lora.alpha} (need > 0), dropout={lora.dropout} (need in [0, 1)), "
+                         f"target_modules={list(lora.target_modules)} (need at least one)")
     if lora.rank > 0 and str(cfg.trainer.backend) == "deepspeed_zero3":
         frozen = [r for r in BLOCK_ORDER if r not in trained_roles(cfg)]
         if cfg.trainer.ref_mode != "precompute" or frozen or cfg.schedule.feedback != "fresh":

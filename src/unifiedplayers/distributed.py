@@ -1,14 +1,10 @@
 """One run over several processes (GPUs): rank 0 runs the outer loop, the other ranks follow its calls.
 
-Launched with ``torchrun`` (:mod:`unifiedplayers.launch` writes its options) or any launcher that sets ``RANK``,
-``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``. Without them, or with ``WORLD_SIZE=1``,
-:func:`init_distributed` returns :data:`SINGLE` and nothing here does anything. Who does what on which rank, the
-timeouts and the watchdog: docs/distributed.md. Here: the object collectives, sampling split by prompt
-(:func:`prompt_shard`), the gradient all-reduce, the GPU pinning and the shared-directory check.
-
+Launched with ``torchrun`` (:mod:`unifiedplayers.launch`) or any launcher that sets ``RANK``, ``LOCAL_RANK``,
+``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``; without them :func:`init_distributed` returns :data:`SINGLE` and
+nothing here does anything. Who does what on which rank, the timeouts and the watchdog: docs/distributed.md.
 The process group's timeout is long (``UNIFIEDPLAYERS_DIST_TIMEOUT_MIN``, 120 minutes) because the other ranks wait
-while rank 0 builds the feedback alone; hangs are found by :mod:`unifiedplayers.watchdog`, told where each rank
-waits by :func:`waiting`.
+while rank 0 builds the feedback alone; hangs are found by :mod:`unifiedplayers.watchdog`.
 """
 from __future__ import annotations
 
@@ -26,16 +22,15 @@ _WATCHDOG: Any = None  # this rank's unifiedplayers.watchdog.Watchdog, while it 
 
 
 def adopt_group() -> None:
-    """Note that an engine built in this process (in-process vLLM) adopted the job's process group. Its
-    shutdown, at exit, destroys every process group (vLLM's ``cleanup_dist_env_and_memory``), and fails
-    with a traceback if :func:`destroy` already did; so :func:`destroy` then leaves them to it."""
+    """Note that an in-process vLLM engine adopted the job's process group: its shutdown at exit destroys every
+    process group, and fails if :func:`destroy` already did, so :func:`destroy` then leaves them to it."""
     global _GROUP_ADOPTED
     _GROUP_ADOPTED = True
 
 
 def waiting(name: str) -> Any:
-    """A context for a collective, ``name``: while this rank waits in it, its watchdog tells the other ranks, which
-    end the job when every rank waits at a collective and not all at the same kind (a no-op without a watchdog)."""
+    """A context for the collective ``name``: while this rank waits in it, its watchdog tells the other ranks, which
+    end the job when every rank waits at a collective and not all at the same kind."""
     return _WATCHDOG.at_collective(name) if _WATCHDOG is not None else nullcontext()
 
 
@@ -111,12 +106,9 @@ class DistContext:
     # ------------------------------------------------------------------ split sampling
     def split_prompts(self, generate: Callable[[range], list[list[T]]], num_prompts: int,
                       to_all: bool = True) -> Optional[list[list[T]]]:
-        """Split one generation call over the ranks by prompt.
-
-        ``generate(prompts)`` returns ``out[i][sample]``, all the samples of each prompt of ``prompts`` (a range
-        of the call's prompt indices; a rank without prompts does not call it). The result has every prompt's
-        samples in prompt order: on every rank (``to_all``) or on rank 0 only (``None`` elsewhere).
-        """
+        """Split one generation call over the ranks by prompt: ``generate(prompts)`` returns ``out[i][sample]`` for
+        the range ``prompts`` (not called for an empty one). Every prompt's samples in prompt order, on every rank
+        (``to_all``) or on rank 0 only (``None`` elsewhere)."""
         if not self.enabled:
             return generate(range(num_prompts))
         mine = prompt_shard(num_prompts, self.rank, self.world_size)
@@ -128,10 +120,8 @@ class DistContext:
 
     # ------------------------------------------------------------------ data-parallel gradients
     def all_reduce_gradients(self, parameters: Sequence[Any], bucket_elems: int = 50_000_000) -> None:
-        """Sum the gradients of ``parameters`` over the ranks (a parameter without one counts as zeros).
-
-        The loss of each micro-batch already carries the whole batch's Eq. 21 weights, so the sum over
-        the ranks' micro-batches is exactly the full batch's gradient.
+        """Sum the gradients of ``parameters`` over the ranks (a parameter without one counts as zeros). Each
+        micro-batch's loss already carries the whole batch's Eq. 21 weights, so the sum is the full batch's gradient.
         """
         if not self.enabled:
             return
@@ -148,19 +138,15 @@ class DistContext:
         for group in by_dtype.values():
             bucket: list[Any] = []
             size = 0
-            for p in group + [None]:
-                if p is not None:
-                    bucket.append(p)
-                    size += p.grad.numel()
-                if bucket and (p is None or size >= bucket_elems):
+            for i, p in enumerate(group):
+                bucket.append(p)
+                size += p.grad.numel()
+                if size >= bucket_elems or i == len(group) - 1:
                     flat = torch.cat([q.grad.reshape(-1) for q in bucket])
                     with waiting("all_reduce of the gradients"):
                         dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-                    offset = 0
-                    for q in bucket:
-                        n = q.grad.numel()
-                        q.grad.copy_(flat[offset:offset + n].view_as(q.grad))
-                        offset += n
+                    for q, summed in zip(bucket, flat.split([q.grad.numel() for q in bucket])):
+                        q.grad.copy_(summed.view_as(q.grad))
                     bucket, size = [], 0
 
 
@@ -171,18 +157,14 @@ RENDEZVOUS_KEYS = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PO
 
 
 def without_rendezvous(env: Mapping[str, str]) -> dict[str, str]:
-    """``env`` without the rendezvous variables, for a child process that starts its own process group: inherited
-    from a parent that holds a group (a one-rank DeepSpeed engine), its ``MASTER_PORT`` is already in use."""
+    """``env`` without the rendezvous variables, for a child process that starts its own process group (the
+    parent's ``MASTER_PORT`` is already in use)."""
     return {k: v for k, v in env.items() if k not in RENDEZVOUS_KEYS}
 
 
-def env_world_size() -> int:
-    return int(os.environ.get("WORLD_SIZE", "1"))
-
-
 def _listed_gpus() -> list[str]:
-    """The node's GPUs as ``CUDA_VISIBLE_DEVICES`` names them (its entries, else nvidia-smi's indices; none
-    without a GPU). Read without starting CUDA, which would fix the visible devices for good."""
+    """The node's GPUs as ``CUDA_VISIBLE_DEVICES`` names them (else nvidia-smi's indices), read without starting CUDA
+    (which would fix the visible devices for good)."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
         return [d.strip() for d in visible.split(",") if d.strip()]
@@ -198,10 +180,8 @@ def _listed_gpus() -> list[str]:
 
 def _pin_gpu(local_rank: int) -> None:
     """Make the GPU of ``local_rank`` this process's only GPU, before CUDA starts: ``CUDA_VISIBLE_DEVICES`` narrowed
-    to it and ``LOCAL_RANK=0``, its ordinal among the visible ones (DeepSpeed sets ``cuda:$LOCAL_RANK``; the
-    launcher's value would be no device on every rank but 0; vLLM's in-process worker takes ``cuda:0``). Nothing
-    changes without a GPU. :attr:`DistContext.local_rank` keeps the launcher's value.
-    """
+    to it and ``LOCAL_RANK=0`` (docs/distributed.md, "Devices"). :attr:`DistContext.local_rank` keeps the launcher's
+    value."""
     devices = _listed_gpus()
     if not devices:
         return
@@ -213,9 +193,9 @@ def _pin_gpu(local_rank: int) -> None:
 
 
 def init_distributed(backend: Optional[str] = None, pin_gpu: bool = True) -> DistContext:
-    """The context of this process: :data:`SINGLE` without a launcher or with ``WORLD_SIZE=1``, else a
-    joined process group (``nccl`` where CUDA is available, ``gloo`` otherwise, or ``backend``)."""
-    world = env_world_size()
+    """:data:`SINGLE` without a launcher or with ``WORLD_SIZE=1``, else a joined process group (``backend``, else
+    ``nccl`` where CUDA is available, else ``gloo``)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         return SINGLE
     rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", os.environ["RANK"]))
@@ -242,9 +222,7 @@ def init_distributed(backend: Optional[str] = None, pin_gpu: bool = True) -> Dis
 
 
 def destroy(ctx: DistContext) -> None:
-    """Leave the job's process group (every rank, once, at the end; call it from a ``finally``). A group that an
-    in-process vLLM engine adopted (:func:`adopt_group`) is left for that engine's own shutdown at exit.
-
+    """Leave the job's process group (every rank, once, from a ``finally``; an adopted group is left to its engine).
     Called while an exception is on its way out, it leaves at once (:func:`leave_failed`): a barrier would wait for
     ranks that are at another collective, until the process group's timeout."""
     if not ctx.enabled:
@@ -270,10 +248,8 @@ def destroy(ctx: DistContext) -> None:
 
 
 def leave_failed(ctx: DistContext, error: BaseException) -> None:
-    """This rank's run raised ``error``: say so, naming the rank, and post it as the job's failure note, so that
-    every other rank ends within seconds (:mod:`unifiedplayers.watchdog`) rather than waiting for this one at its
-    next collective. The process group is left as it is: the process is about to end, and its launcher ends the
-other ranks (torchrun) or their watchdogs do."""
+    """This rank's run raised ``error``: say so and post it as the job's failure note, so that every other rank ends
+    within seconds (:mod:`unifiedplayers.watchdog`). The process group is left as it is: the process is ending."""
     text = f"{type(error).__name__}: {error}".splitlines()[0][:500]
     global _WATCHDOG
     first = f"rank {ctx.rank}: {text}"
@@ -289,8 +265,8 @@ other ranks (torchrun) or their watchdogs do."""
 
 
 def ranks_on_this_node(dist: DistContext, env: Mapping[str, str] = os.environ) -> int:
-    """The job's ranks on this node: torchrun's ``LOCAL_WORLD_SIZE``; without it (another launcher) every rank of the
-    job, as if the job were on one node, so that a node's ranks never count on more of its cores than it has."""
+    """torchrun's ``LOCAL_WORLD_SIZE``; without it every rank of the job, so that a node's ranks never count on more
+    of its cores than it has."""
     return int(env.get("LOCAL_WORLD_SIZE") or dist.world_size)
 
 
@@ -309,14 +285,9 @@ SHARED_CHECK_WAIT_S = 60.0  # a network filesystem may show another node's new f
 
 
 def check_shared_directory(dist: DistContext, directory: Any, wait_s: float = SHARED_CHECK_WAIT_S) -> None:
-    """Stop the run on every rank unless every rank sees ``directory`` (the run directory) as one shared filesystem,
-    before any model loads: rank 0 writes a file holding a random nonce there, and every rank must read that nonce
-    in its own ``directory`` within ``wait_s`` seconds. The error names the directory and the node (host name) and
-    rank of each that could not. Rank 0 removes the file. Nothing with one process.
-
-    Every rank loads a resume's checkpoints from that directory (under DeepSpeed each rank also writes its own
-    optimizer partition there), so a node with a directory of its own at that path would resume from nothing, or
-    from another run."""
+    """Stop the run on every rank unless every rank sees ``directory`` (the run directory) as one shared filesystem:
+    rank 0 writes a random nonce there, which every rank must read within ``wait_s`` seconds; the error names the
+    node and rank of each that could not (docs/distributed.md, "Across nodes")."""
     if not dist.enabled:
         return
     import secrets
@@ -358,8 +329,7 @@ def _reads(path: Any, text: str, wait_s: float) -> bool:
 
 
 def shared_directory_error(ranks: Sequence[tuple[bool, str, int, str]], problem: str = "") -> str:
-    """The message of :func:`check_shared_directory`: ``ranks`` holds each rank's (saw the file, host, rank,
-    directory)."""
+    """``ranks``: each rank's (saw the file, host, rank, directory)."""
     _, host0, _, directory = ranks[0]
     if problem:
         return f"the run directory {directory} cannot be checked on node {host0}: {problem}"

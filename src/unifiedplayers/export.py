@@ -4,23 +4,13 @@
     python -m unifiedplayers.export RUN_DIR --role all --out DIR          # every trained player, DIR/<role>
     python -m unifiedplayers.export RUN_DIR --format adapter              # an adapter run: PEFT's adapter format
 
-The player's checkpoint is the one the run state (``state.pt``) names for it: its last save, whether an end-of-block
-``checkpoints/iter<t>/<role>`` or an in-block ``resume/<role>-a|b`` copy. The model is rebuilt from the run's
-``config.yaml`` (``model``: the same backbone, on CPU), takes the checkpoint's ``model.pt``, and is written with
-``save_pretrained`` (safetensors) beside its tokenizer and ``unifiedplayers_export.json`` (where it came from).
+The player's last checkpoint (the one ``state.pt`` names) is loaded into the run's backbone (``config.yaml``'s
+``model``, on CPU) and written with ``save_pretrained`` beside its tokenizer and ``unifiedplayers_export.json``.
+``--dtype``: default the run's ``model.dtype``, bfloat16 where it is ``auto``; only parameters are cast.
 
-``--dtype``: the run's sampling dtype (``model.dtype``) by default, bfloat16 where the run left it ``auto``. Only
-parameters are cast; the rotary ``inv_freq`` buffers stay float32 (:func:`unifiedplayers.models.cast_parameters`).
-
-A run whose players are adapters (``trainer.lora.rank`` > 0; its ``model.pt`` holds the adapter alone) exports either
-way (``--format``): ``merged`` (the default), the backbone with the adapter folded into its weights (W + (α / r) B A,
-in float32, then cast), as plain ``save_pretrained`` files; or ``adapter``, PEFT's format (``adapter_config.json``,
-``adapter_model.safetensors``: ``PeftModel.from_pretrained(backbone, DIR)``, or vLLM's ``LoRARequest``), whose
-``base_model_name_or_path`` is the run's ``model.path``; a backbone with none (the embedded model, the tiny one) is
-written beside it, in ``DIR/base``, once.
-
-With ``schedule.export_at_end`` a finished run exports every trained player into ``RUN_DIR/export/<role>`` with the
-same code (docs/running.md, "The run directory", says why the CPU presets leave it off).
+An adapter run (``trainer.lora.rank`` > 0) exports ``merged`` (the adapter folded into the weights in float32, then
+cast) or ``adapter``, PEFT's format, whose base is the run's ``model.path`` or, without one, ``DIR/base``.
+``schedule.export_at_end`` runs the same code at the end of a run (docs/running.md, "The run directory").
 """
 from __future__ import annotations
 
@@ -49,8 +39,7 @@ FORMATS = ("merged", "adapter")
 
 
 class ExportError(Exception):
-    """Nothing to export where asked (no run, no checkpoint for the role, an unknown role or dtype); the message
-    says what is there."""
+    """Nothing to export where asked; the message says what is there."""
 
 
 def read_run(run_dir: Path) -> tuple[dict[str, Any], Any]:
@@ -112,10 +101,8 @@ def git_commit() -> Optional[str]:
 def export_player(run_dir: str | os.PathLike, role: str, out: str | os.PathLike,
                   dtype: Optional[str] = None, run: Optional[tuple[dict[str, Any], Any]] = None,
                   fmt: str = "merged") -> Path:
-    """Write ``role``'s last checkpoint of the run in ``run_dir`` to ``out`` as ``save_pretrained`` files (the module
-    docstring), or an adapter run's adapter in PEFT's format (``fmt="adapter"``). ``out`` is written whole or not at
-    all; an earlier export there is replaced. Returns ``out``. ``run``: the run's (state, config) when the caller has
-    read them (:func:`read_run`)."""
+    """Write ``role``'s last checkpoint of the run in ``run_dir`` to ``out`` (the module docstring), whole or not at
+    all, replacing an earlier export there. ``run``: the run's (state, config) when the caller has read them."""
     run_dir, out = Path(run_dir).expanduser(), Path(out).expanduser()
     state, run_cfg = run or read_run(run_dir)
     ckpt = player_checkpoint(run_dir, state, role)
@@ -166,8 +153,8 @@ def export_player(run_dir: str | os.PathLike, role: str, out: str | os.PathLike,
 
 
 def _adapter_model(run_cfg: Any, weights: dict[str, torch.Tensor], dtype: str, merge: bool) -> tuple[Any, Any]:
-    """The run's backbone (float32, CPU) with the checkpoint's adapter (``weights``): folded into its weights and
-    cast to ``dtype`` (``merge``), or still an adapter player."""
+    """The run's backbone (float32, CPU) with the checkpoint's adapter: folded in and cast to ``dtype`` (``merge``),
+    or still an adapter player."""
     from unifiedplayers.trainer.precision import cast_parameters
 
     base, tokenizer = load_model(OmegaConf.merge(run_cfg.model, {"device": "cpu", "dtype": "float32"}))
@@ -183,9 +170,7 @@ def _adapter_model(run_cfg: Any, weights: dict[str, torch.Tensor], dtype: str, m
 
 
 def _save_adapter(player: Any, tokenizer: Any, run_cfg: Any, tmp: Path, out: Path) -> None:
-    """``player``'s adapter in PEFT's format into ``tmp`` (to become ``out``): ``adapter_config.json`` naming the
-    backbone (the run's ``model.path``, else the backbone written into ``out/base``), ``adapter_model.safetensors``,
-    and the tokenizer."""
+    """``player``'s adapter in PEFT's format, and the tokenizer, into ``tmp`` (to become ``out``)."""
     path = OmegaConf.select(run_cfg, "model.path", default=None)
     if not path:  # the embedded or tiny backbone: no directory of its own for PEFT or vLLM to load
         base, base_tokenizer = load_model(OmegaConf.merge(run_cfg.model, {"device": "cpu"}))
@@ -223,8 +208,7 @@ def export_run(run_dir: str | os.PathLike, role: str = "all", out: Optional[str 
 
 
 def export_at_end(run_dir: Path) -> None:
-    """``schedule.export_at_end``: every trained player of the finished run in ``run_dir`` to ``RUN_DIR/export``.
-    A failure is reported, not raised: the run is complete and its checkpoints stay on disk for the CLI."""
+    """``schedule.export_at_end``; a failure is reported, not raised: the run is complete, its checkpoints on disk."""
     try:
         export_run(run_dir)
     except Exception as err:  # noqa: BLE001 - the run itself succeeded; say how to retry

@@ -1,20 +1,10 @@
 """torchrun's options for this node of a run, on one node or several: ``python -m unifiedplayers.launch N``.
 
-The launch scripts (``experiments/_common.sh``) and the sweeps' GPU launcher (``ablations/sweeps.py``) start a run
-with torchrun's own launch, ``python -m torch.distributed.run <options> -m unifiedplayers.train ...``, on every
-node; this module writes its options from four environment variables:
-
-- ``NNODES`` (1): the nodes of the run. One node gets ``--standalone --nproc_per_node=N``: torchrun's rendezvous on
-  a free port of its own, so that two runs on one node never meet on one port.
-- ``NODE_RANK`` (required with several nodes): 0 on the node at ``MASTER_ADDR``, 1 .. NNODES-1 on the others.
-  Node r holds global ranks r·N .. r·N + N-1, so rank 0, which writes the run, is on node 0.
-- ``MASTER_ADDR`` (required with several nodes) and ``MASTER_PORT`` (29500): the rendezvous endpoint, node 0's
-  address as every node reaches it. Node 0's torchrun hosts the job's store there; the others wait up to 600 s
-  for it.
-
-Several nodes get ``--nnodes=NNODES --node_rank=NODE_RANK --rdzv_backend=static --rdzv_endpoint=ADDR:PORT
---rdzv_id=ID`` (the id is Slurm's ``SLURM_JOB_ID`` where there is one), and no restarts: a rank or a node that
-fails ends the job. Why the static rendezvous and not ``c10d``: docs/distributed.md, "Across nodes".
+The launch scripts (``experiments/_common.sh``, ``ablations/sweeps.py``) run ``python -m torch.distributed.run
+<options> -m unifiedplayers.train ...`` on every node, with options from ``NNODES`` (1), ``NODE_RANK`` (0 on the
+node at ``MASTER_ADDR``, which holds rank 0), ``MASTER_ADDR`` and ``MASTER_PORT`` (29500). One node gets
+``--standalone`` (a free port of its own, so two runs on one node never meet); several get a static rendezvous
+and no restarts (docs/distributed.md, "Across nodes").
 """
 from __future__ import annotations
 
@@ -50,8 +40,7 @@ def options_from_env(nproc_per_node: int, env: Mapping[str, str] = os.environ) -
 
 
 def torchrun_command(python: str, nproc_per_node: int, env: Mapping[str, str] = os.environ) -> list[str]:
-    """``python -m torch.distributed.run`` and its options for this node (:func:`options_from_env`): torchrun of the
-    interpreter ``python``, whatever its name."""
+    """``python -m torch.distributed.run`` of the interpreter ``python`` and its options for this node."""
     return [python, "-m", "torch.distributed.run", *options_from_env(nproc_per_node, env)]
 
 

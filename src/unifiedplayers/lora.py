@@ -1,19 +1,10 @@
 """Players as low-rank adapters on one frozen backbone (``trainer.lora.rank`` > 0), through PEFT's LoRA.
 
-With ``rank`` = 0 every player trains all its parameters (the paper's way, and the default). With ``rank`` = r > 0:
-
-- the backbone's weights are loaded once, frozen (``requires_grad=False``) and shared by every player: each player
-  is its own module tree (:func:`share_base`) whose frozen tensors *are* the backbone's, with PEFT's LoRA layers
-  injected into the projections of ``target_modules`` (:func:`add_adapter`). A player's output is
-  W x + (α / r) B A x, with A (r × in) drawn as PEFT draws it and B (out × r) zero, so before its first update
-  every player computes exactly what the backbone computes;
-- what a player *is*, beyond the backbone, is its adapter: :func:`adapter_state` (the trainable tensors by name).
-  Checkpoints, π_ref (the player at the iteration's start), the published copies of stale feedback and the weights
-  sent to a rollout engine are adapter states, never the backbone;
-- only adapter tensors have gradients and optimizer state (AdamW takes the parameters that require a gradient).
-
-The adapters stay float32 (they are the master weights; PEFT casts a layer's input to the adapter's dtype and the
-result back), the shared backbone is held in the trainer's compute dtype.
+The backbone is loaded once, frozen and shared: each player is its own module tree whose frozen tensors *are* the
+backbone's (:func:`share_base`), with LoRA layers in ``target_modules`` (:func:`add_adapter`): W x + (α / r) B A x,
+B (out × r) zero, so before its first update every player computes what the backbone computes. A player is its
+adapter (:func:`adapter_state`): checkpoints, π_ref, stale feedback's copies and the weights sent to a rollout
+engine are adapter states. The adapters stay float32 (master weights); the backbone is in the compute dtype.
 """
 from __future__ import annotations
 
@@ -66,14 +57,14 @@ def add_adapter(model: nn.Module, lora_cfg: Any, seed: Optional[int] = None) -> 
     from peft import inject_adapter_in_model
 
     freeze(model)
+    no_match = f"trainer.lora.target_modules={list(lora_cfg.target_modules)} matched no layer of {type(model).__name__}"
     state = torch.random.get_rng_state()
     try:
         if seed is not None:
             torch.manual_seed(seed)
         inject_adapter_in_model(peft_config(lora_cfg), model, adapter_name=ADAPTER)
     except ValueError as err:  # PEFT: "Target modules ... not found in the base model"
-        raise ValueError(f"trainer.lora.target_modules={list(lora_cfg.target_modules)} matched no layer of "
-                         f"{type(model).__name__}: {err}") from None
+        raise ValueError(f"{no_match}: {err}") from None
     finally:
         torch.random.set_rng_state(state)
     for name, p in model.named_parameters():
@@ -81,8 +72,7 @@ def add_adapter(model: nn.Module, lora_cfg: Any, seed: Optional[int] = None) -> 
             p.data = p.data.float()
             p.requires_grad_(True)
     if not any(p.requires_grad for p in model.parameters()):
-        raise ValueError(f"trainer.lora.target_modules={list(lora_cfg.target_modules)} matched no layer of "
-                         f"{type(model).__name__}")
+        raise ValueError(no_match)
     return model
 
 
@@ -125,10 +115,9 @@ def adapter_parameter_count(model: nn.Module) -> int:
 
 
 def merged_state(model: nn.Module) -> dict[str, Tensor]:
-    """The full weights of the player held in ``model`` with its adapter folded in (W + (α / r) B A, summed in float32,
-    in W's dtype), under the backbone's own names (``base_layer.`` and the adapter's tensors removed): a plain
-    transformers checkpoint. Read from the state dict alone: the shared backbone is never written (and under ZeRO-3,
-    inside the trainer's gathered weights, it reads the gathered values)."""
+    """The full weights of the player in ``model`` with its adapter folded in (W + (α / r) B A, summed in float32, in
+    W's dtype), under the backbone's own names: a plain transformers checkpoint. Read from the state dict alone, so
+    the shared backbone is never written (and under ZeRO-3 the gathered values are read)."""
     state = model.state_dict()
     scales = {name: m.scaling[ADAPTER] for name, m in model.named_modules() if ADAPTER in getattr(m, "lora_A", {})}
     out = {}
@@ -149,16 +138,14 @@ def adapter_rank(model: nn.Module) -> int:
 
 
 def base_state(model: nn.Module) -> dict[str, Tensor]:
-    """The backbone's weights under ``model``, under the backbone's own names (an adapter player's ``base_layer.``
-    dropped, its adapter left out); ``model.state_dict()`` for a model without an adapter."""
+    """The backbone's weights under ``model``, under the backbone's own names (an adapter left out)."""
     if not is_adapted(model):
         return model.state_dict()
     return {name.replace(".base_layer.", "."): t for name, t in model.state_dict().items() if "lora_" not in name}
 
 
 def adapter_config(model: nn.Module, base_model: Optional[str] = None) -> Any:
-    """PEFT's ``LoraConfig`` of the adapter in ``model``, read off its modules: rank, α (scaling x r), the targeted
-    projections."""
+    """PEFT's ``LoraConfig`` of the adapter in ``model``, read off its modules."""
     from peft import LoraConfig
 
     layers = {name.rsplit(".", 1)[-1]: m for name, m in model.named_modules()
@@ -179,10 +166,9 @@ def save_peft_adapter(model: nn.Module, directory: str, base_model: Optional[str
 
 
 def checkpoint_weights(backbone: nn.Module, path: str) -> dict[str, Tensor]:
-    """A trainer checkpoint's ``model.pt`` at ``path`` as full weights of ``backbone``'s architecture: the file's state
-    dict, or, when it holds an adapter (``trainer.lora``), that adapter folded into ``backbone`` (its rank, α and
-    targets from the ``adapter_config.json`` the trainer writes beside it). For the readers of checkpoints (eval,
-    the probes), whose engines sample plain modules."""
+    """A trainer checkpoint's ``model.pt`` at ``path`` as full weights of ``backbone``'s architecture: the state dict,
+    or its adapter folded into ``backbone`` (settings from the ``adapter_config.json`` beside it). For eval and the
+    probes, whose engines sample plain modules."""
     from pathlib import Path
 
     from peft import LoraConfig

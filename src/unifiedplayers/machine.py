@@ -1,13 +1,7 @@
-"""Where a run ran: the CPU, its bf16 flags, the core and thread counts, torch, Python, the GPUs, and
-the isolation its sandbox got.
-
-A figure or a red CI log is traced to its machine by this record (numerics differ between CPU kinds, and a
-sandbox without root lacks layers):
-
-- each start of a run appends :func:`machine_info` and its sandbox's isolation layers to the ``machine`` list
-  of its ``config.yaml`` (:func:`record_start`; a resumed run keeps the entries of its earlier starts, and the
-  last is this process's; with several ranks, rank 0's); the summary prints them (:func:`machine_line`);
-- ``make test`` prints :func:`machine_line` in its first lines (``tests/conftest.py``).
+"""Where a run ran (CPU and its bf16 flags, cores, threads, torch, Python, GPUs) and the isolation its sandbox got,
+so that a figure or a red CI log is traced to its machine: each start of a run appends it to its ``config.yaml``
+(:func:`record_start`), and the summary and ``make test`` print it (:func:`machine_line`). Also the start-up check
+of a GPU that torch cannot use (:func:`check_gpu_usable`).
 """
 from __future__ import annotations
 
@@ -18,25 +12,11 @@ from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from unifiedplayers import precision
-
-
-def cpuinfo_field(name: str, path: str = "/proc/cpuinfo") -> Optional[str]:
-    """The value of ``name`` (``model name``, ``vendor_id``) for the first CPU of ``path``; None when absent."""
-    try:
-        lines = Path(path).read_text().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        key, _, value = line.partition(":")
-        if key.strip() == name:
-            return value.strip()
-    return None
+from unifiedplayers.precision import cpuinfo_field
 
 
 def machine_info() -> dict[str, Any]:
-    """This process's machine: CPU model and vendor, its bf16 flags (``precision.BF16_CPU_FLAGS`` present in
-    ``/proc/cpuinfo``), cores (``os.cpu_count``) and those this process may use (its affinity), torch and the
-    threads it uses now, Python, and the names of the visible GPUs (empty without CUDA)."""
+    """This process's machine, the cores it may use (its affinity) and the threads torch uses now."""
     import torch
 
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -61,8 +41,8 @@ def machine_line(info: Mapping[str, Any]) -> str:
 
 
 def earlier_starts(config_path: Path) -> list[dict[str, Any]]:
-    """The ``machine`` entries of a run's ``config.yaml`` (its earlier starts); none when it is missing or
-    holds none (a run of an earlier version)."""
+    """The ``machine`` entries of a run's ``config.yaml`` (its earlier starts); none when it is missing or holds
+    none."""
     from omegaconf import OmegaConf
 
     try:
@@ -73,10 +53,9 @@ def earlier_starts(config_path: Path) -> list[dict[str, Any]]:
 
 
 def record_start(cfg: Any, first_update: int, sandbox: Any, config_path: Optional[Path] = None) -> dict[str, Any]:
-    """Append this start to ``cfg.machine`` (after the earlier starts' entries, :func:`earlier_starts`): the update
-    it begins with, the machine (:func:`machine_info`) and the isolation layers of its started ``sandbox``, present
-    and missing with the reason, each missing layer an ``IsolationWarning`` (on stderr). ``config_path``: the
-    run's ``config.yaml``, rewritten with it. Returns this start's entry."""
+    """Append this start's entry to ``cfg.machine`` and return it: the update it begins with, :func:`machine_info`
+    and the isolation layers of its started ``sandbox`` (each missing one also an ``IsolationWarning``).
+    ``config_path``: the run's ``config.yaml``, rewritten with it."""
     from omegaconf import OmegaConf
 
     from unifiedplayers.sandbox.isolation import IsolationWarning, isolation_report, missing_layer_warnings
@@ -97,8 +76,7 @@ MIN_DRIVER = {13: "580", 12: "525", 11: "450"}
 
 
 def nvidia_smi_gpus(command: str = "nvidia-smi") -> list[tuple[str, str]]:
-    """``(name, driver version)`` of each GPU ``nvidia-smi`` lists; none where it is missing or fails. Read without
-    starting CUDA."""
+    """``(name, driver version)`` of each GPU ``nvidia-smi`` lists (none where it fails), read without starting CUDA."""
     import subprocess
 
     try:
@@ -114,8 +92,8 @@ def nvidia_smi_gpus(command: str = "nvidia-smi") -> list[tuple[str, str]]:
 
 def gpu_unusable(gpus: list[tuple[str, str]], cuda_available: bool, torch_version: str,
                  torch_cuda: Optional[str]) -> Optional[str]:
-    """Why torch cannot use the GPUs that ``nvidia-smi`` lists (``gpus``, :func:`nvidia_smi_gpus`), and what to
-    install; None when it can, or when there is none. ``torch_cuda``: ``torch.version.cuda`` (None: a CPU build)."""
+    """Why torch cannot use the ``gpus`` ``nvidia-smi`` lists, and what to install; None when it can or there is none.
+    ``torch_cuda``: ``torch.version.cuda`` (None: a CPU build)."""
     if cuda_available or not gpus:
         return None
     name, driver = gpus[0]
@@ -137,9 +115,8 @@ def gpu_unusable(gpus: list[tuple[str, str]], cuda_available: bool, torch_versio
 
 
 def check_gpu_usable(device: str) -> None:
-    """A run on ``device`` (``model.device``) where ``nvidia-smi`` finds a GPU that torch cannot use (:func:`gpu_unusable`):
-    ``cuda`` stops with the reason, ``auto`` (which would fall back to the CPU) warns with it. Called at start-up,
-    before any model loads (``checks.validate``)."""
+    """Where ``nvidia-smi`` finds a GPU that torch cannot use (:func:`gpu_unusable`), ``model.device`` ``cuda`` stops
+    with the reason and ``auto`` (which would fall back to the CPU) warns with it."""
     if not (device.startswith("cuda") or device == "auto"):
         return
     import torch

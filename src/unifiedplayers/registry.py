@@ -1,8 +1,5 @@
-"""One registry for every extension point: methods, reward sources, trainer backends, rollout engines,
-perturbation rules, benchmarks and the GRPO maths (advantage estimators, policy losses, KL estimators,
-aggregations).
-
-A :class:`Registry` maps names to objects. :meth:`Registry.register` is the way in, usable as a decorator::
+"""One registry for every extension point (methods, reward sources, trainer backends, rollout engines, perturbation
+rules, benchmarks, the GRPO maths). :meth:`Registry.register` is the way in, usable as a decorator::
 
     METHODS = Registry("method")
 
@@ -11,18 +8,12 @@ A :class:`Registry` maps names to objects. :meth:`Registry.register` is the way 
 
     TRAINER_BACKENDS.register("deepspeed_zero2", "unifiedplayers.trainer.deepspeed_backend:DeepSpeedZero2Trainer")
 
-- A name is registered once. A second, different object under the same name is refused with an error naming the
-  kind, the name and where the first one was defined: two extensions never overwrite each other silently. The
-  same definition registered again (its module imported a second time) replaces the entry.
-- An entry may be a ``"module:attr"`` string, imported on first :meth:`Registry.get` (the built-in backends: a
-  heavy or optional dependency is imported only when a run names it). When that module registers the object the
-  string names under the same name, the object takes the string's place.
-- :meth:`Registry.get` on a miss raises :class:`UnknownName` (a ``KeyError`` and a ``ValueError``) naming the
-  known entries.
-
-``registry[name] = obj`` is :meth:`Registry.register` (checked the same way). To swap an entry on purpose (a
-test's stand-in), :meth:`Registry.replaced` does it for the length of a ``with`` block and puts the old entry
-back; ``del registry[name]`` removes one.
+- A name is registered once: a second, different object under it is refused, naming where the first is defined
+  (the same definition registered again, by a re-import of its module, replaces the entry).
+- A ``"module:attr"`` string is imported on first :meth:`Registry.get`, so a heavy dependency is imported only when
+  a run names it. A miss raises :class:`UnknownName` naming the known entries.
+- ``registry[name] = obj`` is ``register``; :meth:`Registry.replaced` swaps an entry for a ``with`` block (a test's
+  stand-in).
 """
 from __future__ import annotations
 
@@ -96,10 +87,9 @@ class Registry(MutableMapping):
 
     # ------------------------------------------------------------------ the way in
     def register(self, name: str, obj: Any = None, *, stacklevel: int = 1) -> Any:
-        """Register ``obj`` (or a ``"module:attr"`` string, imported on first use) under ``name``; without
-        ``obj``, a decorator. Refuses a different object under a name already taken. ``stacklevel``: how many
-        frames above the caller the registration is made (a helper such as ``register_method`` passes 2), for
-        the place an error names when ``obj`` is plain data."""
+        """Register ``obj`` (or a ``"module:attr"`` string) under ``name``; without ``obj``, a decorator.
+        ``stacklevel``: how many frames above the caller the registration is made (a helper such as
+        ``register_method`` passes 2), for the place an error names when ``obj`` is plain data."""
         if obj is None:
             def deco(o: Any) -> Any:
                 self._add(name, o, sys._getframe(1))
@@ -168,8 +158,7 @@ class Registry(MutableMapping):
 
     @contextmanager
     def replaced(self, name: str, obj: Any) -> Iterator[Any]:
-        """``obj`` under ``name`` (registered or not) inside the ``with`` block, the old entry (or none) after it:
-        the one way to overwrite an entry, for a test's stand-in."""
+        """``obj`` under ``name`` (registered or not) inside the ``with`` block, the old entry (or none) after it."""
         missing = object()
         old, origin = self._entries.get(name, missing), self._origins.get(name)
         self._entries[name] = obj

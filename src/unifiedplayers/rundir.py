@@ -1,28 +1,8 @@
 """The run directory: the name of every file and folder a run writes, and the one reader of its JSON-lines files.
 
-Everything of a run lives in its run directory (docs/running.md, "The run directory"). The loop, diagnostics/,
-export.py, eval/analysis/ and ablations/ take the names from here, so a file is renamed in one place::
-
-    config.yaml                      CONFIG: the composed config, resolved (Hydra's own copy: HYDRA_CONFIG)
-    state.pt                         STATE: the run state as of the last save (read with load_state)
-    phase.pt                         PHASE: the sampled minibatches of the phase in progress
-    records.jsonl                    RECORDS: one interaction record ξ(q) per task
-    metrics.jsonl                    METRICS: one line per update
-    execution_pool.jsonl             EXECUTION_POOL: one line per evaluation of the diagnostic pool
-    summary.json, .md, .png          SUMMARY_JSON, SUMMARY_MD, SUMMARY_PNG: the end-of-run summary
-    checkpoints/iter<t>/<role>/      block_checkpoint(t, role): a player's checkpoint at a block end
-    checkpoints/resume/<role>-a|b    resume_checkpoint(role, copy): the in-block checkpoints, alternating
-    checkpoints/published/           PUBLISHED: stale feedback's copies
-    export/<role>/                   EXPORT: the end-of-run Hugging Face export (unifiedplayers.export)
-    wandb/                           WANDB: the offline W&B run
-    probes/iter<t>[.<role>].json     PROBES: the held-out probes (eval/probes)
-    analysis/                        ANALYSIS: eval/analysis's outputs
-    eval/                            EVAL: the evaluation harness's and ablations' results
-
-A checkpoint directory holds MODEL_WEIGHTS (the full weights, what eval/ and the export read), OPTIMIZER,
-REFERENCE (π_ref), TRAINER_STATE, RNG_STATE and DEEPSPEED (a DeepSpeed backend's partitions).
-
-This module imports nothing of the package, so any part of it (and any tool beside it) can read a run.
+What each file holds: docs/running.md, "The run directory". The loop, diagnostics/, export.py, eval/analysis/ and
+ablations/ take the names from here, so a file is renamed in one place. This module imports nothing of the
+package, so any part of it (and any tool beside it) can read a run.
 """
 from __future__ import annotations
 
@@ -34,13 +14,13 @@ from typing import Any, Iterator, Union
 
 PathLike = Union[str, os.PathLike]
 
-CONFIG = "config.yaml"
-HYDRA_CONFIG = ".hydra/config.yaml"
+CONFIG = "config.yaml"  # the composed config, resolved
+HYDRA_CONFIG = ".hydra/config.yaml"  # Hydra's own copy
 STATE = "state.pt"
 # The format of what a run writes, stored in its state.pt (none: 1). It goes up when a file of a run changes its
 # names or their meaning, and a run of another format is not resumed (loop.run_state.saved_state).
 RUN_FORMAT = 2
-PHASE = "phase.pt"
+PHASE = "phase.pt"  # the sampled minibatches of the phase in progress
 RECORDS = "records.jsonl"
 METRICS = "metrics.jsonl"
 EXECUTION_POOL = "execution_pool.jsonl"
@@ -48,7 +28,7 @@ SUMMARY_JSON = "summary.json"
 SUMMARY_MD = "summary.md"
 SUMMARY_PNG = "summary.png"
 CHECKPOINTS = "checkpoints"
-PUBLISHED = f"{CHECKPOINTS}/published"
+PUBLISHED = f"{CHECKPOINTS}/published"  # stale feedback's copies
 EXPORT = "export"
 WANDB = "wandb"
 PROBES = "probes"
@@ -56,12 +36,12 @@ ANALYSIS = "analysis"
 EVAL = "eval"
 
 # Inside one checkpoint directory.
-MODEL_WEIGHTS = "model.pt"
+MODEL_WEIGHTS = "model.pt"  # the full weights, what eval/ and the export read
 OPTIMIZER = "optimizer.pt"
 REFERENCE = "reference.pt"
 TRAINER_STATE = "trainer_state.pt"
 RNG_STATE = "rng_state.pt"
-DEEPSPEED = "deepspeed"
+DEEPSPEED = "deepspeed"  # a DeepSpeed backend's partitions
 
 
 def block_checkpoint(iteration: int, role: str) -> Path:
@@ -80,12 +60,9 @@ def block_checkpoints(run_dir: Path) -> list[Path]:
 
 
 def iter_jsonl(path: PathLike) -> Iterator[dict[str, Any]]:
-    """The JSON objects of a run's JSONL file, one per line, in order, streamed.
-
-    Every line is written whole (one ``write``, then fsync), so only the last line can be torn, by a process killed
-    while writing it: a last line that lacks its newline and does not parse is skipped with a RuntimeWarning. A line
-    that does not parse anywhere else is corruption and raises ``ValueError`` naming the file and line.
-    """
+    """The JSON objects of a run's JSONL file, one per line, in order, streamed. Every line is written whole, so only
+    the last can be torn (a process killed while writing it): skipped with a RuntimeWarning when it lacks its newline
+    and does not parse. A line that does not parse anywhere else is corruption: ``ValueError`` naming the line."""
     path = Path(path)
     with open(path, "rb") as f:
         for n, raw in enumerate(f, start=1):

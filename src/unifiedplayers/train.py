@@ -33,8 +33,7 @@ register_configs()
 
 
 def run(cfg: DictConfig, run_dir: str | None = None, dist=None) -> dict:
-    """Run (or resume) the outer loop of ``cfg`` in ``run_dir`` (default: cfg.run_dir); ``dist``: this
-    process's rank (default: one process)."""
+    """Run (or resume) the outer loop of ``cfg`` in ``run_dir`` (default: cfg.run_dir) as rank ``dist``."""
     import torch
 
     from unifiedplayers.distributed import SINGLE
@@ -63,8 +62,7 @@ def refuse_paper_schedule_on_cpu(task_overrides: list[str]) -> None:
 
 
 def default_run_notice(task_overrides: list[str], cfg: DictConfig) -> str | None:
-    """The line a bare run (no ``experiment=``; a GPU machine, or the CPU refusal above stops it) prints first: the
-    defaults are conf/config.yaml's model on its device with the paper's schedule, not a paper preset."""
+    """The line a bare run (no ``experiment=``, on a GPU machine) prints first: the defaults are not a paper preset."""
     if any(o.split("=", 1)[0].lstrip("+") == "experiment" for o in task_overrides):
         return None
     s = cfg.schedule
@@ -101,9 +99,8 @@ def main(cfg: DictConfig) -> None:
 
 
 def preflight(overrides: list[str]) -> None:
-    """What must fail before Hydra writes anything into the run directory (its .hydra/config.yaml): a misspelled
-    key (with the closest one), the paper schedule on a CPU, a GPU that torch cannot use (its CUDA build against the
-    node's driver), and a run directory whose run this config cannot continue (no resume=true, or another config)."""
+    """What must fail before Hydra writes into the run directory: a misspelled key, the paper schedule on a CPU, a GPU
+    that torch cannot use, and a run directory whose run this config cannot continue."""
     from pathlib import Path
 
     from unifiedplayers.config import check_override_keys, compose
@@ -125,8 +122,7 @@ def preflight(overrides: list[str]) -> None:
 
 
 def cli() -> None:
-    """The command line: ``preflight``, then the Hydra app (Hydra's own modes, ``--help``, ``--cfg``, ``-m``, go
-    straight to it)."""
+    """``preflight``, then the Hydra app (Hydra's own modes, ``--help``, ``--cfg``, ``-m``, go straight to it)."""
     args = sys.argv[1:]
     if not any(a.startswith("-") for a in args):
         try:

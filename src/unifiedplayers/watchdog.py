@@ -1,34 +1,13 @@
-"""A rank that hangs or fails ends the whole job within minutes, and the log names it.
+"""A rank that hangs or fails ends the whole job within minutes, and the log names it (docs/distributed.md,
+"A rank that hangs or fails", says what counts as silence and what is not caught).
 
-Every rank of a job runs two daemon threads, started by :func:`unifiedplayers.distributed.init_distributed`:
-
-- the **pulse** adds 1 to this rank's counter in the job's key-value store (the ``TCPStore`` at
-  ``MASTER_ADDR:MASTER_PORT``, which torchrun's agent hosts) every few seconds, and reads the other ranks'
-  counters, the collectives they wait at, and the job's failure note;
-- the **watch** ends this process (``os._exit``, so that torchrun tears the job down) when another rank's counter
-  has not moved for ``UNIFIEDPLAYERS_HANG_LIMIT_S`` seconds (120; 0 turns the watchdog off), when the store has not
-  answered for as long, when the ranks wait at collectives that do not match, or when another rank has posted a
-  failure. It prints the reason first, naming the rank,
-  e.g. ``rank 1 has not answered for 121 s (hung or stopped); ending the job``.
-
-A rank counts as silent only when its pulse thread cannot run: the process is stopped (SIGSTOP, a debugger), its
-machine is gone or frozen, or one C call has held the Python interpreter lock for the whole limit. A rank that is
-only busy beats on, whatever its main thread does: rank 0's solo stages (verdicts, the diagnostic pool,
-checkpoints) run Python code, which yields the lock every 5 ms, or C code (torch, the sandbox's pipes and waits)
-that releases it. The watch counts a rank's silence between two reads of the store that both succeeded, and starts
-counting again after a pause of its own (this process stopped, or starved of the CPU), so that a watcher that
-slept never blames the ranks it did not see. A silent rank on the watcher's own machine (the same boot, process
-namespace, pid and start time, as it posted them) is killed at once, rather than after torchrun's 30 s of grace.
-
-A rank whose run raises posts its error as the job's failure note (:meth:`Watchdog.post_failure`, called by
-:func:`unifiedplayers.distributed.destroy`) and leaves without waiting for the others; their watch ends them
-within one pulse, naming it, even where no launcher tears the job down.
-
-Ranks that all wait at collectives that do not match (one called on one side only) still beat. Each collective of
-:class:`~unifiedplayers.distributed.DistContext` therefore notes where its rank waits (:meth:`Watchdog.at_collective`:
-the collective's name and how many this rank has entered), the pulse posts it, and the watch ends the job when every
-rank has waited for longer than the limit and not all at the same kind. A mismatch with another library's collective
-(DeepSpeed's, vLLM's), which notes nothing, ends at the process group's timeout (``UNIFIEDPLAYERS_DIST_TIMEOUT_MIN``).
+Every rank runs two daemon threads, started by :func:`unifiedplayers.distributed.init_distributed`: the **pulse**
+adds 1 to this rank's counter in the job's key-value store (torchrun's ``TCPStore`` at ``MASTER_ADDR:MASTER_PORT``)
+and reads the other ranks' counters, the collectives they wait at (:meth:`Watchdog.at_collective`) and the job's
+failure note (:meth:`Watchdog.post_failure`); the **watch** ends this process (``os._exit``, so that torchrun tears
+the job down), naming the rank, when another rank's counter has not moved for ``UNIFIEDPLAYERS_HANG_LIMIT_S``
+seconds, when the store has not answered for as long, when the ranks wait at collectives that do not match, or
+when another rank has posted a failure.
 """
 from __future__ import annotations
 
@@ -48,8 +27,7 @@ LEFT = -1  # a rank's counter once it has left the job cleanly
 
 
 def limit_from_env(env: Mapping[str, str] = os.environ) -> float:
-    """Seconds of silence after which a rank counts as hung: ``UNIFIEDPLAYERS_HANG_LIMIT_S`` (120); 0 turns the
-    watchdog off."""
+    """Seconds of silence after which a rank counts as hung; 0 turns the watchdog off."""
     value = float(env.get(LIMIT_ENV, DEFAULT_LIMIT_S))
     if value < 0:
         raise ValueError(f"{LIMIT_ENV}={value}: a number of seconds, or 0 for no watchdog")
@@ -72,8 +50,7 @@ def process_identity(pid: Optional[int] = None) -> str:
 
 
 def kill_if_local(identity: str) -> Optional[int]:
-    """SIGKILL the process ``identity`` (:func:`process_identity`) names when it is a process of this machine;
-    returns its pid, else ``None``."""
+    """SIGKILL the process ``identity`` (:func:`process_identity`) names if it is on this machine; its pid, or None."""
     if not identity:
         return None
     pid = int(identity.split()[2])
@@ -210,10 +187,8 @@ class Watchdog:
         return (mismatch, None, True) if mismatch else None
 
     def _mismatch(self, now: float) -> Optional[str]:
-        """Every rank has waited longer than the limit at a collective, and not all at the same kind: none can
-        return (a collective called on one side only). ``None`` while any rank is elsewhere, or all wait at one kind
-        (two broadcasts pair up whatever their counts; a call made outside ``DistContext`` on one side is not
-        counted)."""
+        """Every rank has waited longer than the limit at a collective, and not all at the same kind (two broadcasts
+        pair up whatever their counts): none can return. ``None`` otherwise."""
         place, since = self._place
         places = {self.rank: (place, now - since)}
         for r in self.others:
@@ -228,8 +203,7 @@ class Watchdog:
         return f"the ranks have waited for over {self.limit_s:.0f} s at collectives that do not match: {where}"
 
     def _end(self, reason: str, culprit: Optional[int], post: bool) -> None:
-        """Print ``reason``, kill the silent rank when it runs on this machine, post the reason for the other ranks
-        and end this process."""
+        """Print ``reason``, kill the silent rank if it is on this machine, post the reason and end this process."""
         pid = None
         try:
             if culprit is not None:
@@ -246,9 +220,8 @@ class Watchdog:
 
 
 def start(rank: int, world_size: int, env: Mapping[str, str] = os.environ) -> Optional[Watchdog]:
-    """This rank's watchdog over the job whose store is at ``MASTER_ADDR:MASTER_PORT``; ``None`` when it is off
-    (``UNIFIEDPLAYERS_HANG_LIMIT_S=0``) or the job has no such store (a launcher of another kind: the run goes on
-    without one, and says so)."""
+    """This rank's watchdog over the job whose store is at ``MASTER_ADDR:MASTER_PORT``; ``None`` when it is off or the
+    job has no such store (the run goes on without one, and says so)."""
     limit = limit_from_env(env)
     if limit == 0 or "MASTER_ADDR" not in env or "MASTER_PORT" not in env:
         return None

@@ -9,27 +9,11 @@ from pathlib import Path
 import pytest
 from tests.feedback.paper_examples import PAPER_TRAJECTORIES, TRAJ1, TRAJ2
 
-from unifiedplayers.feedback.perturbation import (
-    ALL_RULES,
-    GLOBAL_RULES,
-    LOCAL_RULES,
-    RULES,
-    PerturbationEngine,
-    RuleParams,
-    distractors_for,
-    numeric_literals,
-    propose_arg_mutation,
-    movable_spans,
-)
-from unifiedplayers.feedback.trajectory import (
-    Trajectory,
-    code_step,
-    extract_boxed,
-    output_step,
-    parse_transcript,
-    reason_step,
-    render,
-)
+from unifiedplayers.feedback.perturbation import (ALL_RULES, GLOBAL_RULES, LOCAL_RULES, RULES, PerturbationEngine,
+                                                  RuleParams, distractors_for, numeric_literals, propose_arg_mutation,
+                                                  movable_spans)
+from unifiedplayers.feedback.trajectory import (Trajectory, code_step, extract_boxed, output_step, parse_transcript,
+                                                reason_step, render)
 
 PARAMS = RuleParams()
 CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")

@@ -7,17 +7,8 @@ import random
 import pytest
 from tests.feedback.paper_examples import PAPER_TRAJECTORIES, TRAJ1
 
-from unifiedplayers.feedback.trajectory import (
-    Step,
-    Trajectory,
-    code_step,
-    extract_boxed,
-    format_observation,
-    output_step,
-    parse_transcript,
-    reason_step,
-    render,
-)
+from unifiedplayers.feedback.trajectory import (Step, Trajectory, code_step, extract_boxed, format_observation,
+                                                output_step, parse_transcript, reason_step, render)
 
 TRANSCRIPT = """We need the number of divisors of 196. Since $196 = 2^2 \\cdot 7^2$, it is $(2+1)(2+1)$.
 

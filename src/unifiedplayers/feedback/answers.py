@@ -1,16 +1,13 @@
 """Answer extraction and grading against references, per answer type (Appendix G.2).
 
-One implementation for the whole project: the evaluation harness (``eval/``) and the Execution
-player's fixed diagnostic pool (:mod:`unifiedplayers.diagnostics.execution_pool`) both grade with it.
-:func:`extract_answer` reads an answer per answer type and mode (``None`` when there is none). Grading:
+The evaluation harness (``eval/``) and the diagnostic pool (:mod:`unifiedplayers.diagnostics.execution_pool`) both
+grade with it. :func:`extract_answer` reads an answer per answer type and mode. Grading:
 
-- ``math``: math-verify (``parse`` + ``verify``), so ``0.5``, ``1/2`` and ``\\frac{1}{2}`` agree and
-  intervals compare with their brackets. Its own timeouts use ``signal.alarm``, which fails off the
-  main thread, so they are switched off (``parsing_timeout=None, timeout_seconds=None``) and replaced
-  by a length cap on the prediction plus our own CPU-time alarm when we are on the main thread.
+- ``math``: math-verify, so ``0.5``, ``1/2`` and ``\\frac{1}{2}`` agree; its signal-based timeouts fail off the
+  main thread, so they are off and replaced by a length cap and our own CPU-time alarm (:func:`_alarm`).
 - ``option``: exact option letter.
-- ``string``: exact match after light normalisation (case, surrounding quotes/brackets/punctuation,
-  inner whitespace), with a numeric comparison when both sides are numbers (BBEH answers).
+- ``string``: exact match after light normalisation (case, surrounding quotes/brackets/punctuation, inner
+  whitespace), with a numeric comparison when both sides are numbers (BBEH answers).
 - ``program``: graded by running unit tests (``eval.humaneval``), not here.
 """
 from __future__ import annotations
@@ -25,9 +22,8 @@ from typing import Iterator, Optional
 from unifiedplayers.feedback.trajectory import extract_boxed, parse_transcript, reasoning_text
 
 # math-verify logs a warning on every call when its timeouts are disabled; we guard it ourselves.
-logging.getLogger("math_verify").setLevel(logging.ERROR)
-logging.getLogger("math_verify.parser").setLevel(logging.ERROR)
-logging.getLogger("math_verify.grader").setLevel(logging.ERROR)
+for _name in ("math_verify", "math_verify.parser", "math_verify.grader"):
+    logging.getLogger(_name).setLevel(logging.ERROR)
 
 MAX_PREDICTION_CHARS = 1000  # longer "answers" are degenerate; parsing them can take minutes
 GRADE_TIMEOUT_S = 10
@@ -39,9 +35,8 @@ class _GradeTimeout(BaseException):
 
 @contextmanager
 def _alarm(seconds: float) -> Iterator[None]:
-    """A timeout of ``seconds`` of this process's CPU time (``ITIMER_PROF``, SIGPROF) on the main thread; a no-op
-    elsewhere (signals only reach the main thread). CPU time, not the wall clock: a grade that ends within its
-    budget on a quiet machine ends within it under any load, so a loaded machine never changes a grade."""
+    """A timeout of ``seconds`` of this process's CPU time (SIGPROF) on the main thread; a no-op elsewhere (signals
+    only reach the main thread). CPU time, not the wall clock, so that a loaded machine never changes a grade."""
     if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "ITIMER_PROF"):
         yield
         return
@@ -58,8 +53,7 @@ def _alarm(seconds: float) -> Iterator[None]:
         signal.signal(signal.SIGPROF, previous)
 
 
-def _as_latex(answer: str) -> str:
-    """Wrap a bare answer so math-verify's LaTeX extractor sees it as one expression."""
+def _as_latex(answer: str) -> str:  # so that math-verify's LaTeX extractor sees one expression
     answer = answer.strip()
     if answer.startswith("$") or "\\boxed" in answer:
         return answer
@@ -126,19 +120,16 @@ def option_letters(num_options: int) -> str:
 
 
 def extract_option_letter(text: str, num_options: int = 4) -> Optional[str]:
-    """The final option letter chosen in ``text`` for a question with ``num_options`` options.
-
-    Tried in order, each taking the *last* match: a letter inside ``\\boxed{}`` (``\\boxed{C}``,
-    ``\\boxed{(C)}``, ``\\boxed{\\text{C}}``, ``\\boxed{C. text}``); "answer is (C)" / "Answer: C";
-    a letter standing alone on the last line that has one (``(C)``, ``C.``, ``C``).
-    Letters outside ``A..`` the option count are not answers.
+    """The final option letter chosen in ``text`` for a question with ``num_options`` options. Tried in order, each
+    taking the *last* match: a letter inside ``\\boxed{}`` (``\\boxed{(C)}``, ``\\boxed{\\text{C}}``,
+    ``\\boxed{C. text}``); "answer is (C)" / "Answer: C"; a letter alone on the last line that has one. Letters past
+    the options are none.
     """
     return _option_letter(last_boxed(text), text, num_options)
 
 
 def _option_letter(boxed: Optional[str], text: str, num_options: int) -> Optional[str]:
-    """:func:`extract_option_letter` given the box content to read first (``boxed``) and the text of the
-    phrase and last-line fallbacks."""
+    """:func:`extract_option_letter` given the box content to read first and the text of the fallbacks."""
     letters = option_letters(num_options)
     if not letters:
         return None
@@ -149,35 +140,26 @@ def _option_letter(boxed: Optional[str], text: str, num_options: int) -> Optiona
             return m.group(1)
     phrase = re.findall(
         rf"(?:answer|option|choice)\s*(?:is|:)?\s*(?:option|choice)?\s*[:\s]*\(?\**(?-i:([{letters}]))\**\)?(?![A-Za-z])",
-        text,
-        flags=re.I,
-    )
+        text, flags=re.I)
     if phrase:
         return phrase[-1]
     for line in reversed(text.strip().splitlines()):
         line = line.strip().strip("*").strip()
         if not line:
             continue
-        m = re.fullmatch(rf"\(?([{letters}])\)?[.:]?", line)
-        if m:
-            return m.group(1)
-        m = re.match(rf"\(([{letters}])\)", line)
+        m = re.fullmatch(rf"\(?([{letters}])\)?[.:]?", line) or re.match(rf"\(([{letters}])\)", line)
         if m:
             return m.group(1)
     return None
 
 
 def extract_answer(answer_type: str, text: str, num_options: int = 0, *, tool: bool = False) -> Optional[str]:
-    """The answer of one completion for ``answer_type`` math, option or string (``None``: no answer).
+    """The answer of one completion for ``answer_type`` math, option or string (``None``: no answer): the last
+    ``\\boxed{}``; for option, :func:`extract_option_letter`'s rules; for string, else the last non-empty line.
 
-    Vanilla (``tool=False``): read from the whole text: the last ``\\boxed{}``; for option, the letter
-    rules of :func:`extract_option_letter`; for string, the box or else the last non-empty line.
-
-    Tool mode (``tool=True``): the trajectory's own final answer, exactly as training parses it
-    (:func:`unifiedplayers.feedback.trajectory.parse_transcript`: the last ``\\boxed{}`` of the reasoning text;
-    a box inside a code block or printed in its output is no answer), and the option-letter and
-    last-line fallbacks read only the reasoning text (:func:`unifiedplayers.feedback.trajectory.reasoning_text`),
-    never what a program printed.
+    Tool mode (``tool=True``): the box is the trajectory's final answer as training parses it
+    (:func:`~unifiedplayers.feedback.trajectory.parse_transcript`), and the fallbacks read only the reasoning text
+    (:func:`~unifiedplayers.feedback.trajectory.reasoning_text`), never what a program printed.
     """
     if tool:
         boxed, prose = parse_transcript("", text).final_answer, reasoning_text(text)

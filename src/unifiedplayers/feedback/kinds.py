@@ -1,12 +1,10 @@
 """Kinds of verifier by what their checks did on one task: which strategy the Evaluation reward pays.
 
-Every generated verifier of a task is put in one kind, read from the verdict matrix and its error masks, in this
-order:
+Every generated verifier of a task is put in the first kind that fits, read from the verdict matrix and its masks:
 
 - ``invalid``: not in I_valid (does not compile, no ``check``, or its check errored on every original);
-- ``crashes_answered``: valid, and its check errored (raised, timed out, returned no verdict) on every original
-  that has a final answer, with at least one such original. It passes only on unanswered trajectories, where a
-  response prefix's ``if answer is None: return (False, ...)`` rejects cleanly: the "prefix-crasher";
+- ``crashes_answered``: valid, and its check errored on every original that has a final answer (at least one): it
+  passes only where a prefix's ``if answer is None: return (False, ...)`` rejects cleanly (the "prefix-crasher");
 - ``rejects_all``: valid, Z = 0 on every original and every applied variant (and not the kind above);
 - ``accepts_all``: valid, Z = 1 on every original and every applied variant;
 - ``discriminating``: valid, anything else (it tells some trajectories from others, rightly or not).

@@ -1,11 +1,7 @@
-"""The observation text of one executed code block, exactly as the Execution player sees it (§2 and
-Appendix D.3: stdout, stderr and exit status come back as the next observation).
+"""The observation text of one executed code block, as the Execution player sees it (§2, Appendix D.3).
 
-One formatter for two users: the Execution tool loop (``players/tool_loop.py``), which writes the
-original trajectories' output steps, and the perturbation engine's arg_mutation, which re-executes
-mutated code and must write its output in the same form, truncation included. Otherwise an output
-longer than ``observation_max_chars`` would come back whole in a variant only, and give it away.
-Pure text, no torch: the feedback core may import it.
+One formatter for the tool loop (``players/tool_loop.py``) and arg_mutation's re-execution, truncation included:
+an output that came back whole in a variant only would give it away.
 """
 from __future__ import annotations
 
@@ -28,12 +24,9 @@ def truncate_observation(text: str, max_chars: int) -> str:
 
 
 def observation_body(result: Any, max_chars: int) -> str:
-    """The observation of one sandbox ``ExecResult``: :func:`unifiedplayers.feedback.trajectory.format_observation`
-    (stdout alone for a clean run; stderr and a non-zero exit status on their own lines), then
-    :func:`truncate_observation` to ``max_chars`` (``player.observation_max_chars``)."""
-    body = format_observation(
-        result.stdout, result.stderr, result.exit_code,
-        timed_out=bool(getattr(result, "timed_out", False)),
-        memory_exceeded=bool(getattr(result, "memory_exceeded", False)),
-    )
+    """The observation of one sandbox ``ExecResult``: :func:`~unifiedplayers.feedback.trajectory.format_observation`,
+    then :func:`truncate_observation` to ``max_chars`` (``player.observation_max_chars``)."""
+    body = format_observation(result.stdout, result.stderr, result.exit_code,
+                              timed_out=bool(getattr(result, "timed_out", False)),
+                              memory_exceeded=bool(getattr(result, "memory_exceeded", False)))
     return truncate_observation(body, max_chars)

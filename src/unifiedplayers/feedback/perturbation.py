@@ -1,17 +1,9 @@
 """The fixed perturbation engine (Appendix F.1, Table 9): P adversarial variants per trajectory.
 
-Five rules, one variant each, each explained where it is defined: ``arg_mutation``, ``step_drop``, ``step_swap``
-(local) and ``early_terminate``, ``tool_substitute`` (global). A rule returns a new :class:`Trajectory` (the input
-is never modified) or ``None`` where it cannot apply; the verdict matrix masks those entries out (``adv_mask``).
-Each (trajectory, rule) pair draws from its own generator (:func:`rule_rng`).
-
-A rule is a function registered by name and scope (:data:`RULES`; a name already taken is refused)::
-
-    @register_rule("my_rule", scope="local")
-    def my_rule(traj: Trajectory, rng: random.Random, params: RuleParams) -> Optional[Trajectory]: ...
-
-and listed in ``perturbation.rules``. A rule outside the package is one Python file named in
-``perturbation.modules`` and one ``conf/perturbation/<name>.yaml`` (``examples/custom_rule/``).
+Five rules (local: ``arg_mutation``, ``step_drop``, ``step_swap``; global: ``early_terminate``,
+``tool_substitute``) return a new :class:`Trajectory` or ``None`` where they cannot apply (masked out by
+``adv_mask``). A rule is a function registered with :func:`register_rule` and listed in ``perturbation.rules``;
+one outside the package is a file named in ``perturbation.modules`` (``examples/custom_rule/``).
 """
 from __future__ import annotations
 
@@ -59,7 +51,7 @@ class Rule:
     name: str
     fn: RuleFn
     scope: str  # local | global
-    abbrev: str  # its column in the summary's verdict table
+    abbrev: str  # its column in the summary's verdict table (default: the name)
     # A rule that re-executes code (arg_mutation): the variant without its new output and the index of the code
     # step, drawing exactly as ``fn`` does; the engine re-runs every proposal of a batch in one sandbox call.
     propose: Optional[Callable[[Trajectory, random.Random, RuleParams], Proposal]] = None
@@ -69,7 +61,6 @@ class Rule:
 
     @property
     def executes(self) -> bool:
-        """The rule re-runs code in the sandbox."""
         return self.propose is not None
 
     @property
@@ -82,9 +73,8 @@ RULES = Registry("perturbation rule", "perturbation.rules")
 
 def register_rule(name: str, scope: str, *, abbrev: Optional[str] = None,
                   propose: Optional[Callable[[Trajectory, random.Random, RuleParams], Proposal]] = None):
-    """Register the decorated ``fn(traj, rng, params) -> Trajectory | None`` as rule ``name`` of ``scope``
-    (local | global). ``abbrev``: its column in the summary's verdict table (default: the name). ``propose``: for a
-    rule that re-executes code, see :class:`Rule`."""
+    """Register the decorated ``fn(traj, rng, params) -> Trajectory | None`` as rule ``name`` of ``scope`` (local |
+    global); ``abbrev`` and ``propose``: see :class:`Rule`."""
     if scope not in SCOPES:
         raise ValueError(f"register_rule({name!r}): scope {scope!r} is not one of {SCOPES}")
 
@@ -125,11 +115,8 @@ class NumericLiteral:
 
 
 def numeric_literals(code: str, step_index: int = 0) -> list[NumericLiteral]:
-    """Mutable numeric literals of ``code``, in order (tokens, so strings and comments are skipped).
-
-    Complex literals and floats a relative shift cannot change (0.0, inf) are left out. Code that cannot
-    be tokenized holds no literal.
-    """
+    """Mutable numeric literals of ``code``, in order (tokens, so strings and comments are skipped): not complex
+    literals, nor floats a relative shift cannot change (0.0, inf). Code that cannot be tokenized holds none."""
     line_starts = [0]
     for line in io.StringIO(code):
         line_starts.append(line_starts[-1] + len(line))
@@ -176,8 +163,7 @@ def propose_arg_mutation(traj: Trajectory, rng: random.Random, params: RuleParam
     return out, lit.step
 
 
-def _set_output(traj: Trajectory, code_index: int, observation: str) -> None:
-    """Replace the recorded output of the code step at ``code_index`` (insert one if it had none)."""
+def _set_output(traj: Trajectory, code_index: int, observation: str) -> None:  # inserted where there was none
     nxt = code_index + 1
     if nxt < len(traj.steps) and traj.steps[nxt].type == "output":
         traj.steps[nxt].result = observation
@@ -256,7 +242,7 @@ _ZERO_WORDS = {"zero", "none", "nothing", "no", "\\emptyset", "\\varnothing", "\
 
 
 def _exact_decimal(v: Fraction, places: int) -> str:
-    """``v`` as a decimal with at least ``places`` digits after the point (exact when it terminates)."""
+    """``v`` with at least ``places`` digits after the point (exact when it terminates)."""
     d = Decimal(v.numerator) / Decimal(v.denominator)
     if (v * 10**places).denominator == 1:
         return f"{d:.{places}f}"
@@ -342,11 +328,9 @@ def distractor_candidates(value: Fraction, integral: bool) -> list[tuple[str, Fr
 def distractors_for(answer: Optional[str]) -> list[str]:
     """Fabricated final answers for early_terminate, none equal in value to ``answer``.
 
-    A numeric answer (see :func:`_numeric_answer`): :func:`distractor_candidates`, each written in the
-    answer's own style (``"4.0"`` gives ``"3.0"``, ``"\\frac{5}{2}"`` gives ``"\\frac{3}{2}"``, a unit
-    is kept), values equal to the answer (``"4"`` vs ``"4.0"`` too) or to an earlier member dropped.
-    A missing or non-numeric answer (a tuple, an expression, a word): ``["0"]``, or ``["1"]`` when the
-    answer is a word for zero or the empty set (``none``, ``\\emptyset``), so that it never restates it.
+    A numeric answer (:func:`_numeric_answer`): :func:`distractor_candidates` in the answer's own style (``"4.0"``
+    gives ``"3.0"``, a unit is kept), less those equal to the answer or to an earlier one. Otherwise ``["0"]``, or
+    ``["1"]`` when the answer is a word for zero or the empty set (``none``, ``\\emptyset``).
     """
     parsed = _numeric_answer(answer) if answer is not None else None
     if parsed is None:
@@ -363,14 +347,10 @@ def distractors_for(answer: Optional[str]) -> list[str]:
 
 @register_rule("early_terminate", "global", abbrev="early")
 def early_terminate(traj: Trajectory, rng: random.Random, params: RuleParams) -> Trajectory:
-    """Global: cut before the final answer, drop the rest, state a fabricated answer (:func:`distractors_for`).
-
-    Cut points are unit boundaries (a code step keeps its output) at or before the step that states the
-    final answer (the last reason step whose \\boxed{} is the answer; without one, the end of the steps),
-    keeping at least one step when there is one before the answer. The fabricated answer is boxed by the
-    variant's last reasoning step (``state_answer``, Appendix I.4), so that only its content can give it away.
-    Always applies.
-    """
+    """Global: cut at a unit boundary (:func:`movable_spans`) at or before the last reason step that boxes the final
+    answer (the end, without one), keeping a step where there is one before it, and state a fabricated answer
+    (:func:`distractors_for`) in the last reasoning step (``state_answer``, Appendix I.4), so that only its content
+    gives it away. Always applies."""
     pool = distractors_for(traj.final_answer)
     answer_at = len(traj.steps)
     if traj.final_answer is not None:
@@ -402,8 +382,7 @@ def tool_substitute(traj: Trajectory, rng: random.Random, params: RuleParams) ->
     return out
 
 
-# The five built-in rules (Table 9), by scope: the default perturbation.rules. Rules from perturbation.modules
-# are in RULES only.
+# The five built-in rules (Table 9), by scope: the default perturbation.rules.
 LOCAL_RULES = tuple(name for name in RULES.names() if RULES.get(name).scope == "local")
 GLOBAL_RULES = tuple(name for name in RULES.names() if RULES.get(name).scope == "global")
 ALL_RULES = LOCAL_RULES + GLOBAL_RULES
@@ -418,25 +397,16 @@ def rule_rng(seed: int, rule: str, traj: Trajectory) -> random.Random:
 class PerturbationEngine:
     """Applies the configured rules to trajectories: ``perturb(traj)`` gives one entry per rule.
 
-    ``sandbox`` is needed only by a rule that re-executes code. Its outputs are written by the tool loop's own
-    formatter (:func:`~unifiedplayers.feedback.observation.observation_body`) truncated to
-    ``observation_max_chars``, which must be ``player.observation_max_chars``: an output formatted or truncated
-    differently from the originals' would give the variant away. ``format_result`` (ExecResult -> text) replaces
-    that formatter.
+    ``sandbox`` is needed only by a rule that re-executes code. Its outputs are formatted as the tool loop's
+    (:func:`~unifiedplayers.feedback.observation.observation_body`, or ``format_result``: ExecResult -> text) and
+    truncated to ``observation_max_chars``, which must be ``player.observation_max_chars``: an output formatted
+    differently from the originals' would give the variant away.
     """
 
-    def __init__(
-        self,
-        rules: Optional[Sequence[str]] = None,
-        seed: int = 0,
-        sandbox: Any = None,
-        *,
-        int_offsets: Sequence[int] = (-2, -1, 1, 2),
-        float_rel_change: float = 0.05,
-        substitute_lang: str = "bash",
-        observation_max_chars: int = DEFAULT_OBSERVATION_MAX_CHARS,
-        format_result: Optional[Callable[[Any], str]] = None,
-    ) -> None:
+    def __init__(self, rules: Optional[Sequence[str]] = None, seed: int = 0, sandbox: Any = None, *,
+                 int_offsets: Sequence[int] = (-2, -1, 1, 2), float_rel_change: float = 0.05,
+                 substitute_lang: str = "bash", observation_max_chars: int = DEFAULT_OBSERVATION_MAX_CHARS,
+                 format_result: Optional[Callable[[Any], str]] = None) -> None:
         self.rules = tuple(ALL_RULES if rules is None else rules)
         unknown = [r for r in self.rules if r not in RULES]
         if unknown:
@@ -460,27 +430,14 @@ class PerturbationEngine:
         self.params = RuleParams(tuple(int_offsets), float_rel_change, substitute_lang, self._execute)
 
     @classmethod
-    def from_config(
-        cls,
-        cfg: Any,
-        seed: int = 0,
-        sandbox: Any = None,
-        *,
-        observation_max_chars: int = DEFAULT_OBSERVATION_MAX_CHARS,
-        format_result: Optional[Callable[[Any], str]] = None,
-    ) -> "PerturbationEngine":
+    def from_config(cls, cfg: Any, seed: int = 0, sandbox: Any = None, *,
+                    observation_max_chars: int = DEFAULT_OBSERVATION_MAX_CHARS,
+                    format_result: Optional[Callable[[Any], str]] = None) -> "PerturbationEngine":
         """Build from a ``PerturbationConfig`` node (``conf/perturbation/``), its ``modules`` imported first."""
         import_rule_modules(list(getattr(cfg, "modules", None) or []))
-        return cls(
-            rules=list(cfg.rules),
-            seed=seed,
-            sandbox=sandbox,
-            int_offsets=list(cfg.int_offsets),
-            float_rel_change=cfg.float_rel_change,
-            substitute_lang=cfg.substitute_lang,
-            observation_max_chars=observation_max_chars,
-            format_result=format_result,
-        )
+        return cls(list(cfg.rules), seed, sandbox, int_offsets=list(cfg.int_offsets),
+                   float_rel_change=cfg.float_rel_change, substitute_lang=cfg.substitute_lang,
+                   observation_max_chars=observation_max_chars, format_result=format_result)
 
     @property
     def num_rules(self) -> int:

@@ -1,14 +1,8 @@
 """Executable feedback (§3.2, Appendix B): perturb → verdict matrix → rewards, for the tasks of one phase.
 
-This is the one feedback function of the project: the outer loop runs :func:`phase_feedback` once per
-sampling phase, and the tests check it::
-
-    fbs = phase_feedback(tasks, FeedbackContext(perturber, sandbox, cfg.reward, history))
-    fbs[i].terms.execution     # (K,) Eq. 4      fbs[i].terms.evaluation    # (M,) Eq. 5
-    fbs[i].terms.planning      # Eq. 2          fbs[i].verdicts            # the verdict matrix (Eq. 9)
-
-Each :class:`TaskFeedback` is also what a method's reward sources read
-(:mod:`unifiedplayers.methods.sources`). It imports no torch, no model and no player.
+The outer loop runs :func:`phase_feedback` once per sampling phase; each :class:`TaskFeedback` (``terms.execution``
+(K,) Eq. 4, ``terms.evaluation`` (M,) Eq. 5, ``terms.planning`` Eq. 2, ``verdicts`` Eq. 9) is what a method's
+reward sources read (:mod:`unifiedplayers.methods.sources`). No torch, no model, no player.
 """
 from __future__ import annotations
 
@@ -53,9 +47,8 @@ class FeedbackTask(Protocol):
 
 @dataclass
 class FeedbackContext:
-    """What the feedback of a phase reads besides its tasks: the perturbation engine, the sandbox, the reward
-    config, R(q)'s question history (as it stood at the start of the block, §3.3), and the method's config and
-    settings (which every :class:`TaskFeedback` hands to the reward sources)."""
+    """What the feedback of a phase reads besides its tasks; ``history`` is R(q)'s question history as it stood at
+    the start of the block (§3.3)."""
 
     perturber: Any
     sandbox: Any
@@ -70,13 +63,9 @@ class FeedbackContext:
 
 
 def phase_feedback(tasks: Sequence[FeedbackTask], ctx: FeedbackContext) -> list[TaskFeedback]:
-    """The feedback of every task of a phase, in task order (one :class:`TaskFeedback` per task).
-
-    1. The P perturbations of every trajectory of the phase, in one batch (Appendix F.1); none without
-       verifiers (``ctx.verifiers`` false: nothing would check the variants).
-    2. The verdict matrix of each task (Eq. 9; the sandbox runs every check).
-    3. All terms of Eq. 2-5 (:func:`unifiedplayers.feedback.rewards.task_rewards`), R(q) against ``ctx.history``.
-    """
+    """The feedback of every task of a phase, in task order: the P perturbations of every trajectory in one batch
+    (Appendix F.1; none without verifiers), each task's verdict matrix (Eq. 9), then all terms of Eq. 2-5
+    (:func:`~unifiedplayers.feedback.rewards.task_rewards`)."""
     flat = [t for task in tasks for t in task.trajectories]
     if ctx.verifiers:
         variants_flat = iter(ctx.perturber.perturb_many(flat))
@@ -94,7 +83,6 @@ def phase_feedback(tasks: Sequence[FeedbackTask], ctx: FeedbackContext) -> list[
 
 def _task_feedback(task: FeedbackTask, vm: Any, variants: Sequence[Sequence[Any]], history: list[str],
                    ctx: FeedbackContext) -> TaskFeedback:
-    """One task's :class:`TaskFeedback` from its verdict matrix ``vm``: every term of Eq. 2-5."""
     answers = [t.final_answer for t in task.trajectories]
     tr = rewards.task_rewards(vm.z_orig, vm.z_adv, vm.valid, vm.num_generated, vm.valid_sources, answers,
                               task.question, history, ctx.reward_cfg, adv_mask=vm.adv_mask, adv_errors=vm.error_adv)

@@ -2,29 +2,12 @@
 
 Shapes: z_orig (M_q, K), z_adv (M_q, K, P), adv_mask (K, P) or None (all variants present).
 
-Choices the paper leaves open (set in ``conf/reward/``, see ``RewardConfig``):
-- r_S when M_q = 0: ``no_valid_value`` of :func:`execution_rewards` (default 0.0 for all K, so the
-  group has zero advantage: no evidence, no signal).
-- ρ_adv with masked variants (a rule that could not apply) averages over the variants that exist;
-  with none at all (P = 0, the "none" rule set) it is 0.
-- Check errors (a raise, a timeout, a non-verdict return; ``verdict.VerdictMatrix.error_adv``): Z keeps
-  the paper's 0, but an error is not a verdict (B.1 defines v_i(τ) only "for a completed evaluation").
-  By default (``reward.variant_error_credit: false``) an error on a variant earns no ρ_adv credit: it
-  stays in the count K·P and adds nothing to the sum, so it raises neither r_C nor V(q). On an original it
-  is 0 in Z_orig: not accepted in r_S and ρ_gold. ``variant_error_credit: true`` (``reward=errors_credited``,
-  an ablation) counts it as a rejection, which the Evaluation player exploits by writing checks that crash on
-  answered trajectories. A verifier that errors on every original is invalid (``verdict``), so it never reaches
-  Eq. 5 or V(q).
-- r_C of an invalid verifier: ``invalid_verifier_reward``; r_T of a malformed task: ``malformed_task_reward``.
-- p̂ with missing answers: every sample counts in the denominator; a missing answer joins no cluster
-  unless ``missing_in_majority`` (then all missing answers form one cluster).
-- ρ_red: similarity on canonical code tokens (names renumbered by first use, strings and comments
-  dropped), so renaming variables or rewording messages does not make two verifiers different.
-- R(q): max sentence-BLEU against the last ``repetition_history`` questions (or R-Zero's share of
-  the history above a BLEU threshold).
-
-The maths is pure numpy. U(q)'s answer matching (math-verify/sympy) runs in a guard subprocess with a
-time limit, because sympy can evaluate a short answer for ever (:mod:`unifiedplayers.feedback.sympy_guard`).
+Choices the paper leaves open (``conf/reward/``, ``RewardConfig``; each explained where it is applied): r_S when
+M_q = 0 (:func:`execution_rewards`); ρ_adv over the variants that exist (:func:`adversarial_rejection_rate`);
+check errors earn no ρ_adv credit (docs/method.md, "Check errors"); the reward of an invalid verifier or a malformed
+task; missing answers in p̂ (:func:`majority_share`); ρ_red on canonical code tokens (:func:`_code_tokens`); R(q)
+against the last ``repetition_history`` questions (:func:`repetition_penalty`). U(q)'s answer matching runs in a
+guard subprocess with a time limit (:mod:`unifiedplayers.feedback.sympy_guard`).
 """
 from __future__ import annotations
 
@@ -70,27 +53,20 @@ def gold_pass_rate(z_orig: np.ndarray) -> np.ndarray:
     return z.mean(axis=1)
 
 
-def _mask(z_adv: np.ndarray, adv_mask: Optional[np.ndarray]) -> np.ndarray:
-    k, p = z_adv.shape[1:]
-    mask = np.ones((k, p), dtype=bool) if adv_mask is None else np.asarray(adv_mask, dtype=bool)
-    if mask.shape != (k, p):
-        raise ValueError(f"adv_mask must be (K, P) = {(k, p)}, got {mask.shape}")
-    return mask
-
-
-def adversarial_rejection_rate(
-    z_adv: np.ndarray, adv_mask: Optional[np.ndarray] = None, adv_errors: Optional[np.ndarray] = None
-) -> np.ndarray:
+def adversarial_rejection_rate(z_adv: np.ndarray, adv_mask: Optional[np.ndarray] = None,
+                               adv_errors: Optional[np.ndarray] = None) -> np.ndarray:
     """Eq. 11: ρ_adv_i = (1/(K·P)) Σ_k Σ_j (1 − Z_adv[i, k, j]). Shape (M_q,).
 
-    With a mask, the sum and the count run over the variants that exist (mask True); with no variant
-    at all, ρ_adv = 0. With ``adv_errors`` (M_q, K, P) bool, a check that errored on a variant stays in
-    the count but earns no rejection credit: the sum runs over (1 − Z_adv − E_adv).
+    With a mask, the sum and the count run over the variants that exist; with none, ρ_adv = 0. With ``adv_errors``
+    (M_q, K, P) bool, an errored check stays in the count but earns no credit: the sum runs over (1 − Z_adv − E_adv).
     """
     z = np.asarray(z_adv, dtype=np.float64)
     if z.ndim != 3:
         raise ValueError(f"z_adv must be (M_q, K, P), got shape {z.shape}")
-    mask = _mask(z, adv_mask)
+    k, p = z.shape[1:]
+    mask = np.ones((k, p), dtype=bool) if adv_mask is None else np.asarray(adv_mask, dtype=bool)
+    if mask.shape != (k, p):
+        raise ValueError(f"adv_mask must be (K, P) = {(k, p)}, got {mask.shape}")
     n = int(mask.sum())
     if n == 0:
         return np.zeros(z.shape[0])
@@ -162,10 +138,7 @@ def code_similarity(a: str, b: str, method: str = "sequence") -> float:
 
 
 def redundancy(sources: Sequence[str], method: str = "sequence") -> np.ndarray:
-    """ρ_red_i = max_{i' ≠ i} sim(v_i, v_i') over the valid verifiers of one task. Shape (M_q,).
-
-    A lone valid verifier has ρ_red = 0 (nothing to repeat).
-    """
+    """ρ_red_i = max_{i' ≠ i} sim(v_i, v_i') over the valid verifiers of one task; 0 for a lone one. Shape (M_q,)."""
     m = len(sources)
     sim = np.zeros((m, m))
     for i in range(m):
@@ -196,13 +169,10 @@ def per_generated(per_valid: Sequence[float], valid: Sequence[int], num_generate
 
 
 def answer_clusters(answers: Sequence[Optional[str]], timeout_s: Optional[float] = 10.0) -> list[list[int]]:
-    """Group the indices of equivalent answers (math-verify: 5/2 ≡ 2.5 ≡ \\frac{5}{2}); missing answers
-    (None or blank) are left out. Each answer joins the first cluster whose first member it matches.
-
-    Runs in a guard process killed after ``timeout_s`` seconds of its CPU time (then answers are grouped by text,
-    with a warning), so that the grouping, and U(q), never depend on the machine's load; ``timeout_s=None`` runs
-    in this process, for trusted input only.
-    """
+    """Group the indices of equivalent answers (math-verify: 5/2 ≡ 2.5 ≡ \\frac{5}{2}), missing ones left out; each
+    joins the first cluster whose first member it matches. Runs in a guard process killed after ``timeout_s`` s of
+    its CPU time (then grouped by text, with a warning), so U(q) never depends on the machine's load;
+    ``timeout_s=None`` runs in this process, for trusted input only."""
     answers = [None if a is None else str(a) for a in answers]
     if timeout_s is None:
         return _math_clusters(answers)
@@ -216,10 +186,10 @@ def answer_clusters(answers: Sequence[Optional[str]], timeout_s: Optional[float]
     return got
 
 
-def majority_share(
-    answers: Sequence[Optional[str]], missing_in_majority: bool = False, timeout_s: Optional[float] = 10.0
-) -> float:
-    """p̂: share of the K samples that give the most frequent answer (K counts missing answers too)."""
+def majority_share(answers: Sequence[Optional[str]], missing_in_majority: bool = False,
+                   timeout_s: Optional[float] = 10.0) -> float:
+    """p̂: share of the K samples that give the most frequent answer (K counts missing answers too, which form one
+    cluster only with ``missing_in_majority``)."""
     k = len(answers)
     if k == 0:
         return 0.0
@@ -229,20 +199,16 @@ def majority_share(
     return max(sizes, default=0) / k
 
 
-def uncertainty(
-    answers: Sequence[Optional[str]], missing_in_majority: bool = False, timeout_s: Optional[float] = 10.0
-) -> float:
+def uncertainty(answers: Sequence[Optional[str]], missing_in_majority: bool = False,
+                timeout_s: Optional[float] = 10.0) -> float:
     """U(q) = min(p̂, 1 − p̂) (§3.2, below Eq. 2). ``timeout_s``: see :func:`answer_clusters`."""
     p_hat = majority_share(answers, missing_in_majority, timeout_s)
     return float(min(p_hat, 1.0 - p_hat))
 
 
 def verifier_writability(adv: np.ndarray, num_generated: int) -> float:
-    """Eq. 3 / 12: V(q) = (M_q/M)·(1/M_q) Σ_{i ∈ I_valid} ρ_adv_i = (1/M) Σ_{i ∈ I_valid} ρ_adv_i, from ρ_adv (M_q,).
-
-    0 when no verifier is valid (M_q = 0) or none was generated; a verifier invalid at run time has no ρ_adv,
-    so adds nothing.
-    """
+    """Eq. 3 / 12: V(q) = (M_q/M)·(1/M_q) Σ_{i ∈ I_valid} ρ_adv_i = (1/M) Σ_{i ∈ I_valid} ρ_adv_i, from ρ_adv (M_q,);
+    0 when M_q = 0 or M = 0."""
     adv = np.asarray(adv, dtype=np.float64)
     if num_generated <= 0 or adv.size == 0:
         return 0.0
@@ -251,18 +217,9 @@ def verifier_writability(adv: np.ndarray, num_generated: int) -> float:
     return float(adv.sum() / num_generated)
 
 
-def repetition_penalty(
-    question: str,
-    history: Sequence[str],
-    mode: str = "max_bleu",
-    threshold: float = 0.5,
-) -> float:
-    """R(q) in [0, 1]: BLEU-based repetition of ``question`` against earlier questions (sacrebleu).
-
-    ``max_bleu``: max over the history of sentence-BLEU(q, h)/100.
-    ``cluster_share``: share of the history with sentence-BLEU(q, h)/100 ≥ ``threshold`` (R-Zero style).
-    Empty history: 0.
-    """
+def repetition_penalty(question: str, history: Sequence[str], mode: str = "max_bleu", threshold: float = 0.5) -> float:
+    """R(q) in [0, 1] against earlier questions (sacrebleu; 0 for an empty history). ``max_bleu``: max over the
+    history of sentence-BLEU(q, h)/100; ``cluster_share``: share of the history at or above ``threshold`` (R-Zero)."""
     from sacrebleu.metrics import BLEU
 
     if not history:
@@ -305,9 +262,8 @@ def planning_reward(u: float, v: float, r: float, w_unc: float, w_ver: float, w_
 
 @dataclass
 class TaskRewards:
-    """The rewards of one task: execution (K,), evaluation (M,) over ALL generated verifiers (invalid
-    ones get the configured reward), planning (scalar) and the terms behind them. gold, adv and red have one
-    entry per VALID verifier (M_q,); :func:`per_generated` spreads such an array over the M generated ones."""
+    """The rewards of one task: execution (K,), evaluation (M,) over ALL generated verifiers, planning (scalar), and
+    the terms behind them; gold, adv and red have one entry per VALID verifier (M_q,)."""
 
     execution: np.ndarray
     evaluation: np.ndarray
@@ -320,24 +276,12 @@ class TaskRewards:
     repetition: float
 
 
-def task_rewards(
-    z_orig: np.ndarray,
-    z_adv: np.ndarray,
-    valid: Sequence[int],
-    num_generated: int,
-    valid_sources: Sequence[str],
-    answers: Sequence[Optional[str]],
-    question: str,
-    history: Sequence[str],
-    cfg: Any,
-    adv_mask: Optional[np.ndarray] = None,
-    adv_errors: Optional[np.ndarray] = None,
-) -> TaskRewards:
-    """Eq. 2, 4, 5 for one task; ``cfg`` is a ``RewardConfig`` (``conf/reward/``).
-
-    ``adv_errors``: ``VerdictMatrix.error_adv``; errors on variants earn no ρ_adv credit (in r_C and V(q))
-    unless ``cfg.variant_error_credit`` is true (the "errors credited" ablation: they count as rejections).
-    """
+def task_rewards(z_orig: np.ndarray, z_adv: np.ndarray, valid: Sequence[int], num_generated: int,
+                 valid_sources: Sequence[str], answers: Sequence[Optional[str]], question: str,
+                 history: Sequence[str], cfg: Any, adv_mask: Optional[np.ndarray] = None,
+                 adv_errors: Optional[np.ndarray] = None) -> TaskRewards:
+    """Eq. 2, 4, 5 for one task; ``cfg`` is a ``RewardConfig``. ``adv_errors`` (``VerdictMatrix.error_adv``) earn no
+    ρ_adv credit unless ``cfg.variant_error_credit`` (the "errors credited" ablation: they count as rejections)."""
     if getattr(cfg, "variant_error_credit", False):
         adv_errors = None
     gold = gold_pass_rate(z_orig)
@@ -347,14 +291,7 @@ def task_rewards(
     u = uncertainty(answers, cfg.missing_answer_in_majority, cfg.answer_match_timeout_s)
     v = verifier_writability(adv, num_generated) if cfg.use_verifiability else 0.0
     r = repetition_penalty(question, history, cfg.repetition_mode, cfg.repetition_bleu_threshold)
-    return TaskRewards(
-        execution=execution_rewards(z_orig, cfg.execution_reward_no_valid_verifier),
-        evaluation=per_generated(r_c, valid, num_generated, cfg.invalid_verifier_reward),
-        planning=planning_reward(u, v, r, cfg.w_unc, cfg.w_ver, cfg.w_rep),
-        gold=gold,
-        adv=adv,
-        red=red,
-        uncertainty=u,
-        writability=v,
-        repetition=r,
-    )
+    return TaskRewards(execution=execution_rewards(z_orig, cfg.execution_reward_no_valid_verifier),
+                       evaluation=per_generated(r_c, valid, num_generated, cfg.invalid_verifier_reward),
+                       planning=planning_reward(u, v, r, cfg.w_unc, cfg.w_ver, cfg.w_rep), gold=gold, adv=adv, red=red,
+                       uncertainty=u, writability=v, repetition=r)

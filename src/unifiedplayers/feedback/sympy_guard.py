@@ -1,26 +1,23 @@
 """The guarded sympy equivalence check behind U(q)'s answer matching (§3.2, below Eq. 2): math-verify (sympy) in a
-child process that is killed when it exceeds its time.
+child process that is killed when it exceeds its time; :func:`unifiedplayers.feedback.rewards.answer_clusters`
+goes through :data:`_GUARD` and groups by text (:func:`_text_clusters`) when the guard gives no answer.
 
-:func:`unifiedplayers.feedback.rewards.answer_clusters` groups equivalent answers (5/2 ≡ 2.5 ≡ \\frac{5}{2}) through
-:data:`_GUARD`, and falls back to grouping by text (:func:`_text_clusters`) when the guard gives no answer.
-
-Why a process of its own:
-
-- sympy evaluates a short answer such as 9^{9^{9^{9}}} for ever, and math-verify's own timeouts rely on signals,
-  which fail outside the main thread; a killed child costs one restart (about a second).
-- The budget is the child's CPU time (:func:`process_cpu_seconds`), not the wall clock, so that a match, and
-  U(q), does not depend on the machine's load; its address space is capped so a runaway evaluation fails with
-  ``MemoryError`` instead of exhausting the host.
-- The child runs with ``PYTHONHASHSEED=0`` (sympy iterates sets: one order in every run), and is a plain
-  subprocess (not multiprocessing) so that no caller's ``__main__`` is re-imported.
-
-:func:`_math_clusters` is the clustering itself, in whatever process runs it (the child, or the caller for
-trusted input); :func:`_serve_stdio` is the child's loop.
+It is a process of its own because sympy evaluates a short answer such as 9^{9^{9^{9}}} for ever and
+math-verify's own timeouts rely on signals, which fail outside the main thread; a killed child costs one restart
+(about a second). The budget is the child's CPU time (:func:`process_cpu_seconds`), so that U(q) does not depend on
+the machine's load. A plain subprocess (not multiprocessing), so that no caller's ``__main__`` is re-imported.
 """
 from __future__ import annotations
 
 import atexit
+import json
 import logging
+import os
+import select
+import subprocess
+import sys
+import threading
+import time
 from typing import Any, Optional, Sequence
 
 
@@ -92,10 +89,6 @@ def _text_clusters(answers: Sequence[Optional[str]]) -> list[list[int]]:
 
 def _serve_stdio() -> None:  # pragma: no cover - runs in the guard process
     """The guard process: one JSON list of answers per line in, one JSON list of clusters per line out."""
-    import json
-    import os
-    import sys
-
     try:
         import resource
 
@@ -123,8 +116,6 @@ def _serve_stdio() -> None:  # pragma: no cover - runs in the guard process
 def process_cpu_seconds(pid: int) -> float:
     """CPU seconds process ``pid`` has used, all its threads (its CPU-time clock, as clock_getcpuclockid gives
     it); ``inf`` once it is gone, so that a wait on it ends."""
-    import time
-
     try:
         return time.clock_gettime(((~pid) << 3) | 2)  # MAKE_PROCESS_CPUCLOCK(pid, CPUCLOCK_SCHED)
     except OSError:
@@ -132,16 +123,9 @@ def process_cpu_seconds(pid: int) -> float:
 
 
 class _ClusterGuard:
-    """Runs math-verify in a child process that is killed when it exceeds its time.
-
-    math-verify's own timeouts rely on signals and fail outside the main thread, and sympy evaluates
-    a short answer such as 9^{9^{9^{9}}} for ever; a killed child costs one restart (about a second).
-    A plain subprocess (not multiprocessing) so that no caller's ``__main__`` is re-imported.
-    """
+    """Runs math-verify in a child process that is killed when it exceeds its time (module docstring)."""
 
     def __init__(self) -> None:
-        import threading
-
         self._lock = threading.Lock()
         self._proc: Any = None
         self._pid = 0
@@ -151,11 +135,6 @@ class _ClusterGuard:
 
     def _start(self) -> bool:
         """Start the guard and wait until it has imported its matcher (not part of any request's time)."""
-        import os
-        import subprocess
-        import sys
-        import time
-
         code = "from unifiedplayers.feedback.sympy_guard import _serve_stdio; _serve_stdio()"
         env = dict(os.environ, PYTHONHASHSEED="0")  # sympy iterates sets: one order in every run
         self._proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -177,10 +156,6 @@ class _ClusterGuard:
     def _read_line(self, deadline: float, cpu_limit: Optional[float] = None) -> Optional[bytes]:
         """The guard's next line, or None once the wall clock reaches ``deadline`` (monotonic) or the guard's own
         CPU clock reaches ``cpu_limit`` (seconds; :func:`process_cpu_seconds`)."""
-        import os
-        import select
-        import time
-
         buf = b""
         fd = self._proc.stdout.fileno()
         while not buf.endswith(b"\n"):
@@ -198,10 +173,6 @@ class _ClusterGuard:
         return buf
 
     def clusters(self, answers: list[Optional[str]], timeout_s: float) -> Optional[list[list[int]]]:
-        import json
-        import os
-        import time
-
         with self._lock:
             if self._pid != os.getpid():  # a forked copy of this process: the child is the parent's
                 self._proc = None
@@ -223,10 +194,7 @@ class _ClusterGuard:
                 return None
             return json.loads(line)
 
-
     def close(self) -> None:
-        import os
-
         with self._lock:
             if self._pid == os.getpid():
                 self._stop()

@@ -1,11 +1,7 @@
 """Execution trajectories: the schema verifiers read (Appendix E.3, I.3), transcript parsing and rendering.
 
-A :class:`Trajectory` has a ``question``, a list of :class:`Step` and a ``final_answer`` (the content
-of the last ``\\boxed{...}``, a string, or ``None`` when the Execution player never answered). Each step
-has a ``type`` in {"reason", "code", "output"}: reason steps carry ``text``, code steps ``code`` and
-``lang`` ("python"), output steps ``result`` (the observation text the sandbox returned).
-
-Transcript format (what :func:`parse_transcript` reads and :func:`render` writes)::
+A :class:`Trajectory` is a ``question``, a list of :class:`Step` and a ``final_answer`` (``None`` when the
+Execution player never answered). Transcript format (what :func:`parse_transcript` reads and :func:`render` writes)::
 
     reasoning text ...
 
@@ -19,17 +15,14 @@ Transcript format (what :func:`parse_transcript` reads and :func:`render` writes
 
     The answer is \\boxed{2}.
 
-- A fence labelled ``python``/``py``/``python3`` is a code step (lang "python"); any other language label
-  (``bash``, ``sh`` ...) is a code step with that lang.
-- A fence labelled ``output``/``stdout``/``observation`` is an output step.
-- An unlabelled fence is the output of the code step right before it when that code step has no
-  output yet, and a python code step otherwise (models often omit the label).
+- A fence labelled ``python``/``py``/``python3`` is a code step (lang "python"), any other language label a code
+  step with that lang, ``output``/``stdout``/``observation`` an output step. An unlabelled fence is the output of
+  the code step right before it when that has no output yet, else a python code step (models omit the label).
 - An unterminated fence (generation cut off) runs to the end of the text.
-- Text between fences is one reason step (stripped; blank text is no step). A trailing segment that is
-  nothing but the boxed answer (optionally "Final answer:") is the answer, not a reasoning step.
-- ``final_answer`` is the content of the last *balanced* ``\\boxed{...}`` (or ``\\fbox{...}``) in the
-  reasoning text, with nested braces kept (``\\boxed{\\frac{5}{2}}`` gives ``\\frac{5}{2}``). Boxes
-  inside code or output are not answers.
+- Text between fences is one reason step (stripped; blank text is no step). A trailing segment that is nothing but
+  the boxed answer (optionally "Final answer:") is the answer, not a reasoning step.
+- ``final_answer`` is the content of the last *balanced* ``\\boxed{...}`` (or ``\\fbox{...}``) in the reasoning
+  text, nested braces kept (``\\boxed{\\frac{5}{2}}`` gives ``\\frac{5}{2}``); boxes in code or output are not answers.
 
 For a parsed transcript ``parse_transcript(q, render(t)) == t``.
 """
@@ -115,11 +108,8 @@ class Trajectory:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Trajectory":
-        return cls(
-            question=d["question"],
-            steps=[Step.from_dict(s) for s in d.get("steps", [])],
-            final_answer=d.get("final_answer"),
-        )
+        steps = [Step.from_dict(s) for s in d.get("steps", [])]
+        return cls(question=d["question"], steps=steps, final_answer=d.get("final_answer"))
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), ensure_ascii=False, sort_keys=True)
@@ -136,18 +126,15 @@ class Trajectory:
 
 
 def answer_sentence(answer: str) -> str:
-    """A plain sentence that states ``answer`` the way Execution trajectories end ("So the answer is
-    \\boxed{52}."; the player's few-shot ends "... The answer is \\boxed{22}."): a reasoning sentence, not
-    an answer-only segment, so it parses as (part of) a reasoning step."""
+    """A sentence that states ``answer`` as Execution trajectories end, so it parses as (part of) a reasoning step,
+    not as an answer-only segment."""
     return f"So the answer is \\boxed{{{answer}}}."
 
 
 def state_answer(traj: Trajectory, answer: str) -> None:
-    """End ``traj`` (in place) with a reasoning step that states ``answer`` as ``\\boxed{answer}``, and make
-    ``answer`` its final answer: a step ``answer_sentence(answer)`` after a code or output step, or that
-    sentence appended to the last step when it is a reasoning step (a parsed transcript never holds two
-    reasoning steps in a row: the text between two fences is one step). Either way
-    ``parse_transcript(traj.question, render(traj)) == traj`` afterwards when it held before."""
+    """End ``traj`` (in place) with :func:`answer_sentence` and make ``answer`` its final answer: a new reasoning step
+    after a code or output step, else appended to the last reasoning step (a parsed transcript never holds two in a
+    row), so that ``parse_transcript(traj.question, render(traj)) == traj`` still holds if it held before."""
     sentence = answer_sentence(answer)
     last = traj.steps[-1] if traj.steps else None
     if last is not None and last.type == "reason" and (last.text or "").strip():
@@ -223,11 +210,8 @@ FENCE_CLOSE = re.compile(r"^[ \t]*```[ \t]*$", re.MULTILINE)
 
 
 def parse_transcript(question: str, text: str) -> Trajectory:
-    """Split an Execution transcript into reason / code / output steps and its final answer.
-
-    Never raises on model text: anything that is not a well-formed fence is reasoning (``None``, a
-    failed generation, is an empty transcript).
-    """
+    """Split an Execution transcript into reason / code / output steps and its final answer. Never raises on model
+    text: anything that is not a well-formed fence is reasoning (``None``, a failed generation, is empty)."""
     steps, reason_segments = _scan(text)
     final_answer = None
     for seg in reversed(reason_segments):
@@ -238,15 +222,13 @@ def parse_transcript(question: str, text: str) -> Trajectory:
 
 
 def reasoning_text(text: str) -> str:
-    """The reasoning of a transcript, as :func:`parse_transcript` splits it: its text outside code and
-    output fences (the reason steps and the answer-only tail), segments joined by blank lines. What an
-    answer may be read from in tool mode: nothing a program printed is in it."""
+    """The text of a transcript outside code and output fences (reason steps and the answer-only tail), joined by
+    blank lines: what an answer may be read from in tool mode."""
     return "\n\n".join(_scan(text)[1])
 
 
 def _scan(text: str) -> tuple[list[Step], list[str]]:
-    """(steps, reasoning segments in order) of a transcript: the one scan behind :func:`parse_transcript`
-    and :func:`reasoning_text`."""
+    """(steps, reasoning segments in order) of a transcript."""
     text = "" if text is None else str(text)
     steps: list[Step] = []
     reason_segments: list[str] = []
@@ -271,14 +253,10 @@ def _scan(text: str) -> tuple[list[Step], list[str]]:
         else:
             body_end = close.start() - 1 if close.start() > body_start else close.start()
             body, pos = text[body_start:body_end], close.end()
-        if label in _OUTPUT_LABELS:
+        if label in _OUTPUT_LABELS or (label == "" and steps and steps[-1].type == "code"):
             steps.append(output_step(body))
-        elif label == "" and steps and steps[-1].type == "code":
-            steps.append(output_step(body))
-        elif label in PYTHON_LABELS or label == "":
-            steps.append(code_step(body, PYTHON_LANG))
         else:
-            steps.append(code_step(body, label))
+            steps.append(code_step(body, PYTHON_LANG if label in PYTHON_LABELS or label == "" else label))
     tail = text[pos:].strip()
     if tail and _is_answer_only(tail):
         reason_segments.append(tail)  # holds the answer but is not a reasoning step
@@ -300,11 +278,7 @@ def render_step(step: Step) -> str:
 
 
 def render(traj: Trajectory, include_question: bool = False) -> str:
-    """Write ``traj`` back as prompt text in the transcript format above.
-
-    The answer line ``\\boxed{final_answer}`` is appended unless the last reasoning step already ends the
-    trajectory with that same boxed answer.
-    """
+    """``traj`` as transcript text; ``\\boxed{final_answer}`` is appended unless the last step already boxes it."""
     parts = [f"Question: {traj.question}"] if include_question else []
     parts += [render_step(s) for s in traj.steps]
     if traj.final_answer is not None:
@@ -315,18 +289,10 @@ def render(traj: Trajectory, include_question: bool = False) -> str:
     return "\n\n".join(parts)
 
 
-def format_observation(
-    stdout: str,
-    stderr: str = "",
-    exit_code: Optional[int] = 0,
-    timed_out: bool = False,
-    memory_exceeded: bool = False,
-) -> str:
-    """The observation text of one executed code block: what an output step's ``result`` holds.
-
-    stdout alone for a clean run (so ``result.strip()`` is the printed value, as the paper's Verifier 1.2
-    expects); stderr and a non-zero exit status are appended on their own lines.
-    """
+def format_observation(stdout: str, stderr: str = "", exit_code: Optional[int] = 0, timed_out: bool = False,
+                       memory_exceeded: bool = False) -> str:
+    """An output step's ``result``: stdout alone for a clean run (so ``result.strip()`` is the printed value, as the
+    paper's Verifier 1.2 expects); stderr and a non-zero exit status are appended on their own lines."""
     parts = [stdout.rstrip("\n")] if stdout else []
     if stderr.strip():
         parts.append("[stderr]\n" + stderr.rstrip("\n"))

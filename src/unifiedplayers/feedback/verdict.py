@@ -4,17 +4,9 @@
 and their K·P variants as ONE parallel sandbox batch (``sandbox.call_many``): M_q·K·(1+P) checks, fewer
 where a rule could not apply (those variants are ``None`` and masked out, never run).
 
-Check errors (the paper defines a verdict only for a check that completed, B.1). A check that raises, times out or
-returns something other than a verdict (``verifier.ERROR_KINDS``) is an *error*, kept apart from a rejection:
-
-- Z keeps the paper's values: an error is 0 in Z_orig and Z_adv (§3.1, Eq. 10: Z is binary, one denotes acceptance),
-  and the masks ``error_orig`` (M_q, K) and ``error_adv`` (M_q, K, P) say which zeros are errors.
-- A verifier whose check errors on EVERY original trajectory is invalid, like one that does not
-  compile (our addition to the paper's static validity, §3.2 / Appendix E.3): it gets no row in Z,
-  is not counted in M_q, gets ``invalid_verifier_reward`` and adds nothing to V(q). Otherwise a
-  crash-always verifier (ρ_gold = 0, ρ_adv = 1 under Eq. 11) would out-score an accept-all one under
-  Eq. 5 (0.5 against 0.4 at α, β = 0.4, 0.5) and raise V(q). ``runtime_invalid`` gives the reasons.
-- What an error on a variant earns: see ``reward.variant_error_credit`` in :mod:`unifiedplayers.feedback.rewards`.
+A check that raises, times out or returns no verdict (``verifier.ERROR_KINDS``) is an *error*: 0 in Z, as Eq. 10
+has it, and marked in ``error_orig`` (M_q, K) and ``error_adv`` (M_q, K, P). A verifier whose check errors on EVERY
+original is invalid, like one that does not compile (our addition; docs/method.md, "Check errors", says why).
 """
 from __future__ import annotations
 
@@ -24,53 +16,33 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from unifiedplayers.feedback.trajectory import Trajectory
-from unifiedplayers.feedback.verifier import (
-    ENTRY_POINT,
-    ERROR_KINDS,
-    CheckOutcome,
-    CompiledVerifier,
-    compile_verifier,
-    outcome_of,
-    sandbox_source,
-)
+from unifiedplayers.feedback.verifier import (ENTRY_POINT, ERROR_KINDS, CheckOutcome, CompiledVerifier,
+                                              compile_verifier, outcome_of, sandbox_source)
 
 
 @dataclass(frozen=True)
 class CheckRecord:
-    """The outcome of one check: verifier ``verifier`` (index among the M generated) on trajectory
-    ``trajectory``, original (``variant`` None) or its variant ``variant``."""
+    """The outcome of one check of a verifier on an original trajectory or on one of its variants."""
 
-    verifier: int
+    verifier: int  # index among the M generated
     trajectory: int
-    variant: Optional[int]
+    variant: Optional[int]  # None: the original
     outcome: CheckOutcome
 
 
 @dataclass
 class VerdictMatrix:
-    """Binary verdicts of the valid verifiers (rows) on originals and variants (columns).
+    """Binary verdicts of the valid verifiers (rows) on originals and variants (columns)."""
 
-    z_orig: (M_q, K) int8, Z_orig[i, k] = v_i(τ_k)                         Eq. 9
-    z_adv:  (M_q, K, P) int8, Z_adv[i, k, j] = v_i(τ_adv[k, j]); 0 where masked
-    adv_mask: (K, P) bool, False where rule j could not apply to τ_k
-    valid: indices of the valid verifiers among the M generated (row i of Z is verifier valid[i])
-    compiled: the M compilation results (validity reasons of the invalid ones)
-    checks: every executed check with its outcome (rejection reasons included), the checks of the
-        verifiers made invalid at run time too
-    error_orig: (M_q, K) bool, True where Z_orig[i, k] = 0 because the check errored (not a rejection)
-    error_adv: (M_q, K, P) bool, the same for Z_adv (False where masked)
-    runtime_invalid: {index among the M: reason} of the verifiers that compiled but whose check
-        errored on every original trajectory (not in ``valid``)
-    """
-
-    z_orig: np.ndarray
-    z_adv: np.ndarray
-    adv_mask: np.ndarray
-    valid: list[int]
-    compiled: list[CompiledVerifier]
-    checks: list[CheckRecord] = field(default_factory=list)
-    error_orig: Optional[np.ndarray] = None
-    error_adv: Optional[np.ndarray] = None
+    z_orig: np.ndarray  # (M_q, K) int8, Z_orig[i, k] = v_i(τ_k) (Eq. 9)
+    z_adv: np.ndarray  # (M_q, K, P) int8, Z_adv[i, k, j] = v_i(τ_adv[k, j]); 0 where masked
+    adv_mask: np.ndarray  # (K, P) bool, False where rule j could not apply to τ_k
+    valid: list[int]  # the valid verifiers' indices among the M generated: row i of Z is verifier valid[i]
+    compiled: list[CompiledVerifier]  # the M compilation results (validity reasons of the invalid ones)
+    checks: list[CheckRecord] = field(default_factory=list)  # every executed check, runtime-invalid verifiers' too
+    error_orig: Optional[np.ndarray] = None  # (M_q, K) bool, True where Z_orig is 0 because the check errored
+    error_adv: Optional[np.ndarray] = None  # (M_q, K, P) bool, the same for Z_adv (False where masked)
+    # {index among the M: reason} of the verifiers that compiled but errored on every original (not in ``valid``)
     runtime_invalid: dict[int, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -80,8 +52,7 @@ class VerdictMatrix:
             self.error_adv = np.zeros(np.shape(self.z_adv), dtype=bool)
 
     @property
-    def num_generated(self) -> int:
-        """M, the verifiers generated (valid or not)."""
+    def num_generated(self) -> int:  # M, valid or not
         return len(self.compiled)
 
     @property
@@ -98,15 +69,12 @@ class VerdictMatrix:
     @property
     def validity(self) -> list[str]:
         """One entry per generated verifier: "valid", or why it is not (compilation or run time)."""
-        return [
-            "valid" if i in self.valid else self.runtime_invalid.get(i, c.reason)
-            for i, c in enumerate(self.compiled)
-        ]
+        return ["valid" if i in self.valid else self.runtime_invalid.get(i, c.reason)
+                for i, c in enumerate(self.compiled)]
 
     def error_summary(self) -> dict[str, Any]:
-        """Per-task counts of check errors, for metrics (see :func:`check_error_summary`), with the
-        errors of every executed check by kind (``errors/raised``, ``errors/timeout``,
-        ``errors/bad_return``; the runtime-invalid verifiers' checks included)."""
+        """:func:`check_error_summary`, with every executed check's errors by kind (``errors/raised``, ...; the
+        runtime-invalid verifiers' checks included)."""
         out = check_error_summary(self.error_orig, self.error_adv, self.adv_mask, len(self.runtime_invalid))
         for kind in ERROR_KINDS:
             out[f"errors/{kind}"] = sum(c.outcome.kind == kind for c in self.checks)
@@ -117,17 +85,10 @@ class VerdictMatrix:
         return [self.compiled[i].source or "" for i in self.valid]
 
 
-def verdict_matrix(
-    verifier_sources: Sequence[str],
-    originals: Sequence[Trajectory],
-    variants: Optional[Sequence[Sequence[Optional[Trajectory]]]],
-    sandbox: Any,
-) -> VerdictMatrix:
-    """Run all valid verifiers on all originals and variants in one parallel sandbox batch.
-
-    verifier_sources: the M Evaluation outputs (fenced or bare code); invalid ones get no row.
-    originals: the K trajectories. variants: K rows of P entries (Trajectory or None); None or [] for P=0.
-    """
+def verdict_matrix(verifier_sources: Sequence[str], originals: Sequence[Trajectory],
+                   variants: Optional[Sequence[Sequence[Optional[Trajectory]]]], sandbox: Any) -> VerdictMatrix:
+    """Run every valid verifier of the M ``verifier_sources`` on the K ``originals`` and their ``variants`` (K rows
+    of P entries, None where a rule could not apply; None or [] for P = 0) in one parallel sandbox batch."""
     compiled = [compile_verifier(s) for s in verifier_sources]
     valid = [i for i, c in enumerate(compiled) if c.valid]
     k = len(originals)
@@ -177,31 +138,19 @@ def verdict_matrix(
                 first = next(c.outcome.reason for c in checks if c.verifier == i and c.variant is None)
                 runtime_invalid[i] = f"check errored on every original trajectory ({', '.join(kinds)}): {first}"[:500]
     keep = [row for row, i in enumerate(valid) if i not in runtime_invalid]
-    return VerdictMatrix(
-        z_orig[keep], z_adv[keep], adv_mask, [valid[r] for r in keep], compiled, checks,
-        error_orig=error_orig[keep], error_adv=error_adv[keep], runtime_invalid=runtime_invalid,
-    )
+    return VerdictMatrix(z_orig[keep], z_adv[keep], adv_mask, [valid[r] for r in keep], compiled, checks,
+                         error_orig=error_orig[keep], error_adv=error_adv[keep], runtime_invalid=runtime_invalid)
 
 
-def check_error_summary(
-    error_orig: np.ndarray, error_adv: np.ndarray, adv_mask: np.ndarray, runtime_invalid: int = 0
-) -> dict[str, Any]:
-    """Per-task check-error counts over the valid verifiers' checks (see Check errors, above).
-
-    ``checks``: the checks behind Z (M_q·K originals + M_q·present variants); ``errors_orig`` and
-    ``errors_adv``: how many of them errored; ``error_rate``: (errors_orig + errors_adv) / checks
-    (None without checks); ``runtime_invalid``: verifiers made invalid by erroring on every original.
-    """
+def check_error_summary(error_orig: np.ndarray, error_adv: np.ndarray, adv_mask: np.ndarray,
+                        runtime_invalid: int = 0) -> dict[str, Any]:
+    """Per-task check-error counts over the checks behind Z (M_q·K originals + M_q·present variants): ``checks``,
+    ``errors_orig``, ``errors_adv``, ``error_rate`` (None without checks) and ``runtime_invalid``."""
     eo = np.asarray(error_orig, dtype=bool)
     ea = np.asarray(error_adv, dtype=bool)
     mask = np.asarray(adv_mask, dtype=bool)
     m_q = eo.shape[0] if eo.ndim == 2 else 0
     checks = int(eo.size + m_q * int(mask.sum()))
     n_orig, n_adv = int(eo.sum()), int((ea & mask[None]).sum()) if ea.size else 0
-    return {
-        "checks": checks,
-        "errors_orig": n_orig,
-        "errors_adv": n_adv,
-        "error_rate": (n_orig + n_adv) / checks if checks else None,
-        "runtime_invalid": int(runtime_invalid),
-    }
+    return {"checks": checks, "errors_orig": n_orig, "errors_adv": n_adv,
+            "error_rate": (n_orig + n_adv) / checks if checks else None, "runtime_invalid": int(runtime_invalid)}

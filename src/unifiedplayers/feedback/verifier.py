@@ -1,18 +1,13 @@
 """Executable verifiers written by the Evaluation player (§3.2; Appendix B.1, E.3, I.3).
 
-1. :func:`compile_verifier` takes the player's output, keeps the last fenced python block and decides
-   validity *without running it*: the block parses, compiles, and defines a top-level ``check`` that
-   can be called with one positional argument.
-2. :func:`sandbox_source` wraps a valid source for the sandbox: a pure-stdlib prelude turns the JSON
-   payload (``Trajectory.to_dict()``) into an object on which ``trajectory.final_answer``,
-   ``trajectory.steps``, ``s.type``, ``s.result``, ``s.code``, ``s.lang``, ``s.text`` and
-   ``trajectory.question`` work (``trajectory["steps"]`` too), then calls the model's ``check``.
-3. :func:`outcome_of` reads the sandbox's ``CallResult``: only ``True`` or a tuple whose first element
-   is ``True`` accepts; ``False`` or a tuple whose first element is ``False`` rejects (an exact ``tuple``: not a
-   subclass such as a namedtuple; the prelude decides both by identity, so neither depends on how the other
-   items print). A raise, a timeout, or any other value (``1``, ``"True"``, ``[True]``, ``None``) is an *error*
-   (:data:`ERROR_KINDS`): 0 in the verdict matrix like a rejection (§3.1, Eq. 10: only an acceptance is 1),
-   but recorded apart from one (``CheckOutcome.is_error``; see ``verdict`` for what an error costs the verifier).
+1. :func:`compile_verifier` keeps the last fenced python block of the player's output and decides validity
+   *without running it*: it parses, compiles, and defines a top-level ``check`` callable with one argument.
+2. :func:`sandbox_source` prepends a pure-stdlib prelude that turns the JSON payload (``Trajectory.to_dict()``)
+   into an object with attribute (and item) access, then calls the model's ``check``.
+3. :func:`outcome_of` reads the sandbox's ``CallResult``: only ``True`` or an exact ``tuple`` (not a namedtuple)
+   whose first element is ``True`` accepts; ``False`` or such a tuple starting with ``False`` rejects (decided by
+   identity in the prelude). A raise, a timeout, or any other value (``1``, ``"True"``, ``None``) is an *error*
+   (:data:`ERROR_KINDS`): 0 in the verdict matrix like a rejection (Eq. 10), but recorded apart from one.
 """
 from __future__ import annotations
 
@@ -44,11 +39,8 @@ _UNTERMINATED = re.compile(
 
 
 def extract_python_block(text: str) -> Optional[str]:
-    """The last fenced python (or unlabelled) block of ``text``.
-
-    A python fence left open at the very end (generation cut off) counts as a block running to the end;
-    a text without any fence is taken whole (bare code).
-    """
+    """The last fenced python (or unlabelled) block of ``text``; a python fence left open at the end runs to the
+    end, and a text without any fence is taken whole (bare code)."""
     matches = list(_FENCE.finditer(text))
     tail = _UNTERMINATED.search(text, matches[-1].end() if matches else 0)
     if tail is not None and "```" not in tail.group(2):
@@ -62,7 +54,7 @@ def extract_python_block(text: str) -> Optional[str]:
 def _check_signature_ok(fn: ast.FunctionDef | ast.Lambda) -> bool:
     """True when ``fn`` can be called with exactly one positional argument."""
     a = fn.args
-    positional = list(getattr(a, "posonlyargs", [])) + list(a.args)
+    positional = a.posonlyargs + a.args
     required = len(positional) - len(a.defaults)
     kw_required = any(d is None for d in a.kw_defaults)
     return not kw_required and required <= 1 and (len(positional) >= 1 or a.vararg is not None)
@@ -99,20 +91,17 @@ def compile_verifier(text: str) -> CompiledVerifier:
                 check_def = functions[node.value.id]
             else:
                 check_def = "other"
-    if check_def is None:
-        return CompiledVerifier(False, "defines no top-level check", source)
-    if check_def == "async":
-        return CompiledVerifier(False, "check is a coroutine function", source)
-    if check_def == "other":
-        return CompiledVerifier(False, "check is bound to something other than a function", source)
+    problems = {None: "defines no top-level check", "async": "check is a coroutine function",
+                "other": "check is bound to something other than a function"}
+    if check_def is None or isinstance(check_def, str):
+        return CompiledVerifier(False, problems[check_def], source)
     if not _check_signature_ok(check_def):
         return CompiledVerifier(False, "check cannot be called with one argument (the trajectory)", source)
     return CompiledVerifier(True, "ok", source)
 
 
-# The prelude runs before the model's code; it imports nothing (an import costs a file lookup per
-# call). Builtins it relies on are captured as default arguments, so a verifier that rebinds `type`
-# or `len` at module level cannot change how its result is read.
+# The prelude imports nothing (an import costs a file lookup per call). Its builtins are captured as default
+# arguments, so a verifier that rebinds `type` or `len` at module level cannot change how its result is read.
 PRELUDE = '''\
 class _UpView(dict):
     def __getattr__(self, key):
@@ -169,8 +158,7 @@ class CheckOutcome:
 
 
 def _text(reason: str) -> str:
-    """``reason`` as text UTF-8 can hold: a lone surrogate (a model's ``repr`` or exception message can return one)
-    is escaped (``\\ud800``), so the record that keeps the reason can be written."""
+    """``reason`` with lone surrogates (from a model's ``repr`` or exception) escaped, so its record can be written."""
     try:
         reason.encode("utf-8")
         return reason
@@ -196,12 +184,8 @@ def outcome_of(call: Any) -> CheckOutcome:
     fail_step = value.get("fail_step") if isinstance(value.get("fail_step"), int) else None
     if value["accepted"] is True:
         return CheckOutcome(True, "accepted", "accepted", fail_step, duration)
-    returned = value.get("returned")
-    shown = value.get("repr")
-    rejected = value.get("rejected")  # the prelude's reading: False, or an exact tuple whose first item is False
-    if rejected is None:  # a value without it (not from this prelude): read the type's name and the printed text
-        rejected = returned == "bool" or (returned == "tuple" and str(shown).startswith("(False"))
-    if rejected is True:
+    returned, shown = value.get("returned"), value.get("repr")
+    if value.get("rejected") is True:  # the prelude's reading: False, or an exact tuple whose first item is False
         return CheckOutcome(False, "rejected", _text(f"check returned {shown}"), fail_step, duration)
     reason = f"check returned {returned} {shown}; only True or (True, ...) accepts"
     return CheckOutcome(False, "bad_return", _text(reason), fail_step, duration)
