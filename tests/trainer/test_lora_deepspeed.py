@@ -83,8 +83,10 @@ def test_zero3_adapter_steps_on_one_partitioned_backbone_equal_the_torch_backend
         want = lora.adapter_state(plain.model)
         with zero3[0].gathered_weights():
             got = {k: v.detach().clone() for k, v in lora.adapter_state(zero3[0].model).items()}
+        # ZeRO-3's own linear backward sums in another order than autograd's: after three steps one element of 512
+        # was 1.8e-6 apart (rel 2.7e-5); a wrong step would differ by about lr x the gradient, 1e-2 here.
         for name in want:
-            torch.testing.assert_close(got[name], want[name], rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(got[name], want[name], rtol=1e-4, atol=1e-5)
     finally:
         torch.set_num_threads(before)
 
