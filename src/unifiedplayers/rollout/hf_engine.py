@@ -305,10 +305,8 @@ class HFRollout(RolloutEngine):
             with packed_linears(self.model, self._packed_setting):
                 for start in range(0, len(order), chunk):
                     idx = order[start : start + chunk]
-                    outs = self._sample_batch(
-                        [rows[r][1] for r in idx], max_new_tokens, temperature, top_p, stop, greedy, generator,
-                        ignore_eos, device, prefixes,
-                    )
+                    outs = self._sample_batch([rows[r][1] for r in idx], max_new_tokens, temperature, top_p, stop,
+                                              greedy, generator, ignore_eos, device, prefixes)
                     for r, c in zip(idx, outs):
                         results[r] = c
         finally:
@@ -316,19 +314,9 @@ class HFRollout(RolloutEngine):
         return [results[p * n : (p + 1) * n] for p in range(len(prompt_ids))]
 
     @torch.inference_mode()
-    def _sample_batch(
-        self,
-        prompts: list[list[int]],
-        max_new_tokens: int,
-        temperature: float,
-        top_p: float,
-        stop: list[str],
-        greedy: bool,
-        generator: Optional[torch.Generator],
-        ignore_eos: bool,
-        device: torch.device,
-        prefixes: Optional[PrefixStore] = None,
-    ) -> list[Completion]:
+    def _sample_batch(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float,
+                      stop: list[str], greedy: bool, generator: Optional[torch.Generator], ignore_eos: bool,
+                      device: torch.device, prefixes: Optional[PrefixStore] = None) -> list[Completion]:
         budgets = self._budgets(prompts, max_new_tokens)
         eos = set() if ignore_eos else self._eos_ids()
         batch, width, steps = len(prompts), max(len(p) for p in prompts), max(budgets)
@@ -512,14 +500,6 @@ class _Rows:
                 text = self.texts[b][:end]
             else:
                 s, text = None, self.tokenizer.decode(self.tokens[b], skip_special_tokens=True)
-            results.append(
-                Completion(
-                    prompt_ids=list(prompts[b]),
-                    token_ids=self.tokens[b],
-                    text=text,
-                    logprobs=self.logps[b],
-                    finish_reason=self.finish[b] or "length",
-                    stop_str=s,
-                )
-            )
+            results.append(Completion(prompt_ids=list(prompts[b]), token_ids=self.tokens[b], text=text,
+                                      logprobs=self.logps[b], finish_reason=self.finish[b] or "length", stop_str=s))
         return results
