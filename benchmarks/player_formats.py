@@ -8,9 +8,6 @@ Samples, with the smoke preset's token budgets and the default sampling temperat
 
     python -m benchmarks.player_formats [--n 24] [overrides ...]     # e.g. player.execution.few_shot=[]
     python -m benchmarks.player_formats --from-run runs/smoke        # the same rates over a run's records
-
-For reference, zero-shot prompts on SmolLM2-135M gave a python block in 22/40 solutions, a \\boxed{} answer
-in 0/40 and a valid check() in 9/40 (measured before these prompts were written).
 """
 from __future__ import annotations
 

@@ -16,9 +16,6 @@ from unifiedplayers.rollout.prefix_cache import MIN_PREFIX, common_prefix_length
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-pytestmark = pytest.mark.skipif(hf_engine.DynamicLayer is None, reason="transformers without per-layer caches")
-
-
 @pytest.fixture(autouse=True, scope="module")
 def one_thread():
     n = torch.get_num_threads()

@@ -109,10 +109,6 @@ def test_one_prefill_per_distinct_prompt_and_one_row_per_sample(tiny):
 
 
 def test_preallocated_cache_layer_grows_and_equals_concatenation():
-    from unifiedplayers.rollout.hf_engine import DynamicLayer
-
-    if DynamicLayer is None:
-        pytest.skip("transformers without per-layer caches")
     from unifiedplayers.rollout.hf_engine import PreallocatedLayer
 
     g = torch.Generator().manual_seed(0)

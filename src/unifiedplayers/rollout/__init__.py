@@ -11,25 +11,13 @@ Build an engine and sample::
     outs = engine.generate(prompts, n=1, max_new_tokens=None, temperature=None, top_p=None,
                            stop=None, greedy=False, seed=None, ignore_eos=False)
 
-- ``prompts``: chat-rendered strings (tokenized as they are, no special tokens added) or lists of
-  token ids. ``outs[i][j]`` is the ``j``-th of the ``n`` completions of ``prompts[i]``.
-- ``max_new_tokens``, ``temperature``, ``top_p`` default to the rollout config when ``None``.
-- A :class:`Completion` holds ``prompt_ids``, ``token_ids``, ``text``, ``logprobs``,
-  ``finish_reason`` (``"stop"`` | ``"length"``) and ``stop_str``.
-- ``logprobs[t]`` is the behaviour log-prob of ``token_ids[t]``, taken from the same forward pass
-  that sampled it and never recomputed: ``log_softmax(top_p_mask(logits / temperature))[token]``.
-  With ``top_p = 1`` (the default) this is exactly ``log_softmax(logits / T)``, the quantity the
-  trainer recomputes for π_θ. With ``greedy=True`` the token is the argmax and its log-prob is
-  ``log_softmax(logits)`` (temperature 1).
-- ``stop``: a list of strings. A sequence ends as soon as its decoded completion contains one; its
-  ``text`` is cut right after that string, ``stop_str`` names it, and ``token_ids``/``logprobs`` keep
-  the shortest prefix of tokens whose decoding contains it (the last token may carry characters past
-  the stop string; they are in the tokens but not in ``text``). The eos token ends a sequence too
-  (``finish_reason="stop"``, ``stop_str=None``); it is kept in ``token_ids`` (it is a sampled
-  decision) and left out of ``text``.
-- ``seed``: the same call with the same seed gives the same completions; ``None`` uses the global RNG.
-  (The two backends draw differently: equal seeds give equal samples within a backend, not across.)
-- ``ignore_eos=True`` samples past eos up to ``max_new_tokens`` (fixed-length benchmarks).
+``outs[i][j]`` is the ``j``-th :class:`Completion` of ``prompts[i]`` (the arguments:
+:meth:`RolloutEngine.generate`; the fields, stop strings and eos: :class:`Completion`).
+``logprobs[t]`` is the behaviour log-prob of ``token_ids[t]``, taken from the same forward pass that
+sampled it and never recomputed: ``log_softmax(top_p_mask(logits / temperature))[token]``. With
+``top_p = 1`` (the default) this is exactly ``log_softmax(logits / T)``, the quantity the trainer
+recomputes for π_θ. With ``greedy=True`` the token is the argmax and its log-prob is
+``log_softmax(logits)`` (temperature 1). Equal seeds give equal samples within a backend, not across.
 
 Multi-turn contexts (the Execution player's tool loop)::
 
@@ -39,15 +27,10 @@ Multi-turn contexts (the Execution player's tool loop)::
     token_ids, loss_mask, old_logprobs = flatten_segments(ctx)
 
 ``continue_segments`` takes the same arguments as ``generate`` with a list of segment lists in place
-of prompts. A :class:`Segment` is ``(token_ids, trainable, logprobs)``; trainable segments carry their
-behaviour log-probs, inserted ones (prompt, tool observations) are never trainable.
-``flatten_segments`` returns the three lists aligned to the tokens: ``loss_mask`` is 0 on inserted
-tokens, and ``old_logprobs`` is 0.0 there.
+of prompts (:class:`Segment`, :func:`flatten_segments`).
 
-After each optimizer step that changes the behaviour policy, ``engine.update_weights(model)``: the
-``hf`` engine samples from the module it holds (same object: nothing to do; another object:
-re-bound); the ``vllm`` engine copies the weights into its own model (a module or a state dict in
-Hugging Face naming; needs ``rollout.inprocess=true``, the default).
+After each optimizer step that changes the behaviour policy, ``engine.update_weights(model)``
+(:meth:`RolloutEngine.update_weights`; each backend says what it does).
 
 A new backend is one module and one ``conf/rollout/<name>.yaml``: a :class:`RolloutEngine` subclass registered with
 ``@register_rollout_engine("<name>")`` (or, outside the package, named by ``_target_: my_module.MyEngine`` in its

@@ -5,13 +5,7 @@ from typing import Any, ClassVar, Optional, Sequence
 
 from unifiedplayers.config import RolloutConfig
 from unifiedplayers.registry import Registry
-from unifiedplayers.rollout.types import (
-    Completion,
-    Segment,
-    encode_prompts,
-    segments_to_prompts,
-    validate_sampling,
-)
+from unifiedplayers.rollout.types import Completion, Segment, encode_prompts, segments_to_prompts, validate_sampling
 
 
 class RolloutEngine:
@@ -104,18 +98,8 @@ class RolloutEngine:
     def _vocab_size(self) -> int:
         raise NotImplementedError
 
-    def _generate_ids(
-        self,
-        prompt_ids: list[list[int]],
-        n: int,
-        max_new_tokens: int,
-        temperature: float,
-        top_p: float,
-        stop: list[str],
-        greedy: bool,
-        seed: Optional[int],
-        ignore_eos: bool,
-    ) -> list[list[Completion]]:
+    def _generate_ids(self, prompt_ids: list[list[int]], n: int, max_new_tokens: int, temperature: float, top_p: float,
+                      stop: list[str], greedy: bool, seed: Optional[int], ignore_eos: bool) -> list[list[Completion]]:
         raise NotImplementedError
 
     def _generate_checked(self, prompt_ids, n, max_new_tokens, temperature, top_p, stop, greedy, seed, ignore_eos):

@@ -1,28 +1,18 @@
 """The ``hf`` backend: a plain sampling loop over a transformers causal LM with a KV cache.
 
-Why our own loop rather than ``model.generate``: the behaviour log-prob of each sampled token must
-come from the very logits it was sampled from, stop strings must end each sequence of the batch on
-its own, and the whole thing should read top to bottom. One step:
+Our own loop rather than ``model.generate``: the behaviour log-prob of each token comes from the logits it was
+sampled from, and stop strings end each row of the batch on its own. One step:
 
     logits_t = model(x_{<t})[-1]                          (float32)
     greedy:  x_t = argmax logits_t,   logp_t = log_softmax(logits_t)[x_t]
     sample:  z = logits_t / T, top-p mask on z (tokens outside the nucleus -> -inf),
              logp = log_softmax(z),  x_t ~ exp(logp),  logp_t = logp[x_t]
 
-Rows (prompt × sample) are batched with left padding; pads are masked out of attention and the
-position ids count only real tokens, so a row's result does not depend on its batch-mates.
-
-What makes it at least as fast as ``model.generate`` on CPU:
-- one prefill per distinct prompt of a batch, its KV cache copied to the prompt's n rows;
-- a KV cache with room to grow, written in place at each step (transformers' dynamic cache
-  concatenates, i.e. copies the whole cache of every layer, at every step);
-- no attention mask at all when the rows of a batch have no padding (one prompt's n samples);
-- on CPU, the decoding steps' linear layers multiply by a copy of their weights packed once per call for oneDNN
-  (:func:`packed_linears`, ``rollout.packed_linears``) rather than repacked at every product: by default only
-  where that is bit-identical to the unpacked product (bfloat16), float32 on request;
-- with ``rollout.prefix_cache`` (:mod:`unifiedplayers.rollout.prefix_cache`), the prefix shared by a batch's
-  prompts (system prompt, few-shot examples) is prefilled once, and its KV kept for later calls and turns
-  while the weights are unchanged. Off by default in float32, whose prefill it would change by rounding.
+Rows (prompt × sample) are batched with left padding; pads are masked out of attention and the position ids count
+only real tokens, so a row's result does not depend on its batch-mates. Speed: one prefill per distinct prompt
+(:func:`expand_prefill_cache`), a KV cache written in place (:class:`PreallocatedLayer`), no attention mask for
+unpadded batches, oneDNN-packed weights on CPU (:func:`packed_linears`) and the shared-prefix cache
+(:mod:`unifiedplayers.rollout.prefix_cache`).
 """
 from __future__ import annotations
 
@@ -33,18 +23,13 @@ from typing import Any, ContextManager, Optional
 
 import torch
 from torch.nn import functional as F
+from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from unifiedplayers.config import RolloutConfig
 from unifiedplayers.models import cache_keyword, forward_overridden, returned_cache
 from unifiedplayers.rollout.base import RolloutEngine, register_rollout_engine
 from unifiedplayers.rollout.types import Completion, find_stop
-
 from unifiedplayers.rollout.prefix_cache import MIN_PREFIX, PrefixStore, common_prefix_length, prefix_setting
-
-try:  # transformers >= 4.56: caches are lists of per-layer objects
-    from transformers.cache_utils import DynamicCache, DynamicLayer
-except ImportError:  # older transformers: every row is prefilled and the returned cache grows by concatenation
-    DynamicCache = DynamicLayer = None
 
 
 def top_p_mask(logits: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -192,51 +177,49 @@ def _forward_keywords(model: Any) -> tuple[str, dict[str, Any]]:
     return cache_keyword(model), ({"logits_to_keep": 1} if "logits_to_keep" in params else {})
 
 
-if DynamicLayer is not None:
+class PreallocatedLayer(DynamicLayer):
+    """A transformers cache layer whose keys and values live in buffers with room to grow (transformers' own
+    concatenates, copying the whole cache at every step): ``update`` writes the new positions in place and returns
+    views of the filled part. A full buffer is replaced by one twice as long (up to ``limit`` positions), so the
+    copies stay amortised O(1) per step and sequences that stop early never reserve their whole budget."""
 
-    class PreallocatedLayer(DynamicLayer):
-        """A transformers cache layer whose keys and values live in buffers with room to grow: ``update``
-        writes the new positions in place and returns views of the filled part. A full buffer is replaced
-        by one twice as long (up to ``limit`` positions), so the copies stay amortised O(1) per step and
-        sequences that stop early never reserve their whole budget."""
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, limit: int, room: int = 256) -> None:
+        super().__init__()
+        self.length, self.limit = keys.shape[2], limit
+        self._keys, self._values = keys, values
+        self._reserve(min(limit, self.length + room))
+        self.device, self.is_initialized = keys.device, True
 
-        def __init__(self, keys: torch.Tensor, values: torch.Tensor, limit: int, room: int = 256) -> None:
-            super().__init__()
-            self.length, self.limit = keys.shape[2], limit
-            self._keys, self._values = keys, values
-            self._reserve(min(limit, self.length + room))
-            self.device, self.is_initialized = keys.device, True
+    def _reserve(self, capacity: int) -> None:
+        keys = self._keys.new_empty((*self._keys.shape[:2], capacity, self._keys.shape[3]))
+        values = self._values.new_empty((*self._values.shape[:2], capacity, self._values.shape[3]))
+        keys[:, :, : self.length] = self._keys[:, :, : self.length]
+        values[:, :, : self.length] = self._values[:, :, : self.length]
+        self._keys, self._values = keys, values
+        self.keys, self.values = keys[:, :, : self.length], values[:, :, : self.length]
 
-        def _reserve(self, capacity: int) -> None:
-            keys = self._keys.new_empty((*self._keys.shape[:2], capacity, self._keys.shape[3]))
-            values = self._values.new_empty((*self._values.shape[:2], capacity, self._values.shape[3]))
-            keys[:, :, : self.length] = self._keys[:, :, : self.length]
-            values[:, :, : self.length] = self._values[:, :, : self.length]
-            self._keys, self._values = keys, values
-            self.keys, self.values = keys[:, :, : self.length], values[:, :, : self.length]
+    def update(self, key_states, value_states, *args, **kwargs):
+        end = self.length + key_states.shape[-2]
+        if end > self._keys.shape[2]:
+            if end > self.limit:
+                raise RuntimeError(f"KV cache limited to {self.limit} positions, asked for {end}")
+            self._reserve(min(self.limit, max(end, 2 * self._keys.shape[2])))
+        self._keys[:, :, self.length : end] = key_states
+        self._values[:, :, self.length : end] = value_states
+        self.length = end
+        self.keys, self.values = self._keys[:, :, :end], self._values[:, :, :end]
+        return self.keys, self.values
 
-        def update(self, key_states, value_states, *args, **kwargs):
-            end = self.length + key_states.shape[-2]
-            if end > self._keys.shape[2]:
-                if end > self.limit:
-                    raise RuntimeError(f"KV cache limited to {self.limit} positions, asked for {end}")
-                self._reserve(min(self.limit, max(end, 2 * self._keys.shape[2])))
-            self._keys[:, :, self.length : end] = key_states
-            self._values[:, :, self.length : end] = value_states
-            self.length = end
-            self.keys, self.values = self._keys[:, :, :end], self._values[:, :, :end]
-            return self.keys, self.values
-
-        def get_seq_length(self) -> int:
-            return self.length
+    def get_seq_length(self) -> int:
+        return self.length
 
 
 def expand_prefill_cache(cache: Any, rows: torch.Tensor, limit: int) -> bool:
     """Turn the cache of a prefill over distinct prompts into the cache of the batch's rows (row ``b`` continues
     prompt ``rows[b]``), each layer a :class:`PreallocatedLayer` of at most ``limit`` positions. False (cache
-    untouched) when the cache is not made of plain dynamic layers (sliding windows, older transformers)."""
+    untouched) when the cache is not made of plain dynamic layers (sliding windows)."""
     layers = getattr(cache, "layers", None)
-    if DynamicLayer is None or not layers or any(type(layer) is not DynamicLayer for layer in layers):
+    if not layers or any(type(layer) is not DynamicLayer for layer in layers):
         return False
     for i, layer in enumerate(layers):
         cache.layers[i] = PreallocatedLayer(layer.keys.index_select(0, rows), layer.values.index_select(0, rows), limit)
@@ -261,8 +244,7 @@ class HFRollout(RolloutEngine):
 
     @property
     def packed_linears_setting(self) -> Optional[bool]:
-        """``rollout.packed_linears`` as resolved: True, False, or None for auto (packed where the probes of
-        :func:`packing_probes` were exact)."""
+        """``rollout.packed_linears`` as resolved: True, False, or None for auto."""
         return self._packed_setting
 
     def update_weights(self, model: Any) -> None:
@@ -300,8 +282,7 @@ class HFRollout(RolloutEngine):
         on = self._prefix_setting
         if on is None:
             on = next(self.model.parameters()).dtype != torch.float32
-        # Older transformers, sliding windows: no cache of the model's own kind to build from stored tensors.
-        return on and DynamicLayer is not None and _plain_cache(self.model)
+        return on and _plain_cache(self.model)
 
     def _generate_ids(self, prompt_ids, n, max_new_tokens, temperature, top_p, stop, greedy, seed, ignore_eos):
         device = next(self.model.parameters()).device
@@ -324,10 +305,8 @@ class HFRollout(RolloutEngine):
             with packed_linears(self.model, self._packed_setting):
                 for start in range(0, len(order), chunk):
                     idx = order[start : start + chunk]
-                    outs = self._sample_batch(
-                        [rows[r][1] for r in idx], max_new_tokens, temperature, top_p, stop, greedy, generator,
-                        ignore_eos, device, prefixes,
-                    )
+                    outs = self._sample_batch([rows[r][1] for r in idx], max_new_tokens, temperature, top_p, stop,
+                                              greedy, generator, ignore_eos, device, prefixes)
                     for r, c in zip(idx, outs):
                         results[r] = c
         finally:
@@ -335,19 +314,9 @@ class HFRollout(RolloutEngine):
         return [results[p * n : (p + 1) * n] for p in range(len(prompt_ids))]
 
     @torch.inference_mode()
-    def _sample_batch(
-        self,
-        prompts: list[list[int]],
-        max_new_tokens: int,
-        temperature: float,
-        top_p: float,
-        stop: list[str],
-        greedy: bool,
-        generator: Optional[torch.Generator],
-        ignore_eos: bool,
-        device: torch.device,
-        prefixes: Optional[PrefixStore] = None,
-    ) -> list[Completion]:
+    def _sample_batch(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float,
+                      stop: list[str], greedy: bool, generator: Optional[torch.Generator], ignore_eos: bool,
+                      device: torch.device, prefixes: Optional[PrefixStore] = None) -> list[Completion]:
         budgets = self._budgets(prompts, max_new_tokens)
         eos = set() if ignore_eos else self._eos_ids()
         batch, width, steps = len(prompts), max(len(p) for p in prompts), max(budgets)
@@ -396,7 +365,7 @@ class HFRollout(RolloutEngine):
         prefixes: Optional[PrefixStore] = None,
     ) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
         """The forward pass over the batch's prompts, left-padded to ``width``: one row per distinct prompt
-        (the n samples of a prompt share it) where the cache can be expanded afterwards, else one per row.
+        (the n samples of a prompt share it).
 
         With ``prefixes`` (the prefix cache on), the distinct prompts' common prefix, when long enough, is
         prefilled once (or taken from ``prefixes``) and only the rest of each prompt on top of it; a row then
@@ -408,9 +377,8 @@ class HFRollout(RolloutEngine):
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         distinct: dict[tuple[int, ...], int] = {}
         row_of = [distinct.setdefault(tuple(ids), len(distinct)) for ids in prompts]
-        share = DynamicLayer is not None
-        prefill = [list(ids) for ids in distinct] if share else prompts
-        shared = common_prefix_length(prefill) if share and prefixes is not None else 0
+        prefill = [list(ids) for ids in distinct]
+        shared = common_prefix_length(prefill) if prefixes is not None else 0
         past = self._prefix_cache(prefixes, prefill[0][:shared], len(prefill), device) if shared >= MIN_PREFIX else None
         shared = shared if past is not None else 0
         input_ids, attention = _pad_rows(prefill, width, pad, shared)
@@ -426,11 +394,10 @@ class HFRollout(RolloutEngine):
             **self._prefill_kw,
         )
         cache, logits = returned_cache(out), out.logits[:, -1, :]
-        if share:
-            rows = torch.tensor(row_of, dtype=torch.long, device=device)
-            if not expand_prefill_cache(cache, rows, width + steps):
-                cache.batch_select_indices(rows)
-            logits, positions, attention = (t.index_select(0, rows) for t in (logits, positions, attention))
+        rows = torch.tensor(row_of, dtype=torch.long, device=device)
+        if not expand_prefill_cache(cache, rows, width + steps):
+            cache.batch_select_indices(rows)
+        logits, positions, attention = (t.index_select(0, rows) for t in (logits, positions, attention))
         return cache, logits, positions, attention
 
     def _prefix_cache(self, prefixes: PrefixStore, tokens: list[int], rows: int, device: torch.device) -> Any:
@@ -457,11 +424,7 @@ class HFRollout(RolloutEngine):
 def _plain_cache(model: Any) -> bool:
     """Whether the model's own KV cache is made of plain dynamic layers (no sliding windows), the kind
     :func:`_dynamic_cache` builds."""
-    try:
-        layers = DynamicCache(config=model.config).layers
-    except TypeError:  # a transformers whose DynamicCache takes no config: layers are created plain, on use
-        return True
-    return all(type(layer) is DynamicLayer for layer in layers)
+    return all(type(layer) is DynamicLayer for layer in DynamicCache(config=model.config).layers)
 
 
 def _dynamic_cache(kv: list[tuple[torch.Tensor, torch.Tensor]], rows: int) -> Any:
@@ -537,14 +500,6 @@ class _Rows:
                 text = self.texts[b][:end]
             else:
                 s, text = None, self.tokenizer.decode(self.tokens[b], skip_special_tokens=True)
-            results.append(
-                Completion(
-                    prompt_ids=list(prompts[b]),
-                    token_ids=self.tokens[b],
-                    text=text,
-                    logprobs=self.logps[b],
-                    finish_reason=self.finish[b] or "length",
-                    stop_str=s,
-                )
-            )
+            results.append(Completion(prompt_ids=list(prompts[b]), token_ids=self.tokens[b], text=text,
+                                      logprobs=self.logps[b], finish_reason=self.finish[b] or "length", stop_str=s))
         return results

